@@ -1,0 +1,161 @@
+-- Tidings schema. Prices are integer minor units (cents). Ids are UUIDv7 made by the services.
+
+CREATE TABLE devices (
+    id          uuid PRIMARY KEY,
+    -- SHA-256 of the device token; the token itself is shown once and never stored.
+    token_hash  bytea NOT NULL UNIQUE CHECK (octet_length(token_hash) = 32),
+    -- IANA name; the dedup day of a notification is the calendar day in this zone.
+    time_zone   text NOT NULL DEFAULT 'UTC',
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    -- Devices are soft-deleted so their notification history stays explainable.
+    removed_at  timestamptz
+);
+
+CREATE TABLE push_subscriptions (
+    id                  uuid PRIMARY KEY,
+    device_id           uuid NOT NULL REFERENCES devices (id),
+    endpoint            text NOT NULL,
+    p256dh              text NOT NULL,
+    auth                text NOT NULL,
+    active              boolean NOT NULL DEFAULT true,
+    deactivated_at      timestamptz,
+    deactivation_reason text,
+    created_at          timestamptz NOT NULL DEFAULT now(),
+    CHECK (active = (deactivated_at IS NULL)),
+    CHECK (active OR deactivation_reason IS NOT NULL)
+);
+CREATE UNIQUE INDEX push_subscriptions_one_active ON push_subscriptions (device_id) WHERE active;
+
+CREATE TABLE watches (
+    id              uuid PRIMARY KEY,
+    device_id       uuid NOT NULL REFERENCES devices (id),
+    item_code       text NOT NULL CHECK (length(item_code) BETWEEN 1 AND 128),
+    -- JSON array of triggers, e.g. [{"kind":"price_below","threshold":120000}].
+    triggers        jsonb NOT NULL CHECK (jsonb_typeof(triggers) = 'array' AND jsonb_array_length(triggers) > 0),
+    channel         text NOT NULL DEFAULT 'web_push' CHECK (channel IN ('web_push')),
+    -- Price when the watch was created: the reference of price_drop until a notification is sent.
+    reference_price bigint,
+    paused          boolean NOT NULL DEFAULT false,
+    removed_at      timestamptz,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    updated_at      timestamptz NOT NULL DEFAULT now()
+);
+-- The detector pages through active watches by id (keyset pagination).
+CREATE INDEX watches_active ON watches (id) WHERE removed_at IS NULL AND NOT paused;
+CREATE INDEX watches_device ON watches (device_id, id) WHERE removed_at IS NULL;
+
+-- What the last *sent* notification of a (watch, trigger) said. Moves only on `sent`, in the same
+-- transaction that marks the outbox row sent.
+CREATE TABLE baselines (
+    watch_id   uuid NOT NULL REFERENCES watches (id),
+    trigger    text NOT NULL,
+    price      bigint NOT NULL,
+    in_stock   boolean NOT NULL,
+    outbox_id  uuid NOT NULL,
+    sent_at    timestamptz NOT NULL,
+    PRIMARY KEY (watch_id, trigger)
+);
+
+CREATE TABLE outbox (
+    id               uuid PRIMARY KEY,
+    watch_id         uuid NOT NULL REFERENCES watches (id),
+    device_id        uuid NOT NULL REFERENCES devices (id),
+    -- Trigger key with its parameters (e.g. "price_below:120000") and the full trigger.
+    trigger          text NOT NULL,
+    trigger_spec     jsonb NOT NULL,
+    channel          text NOT NULL CHECK (channel IN ('web_push')),
+    dedup_day        date NOT NULL,
+    status           text NOT NULL DEFAULT 'pending'
+                     CHECK (status IN ('pending', 'retry', 'sending', 'sent', 'dropped', 'failed')),
+    -- Why a row was dropped or failed; required for those states, absent otherwise.
+    reason           text,
+    -- The immutable detection snapshot and the baseline detection evaluated against.
+    detected_at      timestamptz NOT NULL,
+    detected         jsonb NOT NULL,
+    detected_baseline jsonb NOT NULL DEFAULT '{}',
+    -- The value observed at the last re-check (condition_lost records it) and the value sent.
+    checked          jsonb,
+    sent_value       jsonb,
+    payload          jsonb,
+    attempt          integer NOT NULL DEFAULT 0 CHECK (attempt >= 0),
+    retry_count      integer NOT NULL DEFAULT 0 CHECK (retry_count >= 0),
+    -- When the row is next due for the dispatcher; claiming pushes it forward by a short lease.
+    next_attempt_at  timestamptz NOT NULL DEFAULT now(),
+    -- While `sending`: when the sweeper may consider the push lost.
+    lease_until      timestamptz,
+    deadline         timestamptz,
+    last_error       text,
+    http_status      integer,
+    push_message_id  text,
+    -- W3C traceparent of the detection, so dispatch and results join the notification's trace.
+    traceparent      text,
+    replay_of        uuid REFERENCES outbox (id),
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    updated_at       timestamptz NOT NULL DEFAULT now(),
+    finished_at      timestamptz,
+    CONSTRAINT outbox_dedup UNIQUE (watch_id, trigger, dedup_day, channel),
+    CHECK ((status IN ('dropped', 'failed')) = (reason IS NOT NULL)),
+    CHECK ((status IN ('sent', 'dropped', 'failed')) = (finished_at IS NOT NULL)),
+    CHECK (status <> 'sending' OR (lease_until IS NOT NULL AND deadline IS NOT NULL))
+);
+
+-- The claim reads only due rows, oldest first.
+CREATE INDEX outbox_due ON outbox (next_attempt_at) WHERE status IN ('pending', 'retry');
+-- The sweeper reads only sending rows whose lease ran out.
+CREATE INDEX outbox_leases ON outbox (lease_until) WHERE status = 'sending';
+-- History per device, newest first.
+CREATE INDEX outbox_device ON outbox (device_id, created_at DESC, id DESC);
+-- Operators filter by state and reason.
+CREATE INDEX outbox_status_reason ON outbox (status, reason);
+
+-- The database refuses what the state machine refuses (shared/src/outbox.rs lists the same pairs):
+-- terminal rows never change, and status moves only along legal edges. Same-status updates are
+-- allowed for pending and retry rows, whose lease (next_attempt_at) a claim moves.
+CREATE FUNCTION outbox_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF OLD.status IN ('sent', 'dropped', 'failed') THEN
+        RAISE EXCEPTION 'outbox row % is % (terminal) and cannot change', OLD.id, OLD.status
+            USING ERRCODE = 'check_violation';
+    END IF;
+    IF NOT (
+        (OLD.status = NEW.status AND OLD.status IN ('pending', 'retry'))
+        OR (OLD.status IN ('pending', 'retry') AND NEW.status IN ('retry', 'sending', 'dropped', 'failed'))
+        OR (OLD.status = 'sending' AND NEW.status IN ('sent', 'retry', 'dropped', 'failed'))
+    ) THEN
+        RAISE EXCEPTION 'outbox row %: illegal transition % -> %', OLD.id, OLD.status, NEW.status
+            USING ERRCODE = 'check_violation';
+    END IF;
+    IF (NEW.watch_id, NEW.device_id, NEW.trigger, NEW.channel, NEW.dedup_day, NEW.detected_at, NEW.detected)
+       IS DISTINCT FROM
+       (OLD.watch_id, OLD.device_id, OLD.trigger, OLD.channel, OLD.dedup_day, OLD.detected_at, OLD.detected) THEN
+        RAISE EXCEPTION 'outbox row %: the detection snapshot is immutable', OLD.id
+            USING ERRCODE = 'check_violation';
+    END IF;
+    IF NEW.attempt < OLD.attempt OR NEW.retry_count < OLD.retry_count THEN
+        RAISE EXCEPTION 'outbox row %: attempt and retry_count never decrease', OLD.id
+            USING ERRCODE = 'check_violation';
+    END IF;
+    NEW.updated_at := now();
+    RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER outbox_guard BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FUNCTION outbox_guard();
+
+-- History is evidence: outbox rows are never deleted.
+CREATE FUNCTION outbox_no_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'outbox row % cannot be deleted', OLD.id USING ERRCODE = 'check_violation';
+END
+$$;
+CREATE TRIGGER outbox_no_delete BEFORE DELETE ON outbox FOR EACH ROW EXECUTE FUNCTION outbox_no_delete();
+
+-- The previous observation of each item, for transition triggers (back_in_stock). Kept in
+-- Postgres so a restarted or rescaled detector finds it.
+CREATE TABLE item_observations (
+    item_code   text PRIMARY KEY,
+    price       bigint NOT NULL,
+    currency    text NOT NULL,
+    in_stock    boolean NOT NULL,
+    observed_at timestamptz NOT NULL
+);

@@ -1,0 +1,28 @@
+//! The Tidings domain, shared by every service.
+//!
+//! Everything here is pure (no I/O) except [`db`], which only embeds the migrations, and
+//! [`trace_context`], which reads and writes NATS headers. The rules that decide whether a
+//! notification is sent live here once, so that detection and the dispatcher's re-check can never
+//! disagree:
+//!
+//! - [`trigger::evaluate`]: does a trigger hold for an observation against a baseline?
+//! - [`outbox`]: the outbox state machine (DESIGN.md §2), mirrored by a database guard.
+//! - [`backoff`]: when a retry is due.
+//! - [`dedup`]: the dedup key and the calendar day it is scoped to.
+//! - [`messages`] and [`subjects`]: the wire contract between services.
+
+pub mod backoff;
+pub mod channel;
+pub mod db;
+pub mod dedup;
+pub mod ids;
+pub mod messages;
+pub mod outbox;
+pub mod streams;
+pub mod subjects;
+pub mod trace_context;
+pub mod trigger;
+
+pub use channel::Channel;
+pub use ids::{DeviceId, OutboxId, SubscriptionId, WatchId};
+pub use trigger::{Baseline, Observation, SourceErrorKind, Trigger, Verdict, evaluate};

@@ -1,0 +1,323 @@
+//! The messages services exchange over JetStream (DESIGN.md §4).
+//!
+//! JSON with a `v` schema version; unknown fields are ignored so a newer producer can add fields
+//! without breaking an older consumer. A message that fails [`decode`] is dead-lettered by the
+//! consumer, never retried.
+
+use crate::WatchId;
+use crate::dedup::DedupKey;
+use crate::trigger::{Baseline, Observation, Trigger};
+use crate::{Channel, DeviceId, OutboxId};
+use chrono::{DateTime, NaiveDate, Utc};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// The schema version this build writes and reads.
+pub const VERSION: u32 = 1;
+
+/// Why a message could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("not valid JSON for this message: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("schema version {got} is not supported (this build reads {VERSION})")]
+    Version { got: u32 },
+    #[error("invalid message: {0}")]
+    Invalid(String),
+}
+
+/// A message with a schema version and its own validity rules.
+pub trait Message: Serialize + DeserializeOwned {
+    fn version(&self) -> u32;
+    fn validate(&self) -> Result<(), DecodeError> {
+        Ok(())
+    }
+}
+
+pub fn encode<M: Message>(message: &M) -> Vec<u8> {
+    // Serializing these plain structs cannot fail: no maps with non-string keys, no custom
+    // serializers that error.
+    serde_json::to_vec(message).unwrap_or_default()
+}
+
+pub fn decode<M: Message>(bytes: &[u8]) -> Result<M, DecodeError> {
+    let m: M = serde_json::from_slice(bytes)?;
+    if m.version() != VERSION {
+        return Err(DecodeError::Version { got: m.version() });
+    }
+    m.validate()?;
+    Ok(m)
+}
+
+/// Detector → dispatcher: a trigger held for a watch.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EnqueueRequest {
+    pub v: u32,
+    pub watch_id: WatchId,
+    pub device_id: DeviceId,
+    pub trigger: Trigger,
+    pub channel: Channel,
+    pub detected_at: DateTime<Utc>,
+    /// The observation that made the trigger hold: the immutable detection snapshot.
+    pub detected: Observation,
+    /// The baseline the trigger was evaluated against.
+    #[serde(default)]
+    pub baseline: Baseline,
+    /// Calendar day of `detected_at` in the device's time zone.
+    pub dedup_day: NaiveDate,
+}
+
+impl EnqueueRequest {
+    pub fn dedup_key(&self) -> DedupKey {
+        DedupKey {
+            watch_id: self.watch_id,
+            trigger: self.trigger.key(),
+            dedup_day: self.dedup_day,
+            channel: self.channel,
+        }
+    }
+}
+
+impl Message for EnqueueRequest {
+    fn version(&self) -> u32 {
+        self.v
+    }
+
+    fn validate(&self) -> Result<(), DecodeError> {
+        self.trigger
+            .validate()
+            .map_err(|e| DecodeError::Invalid(e.to_string()))?;
+        // Every time zone is within a day of UTC; a day further off is a producer bug.
+        let utc_day = self.detected_at.date_naive();
+        let off = (self.dedup_day - utc_day).num_days().abs();
+        if off > 1 {
+            return Err(DecodeError::Invalid(format!(
+                "dedup_day {} is {off} days from detected_at {}",
+                self.dedup_day, self.detected_at
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Where a push goes: a browser's `PushSubscription`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Subscription {
+    pub endpoint: String,
+    /// The user agent's P-256 public key, base64url.
+    pub p256dh: String,
+    /// The 16-byte auth secret, base64url.
+    pub auth: String,
+}
+
+/// What the user sees.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Payload {
+    pub title: String,
+    pub body: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    #[serde(default)]
+    pub data: serde_json::Value,
+}
+
+/// Web Push `Urgency` (RFC 8030 §5.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Urgency {
+    VeryLow,
+    Low,
+    Normal,
+    High,
+}
+
+impl Urgency {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Urgency::VeryLow => "very-low",
+            Urgency::Low => "low",
+            Urgency::Normal => "normal",
+            Urgency::High => "high",
+        }
+    }
+}
+
+/// Dispatcher → pusher: everything needed to deliver, so the pusher needs no database.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PushRequest {
+    pub v: u32,
+    pub outbox_id: OutboxId,
+    pub attempt: u32,
+    /// The pusher refuses (reports `expired`) a request it starts after this instant; the
+    /// dispatcher's lease outlives it, which is what makes the lease sweeper safe.
+    pub deadline: DateTime<Utc>,
+    pub subscription: Subscription,
+    pub payload: Payload,
+    /// Seconds the push service may hold the message for an offline device.
+    pub ttl: u32,
+    pub urgency: Urgency,
+    pub topic: String,
+}
+
+impl PushRequest {
+    /// `Nats-Msg-Id`: one message per (row, attempt).
+    pub fn msg_id(&self) -> String {
+        format!("{}:{}", self.outbox_id, self.attempt)
+    }
+}
+
+/// The Web Push `Topic` for a row: its id as 32 hex characters, which fits the header's limit of
+/// 32 base64url characters, so a push service replaces an undelivered duplicate of the same row.
+pub fn topic_for(outbox_id: OutboxId) -> String {
+    outbox_id.0.simple().to_string()
+}
+
+impl Message for PushRequest {
+    fn version(&self) -> u32 {
+        self.v
+    }
+
+    fn validate(&self) -> Result<(), DecodeError> {
+        if self.attempt == 0 {
+            return Err(DecodeError::Invalid("attempt must be at least 1".into()));
+        }
+        if self.topic.len() > 32 {
+            return Err(DecodeError::Invalid(format!(
+                "topic is {} characters; Web Push allows 32",
+                self.topic.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// How a push attempt ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// 2xx: the push service accepted it.
+    Delivered,
+    /// 429, 5xx, timeouts, connection errors: try again later.
+    Transient,
+    /// 404, 410: the subscription no longer exists.
+    Gone,
+    /// 400, 401, 403, 413, or a refused endpoint: trying again will not help.
+    Permanent,
+    /// The request reached the pusher after its deadline and was not sent.
+    Expired,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Delivered => "delivered",
+            Outcome::Transient => "transient",
+            Outcome::Gone => "gone",
+            Outcome::Permanent => "permanent",
+            Outcome::Expired => "expired",
+        }
+    }
+}
+
+/// Pusher → dispatcher: how one attempt ended.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PushResult {
+    pub v: u32,
+    pub outbox_id: OutboxId,
+    pub attempt: u32,
+    pub outcome: Outcome,
+    #[serde(default)]
+    pub http_status: Option<u16>,
+    /// Seconds, from the push service's Retry-After.
+    #[serde(default)]
+    pub retry_after: Option<u64>,
+    /// The push service's message id (its `Location` header).
+    #[serde(default)]
+    pub message_id: Option<String>,
+    #[serde(default)]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub latency_ms: u64,
+}
+
+impl PushResult {
+    /// `Nats-Msg-Id`: a redelivered request yields the same result id, which JetStream drops.
+    pub fn msg_id(&self) -> String {
+        format!("{}:{}:result", self.outbox_id, self.attempt)
+    }
+}
+
+impl Message for PushResult {
+    fn version(&self) -> u32 {
+        self.v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn enqueue() -> EnqueueRequest {
+        let detected_at = Utc.with_ymd_and_hms(2026, 11, 30, 23, 30, 0).unwrap();
+        EnqueueRequest {
+            v: VERSION,
+            watch_id: WatchId::new(),
+            device_id: DeviceId::new(),
+            trigger: Trigger::PriceBelow { threshold: 1200 },
+            channel: Channel::WebPush,
+            detected_at,
+            detected: Observation {
+                price: 1100,
+                currency: "EUR".into(),
+                in_stock: true,
+                paused: false,
+                observed_at: detected_at,
+            },
+            baseline: Baseline::default(),
+            dedup_day: NaiveDate::from_ymd_opt(2026, 12, 1).unwrap(),
+        }
+    }
+
+    #[test]
+    fn round_trips_and_ignores_unknown_fields() {
+        let m = enqueue();
+        let mut json: serde_json::Value = serde_json::from_slice(&encode(&m)).unwrap();
+        json["added_in_v1_1"] = serde_json::json!("ignored");
+        let back: EnqueueRequest = decode(&serde_json::to_vec(&json).unwrap()).unwrap();
+        assert_eq!(back, m);
+    }
+
+    #[test]
+    fn rejects_other_versions_garbage_and_invalid_content() {
+        let mut m = enqueue();
+        m.v = 2;
+        assert!(matches!(
+            decode::<EnqueueRequest>(&encode(&m)),
+            Err(DecodeError::Version { got: 2 })
+        ));
+        assert!(matches!(
+            decode::<EnqueueRequest>(b"{not json"),
+            Err(DecodeError::Json(_))
+        ));
+        let mut m = enqueue();
+        m.trigger = Trigger::PriceDrop { percent: 0 };
+        assert!(matches!(
+            decode::<EnqueueRequest>(&encode(&m)),
+            Err(DecodeError::Invalid(_))
+        ));
+        let mut m = enqueue();
+        m.dedup_day = NaiveDate::from_ymd_opt(2026, 12, 5).unwrap();
+        assert!(matches!(
+            decode::<EnqueueRequest>(&encode(&m)),
+            Err(DecodeError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn topic_fits_web_push_limits() {
+        let t = topic_for(OutboxId::new());
+        assert_eq!(t.len(), 32);
+        assert!(t.bytes().all(|b| b.is_ascii_alphanumeric()));
+    }
+}

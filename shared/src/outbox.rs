@@ -1,0 +1,481 @@
+//! The outbox state machine (DESIGN.md §2).
+//!
+//! ```text
+//!                 ┌──────── dispatched ────────┐
+//!                 │                            ▼
+//!   pending ──► retry ◄── transient ──────  sending ── delivered ──► sent
+//!      │          │  ▲                         │
+//!      │          └──┘ transient               ├── gone ──────────► dropped (subscription_gone)
+//!      ├── dispatched ───────────────────────► │
+//!      │                                       └── rejected ──────► failed (reason)
+//!      ├── withheld (guard, re-check) ──► dropped (reason)   [also from retry]
+//!      └── transient at the retry cap ──► failed (retries_exhausted)  [from retry, sending too]
+//! ```
+//!
+//! | from            | event                         | to                          |
+//! |-----------------|-------------------------------|-----------------------------|
+//! | pending / retry | `Withheld(reason)`            | dropped                     |
+//! | pending / retry | `Transient` (source)          | retry, or failed at the cap |
+//! | pending / retry | `Dispatched` (re-check holds) | sending (attempt + 1)       |
+//! | sending         | `Delivered`                   | sent (baseline advances)    |
+//! | sending         | `Transient` (push, lease)     | retry, or failed at the cap |
+//! | sending         | `Gone`                        | dropped (subscription_gone) |
+//! | sending         | `Rejected(reason)`            | failed                      |
+//!
+//! Terminal states (`sent`, `dropped`, `failed`) accept no event; nothing returns to `pending`.
+//! The database enforces the same (from, to) pairs with a trigger (see `migrations/`), and a test
+//! checks that the two lists agree.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Where an outbox row is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Pending,
+    Retry,
+    Sending,
+    Sent,
+    Dropped,
+    Failed,
+}
+
+impl Status {
+    pub const ALL: [Status; 6] = [
+        Status::Pending,
+        Status::Retry,
+        Status::Sending,
+        Status::Sent,
+        Status::Dropped,
+        Status::Failed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pending => "pending",
+            Status::Retry => "retry",
+            Status::Sending => "sending",
+            Status::Sent => "sent",
+            Status::Dropped => "dropped",
+            Status::Failed => "failed",
+        }
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Status::Sent | Status::Dropped | Status::Failed)
+    }
+
+    /// Rows in these states are waiting for the dispatcher (once `next_attempt_at` has come).
+    pub fn is_due_state(self) -> bool {
+        matches!(self, Status::Pending | Status::Retry)
+    }
+
+    /// Every state a transition from `self` may lead to. The database guard lists the same pairs.
+    pub fn legal_targets(self) -> &'static [Status] {
+        match self {
+            Status::Pending | Status::Retry => &[
+                Status::Retry,
+                Status::Sending,
+                Status::Dropped,
+                Status::Failed,
+            ],
+            Status::Sending => &[Status::Sent, Status::Retry, Status::Dropped, Status::Failed],
+            Status::Sent | Status::Dropped | Status::Failed => &[],
+        }
+    }
+
+    pub fn can_move_to(self, to: Status) -> bool {
+        self.legal_targets().contains(&to)
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown outbox status {0:?}")]
+pub struct UnknownStatus(pub String);
+
+impl std::str::FromStr for Status {
+    type Err = UnknownStatus;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Status::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| UnknownStatus(s.to_owned()))
+    }
+}
+
+/// Why a notification was correctly withheld.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DropReason {
+    WatchRemoved,
+    WatchPaused,
+    SubscriptionInactive,
+    OutOfStock,
+    ItemPaused,
+    NotFound,
+    ConditionLost,
+    SubscriptionGone,
+}
+
+impl DropReason {
+    pub const ALL: [DropReason; 8] = [
+        DropReason::WatchRemoved,
+        DropReason::WatchPaused,
+        DropReason::SubscriptionInactive,
+        DropReason::OutOfStock,
+        DropReason::ItemPaused,
+        DropReason::NotFound,
+        DropReason::ConditionLost,
+        DropReason::SubscriptionGone,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropReason::WatchRemoved => "watch_removed",
+            DropReason::WatchPaused => "watch_paused",
+            DropReason::SubscriptionInactive => "subscription_inactive",
+            DropReason::OutOfStock => "out_of_stock",
+            DropReason::ItemPaused => "item_paused",
+            DropReason::NotFound => "not_found",
+            DropReason::ConditionLost => "condition_lost",
+            DropReason::SubscriptionGone => "subscription_gone",
+        }
+    }
+}
+
+/// Why a notification could not be delivered and will not be tried again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailReason {
+    /// Transient failures until `max_retries`.
+    RetriesExhausted,
+    /// The push service rejected the request as malformed (400).
+    PushRejected,
+    /// The push service rejected our VAPID credentials (401, 403): an operator must act.
+    VapidRejected,
+    /// The encrypted payload was too large for the push service (413).
+    PayloadTooLarge,
+    /// The endpoint failed the SSRF guard: not https, not an allowed host, or a private address.
+    EndpointRefused,
+}
+
+impl FailReason {
+    pub const ALL: [FailReason; 5] = [
+        FailReason::RetriesExhausted,
+        FailReason::PushRejected,
+        FailReason::VapidRejected,
+        FailReason::PayloadTooLarge,
+        FailReason::EndpointRefused,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailReason::RetriesExhausted => "retries_exhausted",
+            FailReason::PushRejected => "push_rejected",
+            FailReason::VapidRejected => "vapid_rejected",
+            FailReason::PayloadTooLarge => "payload_too_large",
+            FailReason::EndpointRefused => "endpoint_refused",
+        }
+    }
+}
+
+/// The reason a terminal row records (`sent` records none).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reason {
+    Dropped(DropReason),
+    Failed(FailReason),
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Dropped(r) => r.as_str(),
+            Reason::Failed(r) => r.as_str(),
+        }
+    }
+}
+
+/// Something that happened to a row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A pre-guard or the re-check decided the notification must not be sent.
+    Withheld(DropReason),
+    /// Re-check holds; a PushRequest is published.
+    Dispatched,
+    /// A failure worth retrying: source timeout/429/5xx, push 429/5xx, lease expiry.
+    Transient,
+    /// The push service accepted the message.
+    Delivered,
+    /// The push service says the subscription no longer exists (404, 410).
+    Gone,
+    /// The push service (or our endpoint guard) refused the message for good.
+    Rejected(FailReason),
+}
+
+/// The outcome of applying an [`Event`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Transition {
+    pub to: Status,
+    pub reason: Option<Reason>,
+    /// Retries used after this transition.
+    pub retry_count: u32,
+    /// Push attempts made after this transition (a `Dispatched` starts a new one).
+    pub attempt: u32,
+    /// Only `sent` moves the watch's baseline.
+    pub advances_baseline: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("event {event:?} is not allowed in state {from}")]
+pub struct IllegalTransition {
+    pub from: Status,
+    pub event: Event,
+}
+
+/// The counters a row carries into a transition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Row {
+    pub status: Status,
+    pub retry_count: u32,
+    pub attempt: u32,
+}
+
+/// Applies `event` to `row`. `max_retries` is the number of retries allowed before a transient
+/// failure becomes `failed/retries_exhausted` (0: the first transient failure is final).
+pub fn apply(row: Row, event: Event, max_retries: u32) -> Result<Transition, IllegalTransition> {
+    let illegal = IllegalTransition {
+        from: row.status,
+        event,
+    };
+    let stay = |to, reason| Transition {
+        to,
+        reason,
+        retry_count: row.retry_count,
+        attempt: row.attempt,
+        advances_baseline: false,
+    };
+    let t = match (row.status, event) {
+        (Status::Pending | Status::Retry, Event::Withheld(reason))
+            if reason != DropReason::SubscriptionGone =>
+        {
+            stay(Status::Dropped, Some(Reason::Dropped(reason)))
+        }
+        (Status::Pending | Status::Retry, Event::Dispatched) => Transition {
+            attempt: row.attempt + 1,
+            ..stay(Status::Sending, None)
+        },
+        (Status::Pending | Status::Retry | Status::Sending, Event::Transient) => {
+            if row.retry_count >= max_retries {
+                stay(
+                    Status::Failed,
+                    Some(Reason::Failed(FailReason::RetriesExhausted)),
+                )
+            } else {
+                Transition {
+                    retry_count: row.retry_count + 1,
+                    ..stay(Status::Retry, None)
+                }
+            }
+        }
+        (Status::Sending, Event::Delivered) => Transition {
+            advances_baseline: true,
+            ..stay(Status::Sent, None)
+        },
+        (Status::Sending, Event::Gone) => stay(
+            Status::Dropped,
+            Some(Reason::Dropped(DropReason::SubscriptionGone)),
+        ),
+        (Status::Sending, Event::Rejected(reason)) if reason != FailReason::RetriesExhausted => {
+            stay(Status::Failed, Some(Reason::Failed(reason)))
+        }
+        _ => return Err(illegal),
+    };
+    debug_assert!(row.status.can_move_to(t.to));
+    Ok(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn row(status: Status) -> Row {
+        Row {
+            status,
+            retry_count: 0,
+            attempt: 0,
+        }
+    }
+
+    #[test]
+    fn the_happy_path() {
+        let t = apply(row(Status::Pending), Event::Dispatched, 5).unwrap();
+        assert_eq!(
+            (t.to, t.attempt, t.advances_baseline),
+            (Status::Sending, 1, false)
+        );
+        let r = Row {
+            status: t.to,
+            retry_count: t.retry_count,
+            attempt: t.attempt,
+        };
+        let t = apply(r, Event::Delivered, 5).unwrap();
+        assert_eq!(
+            (t.to, t.reason, t.advances_baseline),
+            (Status::Sent, None, true)
+        );
+    }
+
+    #[test]
+    fn transient_failures_retry_until_the_cap() {
+        let mut r = row(Status::Pending);
+        for expected in 1..=3 {
+            let t = apply(r, Event::Transient, 3).unwrap();
+            assert_eq!((t.to, t.retry_count), (Status::Retry, expected));
+            r = Row {
+                status: t.to,
+                retry_count: t.retry_count,
+                attempt: t.attempt,
+            };
+        }
+        let t = apply(r, Event::Transient, 3).unwrap();
+        assert_eq!(t.to, Status::Failed);
+        assert_eq!(t.reason, Some(Reason::Failed(FailReason::RetriesExhausted)));
+        let t = apply(row(Status::Sending), Event::Transient, 0).unwrap();
+        assert_eq!(t.to, Status::Failed);
+    }
+
+    #[test]
+    fn withheld_and_rejected_record_their_reason() {
+        let t = apply(
+            row(Status::Retry),
+            Event::Withheld(DropReason::ConditionLost),
+            5,
+        )
+        .unwrap();
+        assert_eq!(t.to, Status::Dropped);
+        assert_eq!(t.reason.map(Reason::as_str), Some("condition_lost"));
+        let t = apply(row(Status::Sending), Event::Gone, 5).unwrap();
+        assert_eq!(t.reason.map(Reason::as_str), Some("subscription_gone"));
+        let t = apply(
+            row(Status::Sending),
+            Event::Rejected(FailReason::VapidRejected),
+            5,
+        )
+        .unwrap();
+        assert_eq!(
+            (t.to, t.reason.map(Reason::as_str)),
+            (Status::Failed, Some("vapid_rejected"))
+        );
+    }
+
+    #[test]
+    fn events_out_of_place_are_illegal() {
+        for (status, event) in [
+            (Status::Pending, Event::Delivered),
+            (Status::Pending, Event::Gone),
+            (Status::Sending, Event::Dispatched),
+            (Status::Sending, Event::Withheld(DropReason::ConditionLost)),
+            (
+                Status::Pending,
+                Event::Withheld(DropReason::SubscriptionGone),
+            ),
+            (
+                Status::Sending,
+                Event::Rejected(FailReason::RetriesExhausted),
+            ),
+            (Status::Retry, Event::Rejected(FailReason::PushRejected)),
+        ] {
+            assert_eq!(
+                apply(row(status), event, 5),
+                Err(IllegalTransition {
+                    from: status,
+                    event
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for s in Status::ALL {
+            assert_eq!(s.as_str().parse::<Status>(), Ok(s));
+        }
+        assert!("bogus".parse::<Status>().is_err());
+    }
+
+    fn any_event() -> impl Strategy<Value = Event> {
+        prop_oneof![
+            proptest::sample::select(DropReason::ALL.to_vec()).prop_map(Event::Withheld),
+            Just(Event::Dispatched),
+            Just(Event::Transient),
+            Just(Event::Delivered),
+            Just(Event::Gone),
+            proptest::sample::select(FailReason::ALL.to_vec()).prop_map(Event::Rejected),
+        ]
+    }
+
+    /// Progress order: nothing moves to a lower rank. retry and sending share a rank because a
+    /// row goes back and forth between them until it ends.
+    fn rank(s: Status) -> u8 {
+        match s {
+            Status::Pending => 0,
+            Status::Retry | Status::Sending => 1,
+            Status::Sent | Status::Dropped | Status::Failed => 2,
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(10_000))]
+
+        #[test]
+        fn any_sequence_of_events_respects_the_machine(
+            events in proptest::collection::vec(any_event(), 1..40),
+            max_retries in 0u32..6,
+        ) {
+            let mut r = row(Status::Pending);
+            let mut sent_once = false;
+            for event in events {
+                match apply(r, event, max_retries) {
+                    Err(e) => {
+                        // Illegal events change nothing; terminal rows take no event at all.
+                        prop_assert_eq!(e.from, r.status);
+                    }
+                    Ok(t) => {
+                        prop_assert!(!r.status.is_terminal(), "left terminal state {}", r.status);
+                        prop_assert!(r.status.can_move_to(t.to), "{} -> {}", r.status, t.to);
+                        prop_assert_ne!(t.to, Status::Pending);
+                        prop_assert!(rank(t.to) >= rank(r.status), "went backwards: {} -> {}", r.status, t.to);
+                        prop_assert!(t.retry_count >= r.retry_count && t.retry_count <= max_retries);
+                        prop_assert!(t.attempt >= r.attempt);
+                        prop_assert_eq!(t.advances_baseline, t.to == Status::Sent);
+                        prop_assert_eq!(t.reason.is_some(), matches!(t.to, Status::Dropped | Status::Failed));
+                        if t.advances_baseline {
+                            prop_assert!(!sent_once, "baseline advanced twice");
+                            sent_once = true;
+                        }
+                        r = Row { status: t.to, retry_count: t.retry_count, attempt: t.attempt };
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn terminal_states_accept_no_event(
+            status in proptest::sample::select(vec![Status::Sent, Status::Dropped, Status::Failed]),
+            event in any_event(),
+            retry_count in 0u32..10,
+            max_retries in 0u32..10,
+        ) {
+            let r = Row { status, retry_count, attempt: 1 };
+            prop_assert!(apply(r, event, max_retries).is_err());
+        }
+    }
+}

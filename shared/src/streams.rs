@@ -1,0 +1,78 @@
+//! Creating the JetStream streams (idempotent; every service calls it at start-up).
+//!
+//! All three work streams use work-queue retention: a message is gone once its one consumer
+//! acks it, so storage stays bounded by what is in flight. The enqueue stream's duplicate window
+//! is the first idempotency layer (DESIGN.md §3): a detector that re-publishes the same dedup key
+//! within the window is answered `duplicate` and nothing is stored.
+
+use crate::subjects::{StreamKind, Subjects};
+use async_nats::jetstream::{self, stream};
+use std::time::Duration;
+
+#[derive(Clone, Debug)]
+pub struct StreamSettings {
+    /// 1 for a single local server; 3 in production (DESIGN.md §3).
+    pub replicas: usize,
+    pub duplicate_window: Duration,
+    /// How long an unconsumed work message is kept; Postgres and the detector recover anything
+    /// older, so this only bounds storage when a consumer is down for long.
+    pub max_age: Duration,
+    pub dlq_max_age: Duration,
+}
+
+impl Default for StreamSettings {
+    fn default() -> Self {
+        StreamSettings {
+            replicas: 1,
+            duplicate_window: Duration::from_secs(2 * 60 * 60),
+            max_age: Duration::from_secs(7 * 24 * 60 * 60),
+            dlq_max_age: Duration::from_secs(14 * 24 * 60 * 60),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("could not create or update stream {stream}: {source}")]
+pub struct StreamError {
+    pub stream: String,
+    #[source]
+    pub source: async_nats::jetstream::context::CreateStreamError,
+}
+
+/// The configuration of one stream, public so tests and operators can compare it.
+pub fn stream_config(subjects: &Subjects, kind: StreamKind, s: &StreamSettings) -> stream::Config {
+    let work = kind != StreamKind::Dlq;
+    stream::Config {
+        name: subjects.stream(kind),
+        subjects: vec![subjects.all(kind)],
+        retention: if work {
+            stream::RetentionPolicy::WorkQueue
+        } else {
+            stream::RetentionPolicy::Limits
+        },
+        storage: stream::StorageType::File,
+        num_replicas: s.replicas,
+        duplicate_window: s.duplicate_window,
+        max_age: if work { s.max_age } else { s.dlq_max_age },
+        ..Default::default()
+    }
+}
+
+/// Creates every stream under the prefix, or leaves it as it is when it already exists.
+pub async fn ensure_streams(
+    js: &jetstream::Context,
+    subjects: &Subjects,
+    settings: &StreamSettings,
+) -> Result<(), StreamError> {
+    for kind in StreamKind::ALL {
+        let config = stream_config(subjects, kind, settings);
+        let name = config.name.clone();
+        js.get_or_create_stream(config)
+            .await
+            .map_err(|source| StreamError {
+                stream: name,
+                source,
+            })?;
+    }
+    Ok(())
+}

@@ -1,0 +1,447 @@
+//! Triggers and the one function that evaluates them.
+//!
+//! Detection and the dispatcher's pre-send re-check both call [`evaluate`], so "would we notify?"
+//! has exactly one answer. Prices are integer minor units (cents): comparisons are exact, and a
+//! threshold of `120000` means 1,200.00 in the item's currency.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A condition on an item that is worth a notification.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Trigger {
+    /// The price is strictly below `threshold` (minor units), and lower than the last price we
+    /// notified about, so the same low price is never announced twice.
+    PriceBelow { threshold: i64 },
+    /// The price has fallen by at least `percent` % from the baseline: the last price we notified
+    /// about, or the price when the watch was created.
+    PriceDrop { percent: u8 },
+    /// The item went from out of stock to in stock.
+    BackInStock,
+}
+
+/// Why a trigger's parameters are unusable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidTrigger {
+    #[error("price_below threshold must be between 1 and {max} minor units, got {got}")]
+    Threshold { got: i64, max: i64 },
+    #[error("price_drop percent must be between 1 and 99, got {0}")]
+    Percent(u8),
+}
+
+impl Trigger {
+    /// Largest accepted threshold: 10^12 minor units keeps every product we compute in range.
+    pub const MAX_THRESHOLD: i64 = 1_000_000_000_000;
+
+    pub fn validate(&self) -> Result<(), InvalidTrigger> {
+        match *self {
+            Trigger::PriceBelow { threshold }
+                if !(1..=Self::MAX_THRESHOLD).contains(&threshold) =>
+            {
+                Err(InvalidTrigger::Threshold {
+                    got: threshold,
+                    max: Self::MAX_THRESHOLD,
+                })
+            }
+            Trigger::PriceDrop { percent } if !(1..=99).contains(&percent) => {
+                Err(InvalidTrigger::Percent(percent))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// A stable text key naming this trigger with its parameters. It is part of the dedup key and
+    /// of the outbox's unique key, so it must never change for a given trigger.
+    pub fn key(&self) -> String {
+        match self {
+            Trigger::PriceBelow { threshold } => format!("price_below:{threshold}"),
+            Trigger::PriceDrop { percent } => format!("price_drop:{percent}"),
+            Trigger::BackInStock => "back_in_stock".to_owned(),
+        }
+    }
+
+    /// The trigger's name without parameters: a low-cardinality label for metrics and spans.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Trigger::PriceBelow { .. } => "price_below",
+            Trigger::PriceDrop { .. } => "price_drop",
+            Trigger::BackInStock => "back_in_stock",
+        }
+    }
+}
+
+impl fmt::Display for Trigger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.key())
+    }
+}
+
+/// What a source says an item is now.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Observation {
+    /// Price in minor units.
+    pub price: i64,
+    /// ISO 4217 code, e.g. "EUR".
+    pub currency: String,
+    pub in_stock: bool,
+    /// The listing is paused by the seller: it cannot be bought right now.
+    #[serde(default)]
+    pub paused: bool,
+    pub observed_at: DateTime<Utc>,
+}
+
+/// What a source can answer instead of an observation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SourceErrorKind {
+    /// The item does not exist (any more).
+    NotFound,
+    /// The item exists but has nothing to sell.
+    Empty,
+    /// The upstream asked us to slow down (429).
+    RateLimited,
+    /// Timeout, connection failure, 5xx.
+    Unavailable,
+    /// The upstream answered something we could not understand.
+    BadData,
+}
+
+impl SourceErrorKind {
+    /// Worth asking again later. `bad_data` counts as transient: it is more often a passing
+    /// upstream fault than a permanent state of the item, and the retry cap bounds it.
+    pub fn is_transient(self) -> bool {
+        matches!(
+            self,
+            SourceErrorKind::RateLimited | SourceErrorKind::Unavailable | SourceErrorKind::BadData
+        )
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SourceErrorKind::NotFound => "not_found",
+            SourceErrorKind::Empty => "empty",
+            SourceErrorKind::RateLimited => "rate_limited",
+            SourceErrorKind::Unavailable => "unavailable",
+            SourceErrorKind::BadData => "bad_data",
+        }
+    }
+}
+
+/// What a trigger compares an observation against.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Baseline {
+    /// The last price notified about for this (watch, trigger), else the price when the watch was
+    /// created; `None` when neither is known.
+    pub price: Option<i64>,
+    /// The stock state the trigger last knew: the previous observation of the item at detection,
+    /// `true` once a notification has been sent.
+    pub in_stock: Option<bool>,
+}
+
+/// The value a `sent` notification left behind for its (watch, trigger): the baseline row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastSent {
+    pub price: i64,
+    pub in_stock: bool,
+    pub sent_at: DateTime<Utc>,
+}
+
+impl Baseline {
+    /// The baseline a detection scan evaluates against.
+    pub fn for_detection(
+        last_sent: Option<&LastSent>,
+        reference_price: Option<i64>,
+        previous_in_stock: Option<bool>,
+    ) -> Self {
+        Baseline {
+            price: last_sent.map(|s| s.price).or(reference_price),
+            in_stock: previous_in_stock,
+        }
+    }
+
+    /// The baseline the dispatcher re-checks against: the one detection used, unless a
+    /// notification for the same (watch, trigger) was sent after the detection, in which case
+    /// that send is the baseline (so a trigger that has notified does not fire again for it).
+    pub fn for_recheck(
+        detected: &Baseline,
+        last_sent: Option<&LastSent>,
+        detected_at: DateTime<Utc>,
+    ) -> Self {
+        match last_sent {
+            Some(s) if s.sent_at > detected_at => Baseline {
+                price: Some(s.price),
+                in_stock: Some(s.in_stock),
+            },
+            _ => *detected,
+        }
+    }
+}
+
+/// Why a trigger does not hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LostReason {
+    OutOfStock,
+    ItemPaused,
+    ConditionLost,
+}
+
+/// The answer of [`evaluate`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Holds,
+    Lost(LostReason),
+}
+
+/// Does `trigger` hold for `observation`, given `baseline`?
+///
+/// An item that cannot be bought (out of stock, paused) never holds: a price alert for it would
+/// send the user to a page where they cannot act on it.
+pub fn evaluate(trigger: &Trigger, observation: &Observation, baseline: &Baseline) -> Verdict {
+    if observation.paused {
+        return Verdict::Lost(LostReason::ItemPaused);
+    }
+    if !observation.in_stock {
+        return Verdict::Lost(LostReason::OutOfStock);
+    }
+    let price = i128::from(observation.price);
+    let holds = match *trigger {
+        Trigger::PriceBelow { threshold } => {
+            price < i128::from(threshold) && baseline.price.is_none_or(|b| price < i128::from(b))
+        }
+        Trigger::PriceDrop { percent } => baseline.price.is_some_and(|b| {
+            // price <= b * (1 - percent/100), in integers.
+            price * 100 <= i128::from(b) * i128::from(100 - percent.min(100))
+        }),
+        Trigger::BackInStock => baseline.in_stock == Some(false),
+    };
+    if holds {
+        Verdict::Holds
+    } else {
+        Verdict::Lost(LostReason::ConditionLost)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+    use proptest::prelude::*;
+
+    fn obs(price: i64, in_stock: bool) -> Observation {
+        Observation {
+            price,
+            currency: "EUR".into(),
+            in_stock,
+            paused: false,
+            observed_at: Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap(),
+        }
+    }
+
+    fn base(price: Option<i64>, in_stock: Option<bool>) -> Baseline {
+        Baseline { price, in_stock }
+    }
+
+    #[test]
+    fn price_below_holds_strictly_below_the_threshold() {
+        let t = Trigger::PriceBelow { threshold: 1200 };
+        assert_eq!(
+            evaluate(&t, &obs(1199, true), &base(None, None)),
+            Verdict::Holds
+        );
+        assert_eq!(
+            evaluate(&t, &obs(1200, true), &base(None, None)),
+            Verdict::Lost(LostReason::ConditionLost)
+        );
+    }
+
+    #[test]
+    fn price_below_does_not_fire_again_for_the_same_baseline() {
+        let t = Trigger::PriceBelow { threshold: 1200 };
+        // We told the user about 1100; 1100 again is not news, 1099 is.
+        let notified = base(Some(1100), Some(true));
+        assert_eq!(
+            evaluate(&t, &obs(1100, true), &notified),
+            Verdict::Lost(LostReason::ConditionLost)
+        );
+        assert_eq!(evaluate(&t, &obs(1099, true), &notified), Verdict::Holds);
+    }
+
+    #[test]
+    fn price_drop_fires_at_ten_percent_not_at_nine() {
+        let t = Trigger::PriceDrop { percent: 10 };
+        let b = base(Some(1000), None);
+        assert_eq!(evaluate(&t, &obs(900, true), &b), Verdict::Holds);
+        assert_eq!(
+            evaluate(&t, &obs(910, true), &b),
+            Verdict::Lost(LostReason::ConditionLost)
+        );
+        // After a sent notification at 900 the baseline is 900: 810 is the next 10 % drop.
+        let b = base(Some(900), Some(true));
+        assert_eq!(
+            evaluate(&t, &obs(850, true), &b),
+            Verdict::Lost(LostReason::ConditionLost)
+        );
+        assert_eq!(evaluate(&t, &obs(810, true), &b), Verdict::Holds);
+    }
+
+    #[test]
+    fn price_drop_without_any_reference_never_fires() {
+        let t = Trigger::PriceDrop { percent: 10 };
+        assert_eq!(
+            evaluate(&t, &obs(1, true), &base(None, None)),
+            Verdict::Lost(LostReason::ConditionLost)
+        );
+    }
+
+    #[test]
+    fn back_in_stock_fires_on_the_out_to_in_transition_only() {
+        let t = Trigger::BackInStock;
+        assert_eq!(
+            evaluate(&t, &obs(5, true), &base(None, Some(false))),
+            Verdict::Holds
+        );
+        assert_eq!(
+            evaluate(&t, &obs(5, true), &base(None, Some(true))),
+            Verdict::Lost(LostReason::ConditionLost)
+        );
+        assert_eq!(
+            evaluate(&t, &obs(5, true), &base(None, None)),
+            Verdict::Lost(LostReason::ConditionLost)
+        );
+        assert_eq!(
+            evaluate(&t, &obs(5, false), &base(None, Some(false))),
+            Verdict::Lost(LostReason::OutOfStock)
+        );
+    }
+
+    #[test]
+    fn an_item_that_cannot_be_bought_never_holds() {
+        let mut o = obs(1, true);
+        o.paused = true;
+        for t in [
+            Trigger::PriceBelow { threshold: 1200 },
+            Trigger::PriceDrop { percent: 10 },
+            Trigger::BackInStock,
+        ] {
+            assert_eq!(
+                evaluate(&t, &o, &base(Some(1000), Some(false))),
+                Verdict::Lost(LostReason::ItemPaused)
+            );
+            assert_eq!(
+                evaluate(&t, &obs(1, false), &base(Some(1000), Some(false))),
+                Verdict::Lost(LostReason::OutOfStock)
+            );
+        }
+    }
+
+    #[test]
+    fn recheck_uses_a_send_that_happened_after_detection() {
+        let detected_at = Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap();
+        let detected = base(Some(1000), Some(false));
+        let before = LastSent {
+            price: 1100,
+            in_stock: true,
+            sent_at: detected_at - chrono::Duration::hours(1),
+        };
+        let after = LastSent {
+            sent_at: detected_at + chrono::Duration::seconds(1),
+            ..before
+        };
+        assert_eq!(
+            Baseline::for_recheck(&detected, Some(&before), detected_at),
+            detected
+        );
+        assert_eq!(
+            Baseline::for_recheck(&detected, None, detected_at),
+            detected
+        );
+        assert_eq!(
+            Baseline::for_recheck(&detected, Some(&after), detected_at),
+            base(Some(1100), Some(true))
+        );
+        // A back_in_stock detection that was already announced no longer holds at re-check.
+        let rechecked = Baseline::for_recheck(&detected, Some(&after), detected_at);
+        assert_eq!(
+            evaluate(&Trigger::BackInStock, &obs(1, true), &rechecked),
+            Verdict::Lost(LostReason::ConditionLost)
+        );
+    }
+
+    #[test]
+    fn detection_baseline_prefers_the_last_sent_price() {
+        let s = LastSent {
+            price: 900,
+            in_stock: true,
+            sent_at: Utc::now(),
+        };
+        assert_eq!(
+            Baseline::for_detection(Some(&s), Some(1000), Some(false)),
+            base(Some(900), Some(false))
+        );
+        assert_eq!(
+            Baseline::for_detection(None, Some(1000), None),
+            base(Some(1000), None)
+        );
+    }
+
+    #[test]
+    fn trigger_validation_and_keys() {
+        assert!(Trigger::PriceBelow { threshold: 0 }.validate().is_err());
+        assert!(Trigger::PriceBelow { threshold: 1 }.validate().is_ok());
+        assert!(Trigger::PriceDrop { percent: 0 }.validate().is_err());
+        assert!(Trigger::PriceDrop { percent: 100 }.validate().is_err());
+        assert!(Trigger::PriceDrop { percent: 99 }.validate().is_ok());
+        assert_eq!(
+            Trigger::PriceBelow { threshold: 1200 }.key(),
+            "price_below:1200"
+        );
+        assert_eq!(Trigger::PriceDrop { percent: 10 }.key(), "price_drop:10");
+        assert_eq!(Trigger::BackInStock.key(), "back_in_stock");
+        let json = serde_json::to_value(Trigger::PriceBelow { threshold: 5 }).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"kind": "price_below", "threshold": 5})
+        );
+    }
+
+    fn any_trigger() -> impl Strategy<Value = Trigger> {
+        prop_oneof![
+            (1i64..=Trigger::MAX_THRESHOLD).prop_map(|threshold| Trigger::PriceBelow { threshold }),
+            (1u8..=99).prop_map(|percent| Trigger::PriceDrop { percent }),
+            Just(Trigger::BackInStock),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+        /// A price trigger that holds keeps holding when the price falls further: a lower price
+        /// is never "less true".
+        #[test]
+        fn price_triggers_are_monotone_in_price(
+            t in any_trigger(),
+            price in 0i64..=Trigger::MAX_THRESHOLD,
+            drop in 0i64..=1_000_000,
+            reference in proptest::option::of(1i64..=Trigger::MAX_THRESHOLD),
+        ) {
+            let b = base(reference, Some(false));
+            if evaluate(&t, &obs(price, true), &b) == Verdict::Holds {
+                prop_assert_eq!(evaluate(&t, &obs(price - drop, true), &b), Verdict::Holds);
+            }
+        }
+
+        /// Whatever the trigger, a notification that was sent at a price makes that same price
+        /// no longer newsworthy for price triggers.
+        #[test]
+        fn a_sent_price_does_not_fire_again(
+            t in any_trigger(),
+            price in 1i64..=Trigger::MAX_THRESHOLD,
+        ) {
+            let sent = base(Some(price), Some(true));
+            prop_assert_ne!(evaluate(&t, &obs(price, true), &sent), Verdict::Holds);
+        }
+    }
+}

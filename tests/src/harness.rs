@@ -1,0 +1,225 @@
+//! Per-test isolation on a shared Postgres and NATS.
+//!
+//! Connection URLs come from the environment (`TIDINGS_ADMIN_DATABASE_URL`, `NATS_URL`), which
+//! `deploy/local/stack test` sets. When they are missing (plain `cargo test`), the harness asks
+//! `deploy/local/stack env`, which starts the stack if needed.
+//!
+//! Each [`TestDb`] is a new database cloned from a migrated template (one `CREATE DATABASE …
+//! TEMPLATE`, ~30 ms, instead of running every migration per test), dropped when the test ends.
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, Executor, PgConnection, PgPool};
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::OnceLock;
+use tidings_shared::db::MIGRATOR;
+use tidings_shared::subjects::Subjects;
+use uuid::Uuid;
+
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessError {
+    #[error("could not start the local stack ({script}): {detail}")]
+    Stack { script: String, detail: String },
+    #[error("Postgres: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("migrations: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("NATS: {0}")]
+    Nats(String),
+}
+
+/// Where the shared servers are.
+#[derive(Clone, Debug)]
+pub struct Stack {
+    pub admin_database_url: String,
+    pub nats_url: String,
+}
+
+fn stack_script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/local/stack")
+}
+
+fn discover() -> Result<Stack, HarnessError> {
+    if let (Ok(db), Ok(nats)) = (
+        std::env::var("TIDINGS_ADMIN_DATABASE_URL"),
+        std::env::var("NATS_URL"),
+    ) {
+        return Ok(Stack {
+            admin_database_url: db,
+            nats_url: nats,
+        });
+    }
+    let script = stack_script();
+    let err = |detail: String| HarnessError::Stack {
+        script: script.display().to_string(),
+        detail,
+    };
+    let out = std::process::Command::new("bash")
+        .arg(&script)
+        .arg("env")
+        .output()
+        .map_err(|e| err(e.to_string()))?;
+    if !out.status.success() {
+        return Err(err(String::from_utf8_lossy(&out.stderr).into_owned()));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let get = |key: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+            .map(str::to_owned)
+            .ok_or_else(|| err(format!("no {key} in its output: {text}")))
+    };
+    Ok(Stack {
+        admin_database_url: get("TIDINGS_ADMIN_DATABASE_URL")?,
+        nats_url: get("NATS_URL")?,
+    })
+}
+
+/// The stack, discovered once per test process.
+pub fn stack() -> Result<&'static Stack, HarnessError> {
+    static STACK: OnceLock<Result<Stack, String>> = OnceLock::new();
+    STACK
+        .get_or_init(|| discover().map_err(|e| e.to_string()))
+        .as_ref()
+        .map_err(|detail| HarnessError::Stack {
+            script: stack_script().display().to_string(),
+            detail: detail.clone(),
+        })
+}
+
+fn database_url(admin_url: &str, name: &str) -> Result<String, HarnessError> {
+    let opts = PgConnectOptions::from_str(admin_url)?.database(name);
+    Ok(opts.to_url_lossy().to_string())
+}
+
+/// Template name from the migrations' checksums: a changed migration gets a new template.
+fn template_name() -> String {
+    // FNV-1a: stable across builds, unlike std's hasher.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for m in MIGRATOR.iter() {
+        for b in m.version.to_le_bytes().iter().chain(m.checksum.iter()) {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    format!("tidings_tmpl_{h:016x}")
+}
+
+async fn ensure_template(
+    admin: &mut PgConnection,
+    admin_url: &str,
+) -> Result<String, HarnessError> {
+    let name = template_name();
+    // Serialise template creation across the parallel test processes.
+    admin.execute("SELECT pg_advisory_lock(7342001)").await?;
+    let result = async {
+        let exists: Option<i32> =
+            sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
+                .bind(&name)
+                .fetch_optional(&mut *admin)
+                .await?;
+        if exists.is_none() {
+            // Build under a temporary name and rename, so a crash never leaves a half-migrated
+            // template behind.
+            let building = format!("{name}_building");
+            admin
+                .execute(format!("DROP DATABASE IF EXISTS {building} WITH (FORCE)").as_str())
+                .await?;
+            admin
+                .execute(format!("CREATE DATABASE {building}").as_str())
+                .await?;
+            let mut conn = PgConnection::connect(&database_url(admin_url, &building)?).await?;
+            MIGRATOR.run(&mut conn).await?;
+            conn.close().await?;
+            admin
+                .execute(format!("ALTER DATABASE {building} RENAME TO {name}").as_str())
+                .await?;
+        }
+        Ok::<_, HarnessError>(())
+    }
+    .await;
+    admin.execute("SELECT pg_advisory_unlock(7342001)").await?;
+    result.map(|()| name)
+}
+
+/// A fresh, migrated database that is dropped when the value is dropped (set
+/// `TIDINGS_KEEP_TEST_DB=1` to keep it for a look after a failure).
+pub struct TestDb {
+    pub pool: PgPool,
+    pub name: String,
+    pub url: String,
+    admin_url: String,
+}
+
+impl TestDb {
+    pub async fn new() -> Result<Self, HarnessError> {
+        let admin_url = stack()?.admin_database_url.clone();
+        let mut admin = PgConnection::connect(&admin_url).await?;
+        let template = ensure_template(&mut admin, &admin_url).await?;
+        let name = format!("t_{}", Uuid::new_v4().simple());
+        admin
+            .execute(format!("CREATE DATABASE {name} TEMPLATE {template}").as_str())
+            .await?;
+        admin.close().await?;
+        let url = database_url(&admin_url, &name)?;
+        let pool = PgPoolOptions::new()
+            .max_connections(16)
+            .connect(&url)
+            .await?;
+        Ok(TestDb {
+            pool,
+            name,
+            url,
+            admin_url,
+        })
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if std::env::var_os("TIDINGS_KEEP_TEST_DB").is_some() {
+            eprintln!("keeping test database {} ({})", self.name, self.url);
+            return;
+        }
+        let (name, admin_url) = (self.name.clone(), self.admin_url.clone());
+        // Drop runs inside the test's runtime, which cannot be blocked on; a short-lived thread
+        // with its own runtime does the clean-up. FORCE ends the pool's open connections.
+        let handle = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            if let Ok(rt) = rt {
+                rt.block_on(async {
+                    if let Ok(mut admin) = PgConnection::connect(&admin_url).await {
+                        let _ = admin
+                            .execute(
+                                format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)").as_str(),
+                            )
+                            .await;
+                    }
+                });
+            }
+        });
+        let _ = handle.join();
+    }
+}
+
+/// A unique subject and stream prefix for one test.
+pub fn test_subjects() -> Subjects {
+    let id = Uuid::new_v4().simple().to_string();
+    Subjects::new(&format!("t{}", &id[..16])).unwrap_or_else(|e| unreachable!("{e}"))
+}
+
+pub async fn nats() -> Result<async_nats::Client, HarnessError> {
+    async_nats::connect(&stack()?.nats_url)
+        .await
+        .map_err(|e| HarnessError::Nats(e.to_string()))
+}
+
+/// Deletes every stream of a test prefix (best effort), so a long test run does not fill the
+/// shared server's storage.
+pub async fn delete_streams(js: &async_nats::jetstream::Context, subjects: &Subjects) {
+    for kind in tidings_shared::subjects::StreamKind::ALL {
+        let _ = js.delete_stream(subjects.stream(kind)).await;
+    }
+}

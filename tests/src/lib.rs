@@ -1,0 +1,8 @@
+//! Test support shared by every Tidings test, and the fakes the tests and the demo run against.
+//!
+//! - [`harness`]: the one Postgres and one NATS that `deploy/local/stack test` started, a fresh
+//!   migrated database per test and a unique subject prefix per test, so tests run in parallel.
+//! - [`fixtures`]: devices, subscriptions and watches to build a story on.
+
+pub mod fixtures;
+pub mod harness;

@@ -1,0 +1,220 @@
+//! The schema keeps the promises DESIGN.md §2–§3 make at the database level.
+
+use chrono::{TimeZone, Utc};
+use tidings_shared::outbox::Status;
+use tidings_shared::trigger::Trigger;
+use tidings_shared::{OutboxId, WatchId};
+use tidings_tests::fixtures::{self, Device, Inserted};
+use tidings_tests::harness::TestDb;
+
+const BELOW_1200: Trigger = Trigger::PriceBelow { threshold: 1200 };
+
+async fn watched(db: &TestDb, tz: &str) -> (Device, WatchId) {
+    let device = fixtures::device(&db.pool, tz).await.unwrap();
+    let watch = fixtures::watch(&db.pool, device.id, "SKU-1", &[BELOW_1200], Some(1500))
+        .await
+        .unwrap();
+    (device, watch)
+}
+
+async fn count_rows(db: &TestDb, watch: WatchId) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM outbox WHERE watch_id = $1")
+        .bind(watch)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_same_dedup_key_twice_is_one_row_and_a_reported_duplicate() {
+    let db = TestDb::new().await.unwrap();
+    let (device, watch) = watched(&db, "UTC").await;
+    let at = Utc.with_ymd_and_hms(2026, 11, 30, 9, 0, 0).unwrap();
+    let first = fixtures::enqueue_request(&device, watch, BELOW_1200, 1100, at);
+    // A later scan the same day sees another price; the key, not the content, decides.
+    let again = fixtures::enqueue_request(
+        &device,
+        watch,
+        BELOW_1200,
+        1050,
+        at + chrono::Duration::hours(3),
+    );
+
+    assert!(matches!(
+        fixtures::insert_outbox(&db.pool, &first).await.unwrap(),
+        Inserted::New(_)
+    ));
+    assert_eq!(
+        fixtures::insert_outbox(&db.pool, &again).await.unwrap(),
+        Inserted::Duplicate
+    );
+    assert_eq!(count_rows(&db, watch).await, 1);
+
+    let detected_price: i64 =
+        sqlx::query_scalar("SELECT (detected->>'price')::bigint FROM outbox WHERE watch_id = $1")
+            .bind(watch)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        detected_price, 1100,
+        "the first detection's snapshot is kept"
+    );
+}
+
+#[tokio::test]
+async fn the_next_days_detection_is_a_new_row() {
+    let db = TestDb::new().await.unwrap();
+    let (device, watch) = watched(&db, "UTC").await;
+    let today = Utc.with_ymd_and_hms(2026, 11, 30, 23, 59, 0).unwrap();
+    let tomorrow = Utc.with_ymd_and_hms(2026, 12, 1, 0, 1, 0).unwrap();
+    for at in [today, tomorrow] {
+        let req = fixtures::enqueue_request(&device, watch, BELOW_1200, 1100, at);
+        assert!(matches!(
+            fixtures::insert_outbox(&db.pool, &req).await.unwrap(),
+            Inserted::New(_)
+        ));
+    }
+    assert_eq!(count_rows(&db, watch).await, 2);
+}
+
+#[tokio::test]
+async fn the_devices_time_zone_moves_the_day_boundary() {
+    let db = TestDb::new().await.unwrap();
+    // 22:30 and 23:30 UTC on Nov 30 are the same day in UTC but straddle midnight in Berlin.
+    let before = Utc.with_ymd_and_hms(2026, 11, 30, 22, 30, 0).unwrap();
+    let after = Utc.with_ymd_and_hms(2026, 11, 30, 23, 30, 0).unwrap();
+
+    let (utc_device, utc_watch) = watched(&db, "UTC").await;
+    let (berlin_device, berlin_watch) = watched(&db, "Europe/Berlin").await;
+    for at in [before, after] {
+        for (device, watch) in [(&utc_device, utc_watch), (&berlin_device, berlin_watch)] {
+            let req = fixtures::enqueue_request(device, watch, BELOW_1200, 1100, at);
+            fixtures::insert_outbox(&db.pool, &req).await.unwrap();
+        }
+    }
+    assert_eq!(count_rows(&db, utc_watch).await, 1);
+    assert_eq!(count_rows(&db, berlin_watch).await, 2);
+    let days: Vec<chrono::NaiveDate> =
+        sqlx::query_scalar("SELECT dedup_day FROM outbox WHERE watch_id = $1 ORDER BY dedup_day")
+            .bind(berlin_watch)
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        days.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        ["2026-11-30", "2026-12-01"]
+    );
+}
+
+/// Moves a row to `to`, filling the columns that state requires. Errors are the database's.
+async fn set_status(db: &TestDb, id: OutboxId, to: Status) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE outbox SET status = $2,
+             reason = CASE WHEN $2 IN ('dropped', 'failed') THEN 'test' END,
+             finished_at = CASE WHEN $2 IN ('sent', 'dropped', 'failed') THEN now() END,
+             lease_until = CASE WHEN $2 = 'sending' THEN now() + interval '1 minute' END,
+             deadline = CASE WHEN $2 = 'sending' THEN now() + interval '30 seconds' END
+         WHERE id = $1",
+    )
+    .bind(id)
+    .bind(to.as_str())
+    .execute(&db.pool)
+    .await
+    .map(|_| ())
+}
+
+/// A legal route from pending to each state, to set up a row in that state.
+fn route_to(s: Status) -> &'static [Status] {
+    match s {
+        Status::Pending => &[],
+        Status::Retry => &[Status::Retry],
+        Status::Sending => &[Status::Sending],
+        Status::Sent => &[Status::Sending, Status::Sent],
+        Status::Dropped => &[Status::Dropped],
+        Status::Failed => &[Status::Failed],
+    }
+}
+
+#[tokio::test]
+async fn the_database_allows_exactly_the_state_machines_transitions() {
+    let db = TestDb::new().await.unwrap();
+    let (device, watch) = watched(&db, "UTC").await;
+    let start = Utc.with_ymd_and_hms(2026, 1, 1, 12, 0, 0).unwrap();
+    let mut day = 0;
+    for from in Status::ALL {
+        for to in Status::ALL {
+            day += 1;
+            let at = start + chrono::Duration::days(day);
+            let req = fixtures::enqueue_request(&device, watch, BELOW_1200, 1100, at);
+            let Inserted::New(id) = fixtures::insert_outbox(&db.pool, &req).await.unwrap() else {
+                panic!("expected a new row");
+            };
+            for step in route_to(from) {
+                set_status(&db, id, *step).await.unwrap();
+            }
+            let result = set_status(&db, id, to).await;
+            // Same-status updates are how a claim moves a due row's lease.
+            let allowed = from.can_move_to(to) || (from == to && from.is_due_state());
+            match result {
+                Ok(()) => assert!(allowed, "database accepted illegal {from} -> {to}"),
+                Err(e) => {
+                    assert!(!allowed, "database refused legal {from} -> {to}: {e}");
+                    let code = e
+                        .as_database_error()
+                        .and_then(|d| d.code())
+                        .map(|c| c.into_owned());
+                    assert_eq!(code.as_deref(), Some("23514"), "{from} -> {to}: {e}");
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn terminal_rows_and_detection_snapshots_never_change_and_rows_are_never_deleted() {
+    let db = TestDb::new().await.unwrap();
+    let (device, watch) = watched(&db, "UTC").await;
+    let at = Utc.with_ymd_and_hms(2026, 11, 30, 9, 0, 0).unwrap();
+    let req = fixtures::enqueue_request(&device, watch, BELOW_1200, 1100, at);
+    let Inserted::New(id) = fixtures::insert_outbox(&db.pool, &req).await.unwrap() else {
+        panic!("expected a new row");
+    };
+
+    let rewrite = sqlx::query("UPDATE outbox SET detected = '{\"price\": 1}' WHERE id = $1")
+        .bind(id)
+        .execute(&db.pool)
+        .await;
+    assert!(rewrite.is_err(), "the detection snapshot was rewritten");
+
+    set_status(&db, id, Status::Dropped).await.unwrap();
+    let edit = sqlx::query("UPDATE outbox SET last_error = 'edited' WHERE id = $1")
+        .bind(id)
+        .execute(&db.pool)
+        .await;
+    assert!(edit.is_err(), "a terminal row was edited");
+
+    let delete = sqlx::query("DELETE FROM outbox WHERE id = $1")
+        .bind(id)
+        .execute(&db.pool)
+        .await;
+    assert!(delete.is_err(), "an outbox row was deleted");
+    assert_eq!(count_rows(&db, watch).await, 1);
+}
+
+#[tokio::test]
+async fn a_dropped_or_failed_row_must_carry_its_reason() {
+    let db = TestDb::new().await.unwrap();
+    let (device, watch) = watched(&db, "UTC").await;
+    let at = Utc.with_ymd_and_hms(2026, 11, 30, 9, 0, 0).unwrap();
+    let req = fixtures::enqueue_request(&device, watch, BELOW_1200, 1100, at);
+    let Inserted::New(id) = fixtures::insert_outbox(&db.pool, &req).await.unwrap() else {
+        panic!("expected a new row");
+    };
+    let no_reason =
+        sqlx::query("UPDATE outbox SET status = 'dropped', finished_at = now() WHERE id = $1")
+            .bind(id)
+            .execute(&db.pool)
+            .await;
+    assert!(no_reason.is_err(), "dropped without a reason was accepted");
+}

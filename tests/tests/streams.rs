@@ -1,0 +1,81 @@
+//! The JetStream side of the foundation: per-test prefixes and the enqueue stream's dedup window.
+
+use async_nats::jetstream;
+use tidings_shared::Channel;
+use tidings_shared::streams::{StreamSettings, ensure_streams};
+use tidings_shared::subjects::StreamKind;
+use tidings_tests::harness::{delete_streams, nats, test_subjects};
+
+#[tokio::test]
+async fn the_enqueue_stream_drops_a_republished_dedup_key() {
+    let js = jetstream::new(nats().await.unwrap());
+    let subjects = test_subjects();
+    ensure_streams(&js, &subjects, &StreamSettings::default())
+        .await
+        .unwrap();
+    // Idempotent: a second service starting up changes nothing.
+    ensure_streams(&js, &subjects, &StreamSettings::default())
+        .await
+        .unwrap();
+
+    let subject = subjects.subject(StreamKind::Enqueue, Channel::WebPush);
+    let publish = |id: &'static str| {
+        let js = js.clone();
+        let subject = subject.clone();
+        async move {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert("Nats-Msg-Id", id);
+            js.publish_with_headers(subject, headers, "{}".into())
+                .await
+                .unwrap()
+                .await
+                .unwrap()
+        }
+    };
+    assert!(
+        !publish("w:price_below:1200:2026-11-30:web_push")
+            .await
+            .duplicate
+    );
+    assert!(
+        publish("w:price_below:1200:2026-11-30:web_push")
+            .await
+            .duplicate
+    );
+    assert!(
+        !publish("w:price_below:1200:2026-12-01:web_push")
+            .await
+            .duplicate
+    );
+
+    let mut stream = js
+        .get_stream(subjects.stream(StreamKind::Enqueue))
+        .await
+        .unwrap();
+    assert_eq!(stream.info().await.unwrap().state.messages, 2);
+    delete_streams(&js, &subjects).await;
+}
+
+#[tokio::test]
+async fn two_prefixes_do_not_see_each_other() {
+    let js = jetstream::new(nats().await.unwrap());
+    let (a, b) = (test_subjects(), test_subjects());
+    assert_ne!(a, b);
+    for s in [&a, &b] {
+        ensure_streams(&js, s, &StreamSettings::default())
+            .await
+            .unwrap();
+    }
+    js.publish(a.subject(StreamKind::Push, Channel::WebPush), "x".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let mut sa = js.get_stream(a.stream(StreamKind::Push)).await.unwrap();
+    let mut sb = js.get_stream(b.stream(StreamKind::Push)).await.unwrap();
+    assert_eq!(sa.info().await.unwrap().state.messages, 1);
+    assert_eq!(sb.info().await.unwrap().state.messages, 0);
+    for s in [&a, &b] {
+        delete_streams(&js, s).await;
+    }
+}
