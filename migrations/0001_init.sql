@@ -56,10 +56,14 @@ CREATE TABLE baselines (
     PRIMARY KEY (watch_id, trigger)
 );
 
+-- One row per notification, from detection to its terminal state. The outbox is the hot table:
+-- it has no foreign keys (they doubled the cost of every ingest insert). Ingest checks that each
+-- watch exists and belongs to the device before inserting; watches, devices and subscriptions
+-- are only ever soft-deleted, so the ids stay resolvable.
 CREATE TABLE outbox (
     id               uuid PRIMARY KEY,
-    watch_id         uuid NOT NULL REFERENCES watches (id),
-    device_id        uuid NOT NULL REFERENCES devices (id),
+    watch_id         uuid NOT NULL,
+    device_id        uuid NOT NULL,
     -- Trigger key with its parameters (e.g. "price_below:120000") and the full trigger.
     trigger          text NOT NULL,
     trigger_spec     jsonb NOT NULL,
@@ -77,10 +81,15 @@ CREATE TABLE outbox (
     checked          jsonb,
     sent_value       jsonb,
     payload          jsonb,
+    -- The subscription the row was sent to: a `gone` result deactivates exactly that one.
+    subscription_id  uuid,
     attempt          integer NOT NULL DEFAULT 0 CHECK (attempt >= 0),
     retry_count      integer NOT NULL DEFAULT 0 CHECK (retry_count >= 0),
-    -- When the row is next due for the dispatcher; claiming pushes it forward by a short lease.
+    -- When the row is next due for the dispatcher.
     next_attempt_at  timestamptz NOT NULL DEFAULT now(),
+    -- A claim hides a due row from other dispatchers until then. Not indexed, so a claim is a
+    -- HOT update; every state transition clears it.
+    claimed_until    timestamptz,
     -- While `sending`: when the sweeper may consider the push lost.
     lease_until      timestamptz,
     deadline         timestamptz,
@@ -97,16 +106,16 @@ CREATE TABLE outbox (
     CHECK ((status IN ('dropped', 'failed')) = (reason IS NOT NULL)),
     CHECK ((status IN ('sent', 'dropped', 'failed')) = (finished_at IS NOT NULL)),
     CHECK (status <> 'sending' OR (lease_until IS NOT NULL AND deadline IS NOT NULL))
-);
+) WITH (fillfactor = 80);  -- room on each page for HOT updates (claims)
 
 -- The claim reads only due rows, oldest first.
 CREATE INDEX outbox_due ON outbox (next_attempt_at) WHERE status IN ('pending', 'retry');
 -- The sweeper reads only sending rows whose lease ran out.
 CREATE INDEX outbox_leases ON outbox (lease_until) WHERE status = 'sending';
--- History per device, newest first.
-CREATE INDEX outbox_device ON outbox (device_id, created_at DESC, id DESC);
--- Operators filter by state and reason.
-CREATE INDEX outbox_status_reason ON outbox (status, reason);
+-- History per device, newest first (UUIDv7 ids are time-ordered).
+CREATE INDEX outbox_device ON outbox (device_id, id);
+-- Operators filter withheld and failed rows by reason; only those rows have one.
+CREATE INDEX outbox_reason ON outbox (status, reason) WHERE reason IS NOT NULL;
 
 -- The database refuses what the state machine refuses (shared/src/outbox.rs lists the same pairs):
 -- terminal rows never change, and status moves only along legal edges. Same-status updates are

@@ -4,5 +4,7 @@
 //!   migrated database per test and a unique subject prefix per test, so tests run in parallel.
 //! - [`fixtures`]: devices, subscriptions and watches to build a story on.
 
+pub mod fake_catalog;
 pub mod fixtures;
 pub mod harness;
+pub mod scenario;

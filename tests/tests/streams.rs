@@ -79,3 +79,43 @@ async fn two_prefixes_do_not_see_each_other() {
         delete_streams(&js, s).await;
     }
 }
+
+/// Regression: publishing more messages than the client's cap on acks in flight must finish
+/// (awaiting acks only after queueing every publish deadlocked the dispatcher benchmark).
+#[tokio::test]
+async fn pipelined_publishing_never_waits_on_itself() {
+    use tidings_shared::publish::{Outgoing, publish_all};
+    let client = nats().await.unwrap();
+    let js = jetstream::ContextBuilder::new()
+        .max_ack_inflight(10)
+        .build(client);
+    let subjects = test_subjects();
+    ensure_streams(&js, &subjects, &StreamSettings::default())
+        .await
+        .unwrap();
+    let subject = subjects.subject(StreamKind::Push, Channel::WebPush);
+    let outgoing: Vec<Outgoing> = (0..200)
+        .map(|i| {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert("Nats-Msg-Id", format!("m{i}").as_str());
+            Outgoing {
+                subject: subject.clone(),
+                headers,
+                payload: b"{}".to_vec(),
+            }
+        })
+        .collect();
+    let acks = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        publish_all(&js, outgoing, 64),
+    )
+    .await
+    .expect("publish_all finished");
+    assert_eq!(acks.iter().filter(|a| a.is_ok()).count(), 200);
+    let mut stream = js
+        .get_stream(subjects.stream(StreamKind::Push))
+        .await
+        .unwrap();
+    assert_eq!(stream.info().await.unwrap().state.messages, 200);
+    delete_streams(&js, &subjects).await;
+}

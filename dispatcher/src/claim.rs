@@ -1,0 +1,172 @@
+//! Claiming due rows, and reading what the pre-send decision needs about them.
+//!
+//! A claim is one short statement: it locks due rows with `FOR UPDATE SKIP LOCKED` (so
+//! concurrent dispatchers take disjoint rows) and sets `claimed_until`, which hides them from
+//! other dispatchers after the statement commits. No lock is held while the source is called or
+//! the push published; if this dispatcher dies, the rows are simply claimable again when the
+//! claim lease runs out. `claimed_until` is not indexed, so a claim is a HOT update; every state
+//! transition clears it.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use sqlx::types::Json;
+use std::collections::HashMap;
+use std::time::Duration;
+use tidings_shared::messages::Subscription;
+use tidings_shared::outbox::{Row, Status};
+use tidings_shared::trigger::{Baseline, LastSent, Observation, Trigger};
+use tidings_shared::{DeviceId, OutboxId, SubscriptionId, WatchId};
+
+use crate::recheck::WatchState;
+
+#[derive(Debug, sqlx::FromRow)]
+pub struct Claimed {
+    pub id: OutboxId,
+    pub watch_id: WatchId,
+    pub device_id: DeviceId,
+    pub status: String,
+    pub trigger_spec: Json<Trigger>,
+    pub detected_at: DateTime<Utc>,
+    pub detected: Json<Observation>,
+    pub detected_baseline: Json<Baseline>,
+    pub attempt: i32,
+    pub retry_count: i32,
+    pub traceparent: Option<String>,
+}
+
+impl Claimed {
+    /// The counters the state machine needs. A status the code does not know cannot come out of
+    /// the claim (it selects pending and retry only), so `Retry` is a safe reading of anything else.
+    pub fn row(&self) -> Row {
+        Row {
+            status: self.status.parse().unwrap_or(Status::Retry),
+            retry_count: u32::try_from(self.retry_count).unwrap_or(0),
+            attempt: u32::try_from(self.attempt).unwrap_or(0),
+        }
+    }
+}
+
+pub async fn claim(
+    pool: &PgPool,
+    batch: i64,
+    lease: Duration,
+) -> Result<Vec<Claimed>, sqlx::Error> {
+    sqlx::query_as(
+        "WITH due AS (
+             SELECT id FROM outbox
+             WHERE status IN ('pending', 'retry') AND next_attempt_at <= now()
+               AND (claimed_until IS NULL OR claimed_until <= now())
+             ORDER BY next_attempt_at
+             LIMIT $1
+             FOR UPDATE SKIP LOCKED
+         )
+         UPDATE outbox o SET claimed_until = now() + make_interval(secs => $2)
+         FROM due WHERE o.id = due.id
+         RETURNING o.id, o.watch_id, o.device_id, o.status, o.trigger_spec, o.detected_at,
+                   o.detected, o.detected_baseline, o.attempt, o.retry_count, o.traceparent",
+    )
+    .bind(batch)
+    .bind(lease.as_secs_f64())
+    .fetch_all(pool)
+    .await
+}
+
+#[derive(sqlx::FromRow)]
+struct WatchRow {
+    watch_id: WatchId,
+    item_code: String,
+    paused: bool,
+    removed: bool,
+    subscription_id: Option<SubscriptionId>,
+    endpoint: Option<String>,
+    p256dh: Option<String>,
+    auth: Option<String>,
+}
+
+/// The current state of the claimed rows' watches (absent: the watch does not exist).
+pub async fn watches(
+    pool: &PgPool,
+    rows: &[Claimed],
+) -> Result<HashMap<WatchId, WatchState>, sqlx::Error> {
+    let mut ids: Vec<WatchId> = rows.iter().map(|r| r.watch_id).collect();
+    ids.sort();
+    ids.dedup();
+    let found: Vec<WatchRow> = sqlx::query_as(
+        "SELECT w.id AS watch_id, w.item_code, w.paused,
+                (w.removed_at IS NOT NULL OR d.removed_at IS NOT NULL) AS removed,
+                s.id AS subscription_id, s.endpoint, s.p256dh, s.auth
+         FROM watches w
+         JOIN devices d ON d.id = w.device_id
+         LEFT JOIN push_subscriptions s ON s.device_id = w.device_id AND s.active
+         WHERE w.id = ANY($1)",
+    )
+    .bind(ids)
+    .fetch_all(pool)
+    .await?;
+    Ok(found
+        .into_iter()
+        .map(|w| {
+            let subscription = match (w.subscription_id, w.endpoint, w.p256dh, w.auth) {
+                (Some(id), Some(endpoint), Some(p256dh), Some(auth)) => Some((
+                    id,
+                    Subscription {
+                        endpoint,
+                        p256dh,
+                        auth,
+                    },
+                )),
+                _ => None,
+            };
+            (
+                w.watch_id,
+                WatchState {
+                    item_code: w.item_code,
+                    paused: w.paused,
+                    removed: w.removed,
+                    subscription,
+                },
+            )
+        })
+        .collect())
+}
+
+#[derive(sqlx::FromRow)]
+struct BaselineRow {
+    watch_id: WatchId,
+    trigger: String,
+    price: i64,
+    in_stock: bool,
+    sent_at: DateTime<Utc>,
+}
+
+/// The last sent value of each claimed row's (watch, trigger).
+pub async fn baselines(
+    pool: &PgPool,
+    rows: &[Claimed],
+) -> Result<HashMap<(WatchId, String), LastSent>, sqlx::Error> {
+    let watch_ids: Vec<WatchId> = rows.iter().map(|r| r.watch_id).collect();
+    let triggers: Vec<String> = rows.iter().map(|r| r.trigger_spec.key()).collect();
+    let found: Vec<BaselineRow> = sqlx::query_as(
+        "SELECT DISTINCT b.watch_id, b.trigger, b.price, b.in_stock, b.sent_at
+         FROM baselines b
+         JOIN UNNEST($1::uuid[], $2::text[]) AS k(watch_id, trigger)
+           ON b.watch_id = k.watch_id AND b.trigger = k.trigger",
+    )
+    .bind(watch_ids)
+    .bind(triggers)
+    .fetch_all(pool)
+    .await?;
+    Ok(found
+        .into_iter()
+        .map(|b| {
+            (
+                (b.watch_id, b.trigger),
+                LastSent {
+                    price: b.price,
+                    in_stock: b.in_stock,
+                    sent_at: b.sent_at,
+                },
+            )
+        })
+        .collect())
+}

@@ -1,0 +1,258 @@
+//! Dispatcher configuration: every setting a flag and an environment variable.
+
+use std::time::Duration;
+use tidings_shared::backoff::RetryPolicy;
+use tidings_shared::duration::parse_duration;
+use tidings_shared::source::SourceConfig;
+use tidings_shared::streams::StreamSettings;
+use tidings_shared::subjects::{InvalidPrefix, Subjects};
+
+/// Default slack between the last moment a pusher may still be sending (deadline + its HTTP
+/// timeout) and the moment the sweeper may take the row back.
+pub const LEASE_MARGIN: Duration = Duration::from_secs(5);
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct Config {
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    pub nats_url: String,
+    /// Prefix of every subject and stream.
+    #[arg(long, env = "TIDINGS_PREFIX", default_value = Subjects::DEFAULT_PREFIX)]
+    pub prefix: String,
+    /// JetStream replicas per stream (3 in production).
+    #[arg(long, env = "TIDINGS_STREAM_REPLICAS", default_value_t = 1)]
+    pub stream_replicas: usize,
+
+    /// Source URL template with {item}.
+    #[arg(long, env = "TIDINGS_SOURCE_URL")]
+    pub source_url: String,
+    /// Optional batch URL template with {items} (comma-separated codes).
+    #[arg(long, env = "TIDINGS_SOURCE_BATCH_URL")]
+    pub source_batch_url: Option<String>,
+    #[arg(long, env = "TIDINGS_SOURCE_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub source_timeout: Duration,
+    #[arg(long, env = "TIDINGS_SOURCE_CONCURRENCY", default_value_t = 16)]
+    pub source_concurrency: usize,
+    #[arg(long, env = "TIDINGS_SOURCE_BATCH_SIZE", default_value_t = 100)]
+    pub source_batch_size: usize,
+    /// Link a notification opens, a template with {item}.
+    #[arg(long, env = "TIDINGS_ITEM_PAGE_URL")]
+    pub item_page_url: Option<String>,
+
+    /// Messages per ingest batch (one INSERT).
+    #[arg(long, env = "TIDINGS_INGEST_BATCH", default_value_t = 1000)]
+    pub ingest_batch: usize,
+    /// Ingest and result batches in flight at once.
+    #[arg(long, env = "TIDINGS_CONSUMER_CONCURRENCY", default_value_t = 4)]
+    pub consumer_concurrency: usize,
+    /// Rows per claim.
+    #[arg(long, env = "TIDINGS_CLAIM_BATCH", default_value_t = 500)]
+    pub claim_batch: i64,
+    /// How long a claimed pending/retry row is hidden from other dispatchers.
+    #[arg(long, env = "TIDINGS_CLAIM_LEASE", default_value = "30s", value_parser = parse_duration)]
+    pub claim_lease: Duration,
+    /// Concurrent claim-and-dispatch loops in this process.
+    #[arg(long, env = "TIDINGS_DISPATCH_WORKERS", default_value_t = 2)]
+    pub dispatch_workers: usize,
+    /// How often an idle dispatcher looks for due rows.
+    #[arg(long, env = "TIDINGS_POLL_INTERVAL", default_value = "50ms", value_parser = parse_duration)]
+    pub poll_interval: Duration,
+
+    /// Retries before a transient failure is final.
+    #[arg(long, env = "TIDINGS_MAX_RETRIES", default_value_t = 8)]
+    pub max_retries: u32,
+    /// A pusher refuses a PushRequest it picks up later than this after dispatch.
+    #[arg(long, env = "TIDINGS_PUSH_DEADLINE", default_value = "30s", value_parser = parse_duration)]
+    pub push_deadline: Duration,
+    /// The pusher's HTTP timeout (set the pusher to the same value).
+    #[arg(long, env = "TIDINGS_PUSH_HTTP_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub push_http_timeout: Duration,
+    /// How long a `sending` row waits for its result before the sweeper retries it. Must exceed
+    /// push deadline + push HTTP timeout + 5 s.
+    #[arg(long, env = "TIDINGS_SENDING_LEASE", default_value = "60s", value_parser = parse_duration)]
+    pub sending_lease: Duration,
+    #[arg(long, env = "TIDINGS_SWEEP_INTERVAL", default_value = "5s", value_parser = parse_duration)]
+    pub sweep_interval: Duration,
+    /// Web Push TTL: how long a push service keeps a message for an offline device.
+    #[arg(long, env = "TIDINGS_PUSH_TTL", default_value = "1h", value_parser = parse_duration)]
+    pub push_ttl: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(
+        "TIDINGS_SENDING_LEASE ({lease:?}) must exceed TIDINGS_PUSH_DEADLINE ({deadline:?}) + \
+         TIDINGS_PUSH_HTTP_TIMEOUT ({http:?}) + a margin of {margin:?}: otherwise the sweeper could \
+         retry a row whose push is still in flight, and the user would get it twice"
+    )]
+    LeaseTooShort {
+        lease: Duration,
+        deadline: Duration,
+        http: Duration,
+        margin: Duration,
+    },
+    #[error(
+        "TIDINGS_CLAIM_LEASE ({claim:?}) must be at least TIDINGS_SOURCE_TIMEOUT ({source_timeout:?})"
+    )]
+    ClaimLeaseTooShort {
+        claim: Duration,
+        source_timeout: Duration,
+    },
+    #[error("{name} must be at least 1")]
+    Zero { name: &'static str },
+    #[error(transparent)]
+    Prefix(#[from] InvalidPrefix),
+}
+
+/// Validated settings the loops run on; tests build these directly.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub subjects: Subjects,
+    pub streams: StreamSettings,
+    pub source: SourceConfig,
+    pub item_page_url: Option<String>,
+    pub ingest_batch: usize,
+    pub consumer_concurrency: usize,
+    pub claim_batch: i64,
+    pub claim_lease: Duration,
+    pub dispatch_workers: usize,
+    pub poll_interval: Duration,
+    pub retry: RetryPolicy,
+    pub push_deadline: Duration,
+    pub push_http_timeout: Duration,
+    pub sending_lease: Duration,
+    pub lease_margin: Duration,
+    pub sweep_interval: Duration,
+    pub push_ttl: Duration,
+}
+
+impl Settings {
+    /// Defaults for everything but where things are.
+    pub fn new(subjects: Subjects, source: SourceConfig) -> Self {
+        Settings {
+            subjects,
+            streams: StreamSettings::default(),
+            source,
+            item_page_url: None,
+            ingest_batch: 1000,
+            consumer_concurrency: 4,
+            claim_batch: 500,
+            claim_lease: Duration::from_secs(30),
+            dispatch_workers: 2,
+            poll_interval: Duration::from_millis(50),
+            retry: RetryPolicy::default(),
+            push_deadline: Duration::from_secs(30),
+            push_http_timeout: Duration::from_secs(10),
+            sending_lease: Duration::from_secs(60),
+            lease_margin: LEASE_MARGIN,
+            sweep_interval: Duration::from_secs(5),
+            push_ttl: Duration::from_secs(3600),
+        }
+    }
+
+    /// The rules a configuration must satisfy before the dispatcher starts.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.sending_lease <= self.push_deadline + self.push_http_timeout + self.lease_margin {
+            return Err(ConfigError::LeaseTooShort {
+                lease: self.sending_lease,
+                deadline: self.push_deadline,
+                http: self.push_http_timeout,
+                margin: self.lease_margin,
+            });
+        }
+        if self.claim_lease < self.source.timeout {
+            return Err(ConfigError::ClaimLeaseTooShort {
+                claim: self.claim_lease,
+                source_timeout: self.source.timeout,
+            });
+        }
+        for (name, v) in [
+            ("TIDINGS_INGEST_BATCH", self.ingest_batch),
+            ("TIDINGS_CONSUMER_CONCURRENCY", self.consumer_concurrency),
+            ("TIDINGS_DISPATCH_WORKERS", self.dispatch_workers),
+            (
+                "TIDINGS_CLAIM_BATCH",
+                usize::try_from(self.claim_batch).unwrap_or(0),
+            ),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::Zero { name });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    pub fn settings(&self) -> Result<Settings, ConfigError> {
+        let mut source = SourceConfig::new(self.source_url.clone());
+        source.batch_url = self.source_batch_url.clone();
+        source.timeout = self.source_timeout;
+        source.max_concurrency_per_host = self.source_concurrency;
+        source.batch_size = self.source_batch_size;
+        let s = Settings {
+            subjects: Subjects::new(&self.prefix)?,
+            streams: StreamSettings {
+                replicas: self.stream_replicas,
+                ..StreamSettings::default()
+            },
+            source,
+            item_page_url: self.item_page_url.clone(),
+            ingest_batch: self.ingest_batch,
+            consumer_concurrency: self.consumer_concurrency,
+            claim_batch: self.claim_batch,
+            claim_lease: self.claim_lease,
+            dispatch_workers: self.dispatch_workers,
+            poll_interval: self.poll_interval,
+            retry: RetryPolicy {
+                max_retries: self.max_retries,
+                ..RetryPolicy::default()
+            },
+            push_deadline: self.push_deadline,
+            push_http_timeout: self.push_http_timeout,
+            sending_lease: self.sending_lease,
+            lease_margin: LEASE_MARGIN,
+            sweep_interval: self.sweep_interval,
+            push_ttl: self.push_ttl,
+        };
+        s.validate()?;
+        Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> Settings {
+        Settings::new(
+            Subjects::new("t").unwrap(),
+            SourceConfig::new("http://catalog/{item}"),
+        )
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        settings().validate().unwrap();
+    }
+
+    #[test]
+    fn a_lease_that_a_push_could_outlive_refuses_to_start() {
+        let mut s = settings();
+        s.sending_lease = s.push_deadline + s.push_http_timeout + s.lease_margin;
+        assert!(matches!(
+            s.validate(),
+            Err(ConfigError::LeaseTooShort { .. })
+        ));
+        s.sending_lease += Duration::from_millis(1);
+        s.validate().unwrap();
+    }
+
+    #[test]
+    fn zero_batches_are_refused() {
+        let mut s = settings();
+        s.claim_batch = 0;
+        assert!(matches!(s.validate(), Err(ConfigError::Zero { .. })));
+    }
+}

@@ -1,0 +1,256 @@
+//! Ingest: EnqueueRequests from JetStream into the outbox.
+//!
+//! One batch is one `INSERT … SELECT FROM UNNEST … ON CONFLICT (dedup key) DO NOTHING`; messages
+//! are acked only after it commits, so a crash in between means a redelivery, which the unique
+//! key absorbs. A message that cannot be decoded, or names a watch that does not exist (or
+//! belongs to another device), is dead-lettered and terminated; it never blocks the stream.
+
+use async_nats::jetstream::{self, consumer::PullConsumer};
+use sqlx::PgPool;
+use sqlx::types::Json;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tidings_shared::dlq::dead_letter;
+use tidings_shared::messages::EnqueueRequest;
+use tidings_shared::subjects::StreamKind;
+use tidings_shared::{DeviceId, OutboxId, WatchId};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Settings;
+use crate::consume::{self, ConsumerError};
+
+pub const CONSUMER: &str = "dispatcher-ingest";
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct IngestStats {
+    pub inserted: usize,
+    pub duplicates: usize,
+    pub dead_lettered: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    #[error("writing {count} enqueue requests to the outbox: {source}")]
+    Db {
+        count: usize,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error(transparent)]
+    Consumer(#[from] ConsumerError),
+}
+
+pub struct Ingest {
+    pool: PgPool,
+    js: jetstream::Context,
+    settings: Arc<Settings>,
+    consumer: PullConsumer,
+}
+
+impl Ingest {
+    pub async fn new(
+        pool: PgPool,
+        js: jetstream::Context,
+        settings: Arc<Settings>,
+    ) -> Result<Self, IngestError> {
+        let max_pending = i64::try_from(settings.ingest_batch * 20).unwrap_or(20_000);
+        let consumer = consume::durable(
+            &js,
+            &settings.subjects,
+            StreamKind::Enqueue,
+            CONSUMER,
+            max_pending,
+        )
+        .await?;
+        Ok(Ingest {
+            pool,
+            js,
+            settings,
+            consumer,
+        })
+    }
+
+    /// Ingests whatever is available now (waiting at most `wait` for the first message).
+    pub async fn run_once(&self, wait: Duration) -> Result<IngestStats, IngestError> {
+        let messages = consume::fetch(&self.consumer, self.settings.ingest_batch, wait).await?;
+        self.process(messages).await
+    }
+
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), IngestError> {
+        let consumer = self.consumer.clone();
+        let batch = self.settings.ingest_batch;
+        consume::run(
+            consumer,
+            batch,
+            self.settings.consumer_concurrency,
+            shutdown,
+            |messages| async {
+                if let Err(e) = self.process(messages).await {
+                    tracing::error!(error = %e, "ingest batch failed; it will be redelivered");
+                }
+            },
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Decodes, validates and inserts one batch, then acks it. On a database error the batch is
+    /// nak'ed for redelivery and the error returned.
+    pub async fn process(
+        &self,
+        messages: Vec<jetstream::Message>,
+    ) -> Result<IngestStats, IngestError> {
+        let subjects = &self.settings.subjects;
+        let total = messages.len();
+        let decoded = consume::decode_batch::<EnqueueRequest>(
+            &self.js,
+            subjects,
+            StreamKind::Enqueue,
+            messages,
+        )
+        .await;
+        let mut stats = IngestStats {
+            dead_lettered: total - decoded.len(),
+            ..IngestStats::default()
+        };
+        if decoded.is_empty() {
+            return Ok(stats);
+        }
+        let owners = match self.watch_owners(&decoded).await {
+            Ok(o) => o,
+            Err(source) => {
+                consume::nak_all(decoded.iter().map(|(m, _)| m)).await;
+                return Err(IngestError::Db {
+                    count: decoded.len(),
+                    source,
+                });
+            }
+        };
+        let mut valid = Vec::with_capacity(decoded.len());
+        for (msg, req) in decoded {
+            match owners.get(&req.watch_id) {
+                Some(owner) if *owner == req.device_id => valid.push((msg, req)),
+                found => {
+                    let why = match found {
+                        None => format!("watch {} does not exist", req.watch_id),
+                        Some(owner) => format!(
+                            "watch {} belongs to device {owner}, not {}",
+                            req.watch_id, req.device_id
+                        ),
+                    };
+                    tracing::warn!(watch_id = %req.watch_id, reason = %why, "dead-lettering enqueue request");
+                    match dead_letter(&self.js, subjects, StreamKind::Enqueue, &msg, &why).await {
+                        Ok(()) => stats.dead_lettered += 1,
+                        Err(e) => {
+                            tracing::error!(watch_id = %req.watch_id, error = %e, "could not dead-letter")
+                        }
+                    }
+                }
+            }
+        }
+        if valid.is_empty() {
+            return Ok(stats);
+        }
+        let requests: Vec<(&EnqueueRequest, Option<String>)> = valid
+            .iter()
+            .map(|(msg, req)| {
+                let traceparent = msg
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get("traceparent"))
+                    .map(|v| v.as_str().to_owned());
+                (req, traceparent)
+            })
+            .collect();
+        match insert(&self.pool, &requests).await {
+            Ok(inserted) => {
+                stats.inserted = inserted;
+                stats.duplicates = valid.len() - inserted;
+                consume::ack_all(valid.iter().map(|(m, _)| m)).await;
+                if stats.duplicates > 0 {
+                    tracing::debug!(
+                        duplicates = stats.duplicates,
+                        "duplicate enqueue requests absorbed"
+                    );
+                }
+                Ok(stats)
+            }
+            Err(source) => {
+                consume::nak_all(valid.iter().map(|(m, _)| m)).await;
+                Err(IngestError::Db {
+                    count: valid.len(),
+                    source,
+                })
+            }
+        }
+    }
+
+    async fn watch_owners(
+        &self,
+        decoded: &[(jetstream::Message, EnqueueRequest)],
+    ) -> Result<HashMap<WatchId, DeviceId>, sqlx::Error> {
+        let mut ids: Vec<WatchId> = decoded.iter().map(|(_, r)| r.watch_id).collect();
+        ids.sort();
+        ids.dedup();
+        let rows: Vec<(WatchId, DeviceId)> =
+            sqlx::query_as("SELECT id, device_id FROM watches WHERE id = ANY($1)")
+                .bind(ids)
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(rows.into_iter().collect())
+    }
+}
+
+/// Inserts a batch; returns how many rows were new (the rest were duplicates of the dedup key).
+pub async fn insert(
+    pool: &PgPool,
+    requests: &[(&EnqueueRequest, Option<String>)],
+) -> Result<usize, sqlx::Error> {
+    let n = requests.len();
+    let mut ids = Vec::with_capacity(n);
+    let mut watch_ids = Vec::with_capacity(n);
+    let mut device_ids = Vec::with_capacity(n);
+    let mut triggers = Vec::with_capacity(n);
+    let mut specs = Vec::with_capacity(n);
+    let mut channels = Vec::with_capacity(n);
+    let mut days = Vec::with_capacity(n);
+    let mut detected_at = Vec::with_capacity(n);
+    let mut detected = Vec::with_capacity(n);
+    let mut baselines = Vec::with_capacity(n);
+    let mut traceparents = Vec::with_capacity(n);
+    for (r, tp) in requests {
+        ids.push(OutboxId::new());
+        watch_ids.push(r.watch_id);
+        device_ids.push(r.device_id);
+        triggers.push(r.trigger.key());
+        specs.push(Json(&r.trigger));
+        channels.push(r.channel.as_str());
+        days.push(r.dedup_day);
+        detected_at.push(r.detected_at);
+        detected.push(Json(&r.detected));
+        baselines.push(Json(&r.baseline));
+        traceparents.push(tp.as_deref());
+    }
+    let result = sqlx::query(
+        "INSERT INTO outbox (id, watch_id, device_id, trigger, trigger_spec, channel, dedup_day,
+                             detected_at, detected, detected_baseline, traceparent)
+         SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::jsonb[], $6::text[],
+                              $7::date[], $8::timestamptz[], $9::jsonb[], $10::jsonb[], $11::text[])
+         ON CONFLICT ON CONSTRAINT outbox_dedup DO NOTHING",
+    )
+    .bind(ids)
+    .bind(watch_ids)
+    .bind(device_ids)
+    .bind(triggers)
+    .bind(specs)
+    .bind(channels)
+    .bind(days)
+    .bind(detected_at)
+    .bind(detected)
+    .bind(baselines)
+    .bind(traceparents)
+    .execute(pool)
+    .await?;
+    Ok(usize::try_from(result.rows_affected()).unwrap_or(0))
+}

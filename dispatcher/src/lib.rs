@@ -1,0 +1,100 @@
+//! The Tidings dispatcher: four loops in one binary, each its own module, each safe to run as N
+//! replicas at once.
+//!
+//! - [`ingest`]: EnqueueRequests → outbox rows (batch insert, `ON CONFLICT DO NOTHING`, ack after
+//!   commit, undecodable messages dead-lettered).
+//! - [`dispatch`]: claim due rows ([`claim`]) → pre-guards and re-check ([`recheck`]) →
+//!   `sending` → PushRequest.
+//! - [`results`]: PushResults → `sent` (baseline advanced in the same transaction), `retry`,
+//!   `dropped` or `failed`.
+//! - [`sweeper`]: `sending` rows whose lease ran out → `retry`.
+//!
+//! Every state change goes through [`transition::apply`], a batch of compare-and-sets.
+
+pub mod claim;
+pub mod config;
+pub mod consume;
+pub mod dispatch;
+pub mod ingest;
+pub mod recheck;
+pub mod results;
+pub mod sweeper;
+pub mod transition;
+
+use async_nats::jetstream;
+use sqlx::PgPool;
+use std::sync::Arc;
+use tidings_shared::source::{HttpSource, SourceConfigError};
+use tidings_shared::streams::{StreamError, ensure_streams};
+use tokio_util::sync::CancellationToken;
+
+pub use config::{Config, Settings};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    #[error("source: {0}")]
+    Source(#[from] SourceConfigError),
+    #[error(transparent)]
+    Streams(#[from] StreamError),
+    #[error("ingest: {0}")]
+    Ingest(#[from] ingest::IngestError),
+    #[error("results: {0}")]
+    Results(#[from] results::ResultsError),
+}
+
+/// Runs every loop until `shutdown`, then lets each finish (and ack) its batch in flight.
+pub async fn run(
+    pool: PgPool,
+    js: jetstream::Context,
+    settings: Settings,
+    shutdown: CancellationToken,
+) -> Result<(), StartError> {
+    settings.validate()?;
+    let settings = Arc::new(settings);
+    ensure_streams(&js, &settings.subjects, &settings.streams).await?;
+    let source = Arc::new(HttpSource::new(settings.source.clone())?);
+    let ingest = ingest::Ingest::new(pool.clone(), js.clone(), settings.clone()).await?;
+    let results = results::Results::new(pool.clone(), js.clone(), settings.clone()).await?;
+
+    let mut tasks = tokio::task::JoinSet::new();
+    {
+        let shutdown = shutdown.clone();
+        tasks.spawn(async move {
+            if let Err(e) = ingest.run(shutdown).await {
+                tracing::error!(error = %e, "ingest stopped");
+            }
+        });
+    }
+    {
+        let shutdown = shutdown.clone();
+        tasks.spawn(async move {
+            if let Err(e) = results.run(shutdown).await {
+                tracing::error!(error = %e, "results stopped");
+            }
+        });
+    }
+    for _ in 0..settings.dispatch_workers {
+        let d =
+            dispatch::Dispatcher::new(pool.clone(), js.clone(), source.clone(), settings.clone());
+        let shutdown = shutdown.clone();
+        tasks.spawn(async move { d.run(shutdown).await });
+    }
+    tasks.spawn(sweeper::run(
+        pool.clone(),
+        settings.clone(),
+        shutdown.clone(),
+    ));
+    tracing::info!(
+        prefix = settings.subjects.prefix(),
+        workers = settings.dispatch_workers,
+        "dispatcher running"
+    );
+    // A loop that stops on its own (its consumer vanished) stops the process, so the
+    // orchestrator restarts it rather than leaving half a dispatcher running.
+    let _ = tasks.join_next().await;
+    shutdown.cancel();
+    while tasks.join_next().await.is_some() {}
+    Ok(())
+}

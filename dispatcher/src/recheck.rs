@@ -1,0 +1,218 @@
+//! The pre-send decision for one claimed row: pre-guards, then the re-fetched value against the
+//! trigger. Pure: the dispatch loop gathers the inputs and writes the outcome.
+
+use chrono::{DateTime, Utc};
+use tidings_shared::messages::Subscription;
+use tidings_shared::outbox::DropReason;
+use tidings_shared::source::Fetched;
+use tidings_shared::trigger::{
+    Baseline, LastSent, LostReason, Observation, SourceErrorKind, Verdict,
+};
+use tidings_shared::{SubscriptionId, Trigger, evaluate};
+
+/// What the database says about a row's watch right now.
+#[derive(Clone, Debug)]
+pub struct WatchState {
+    pub item_code: String,
+    pub paused: bool,
+    /// The watch or its device was removed.
+    pub removed: bool,
+    pub subscription: Option<(SubscriptionId, Subscription)>,
+}
+
+/// Checks that need no source call. `None` means the watch no longer exists at all.
+pub fn pre_guard(
+    watch: Option<&WatchState>,
+) -> Result<(SubscriptionId, &Subscription), DropReason> {
+    let w = watch.ok_or(DropReason::WatchRemoved)?;
+    if w.removed {
+        return Err(DropReason::WatchRemoved);
+    }
+    if w.paused {
+        return Err(DropReason::WatchPaused);
+    }
+    w.subscription
+        .as_ref()
+        .map(|(id, s)| (*id, s))
+        .ok_or(DropReason::SubscriptionInactive)
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Decision {
+    /// Correctly withheld; `checked` is the value that made us withhold, when there was one.
+    Withhold {
+        reason: DropReason,
+        checked: Option<Observation>,
+    },
+    /// The source could not answer now; try later.
+    Transient { error: String },
+    /// Still true: send, built from `observation`, compared against `baseline`.
+    Send {
+        observation: Observation,
+        baseline: Baseline,
+    },
+}
+
+/// Re-checks the trigger on the value fetched right now.
+pub fn recheck(
+    trigger: &Trigger,
+    detected_baseline: &Baseline,
+    detected_at: DateTime<Utc>,
+    last_sent: Option<&LastSent>,
+    fetched: &Fetched,
+) -> Decision {
+    let observation = match fetched {
+        Ok(o) => o,
+        Err(e) => {
+            return match e.kind {
+                SourceErrorKind::NotFound => Decision::Withhold {
+                    reason: DropReason::NotFound,
+                    checked: None,
+                },
+                SourceErrorKind::Empty => Decision::Withhold {
+                    reason: DropReason::OutOfStock,
+                    checked: None,
+                },
+                _ => Decision::Transient {
+                    error: format!("re-fetch failed: {e}"),
+                },
+            };
+        }
+    };
+    let baseline = Baseline::for_recheck(detected_baseline, last_sent, detected_at);
+    match evaluate(trigger, observation, &baseline) {
+        Verdict::Holds => Decision::Send {
+            observation: observation.clone(),
+            baseline,
+        },
+        Verdict::Lost(lost) => Decision::Withhold {
+            reason: match lost {
+                LostReason::OutOfStock => DropReason::OutOfStock,
+                LostReason::ItemPaused => DropReason::ItemPaused,
+                LostReason::ConditionLost => DropReason::ConditionLost,
+            },
+            checked: Some(observation.clone()),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidings_shared::source::SourceError;
+
+    fn obs(price: i64) -> Observation {
+        Observation {
+            price,
+            currency: "EUR".into(),
+            in_stock: true,
+            paused: false,
+            observed_at: Utc::now(),
+        }
+    }
+
+    fn err(kind: SourceErrorKind) -> Fetched {
+        Err(SourceError {
+            kind,
+            detail: "test".into(),
+        })
+    }
+
+    const T: Trigger = Trigger::PriceBelow { threshold: 1200 };
+
+    #[test]
+    fn guards_in_order() {
+        let sub = Subscription {
+            endpoint: "https://push.example/1".into(),
+            p256dh: "k".into(),
+            auth: "a".into(),
+        };
+        let mut w = WatchState {
+            item_code: "A".into(),
+            paused: true,
+            removed: true,
+            subscription: None,
+        };
+        assert_eq!(pre_guard(None).unwrap_err(), DropReason::WatchRemoved);
+        assert_eq!(pre_guard(Some(&w)).unwrap_err(), DropReason::WatchRemoved);
+        w.removed = false;
+        assert_eq!(pre_guard(Some(&w)).unwrap_err(), DropReason::WatchPaused);
+        w.paused = false;
+        assert_eq!(
+            pre_guard(Some(&w)).unwrap_err(),
+            DropReason::SubscriptionInactive
+        );
+        let id = SubscriptionId::new();
+        w.subscription = Some((id, sub.clone()));
+        assert_eq!(pre_guard(Some(&w)).unwrap(), (id, &sub));
+    }
+
+    #[test]
+    fn source_errors_classify() {
+        let b = Baseline::default();
+        let now = Utc::now();
+        assert!(matches!(
+            recheck(&T, &b, now, None, &err(SourceErrorKind::NotFound)),
+            Decision::Withhold {
+                reason: DropReason::NotFound,
+                ..
+            }
+        ));
+        assert!(matches!(
+            recheck(&T, &b, now, None, &err(SourceErrorKind::Empty)),
+            Decision::Withhold {
+                reason: DropReason::OutOfStock,
+                ..
+            }
+        ));
+        for k in [
+            SourceErrorKind::RateLimited,
+            SourceErrorKind::Unavailable,
+            SourceErrorKind::BadData,
+        ] {
+            assert!(matches!(
+                recheck(&T, &b, now, None, &err(k)),
+                Decision::Transient { .. }
+            ));
+        }
+    }
+
+    #[test]
+    fn a_reverted_price_is_withheld_with_the_value_seen() {
+        match recheck(&T, &Baseline::default(), Utc::now(), None, &Ok(obs(1300))) {
+            Decision::Withhold {
+                reason: DropReason::ConditionLost,
+                checked: Some(o),
+            } => assert_eq!(o.price, 1300),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_send_after_detection_becomes_the_baseline() {
+        let detected_at = Utc::now() - chrono::Duration::minutes(5);
+        let sent = LastSent {
+            price: 1000,
+            in_stock: true,
+            sent_at: Utc::now(),
+        };
+        // 1100 was news at detection, but 1000 has been announced since.
+        assert!(matches!(
+            recheck(
+                &T,
+                &Baseline::default(),
+                detected_at,
+                Some(&sent),
+                &Ok(obs(1100))
+            ),
+            Decision::Withhold {
+                reason: DropReason::ConditionLost,
+                ..
+            }
+        ));
+        assert!(matches!(
+            recheck(&T, &Baseline::default(), detected_at, None, &Ok(obs(1100))),
+            Decision::Send { .. }
+        ));
+    }
+}

@@ -1,0 +1,287 @@
+//! Results: apply each PushResult to its row, as a compare-and-set on (id, `sending`, attempt).
+//!
+//! One batch is one transaction: the rows are locked (in id order, so concurrent result
+//! consumers cannot deadlock), transitions computed by the shared state machine, written with
+//! compare-and-set, and — for rows that became `sent` — the baseline advanced to the value that
+//! was sent, in the same transaction. A duplicate or stale result (wrong attempt, row already
+//! terminal) changes nothing. Messages are acked after the commit.
+
+use async_nats::jetstream::{self, consumer::PullConsumer};
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use sqlx::types::Json;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+use tidings_shared::messages::{Outcome, PushResult};
+use tidings_shared::outbox::{self, Event, FailReason, Row, Status};
+use tidings_shared::subjects::StreamKind;
+use tidings_shared::trigger::Observation;
+use tidings_shared::{OutboxId, SubscriptionId, WatchId};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Settings;
+use crate::consume::{self, ConsumerError};
+use crate::transition::{self, Change};
+
+pub const CONSUMER: &str = "dispatcher-results";
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ResultStats {
+    pub applied: usize,
+    /// Duplicate or stale results that changed nothing.
+    pub ignored: usize,
+    pub dead_lettered: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ResultsError {
+    #[error("applying {count} push results: {source}")]
+    Db {
+        count: usize,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error(transparent)]
+    Consumer(#[from] ConsumerError),
+}
+
+#[derive(sqlx::FromRow)]
+struct Locked {
+    id: OutboxId,
+    status: String,
+    attempt: i32,
+    retry_count: i32,
+    watch_id: WatchId,
+    trigger: String,
+    sent_value: Option<Json<Observation>>,
+    subscription_id: Option<SubscriptionId>,
+}
+
+/// The state-machine event a result stands for.
+pub fn event_for(result: &PushResult) -> Event {
+    match result.outcome {
+        Outcome::Delivered => Event::Delivered,
+        Outcome::Transient | Outcome::Expired => Event::Transient,
+        Outcome::Gone => Event::Gone,
+        Outcome::Permanent => Event::Rejected(match result.http_status {
+            Some(401 | 403) => FailReason::VapidRejected,
+            Some(413) => FailReason::PayloadTooLarge,
+            Some(_) => FailReason::PushRejected,
+            // No HTTP exchange happened: the pusher's endpoint guard refused it.
+            None => FailReason::EndpointRefused,
+        }),
+    }
+}
+
+pub struct Results {
+    pool: PgPool,
+    js: jetstream::Context,
+    settings: Arc<Settings>,
+    consumer: PullConsumer,
+}
+
+impl Results {
+    pub async fn new(
+        pool: PgPool,
+        js: jetstream::Context,
+        settings: Arc<Settings>,
+    ) -> Result<Self, ResultsError> {
+        let consumer = consume::durable(
+            &js,
+            &settings.subjects,
+            StreamKind::Result,
+            CONSUMER,
+            20_000,
+        )
+        .await?;
+        Ok(Results {
+            pool,
+            js,
+            settings,
+            consumer,
+        })
+    }
+
+    pub async fn run_once(&self, wait: Duration) -> Result<ResultStats, ResultsError> {
+        let messages = consume::fetch(&self.consumer, 1000, wait).await?;
+        self.process(messages).await
+    }
+
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), ResultsError> {
+        let consumer = self.consumer.clone();
+        consume::run(
+            consumer,
+            1000,
+            self.settings.consumer_concurrency,
+            shutdown,
+            |messages| async {
+                if let Err(e) = self.process(messages).await {
+                    tracing::error!(error = %e, "result batch failed; it will be redelivered");
+                }
+            },
+        )
+        .await?;
+        Ok(())
+    }
+
+    pub async fn process(
+        &self,
+        messages: Vec<jetstream::Message>,
+    ) -> Result<ResultStats, ResultsError> {
+        let total = messages.len();
+        let decoded = consume::decode_batch::<PushResult>(
+            &self.js,
+            &self.settings.subjects,
+            StreamKind::Result,
+            messages,
+        )
+        .await;
+        let mut stats = ResultStats {
+            dead_lettered: total - decoded.len(),
+            ..ResultStats::default()
+        };
+        if decoded.is_empty() {
+            return Ok(stats);
+        }
+        let results: Vec<&PushResult> = decoded.iter().map(|(_, r)| r).collect();
+        match self.apply(&results).await {
+            Ok(applied) => {
+                stats.applied = applied;
+                stats.ignored = results.len() - applied;
+                consume::ack_all(decoded.iter().map(|(m, _)| m)).await;
+                Ok(stats)
+            }
+            Err(source) => {
+                consume::nak_all(decoded.iter().map(|(m, _)| m)).await;
+                Err(ResultsError::Db {
+                    count: results.len(),
+                    source,
+                })
+            }
+        }
+    }
+
+    /// Applies results in one transaction; returns how many changed a row.
+    pub async fn apply(&self, results: &[&PushResult]) -> Result<usize, sqlx::Error> {
+        let mut ids: Vec<OutboxId> = results.iter().map(|r| r.outbox_id).collect();
+        ids.sort();
+        ids.dedup();
+        let mut tx = self.pool.begin().await?;
+        let locked: Vec<Locked> = sqlx::query_as(
+            "SELECT id, status, attempt, retry_count, watch_id, trigger, sent_value, subscription_id
+             FROM outbox WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+        )
+        .bind(&ids)
+        .fetch_all(&mut *tx)
+        .await?;
+        let rows: HashMap<OutboxId, &Locked> = locked.iter().map(|l| (l.id, l)).collect();
+
+        let mut changes = Vec::new();
+        let mut seen = HashSet::new();
+        for result in results {
+            let Some(row) = rows.get(&result.outbox_id) else {
+                tracing::warn!(outbox_id = %result.outbox_id, "result for an unknown outbox row");
+                continue;
+            };
+            let current = Row {
+                status: row.status.parse().unwrap_or(Status::Failed),
+                retry_count: u32::try_from(row.retry_count).unwrap_or(0),
+                attempt: u32::try_from(row.attempt).unwrap_or(0),
+            };
+            // Only the first result for the attempt in flight counts; the rest are duplicates
+            // (redeliveries) or stale (an older attempt the sweeper already gave up on).
+            if current.status != Status::Sending
+                || current.attempt != result.attempt
+                || !seen.insert(result.outbox_id)
+            {
+                continue;
+            }
+            let Ok(t) = outbox::apply(current, event_for(result), self.settings.retry.max_retries)
+            else {
+                continue;
+            };
+            let mut c = Change::new(row.id, current, t);
+            c.http_status = result.http_status;
+            c.push_message_id = result.message_id.clone();
+            if let Some(e) = &result.error {
+                c.last_error = Some(format!("{}: {e}", result.outcome.as_str()));
+            } else if result.outcome != Outcome::Delivered {
+                c.last_error = Some(result.outcome.as_str().to_owned());
+            }
+            if t.to == Status::Retry {
+                let retry_after = result.retry_after.map(Duration::from_secs);
+                c.next_attempt_at =
+                    Some(Utc::now() + self.settings.retry.delay(current.retry_count, retry_after));
+            }
+            if matches!(result.http_status, Some(401 | 403)) {
+                tracing::error!(
+                    outbox_id = %row.id,
+                    http_status = result.http_status,
+                    "push service rejected our VAPID credentials: check TIDINGS_VAPID_PRIVATE_KEY and the subject"
+                );
+            }
+            changes.push(c);
+        }
+        let won = transition::apply(&mut tx, &changes).await?;
+
+        // Baselines advance only for rows that became `sent` here.
+        let mut b_watch = Vec::new();
+        let mut b_trigger = Vec::new();
+        let mut b_price = Vec::new();
+        let mut b_stock = Vec::new();
+        let mut b_outbox = Vec::new();
+        let mut gone_subs = Vec::new();
+        for c in changes.iter().filter(|c| won.contains(&c.id)) {
+            let Some(row) = rows.get(&c.id) else { continue };
+            if c.transition.advances_baseline
+                && let Some(Json(sent)) = &row.sent_value
+            {
+                b_watch.push(row.watch_id);
+                b_trigger.push(row.trigger.as_str());
+                b_price.push(sent.price);
+                b_stock.push(sent.in_stock);
+                b_outbox.push(row.id);
+            }
+            if c.transition.reason
+                == Some(outbox::Reason::Dropped(
+                    outbox::DropReason::SubscriptionGone,
+                ))
+                && let Some(sub) = row.subscription_id
+            {
+                gone_subs.push(sub);
+            }
+        }
+        if !b_watch.is_empty() {
+            let now: DateTime<Utc> = Utc::now();
+            sqlx::query(
+                "INSERT INTO baselines (watch_id, trigger, price, in_stock, outbox_id, sent_at)
+                 SELECT w, t, p, s, o, $6 FROM UNNEST($1::uuid[], $2::text[], $3::bigint[], $4::bool[], $5::uuid[])
+                      AS u(w, t, p, s, o)
+                 ON CONFLICT (watch_id, trigger) DO UPDATE
+                 SET price = EXCLUDED.price, in_stock = EXCLUDED.in_stock,
+                     outbox_id = EXCLUDED.outbox_id, sent_at = EXCLUDED.sent_at",
+            )
+            .bind(b_watch)
+            .bind(b_trigger)
+            .bind(b_price)
+            .bind(b_stock)
+            .bind(b_outbox)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        }
+        if !gone_subs.is_empty() {
+            sqlx::query(
+                "UPDATE push_subscriptions
+                 SET active = false, deactivated_at = now(), deactivation_reason = 'gone'
+                 WHERE id = ANY($1) AND active",
+            )
+            .bind(gone_subs)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(won.len())
+    }
+}

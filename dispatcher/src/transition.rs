@@ -1,0 +1,148 @@
+//! Writing state transitions: a batch of compare-and-sets in one statement.
+//!
+//! Every change names the state and attempt it expects (`WHERE status = from AND attempt =
+//! from_attempt`); a change that lost a race (a result arrived, another dispatcher or the sweeper
+//! got there first) matches no row and changes nothing. Callers learn which changes won and act
+//! only on those (publish, advance a baseline, deactivate a subscription).
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::PgConnection;
+use std::collections::HashSet;
+use tidings_shared::outbox::{Row, Status, Transition};
+use tidings_shared::{OutboxId, SubscriptionId};
+
+/// One planned compare-and-set. Optional columns left `None` keep their value.
+#[derive(Clone, Debug)]
+pub struct Change {
+    pub id: OutboxId,
+    pub from: Status,
+    pub from_attempt: u32,
+    pub transition: Transition,
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    pub last_error: Option<String>,
+    pub checked: Option<Value>,
+    pub sent_value: Option<Value>,
+    pub payload: Option<Value>,
+    pub subscription_id: Option<SubscriptionId>,
+    /// Set when entering `sending`; cleared otherwise.
+    pub lease_until: Option<DateTime<Utc>>,
+    pub deadline: Option<DateTime<Utc>>,
+    pub http_status: Option<u16>,
+    pub push_message_id: Option<String>,
+}
+
+impl Change {
+    pub fn new(id: OutboxId, row: Row, transition: Transition) -> Self {
+        Change {
+            id,
+            from: row.status,
+            from_attempt: row.attempt,
+            transition,
+            next_attempt_at: None,
+            last_error: None,
+            checked: None,
+            sent_value: None,
+            payload: None,
+            subscription_id: None,
+            lease_until: None,
+            deadline: None,
+            http_status: None,
+            push_message_id: None,
+        }
+    }
+}
+
+fn int(v: u32) -> i32 {
+    i32::try_from(v).unwrap_or(i32::MAX)
+}
+
+/// Applies `changes`; returns the ids whose compare-and-set won.
+pub async fn apply(
+    conn: &mut PgConnection,
+    changes: &[Change],
+) -> Result<HashSet<OutboxId>, sqlx::Error> {
+    if changes.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let col = |f: &dyn Fn(&Change) -> Option<Value>| changes.iter().map(f).collect::<Vec<_>>();
+    let ids: Vec<OutboxId> = changes.iter().map(|c| c.id).collect();
+    let from: Vec<&str> = changes.iter().map(|c| c.from.as_str()).collect();
+    let from_attempt: Vec<i32> = changes.iter().map(|c| int(c.from_attempt)).collect();
+    let to: Vec<&str> = changes.iter().map(|c| c.transition.to.as_str()).collect();
+    let reason: Vec<Option<&str>> = changes
+        .iter()
+        .map(|c| c.transition.reason.map(|r| r.as_str()))
+        .collect();
+    let retry_count: Vec<i32> = changes
+        .iter()
+        .map(|c| int(c.transition.retry_count))
+        .collect();
+    let attempt: Vec<i32> = changes.iter().map(|c| int(c.transition.attempt)).collect();
+    let next_attempt_at: Vec<Option<DateTime<Utc>>> =
+        changes.iter().map(|c| c.next_attempt_at).collect();
+    let last_error: Vec<Option<&str>> = changes.iter().map(|c| c.last_error.as_deref()).collect();
+    let checked = col(&|c| c.checked.clone());
+    let sent_value = col(&|c| c.sent_value.clone());
+    let payload = col(&|c| c.payload.clone());
+    let subscription_id: Vec<Option<SubscriptionId>> =
+        changes.iter().map(|c| c.subscription_id).collect();
+    let lease_until: Vec<Option<DateTime<Utc>>> = changes.iter().map(|c| c.lease_until).collect();
+    let deadline: Vec<Option<DateTime<Utc>>> = changes.iter().map(|c| c.deadline).collect();
+    let http_status: Vec<Option<i32>> = changes
+        .iter()
+        .map(|c| c.http_status.map(i32::from))
+        .collect();
+    let message_id: Vec<Option<&str>> = changes
+        .iter()
+        .map(|c| c.push_message_id.as_deref())
+        .collect();
+
+    let won: Vec<OutboxId> = sqlx::query_scalar(
+        "UPDATE outbox o SET
+             status = u.to_status,
+             reason = u.reason,
+             retry_count = u.retry_count,
+             attempt = u.attempt,
+             next_attempt_at = COALESCE(u.next_attempt_at, o.next_attempt_at),
+             last_error = COALESCE(u.last_error, o.last_error),
+             checked = COALESCE(u.checked, o.checked),
+             sent_value = COALESCE(u.sent_value, o.sent_value),
+             payload = COALESCE(u.payload, o.payload),
+             subscription_id = COALESCE(u.subscription_id, o.subscription_id),
+             lease_until = u.lease_until,
+             claimed_until = NULL,
+             deadline = COALESCE(u.deadline, o.deadline),
+             http_status = COALESCE(u.http_status, o.http_status),
+             push_message_id = COALESCE(u.push_message_id, o.push_message_id),
+             finished_at = CASE WHEN u.to_status IN ('sent', 'dropped', 'failed') THEN now() END
+         FROM UNNEST($1::uuid[], $2::text[], $3::int[], $4::text[], $5::text[], $6::int[], $7::int[],
+                     $8::timestamptz[], $9::text[], $10::jsonb[], $11::jsonb[], $12::jsonb[],
+                     $13::uuid[], $14::timestamptz[], $15::timestamptz[], $16::int[], $17::text[])
+              AS u(id, from_status, from_attempt, to_status, reason, retry_count, attempt,
+                   next_attempt_at, last_error, checked, sent_value, payload,
+                   subscription_id, lease_until, deadline, http_status, push_message_id)
+         WHERE o.id = u.id AND o.status = u.from_status AND o.attempt = u.from_attempt
+         RETURNING o.id",
+    )
+    .bind(ids)
+    .bind(from)
+    .bind(from_attempt)
+    .bind(to)
+    .bind(reason)
+    .bind(retry_count)
+    .bind(attempt)
+    .bind(next_attempt_at)
+    .bind(last_error)
+    .bind(checked)
+    .bind(sent_value)
+    .bind(payload)
+    .bind(subscription_id)
+    .bind(lease_until)
+    .bind(deadline)
+    .bind(http_status)
+    .bind(message_id)
+    .fetch_all(conn)
+    .await?;
+    Ok(won.into_iter().collect())
+}

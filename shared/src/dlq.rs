@@ -1,0 +1,50 @@
+//! Dead-lettering: a message that cannot be decoded or fails validation is copied to
+//! `<prefix>.dlq.<stream>` with the reason, then terminated, so it is never retried forever and
+//! never stops its consumer.
+
+use crate::subjects::{StreamKind, Subjects};
+use async_nats::jetstream::{self, AckKind};
+
+pub const REASON_HEADER: &str = "Tidings-Dlq-Reason";
+pub const SUBJECT_HEADER: &str = "Tidings-Dlq-Subject";
+
+#[derive(Debug, thiserror::Error)]
+pub enum DlqError {
+    #[error("publishing to {subject}: {detail}")]
+    Publish { subject: String, detail: String },
+    #[error("terminating the original message: {0}")]
+    Term(String),
+}
+
+/// Copies `msg` to the DLQ subject of `from` and terminates it. If the copy cannot be stored the
+/// original is left unacknowledged, so JetStream redelivers it rather than losing it.
+pub async fn dead_letter(
+    js: &jetstream::Context,
+    subjects: &Subjects,
+    from: StreamKind,
+    msg: &jetstream::Message,
+    reason: &str,
+) -> Result<(), DlqError> {
+    let subject = subjects.dlq(from);
+    let mut headers = msg.headers.clone().unwrap_or_default();
+    // A header value may not contain line breaks.
+    let reason: String = reason
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(512)
+        .collect();
+    headers.insert(REASON_HEADER, reason.as_str());
+    headers.insert(SUBJECT_HEADER, msg.subject.as_str());
+    let publish_err = |detail: String| DlqError::Publish {
+        subject: subject.clone(),
+        detail,
+    };
+    js.publish_with_headers(subject.clone(), headers, msg.payload.clone())
+        .await
+        .map_err(|e| publish_err(e.to_string()))?
+        .await
+        .map_err(|e| publish_err(e.to_string()))?;
+    msg.ack_with(AckKind::Term)
+        .await
+        .map_err(|e| DlqError::Term(e.to_string()))
+}

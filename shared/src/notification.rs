@@ -1,0 +1,116 @@
+//! What the user reads. Built from the value re-fetched at send time, never from the detection
+//! snapshot (DESIGN.md §2), so the text is true when it is sent.
+
+use crate::item::ItemCode;
+use crate::messages::Payload;
+use crate::trigger::{Baseline, Observation, Trigger};
+
+/// `1234` minor units → `12.34`. Assumes two decimals, true of the currencies we serve today;
+/// a currency table belongs here when zero- or three-decimal currencies arrive.
+pub fn format_money(minor: i64, currency: &str) -> String {
+    let sign = if minor < 0 { "-" } else { "" };
+    let m = minor.unsigned_abs();
+    let amount = format!("{sign}{}.{:02}", m / 100, m % 100);
+    if currency.is_empty() {
+        amount
+    } else {
+        format!("{amount} {currency}")
+    }
+}
+
+/// The notification for `trigger` on `item` at the current observation `now`. `item_url` is a
+/// template with `{item}` for the link the notification opens.
+pub fn render(
+    trigger: &Trigger,
+    item: &ItemCode,
+    now: &Observation,
+    baseline: &Baseline,
+    item_url: Option<&str>,
+) -> Payload {
+    let price = format_money(now.price, &now.currency);
+    let (title, body) = match *trigger {
+        Trigger::PriceBelow { threshold } => (
+            format!("{item} is below your price"),
+            format!(
+                "Now {price} (your limit: {}).",
+                format_money(threshold, &now.currency)
+            ),
+        ),
+        Trigger::PriceDrop { percent } => {
+            let was = baseline.price.map(|b| format_money(b, &now.currency));
+            (
+                format!("{item} dropped at least {percent}%"),
+                match was {
+                    Some(was) => format!("Now {price}, down from {was}."),
+                    None => format!("Now {price}."),
+                },
+            )
+        }
+        Trigger::BackInStock => (
+            format!("{item} is back in stock"),
+            format!("Available now at {price}."),
+        ),
+    };
+    Payload {
+        title,
+        body,
+        url: item_url.map(|t| t.replace("{item}", item.as_str())),
+        data: serde_json::json!({
+            "item": item.as_str(),
+            "trigger": trigger.key(),
+            "price": now.price,
+            "currency": now.currency,
+            "in_stock": now.in_stock,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::Utc;
+
+    fn obs(price: i64) -> Observation {
+        Observation {
+            price,
+            currency: "EUR".into(),
+            in_stock: true,
+            paused: false,
+            observed_at: Utc::now(),
+        }
+    }
+
+    #[test]
+    fn money() {
+        assert_eq!(format_money(123456, "EUR"), "1234.56 EUR");
+        assert_eq!(format_money(5, ""), "0.05");
+        assert_eq!(format_money(-150, "USD"), "-1.50 USD");
+    }
+
+    #[test]
+    fn the_body_carries_the_current_price() {
+        let item = ItemCode::parse("SKU-1").unwrap();
+        let p = render(
+            &Trigger::PriceBelow { threshold: 120000 },
+            &item,
+            &obs(110050),
+            &Baseline::default(),
+            Some("https://shop.example/i/{item}"),
+        );
+        assert_eq!(p.title, "SKU-1 is below your price");
+        assert_eq!(p.body, "Now 1100.50 EUR (your limit: 1200.00 EUR).");
+        assert_eq!(p.url.as_deref(), Some("https://shop.example/i/SKU-1"));
+        assert_eq!(p.data["price"], 110050);
+        let p = render(
+            &Trigger::PriceDrop { percent: 10 },
+            &item,
+            &obs(900),
+            &Baseline {
+                price: Some(1000),
+                in_stock: None,
+            },
+            None,
+        );
+        assert_eq!(p.body, "Now 9.00 EUR, down from 10.00 EUR.");
+    }
+}

@@ -1,0 +1,36 @@
+//! Pipelined JetStream publishing: many acks in flight, never one round-trip per message.
+//!
+//! Each message's future publishes *and* awaits its own ack, and at most `window` run at once.
+//! Publishing everything first and awaiting the acks afterwards would deadlock: the client caps
+//! the acks in flight and waits for a free slot before publishing, a slot only an awaited ack
+//! frees.
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, publish::PublishAck};
+use futures::StreamExt;
+
+/// One message to publish.
+pub struct Outgoing {
+    pub subject: String,
+    pub headers: HeaderMap,
+    pub payload: Vec<u8>,
+}
+
+/// Publishes `messages` with up to `window` in flight; answers in the same order.
+pub async fn publish_all(
+    js: &jetstream::Context,
+    messages: Vec<Outgoing>,
+    window: usize,
+) -> Vec<Result<PublishAck, String>> {
+    futures::stream::iter(messages)
+        .map(|m| async move {
+            js.publish_with_headers(m.subject, m.headers, m.payload.into())
+                .await
+                .map_err(|e| e.to_string())?
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .buffered(window.max(1))
+        .collect()
+        .await
+}

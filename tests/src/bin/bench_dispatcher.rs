@@ -1,0 +1,279 @@
+//! Dispatcher benchmark: prints ingest rows/s, dispatch rows/s, results rows/s and the pick-up
+//! latency of a new row, measured against the local stack (real Postgres and NATS, the fake
+//! catalog's batch endpoint). Each round uses a fresh database and prefix; the summary line gives
+//! the median of the rounds. Run with `deploy/local/stack bench dispatcher [ROWS] [ROUNDS]`.
+
+use chrono::Utc;
+use futures::StreamExt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tidings_dispatcher::dispatch::Dispatcher;
+use tidings_dispatcher::ingest::Ingest;
+use tidings_dispatcher::results::Results;
+use tidings_shared::Channel;
+use tidings_shared::messages::{Outcome, PushRequest, PushResult, VERSION, decode, encode};
+use tidings_shared::publish::{Outgoing, publish_all};
+use tidings_shared::source::HttpSource;
+use tidings_shared::subjects::StreamKind;
+use tidings_shared::trigger::Trigger;
+use tidings_tests::fixtures;
+use tidings_tests::scenario::Scenario;
+use tokio_util::sync::CancellationToken;
+
+const ITEMS: usize = 200;
+
+struct Round {
+    ingest: f64,
+    dispatch: f64,
+    results: f64,
+    pickup_ms: f64,
+}
+
+async fn count(s: &Scenario, sql: &str) -> i64 {
+    sqlx::query_scalar(sql)
+        .fetch_one(&s.db.pool)
+        .await
+        .unwrap_or(0)
+}
+
+/// Time until a work-queue stream is empty: its consumer acks only after committing, so an empty
+/// stream means everything is in Postgres. Asking NATS costs Postgres nothing, unlike polling a
+/// count, which on this 2-core machine would slow the very thing being measured.
+async fn drained(s: &Scenario, kind: StreamKind) -> Duration {
+    let started = Instant::now();
+    while s.stream_len(kind).await > 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    started.elapsed()
+}
+
+fn rate(n: usize, d: Duration) -> f64 {
+    n as f64 / d.as_secs_f64()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+async fn round(rows: usize) -> Round {
+    let mut s = Scenario::new().await;
+    // Production defaults for everything that affects throughput.
+    let defaults = tidings_dispatcher::Settings::new(s.subjects.clone(), s.settings.source.clone());
+    s.settings = tidings_dispatcher::Settings {
+        source: s.catalog.source_config(true),
+        ..defaults
+    };
+    let settings = s.settings();
+
+    // 200 items, one watch each, and `rows` detections with distinct trigger keys.
+    let mut watchers = Vec::with_capacity(ITEMS);
+    for i in 0..ITEMS {
+        watchers.push(
+            s.watcher(
+                &format!("ITEM-{i}"),
+                Trigger::PriceBelow { threshold: 1200 },
+                1100,
+            )
+            .await,
+        );
+    }
+    let now = Utc::now();
+    let subject = s.subjects.subject(StreamKind::Enqueue, Channel::WebPush);
+    let outgoing: Vec<Outgoing> = (0..rows)
+        .map(|i| {
+            let w = &watchers[i % ITEMS];
+            let mut r = fixtures::enqueue_request(&w.device, w.watch, w.trigger.clone(), 1100, now);
+            r.trigger = Trigger::PriceBelow {
+                threshold: 1200 + i as i64,
+            };
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert("Nats-Msg-Id", r.dedup_key().to_string().as_str());
+            Outgoing {
+                subject: subject.clone(),
+                headers,
+                payload: encode(&r),
+            }
+        })
+        .collect();
+    for ack in publish_all(&s.js, outgoing, 1024).await {
+        ack.expect("publish");
+    }
+
+    // Ingest: the real consume loop, until every row is in the outbox.
+    let ingest = Ingest::new(s.db.pool.clone(), s.js.clone(), settings.clone())
+        .await
+        .expect("ingest");
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(ingest.run(stop.clone()));
+    let ingest_took = drained(&s, StreamKind::Enqueue).await;
+    stop.cancel();
+    let _ = task.await;
+    assert_eq!(
+        count(&s, "SELECT count(*) FROM outbox").await,
+        rows as i64,
+        "every row ingested"
+    );
+
+    // Dispatch: claim → re-fetch (batch endpoint) → re-check → sending → publish.
+    let source = Arc::new(HttpSource::new(s.settings.source.clone()).expect("source"));
+    let started = Instant::now();
+    let workers: Vec<_> = (0..s.settings.dispatch_workers)
+        .map(|_| {
+            let d = Dispatcher::new(
+                s.db.pool.clone(),
+                s.js.clone(),
+                source.clone(),
+                settings.clone(),
+            );
+            tokio::spawn(async move {
+                let mut published = 0;
+                loop {
+                    match d.dispatch_once().await {
+                        Ok(st) if st.claimed == 0 => return published,
+                        Ok(st) => published += st.published,
+                        Err(e) => panic!("dispatch failed: {e}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut published = 0;
+    for w in workers {
+        published += w.await.expect("worker");
+    }
+    let dispatch_took = started.elapsed();
+    assert_eq!(published, rows, "every row dispatched");
+
+    // Results: every push answered `delivered`.
+    let pusher = s.push_consumer().await;
+    let mut results = Vec::with_capacity(rows);
+    while results.len() < published {
+        let mut msgs = pusher
+            .fetch()
+            .max_messages(5000)
+            .expires(Duration::from_secs(2))
+            .messages()
+            .await
+            .expect("fetch");
+        while let Some(Ok(m)) = msgs.next().await {
+            let p: PushRequest = decode(&m.payload).expect("push request");
+            results.push(PushResult {
+                v: VERSION,
+                outbox_id: p.outbox_id,
+                attempt: p.attempt,
+                outcome: Outcome::Delivered,
+                http_status: Some(201),
+                retry_after: None,
+                message_id: None,
+                error: None,
+                latency_ms: 1,
+            });
+            let _ = m.ack().await;
+        }
+    }
+    let subject = s.subjects.subject(StreamKind::Result, Channel::WebPush);
+    let outgoing = results
+        .iter()
+        .map(|r| Outgoing {
+            subject: subject.clone(),
+            headers: async_nats::HeaderMap::new(),
+            payload: encode(r),
+        })
+        .collect();
+    for ack in publish_all(&s.js, outgoing, 1024).await {
+        ack.expect("publish result");
+    }
+    let res = Results::new(s.db.pool.clone(), s.js.clone(), settings.clone())
+        .await
+        .expect("results");
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(res.run(stop.clone()));
+    let results_took = drained(&s, StreamKind::Result).await;
+    stop.cancel();
+    let _ = task.await;
+    assert_eq!(
+        count(&s, "SELECT count(*) FROM outbox WHERE status = 'sent'").await,
+        rows as i64,
+        "every row sent"
+    );
+
+    // Pick-up latency: a full idle dispatcher, one new row at a time.
+    let stop = CancellationToken::new();
+    let running = tokio::spawn(tidings_dispatcher::run(
+        s.db.pool.clone(),
+        s.js.clone(),
+        s.settings.clone(),
+        stop.clone(),
+    ));
+    let nats = tidings_tests::harness::nats().await.expect("nats");
+    let mut seen = nats
+        .subscribe(s.subjects.subject(StreamKind::Push, Channel::WebPush))
+        .await
+        .expect("subscribe");
+    nats.flush().await.expect("flush");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut latencies = Vec::new();
+    let w = &watchers[0];
+    for i in 0..25 {
+        let mut r =
+            fixtures::enqueue_request(&w.device, w.watch, w.trigger.clone(), 1100, Utc::now());
+        r.trigger = Trigger::PriceBelow {
+            threshold: 10_000_000 + i,
+        };
+        let started = Instant::now();
+        tidings_dispatcher::ingest::insert(&s.db.pool, &[(&r, None)])
+            .await
+            .expect("insert");
+        let _ = tokio::time::timeout(Duration::from_secs(5), seen.next()).await;
+        latencies.push(started.elapsed().as_secs_f64() * 1000.0);
+        // Not a multiple of the poll interval, so arrivals land all over the poll cycle.
+        tokio::time::sleep(Duration::from_millis(37)).await;
+    }
+    stop.cancel();
+    let _ = running.await;
+    s.cleanup().await;
+
+    Round {
+        ingest: rate(rows, ingest_took),
+        dispatch: rate(rows, dispatch_took),
+        results: rate(rows, results_took),
+        pickup_ms: median(latencies),
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let mut args = std::env::args().skip(1);
+    let rows: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(50_000);
+    let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(3);
+    let defaults = tidings_dispatcher::Settings::new(
+        tidings_shared::subjects::Subjects::new("x").expect("prefix"),
+        tidings_shared::source::SourceConfig::new("http://x/{item}"),
+    );
+    println!(
+        "dispatcher benchmark: {rows} rows over {ITEMS} items, {rounds} rounds; defaults: ingest batch {}, {} batches in flight, \
+         claim batch {}, {} dispatch workers, poll {} ms",
+        defaults.ingest_batch,
+        defaults.consumer_concurrency,
+        defaults.claim_batch,
+        defaults.dispatch_workers,
+        defaults.poll_interval.as_millis()
+    );
+    let mut all = Vec::new();
+    for i in 1..=rounds {
+        let r = round(rows).await;
+        println!(
+            "  round {i}: ingest {:>7.0} rows/s | dispatch {:>7.0} rows/s | results {:>7.0} rows/s | pick-up median {:>5.1} ms",
+            r.ingest, r.dispatch, r.results, r.pickup_ms
+        );
+        all.push(r);
+    }
+    println!(
+        "  median:  ingest {:>7.0} rows/s | dispatch {:>7.0} rows/s | results {:>7.0} rows/s | pick-up median {:>5.1} ms",
+        median(all.iter().map(|r| r.ingest).collect()),
+        median(all.iter().map(|r| r.dispatch).collect()),
+        median(all.iter().map(|r| r.results).collect()),
+        median(all.iter().map(|r| r.pickup_ms).collect()),
+    );
+}

@@ -1,0 +1,247 @@
+//! A fake catalog: serves observations whose values a test sets, speaking the source protocol
+//! of `tidings_shared::source` (one item, and the batch form), and answers 404, 429, 500 or
+//! hangs on demand. Also runnable as a binary for the demo (`PUT /admin/items/{code}`).
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use tidings_shared::source::SourceConfig;
+
+/// How the catalog answers for an item.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Behavior {
+    #[default]
+    Normal,
+    NotFound,
+    /// 200 with no price: nothing to sell.
+    Empty,
+    RateLimited,
+    ServerError,
+    /// Never answers.
+    Hang,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Item {
+    pub price: i64,
+    #[serde(default = "eur")]
+    pub currency: String,
+    #[serde(default = "yes")]
+    pub in_stock: bool,
+    #[serde(default)]
+    pub paused: bool,
+    #[serde(default)]
+    pub behavior: Behavior,
+}
+
+fn eur() -> String {
+    "EUR".into()
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Item {
+    pub fn priced(price: i64) -> Self {
+        Item {
+            price,
+            currency: eur(),
+            in_stock: true,
+            paused: false,
+            behavior: Behavior::Normal,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    items: Mutex<HashMap<String, Item>>,
+    item_requests: AtomicU64,
+    batch_requests: AtomicU64,
+}
+
+impl Inner {
+    fn items(&self) -> MutexGuard<'_, HashMap<String, Item>> {
+        // A test that panicked while holding the lock has already failed; keep serving.
+        self.items.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+pub struct FakeCatalog {
+    pub addr: SocketAddr,
+    inner: Arc<Inner>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeCatalog {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+fn body(item: &Item) -> serde_json::Value {
+    let price = if item.behavior == Behavior::Empty {
+        None
+    } else {
+        Some(item.price)
+    };
+    serde_json::json!({
+        "price": price,
+        "currency": item.currency,
+        "in_stock": item.in_stock && item.behavior != Behavior::Empty,
+        "paused": item.paused,
+    })
+}
+
+async fn one(State(inner): State<Arc<Inner>>, Path(code): Path<String>) -> Response {
+    inner.item_requests.fetch_add(1, Ordering::Relaxed);
+    let item = inner.items().get(&code).cloned();
+    let Some(item) = item else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    match item.behavior {
+        Behavior::NotFound => StatusCode::NOT_FOUND.into_response(),
+        Behavior::RateLimited => {
+            (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")]).into_response()
+        }
+        Behavior::ServerError => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+        Behavior::Hang => std::future::pending().await,
+        Behavior::Normal | Behavior::Empty => Json(body(&item)).into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+struct BatchQuery {
+    codes: String,
+}
+
+async fn many(State(inner): State<Arc<Inner>>, Query(q): Query<BatchQuery>) -> Response {
+    inner.batch_requests.fetch_add(1, Ordering::Relaxed);
+    let answers: Vec<(String, Option<Item>)> = {
+        let items = inner.items();
+        q.codes
+            .split(',')
+            .map(|c| (c.to_owned(), items.get(c).cloned()))
+            .collect()
+    };
+    if answers
+        .iter()
+        .any(|(_, i)| i.as_ref().is_some_and(|i| i.behavior == Behavior::Hang))
+    {
+        return std::future::pending().await;
+    }
+    let mut out = serde_json::Map::new();
+    for (code, item) in answers {
+        let v = match item {
+            None => serde_json::Value::Null,
+            Some(i) => match i.behavior {
+                Behavior::NotFound => serde_json::Value::Null,
+                Behavior::RateLimited => serde_json::json!({"error": "rate_limited"}),
+                Behavior::ServerError => serde_json::json!({"error": "unavailable"}),
+                Behavior::Normal | Behavior::Empty | Behavior::Hang => body(&i),
+            },
+        };
+        out.insert(code, v);
+    }
+    Json(serde_json::json!({ "items": out })).into_response()
+}
+
+async fn admin_put(
+    State(inner): State<Arc<Inner>>,
+    Path(code): Path<String>,
+    Json(item): Json<Item>,
+) -> StatusCode {
+    inner.items().insert(code, item);
+    StatusCode::NO_CONTENT
+}
+
+async fn admin_get(State(inner): State<Arc<Inner>>) -> Json<HashMap<String, Item>> {
+    Json(inner.items().clone())
+}
+
+impl FakeCatalog {
+    pub async fn start() -> std::io::Result<Self> {
+        Self::start_on(SocketAddr::from(([127, 0, 0, 1], 0))).await
+    }
+
+    pub async fn start_on(addr: SocketAddr) -> std::io::Result<Self> {
+        let inner = Arc::new(Inner::default());
+        let app = Router::new()
+            .route("/items", get(many))
+            .route("/items/{code}", get(one))
+            .route("/admin/items", get(admin_get))
+            .route("/admin/items/{code}", put(admin_put))
+            .with_state(inner.clone());
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let server = tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                eprintln!("fake catalog stopped: {e}");
+            }
+        });
+        Ok(FakeCatalog {
+            addr,
+            inner,
+            server,
+        })
+    }
+
+    pub fn item_url(&self) -> String {
+        format!("http://{}/items/{{item}}", self.addr)
+    }
+
+    pub fn batch_url(&self) -> String {
+        format!("http://{}/items?codes={{items}}", self.addr)
+    }
+
+    /// A source configuration pointing here, with the batch endpoint or without.
+    pub fn source_config(&self, batch: bool) -> SourceConfig {
+        let mut c = SourceConfig::new(self.item_url());
+        if batch {
+            c.batch_url = Some(self.batch_url());
+        }
+        c
+    }
+
+    pub fn set(&self, code: &str, item: Item) {
+        self.inner.items().insert(code.to_owned(), item);
+    }
+
+    /// In stock at `price`, answering normally.
+    pub fn set_price(&self, code: &str, price: i64) {
+        self.set(code, Item::priced(price));
+    }
+
+    pub fn set_behavior(&self, code: &str, behavior: Behavior) {
+        self.inner
+            .items()
+            .entry(code.to_owned())
+            .or_insert_with(|| Item::priced(0))
+            .behavior = behavior;
+    }
+
+    pub fn set_in_stock(&self, code: &str, in_stock: bool) {
+        self.inner
+            .items()
+            .entry(code.to_owned())
+            .or_insert_with(|| Item::priced(0))
+            .in_stock = in_stock;
+    }
+
+    /// (single-item requests, batch requests) served so far.
+    pub fn requests(&self) -> (u64, u64) {
+        (
+            self.inner.item_requests.load(Ordering::Relaxed),
+            self.inner.batch_requests.load(Ordering::Relaxed),
+        )
+    }
+}

@@ -1,0 +1,322 @@
+//! A test world for the dispatcher (and later the whole pipeline): a fresh database, a fresh
+//! subject prefix with its streams, a fake catalog, and helpers to play the other services'
+//! parts — publish what a detector would, read what a pusher would get, answer as a pusher would.
+
+use async_nats::jetstream::{self, consumer::PullConsumer, consumer::pull};
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Duration;
+use tidings_dispatcher::Settings;
+use tidings_dispatcher::dispatch::Dispatcher;
+use tidings_dispatcher::ingest::Ingest;
+use tidings_dispatcher::results::Results;
+use tidings_shared::messages::{
+    EnqueueRequest, Outcome, PushRequest, PushResult, VERSION, decode, encode,
+};
+use tidings_shared::source::HttpSource;
+use tidings_shared::streams::{StreamSettings, ensure_streams};
+use tidings_shared::subjects::{StreamKind, Subjects};
+use tidings_shared::trigger::Trigger;
+use tidings_shared::{Channel, OutboxId, WatchId};
+
+use crate::fake_catalog::FakeCatalog;
+use crate::fixtures::{self, Device};
+use crate::harness::{self, TestDb, delete_streams};
+
+pub struct Scenario {
+    pub db: TestDb,
+    pub js: jetstream::Context,
+    pub subjects: Subjects,
+    pub catalog: FakeCatalog,
+    pub settings: Settings,
+}
+
+/// A device with an active subscription and a watch.
+pub struct Watcher {
+    pub device: Device,
+    pub watch: WatchId,
+    pub item: String,
+    pub trigger: Trigger,
+}
+
+/// An outbox row as tests look at it.
+#[derive(Debug, sqlx::FromRow)]
+pub struct OutboxRow {
+    pub id: OutboxId,
+    pub status: String,
+    pub reason: Option<String>,
+    pub attempt: i32,
+    pub retry_count: i32,
+    pub next_attempt_at: DateTime<Utc>,
+    pub last_error: Option<String>,
+    pub detected: Value,
+    pub checked: Option<Value>,
+    pub sent_value: Option<Value>,
+    pub payload: Option<Value>,
+    pub http_status: Option<i32>,
+}
+
+impl Scenario {
+    /// Settings suited to tests: short timeouts and leases, so recovery paths run in seconds.
+    pub async fn new() -> Self {
+        let db = TestDb::new().await.expect("test database");
+        let js = jetstream::new(harness::nats().await.expect("NATS"));
+        let subjects = harness::test_subjects();
+        ensure_streams(&js, &subjects, &StreamSettings::default())
+            .await
+            .expect("streams");
+        let catalog = FakeCatalog::start().await.expect("fake catalog");
+        let mut source = catalog.source_config(true);
+        source.timeout = Duration::from_millis(500);
+        let mut settings = Settings::new(subjects.clone(), source);
+        settings.claim_lease = Duration::from_secs(1);
+        settings.push_deadline = Duration::from_secs(1);
+        settings.push_http_timeout = Duration::from_millis(500);
+        settings.lease_margin = Duration::from_millis(250);
+        settings.sending_lease = Duration::from_secs(2);
+        settings.sweep_interval = Duration::from_millis(200);
+        settings.poll_interval = Duration::from_millis(20);
+        Scenario {
+            db,
+            js,
+            subjects,
+            catalog,
+            settings,
+        }
+    }
+
+    pub fn settings(&self) -> Arc<Settings> {
+        Arc::new(self.settings.clone())
+    }
+
+    pub fn dispatcher(&self) -> Dispatcher {
+        let source = HttpSource::new(self.settings.source.clone()).expect("source");
+        Dispatcher::new(
+            self.db.pool.clone(),
+            self.js.clone(),
+            Arc::new(source),
+            self.settings(),
+        )
+    }
+
+    pub async fn ingest(&self) -> Ingest {
+        Ingest::new(self.db.pool.clone(), self.js.clone(), self.settings())
+            .await
+            .expect("ingest")
+    }
+
+    pub async fn results(&self) -> Results {
+        Results::new(self.db.pool.clone(), self.js.clone(), self.settings())
+            .await
+            .expect("results")
+    }
+
+    /// A device with a subscription, watching `item` with `trigger`; the catalog serves `price`.
+    pub async fn watcher(&self, item: &str, trigger: Trigger, price: i64) -> Watcher {
+        let pool = &self.db.pool;
+        let device = fixtures::device(pool, "UTC").await.expect("device");
+        fixtures::subscription(
+            pool,
+            device.id,
+            "https://push.example/sub/1",
+            "p256dh",
+            "auth",
+        )
+        .await
+        .expect("subscription");
+        let watch = fixtures::watch(
+            pool,
+            device.id,
+            item,
+            std::slice::from_ref(&trigger),
+            Some(price),
+        )
+        .await
+        .expect("watch");
+        self.catalog.set_price(item, price);
+        Watcher {
+            device,
+            watch,
+            item: item.to_owned(),
+            trigger,
+        }
+    }
+
+    /// The EnqueueRequest a detector would publish for `w` seeing `price` at `at`.
+    pub fn detection(&self, w: &Watcher, price: i64, at: DateTime<Utc>) -> EnqueueRequest {
+        fixtures::enqueue_request(&w.device, w.watch, w.trigger.clone(), price, at)
+    }
+
+    /// Publishes as the detector does; returns whether JetStream called it a duplicate.
+    pub async fn publish_enqueue(&self, req: &EnqueueRequest, msg_id: &str) -> bool {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", msg_id);
+        self.js
+            .publish_with_headers(
+                self.subjects.subject(StreamKind::Enqueue, req.channel),
+                headers,
+                encode(req).into(),
+            )
+            .await
+            .expect("publish")
+            .await
+            .expect("publish ack")
+            .duplicate
+    }
+
+    /// The usual preamble: `w` detected at `price`, ingested, dispatched; returns the PushRequest
+    /// a pusher would receive.
+    pub async fn dispatched(&self, w: &Watcher, price: i64) -> PushRequest {
+        self.publish_enqueue(&self.detection(w, price, Utc::now()), "dispatched")
+            .await;
+        self.ingest()
+            .await
+            .run_once(Duration::from_millis(300))
+            .await
+            .expect("ingest");
+        self.dispatcher().dispatch_once().await.expect("dispatch");
+        let mut pushes = self
+            .take_pushes(&self.push_consumer().await, Duration::from_millis(300))
+            .await;
+        assert_eq!(pushes.len(), 1, "one PushRequest for the detection");
+        pushes.remove(0)
+    }
+
+    /// Publishes raw bytes on the enqueue subject (for malformed-message tests).
+    pub async fn publish_raw_enqueue(&self, payload: &'static [u8]) {
+        self.js
+            .publish(
+                self.subjects.subject(StreamKind::Enqueue, Channel::WebPush),
+                payload.into(),
+            )
+            .await
+            .expect("publish")
+            .await
+            .expect("publish ack");
+    }
+
+    /// The consumer a test uses in place of the pusher.
+    pub async fn push_consumer(&self) -> PullConsumer {
+        let stream = self
+            .js
+            .get_stream(self.subjects.stream(StreamKind::Push))
+            .await
+            .expect("push stream");
+        stream
+            .get_or_create_consumer(
+                "test-pusher",
+                pull::Config {
+                    durable_name: Some("test-pusher".into()),
+                    ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("push consumer")
+    }
+
+    /// Every PushRequest available now (acked), waiting up to `wait` for the first.
+    pub async fn take_pushes(&self, consumer: &PullConsumer, wait: Duration) -> Vec<PushRequest> {
+        let mut out = Vec::new();
+        loop {
+            let mut batch = consumer
+                .fetch()
+                .max_messages(1000)
+                .expires(wait)
+                .messages()
+                .await
+                .expect("fetch pushes");
+            let mut got = 0;
+            while let Some(Ok(m)) = batch.next().await {
+                got += 1;
+                m.ack().await.expect("ack push");
+                out.push(decode::<PushRequest>(&m.payload).expect("decodable PushRequest"));
+            }
+            if got == 0 {
+                return out;
+            }
+        }
+    }
+
+    /// Number of messages stored in a stream of this scenario.
+    pub async fn stream_len(&self, kind: StreamKind) -> u64 {
+        let mut s = self
+            .js
+            .get_stream(self.subjects.stream(kind))
+            .await
+            .expect("stream");
+        s.info().await.expect("stream info").state.messages
+    }
+
+    /// A PushResult as the pusher reports it.
+    pub fn result(
+        &self,
+        push: &PushRequest,
+        outcome: Outcome,
+        http_status: Option<u16>,
+    ) -> PushResult {
+        PushResult {
+            v: VERSION,
+            outbox_id: push.outbox_id,
+            attempt: push.attempt,
+            outcome,
+            http_status,
+            retry_after: None,
+            message_id: None,
+            error: None,
+            latency_ms: 5,
+        }
+    }
+
+    pub async fn publish_result(&self, result: &PushResult) {
+        self.js
+            .publish(
+                self.subjects.subject(StreamKind::Result, Channel::WebPush),
+                encode(result).into(),
+            )
+            .await
+            .expect("publish result")
+            .await
+            .expect("result ack");
+    }
+
+    pub async fn rows(&self, watch: WatchId) -> Vec<OutboxRow> {
+        sqlx::query_as(
+            "SELECT id, status, reason, attempt, retry_count, next_attempt_at, last_error, detected,
+                    checked, sent_value, payload, http_status
+             FROM outbox WHERE watch_id = $1 ORDER BY created_at",
+        )
+        .bind(watch)
+        .fetch_all(&self.db.pool)
+        .await
+        .expect("outbox rows")
+    }
+
+    pub async fn row(&self, id: OutboxId) -> OutboxRow {
+        sqlx::query_as(
+            "SELECT id, status, reason, attempt, retry_count, next_attempt_at, last_error, detected,
+                    checked, sent_value, payload, http_status
+             FROM outbox WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_one(&self.db.pool)
+        .await
+        .expect("outbox row")
+    }
+
+    /// Makes every waiting row due now, as if its backoff had passed.
+    pub async fn make_due(&self) {
+        sqlx::query(
+            "UPDATE outbox SET next_attempt_at = now() WHERE status IN ('pending', 'retry')",
+        )
+        .execute(&self.db.pool)
+        .await
+        .expect("make due");
+    }
+
+    pub async fn cleanup(&self) {
+        delete_streams(&self.js, &self.subjects).await;
+    }
+}

@@ -1,0 +1,603 @@
+//! The dispatcher against real Postgres and NATS, with the fake catalog as the source. Each test
+//! plays the detector (publishing EnqueueRequests) and the pusher (reading PushRequests,
+//! answering PushResults) around the dispatcher's real loops.
+
+use chrono::{Duration as ChronoDuration, Utc};
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+use tidings_dispatcher::ingest::IngestStats;
+use tidings_dispatcher::sweeper;
+use tidings_shared::messages::{Outcome, decode};
+use tidings_shared::subjects::StreamKind;
+use tidings_shared::trigger::Trigger;
+use tidings_tests::fake_catalog::Behavior;
+use tidings_tests::scenario::Scenario;
+
+const BELOW_1200: Trigger = Trigger::PriceBelow { threshold: 1200 };
+const WAIT: Duration = Duration::from_millis(300);
+
+#[tokio::test]
+async fn enqueued_three_times_and_concurrently_is_one_row_and_one_push() {
+    let s = Scenario::new().await;
+    let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
+    let req = s.detection(&w, 1100, Utc::now());
+    let key = req.dedup_key().to_string();
+
+    // The detector republishes the same key three times, two of them concurrently.
+    assert!(!s.publish_enqueue(&req, &key).await);
+    let (a, b) = tokio::join!(s.publish_enqueue(&req, &key), s.publish_enqueue(&req, &key));
+    assert!(
+        a && b,
+        "JetStream's duplicate window absorbs republished keys"
+    );
+    // Past the duplicate window (a different message id), the outbox's unique key absorbs it.
+    assert!(
+        !s.publish_enqueue(&req, &format!("{key}:after-window"))
+            .await
+    );
+
+    let ingest = s.ingest().await;
+    let mut stats = IngestStats::default();
+    for _ in 0..3 {
+        let got = ingest.run_once(WAIT).await.unwrap();
+        stats.inserted += got.inserted;
+        stats.duplicates += got.duplicates;
+    }
+    assert_eq!((stats.inserted, stats.duplicates), (1, 1));
+    assert_eq!(s.rows(w.watch).await.len(), 1);
+
+    // Two dispatchers race for it.
+    let (d1, d2) = (s.dispatcher(), s.dispatcher());
+    let (r1, r2) = tokio::join!(d1.dispatch_once(), d2.dispatch_once());
+    assert_eq!(r1.unwrap().published + r2.unwrap().published, 1);
+    let pushes = s.take_pushes(&s.push_consumer().await, WAIT).await;
+    assert_eq!(pushes.len(), 1);
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_price_still_below_at_send_is_sent_with_the_refetched_price() {
+    let s = Scenario::new().await;
+    let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
+    s.publish_enqueue(&s.detection(&w, 1100, Utc::now()), "k1")
+        .await;
+    s.ingest().await.run_once(WAIT).await.unwrap();
+
+    // Between detection and send the price fell further: the user is told the current price.
+    s.catalog.set_price("SKU-1", 1050);
+    let stats = s.dispatcher().dispatch_once().await.unwrap();
+    assert_eq!(stats.published, 1);
+
+    let pushes = s.take_pushes(&s.push_consumer().await, WAIT).await;
+    assert_eq!(pushes.len(), 1);
+    let push = &pushes[0];
+    assert_eq!(push.payload.body, "Now 10.50 EUR (your limit: 12.00 EUR).");
+    assert_eq!(push.payload.data["price"], 1050);
+    assert_eq!(push.attempt, 1);
+    assert_eq!(push.subscription.endpoint, "https://push.example/sub/1");
+    assert_eq!(push.topic.len(), 32);
+    assert!(push.deadline > Utc::now());
+
+    let row = s.row(push.outbox_id).await;
+    assert_eq!(row.status, "sending");
+    assert_eq!(row.detected["price"], 1100, "what we detected");
+    assert_eq!(row.sent_value.unwrap()["price"], 1050, "what we said");
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_price_that_reverted_before_send_is_dropped_and_nothing_is_published() {
+    let s = Scenario::new().await;
+    let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
+    s.publish_enqueue(&s.detection(&w, 1100, Utc::now()), "k1")
+        .await;
+    s.ingest().await.run_once(WAIT).await.unwrap();
+
+    s.catalog.set_price("SKU-1", 1300);
+    let stats = s.dispatcher().dispatch_once().await.unwrap();
+    assert_eq!((stats.published, stats.dropped), (0, 1));
+
+    let rows = s.rows(w.watch).await;
+    assert_eq!(rows[0].status, "dropped");
+    assert_eq!(rows[0].reason.as_deref(), Some("condition_lost"));
+    assert_eq!(rows[0].detected["price"], 1100);
+    assert_eq!(rows[0].checked.as_ref().unwrap()["price"], 1300);
+    assert_eq!(s.stream_len(StreamKind::Push).await, 0);
+    let baselines: i64 = sqlx::query_scalar("SELECT count(*) FROM baselines")
+        .fetch_one(&s.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(baselines, 0, "a dropped row never moves the baseline");
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_rate_limited_source_is_retried_with_backoff_then_failed_at_the_cap() {
+    let mut s = Scenario::new().await;
+    s.settings.retry.max_retries = 2;
+    let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
+    s.publish_enqueue(&s.detection(&w, 1100, Utc::now()), "k1")
+        .await;
+    s.ingest().await.run_once(WAIT).await.unwrap();
+    s.catalog.set_behavior("SKU-1", Behavior::RateLimited);
+    let d = s.dispatcher();
+
+    let before = Utc::now();
+    assert_eq!(d.dispatch_once().await.unwrap().retried, 1);
+    let row = &s.rows(w.watch).await[0];
+    assert_eq!((row.status.as_str(), row.retry_count), ("retry", 1));
+    assert!(row.last_error.as_deref().unwrap().contains("rate_limited"));
+    let wait = (row.next_attempt_at - before).num_milliseconds();
+    assert!(
+        (26_900..=33_500).contains(&wait),
+        "first backoff 30 s ± 10 %, got {wait} ms"
+    );
+
+    // Not due yet: nothing happens.
+    assert_eq!(d.dispatch_once().await.unwrap().claimed, 0);
+
+    s.make_due().await;
+    let before = Utc::now();
+    assert_eq!(d.dispatch_once().await.unwrap().retried, 1);
+    let row = &s.rows(w.watch).await[0];
+    assert_eq!(row.retry_count, 2);
+    let wait = (row.next_attempt_at - before).num_milliseconds();
+    assert!(
+        (53_900..=66_500).contains(&wait),
+        "second backoff 60 s ± 10 %, got {wait} ms"
+    );
+
+    s.make_due().await;
+    assert_eq!(d.dispatch_once().await.unwrap().failed, 1);
+    let row = &s.rows(w.watch).await[0];
+    assert_eq!(row.status, "failed");
+    assert_eq!(row.reason.as_deref(), Some("retries_exhausted"));
+    assert_eq!(s.stream_len(StreamKind::Push).await, 0);
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_source_that_hangs_is_a_timeout_and_a_retry() {
+    let s = Scenario::new().await;
+    let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
+    s.publish_enqueue(&s.detection(&w, 1100, Utc::now()), "k1")
+        .await;
+    s.ingest().await.run_once(WAIT).await.unwrap();
+    s.catalog.set_behavior("SKU-1", Behavior::Hang);
+
+    let started = Instant::now();
+    assert_eq!(s.dispatcher().dispatch_once().await.unwrap().retried, 1);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "bounded by the source timeout"
+    );
+    let row = &s.rows(w.watch).await[0];
+    assert_eq!(row.status, "retry");
+    assert!(row.last_error.as_deref().unwrap().contains("unavailable"));
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_item_that_no_longer_exists_is_dropped_not_found() {
+    let s = Scenario::new().await;
+    let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
+    s.publish_enqueue(&s.detection(&w, 1100, Utc::now()), "k1")
+        .await;
+    s.ingest().await.run_once(WAIT).await.unwrap();
+    s.catalog.set_behavior("SKU-1", Behavior::NotFound);
+
+    assert_eq!(s.dispatcher().dispatch_once().await.unwrap().dropped, 1);
+    let row = &s.rows(w.watch).await[0];
+    assert_eq!(
+        (row.status.as_str(), row.reason.as_deref()),
+        ("dropped", Some("not_found"))
+    );
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn pre_guards_drop_paused_and_removed_watches_and_inactive_subscriptions() {
+    let s = Scenario::new().await;
+    let paused = s.watcher("SKU-1", BELOW_1200, 1100).await;
+    let removed = s.watcher("SKU-2", BELOW_1200, 1100).await;
+    let unsubscribed = s.watcher("SKU-3", BELOW_1200, 1100).await;
+    let pool = &s.db.pool;
+    sqlx::query("UPDATE watches SET paused = true WHERE id = $1")
+        .bind(paused.watch)
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE watches SET removed_at = now() WHERE id = $1")
+        .bind(removed.watch)
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE push_subscriptions SET active = false, deactivated_at = now(), deactivation_reason = 'test'
+         WHERE device_id = $1",
+    )
+    .bind(unsubscribed.device.id)
+    .execute(pool)
+    .await
+    .unwrap();
+    for (i, w) in [&paused, &removed, &unsubscribed].into_iter().enumerate() {
+        s.publish_enqueue(&s.detection(w, 1100, Utc::now()), &format!("k{i}"))
+            .await;
+    }
+    s.ingest().await.run_once(WAIT).await.unwrap();
+
+    assert_eq!(s.dispatcher().dispatch_once().await.unwrap().dropped, 3);
+    for (w, reason) in [
+        (&paused, "watch_paused"),
+        (&removed, "watch_removed"),
+        (&unsubscribed, "subscription_inactive"),
+    ] {
+        assert_eq!(s.rows(w.watch).await[0].reason.as_deref(), Some(reason));
+    }
+    assert_eq!(
+        s.catalog.requests(),
+        (0, 0),
+        "guarded rows never reach the source"
+    );
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn results_are_applied_once_and_move_the_baseline_only_on_sent() {
+    let s = Scenario::new().await;
+    let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
+    s.publish_enqueue(&s.detection(&w, 1100, Utc::now()), "k1")
+        .await;
+    s.ingest().await.run_once(WAIT).await.unwrap();
+    s.catalog.set_price("SKU-1", 1050);
+    s.dispatcher().dispatch_once().await.unwrap();
+    let push = s
+        .take_pushes(&s.push_consumer().await, WAIT)
+        .await
+        .remove(0);
+
+    let results = s.results().await;
+    let mut delivered = s.result(&push, Outcome::Delivered, Some(201));
+    delivered.message_id = Some("https://push.example/m/1".into());
+    s.publish_result(&delivered).await;
+    // A redelivered result (published without a message id here, so JetStream keeps both).
+    s.publish_result(&delivered).await;
+    let mut applied = 0;
+    let mut ignored = 0;
+    for _ in 0..2 {
+        let st = results.run_once(WAIT).await.unwrap();
+        applied += st.applied;
+        ignored += st.ignored;
+    }
+    assert_eq!(
+        (applied, ignored),
+        (1, 1),
+        "the duplicate result is a no-op"
+    );
+
+    let row = s.row(push.outbox_id).await;
+    assert_eq!((row.status.as_str(), row.http_status), ("sent", Some(201)));
+    let baseline: (i64, bool, uuid::Uuid) =
+        sqlx::query_as("SELECT price, in_stock, outbox_id FROM baselines WHERE watch_id = $1")
+            .bind(w.watch)
+            .fetch_one(&s.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        baseline,
+        (1050, true, push.outbox_id.0),
+        "baseline = the value that was sent"
+    );
+
+    // A late transient result for the same attempt cannot move a sent row.
+    s.publish_result(&s.result(&push, Outcome::Transient, Some(500)))
+        .await;
+    assert_eq!(results.run_once(WAIT).await.unwrap().applied, 0);
+    assert_eq!(s.row(push.outbox_id).await.status, "sent");
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_gone_subscription_drops_the_row_and_deactivates_the_subscription() {
+    let s = Scenario::new().await;
+    let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
+    let push = s.dispatched(&w, 1100).await;
+
+    s.publish_result(&s.result(&push, Outcome::Gone, Some(410)))
+        .await;
+    assert_eq!(s.results().await.run_once(WAIT).await.unwrap().applied, 1);
+    let row = s.row(push.outbox_id).await;
+    assert_eq!(
+        (row.status.as_str(), row.reason.as_deref()),
+        ("dropped", Some("subscription_gone"))
+    );
+    let active: bool =
+        sqlx::query_scalar("SELECT active FROM push_subscriptions WHERE device_id = $1")
+            .bind(w.device.id)
+            .fetch_one(&s.db.pool)
+            .await
+            .unwrap();
+    assert!(!active);
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_429_with_retry_after_is_not_retried_sooner() {
+    let s = Scenario::new().await;
+    let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
+    let push = s.dispatched(&w, 1100).await;
+
+    let mut throttled = s.result(&push, Outcome::Transient, Some(429));
+    throttled.retry_after = Some(120);
+    let before = Utc::now();
+    s.publish_result(&throttled).await;
+    assert_eq!(s.results().await.run_once(WAIT).await.unwrap().applied, 1);
+    let row = s.row(push.outbox_id).await;
+    assert_eq!((row.status.as_str(), row.retry_count), ("retry", 1));
+    assert!(row.next_attempt_at >= before + ChronoDuration::seconds(120));
+    assert!(row.next_attempt_at <= Utc::now() + ChronoDuration::seconds(121));
+
+    // When it is due again, the next attempt carries attempt 2.
+    s.make_due().await;
+    s.dispatcher().dispatch_once().await.unwrap();
+    let again = s.take_pushes(&s.push_consumer().await, WAIT).await;
+    assert_eq!(again.iter().map(|p| p.attempt).collect::<Vec<_>>(), [2]);
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_malformed_enqueue_message_is_dead_lettered_and_the_next_valid_one_ingested() {
+    let s = Scenario::new().await;
+    let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
+    s.publish_raw_enqueue(b"{this is not json").await;
+    let mut unknown = s.detection(&w, 1100, Utc::now());
+    unknown.watch_id = tidings_shared::WatchId::new();
+    s.publish_enqueue(&unknown, "unknown-watch").await;
+    s.publish_enqueue(&s.detection(&w, 1100, Utc::now()), "k1")
+        .await;
+
+    let ingest = s.ingest().await;
+    let stats = ingest.run_once(WAIT).await.unwrap();
+    assert_eq!((stats.inserted, stats.dead_lettered), (1, 2));
+    assert_eq!(s.rows(w.watch).await.len(), 1);
+    assert_eq!(s.stream_len(StreamKind::Dlq).await, 2);
+
+    // The DLQ copy says why, and the consumer moved on: nothing is redelivered.
+    let dlq =
+        s.js.get_stream(s.subjects.stream(StreamKind::Dlq))
+            .await
+            .unwrap();
+    let first = dlq.get_raw_message(1).await.unwrap();
+    let reason = first
+        .headers
+        .get(tidings_shared::dlq::REASON_HEADER)
+        .unwrap()
+        .as_str()
+        .to_owned();
+    assert!(reason.contains("JSON"), "{reason}");
+    assert_eq!(&first.payload[..], b"{this is not json");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(ingest.run_once(WAIT).await.unwrap(), IngestStats::default());
+    s.cleanup().await;
+}
+
+/// Inserts `n` due rows straight into the outbox (ingest is tested above). Each row has its own
+/// trigger key, so each has its own baseline: one row being sent must not make the others stale.
+async fn seed_rows(s: &Scenario, item: &str, n: usize) {
+    let w = s.watcher(item, BELOW_1200, 1100).await;
+    let now = Utc::now();
+    let reqs: Vec<_> = (0..n)
+        .map(|i| {
+            let mut r = s.detection(&w, 1100, now);
+            r.trigger = Trigger::PriceBelow {
+                threshold: 1200 + i as i64,
+            };
+            r
+        })
+        .collect();
+    for chunk in reqs.chunks(1000) {
+        let batch: Vec<_> = chunk.iter().map(|r| (r, None)).collect();
+        let inserted = tidings_dispatcher::ingest::insert(&s.db.pool, &batch)
+            .await
+            .unwrap();
+        assert_eq!(inserted, chunk.len());
+    }
+}
+
+#[tokio::test]
+async fn two_dispatchers_never_claim_the_same_row() {
+    let mut s = Scenario::new().await;
+    s.settings.claim_lease = Duration::from_secs(30);
+    seed_rows(&s, "SKU-1", 10_000).await;
+
+    // Every publish, duplicates included, is seen by a plain subscriber on the push subject.
+    let nats = tidings_tests::harness::nats().await.unwrap();
+    let mut seen = nats
+        .subscribe(
+            s.subjects
+                .subject(StreamKind::Push, tidings_shared::Channel::WebPush),
+        )
+        .await
+        .unwrap();
+    nats.flush().await.unwrap();
+
+    let run = |d: tidings_dispatcher::dispatch::Dispatcher| async move {
+        let mut published = 0;
+        loop {
+            let st = d.dispatch_once().await.unwrap();
+            if st.claimed == 0 {
+                return published;
+            }
+            published += st.published;
+        }
+    };
+    let (a, b) = tokio::join!(run(s.dispatcher()), run(s.dispatcher()));
+    assert_eq!(a + b, 10_000);
+    assert!(a > 0 && b > 0, "both dispatchers took part ({a} / {b})");
+
+    let mut ids = HashSet::new();
+    let mut total = 0;
+    while let Ok(Some(m)) =
+        tokio::time::timeout(Duration::from_secs(2), futures::StreamExt::next(&mut seen)).await
+    {
+        total += 1;
+        let p = decode::<tidings_shared::messages::PushRequest>(&m.payload).unwrap();
+        ids.insert(p.outbox_id);
+        if total == 10_000 {
+            break;
+        }
+    }
+    assert_eq!(
+        (total, ids.len()),
+        (10_000, 10_000),
+        "one push per row, none twice"
+    );
+    let sending: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status = 'sending' AND attempt = 1")
+            .fetch_one(&s.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(sending, 10_000);
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_dispatcher_killed_mid_batch_loses_nothing() {
+    let mut s = Scenario::new().await;
+    s.settings.claim_batch = 100;
+    // Recovered rows should not sit out the production backoff (30 s) in a test.
+    s.settings.retry.base = Duration::from_millis(200);
+    seed_rows(&s, "SKU-1", 2_000).await;
+
+    // Dispatcher A starts and is killed (its task dropped) while it is working.
+    let a = s.dispatcher();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let killed = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { a.run(shutdown).await }
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while s.stream_len(StreamKind::Push).await < 150 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    killed.abort();
+    let _ = killed.await;
+    // And every PushRequest it published is lost (JetStream may lose acknowledged messages on a
+    // crash): only the lease sweeper can recover those rows.
+    let published_by_a = s.stream_len(StreamKind::Push).await;
+    assert!(published_by_a >= 150);
+    s.js.get_stream(s.subjects.stream(StreamKind::Push))
+        .await
+        .unwrap()
+        .purge()
+        .await
+        .unwrap();
+
+    // A full dispatcher (all four loops) and a pusher that delivers everything take over.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let dispatcher = tokio::spawn(tidings_dispatcher::run(
+        s.db.pool.clone(),
+        s.js.clone(),
+        s.settings.clone(),
+        stop.clone(),
+    ));
+    let pusher = s.push_consumer().await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut delivered = HashSet::new();
+    loop {
+        let pushes = s.take_pushes(&pusher, Duration::from_millis(100)).await;
+        let results: Vec<_> = pushes
+            .iter()
+            .map(|p| s.result(p, Outcome::Delivered, Some(201)))
+            .collect();
+        futures::future::join_all(results.iter().map(|r| s.publish_result(r))).await;
+        delivered.extend(pushes.iter().map(|p| (p.outbox_id, p.attempt)));
+        let open: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM outbox WHERE status NOT IN ('sent', 'dropped', 'failed')",
+        )
+        .fetch_one(&s.db.pool)
+        .await
+        .unwrap();
+        if open == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{open} rows still not terminal");
+    }
+    stop.cancel();
+    dispatcher.await.unwrap().unwrap();
+
+    let sent: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status = 'sent'")
+        .fetch_one(&s.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(sent, 2_000, "every row reached sent");
+    let rows_pushed: HashSet<_> = delivered.iter().map(|(id, _)| *id).collect();
+    assert_eq!(rows_pushed.len(), 2_000);
+    let recovered: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE attempt >= 2")
+        .fetch_one(&s.db.pool)
+        .await
+        .unwrap();
+    assert!(
+        recovered as u64 >= published_by_a,
+        "{recovered} rows recovered by the sweeper, {published_by_a} pushes were lost"
+    );
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_sending_row_whose_lease_expires_is_retried_and_a_late_result_is_ignored() {
+    let s = Scenario::new().await;
+    let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
+    let push = s.dispatched(&w, 1100).await;
+
+    // No result arrives; the lease is 2 s in this scenario.
+    assert_eq!(
+        sweeper::sweep_once(&s.db.pool, &s.settings).await.unwrap(),
+        0,
+        "lease still running"
+    );
+    tokio::time::sleep(s.settings.sending_lease + Duration::from_millis(100)).await;
+    assert_eq!(
+        sweeper::sweep_once(&s.db.pool, &s.settings).await.unwrap(),
+        1
+    );
+    let row = s.row(push.outbox_id).await;
+    assert_eq!(row.status, "retry");
+    assert!(row.last_error.unwrap().starts_with("lease_expired"));
+
+    // The attempt-1 result turns up late: it cannot touch the row any more.
+    s.publish_result(&s.result(&push, Outcome::Delivered, Some(201)))
+        .await;
+    assert_eq!(s.results().await.run_once(WAIT).await.unwrap().applied, 0);
+    assert_eq!(s.row(push.outbox_id).await.status, "retry");
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_running_dispatcher_picks_up_new_rows_by_itself() {
+    let s = Scenario::new().await;
+    let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(tidings_dispatcher::run(
+        s.db.pool.clone(),
+        s.js.clone(),
+        s.settings.clone(),
+        stop.clone(),
+    ));
+    let consumer = s.push_consumer().await;
+    s.publish_enqueue(&s.detection(&w, 1100, Utc::now()), "k1")
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut pushes = Vec::new();
+    while pushes.is_empty() && Instant::now() < deadline {
+        pushes = s.take_pushes(&consumer, Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        pushes.len(),
+        1,
+        "ingested and dispatched without being driven"
+    );
+    stop.cancel();
+    running.await.unwrap().unwrap();
+    s.cleanup().await;
+}
