@@ -28,6 +28,8 @@ pub mod streams;
 pub mod subjects;
 pub mod trace_context;
 pub mod trigger;
+pub mod vapid;
+pub mod webpush;
 
 pub use channel::Channel;
 pub use ids::{DeviceId, OutboxId, SubscriptionId, WatchId};
