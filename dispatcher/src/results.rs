@@ -64,12 +64,13 @@ pub fn event_for(result: &PushResult) -> Event {
         Outcome::Delivered => Event::Delivered,
         Outcome::Transient | Outcome::Expired => Event::Transient,
         Outcome::Gone => Event::Gone,
-        Outcome::Permanent => Event::Rejected(match result.http_status {
-            Some(401 | 403) => FailReason::VapidRejected,
-            Some(413) => FailReason::PayloadTooLarge,
-            Some(_) => FailReason::PushRejected,
-            // No HTTP exchange happened: the pusher's endpoint guard refused it.
-            None => FailReason::EndpointRefused,
+        Outcome::Permanent => Event::Rejected(match (result.refused, result.http_status) {
+            (Some(reason), _) => reason,
+            (None, Some(401 | 403)) => FailReason::VapidRejected,
+            (None, Some(413)) => FailReason::PayloadTooLarge,
+            (None, Some(_)) => FailReason::PushRejected,
+            // No HTTP exchange and no reason given: the endpoint was refused.
+            (None, None) => FailReason::EndpointRefused,
         }),
     }
 }

@@ -17,6 +17,7 @@ pub mod db;
 pub mod dedup;
 pub mod dlq;
 pub mod duration;
+pub mod endpoint;
 pub mod ids;
 pub mod item;
 pub mod messages;

@@ -238,6 +238,10 @@ pub struct PushResult {
     pub error: Option<String>,
     #[serde(default)]
     pub latency_ms: u64,
+    /// Set when the pusher refused the request itself, with no HTTP exchange (endpoint guard,
+    /// invalid subscription keys, payload too large): the failure reason to record.
+    #[serde(default)]
+    pub refused: Option<crate::outbox::FailReason>,
 }
 
 impl PushResult {

@@ -5,6 +5,7 @@
 //! - [`fixtures`]: devices, subscriptions and watches to build a story on.
 
 pub mod fake_catalog;
+pub mod fake_push;
 pub mod fixtures;
 pub mod harness;
 pub mod scenario;

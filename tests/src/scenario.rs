@@ -267,6 +267,7 @@ impl Scenario {
             message_id: None,
             error: None,
             latency_ms: 5,
+            refused: None,
         }
     }
 

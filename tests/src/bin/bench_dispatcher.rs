@@ -168,6 +168,7 @@ async fn round(rows: usize) -> Round {
                 message_id: None,
                 error: None,
                 latency_ms: 1,
+                refused: None,
             });
             let _ = m.ack().await;
         }

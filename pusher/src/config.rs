@@ -1,0 +1,154 @@
+//! Pusher configuration: every setting a flag and an environment variable; secrets from the
+//! environment or a file, never logged.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tidings_shared::duration::parse_duration;
+use tidings_shared::endpoint::{DEFAULT_ALLOWED_HOSTS, EndpointPolicy};
+use tidings_shared::streams::StreamSettings;
+use tidings_shared::subjects::{InvalidPrefix, Subjects};
+use tidings_shared::vapid::{VapidError, VapidKey, VapidSigner};
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct Config {
+    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    pub nats_url: String,
+    #[arg(long, env = "TIDINGS_PREFIX", default_value = Subjects::DEFAULT_PREFIX)]
+    pub prefix: String,
+    #[arg(long, env = "TIDINGS_STREAM_REPLICAS", default_value_t = 1)]
+    pub stream_replicas: usize,
+    /// VAPID private key: base64url P-256 scalar or PEM.
+    #[arg(long, env = "TIDINGS_VAPID_PRIVATE_KEY", hide_env_values = true)]
+    pub vapid_private_key: Option<String>,
+    /// File holding the VAPID private key (instead of TIDINGS_VAPID_PRIVATE_KEY).
+    #[arg(long, env = "TIDINGS_VAPID_PRIVATE_KEY_FILE")]
+    pub vapid_private_key_file: Option<PathBuf>,
+    /// Contact for push services: mailto: or https: URL.
+    #[arg(long, env = "TIDINGS_VAPID_SUBJECT")]
+    pub vapid_subject: String,
+    /// Push requests in flight at once.
+    #[arg(long, env = "TIDINGS_PUSH_CONCURRENCY", default_value_t = 256)]
+    pub concurrency: usize,
+    /// Total timeout of a push request (keep the dispatcher's TIDINGS_PUSH_HTTP_TIMEOUT equal).
+    #[arg(long, env = "TIDINGS_PUSH_HTTP_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub http_timeout: Duration,
+    #[arg(long, env = "TIDINGS_PUSH_CONNECT_TIMEOUT", default_value = "3s", value_parser = parse_duration)]
+    pub connect_timeout: Duration,
+    /// Allowed push-service hosts, comma-separated; `*.suffix` for subdomains.
+    #[arg(long, env = "TIDINGS_PUSH_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub allowed_hosts: Option<Vec<String>>,
+    /// Allow private, loopback and link-local endpoint addresses (tests and local demos only).
+    #[arg(long, env = "TIDINGS_PUSH_ALLOW_PRIVATE", default_value_t = false)]
+    pub allow_private: bool,
+    /// Extra PEM root certificate to trust (a local fake push service).
+    #[arg(long, env = "TIDINGS_PUSH_EXTRA_CA_FILE")]
+    pub extra_ca_file: Option<PathBuf>,
+    /// How long a delivered (outbox_id, attempt) is remembered to absorb redeliveries.
+    #[arg(long, env = "TIDINGS_PUSH_DELIVERED_TTL", default_value = "10m", value_parser = parse_duration)]
+    pub delivered_ttl: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(
+        "set TIDINGS_VAPID_PRIVATE_KEY or TIDINGS_VAPID_PRIVATE_KEY_FILE (generate one with `tidings-pusher vapid-keygen`)"
+    )]
+    NoVapidKey,
+    #[error("reading {path}: {source}")]
+    File {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("VAPID: {0}")]
+    Vapid(#[from] VapidError),
+    #[error("TIDINGS_PUSH_EXTRA_CA_FILE: {0}")]
+    Ca(String),
+    #[error("TIDINGS_PUSH_CONCURRENCY must be at least 1")]
+    Concurrency,
+    #[error(transparent)]
+    Prefix(#[from] InvalidPrefix),
+}
+
+/// Validated settings; tests build these directly.
+#[derive(Clone)]
+pub struct Settings {
+    pub subjects: Subjects,
+    pub streams: StreamSettings,
+    pub vapid: Arc<VapidSigner>,
+    pub concurrency: usize,
+    pub http_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub policy: EndpointPolicy,
+    /// PEM root certificates to trust in addition to the system's.
+    pub extra_roots: Vec<Vec<u8>>,
+    pub delivered_ttl: Duration,
+}
+
+impl Settings {
+    pub fn new(subjects: Subjects, vapid: VapidSigner) -> Self {
+        Settings {
+            subjects,
+            streams: StreamSettings::default(),
+            vapid: Arc::new(vapid),
+            concurrency: 256,
+            http_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(3),
+            policy: EndpointPolicy::default(),
+            extra_roots: Vec::new(),
+            delivered_ttl: Duration::from_secs(600),
+        }
+    }
+
+    /// JetStream redelivers a request not acked within this: a delivery (its HTTP request plus
+    /// publishing the result) must fit comfortably.
+    pub fn ack_wait(&self) -> Duration {
+        self.http_timeout + self.connect_timeout + Duration::from_secs(10)
+    }
+}
+
+fn read(path: &PathBuf) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|source| ConfigError::File {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+impl Config {
+    pub fn settings(&self) -> Result<Settings, ConfigError> {
+        let key_text = match (&self.vapid_private_key, &self.vapid_private_key_file) {
+            (Some(k), _) => k.clone(),
+            (None, Some(path)) => read(path)?,
+            (None, None) => return Err(ConfigError::NoVapidKey),
+        };
+        let signer = VapidSigner::new(VapidKey::parse(&key_text)?, &self.vapid_subject)?;
+        if self.concurrency == 0 {
+            return Err(ConfigError::Concurrency);
+        }
+        let mut extra_roots = Vec::new();
+        if let Some(path) = &self.extra_ca_file {
+            let pem = read(path)?.into_bytes();
+            reqwest::Certificate::from_pem(&pem).map_err(|e| ConfigError::Ca(e.to_string()))?;
+            extra_roots.push(pem);
+        }
+        let mut s = Settings::new(Subjects::new(&self.prefix)?, signer);
+        s.streams.replicas = self.stream_replicas;
+        s.concurrency = self.concurrency;
+        s.http_timeout = self.http_timeout;
+        s.connect_timeout = self.connect_timeout;
+        s.policy = EndpointPolicy {
+            allowed_hosts: self.allowed_hosts.clone().unwrap_or_else(|| {
+                DEFAULT_ALLOWED_HOSTS
+                    .iter()
+                    .map(|h| (*h).to_owned())
+                    .collect()
+            }),
+            allow_private: self.allow_private,
+            allow_http: false,
+        };
+        s.extra_roots = extra_roots;
+        s.delivered_ttl = self.delivered_ttl;
+        Ok(s)
+    }
+}

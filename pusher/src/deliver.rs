@@ -1,0 +1,193 @@
+//! Delivering one PushRequest: deadline, endpoint guard, encryption, VAPID, one HTTPS POST, and
+//! the answer classified into a PushResult. Never panics and never retries by itself: retries are
+//! the dispatcher's decision.
+
+use chrono::Utc;
+use std::sync::Arc;
+use std::time::Instant;
+use tidings_shared::endpoint::{self, EndpointPolicy, GuardedResolver};
+use tidings_shared::messages::{Outcome, PushRequest, PushResult, VERSION};
+use tidings_shared::outbox::FailReason;
+use tidings_shared::vapid::VapidSigner;
+use tidings_shared::webpush::{self, EncryptError, UaKeys};
+
+use crate::classify::{classify, retry_after};
+use crate::config::Settings;
+
+/// How much of an error response we read, for the log and `last_error`.
+const MAX_ERROR_BODY: usize = 4 * 1024;
+
+pub struct Deliverer {
+    client: reqwest::Client,
+    vapid: Arc<VapidSigner>,
+    policy: Arc<EndpointPolicy>,
+}
+
+fn result(req: &PushRequest, outcome: Outcome, started: Instant) -> PushResult {
+    PushResult {
+        v: VERSION,
+        outbox_id: req.outbox_id,
+        attempt: req.attempt,
+        outcome,
+        http_status: None,
+        retry_after: None,
+        message_id: None,
+        error: None,
+        latency_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        refused: None,
+    }
+}
+
+fn refused(req: &PushRequest, reason: FailReason, error: String, started: Instant) -> PushResult {
+    PushResult {
+        refused: Some(reason),
+        error: Some(error),
+        ..result(req, Outcome::Permanent, started)
+    }
+}
+
+impl Deliverer {
+    /// One HTTP client for every push: pooled connections, HTTP/2 where the service offers it
+    /// (ALPN), connect and total timeouts, no redirects, and a resolver that refuses internal
+    /// addresses.
+    pub fn new(settings: &Settings) -> Result<Self, reqwest::Error> {
+        let policy = Arc::new(settings.policy.clone());
+        let mut builder = reqwest::Client::builder()
+            .connect_timeout(settings.connect_timeout)
+            .timeout(settings.http_timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .pool_max_idle_per_host(settings.concurrency)
+            .dns_resolver(GuardedResolver::new(policy.clone()));
+        let mut roots = Vec::new();
+        for pem in &settings.extra_roots {
+            roots.push(reqwest::Certificate::from_pem(pem)?);
+        }
+        if !roots.is_empty() {
+            builder = builder.tls_certs_merge(roots);
+        }
+        Ok(Deliverer {
+            client: builder.build()?,
+            vapid: settings.vapid.clone(),
+            policy,
+        })
+    }
+
+    pub async fn deliver(&self, req: &PushRequest) -> PushResult {
+        let started = Instant::now();
+        let now = Utc::now();
+        if now > req.deadline {
+            return PushResult {
+                error: Some(format!(
+                    "picked up {} ms after its deadline; not sent",
+                    (now - req.deadline).num_milliseconds()
+                )),
+                ..result(req, Outcome::Expired, started)
+            };
+        }
+        let url = match endpoint::check(&req.subscription.endpoint, &self.policy).await {
+            Ok(url) => url,
+            Err(e) => return refused(req, FailReason::EndpointRefused, e.to_string(), started),
+        };
+        let host = url.host_str().unwrap_or_default().to_owned();
+        let keys = match UaKeys::parse(&req.subscription.p256dh, &req.subscription.auth) {
+            Ok(k) => k,
+            Err(e) => {
+                return refused(
+                    req,
+                    FailReason::PushRejected,
+                    format!("subscription keys: {e}"),
+                    started,
+                );
+            }
+        };
+        let plaintext = match serde_json::to_vec(&req.payload) {
+            Ok(p) => p,
+            Err(e) => {
+                return refused(
+                    req,
+                    FailReason::PushRejected,
+                    format!("payload: {e}"),
+                    started,
+                );
+            }
+        };
+        let body = match webpush::encrypt(&keys, &plaintext) {
+            Ok(b) => b,
+            Err(e @ EncryptError::TooLarge(_)) => {
+                return refused(req, FailReason::PayloadTooLarge, e.to_string(), started);
+            }
+            Err(e) => return refused(req, FailReason::PushRejected, e.to_string(), started),
+        };
+        let authorization = match self.vapid.authorization(url.as_str(), now) {
+            Ok(a) => a,
+            Err(e) => return refused(req, FailReason::VapidRejected, e.to_string(), started),
+        };
+        let sent = self
+            .client
+            .post(url)
+            .header("TTL", req.ttl.to_string())
+            .header("Urgency", req.urgency.as_str())
+            .header("Topic", req.topic.as_str())
+            .header("Content-Encoding", "aes128gcm")
+            .header("Content-Type", "application/octet-stream")
+            .header("Authorization", authorization)
+            .body(body)
+            .send()
+            .await;
+        let mut resp = match sent {
+            Ok(r) => r,
+            Err(e) => {
+                let what = if e.is_timeout() {
+                    "timeout"
+                } else if e.is_connect() {
+                    "connect"
+                } else {
+                    "request"
+                };
+                return PushResult {
+                    error: Some(format!("{what}: {e}")),
+                    ..result(req, Outcome::Transient, started)
+                };
+            }
+        };
+        let status = resp.status().as_u16();
+        let outcome = classify(status, &host);
+        let header = |name: &str| {
+            resp.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let message_id = header("location");
+        let retry = header("retry-after").and_then(|v| retry_after(&v, Utc::now()));
+        let mut error = None;
+        if outcome != Outcome::Delivered {
+            let mut text = Vec::new();
+            while let Ok(Some(chunk)) = resp.chunk().await {
+                text.extend_from_slice(&chunk[..chunk.len().min(MAX_ERROR_BODY - text.len())]);
+                if text.len() >= MAX_ERROR_BODY {
+                    break;
+                }
+            }
+            error = Some(format!(
+                "HTTP {status}: {}",
+                String::from_utf8_lossy(&text).trim()
+            ));
+        }
+        if matches!(status, 401 | 403) {
+            tracing::error!(
+                outbox_id = %req.outbox_id,
+                host = %host,
+                http_status = status,
+                "push service rejected our VAPID credentials: check TIDINGS_VAPID_PRIVATE_KEY and TIDINGS_VAPID_SUBJECT"
+            );
+        }
+        PushResult {
+            http_status: Some(status),
+            retry_after: retry,
+            message_id,
+            error,
+            ..result(req, outcome, started)
+        }
+    }
+}

@@ -1,0 +1,274 @@
+//! The pusher's consume loop: PushRequests from a durable JetStream consumer, delivered with up
+//! to `concurrency` in flight; for each, a PushResult is published (and stored by JetStream)
+//! before the request is acked, so a crash in between means a redelivery, never a lost result.
+//!
+//! Redelivery safety: a delivered (outbox_id, attempt) is recorded in a JetStream KV bucket with
+//! a TTL before its result is published. A redelivered request found there is not sent again; its
+//! `delivered` result is reported again instead.
+
+use async_nats::jetstream::{self, AckKind, consumer::PullConsumer, consumer::pull, kv};
+use futures::StreamExt;
+use std::sync::Arc;
+use std::time::Duration;
+use tidings_shared::Channel;
+use tidings_shared::dlq::dead_letter;
+use tidings_shared::messages::{Outcome, PushRequest, PushResult, VERSION, decode, encode};
+use tidings_shared::streams::ensure_streams;
+use tidings_shared::subjects::StreamKind;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Settings;
+use crate::deliver::Deliverer;
+
+pub const CONSUMER: &str = "pusher";
+pub const DELIVERED_BUCKET: &str = "delivered";
+
+#[derive(Debug, thiserror::Error)]
+pub enum PusherError {
+    #[error("streams: {0}")]
+    Streams(#[from] tidings_shared::streams::StreamError),
+    #[error("KV bucket {bucket}: {detail}")]
+    Bucket { bucket: String, detail: String },
+    #[error("consumer {CONSUMER}: {0}")]
+    Consumer(String),
+    #[error("HTTP client: {0}")]
+    Client(#[from] reqwest::Error),
+}
+
+/// How one request was handled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handled {
+    Reported(Outcome),
+    /// A redelivered request already delivered: reported `delivered` again, not sent.
+    AlreadyDelivered,
+    DeadLettered,
+    /// The result could not be published; the request is left for redelivery.
+    Retried,
+}
+
+struct Inner {
+    js: jetstream::Context,
+    settings: Settings,
+    deliverer: Deliverer,
+    delivered: kv::Store,
+}
+
+#[derive(Clone)]
+pub struct Pusher {
+    inner: Arc<Inner>,
+    consumer: PullConsumer,
+}
+
+impl Pusher {
+    pub async fn new(js: jetstream::Context, settings: Settings) -> Result<Self, PusherError> {
+        ensure_streams(&js, &settings.subjects, &settings.streams).await?;
+        let bucket = settings.subjects.bucket(DELIVERED_BUCKET);
+        let bucket_err = |detail: String| PusherError::Bucket {
+            bucket: bucket.clone(),
+            detail,
+        };
+        let delivered = js
+            .create_or_update_key_value(kv::Config {
+                bucket: bucket.clone(),
+                history: 1,
+                max_age: settings.delivered_ttl,
+                storage: jetstream::stream::StorageType::File,
+                num_replicas: settings.streams.replicas,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| bucket_err(e.to_string()))?;
+        let stream = js
+            .get_stream(settings.subjects.stream(StreamKind::Push))
+            .await
+            .map_err(|e| PusherError::Consumer(e.to_string()))?;
+        let consumer = stream
+            .get_or_create_consumer(
+                CONSUMER,
+                pull::Config {
+                    durable_name: Some(CONSUMER.to_owned()),
+                    ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                    ack_wait: settings.ack_wait(),
+                    max_ack_pending: i64::try_from(settings.concurrency * 2).unwrap_or(512),
+                    max_deliver: -1,
+                    filter_subject: settings
+                        .subjects
+                        .subject(StreamKind::Push, Channel::WebPush),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| PusherError::Consumer(e.to_string()))?;
+        let deliverer = Deliverer::new(&settings)?;
+        Ok(Pusher {
+            inner: Arc::new(Inner {
+                js,
+                settings,
+                deliverer,
+                delivered,
+            }),
+            consumer,
+        })
+    }
+
+    /// Delivers until `shutdown`, then finishes (and acks) what is in flight.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), PusherError> {
+        let concurrency = self.inner.settings.concurrency;
+        let permits = Arc::new(tokio::sync::Semaphore::new(concurrency));
+        let mut messages = self
+            .consumer
+            .stream()
+            .max_messages_per_batch(concurrency)
+            .heartbeat(Duration::from_secs(5))
+            .expires(Duration::from_secs(30))
+            .messages()
+            .await
+            .map_err(|e| PusherError::Consumer(e.to_string()))?;
+        let mut tasks = tokio::task::JoinSet::new();
+        loop {
+            // Wait for a free slot first, so no message sits acquired but unstarted.
+            let permit = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            };
+            let next = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                next = messages.next() => next,
+            };
+            match next {
+                Some(Ok(msg)) => {
+                    let this = self.clone();
+                    tasks.spawn(async move {
+                        this.handle(msg).await;
+                        drop(permit);
+                    });
+                }
+                Some(Err(e)) => tracing::warn!(error = %e, "push consumer hiccup"),
+                None => return Err(PusherError::Consumer("message stream ended".into())),
+            }
+            while tasks.try_join_next().is_some() {}
+        }
+        while tasks.join_next().await.is_some() {}
+        Ok(())
+    }
+
+    /// Handles one message: decode, deliver (or recognise a redelivery), report, ack.
+    pub async fn handle(&self, msg: jetstream::Message) -> Handled {
+        let inner = &self.inner;
+        let req: PushRequest = match decode(&msg.payload) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(subject = %msg.subject, error = %e, "dead-lettering undecodable PushRequest");
+                if let Err(dlq) = dead_letter(
+                    &inner.js,
+                    &inner.settings.subjects,
+                    StreamKind::Push,
+                    &msg,
+                    &e.to_string(),
+                )
+                .await
+                {
+                    tracing::error!(error = %dlq, "could not dead-letter PushRequest; it will be redelivered");
+                }
+                return Handled::DeadLettered;
+            }
+        };
+        let key = format!("{}.{}", req.outbox_id, req.attempt);
+        let earlier = inner.delivered.get(key.as_str()).await.ok().flatten();
+        let (result, handled) = match earlier {
+            Some(message_id) => (
+                PushResult {
+                    v: VERSION,
+                    outbox_id: req.outbox_id,
+                    attempt: req.attempt,
+                    outcome: Outcome::Delivered,
+                    http_status: None,
+                    retry_after: None,
+                    message_id: (!message_id.is_empty())
+                        .then(|| String::from_utf8_lossy(&message_id).into_owned()),
+                    error: None,
+                    latency_ms: 0,
+                    refused: None,
+                },
+                Handled::AlreadyDelivered,
+            ),
+            None => {
+                let r = inner.deliverer.deliver(&req).await;
+                if r.outcome == Outcome::Delivered {
+                    let id = r.message_id.clone().unwrap_or_default();
+                    if let Err(e) = inner
+                        .delivered
+                        .put(key.as_str(), id.into_bytes().into())
+                        .await
+                    {
+                        // Still report it: the record only narrows the duplicate window.
+                        tracing::warn!(outbox_id = %req.outbox_id, attempt = req.attempt, error = %e, "could not record delivery");
+                    }
+                }
+                let handled = Handled::Reported(r.outcome);
+                (r, handled)
+            }
+        };
+        tracing::info!(
+            outbox_id = %req.outbox_id,
+            attempt = req.attempt,
+            outcome = result.outcome.as_str(),
+            http_status = result.http_status,
+            latency_ms = result.latency_ms,
+            error = result.error.as_deref(),
+            "push attempt finished"
+        );
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", result.msg_id().as_str());
+        if let Some(tp) = msg.headers.as_ref().and_then(|h| h.get("traceparent")) {
+            headers.insert("traceparent", tp.as_str());
+        }
+        let subject = inner
+            .settings
+            .subjects
+            .subject(StreamKind::Result, Channel::WebPush);
+        let published = match inner
+            .js
+            .publish_with_headers(subject, headers, encode(&result).into())
+            .await
+        {
+            Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = published {
+            tracing::error!(outbox_id = %req.outbox_id, attempt = req.attempt, error = %e, "could not publish PushResult; request will be redelivered");
+            let _ = msg
+                .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                .await;
+            return Handled::Retried;
+        }
+        if let Err(e) = msg.ack().await {
+            tracing::warn!(outbox_id = %req.outbox_id, error = %e, "ack failed; a redelivery will be absorbed");
+        }
+        handled
+    }
+
+    /// One batch of whatever is available now, handled concurrently (tests).
+    pub async fn run_once(&self, wait: Duration) -> Result<Vec<Handled>, PusherError> {
+        let mut batch = self
+            .consumer
+            .fetch()
+            .max_messages(self.inner.settings.concurrency)
+            .expires(wait)
+            .messages()
+            .await
+            .map_err(|e| PusherError::Consumer(e.to_string()))?;
+        let mut handles = Vec::new();
+        while let Some(Ok(msg)) = batch.next().await {
+            let this = self.clone();
+            handles.push(tokio::spawn(async move { this.handle(msg).await }));
+        }
+        let mut out = Vec::new();
+        for h in handles {
+            if let Ok(handled) = h.await {
+                out.push(handled);
+            }
+        }
+        Ok(out)
+    }
+}

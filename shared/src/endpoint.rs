@@ -1,0 +1,269 @@
+//! The endpoint guard: push endpoints are user input, so Tidings only ever connects to https
+//! URLs on an allowlist of push-service hosts, at addresses that are not private, loopback,
+//! link-local or otherwise internal — unless configured (tests and local demos allow them).
+//!
+//! The check runs twice: [`check`] before anything is sent (the api at registration, the pusher
+//! before each request, reporting `permanent` without a connection), and [`GuardedResolver`]
+//! inside the HTTP client, so the address actually connected to is the one that was vetted even
+//! if DNS answers differently the second time.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+/// The push services browsers use.
+pub const DEFAULT_ALLOWED_HOSTS: &[&str] = &[
+    "fcm.googleapis.com",
+    "android.googleapis.com",
+    "updates.push.services.mozilla.com",
+    "*.push.services.mozilla.com",
+    "web.push.apple.com",
+    "*.push.apple.com",
+    "*.notify.windows.com",
+];
+
+#[derive(Clone, Debug)]
+pub struct EndpointPolicy {
+    /// Exact host names, or `*.suffix` for any subdomain of `suffix`.
+    pub allowed_hosts: Vec<String>,
+    /// Allow private, loopback and link-local addresses (tests, local demos). Never in production.
+    pub allow_private: bool,
+    /// Allow plain http (tests only).
+    pub allow_http: bool,
+}
+
+impl Default for EndpointPolicy {
+    fn default() -> Self {
+        EndpointPolicy {
+            allowed_hosts: DEFAULT_ALLOWED_HOSTS
+                .iter()
+                .map(|h| (*h).to_owned())
+                .collect(),
+            allow_private: false,
+            allow_http: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("endpoint is not a valid URL")]
+    NotAUrl,
+    #[error("endpoint must use https, not {0}")]
+    Scheme(String),
+    #[error("endpoint host {0} is not an allowed push service")]
+    Host(String),
+    #[error("endpoint host {host} resolves to {addr}, a private or internal address")]
+    Private { host: String, addr: IpAddr },
+    #[error("endpoint host {0} does not resolve")]
+    Unresolvable(String),
+}
+
+/// Loopback, private, link-local (incl. 169.254.169.254 metadata), CGNAT, unspecified,
+/// multicast, documentation and unique-local ranges: nothing a push service lives at.
+pub fn is_internal(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            let o = v4.octets();
+            v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_broadcast()
+                || v4.is_multicast()
+                || v4.is_documentation()
+                || (o[0] == 100 && (o[1] & 0xc0) == 64) // 100.64.0.0/10
+                || o[0] == 0
+                || o[0] >= 240
+        }
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return is_internal(IpAddr::V4(v4));
+            }
+            let s = v6.segments();
+            v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_multicast()
+                || (s[0] & 0xfe00) == 0xfc00 // unique local
+                || (s[0] & 0xffc0) == 0xfe80 // link local
+                || (s[0] == 0x2001 && s[1] == 0x0db8) // documentation
+        }
+    }
+}
+
+impl EndpointPolicy {
+    fn host_allowed(&self, host: &str) -> bool {
+        let host = host.trim_end_matches('.').to_ascii_lowercase();
+        self.allowed_hosts
+            .iter()
+            .any(|pattern| match pattern.strip_prefix("*.") {
+                Some(suffix) => {
+                    host.len() > suffix.len() + 1 && host.ends_with(&format!(".{suffix}"))
+                }
+                None => host == pattern.to_ascii_lowercase(),
+            })
+    }
+
+    fn address_allowed(&self, ip: IpAddr) -> bool {
+        self.allow_private || !is_internal(ip)
+    }
+}
+
+/// Checks an endpoint without connecting: scheme, host, and every address it resolves to.
+pub async fn check(endpoint: &str, policy: &EndpointPolicy) -> Result<reqwest::Url, Refused> {
+    let url = reqwest::Url::parse(endpoint).map_err(|_| Refused::NotAUrl)?;
+    match url.scheme() {
+        "https" => {}
+        "http" if policy.allow_http => {}
+        other => return Err(Refused::Scheme(other.to_owned())),
+    }
+    let host = url.host_str().ok_or(Refused::NotAUrl)?.to_owned();
+    // An IP literal is judged by its address first: "https://10.0.0.1/" is refused as private
+    // even if someone put it on the allowlist.
+    let literal = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<IpAddr>()
+        .ok();
+    if let Some(ip) = literal
+        && !policy.address_allowed(ip)
+    {
+        return Err(Refused::Private { host, addr: ip });
+    }
+    if !policy.host_allowed(&host) {
+        return Err(Refused::Host(host));
+    }
+    if literal.is_none() {
+        let port = url.port_or_known_default().unwrap_or(443);
+        resolve(&host, port, policy).await?;
+    }
+    Ok(url)
+}
+
+async fn resolve(
+    host: &str,
+    port: u16,
+    policy: &EndpointPolicy,
+) -> Result<Vec<SocketAddr>, Refused> {
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
+        .await
+        .map_err(|_| Refused::Unresolvable(host.to_owned()))?
+        .collect();
+    if addrs.is_empty() {
+        return Err(Refused::Unresolvable(host.to_owned()));
+    }
+    if let Some(bad) = addrs.iter().find(|a| !policy.address_allowed(a.ip())) {
+        return Err(Refused::Private {
+            host: host.to_owned(),
+            addr: bad.ip(),
+        });
+    }
+    Ok(addrs)
+}
+
+/// A DNS resolver for reqwest that refuses names resolving to internal addresses.
+pub struct GuardedResolver {
+    policy: Arc<EndpointPolicy>,
+}
+
+impl GuardedResolver {
+    pub fn new(policy: Arc<EndpointPolicy>) -> Self {
+        GuardedResolver { policy }
+    }
+}
+
+impl reqwest::dns::Resolve for GuardedResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let policy = self.policy.clone();
+        Box::pin(async move {
+            let addrs = resolve(name.as_str(), 0, &policy).await?;
+            let addrs: reqwest::dns::Addrs = Box::new(addrs.into_iter());
+            Ok(addrs)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn allow(hosts: &[&str]) -> EndpointPolicy {
+        EndpointPolicy {
+            allowed_hosts: hosts.iter().map(|h| (*h).to_owned()).collect(),
+            ..EndpointPolicy::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn refuses_what_is_not_an_allowed_https_push_service() {
+        let p = EndpointPolicy::default();
+        assert_eq!(
+            check("http://fcm.googleapis.com/x", &p).await.unwrap_err(),
+            Refused::Scheme("http".into())
+        );
+        assert!(matches!(
+            check("https://10.0.0.1/x", &p).await.unwrap_err(),
+            Refused::Private { .. }
+        ));
+        assert!(matches!(
+            check("https://169.254.169.254/latest", &p)
+                .await
+                .unwrap_err(),
+            Refused::Private { .. }
+        ));
+        assert!(matches!(
+            check("https://[::1]/x", &p).await.unwrap_err(),
+            Refused::Private { .. }
+        ));
+        assert_eq!(
+            check("https://evil.example/x", &p).await.unwrap_err(),
+            Refused::Host("evil.example".into())
+        );
+        assert_eq!(check("not a url", &p).await.unwrap_err(), Refused::NotAUrl);
+    }
+
+    #[tokio::test]
+    async fn an_allowed_name_that_resolves_to_loopback_is_refused() {
+        let p = allow(&["localhost"]);
+        assert!(matches!(
+            check("https://localhost/x", &p).await.unwrap_err(),
+            Refused::Private { .. }
+        ));
+        let open = EndpointPolicy {
+            allow_private: true,
+            ..allow(&["localhost"])
+        };
+        check("https://localhost/x", &open).await.unwrap();
+    }
+
+    #[test]
+    fn wildcards_match_subdomains_only() {
+        let p = EndpointPolicy::default();
+        assert!(p.host_allowed("wns2-by3p.notify.windows.com"));
+        assert!(p.host_allowed("FCM.googleapis.com"));
+        assert!(!p.host_allowed("notify.windows.com"));
+        assert!(!p.host_allowed("evilnotify.windows.com"));
+        assert!(!p.host_allowed("fcm.googleapis.com.evil.example"));
+    }
+
+    #[test]
+    fn internal_ranges() {
+        for ip in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.64.0.1",
+            "0.0.0.0",
+            "::1",
+            "fe80::1",
+            "fd00::1",
+            "::ffff:10.0.0.1",
+        ] {
+            assert!(is_internal(ip.parse().unwrap()), "{ip}");
+        }
+        for ip in ["142.250.74.106", "2a00:1450:4001::200e"] {
+            assert!(!is_internal(ip.parse().unwrap()), "{ip}");
+        }
+    }
+}

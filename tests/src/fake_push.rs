@@ -1,0 +1,361 @@
+//! A fake push service over HTTPS (the fixture certificate in `tests/fixtures/tls`).
+//!
+//! It behaves like FCM or Mozilla's autopush from the pusher's side, and checks what a real one
+//! checks, independently of our own code: every body is decrypted with the subscription's private
+//! key by `web-push-native` (an RFC 8291 implementation we did not write), and the VAPID JWT's
+//! ES256 signature and claims (`aud` = this origin, `exp` ≤ 24 h ahead, `sub` mailto:/https:) are
+//! verified. It records what it received and answers 201, 404, 410, 413, 429 with Retry-After,
+//! 500, or hangs, per subscription and on demand.
+
+use aws_lc_rs::agreement::{ECDH_P256, PrivateKey};
+use aws_lc_rs::encoding::{AsBigEndian, EcPrivateKeyBin};
+use aws_lc_rs::signature::{ECDSA_P256_SHA256_FIXED, UnparsedPublicKey};
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use tidings_shared::messages::Subscription;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::ServerConfig;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+pub const CERT_PEM: &[u8] = include_bytes!("../fixtures/tls/cert.pem");
+const KEY_PEM: &[u8] = include_bytes!("../fixtures/tls/key.pem");
+
+/// How the service answers a push.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    Created,
+    NotFound,
+    Gone,
+    TooLarge,
+    TooManyRequests {
+        retry_after: String,
+    },
+    ServerError,
+    Unauthorized,
+    /// Never answers.
+    Hang,
+}
+
+/// One push as received, after decryption and VAPID verification.
+#[derive(Clone, Debug)]
+pub struct Received {
+    pub subscription: String,
+    pub plaintext: Vec<u8>,
+    pub ttl: Option<String>,
+    pub urgency: Option<String>,
+    pub topic: Option<String>,
+    pub vapid_claims: serde_json::Value,
+    pub vapid_public_key: String,
+}
+
+impl Received {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.plaintext).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+struct Sub {
+    secret: Vec<u8>,
+    auth: [u8; 16],
+    answers: VecDeque<Answer>,
+    default: Answer,
+}
+
+#[derive(Default)]
+struct Inner {
+    subs: Mutex<HashMap<String, Sub>>,
+    received: Mutex<Vec<Received>>,
+    /// Requests refused for a bad VAPID token or a body that does not decrypt.
+    rejected: Mutex<Vec<String>>,
+    origin: Mutex<String>,
+    /// Every request that reached the handler, whatever happened to it.
+    hits: std::sync::atomic::AtomicUsize,
+    /// Benchmark sink: answer 201 to everything without verifying or decrypting.
+    sink: std::sync::atomic::AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub struct FakePushService {
+    pub addr: SocketAddr,
+    inner: Arc<Inner>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakePushService {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+fn verify_vapid(headers: &HeaderMap, origin: &str) -> Result<(serde_json::Value, String), String> {
+    let auth = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .ok_or("no Authorization header")?;
+    let rest = auth
+        .strip_prefix("vapid ")
+        .ok_or("Authorization is not vapid")?;
+    let mut t = None;
+    let mut k = None;
+    for part in rest.split(',') {
+        let part = part.trim();
+        if let Some(v) = part.strip_prefix("t=") {
+            t = Some(v);
+        } else if let Some(v) = part.strip_prefix("k=") {
+            k = Some(v);
+        }
+    }
+    let (t, k) = (t.ok_or("no t=")?, k.ok_or("no k=")?);
+    let (input, sig) = t.rsplit_once('.').ok_or("JWT has no signature")?;
+    let key = URL_SAFE_NO_PAD
+        .decode(k)
+        .map_err(|_| "k is not base64url")?;
+    let sig = URL_SAFE_NO_PAD
+        .decode(sig)
+        .map_err(|_| "signature is not base64url")?;
+    UnparsedPublicKey::new(&ECDSA_P256_SHA256_FIXED, &key)
+        .verify(input.as_bytes(), &sig)
+        .map_err(|_| "ES256 signature does not verify")?;
+    let claims = input.split('.').nth(1).ok_or("JWT has no claims")?;
+    let claims: serde_json::Value = serde_json::from_slice(
+        &URL_SAFE_NO_PAD
+            .decode(claims)
+            .map_err(|_| "claims not base64url")?,
+    )
+    .map_err(|_| "claims not JSON")?;
+    if claims["aud"] != origin {
+        return Err(format!("aud {} is not {origin}", claims["aud"]));
+    }
+    let exp = claims["exp"].as_i64().ok_or("no exp")?;
+    let now = chrono::Utc::now().timestamp();
+    if exp <= now || exp > now + 24 * 3600 {
+        return Err(format!("exp {exp} is not within 24 h of now {now}"));
+    }
+    let sub = claims["sub"].as_str().unwrap_or_default();
+    if !(sub.starts_with("mailto:") || sub.starts_with("https:")) {
+        return Err(format!("sub {sub:?} is not mailto: or https:"));
+    }
+    Ok((claims, k.to_owned()))
+}
+
+async fn push(
+    State(inner): State<Arc<Inner>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    inner.hits.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    if inner.sink.load(std::sync::atomic::Ordering::Relaxed) {
+        return (StatusCode::CREATED, [("location", "/m/sink")]).into_response();
+    }
+    let origin = lock(&inner.origin).clone();
+    let (claims, vapid_key) = match verify_vapid(&headers, &origin) {
+        Ok(v) => v,
+        Err(e) => {
+            lock(&inner.rejected).push(format!("{id}: VAPID: {e}"));
+            return (StatusCode::UNAUTHORIZED, e).into_response();
+        }
+    };
+    let (answer, secret, auth) = {
+        let mut subs = lock(&inner.subs);
+        let Some(sub) = subs.get_mut(&id) else {
+            return StatusCode::NOT_FOUND.into_response();
+        };
+        let answer = sub
+            .answers
+            .pop_front()
+            .unwrap_or_else(|| sub.default.clone());
+        (answer, sub.secret.clone(), sub.auth)
+    };
+    if answer == Answer::Hang {
+        return std::future::pending().await;
+    }
+    if answer == Answer::Created {
+        let Ok(secret) = p256::SecretKey::from_slice(&secret) else {
+            return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+        };
+        let auth = web_push_native::Auth::clone_from_slice(&auth);
+        match web_push_native::decrypt(body.to_vec(), &secret, &auth) {
+            Ok(plaintext) => lock(&inner.received).push(Received {
+                subscription: id.clone(),
+                plaintext,
+                ttl: headers
+                    .get("ttl")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned),
+                urgency: headers
+                    .get("urgency")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned),
+                topic: headers
+                    .get("topic")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned),
+                vapid_claims: claims,
+                vapid_public_key: vapid_key,
+            }),
+            Err(e) => {
+                lock(&inner.rejected).push(format!("{id}: decrypt: {e:?}"));
+                return (StatusCode::BAD_REQUEST, "cannot decrypt").into_response();
+            }
+        }
+    }
+    match answer {
+        Answer::Created => {
+            let n = lock(&inner.received).len();
+            (
+                StatusCode::CREATED,
+                [("location", format!("{origin}/m/{n}"))],
+            )
+                .into_response()
+        }
+        Answer::NotFound => StatusCode::NOT_FOUND.into_response(),
+        Answer::Gone => StatusCode::GONE.into_response(),
+        Answer::TooLarge => StatusCode::PAYLOAD_TOO_LARGE.into_response(),
+        Answer::TooManyRequests { retry_after } => (
+            StatusCode::TOO_MANY_REQUESTS,
+            [("retry-after", retry_after)],
+        )
+            .into_response(),
+        Answer::ServerError => {
+            (StatusCode::INTERNAL_SERVER_ERROR, "upstream exploded").into_response()
+        }
+        Answer::Unauthorized => StatusCode::UNAUTHORIZED.into_response(),
+        Answer::Hang => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+impl FakePushService {
+    pub async fn start() -> std::io::Result<Self> {
+        let inner = Arc::new(Inner::default());
+        let app = Router::new()
+            .route("/push/{id}", post(push))
+            .with_state(inner.clone());
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(CERT_PEM)
+            .collect::<Result<_, _>>()
+            .map_err(std::io::Error::other)?;
+        let key = PrivateKeyDer::from_pem_slice(KEY_PEM).map_err(std::io::Error::other)?;
+        let mut tls = ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .map_err(std::io::Error::other)?;
+        tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let acceptor = TlsAcceptor::from(Arc::new(tls));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        *lock(&inner.origin) = format!("https://127.0.0.1:{}", addr.port());
+        let server = tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                let acceptor = acceptor.clone();
+                let app = app.clone();
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let service = hyper_util::service::TowerToHyperService::new(app);
+                    let _ = hyper_util::server::conn::auto::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    )
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                    .await;
+                });
+            }
+        });
+        Ok(FakePushService {
+            addr,
+            inner,
+            server,
+        })
+    }
+
+    /// A fast local sink for benchmarks: every push is answered 201 unread.
+    pub async fn start_sink() -> std::io::Result<Self> {
+        let s = Self::start().await?;
+        s.inner
+            .sink
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        Ok(s)
+    }
+
+    /// A new browser-like subscription on this service (fresh P-256 key pair and auth secret).
+    pub fn subscription(&self) -> Subscription {
+        let private = PrivateKey::generate(&ECDH_P256).expect("key");
+        let public = private.compute_public_key().expect("public key");
+        let scalar: EcPrivateKeyBin<'static> = private.as_be_bytes().expect("scalar");
+        let mut auth = [0u8; 16];
+        aws_lc_rs::rand::fill(&mut auth).expect("random");
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        lock(&self.inner.subs).insert(
+            id.clone(),
+            Sub {
+                secret: scalar.as_ref().to_vec(),
+                auth,
+                answers: VecDeque::new(),
+                default: Answer::Created,
+            },
+        );
+        Subscription {
+            endpoint: format!("https://127.0.0.1:{}/push/{id}", self.addr.port()),
+            p256dh: URL_SAFE_NO_PAD.encode(public.as_ref()),
+            auth: URL_SAFE_NO_PAD.encode(auth),
+        }
+    }
+
+    fn sub_id(endpoint: &str) -> String {
+        endpoint.rsplit('/').next().unwrap_or_default().to_owned()
+    }
+
+    /// The next answers for a subscription, then its default again.
+    pub fn answer_next(&self, sub: &Subscription, answers: &[Answer]) {
+        if let Some(s) = lock(&self.inner.subs).get_mut(&Self::sub_id(&sub.endpoint)) {
+            s.answers.extend(answers.iter().cloned());
+        }
+    }
+
+    /// The answer for every push to `sub` from now on.
+    pub fn answer_always(&self, sub: &Subscription, answer: Answer) {
+        if let Some(s) = lock(&self.inner.subs).get_mut(&Self::sub_id(&sub.endpoint)) {
+            s.default = answer;
+        }
+    }
+
+    /// Pushes accepted (201) so far, decrypted.
+    pub fn received(&self) -> Vec<Received> {
+        lock(&self.inner.received).clone()
+    }
+
+    /// Pushes received for `sub` (accepted ones only).
+    pub fn received_by(&self, sub: &Subscription) -> Vec<Received> {
+        let id = Self::sub_id(&sub.endpoint);
+        self.received()
+            .into_iter()
+            .filter(|r| r.subscription == id)
+            .collect()
+    }
+
+    /// Requests that reached the service at all.
+    pub fn hits(&self) -> usize {
+        self.inner.hits.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Requests refused for a bad VAPID token or an undecryptable body.
+    pub fn rejected(&self) -> Vec<String> {
+        lock(&self.inner.rejected).clone()
+    }
+}

@@ -1,0 +1,361 @@
+//! The pusher against real NATS and the fake HTTPS push service, which decrypts every body with
+//! an independent RFC 8291 implementation and verifies the VAPID JWT.
+
+use async_nats::jetstream::{self, consumer::PullConsumer, consumer::pull};
+use chrono::{Duration as ChronoDuration, Utc};
+use futures::StreamExt;
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+use tidings_pusher::Settings;
+use tidings_pusher::worker::{Handled, Pusher};
+use tidings_shared::endpoint::EndpointPolicy;
+use tidings_shared::messages::{
+    Outcome, Payload, PushRequest, PushResult, Subscription, Urgency, VERSION, decode, encode,
+    topic_for,
+};
+use tidings_shared::outbox::FailReason;
+use tidings_shared::streams::{StreamSettings, ensure_streams};
+use tidings_shared::subjects::{StreamKind, Subjects};
+use tidings_shared::vapid::{VapidKey, VapidSigner};
+use tidings_shared::{Channel, OutboxId};
+use tidings_tests::fake_push::{Answer, CERT_PEM, FakePushService};
+use tidings_tests::harness::{delete_streams, nats, test_subjects};
+
+const WAIT: Duration = Duration::from_millis(300);
+
+struct World {
+    js: jetstream::Context,
+    subjects: Subjects,
+    push: FakePushService,
+    settings: Settings,
+    results: PullConsumer,
+}
+
+impl World {
+    async fn new() -> Self {
+        let js = jetstream::new(nats().await.unwrap());
+        let subjects = test_subjects();
+        ensure_streams(&js, &subjects, &StreamSettings::default())
+            .await
+            .unwrap();
+        let push = FakePushService::start().await.unwrap();
+        let (private, _) = VapidKey::generate().unwrap();
+        let signer = VapidSigner::new(
+            VapidKey::parse(&private).unwrap(),
+            "mailto:ops@tidings.invalid",
+        )
+        .unwrap();
+        let mut settings = Settings::new(subjects.clone(), signer);
+        settings.http_timeout = Duration::from_secs(1);
+        settings.connect_timeout = Duration::from_secs(1);
+        settings.concurrency = 64;
+        // The fake service lives on loopback: allow exactly that.
+        settings.policy = EndpointPolicy {
+            allowed_hosts: vec!["127.0.0.1".into()],
+            allow_private: true,
+            allow_http: false,
+        };
+        settings.extra_roots = vec![CERT_PEM.to_vec()];
+        let results = js
+            .get_stream(subjects.stream(StreamKind::Result))
+            .await
+            .unwrap()
+            .get_or_create_consumer(
+                "test-dispatcher",
+                pull::Config {
+                    durable_name: Some("test-dispatcher".into()),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        World {
+            js,
+            subjects,
+            push,
+            settings,
+            results,
+        }
+    }
+
+    async fn pusher(&self) -> Pusher {
+        Pusher::new(self.js.clone(), self.settings.clone())
+            .await
+            .unwrap()
+    }
+
+    fn request(&self, sub: &Subscription) -> PushRequest {
+        let id = OutboxId::new();
+        PushRequest {
+            v: VERSION,
+            outbox_id: id,
+            attempt: 1,
+            deadline: Utc::now() + ChronoDuration::seconds(30),
+            subscription: sub.clone(),
+            payload: Payload {
+                title: "SKU-1 is below your price".into(),
+                body: "Now 10.50 EUR (your limit: 12.00 EUR).".into(),
+                url: Some("https://shop.example/i/SKU-1".into()),
+                data: serde_json::json!({"item": "SKU-1", "price": 1050}),
+            },
+            ttl: 3600,
+            urgency: Urgency::High,
+            topic: topic_for(id),
+        }
+    }
+
+    async fn publish(&self, req: &PushRequest, msg_id: &str) {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", msg_id);
+        self.js
+            .publish_with_headers(
+                self.subjects.subject(StreamKind::Push, Channel::WebPush),
+                headers,
+                encode(req).into(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+
+    /// Every PushResult available now.
+    async fn results(&self) -> Vec<PushResult> {
+        let mut out = Vec::new();
+        let mut batch = self
+            .results
+            .fetch()
+            .max_messages(10_000)
+            .expires(WAIT)
+            .messages()
+            .await
+            .unwrap();
+        while let Some(Ok(m)) = batch.next().await {
+            m.ack().await.unwrap();
+            out.push(decode(&m.payload).unwrap());
+        }
+        out
+    }
+
+    /// Publishes one request for `sub`, lets the pusher handle it, returns its result.
+    async fn push_one(&self, pusher: &Pusher, req: &PushRequest) -> PushResult {
+        self.publish(req, &req.msg_id()).await;
+        let handled = pusher.run_once(WAIT).await.unwrap();
+        assert_eq!(handled.len(), 1, "{handled:?}");
+        let mut results = self.results().await;
+        assert_eq!(results.len(), 1);
+        results.remove(0)
+    }
+
+    async fn cleanup(&self) {
+        delete_streams(&self.js, &self.subjects).await;
+        let _ = self
+            .js
+            .delete_key_value(self.subjects.bucket("delivered"))
+            .await;
+    }
+}
+
+#[tokio::test]
+async fn the_push_service_decrypts_exactly_the_body_with_a_valid_vapid_token() {
+    let w = World::new().await;
+    let pusher = w.pusher().await;
+    let sub = w.push.subscription();
+    let req = w.request(&sub);
+
+    let result = w.push_one(&pusher, &req).await;
+    assert_eq!(
+        (result.outcome, result.http_status),
+        (Outcome::Delivered, Some(201))
+    );
+    assert!(
+        result.message_id.as_deref().unwrap().contains("/m/"),
+        "Location kept"
+    );
+
+    let got = w.push.received_by(&sub);
+    assert_eq!(got.len(), 1, "rejected: {:?}", w.push.rejected());
+    assert_eq!(got[0].plaintext, serde_json::to_vec(&req.payload).unwrap());
+    assert_eq!(
+        got[0].json()["body"],
+        "Now 10.50 EUR (your limit: 12.00 EUR)."
+    );
+    assert_eq!(got[0].ttl.as_deref(), Some("3600"));
+    assert_eq!(got[0].urgency.as_deref(), Some("high"));
+    assert_eq!(got[0].topic.as_deref(), Some(req.topic.as_str()));
+    assert_eq!(
+        got[0].vapid_claims["aud"],
+        format!("https://127.0.0.1:{}", w.push.addr.port())
+    );
+    assert_eq!(got[0].vapid_public_key, w.settings.vapid.public_key());
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn each_answer_of_the_push_service_becomes_the_right_outcome() {
+    let w = World::new().await;
+    let pusher = w.pusher().await;
+    let cases = [
+        (Answer::NotFound, Outcome::Gone, Some(404), None),
+        (Answer::Gone, Outcome::Gone, Some(410), None),
+        (Answer::TooLarge, Outcome::Permanent, Some(413), None),
+        (Answer::Unauthorized, Outcome::Permanent, Some(401), None),
+        (Answer::ServerError, Outcome::Transient, Some(500), None),
+        (
+            Answer::TooManyRequests {
+                retry_after: "120".into(),
+            },
+            Outcome::Transient,
+            Some(429),
+            Some(120),
+        ),
+    ];
+    for (answer, outcome, status, retry_after) in cases {
+        let sub = w.push.subscription();
+        w.push.answer_always(&sub, answer.clone());
+        let r = w.push_one(&pusher, &w.request(&sub)).await;
+        assert_eq!(
+            (r.outcome, r.http_status, r.retry_after),
+            (outcome, status, retry_after),
+            "{answer:?}"
+        );
+        if outcome != Outcome::Delivered {
+            assert!(r.error.is_some(), "{answer:?} carries an error text");
+        }
+    }
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_hung_endpoint_is_transient_after_the_timeout() {
+    let w = World::new().await;
+    let pusher = w.pusher().await;
+    let sub = w.push.subscription();
+    w.push.answer_always(&sub, Answer::Hang);
+    let started = Instant::now();
+    let r = w.push_one(&pusher, &w.request(&sub)).await;
+    assert_eq!(r.outcome, Outcome::Transient);
+    assert!(
+        r.error.as_deref().unwrap().starts_with("timeout"),
+        "{:?}",
+        r.error
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_request_past_its_deadline_is_never_sent() {
+    let w = World::new().await;
+    let pusher = w.pusher().await;
+    let sub = w.push.subscription();
+    let mut req = w.request(&sub);
+    req.deadline = Utc::now() - ChronoDuration::seconds(1);
+    let r = w.push_one(&pusher, &req).await;
+    assert_eq!(r.outcome, Outcome::Expired);
+    assert_eq!(w.push.hits(), 0, "no request reached the push service");
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn endpoints_that_fail_the_guard_are_refused_without_a_connection() {
+    let mut w = World::new().await;
+    // Production policy, plus "localhost" on the allowlist: it resolves to 127.0.0.1.
+    w.settings.policy = EndpointPolicy::default();
+    w.settings.policy.allowed_hosts.push("localhost".into());
+    let pusher = w.pusher().await;
+    let port = w.push.addr.port();
+    let good = w.push.subscription();
+    for endpoint in [
+        "http://fcm.googleapis.com/fcm/send/x".to_owned(),
+        "https://10.0.0.1/push/x".to_owned(),
+        "https://169.254.169.254/latest/meta-data".to_owned(),
+        "https://evil.example/push/x".to_owned(),
+        format!("https://localhost:{port}/push/x"),
+        format!("https://127.0.0.1:{port}/push/x"),
+    ] {
+        let sub = Subscription {
+            endpoint: endpoint.clone(),
+            ..good.clone()
+        };
+        let r = w.push_one(&pusher, &w.request(&sub)).await;
+        assert_eq!(
+            (r.outcome, r.refused, r.http_status),
+            (Outcome::Permanent, Some(FailReason::EndpointRefused), None),
+            "{endpoint}"
+        );
+    }
+    assert_eq!(w.push.hits(), 0, "no refused endpoint was ever contacted");
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_redelivered_request_that_was_delivered_is_not_sent_again() {
+    let w = World::new().await;
+    let pusher = w.pusher().await;
+    let sub = w.push.subscription();
+    let req = w.request(&sub);
+    assert_eq!(w.push_one(&pusher, &req).await.outcome, Outcome::Delivered);
+
+    // The same request arrives again (as after a pusher crash before its ack).
+    w.publish(&req, "redelivery").await;
+    assert_eq!(
+        pusher.run_once(WAIT).await.unwrap(),
+        [Handled::AlreadyDelivered]
+    );
+    assert_eq!(
+        w.push.received_by(&sub).len(),
+        1,
+        "the push service saw it once"
+    );
+    assert_eq!(w.push.hits(), 1);
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_pusher_killed_mid_batch_leaves_every_request_with_exactly_one_result() {
+    let w = World::new().await;
+    let sub = w.push.subscription();
+    let requests: Vec<PushRequest> = (0..300).map(|_| w.request(&sub)).collect();
+    for r in &requests {
+        w.publish(r, &r.msg_id()).await;
+    }
+
+    let first = w.pusher().await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let killed = tokio::spawn(first.run(stop.clone()));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while w.push.hits() < 50 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    killed.abort();
+    let _ = killed.await;
+
+    let second = w.pusher().await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(second.run(stop.clone()));
+    let mut results = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while results.len() < requests.len() && Instant::now() < deadline {
+        results.extend(w.results().await);
+    }
+    stop.cancel();
+    running.await.unwrap().unwrap();
+
+    let ids: HashSet<OutboxId> = results.iter().map(|r| r.outbox_id).collect();
+    assert_eq!(ids.len(), requests.len(), "every request has a result");
+    assert_eq!(results.len(), requests.len(), "and only one");
+    assert!(results.iter().all(|r| r.outcome == Outcome::Delivered));
+    let delivered_topics: HashSet<String> = w
+        .push
+        .received_by(&sub)
+        .iter()
+        .filter_map(|r| r.topic.clone())
+        .collect();
+    assert_eq!(
+        delivered_topics.len(),
+        requests.len(),
+        "nothing lost at the push service"
+    );
+    w.cleanup().await;
+}
