@@ -3,8 +3,12 @@
 //! before the request is acked, so a crash in between means a redelivery, never a lost result.
 //!
 //! Redelivery safety: a delivered (outbox_id, attempt) is recorded in a JetStream KV bucket with
-//! a TTL before its result is published. A redelivered request found there is not sent again; its
-//! `delivered` result is reported again instead.
+//! a TTL before its result is published. A redelivered request (JetStream's delivery count > 1)
+//! found there is not sent again; its `delivered` result is reported again instead. First
+//! deliveries skip the lookup: the dispatcher publishes each (outbox_id, attempt) once, so only a
+//! redelivery can repeat one. The bucket is in memory: it narrows the duplicate window, and
+//! losing it in a NATS restart costs at most a duplicate push, which Web Push's Topic absorbs
+//! when the first one is still undelivered.
 
 use async_nats::jetstream::{self, AckKind, consumer::PullConsumer, consumer::pull, kv};
 use futures::StreamExt;
@@ -72,7 +76,7 @@ impl Pusher {
                 bucket: bucket.clone(),
                 history: 1,
                 max_age: settings.delivered_ttl,
-                storage: jetstream::stream::StorageType::File,
+                storage: jetstream::stream::StorageType::Memory,
                 num_replicas: settings.streams.replicas,
                 ..Default::default()
             })
@@ -152,8 +156,28 @@ impl Pusher {
         Ok(())
     }
 
-    /// Handles one message: decode, deliver (or recognise a redelivery), report, ack.
+    /// Handles one message: [`Pusher::process`], then ack (or nak for redelivery if the result
+    /// could not be published).
     pub async fn handle(&self, msg: jetstream::Message) -> Handled {
+        let handled = self.process(&msg).await;
+        match handled {
+            Handled::Retried => {
+                let _ = msg
+                    .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                    .await;
+            }
+            Handled::DeadLettered => {}
+            Handled::Reported(_) | Handled::AlreadyDelivered => {
+                if let Err(e) = msg.ack().await {
+                    tracing::warn!(subject = %msg.subject, error = %e, "ack failed; a redelivery will be absorbed");
+                }
+            }
+        }
+        handled
+    }
+
+    /// Everything but the ack: decode, deliver (or recognise a redelivery), record, report.
+    pub async fn process(&self, msg: &jetstream::Message) -> Handled {
         let inner = &self.inner;
         let req: PushRequest = match decode(&msg.payload) {
             Ok(r) => r,
@@ -163,7 +187,7 @@ impl Pusher {
                     &inner.js,
                     &inner.settings.subjects,
                     StreamKind::Push,
-                    &msg,
+                    msg,
                     &e.to_string(),
                 )
                 .await
@@ -174,7 +198,12 @@ impl Pusher {
             }
         };
         let key = format!("{}.{}", req.outbox_id, req.attempt);
-        let earlier = inner.delivered.get(key.as_str()).await.ok().flatten();
+        let redelivered = msg.info().map(|i| i.delivered > 1).unwrap_or(true);
+        let earlier = if redelivered {
+            inner.delivered.get(key.as_str()).await.ok().flatten()
+        } else {
+            None
+        };
         let (result, handled) = match earlier {
             Some(message_id) => (
                 PushResult {
@@ -237,13 +266,7 @@ impl Pusher {
         };
         if let Err(e) = published {
             tracing::error!(outbox_id = %req.outbox_id, attempt = req.attempt, error = %e, "could not publish PushResult; request will be redelivered");
-            let _ = msg
-                .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
-                .await;
             return Handled::Retried;
-        }
-        if let Err(e) = msg.ack().await {
-            tracing::warn!(outbox_id = %req.outbox_id, error = %e, "ack failed; a redelivery will be absorbed");
         }
         handled
     }

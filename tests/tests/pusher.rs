@@ -295,10 +295,33 @@ async fn a_redelivered_request_that_was_delivered_is_not_sent_again() {
     let pusher = w.pusher().await;
     let sub = w.push.subscription();
     let req = w.request(&sub);
-    assert_eq!(w.push_one(&pusher, &req).await.outcome, Outcome::Delivered);
+    w.publish(&req, &req.msg_id()).await;
 
-    // The same request arrives again (as after a pusher crash before its ack).
-    w.publish(&req, "redelivery").await;
+    // The pusher delivers and reports, then dies before its ack: JetStream redelivers (a NAK
+    // stands in for the ack timeout, so the test does not wait it out).
+    let consumer: PullConsumer =
+        w.js.get_stream(w.subjects.stream(StreamKind::Push))
+            .await
+            .unwrap()
+            .get_consumer(tidings_pusher::worker::CONSUMER)
+            .await
+            .unwrap();
+    let mut batch = consumer
+        .fetch()
+        .max_messages(1)
+        .expires(WAIT)
+        .messages()
+        .await
+        .unwrap();
+    let msg = batch.next().await.unwrap().unwrap();
+    assert_eq!(
+        pusher.process(&msg).await,
+        Handled::Reported(Outcome::Delivered)
+    );
+    msg.ack_with(async_nats::jetstream::AckKind::Nak(None))
+        .await
+        .unwrap();
+
     assert_eq!(
         pusher.run_once(WAIT).await.unwrap(),
         [Handled::AlreadyDelivered]
@@ -309,6 +332,13 @@ async fn a_redelivered_request_that_was_delivered_is_not_sent_again() {
         "the push service saw it once"
     );
     assert_eq!(w.push.hits(), 1);
+    let results = w.results().await;
+    assert_eq!(
+        results.len(),
+        1,
+        "JetStream drops the repeated result by its message id"
+    );
+    assert_eq!(results[0].outcome, Outcome::Delivered);
     w.cleanup().await;
 }
 
