@@ -35,6 +35,10 @@ CREATE TABLE watches (
     channel         text NOT NULL DEFAULT 'web_push' CHECK (channel IN ('web_push')),
     -- Price when the watch was created: the reference of price_drop until a notification is sent.
     reference_price bigint,
+    -- The item's stock state at this watch's last scan: the "previous observation" that
+    -- back_in_stock compares with. Kept per watch, so each detector shard owns the state of the
+    -- watches it scans; written only when it changes.
+    last_in_stock   boolean,
     paused          boolean NOT NULL DEFAULT false,
     removed_at      timestamptz,
     created_at      timestamptz NOT NULL DEFAULT now(),
@@ -158,13 +162,3 @@ BEGIN
 END
 $$;
 CREATE TRIGGER outbox_no_delete BEFORE DELETE ON outbox FOR EACH ROW EXECUTE FUNCTION outbox_no_delete();
-
--- The previous observation of each item, for transition triggers (back_in_stock). Kept in
--- Postgres so a restarted or rescaled detector finds it.
-CREATE TABLE item_observations (
-    item_code   text PRIMARY KEY,
-    price       bigint NOT NULL,
-    currency    text NOT NULL,
-    in_stock    boolean NOT NULL,
-    observed_at timestamptz NOT NULL
-);

@@ -37,7 +37,10 @@ pub fn render(
             ),
         ),
         Trigger::PriceDrop { percent } => {
-            let was = baseline.price.map(|b| format_money(b, &now.currency));
+            let was = baseline
+                .price
+                .or(baseline.reference)
+                .map(|b| format_money(b, &now.currency));
             (
                 format!("{item} dropped at least {percent}%"),
                 match was {
@@ -106,7 +109,8 @@ mod tests {
             &item,
             &obs(900),
             &Baseline {
-                price: Some(1000),
+                price: None,
+                reference: Some(1000),
                 in_stock: None,
             },
             None,

@@ -132,9 +132,11 @@ impl SourceErrorKind {
 /// What a trigger compares an observation against.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Baseline {
-    /// The last price notified about for this (watch, trigger), else the price when the watch was
-    /// created; `None` when neither is known.
+    /// The last price notified about for this (watch, trigger); `None` before the first send.
     pub price: Option<i64>,
+    /// The price when the watch was created: `price_drop`'s reference until the first send.
+    #[serde(default)]
+    pub reference: Option<i64>,
     /// The stock state the trigger last knew: the previous observation of the item at detection,
     /// `true` once a notification has been sent.
     pub in_stock: Option<bool>,
@@ -156,7 +158,8 @@ impl Baseline {
         previous_in_stock: Option<bool>,
     ) -> Self {
         Baseline {
-            price: last_sent.map(|s| s.price).or(reference_price),
+            price: last_sent.map(|s| s.price),
+            reference: reference_price,
             in_stock: previous_in_stock,
         }
     }
@@ -172,6 +175,7 @@ impl Baseline {
         match last_sent {
             Some(s) if s.sent_at > detected_at => Baseline {
                 price: Some(s.price),
+                reference: detected.reference,
                 in_stock: Some(s.in_stock),
             },
             _ => *detected,
@@ -211,7 +215,7 @@ pub fn evaluate(trigger: &Trigger, observation: &Observation, baseline: &Baselin
         Trigger::PriceBelow { threshold } => {
             price < i128::from(threshold) && baseline.price.is_none_or(|b| price < i128::from(b))
         }
-        Trigger::PriceDrop { percent } => baseline.price.is_some_and(|b| {
+        Trigger::PriceDrop { percent } => baseline.price.or(baseline.reference).is_some_and(|b| {
             // price <= b * (1 - percent/100), in integers.
             price * 100 <= i128::from(b) * i128::from(100 - percent.min(100))
         }),
@@ -241,7 +245,11 @@ mod tests {
     }
 
     fn base(price: Option<i64>, in_stock: Option<bool>) -> Baseline {
-        Baseline { price, in_stock }
+        Baseline {
+            price,
+            reference: None,
+            in_stock,
+        }
     }
 
     #[test]
@@ -285,6 +293,29 @@ mod tests {
             Verdict::Lost(LostReason::ConditionLost)
         );
         assert_eq!(evaluate(&t, &obs(810, true), &b), Verdict::Holds);
+    }
+
+    /// Regression: the price when the watch was created is price_drop's reference only; it is
+    /// not a price we told the user about, so it must not hold price_below back.
+    #[test]
+    fn the_creation_price_is_a_reference_for_price_drop_only() {
+        let b = Baseline::for_detection(None, Some(1100), None);
+        assert_eq!(
+            evaluate(
+                &Trigger::PriceBelow { threshold: 1200 },
+                &obs(1100, true),
+                &b
+            ),
+            Verdict::Holds
+        );
+        assert_eq!(
+            evaluate(&Trigger::PriceDrop { percent: 10 }, &obs(990, true), &b),
+            Verdict::Holds
+        );
+        assert_eq!(
+            evaluate(&Trigger::PriceDrop { percent: 10 }, &obs(991, true), &b),
+            Verdict::Lost(LostReason::ConditionLost)
+        );
     }
 
     #[test]
@@ -377,13 +408,17 @@ mod tests {
             in_stock: true,
             sent_at: Utc::now(),
         };
+        let with_reference = |price, in_stock| Baseline {
+            reference: Some(1000),
+            ..base(price, in_stock)
+        };
         assert_eq!(
             Baseline::for_detection(Some(&s), Some(1000), Some(false)),
-            base(Some(900), Some(false))
+            with_reference(Some(900), Some(false))
         );
         assert_eq!(
             Baseline::for_detection(None, Some(1000), None),
-            base(Some(1000), None)
+            with_reference(None, None)
         );
     }
 

@@ -1,0 +1,161 @@
+//! Detector configuration: every setting a flag and an environment variable.
+
+use std::time::Duration;
+use tidings_shared::duration::parse_duration;
+use tidings_shared::source::SourceConfig;
+use tidings_shared::streams::StreamSettings;
+use tidings_shared::subjects::{InvalidPrefix, Subjects};
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct Config {
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    pub nats_url: String,
+    #[arg(long, env = "TIDINGS_PREFIX", default_value = Subjects::DEFAULT_PREFIX)]
+    pub prefix: String,
+    #[arg(long, env = "TIDINGS_STREAM_REPLICAS", default_value_t = 1)]
+    pub stream_replicas: usize,
+    #[arg(long, env = "TIDINGS_SOURCE_URL")]
+    pub source_url: String,
+    #[arg(long, env = "TIDINGS_SOURCE_BATCH_URL")]
+    pub source_batch_url: Option<String>,
+    #[arg(long, env = "TIDINGS_SOURCE_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub source_timeout: Duration,
+    #[arg(long, env = "TIDINGS_SOURCE_CONCURRENCY", default_value_t = 16)]
+    pub source_concurrency: usize,
+    #[arg(long, env = "TIDINGS_SOURCE_BATCH_SIZE", default_value_t = 100)]
+    pub source_batch_size: usize,
+    /// Time between the starts of two scans.
+    #[arg(long, env = "TIDINGS_SCAN_INTERVAL", default_value = "60s", value_parser = parse_duration)]
+    pub scan_interval: Duration,
+    /// Watches read per page.
+    #[arg(long, env = "TIDINGS_SCAN_PAGE", default_value_t = 5000)]
+    pub page_size: i64,
+    /// This replica's shard, 0-based. With a StatefulSet, leave it unset and set
+    /// TIDINGS_SHARD_FROM_HOSTNAME=true to take the pod ordinal (detector-2 → 2).
+    #[arg(long, env = "TIDINGS_SHARD_INDEX", default_value_t = 0)]
+    pub shard_index: u32,
+    #[arg(long, env = "TIDINGS_SHARD_FROM_HOSTNAME", default_value_t = false)]
+    pub shard_from_hostname: bool,
+    /// How many shards (replicas) split the watches.
+    #[arg(long, env = "TIDINGS_SHARD_COUNT", default_value_t = 1)]
+    pub shard_count: u32,
+    /// Dedup keys remembered per day before the memory starts over.
+    #[arg(long, env = "TIDINGS_DETECTOR_MEMORY", default_value_t = 1_000_000)]
+    pub memory_capacity: usize,
+    /// Print what would be enqueued (JSON lines on stdout) without publishing or writing.
+    #[arg(long, env = "TIDINGS_DRY_RUN", default_value_t = false)]
+    pub dry_run: bool,
+    /// Scan once and exit (with --dry-run: a report of what would be sent now).
+    #[arg(long, default_value_t = false)]
+    pub once: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("shard index {index} is not below shard count {count}")]
+    Shard { index: u32, count: u32 },
+    #[error("TIDINGS_SHARD_FROM_HOSTNAME: hostname {0:?} does not end in -<ordinal>")]
+    Hostname(String),
+    #[error("TIDINGS_SCAN_PAGE must be at least 1")]
+    Page,
+    #[error(transparent)]
+    Prefix(#[from] InvalidPrefix),
+}
+
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub subjects: Subjects,
+    pub streams: StreamSettings,
+    pub source: SourceConfig,
+    pub scan_interval: Duration,
+    pub page_size: i64,
+    pub shard_index: u32,
+    pub shard_count: u32,
+    pub memory_capacity: usize,
+    pub dry_run: bool,
+}
+
+impl Settings {
+    pub fn new(subjects: Subjects, source: SourceConfig) -> Self {
+        Settings {
+            subjects,
+            streams: StreamSettings::default(),
+            source,
+            scan_interval: Duration::from_secs(60),
+            page_size: 5000,
+            shard_index: 0,
+            shard_count: 1,
+            memory_capacity: 1_000_000,
+            dry_run: false,
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.shard_count == 0 || self.shard_index >= self.shard_count {
+            return Err(ConfigError::Shard {
+                index: self.shard_index,
+                count: self.shard_count,
+            });
+        }
+        if self.page_size < 1 {
+            return Err(ConfigError::Page);
+        }
+        Ok(())
+    }
+}
+
+/// The ordinal at the end of a StatefulSet pod's hostname.
+pub fn ordinal(hostname: &str) -> Option<u32> {
+    hostname.rsplit_once('-')?.1.parse().ok()
+}
+
+impl Config {
+    pub fn settings(&self) -> Result<Settings, ConfigError> {
+        let mut source = SourceConfig::new(self.source_url.clone());
+        source.batch_url = self.source_batch_url.clone();
+        source.timeout = self.source_timeout;
+        source.max_concurrency_per_host = self.source_concurrency;
+        source.batch_size = self.source_batch_size;
+        let mut s = Settings::new(Subjects::new(&self.prefix)?, source);
+        s.streams.replicas = self.stream_replicas;
+        s.scan_interval = self.scan_interval;
+        s.page_size = self.page_size;
+        s.shard_count = self.shard_count;
+        s.shard_index = if self.shard_from_hostname {
+            let host = std::env::var("HOSTNAME").unwrap_or_default();
+            ordinal(&host).ok_or(ConfigError::Hostname(host))?
+        } else {
+            self.shard_index
+        };
+        s.memory_capacity = self.memory_capacity;
+        s.dry_run = self.dry_run;
+        s.validate()?;
+        Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pod_ordinals() {
+        assert_eq!(ordinal("tidings-detector-2"), Some(2));
+        assert_eq!(ordinal("detector"), None);
+    }
+
+    #[test]
+    fn a_shard_outside_the_count_is_refused() {
+        let mut s = Settings::new(
+            Subjects::new("t").unwrap(),
+            SourceConfig::new("http://x/{item}"),
+        );
+        s.shard_count = 2;
+        s.shard_index = 2;
+        assert!(s.validate().is_err());
+        s.shard_index = 1;
+        s.validate().unwrap();
+    }
+}

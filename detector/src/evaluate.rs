@@ -1,0 +1,172 @@
+//! What one watch's triggers say about one observation. Pure: the scan gathers the inputs.
+
+use chrono::{DateTime, Utc};
+use chrono_tz::Tz;
+use std::collections::HashMap;
+use tidings_shared::dedup::dedup_day;
+use tidings_shared::messages::{EnqueueRequest, VERSION};
+use tidings_shared::trigger::{Baseline, LastSent, Observation, Trigger, Verdict, evaluate};
+use tidings_shared::{Channel, DeviceId, WatchId};
+
+/// A watch as the scan reads it.
+#[derive(Clone, Debug)]
+pub struct Watch {
+    pub id: WatchId,
+    pub device_id: DeviceId,
+    pub item_code: String,
+    pub triggers: Vec<Trigger>,
+    pub channel: Channel,
+    pub reference_price: Option<i64>,
+    pub time_zone: Tz,
+    /// The item's stock state at this watch's previous scan.
+    pub last_in_stock: Option<bool>,
+}
+
+/// The EnqueueRequests for every trigger of `watch` that holds for `observation` at `now`.
+/// `last_sent` maps trigger keys to the value last sent for this watch.
+pub fn detect(
+    watch: &Watch,
+    observation: &Observation,
+    last_sent: &HashMap<String, LastSent>,
+    now: DateTime<Utc>,
+) -> Vec<EnqueueRequest> {
+    watch
+        .triggers
+        .iter()
+        .filter_map(|trigger| {
+            let baseline = Baseline::for_detection(
+                last_sent.get(&trigger.key()),
+                watch.reference_price,
+                watch.last_in_stock,
+            );
+            (evaluate(trigger, observation, &baseline) == Verdict::Holds).then(|| EnqueueRequest {
+                v: VERSION,
+                watch_id: watch.id,
+                device_id: watch.device_id,
+                trigger: trigger.clone(),
+                channel: watch.channel,
+                detected_at: now,
+                detected: observation.clone(),
+                baseline,
+                dedup_day: dedup_day(now, watch.time_zone),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn watch(triggers: Vec<Trigger>, last_in_stock: Option<bool>) -> Watch {
+        Watch {
+            id: WatchId::new(),
+            device_id: DeviceId::new(),
+            item_code: "A".into(),
+            triggers,
+            channel: Channel::WebPush,
+            reference_price: Some(1000),
+            time_zone: Tz::Europe__Berlin,
+            last_in_stock,
+        }
+    }
+
+    fn obs(price: i64, in_stock: bool) -> Observation {
+        Observation {
+            price,
+            currency: "EUR".into(),
+            in_stock,
+            paused: false,
+            observed_at: Utc::now(),
+        }
+    }
+
+    #[test]
+    fn each_holding_trigger_is_one_request_in_the_devices_day() {
+        let w = watch(
+            vec![
+                Trigger::PriceBelow { threshold: 950 },
+                Trigger::PriceDrop { percent: 10 },
+                Trigger::BackInStock,
+            ],
+            Some(true),
+        );
+        let now = Utc.with_ymd_and_hms(2026, 11, 30, 23, 30, 0).unwrap();
+        let got = detect(&w, &obs(900, true), &HashMap::new(), now);
+        let keys: Vec<String> = got.iter().map(|r| r.trigger.key()).collect();
+        assert_eq!(
+            keys,
+            ["price_below:950", "price_drop:10"],
+            "back_in_stock needs an out→in change"
+        );
+        assert_eq!(
+            got[0].dedup_day.to_string(),
+            "2026-12-01",
+            "Berlin is already on the 1st"
+        );
+        assert_eq!(
+            got[1].baseline.reference,
+            Some(1000),
+            "price_drop compares with the reference"
+        );
+        assert_eq!(got[1].baseline.price, None, "nothing was sent yet");
+    }
+
+    #[test]
+    fn a_sent_value_becomes_the_baseline() {
+        let w = watch(vec![Trigger::PriceDrop { percent: 10 }], None);
+        let sent = HashMap::from([(
+            "price_drop:10".to_owned(),
+            LastSent {
+                price: 900,
+                in_stock: true,
+                sent_at: Utc::now(),
+            },
+        )]);
+        assert!(detect(&w, &obs(850, true), &sent, Utc::now()).is_empty());
+        assert_eq!(detect(&w, &obs(810, true), &sent, Utc::now()).len(), 1);
+    }
+
+    #[test]
+    fn back_in_stock_fires_on_the_transition_only() {
+        let t = vec![Trigger::BackInStock];
+        assert_eq!(
+            detect(
+                &watch(t.clone(), Some(false)),
+                &obs(1, true),
+                &HashMap::new(),
+                Utc::now()
+            )
+            .len(),
+            1
+        );
+        assert!(
+            detect(
+                &watch(t.clone(), Some(true)),
+                &obs(1, true),
+                &HashMap::new(),
+                Utc::now()
+            )
+            .is_empty()
+        );
+        assert!(
+            detect(
+                &watch(t.clone(), None),
+                &obs(1, true),
+                &HashMap::new(),
+                Utc::now()
+            )
+            .is_empty()
+        );
+        assert!(
+            detect(
+                &watch(t, Some(false)),
+                &obs(1, false),
+                &HashMap::new(),
+                Utc::now()
+            )
+            .is_empty()
+        );
+    }
+}

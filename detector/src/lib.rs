@@ -1,0 +1,48 @@
+//! The Tidings detector: scans watches, evaluates triggers with the shared `evaluate`, and only
+//! enqueues — the dispatcher decides, right before sending, whether a notification is still true.
+//!
+//! - [`scan`]: one scan of this shard's watches, and the loop.
+//! - [`evaluate`]: what one watch's triggers say about one observation (pure).
+//! - [`memory`]: what was enqueued today, so a condition that keeps holding is published once.
+//! - [`config`]: configuration, sharding.
+//!
+//! Scaling out: N replicas split the watches by a hash of the watch id (`TIDINGS_SHARD_COUNT`,
+//! `TIDINGS_SHARD_INDEX` or the StatefulSet pod ordinal); each watch belongs to exactly one shard.
+
+pub mod config;
+pub mod evaluate;
+pub mod memory;
+pub mod scan;
+
+pub use config::{Config, Settings};
+
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+impl scan::Detector {
+    /// Scans every `scan_interval` until `shutdown`; a scan in progress finishes first.
+    pub async fn run(&self, interval: Duration, shutdown: CancellationToken) {
+        loop {
+            let started = tokio::time::Instant::now();
+            match self.scan_once(chrono::Utc::now()).await {
+                Ok(stats) => tracing::info!(
+                    watches = stats.watches,
+                    items = stats.items,
+                    source_errors = stats.source_errors,
+                    holding = stats.holding,
+                    published = stats.published,
+                    remembered = stats.remembered,
+                    duplicates = stats.duplicates,
+                    publish_errors = stats.publish_errors,
+                    took_ms = started.elapsed().as_millis() as u64,
+                    "scan finished"
+                ),
+                Err(e) => tracing::error!(error = %e, "scan failed"),
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep_until(started + interval) => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! The detector against real Postgres and NATS, with the fake catalog as the source.
+
+use chrono::{Duration as ChronoDuration, TimeZone, Utc};
+use std::time::Duration;
+use tidings_detector::Settings;
+use tidings_detector::scan::Detector;
+use tidings_shared::source::HttpSource;
+use tidings_shared::subjects::StreamKind;
+use tidings_shared::trigger::Trigger;
+use tidings_tests::fake_catalog::{Behavior, Item};
+use tidings_tests::scenario::Scenario;
+
+fn detector(s: &Scenario, shard_index: u32, shard_count: u32) -> Detector {
+    let mut source = s.catalog.source_config(true);
+    source.timeout = Duration::from_millis(500);
+    let mut settings = Settings::new(s.subjects.clone(), source);
+    settings.shard_index = shard_index;
+    settings.shard_count = shard_count;
+    settings.page_size = 1000;
+    settings.validate().unwrap();
+    let source = HttpSource::new(settings.source.clone()).unwrap();
+    Detector::new(s.db.pool.clone(), s.js.clone(), source, settings)
+}
+
+#[tokio::test]
+async fn a_price_below_threshold_is_enqueued_once_a_day() {
+    let s = Scenario::new().await;
+    s.watcher("SKU-1", Trigger::PriceBelow { threshold: 1200 }, 1100)
+        .await;
+    let d = detector(&s, 0, 1);
+    let day1 = Utc.with_ymd_and_hms(2026, 11, 30, 9, 0, 0).unwrap();
+
+    let first = d.scan_once(day1).await.unwrap();
+    assert_eq!((first.watches, first.holding, first.published), (1, 1, 1));
+    for later in [1, 2] {
+        let again = d
+            .scan_once(day1 + ChronoDuration::hours(later))
+            .await
+            .unwrap();
+        assert_eq!(
+            (again.holding, again.remembered, again.published),
+            (1, 1, 0),
+            "same day, not republished"
+        );
+    }
+    assert_eq!(s.stream_len(StreamKind::Enqueue).await, 1);
+
+    // A restarted detector has no memory: it publishes once more and JetStream drops it.
+    let restarted = detector(&s, 0, 1)
+        .scan_once(day1 + ChronoDuration::hours(3))
+        .await
+        .unwrap();
+    assert_eq!((restarted.published, restarted.duplicates), (0, 1));
+    assert_eq!(s.stream_len(StreamKind::Enqueue).await, 1);
+
+    let next_day = d.scan_once(day1 + ChronoDuration::days(1)).await.unwrap();
+    assert_eq!(next_day.published, 1);
+    assert_eq!(s.stream_len(StreamKind::Enqueue).await, 2);
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn price_drop_fires_at_ten_percent_and_then_needs_ten_more_after_a_send() {
+    let s = Scenario::new().await;
+    let w = s
+        .watcher("SKU-1", Trigger::PriceDrop { percent: 10 }, 1000)
+        .await;
+    let d = detector(&s, 0, 1);
+    let t0 = Utc.with_ymd_and_hms(2026, 11, 30, 9, 0, 0).unwrap();
+
+    s.catalog.set_price("SKU-1", 910);
+    assert_eq!(d.scan_once(t0).await.unwrap().holding, 0, "9 % is not 10 %");
+    s.catalog.set_price("SKU-1", 900);
+    assert_eq!(d.scan_once(t0).await.unwrap().published, 1);
+
+    // The notification at 900 was sent: the baseline is now 900.
+    sqlx::query(
+        "INSERT INTO baselines (watch_id, trigger, price, in_stock, outbox_id, sent_at)
+         VALUES ($1, 'price_drop:10', 900, true, gen_random_uuid(), now())",
+    )
+    .bind(w.watch)
+    .execute(&s.db.pool)
+    .await
+    .unwrap();
+    let t1 = t0 + ChronoDuration::days(1);
+    s.catalog.set_price("SKU-1", 850);
+    assert_eq!(
+        d.scan_once(t1).await.unwrap().holding,
+        0,
+        "850 is not 10 % below 900"
+    );
+    s.catalog.set_price("SKU-1", 810);
+    assert_eq!(d.scan_once(t1).await.unwrap().published, 1);
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn back_in_stock_fires_on_the_out_to_in_transition_only() {
+    let s = Scenario::new().await;
+    s.watcher("SKU-1", Trigger::BackInStock, 1000).await;
+    let d = detector(&s, 0, 1);
+    let t = Utc.with_ymd_and_hms(2026, 11, 30, 9, 0, 0).unwrap();
+
+    assert_eq!(
+        d.scan_once(t).await.unwrap().holding,
+        0,
+        "in stock at the first look: nothing changed"
+    );
+    s.catalog.set_in_stock("SKU-1", false);
+    assert_eq!(d.scan_once(t).await.unwrap().holding, 0, "in → out");
+    s.catalog.set_in_stock("SKU-1", true);
+    assert_eq!(d.scan_once(t).await.unwrap().published, 1, "out → in");
+    assert_eq!(
+        d.scan_once(t + ChronoDuration::days(1))
+            .await
+            .unwrap()
+            .holding,
+        0,
+        "still in stock: no news"
+    );
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_failing_item_does_not_stop_the_others() {
+    let s = Scenario::new().await;
+    s.watcher("BROKEN", Trigger::PriceBelow { threshold: 1200 }, 1100)
+        .await;
+    s.watcher("FINE", Trigger::PriceBelow { threshold: 1200 }, 1100)
+        .await;
+    s.catalog.set(
+        "BROKEN",
+        Item {
+            behavior: Behavior::ServerError,
+            ..Item::priced(1100)
+        },
+    );
+    let stats = detector(&s, 0, 1).scan_once(Utc::now()).await.unwrap();
+    assert_eq!(
+        (stats.watches, stats.source_errors, stats.published),
+        (2, 1, 1)
+    );
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn two_shards_enqueue_each_holding_watch_exactly_once() {
+    let s = Scenario::new().await;
+    let w = s
+        .watcher("SKU-0", Trigger::PriceBelow { threshold: 1200 }, 1100)
+        .await;
+    // 9,999 more watches of the same device over 100 items, all below their threshold.
+    sqlx::query(
+        "INSERT INTO watches (id, device_id, item_code, triggers, reference_price)
+         SELECT gen_random_uuid(), $1, 'SKU-' || (g % 100), '[{\"kind\":\"price_below\",\"threshold\":1200}]', 1100
+         FROM generate_series(1, 9999) g",
+    )
+    .bind(w.device.id)
+    .execute(&s.db.pool)
+    .await
+    .unwrap();
+    for i in 0..100 {
+        s.catalog.set_price(&format!("SKU-{i}"), 1100);
+    }
+    let now = Utc::now();
+    let (d0, d1) = (detector(&s, 0, 2), detector(&s, 1, 2));
+    let (a, b) = tokio::join!(d0.scan_once(now), d1.scan_once(now));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a.watches + b.watches, 10_000, "no gaps");
+    assert!(
+        a.watches > 4_000 && b.watches > 4_000,
+        "shards are balanced: {} / {}",
+        a.watches,
+        b.watches
+    );
+    assert_eq!((a.duplicates, b.duplicates), (0, 0), "no overlap");
+    assert_eq!(a.published + b.published, 10_000);
+    assert_eq!(s.stream_len(StreamKind::Enqueue).await, 10_000);
+    s.cleanup().await;
+}
