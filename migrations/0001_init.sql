@@ -44,8 +44,9 @@ CREATE TABLE watches (
     created_at      timestamptz NOT NULL DEFAULT now(),
     updated_at      timestamptz NOT NULL DEFAULT now()
 );
--- The detector pages through active watches by id (keyset pagination).
-CREATE INDEX watches_active ON watches (id) WHERE removed_at IS NULL AND NOT paused;
+-- The detector pages through active watches in (item_code, id) order (keyset pagination), so each
+-- item's watches are contiguous and the item is fetched once per scan.
+CREATE INDEX watches_scan ON watches (item_code, id) WHERE removed_at IS NULL AND NOT paused;
 CREATE INDEX watches_device ON watches (device_id, id) WHERE removed_at IS NULL;
 
 -- What the last *sent* notification of a (watch, trigger) said. Moves only on `sent`, in the same

@@ -1,7 +1,9 @@
-//! One scan: page through this shard's active watches (keyset pagination on id), fetch each
-//! item once per page (batch endpoint when there is one), evaluate every trigger with the shared
-//! `evaluate`, and publish an EnqueueRequest per holding trigger with `Nats-Msg-Id` = its dedup
-//! key, many acks in flight. A failing item is counted and logged; it never stops the scan.
+//! One scan: page through this shard's active watches in (item_code, id) order (keyset
+//! pagination, no OFFSET), so each item's watches are contiguous and each item is fetched once per
+//! scan (batch endpoint when there is one; an item spanning two pages carries its observation
+//! over). Every trigger is evaluated with the shared `evaluate`, and an EnqueueRequest is
+//! published per holding trigger with `Nats-Msg-Id` = its dedup key, many acks in flight. A
+//! failing item is counted and logged; it never stops the scan.
 
 use async_nats::jetstream;
 use chrono::{DateTime, Utc};
@@ -11,7 +13,7 @@ use std::collections::{HashMap, HashSet};
 use tidings_shared::dedup::parse_time_zone;
 use tidings_shared::messages::encode;
 use tidings_shared::publish::{Outgoing, publish_all};
-use tidings_shared::source::HttpSource;
+use tidings_shared::source::{Fetched, HttpSource};
 use tidings_shared::subjects::StreamKind;
 use tidings_shared::trigger::{LastSent, Trigger};
 use tidings_shared::{Channel, DeviceId, ItemCode, WatchId};
@@ -93,20 +95,22 @@ impl Detector {
     pub async fn scan_once(&self, now: DateTime<Utc>) -> Result<ScanStats, ScanError> {
         self.memory.lock().await.start_scan(now.date_naive());
         let mut stats = ScanStats::default();
-        let mut after = WatchId(sqlx::types::Uuid::nil());
+        let mut after = (String::new(), WatchId(sqlx::types::Uuid::nil()));
+        let mut carry: Option<(ItemCode, Fetched)> = None;
         loop {
             let page: Vec<WatchRow> = sqlx::query_as(
                 "SELECT w.id, w.device_id, w.item_code, w.triggers, w.channel, w.reference_price,
                         d.time_zone, w.last_in_stock
                  FROM watches w JOIN devices d ON d.id = w.device_id
                  WHERE w.removed_at IS NULL AND NOT w.paused AND d.removed_at IS NULL
-                   AND w.id > $1
-                   AND ($3::int = 1
-                        OR ((get_byte(uuid_send(w.id), 14) * 256 + get_byte(uuid_send(w.id), 15)) % $3::int) = $4::int)
-                 ORDER BY w.id
-                 LIMIT $2",
+                   AND (w.item_code, w.id) > ($1, $2)
+                   AND ($4::int = 1
+                        OR ((get_byte(uuid_send(w.id), 14) * 256 + get_byte(uuid_send(w.id), 15)) % $4::int) = $5::int)
+                 ORDER BY w.item_code, w.id
+                 LIMIT $3",
             )
-            .bind(after)
+            .bind(&after.0)
+            .bind(after.1)
             .bind(self.settings.page_size)
             .bind(i32::try_from(self.settings.shard_count).unwrap_or(1))
             .bind(i32::try_from(self.settings.shard_index).unwrap_or(0))
@@ -114,9 +118,9 @@ impl Detector {
             .await
             .map_err(db("reading watches"))?;
             let Some(last) = page.last() else { break };
-            after = last.id;
+            after = (last.item_code.clone(), last.id);
             let full = page.len() as i64 >= self.settings.page_size;
-            self.scan_page(page, now, &mut stats).await?;
+            self.scan_page(page, now, &mut carry, &mut stats).await?;
             if !full {
                 break;
             }
@@ -128,6 +132,7 @@ impl Detector {
         &self,
         page: Vec<WatchRow>,
         now: DateTime<Utc>,
+        carry: &mut Option<(ItemCode, Fetched)>,
         stats: &mut ScanStats,
     ) -> Result<(), ScanError> {
         stats.watches += page.len();
@@ -154,15 +159,28 @@ impl Detector {
                 .collect();
             set.sort();
             set.dedup();
+            // The previous page's last item may continue here: it was already fetched.
+            set.retain(|i| carry.as_ref().is_none_or(|(c, _)| c != i));
             set
         };
         stats.items += items.len();
-        let fetched = self.source.fetch_many(&items).await;
+        let mut fetched = self.source.fetch_many(&items).await;
         for (item, answer) in &fetched {
             if let Err(e) = answer {
                 stats.source_errors += 1;
                 tracing::warn!(item = %item, kind = e.kind.as_str(), error = %e, "source could not answer for item");
             }
+        }
+
+        if let Some((item, answer)) = carry.take() {
+            fetched.insert(item, answer);
+        }
+        if let Some(last) = watches
+            .last()
+            .and_then(|w| ItemCode::parse(&w.item_code).ok())
+            && let Some(answer) = fetched.get(&last)
+        {
+            *carry = Some((last, answer.clone()));
         }
 
         let ids: Vec<WatchId> = watches.iter().map(|w| w.id).collect();
@@ -195,7 +213,8 @@ impl Detector {
                 continue;
             };
             detections.extend(detect(w, obs, last_sent.get(&w.id).unwrap_or(&empty), now));
-            if w.last_in_stock != Some(obs.in_stock) {
+            // Only back_in_stock reads the previous stock state; other watches need no write.
+            if w.last_in_stock != Some(obs.in_stock) && w.triggers.contains(&Trigger::BackInStock) {
                 stock_changes.push((w.id, obs.in_stock));
             }
         }

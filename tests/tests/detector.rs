@@ -178,3 +178,96 @@ async fn two_shards_enqueue_each_holding_watch_exactly_once() {
     assert_eq!(s.stream_len(StreamKind::Enqueue).await, 10_000);
     s.cleanup().await;
 }
+
+#[tokio::test]
+async fn each_item_is_fetched_once_per_scan_even_across_pages() {
+    let s = Scenario::new().await;
+    let w = s
+        .watcher("ITEM-0", Trigger::PriceBelow { threshold: 1200 }, 1100)
+        .await;
+    // 49 more watches over 5 items, read 7 at a time: items straddle page boundaries.
+    sqlx::query(
+        "INSERT INTO watches (id, device_id, item_code, triggers, reference_price)
+         SELECT gen_random_uuid(), $1, 'ITEM-' || (g % 5), '[{\"kind\":\"price_below\",\"threshold\":1200}]', 1100
+         FROM generate_series(1, 49) g",
+    )
+    .bind(w.device.id)
+    .execute(&s.db.pool)
+    .await
+    .unwrap();
+    for i in 0..5 {
+        s.catalog.set_price(&format!("ITEM-{i}"), 1100);
+    }
+    let mut settings = Settings::new(s.subjects.clone(), s.catalog.source_config(false));
+    settings.page_size = 7;
+    let source = HttpSource::new(settings.source.clone()).unwrap();
+    let d = Detector::new(s.db.pool.clone(), s.js.clone(), source, settings);
+    let stats = d.scan_once(Utc::now()).await.unwrap();
+    assert_eq!((stats.watches, stats.items, stats.published), (50, 5, 50));
+    assert_eq!(
+        s.catalog.requests(),
+        (5, 0),
+        "one request per item for the whole scan"
+    );
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn stock_state_is_kept_only_where_back_in_stock_needs_it() {
+    let s = Scenario::new().await;
+    let price = s
+        .watcher("SKU-1", Trigger::PriceBelow { threshold: 1200 }, 1100)
+        .await;
+    let stock = s.watcher("SKU-1", Trigger::BackInStock, 1100).await;
+    detector(&s, 0, 1).scan_once(Utc::now()).await.unwrap();
+    let state = |id| {
+        let pool = s.db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, Option<bool>>("SELECT last_in_stock FROM watches WHERE id = $1")
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(
+        state(price.watch).await,
+        None,
+        "no write for a watch that never reads it"
+    );
+    assert_eq!(state(stock.watch).await, Some(true));
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_dry_run_publishes_and_writes_nothing() {
+    let s = Scenario::new().await;
+    let w = s.watcher("SKU-1", Trigger::BackInStock, 1100).await;
+    sqlx::query("UPDATE watches SET last_in_stock = false WHERE id = $1")
+        .bind(w.watch)
+        .execute(&s.db.pool)
+        .await
+        .unwrap();
+    let mut settings = Settings::new(s.subjects.clone(), s.catalog.source_config(true));
+    settings.dry_run = true;
+    let source = HttpSource::new(settings.source.clone()).unwrap();
+    let d = Detector::new(s.db.pool.clone(), s.js.clone(), source, settings);
+    let stats = d.scan_once(Utc::now()).await.unwrap();
+    assert_eq!(
+        (stats.holding, stats.published),
+        (1, 1),
+        "reported as would-be published"
+    );
+    assert_eq!(
+        s.stream_len(StreamKind::Enqueue).await,
+        0,
+        "nothing reached the stream"
+    );
+    let state: Option<bool> = sqlx::query_scalar("SELECT last_in_stock FROM watches WHERE id = $1")
+        .bind(w.watch)
+        .fetch_one(&s.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(state, Some(false), "no state written");
+    s.cleanup().await;
+}

@@ -1,0 +1,94 @@
+//! Detector benchmark: one full scan of 1,000,000 watches over 10,000 items (fake catalog, batch
+//! endpoint), excluding nothing: paging, fetching, evaluating every trigger, publishing what holds
+//! (1 % of items are below the threshold), recording stock states. Prints watches/s per round,
+//! the median, and the process's peak RSS (detector and fake catalog share the process).
+//! Run with `deploy/local/stack bench detector [WATCHES] [ITEMS] [ROUNDS]`.
+
+use chrono::Utc;
+use std::time::Instant;
+use tidings_detector::Settings;
+use tidings_detector::scan::Detector;
+use tidings_shared::source::HttpSource;
+use tidings_shared::trigger::Trigger;
+use tidings_tests::scenario::Scenario;
+
+fn peak_rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+#[tokio::main]
+async fn main() {
+    let mut args = std::env::args().skip(1);
+    let watches: i64 = args
+        .next()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(1_000_000);
+    let items: i64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(10_000);
+    let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(3);
+
+    let s = Scenario::new().await;
+    let first = s
+        .watcher("ITEM-0", Trigger::PriceBelow { threshold: 1200 }, 1300)
+        .await;
+    let started = Instant::now();
+    sqlx::query(
+        "INSERT INTO watches (id, device_id, item_code, triggers, reference_price)
+         SELECT gen_random_uuid(), $1, 'ITEM-' || (g % $3), '[{\"kind\":\"price_below\",\"threshold\":1200}]', 1300
+         FROM generate_series(1, $2) g",
+    )
+    .bind(first.device.id)
+    .bind(watches - 1)
+    .bind(items)
+    .execute(&s.db.pool)
+    .await
+    .expect("insert watches");
+    sqlx::query("ANALYZE watches")
+        .execute(&s.db.pool)
+        .await
+        .expect("analyze");
+    for i in 0..items {
+        // Every 100th item is below the threshold: 1 % of watches hold.
+        s.catalog
+            .set_price(&format!("ITEM-{i}"), if i % 100 == 0 { 1100 } else { 1300 });
+    }
+    println!(
+        "detector benchmark: {watches} watches over {items} items (set up in {:.1} s), batch endpoint, page 5000, release build",
+        started.elapsed().as_secs_f64()
+    );
+
+    let mut rates = Vec::new();
+    for round in 1..=rounds {
+        let settings = Settings::new(s.subjects.clone(), s.catalog.source_config(true));
+        let source = HttpSource::new(settings.source.clone()).expect("source");
+        // A fresh detector each round: no memory, so holding triggers are published every round
+        // (JetStream's duplicate window answers the repeats).
+        let d = Detector::new(s.db.pool.clone(), s.js.clone(), source, settings);
+        let started = Instant::now();
+        let stats = d.scan_once(Utc::now()).await.expect("scan");
+        let took = started.elapsed().as_secs_f64();
+        let (_, batches) = s.catalog.requests();
+        println!(
+            "  round {round}: {:.2} s, {:>7.0} watches/s; {} items fetched, {} holding, {} published, {} duplicates; {} batch requests so far",
+            took,
+            stats.watches as f64 / took,
+            stats.items,
+            stats.holding,
+            stats.published,
+            stats.duplicates,
+            batches
+        );
+        rates.push((took, stats.watches as f64 / took));
+    }
+    rates.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (took, rate) = rates[rates.len() / 2];
+    println!(
+        "  median: full scan {took:.2} s, {rate:.0} watches/s; peak RSS {:.0} MiB",
+        peak_rss_mib()
+    );
+    s.cleanup().await;
+}
