@@ -23,7 +23,7 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt().json().with_target(false).init();
+    tidings_shared::service::init_logging();
     match Cli::parse().command {
         Command::Migrate { database_url } => {
             let pool = PgPoolOptions::new()

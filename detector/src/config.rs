@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 use tidings_shared::duration::parse_duration;
+use tidings_shared::service::{NatsArgs, SourceArgs};
 use tidings_shared::source::SourceConfig;
 use tidings_shared::streams::StreamSettings;
 use tidings_shared::subjects::{InvalidPrefix, Subjects};
@@ -10,22 +11,10 @@ use tidings_shared::subjects::{InvalidPrefix, Subjects};
 pub struct Config {
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
-    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
-    pub nats_url: String,
-    #[arg(long, env = "TIDINGS_PREFIX", default_value = Subjects::DEFAULT_PREFIX)]
-    pub prefix: String,
-    #[arg(long, env = "TIDINGS_STREAM_REPLICAS", default_value_t = 1)]
-    pub stream_replicas: usize,
-    #[arg(long, env = "TIDINGS_SOURCE_URL")]
-    pub source_url: String,
-    #[arg(long, env = "TIDINGS_SOURCE_BATCH_URL")]
-    pub source_batch_url: Option<String>,
-    #[arg(long, env = "TIDINGS_SOURCE_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
-    pub source_timeout: Duration,
-    #[arg(long, env = "TIDINGS_SOURCE_CONCURRENCY", default_value_t = 16)]
-    pub source_concurrency: usize,
-    #[arg(long, env = "TIDINGS_SOURCE_BATCH_SIZE", default_value_t = 100)]
-    pub source_batch_size: usize,
+    #[command(flatten)]
+    pub nats: NatsArgs,
+    #[command(flatten)]
+    pub source: SourceArgs,
     /// Time between the starts of two scans.
     #[arg(long, env = "TIDINGS_SCAN_INTERVAL", default_value = "60s", value_parser = parse_duration)]
     pub scan_interval: Duration,
@@ -113,13 +102,8 @@ pub fn ordinal(hostname: &str) -> Option<u32> {
 
 impl Config {
     pub fn settings(&self) -> Result<Settings, ConfigError> {
-        let mut source = SourceConfig::new(self.source_url.clone());
-        source.batch_url = self.source_batch_url.clone();
-        source.timeout = self.source_timeout;
-        source.max_concurrency_per_host = self.source_concurrency;
-        source.batch_size = self.source_batch_size;
-        let mut s = Settings::new(Subjects::new(&self.prefix)?, source);
-        s.streams.replicas = self.stream_replicas;
+        let mut s = Settings::new(self.nats.subjects()?, self.source.config());
+        s.streams = self.nats.streams();
         s.scan_interval = self.scan_interval;
         s.page_size = self.page_size;
         s.shard_count = self.shard_count;

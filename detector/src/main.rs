@@ -17,24 +17,16 @@ struct Cli {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let config = Cli::parse().config;
-    // In a dry run stdout carries the report; logs go to stderr either way.
-    tracing_subscriber::fmt()
-        .json()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+    tidings_shared::service::init_logging();
     let settings = config.settings().context("invalid configuration")?;
     let pool = PgPoolOptions::new()
         .max_connections(4)
         .connect(&config.database_url)
         .await
         .context("connecting to Postgres (DATABASE_URL)")?;
-    let nats = async_nats::connect(&config.nats_url)
+    let nats = async_nats::connect(&config.nats.nats_url)
         .await
-        .with_context(|| format!("connecting to NATS at {}", config.nats_url))?;
+        .with_context(|| format!("connecting to NATS at {}", config.nats.nats_url))?;
     let js = async_nats::jetstream::new(nats);
     ensure_streams(&js, &settings.subjects, &settings.streams).await?;
     let source = HttpSource::new(settings.source.clone()).context("source configuration")?;
@@ -46,23 +38,7 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let shutdown = CancellationToken::new();
-    let stop = shutdown.clone();
-    tokio::spawn(async move {
-        let term = async {
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(mut s) => {
-                    s.recv().await;
-                }
-                Err(_) => std::future::pending::<()>().await,
-            }
-        };
-        tokio::select! {
-            _ = term => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-        tracing::info!("shutting down after the scan in progress");
-        stop.cancel();
-    });
+    tokio::spawn(tidings_shared::service::cancel_on_signal(shutdown.clone()));
     detector.run(interval, shutdown).await;
     Ok(())
 }

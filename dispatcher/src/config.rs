@@ -3,6 +3,7 @@
 use std::time::Duration;
 use tidings_shared::backoff::RetryPolicy;
 use tidings_shared::duration::parse_duration;
+use tidings_shared::service::{NatsArgs, SourceArgs};
 use tidings_shared::source::SourceConfig;
 use tidings_shared::streams::StreamSettings;
 use tidings_shared::subjects::{InvalidPrefix, Subjects};
@@ -15,27 +16,10 @@ pub const LEASE_MARGIN: Duration = Duration::from_secs(5);
 pub struct Config {
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
-    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
-    pub nats_url: String,
-    /// Prefix of every subject and stream.
-    #[arg(long, env = "TIDINGS_PREFIX", default_value = Subjects::DEFAULT_PREFIX)]
-    pub prefix: String,
-    /// JetStream replicas per stream (3 in production).
-    #[arg(long, env = "TIDINGS_STREAM_REPLICAS", default_value_t = 1)]
-    pub stream_replicas: usize,
-
-    /// Source URL template with {item}.
-    #[arg(long, env = "TIDINGS_SOURCE_URL")]
-    pub source_url: String,
-    /// Optional batch URL template with {items} (comma-separated codes).
-    #[arg(long, env = "TIDINGS_SOURCE_BATCH_URL")]
-    pub source_batch_url: Option<String>,
-    #[arg(long, env = "TIDINGS_SOURCE_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
-    pub source_timeout: Duration,
-    #[arg(long, env = "TIDINGS_SOURCE_CONCURRENCY", default_value_t = 16)]
-    pub source_concurrency: usize,
-    #[arg(long, env = "TIDINGS_SOURCE_BATCH_SIZE", default_value_t = 100)]
-    pub source_batch_size: usize,
+    #[command(flatten)]
+    pub nats: NatsArgs,
+    #[command(flatten)]
+    pub source: SourceArgs,
     /// Link a notification opens, a template with {item}.
     #[arg(long, env = "TIDINGS_ITEM_PAGE_URL")]
     pub item_page_url: Option<String>,
@@ -186,18 +170,10 @@ impl Settings {
 
 impl Config {
     pub fn settings(&self) -> Result<Settings, ConfigError> {
-        let mut source = SourceConfig::new(self.source_url.clone());
-        source.batch_url = self.source_batch_url.clone();
-        source.timeout = self.source_timeout;
-        source.max_concurrency_per_host = self.source_concurrency;
-        source.batch_size = self.source_batch_size;
         let s = Settings {
-            subjects: Subjects::new(&self.prefix)?,
-            streams: StreamSettings {
-                replicas: self.stream_replicas,
-                ..StreamSettings::default()
-            },
-            source,
+            subjects: self.nats.subjects()?,
+            streams: self.nats.streams(),
+            source: self.source.config(),
             item_page_url: self.item_page_url.clone(),
             ingest_batch: self.ingest_batch,
             consumer_concurrency: self.consumer_concurrency,

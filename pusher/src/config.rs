@@ -6,18 +6,15 @@ use std::sync::Arc;
 use std::time::Duration;
 use tidings_shared::duration::parse_duration;
 use tidings_shared::endpoint::{DEFAULT_ALLOWED_HOSTS, EndpointPolicy};
+use tidings_shared::service::NatsArgs;
 use tidings_shared::streams::StreamSettings;
 use tidings_shared::subjects::{InvalidPrefix, Subjects};
 use tidings_shared::vapid::{VapidError, VapidKey, VapidSigner};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct Config {
-    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
-    pub nats_url: String,
-    #[arg(long, env = "TIDINGS_PREFIX", default_value = Subjects::DEFAULT_PREFIX)]
-    pub prefix: String,
-    #[arg(long, env = "TIDINGS_STREAM_REPLICAS", default_value_t = 1)]
-    pub stream_replicas: usize,
+    #[command(flatten)]
+    pub nats: NatsArgs,
     /// VAPID private key: base64url P-256 scalar or PEM.
     #[arg(long, env = "TIDINGS_VAPID_PRIVATE_KEY", hide_env_values = true)]
     pub vapid_private_key: Option<String>,
@@ -132,8 +129,8 @@ impl Config {
             reqwest::Certificate::from_pem(&pem).map_err(|e| ConfigError::Ca(e.to_string()))?;
             extra_roots.push(pem);
         }
-        let mut s = Settings::new(Subjects::new(&self.prefix)?, signer);
-        s.streams.replicas = self.stream_replicas;
+        let mut s = Settings::new(self.nats.subjects()?, signer);
+        s.streams = self.nats.streams();
         s.concurrency = self.concurrency;
         s.http_timeout = self.http_timeout;
         s.connect_timeout = self.connect_timeout;

@@ -28,46 +28,20 @@ async fn main() -> anyhow::Result<()> {
         println!("TIDINGS_VAPID_PUBLIC_KEY={public}");
         return Ok(());
     }
-    tracing_subscriber::fmt()
-        .json()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+    tidings_shared::service::init_logging();
     let config = Cli::parse().config;
     let settings = config.settings().context("invalid configuration")?;
-    let nats = async_nats::connect(&config.nats_url)
+    let nats = async_nats::connect(&config.nats.nats_url)
         .await
-        .with_context(|| format!("connecting to NATS at {}", config.nats_url))?;
+        .with_context(|| format!("connecting to NATS at {}", config.nats.nats_url))?;
     let js = async_nats::jetstream::new(nats);
     let pusher = tidings_pusher::worker::Pusher::new(js, settings)
         .await
         .context("starting the pusher")?;
     let shutdown = CancellationToken::new();
-    tokio::spawn(stop_on_signal(shutdown.clone()));
+    tokio::spawn(tidings_shared::service::cancel_on_signal(shutdown.clone()));
     tracing::info!("pusher running");
     pusher.run(shutdown).await?;
     tracing::info!("pusher stopped");
     Ok(())
-}
-
-async fn stop_on_signal(shutdown: CancellationToken) {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    tokio::select! {
-        _ = term => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
-    tracing::info!("shutting down: finishing in-flight pushes");
-    shutdown.cancel();
 }

@@ -24,6 +24,7 @@ pub mod messages;
 pub mod notification;
 pub mod outbox;
 pub mod publish;
+pub mod service;
 pub mod source;
 pub mod streams;
 pub mod subjects;

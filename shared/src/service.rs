@@ -1,0 +1,99 @@
+//! What every service binary shares: the NATS and source flags, JSON logs, and shutdown on
+//! SIGTERM or Ctrl-C.
+
+use crate::duration::parse_duration;
+use crate::source::SourceConfig;
+use crate::streams::StreamSettings;
+use crate::subjects::{InvalidPrefix, Subjects};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Where NATS is and how the streams are named and replicated.
+#[derive(clap::Args, Clone, Debug)]
+pub struct NatsArgs {
+    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    pub nats_url: String,
+    /// Prefix of every subject and stream.
+    #[arg(long, env = "TIDINGS_PREFIX", default_value = Subjects::DEFAULT_PREFIX)]
+    pub prefix: String,
+    /// JetStream replicas per stream (3 in production).
+    #[arg(long, env = "TIDINGS_STREAM_REPLICAS", default_value_t = 1)]
+    pub stream_replicas: usize,
+}
+
+impl NatsArgs {
+    pub fn subjects(&self) -> Result<Subjects, InvalidPrefix> {
+        Subjects::new(&self.prefix)
+    }
+
+    pub fn streams(&self) -> StreamSettings {
+        StreamSettings {
+            replicas: self.stream_replicas,
+            ..StreamSettings::default()
+        }
+    }
+}
+
+/// The HTTP/JSON source (see `source`).
+#[derive(clap::Args, Clone, Debug)]
+pub struct SourceArgs {
+    /// Source URL template with {item}.
+    #[arg(long, env = "TIDINGS_SOURCE_URL")]
+    pub source_url: String,
+    /// Optional batch URL template with {items} (comma-separated codes).
+    #[arg(long, env = "TIDINGS_SOURCE_BATCH_URL")]
+    pub source_batch_url: Option<String>,
+    #[arg(long, env = "TIDINGS_SOURCE_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub source_timeout: Duration,
+    /// Source requests in flight per upstream host.
+    #[arg(long, env = "TIDINGS_SOURCE_CONCURRENCY", default_value_t = 16)]
+    pub source_concurrency: usize,
+    /// Items per batch request.
+    #[arg(long, env = "TIDINGS_SOURCE_BATCH_SIZE", default_value_t = 100)]
+    pub source_batch_size: usize,
+}
+
+impl SourceArgs {
+    pub fn config(&self) -> SourceConfig {
+        let mut source = SourceConfig::new(self.source_url.clone());
+        source.batch_url = self.source_batch_url.clone();
+        source.timeout = self.source_timeout;
+        source.max_concurrency_per_host = self.source_concurrency;
+        source.batch_size = self.source_batch_size;
+        source
+    }
+}
+
+/// JSON logs on stderr, filtered by `RUST_LOG` (default `info`). Stderr keeps stdout free for
+/// what a command prints (a dry-run report, a generated key).
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .json()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+}
+
+/// Cancels `shutdown` on SIGTERM (Kubernetes) or Ctrl-C.
+pub async fn cancel_on_signal(shutdown: CancellationToken) {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = term => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    tracing::info!("shutting down: finishing in-flight work");
+    shutdown.cancel();
+}
