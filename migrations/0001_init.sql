@@ -69,19 +69,25 @@ CREATE TABLE outbox (
     id               uuid PRIMARY KEY,
     watch_id         uuid NOT NULL,
     device_id        uuid NOT NULL,
-    -- Trigger key with its parameters (e.g. "price_below:120000") and the full trigger.
+    -- The trigger with its parameters, as its key (e.g. "price_below:120000").
     trigger          text NOT NULL,
-    trigger_spec     jsonb NOT NULL,
     channel          text NOT NULL CHECK (channel IN ('web_push')),
     dedup_day        date NOT NULL,
     status           text NOT NULL DEFAULT 'pending'
                      CHECK (status IN ('pending', 'retry', 'sending', 'sent', 'dropped', 'failed')),
     -- Why a row was dropped or failed; required for those states, absent otherwise.
     reason           text,
-    -- The immutable detection snapshot and the baseline detection evaluated against.
-    detected_at      timestamptz NOT NULL,
-    detected         jsonb NOT NULL,
-    detected_baseline jsonb NOT NULL DEFAULT '{}',
+    -- The immutable detection snapshot (typed columns: parsing JSON was ~45 % of an insert) and
+    -- the baseline detection evaluated against.
+    detected_at          timestamptz NOT NULL,
+    detected_price       bigint NOT NULL,
+    detected_currency    text NOT NULL,
+    detected_in_stock    boolean NOT NULL,
+    detected_paused      boolean NOT NULL,
+    detected_observed_at timestamptz NOT NULL,
+    baseline_price       bigint,
+    baseline_reference   bigint,
+    baseline_in_stock    boolean,
     -- The value observed at the last re-check (condition_lost records it) and the value sent.
     checked          jsonb,
     sent_value       jsonb,
@@ -139,9 +145,13 @@ BEGIN
         RAISE EXCEPTION 'outbox row %: illegal transition % -> %', OLD.id, OLD.status, NEW.status
             USING ERRCODE = 'check_violation';
     END IF;
-    IF (NEW.watch_id, NEW.device_id, NEW.trigger, NEW.channel, NEW.dedup_day, NEW.detected_at, NEW.detected)
+    IF (NEW.watch_id, NEW.device_id, NEW.trigger, NEW.channel, NEW.dedup_day, NEW.detected_at,
+        NEW.detected_price, NEW.detected_currency, NEW.detected_in_stock, NEW.detected_paused,
+        NEW.detected_observed_at, NEW.baseline_price, NEW.baseline_reference, NEW.baseline_in_stock)
        IS DISTINCT FROM
-       (OLD.watch_id, OLD.device_id, OLD.trigger, OLD.channel, OLD.dedup_day, OLD.detected_at, OLD.detected) THEN
+       (OLD.watch_id, OLD.device_id, OLD.trigger, OLD.channel, OLD.dedup_day, OLD.detected_at,
+        OLD.detected_price, OLD.detected_currency, OLD.detected_in_stock, OLD.detected_paused,
+        OLD.detected_observed_at, OLD.baseline_price, OLD.baseline_reference, OLD.baseline_in_stock) THEN
         RAISE EXCEPTION 'outbox row %: the detection snapshot is immutable', OLD.id
             USING ERRCODE = 'check_violation';
     END IF;

@@ -9,7 +9,6 @@
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
-use sqlx::types::Json;
 use std::collections::HashMap;
 use std::time::Duration;
 use tidings_shared::messages::Subscription;
@@ -25,16 +24,47 @@ pub struct Claimed {
     pub watch_id: WatchId,
     pub device_id: DeviceId,
     pub status: String,
-    pub trigger_spec: Json<Trigger>,
+    pub trigger: String,
     pub detected_at: DateTime<Utc>,
-    pub detected: Json<Observation>,
-    pub detected_baseline: Json<Baseline>,
+    pub detected_price: i64,
+    pub detected_currency: String,
+    pub detected_in_stock: bool,
+    pub detected_paused: bool,
+    pub detected_observed_at: DateTime<Utc>,
+    pub baseline_price: Option<i64>,
+    pub baseline_reference: Option<i64>,
+    pub baseline_in_stock: Option<bool>,
     pub attempt: i32,
     pub retry_count: i32,
     pub traceparent: Option<String>,
 }
 
 impl Claimed {
+    /// The trigger, read back from its key; `None` only for a key this build does not know.
+    pub fn trigger(&self) -> Option<Trigger> {
+        Trigger::from_key(&self.trigger)
+    }
+
+    /// The detection snapshot.
+    pub fn detected(&self) -> Observation {
+        Observation {
+            price: self.detected_price,
+            currency: self.detected_currency.clone(),
+            in_stock: self.detected_in_stock,
+            paused: self.detected_paused,
+            observed_at: self.detected_observed_at,
+        }
+    }
+
+    /// The baseline detection evaluated against.
+    pub fn baseline(&self) -> Baseline {
+        Baseline {
+            price: self.baseline_price,
+            reference: self.baseline_reference,
+            in_stock: self.baseline_in_stock,
+        }
+    }
+
     /// The counters the state machine needs. A status the code does not know cannot come out of
     /// the claim (it selects pending and retry only), so `Retry` is a safe reading of anything else.
     pub fn row(&self) -> Row {
@@ -62,8 +92,10 @@ pub async fn claim(
          )
          UPDATE outbox o SET claimed_until = now() + make_interval(secs => $2)
          FROM due WHERE o.id = due.id
-         RETURNING o.id, o.watch_id, o.device_id, o.status, o.trigger_spec, o.detected_at,
-                   o.detected, o.detected_baseline, o.attempt, o.retry_count, o.traceparent",
+         RETURNING o.id, o.watch_id, o.device_id, o.status, o.trigger, o.detected_at,
+                   o.detected_price, o.detected_currency, o.detected_in_stock, o.detected_paused,
+                   o.detected_observed_at, o.baseline_price, o.baseline_reference,
+                   o.baseline_in_stock, o.attempt, o.retry_count, o.traceparent",
     )
     .bind(batch)
     .bind(lease.as_secs_f64())
@@ -145,7 +177,7 @@ pub async fn baselines(
     rows: &[Claimed],
 ) -> Result<HashMap<(WatchId, String), LastSent>, sqlx::Error> {
     let watch_ids: Vec<WatchId> = rows.iter().map(|r| r.watch_id).collect();
-    let triggers: Vec<String> = rows.iter().map(|r| r.trigger_spec.key()).collect();
+    let triggers: Vec<&str> = rows.iter().map(|r| r.trigger.as_str()).collect();
     let found: Vec<BaselineRow> = sqlx::query_as(
         "SELECT DISTINCT b.watch_id, b.trigger, b.price, b.in_stock, b.sent_at
          FROM baselines b

@@ -117,6 +117,13 @@ impl Dispatcher {
         let lease_until = now + s.sending_lease;
         let mut requests: HashMap<OutboxId, PushRequest> = HashMap::new();
         for (row, sub_id, sub) in guarded {
+            // Keys are written by ingest from a valid trigger; one this build cannot read is kept
+            // for an operator (retried, then failed with the key in last_error), never guessed at.
+            let Some(trigger) = row.trigger() else {
+                let error = format!("unknown trigger key {:?}", row.trigger);
+                changes.push(self.plan(row, Event::Transient, Some(error)));
+                continue;
+            };
             let item_code = watches
                 .get(&row.watch_id)
                 .map(|w| w.item_code.as_str())
@@ -134,14 +141,9 @@ impl Dispatcher {
                     detail: e.to_string(),
                 }),
             };
-            let last = last_sent.get(&(row.watch_id, row.trigger_spec.key()));
-            let decision = recheck::recheck(
-                &row.trigger_spec,
-                &row.detected_baseline,
-                row.detected_at,
-                last,
-                &answer,
-            );
+            let last = last_sent.get(&(row.watch_id, row.trigger.clone()));
+            let decision =
+                recheck::recheck(&trigger, &row.baseline(), row.detected_at, last, &answer);
             match (decision, item) {
                 (Decision::Withhold { reason, checked }, _) => {
                     let mut c = self.plan(row, Event::Withheld(reason), None);
@@ -159,7 +161,7 @@ impl Dispatcher {
                     Ok(code),
                 ) => {
                     let payload = render(
-                        &row.trigger_spec,
+                        &trigger,
                         &code,
                         &observation,
                         &baseline,
@@ -181,7 +183,7 @@ impl Dispatcher {
                             subscription: sub.clone(),
                             payload,
                             ttl: u32::try_from(s.push_ttl.as_secs()).unwrap_or(u32::MAX),
-                            urgency: urgency(&row.trigger_spec),
+                            urgency: urgency(&trigger),
                             topic: topic_for(row.id),
                         },
                     );

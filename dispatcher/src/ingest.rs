@@ -7,7 +7,6 @@
 
 use async_nats::jetstream::{self, consumer::PullConsumer};
 use sqlx::PgPool;
-use sqlx::types::Json;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -212,43 +211,61 @@ pub async fn insert(
     let mut watch_ids = Vec::with_capacity(n);
     let mut device_ids = Vec::with_capacity(n);
     let mut triggers = Vec::with_capacity(n);
-    let mut specs = Vec::with_capacity(n);
     let mut channels = Vec::with_capacity(n);
     let mut days = Vec::with_capacity(n);
     let mut detected_at = Vec::with_capacity(n);
-    let mut detected = Vec::with_capacity(n);
-    let mut baselines = Vec::with_capacity(n);
+    let mut price = Vec::with_capacity(n);
+    let mut currency = Vec::with_capacity(n);
+    let mut in_stock = Vec::with_capacity(n);
+    let mut paused = Vec::with_capacity(n);
+    let mut observed_at = Vec::with_capacity(n);
+    let mut b_price = Vec::with_capacity(n);
+    let mut b_reference = Vec::with_capacity(n);
+    let mut b_in_stock = Vec::with_capacity(n);
     let mut traceparents = Vec::with_capacity(n);
     for (r, tp) in requests {
         ids.push(OutboxId::new());
         watch_ids.push(r.watch_id);
         device_ids.push(r.device_id);
         triggers.push(r.trigger.key());
-        specs.push(Json(&r.trigger));
         channels.push(r.channel.as_str());
         days.push(r.dedup_day);
         detected_at.push(r.detected_at);
-        detected.push(Json(&r.detected));
-        baselines.push(Json(&r.baseline));
+        price.push(r.detected.price);
+        currency.push(r.detected.currency.as_str());
+        in_stock.push(r.detected.in_stock);
+        paused.push(r.detected.paused);
+        observed_at.push(r.detected.observed_at);
+        b_price.push(r.baseline.price);
+        b_reference.push(r.baseline.reference);
+        b_in_stock.push(r.baseline.in_stock);
         traceparents.push(tp.as_deref());
     }
     let result = sqlx::query(
-        "INSERT INTO outbox (id, watch_id, device_id, trigger, trigger_spec, channel, dedup_day,
-                             detected_at, detected, detected_baseline, traceparent)
-         SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::jsonb[], $6::text[],
-                              $7::date[], $8::timestamptz[], $9::jsonb[], $10::jsonb[], $11::text[])
+        "INSERT INTO outbox (id, watch_id, device_id, trigger, channel, dedup_day, detected_at,
+                             detected_price, detected_currency, detected_in_stock, detected_paused,
+                             detected_observed_at, baseline_price, baseline_reference,
+                             baseline_in_stock, traceparent)
+         SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::date[],
+                              $7::timestamptz[], $8::bigint[], $9::text[], $10::bool[], $11::bool[],
+                              $12::timestamptz[], $13::bigint[], $14::bigint[], $15::bool[], $16::text[])
          ON CONFLICT ON CONSTRAINT outbox_dedup DO NOTHING",
     )
     .bind(ids)
     .bind(watch_ids)
     .bind(device_ids)
     .bind(triggers)
-    .bind(specs)
     .bind(channels)
     .bind(days)
     .bind(detected_at)
-    .bind(detected)
-    .bind(baselines)
+    .bind(price)
+    .bind(currency)
+    .bind(in_stock)
+    .bind(paused)
+    .bind(observed_at)
+    .bind(b_price)
+    .bind(b_reference)
+    .bind(b_in_stock)
     .bind(traceparents)
     .execute(pool)
     .await?;

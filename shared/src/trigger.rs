@@ -62,6 +62,22 @@ impl Trigger {
         }
     }
 
+    /// Reads a key written by [`Trigger::key`]: the outbox stores the key, not the trigger twice.
+    pub fn from_key(key: &str) -> Option<Trigger> {
+        let trigger = match key.split_once(':') {
+            None if key == "back_in_stock" => Trigger::BackInStock,
+            Some(("price_below", t)) => Trigger::PriceBelow {
+                threshold: t.parse().ok()?,
+            },
+            Some(("price_drop", p)) => Trigger::PriceDrop {
+                percent: p.parse().ok()?,
+            },
+            _ => return None,
+        };
+        // Only canonical keys round-trip ("price_drop:010" is not one).
+        (trigger.key() == key).then_some(trigger)
+    }
+
     /// The trigger's name without parameters: a low-cardinality label for metrics and spans.
     pub fn name(&self) -> &'static str {
         match self {
@@ -440,6 +456,27 @@ mod tests {
             json,
             serde_json::json!({"kind": "price_below", "threshold": 5})
         );
+    }
+
+    #[test]
+    fn keys_read_back() {
+        for t in [
+            Trigger::PriceBelow { threshold: 120000 },
+            Trigger::PriceDrop { percent: 10 },
+            Trigger::BackInStock,
+        ] {
+            assert_eq!(Trigger::from_key(&t.key()), Some(t));
+        }
+        for bad in [
+            "",
+            "price_below",
+            "price_below:x",
+            "price_drop:010",
+            "price_drop:300",
+            "soon:1",
+        ] {
+            assert_eq!(Trigger::from_key(bad), None, "{bad:?}");
+        }
     }
 
     fn any_trigger() -> impl Strategy<Value = Trigger> {

@@ -109,31 +109,19 @@ pub enum Inserted {
     Duplicate,
 }
 
-/// One outbox row, the way ingest writes it: `ON CONFLICT DO NOTHING` on the dedup key, and the
-/// absence of a returned id is how a duplicate is reported.
+/// One outbox row, written by ingest's own insert; a duplicate of the dedup key inserts nothing.
 pub async fn insert_outbox(pool: &PgPool, req: &EnqueueRequest) -> Result<Inserted, sqlx::Error> {
-    let id = tidings_shared::OutboxId::new();
-    let row: Option<(tidings_shared::OutboxId,)> = sqlx::query_as(
-        "INSERT INTO outbox (id, watch_id, device_id, trigger, trigger_spec, channel, dedup_day,
-                             detected_at, detected, detected_baseline)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-         ON CONFLICT ON CONSTRAINT outbox_dedup DO NOTHING
-         RETURNING id",
+    if tidings_dispatcher::ingest::insert(pool, &[(req, None)]).await? == 0 {
+        return Ok(Inserted::Duplicate);
+    }
+    let id = sqlx::query_scalar(
+        "SELECT id FROM outbox WHERE watch_id = $1 AND trigger = $2 AND dedup_day = $3 AND channel = $4",
     )
-    .bind(id)
     .bind(req.watch_id)
-    .bind(req.device_id)
     .bind(req.trigger.key())
-    .bind(sqlx::types::Json(&req.trigger))
-    .bind(req.channel.as_str())
     .bind(req.dedup_day)
-    .bind(req.detected_at)
-    .bind(sqlx::types::Json(&req.detected))
-    .bind(sqlx::types::Json(&req.baseline))
-    .fetch_optional(pool)
+    .bind(req.channel.as_str())
+    .fetch_one(pool)
     .await?;
-    Ok(match row {
-        Some((id,)) => Inserted::New(id),
-        None => Inserted::Duplicate,
-    })
+    Ok(Inserted::New(id))
 }

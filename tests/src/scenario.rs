@@ -51,7 +51,7 @@ pub struct OutboxRow {
     pub retry_count: i32,
     pub next_attempt_at: DateTime<Utc>,
     pub last_error: Option<String>,
-    pub detected: Value,
+    pub detected_price: i64,
     pub checked: Option<Value>,
     pub sent_value: Option<Value>,
     pub payload: Option<Value>,
@@ -285,7 +285,7 @@ impl Scenario {
 
     pub async fn rows(&self, watch: WatchId) -> Vec<OutboxRow> {
         sqlx::query_as(
-            "SELECT id, status, reason, attempt, retry_count, next_attempt_at, last_error, detected,
+            "SELECT id, status, reason, attempt, retry_count, next_attempt_at, last_error, detected_price,
                     checked, sent_value, payload, http_status
              FROM outbox WHERE watch_id = $1 ORDER BY created_at",
         )
@@ -297,7 +297,7 @@ impl Scenario {
 
     pub async fn row(&self, id: OutboxId) -> OutboxRow {
         sqlx::query_as(
-            "SELECT id, status, reason, attempt, retry_count, next_attempt_at, last_error, detected,
+            "SELECT id, status, reason, attempt, retry_count, next_attempt_at, last_error, detected_price,
                     checked, sent_value, payload, http_status
              FROM outbox WHERE id = $1",
         )

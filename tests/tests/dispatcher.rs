@@ -80,7 +80,7 @@ async fn a_price_still_below_at_send_is_sent_with_the_refetched_price() {
 
     let row = s.row(push.outbox_id).await;
     assert_eq!(row.status, "sending");
-    assert_eq!(row.detected["price"], 1100, "what we detected");
+    assert_eq!(row.detected_price, 1100, "what we detected");
     assert_eq!(row.sent_value.unwrap()["price"], 1050, "what we said");
     s.cleanup().await;
 }
@@ -100,7 +100,7 @@ async fn a_price_that_reverted_before_send_is_dropped_and_nothing_is_published()
     let rows = s.rows(w.watch).await;
     assert_eq!(rows[0].status, "dropped");
     assert_eq!(rows[0].reason.as_deref(), Some("condition_lost"));
-    assert_eq!(rows[0].detected["price"], 1100);
+    assert_eq!(rows[0].detected_price, 1100);
     assert_eq!(rows[0].checked.as_ref().unwrap()["price"], 1300);
     assert_eq!(s.stream_len(StreamKind::Push).await, 0);
     let baselines: i64 = sqlx::query_scalar("SELECT count(*) FROM baselines")

@@ -51,7 +51,7 @@ async fn the_same_dedup_key_twice_is_one_row_and_a_reported_duplicate() {
     assert_eq!(count_rows(&db, watch).await, 1);
 
     let detected_price: i64 =
-        sqlx::query_scalar("SELECT (detected->>'price')::bigint FROM outbox WHERE watch_id = $1")
+        sqlx::query_scalar("SELECT detected_price FROM outbox WHERE watch_id = $1")
             .bind(watch)
             .fetch_one(&db.pool)
             .await
@@ -181,7 +181,7 @@ async fn terminal_rows_and_detection_snapshots_never_change_and_rows_are_never_d
         panic!("expected a new row");
     };
 
-    let rewrite = sqlx::query("UPDATE outbox SET detected = '{\"price\": 1}' WHERE id = $1")
+    let rewrite = sqlx::query("UPDATE outbox SET detected_price = 1 WHERE id = $1")
         .bind(id)
         .execute(&db.pool)
         .await;
