@@ -166,16 +166,24 @@ impl Scenario {
             .duplicate
     }
 
-    /// The usual preamble: `w` detected at `price`, ingested, dispatched; returns the PushRequest
-    /// a pusher would receive.
-    pub async fn dispatched(&self, w: &Watcher, price: i64) -> PushRequest {
-        self.publish_enqueue(&self.detection(w, price, Utc::now()), "dispatched")
+    /// `w` detected at `price` now, published as the detector does, and ingested: one due row.
+    pub async fn ingested(&self, w: &Watcher, price: i64) {
+        let req = self.detection(w, price, Utc::now());
+        self.publish_enqueue(&req, &req.dedup_key().to_string())
             .await;
-        self.ingest()
+        let stats = self
+            .ingest()
             .await
             .run_once(Duration::from_millis(300))
             .await
             .expect("ingest");
+        assert_eq!(stats.inserted, 1, "one outbox row for the detection");
+    }
+
+    /// The usual preamble: `w` detected at `price`, ingested, dispatched; returns the PushRequest
+    /// a pusher would receive.
+    pub async fn dispatched(&self, w: &Watcher, price: i64) -> PushRequest {
+        self.ingested(w, price).await;
         self.dispatcher().dispatch_once().await.expect("dispatch");
         let mut pushes = self
             .take_pushes(&self.push_consumer().await, Duration::from_millis(300))

@@ -59,9 +59,7 @@ async fn enqueued_three_times_and_concurrently_is_one_row_and_one_push() {
 async fn a_price_still_below_at_send_is_sent_with_the_refetched_price() {
     let s = Scenario::new().await;
     let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
-    s.publish_enqueue(&s.detection(&w, 1100, Utc::now()), "k1")
-        .await;
-    s.ingest().await.run_once(WAIT).await.unwrap();
+    s.ingested(&w, 1100).await;
 
     // Between detection and send the price fell further: the user is told the current price.
     s.catalog.set_price("SKU-1", 1050);
@@ -89,9 +87,7 @@ async fn a_price_still_below_at_send_is_sent_with_the_refetched_price() {
 async fn a_price_that_reverted_before_send_is_dropped_and_nothing_is_published() {
     let s = Scenario::new().await;
     let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
-    s.publish_enqueue(&s.detection(&w, 1100, Utc::now()), "k1")
-        .await;
-    s.ingest().await.run_once(WAIT).await.unwrap();
+    s.ingested(&w, 1100).await;
 
     s.catalog.set_price("SKU-1", 1300);
     let stats = s.dispatcher().dispatch_once().await.unwrap();
@@ -116,9 +112,7 @@ async fn a_rate_limited_source_is_retried_with_backoff_then_failed_at_the_cap() 
     let mut s = Scenario::new().await;
     s.settings.retry.max_retries = 2;
     let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
-    s.publish_enqueue(&s.detection(&w, 1100, Utc::now()), "k1")
-        .await;
-    s.ingest().await.run_once(WAIT).await.unwrap();
+    s.ingested(&w, 1100).await;
     s.catalog.set_behavior("SKU-1", Behavior::RateLimited);
     let d = s.dispatcher();
 
@@ -160,9 +154,7 @@ async fn a_rate_limited_source_is_retried_with_backoff_then_failed_at_the_cap() 
 async fn a_source_that_hangs_is_a_timeout_and_a_retry() {
     let s = Scenario::new().await;
     let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
-    s.publish_enqueue(&s.detection(&w, 1100, Utc::now()), "k1")
-        .await;
-    s.ingest().await.run_once(WAIT).await.unwrap();
+    s.ingested(&w, 1100).await;
     s.catalog.set_behavior("SKU-1", Behavior::Hang);
 
     let started = Instant::now();
@@ -181,9 +173,7 @@ async fn a_source_that_hangs_is_a_timeout_and_a_retry() {
 async fn an_item_that_no_longer_exists_is_dropped_not_found() {
     let s = Scenario::new().await;
     let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
-    s.publish_enqueue(&s.detection(&w, 1100, Utc::now()), "k1")
-        .await;
-    s.ingest().await.run_once(WAIT).await.unwrap();
+    s.ingested(&w, 1100).await;
     s.catalog.set_behavior("SKU-1", Behavior::NotFound);
 
     assert_eq!(s.dispatcher().dispatch_once().await.unwrap().dropped, 1);
@@ -246,9 +236,7 @@ async fn pre_guards_drop_paused_and_removed_watches_and_inactive_subscriptions()
 async fn results_are_applied_once_and_move_the_baseline_only_on_sent() {
     let s = Scenario::new().await;
     let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
-    s.publish_enqueue(&s.detection(&w, 1100, Utc::now()), "k1")
-        .await;
-    s.ingest().await.run_once(WAIT).await.unwrap();
+    s.ingested(&w, 1100).await;
     s.catalog.set_price("SKU-1", 1050);
     s.dispatcher().dispatch_once().await.unwrap();
     let push = s
