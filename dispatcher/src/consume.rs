@@ -115,8 +115,9 @@ pub const LINGER: Duration = Duration::from_millis(5);
 
 /// Feeds batches of up to `batch` messages to `handle` until `shutdown`, with up to `concurrency`
 /// batches in flight (so JetStream delivery, decoding and Postgres overlap). Batches in flight
-/// are finished, and acked by their handler, before this returns.
-pub async fn run<F, Fut>(
+/// are finished, and acked by their handler, before this returns. A batch the handler fails on
+/// is logged; the handler has already nak'ed it for redelivery.
+pub async fn run<F, Fut, T, E>(
     consumer: PullConsumer,
     batch: usize,
     concurrency: usize,
@@ -125,7 +126,8 @@ pub async fn run<F, Fut>(
 ) -> Result<(), ConsumerError>
 where
     F: Fn(Vec<jetstream::Message>) -> Fut,
-    Fut: std::future::Future<Output = ()>,
+    Fut: std::future::Future<Output = Result<T, E>>,
+    E: std::fmt::Display,
 {
     let name = consumer.cached_info().name.clone();
     let stream_name = consumer.cached_info().stream_name.clone();
@@ -170,7 +172,13 @@ where
                     }
                 }
                 if !ok.is_empty() {
-                    in_flight.push(handle(ok));
+                    let consumer = name.clone();
+                    let work = handle(ok);
+                    in_flight.push(async move {
+                        if let Err(e) = work.await {
+                            tracing::error!(consumer = %consumer, error = %e, "batch failed; it will be redelivered");
+                        }
+                    });
                 }
             }
         }

@@ -219,7 +219,7 @@ impl Dispatcher {
         let (published, failed) = self.publish(to_publish, &traceparents).await;
         stats.published = published;
         if !failed.is_empty() {
-            stats.retried += self.unsend(failed).await?;
+            stats.retried += self.unsend(failed, &changes).await?;
         }
         Ok(stats)
     }
@@ -257,7 +257,7 @@ impl Dispatcher {
         &self,
         requests: Vec<PushRequest>,
         traceparents: &HashMap<OutboxId, &str>,
-    ) -> (usize, Vec<(OutboxId, u32, String)>) {
+    ) -> (usize, Vec<(OutboxId, String)>) {
         let subject = self
             .settings
             .subjects
@@ -283,7 +283,7 @@ impl Dispatcher {
         for (r, ack) in requests.iter().zip(acks) {
             match ack {
                 Ok(_) => published += 1,
-                Err(e) => failed.push((r.outbox_id, r.attempt, e)),
+                Err(e) => failed.push((r.outbox_id, e)),
             }
         }
         (published, failed)
@@ -291,20 +291,22 @@ impl Dispatcher {
 
     /// Rows marked `sending` whose PushRequest could not be published go back to `retry` now
     /// rather than waiting for the lease to run out.
-    async fn unsend(&self, failed: Vec<(OutboxId, u32, String)>) -> Result<usize, DispatchError> {
+    async fn unsend(
+        &self,
+        failed: Vec<(OutboxId, String)>,
+        written: &[Change],
+    ) -> Result<usize, DispatchError> {
         let mut changes = Vec::with_capacity(failed.len());
-        for (id, attempt, error) in failed {
-            tracing::warn!(outbox_id = %id, attempt, %error, "publishing PushRequest failed");
-            let retry_count: i32 =
-                sqlx::query_scalar("SELECT retry_count FROM outbox WHERE id = $1")
-                    .bind(id)
-                    .fetch_one(&self.pool)
-                    .await
-                    .map_err(db("reading a row to retry"))?;
+        for (id, error) in failed {
+            // The `sending` change just written holds the row's counters: no need to re-read it.
+            let Some(sent) = written.iter().find(|c| c.id == id) else {
+                continue;
+            };
+            tracing::warn!(outbox_id = %id, attempt = sent.transition.attempt, %error, "publishing PushRequest failed");
             let row = outbox::Row {
                 status: Status::Sending,
-                retry_count: u32::try_from(retry_count).unwrap_or(0),
-                attempt,
+                retry_count: sent.transition.retry_count,
+                attempt: sent.transition.attempt,
             };
             if let Ok(t) = outbox::apply(row, Event::Transient, self.settings.retry.max_retries) {
                 let mut c = Change::new(id, row, t);

@@ -78,17 +78,13 @@ impl Ingest {
 
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), IngestError> {
         let consumer = self.consumer.clone();
-        let batch = self.settings.ingest_batch;
+        let concurrency = self.settings.consumer_concurrency;
         consume::run(
             consumer,
-            batch,
-            self.settings.consumer_concurrency,
+            self.settings.ingest_batch,
+            concurrency,
             shutdown,
-            |messages| async {
-                if let Err(e) = self.process(messages).await {
-                    tracing::error!(error = %e, "ingest batch failed; it will be redelivered");
-                }
-            },
+            |messages| self.process(messages),
         )
         .await?;
         Ok(())

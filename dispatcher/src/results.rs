@@ -111,17 +111,10 @@ impl Results {
 
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), ResultsError> {
         let consumer = self.consumer.clone();
-        consume::run(
-            consumer,
-            1000,
-            self.settings.consumer_concurrency,
-            shutdown,
-            |messages| async {
-                if let Err(e) = self.process(messages).await {
-                    tracing::error!(error = %e, "result batch failed; it will be redelivered");
-                }
-            },
-        )
+        let concurrency = self.settings.consumer_concurrency;
+        consume::run(consumer, 1000, concurrency, shutdown, |messages| {
+            self.process(messages)
+        })
         .await?;
         Ok(())
     }
