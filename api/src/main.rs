@@ -1,9 +1,10 @@
-//! `tidings-api`: the HTTP API, and `tidings-api migrate`, the one command that applies the
+//! `tidings-api serve`: the HTTP API. `tidings-api migrate`: the one command that applies the
 //! schema (run once per deploy, e.g. as a Kubernetes Job, not raced by every replica).
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use sqlx::postgres::PgPoolOptions;
+use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
 #[command(name = "tidings-api", version, about)]
@@ -14,17 +15,39 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve the HTTP API.
+    Serve(Box<tidings_api::Config>),
     /// Apply pending database migrations and exit.
     Migrate {
         #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
         database_url: String,
     },
+    /// Print the OpenAPI document and exit.
+    Openapi,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     tidings_shared::service::init_logging();
     match Cli::parse().command {
+        Command::Serve(config) => {
+            let settings = config.settings()?;
+            let pool = PgPoolOptions::new()
+                .max_connections(config.db_pool)
+                .connect(&config.database_url)
+                .await
+                .context("connecting to Postgres (DATABASE_URL)")?;
+            let listener = tokio::net::TcpListener::bind(config.listen)
+                .await
+                .with_context(|| format!("listening on {}", config.listen))?;
+            tracing::info!(listen = %config.listen, "api serving");
+            let shutdown = CancellationToken::new();
+            tokio::spawn(tidings_shared::service::cancel_on_signal(shutdown.clone()));
+            tidings_api::serve(listener, pool, settings, shutdown)
+                .await
+                .context("serving HTTP")?;
+            tracing::info!("api stopped");
+        }
         Command::Migrate { database_url } => {
             let pool = PgPoolOptions::new()
                 .max_connections(1)
@@ -37,6 +60,12 @@ async fn main() -> anyhow::Result<()> {
                 .context("applying migrations")?;
             let applied = tidings_shared::db::MIGRATOR.iter().count();
             tracing::info!(migrations = applied, "schema is up to date");
+        }
+        Command::Openapi => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(tidings_api::openapi::document())?
+            );
         }
     }
     Ok(())

@@ -205,6 +205,7 @@ impl Detector {
         let empty = HashMap::new();
         let mut detections = Vec::new();
         let mut stock_changes = Vec::new();
+        let mut references = Vec::new();
         for w in &watches {
             let Some(Ok(obs)) = ItemCode::parse(&w.item_code)
                 .ok()
@@ -216,6 +217,15 @@ impl Detector {
             // Only back_in_stock reads the previous stock state; other watches need no write.
             if w.last_in_stock != Some(obs.in_stock) && w.triggers.contains(&Trigger::BackInStock) {
                 stock_changes.push((w.id, obs.in_stock));
+            }
+            // A watch made through the api has no reference price yet: price_drop measures from
+            // the first price this watch saw.
+            if w.reference_price.is_none()
+                && w.triggers
+                    .iter()
+                    .any(|t| matches!(t, Trigger::PriceDrop { .. }))
+            {
+                references.push((w.id, obs.price));
             }
         }
         let holding = detections.len();
@@ -288,6 +298,19 @@ impl Detector {
             .execute(&self.pool)
             .await
             .map_err(db("recording stock states"))?;
+        }
+        if !references.is_empty() {
+            let (ids, prices): (Vec<WatchId>, Vec<i64>) = references.into_iter().unzip();
+            sqlx::query(
+                "UPDATE watches w SET reference_price = u.p
+                 FROM UNNEST($1::uuid[], $2::bigint[]) AS u(id, p)
+                 WHERE w.id = u.id AND w.reference_price IS NULL",
+            )
+            .bind(ids)
+            .bind(prices)
+            .execute(&self.pool)
+            .await
+            .map_err(db("recording reference prices"))?;
         }
         Ok(())
     }

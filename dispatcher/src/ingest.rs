@@ -245,7 +245,7 @@ pub async fn insert(
          SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::date[],
                               $7::timestamptz[], $8::bigint[], $9::text[], $10::bool[], $11::bool[],
                               $12::timestamptz[], $13::bigint[], $14::bigint[], $15::bool[], $16::text[])
-         ON CONFLICT ON CONSTRAINT outbox_dedup DO NOTHING",
+         ON CONFLICT (watch_id, trigger, dedup_day, channel) WHERE replay_of IS NULL DO NOTHING",
     )
     .bind(ids)
     .bind(watch_ids)

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tidings_shared::duration::parse_duration;
-use tidings_shared::endpoint::{DEFAULT_ALLOWED_HOSTS, EndpointPolicy};
-use tidings_shared::service::NatsArgs;
+use tidings_shared::endpoint::EndpointPolicy;
+use tidings_shared::service::{EndpointArgs, NatsArgs};
 use tidings_shared::streams::StreamSettings;
 use tidings_shared::subjects::{InvalidPrefix, Subjects};
 use tidings_shared::vapid::{VapidError, VapidKey, VapidSigner};
@@ -32,12 +32,8 @@ pub struct Config {
     pub http_timeout: Duration,
     #[arg(long, env = "TIDINGS_PUSH_CONNECT_TIMEOUT", default_value = "3s", value_parser = parse_duration)]
     pub connect_timeout: Duration,
-    /// Allowed push-service hosts, comma-separated; `*.suffix` for subdomains.
-    #[arg(long, env = "TIDINGS_PUSH_ALLOWED_HOSTS", value_delimiter = ',')]
-    pub allowed_hosts: Option<Vec<String>>,
-    /// Allow private, loopback and link-local endpoint addresses (tests and local demos only).
-    #[arg(long, env = "TIDINGS_PUSH_ALLOW_PRIVATE", default_value_t = false)]
-    pub allow_private: bool,
+    #[command(flatten)]
+    pub endpoints: EndpointArgs,
     /// Extra PEM root certificate to trust (a local fake push service).
     #[arg(long, env = "TIDINGS_PUSH_EXTRA_CA_FILE")]
     pub extra_ca_file: Option<PathBuf>,
@@ -134,16 +130,7 @@ impl Config {
         s.concurrency = self.concurrency;
         s.http_timeout = self.http_timeout;
         s.connect_timeout = self.connect_timeout;
-        s.policy = EndpointPolicy {
-            allowed_hosts: self.allowed_hosts.clone().unwrap_or_else(|| {
-                DEFAULT_ALLOWED_HOSTS
-                    .iter()
-                    .map(|h| (*h).to_owned())
-                    .collect()
-            }),
-            allow_private: self.allow_private,
-            allow_http: false,
-        };
+        s.policy = self.endpoints.policy();
         s.extra_roots = extra_roots;
         s.delivered_ttl = self.delivered_ttl;
         Ok(s)

@@ -2,6 +2,7 @@
 //! SIGTERM or Ctrl-C.
 
 use crate::duration::parse_duration;
+use crate::endpoint::EndpointPolicy;
 use crate::source::SourceConfig;
 use crate::streams::StreamSettings;
 use crate::subjects::{InvalidPrefix, Subjects};
@@ -61,6 +62,29 @@ impl SourceArgs {
         source.max_concurrency_per_host = self.source_concurrency;
         source.batch_size = self.source_batch_size;
         source
+    }
+}
+
+/// Which push endpoints may be used: the pusher before each request and the api when a
+/// subscription is registered read the same settings, so they cannot disagree.
+#[derive(clap::Args, Clone, Debug)]
+pub struct EndpointArgs {
+    /// Allowed push-service hosts, comma-separated; `*.suffix` for subdomains.
+    #[arg(long, env = "TIDINGS_PUSH_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub allowed_hosts: Option<Vec<String>>,
+    /// Allow private, loopback and link-local endpoint addresses (tests and local demos only).
+    #[arg(long, env = "TIDINGS_PUSH_ALLOW_PRIVATE", default_value_t = false)]
+    pub allow_private: bool,
+}
+
+impl EndpointArgs {
+    pub fn policy(&self) -> EndpointPolicy {
+        let mut policy = EndpointPolicy::default();
+        if let Some(hosts) = &self.allowed_hosts {
+            policy.allowed_hosts = hosts.clone();
+        }
+        policy.allow_private = self.allow_private;
+        policy
     }
 }
 

@@ -87,6 +87,32 @@ pub fn stack() -> Result<&'static Stack, HarnessError> {
         })
 }
 
+/// A pinned checker (openapi-spec-validator, yamllint, kubernetes-validate) from the stack's tools
+/// venv: `TIDINGS_TOOLS_BIN` when `deploy/local/stack test` set it, else `stack tools` installs it.
+pub fn tool(name: &str) -> Result<PathBuf, HarnessError> {
+    static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let bin = BIN.get_or_init(|| {
+        if let Ok(dir) = std::env::var("TIDINGS_TOOLS_BIN") {
+            return Ok(PathBuf::from(dir));
+        }
+        let out = std::process::Command::new("bash")
+            .arg(stack_script())
+            .arg("tools")
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+    });
+    bin.as_ref()
+        .map(|dir| dir.join(name))
+        .map_err(|detail| HarnessError::Stack {
+            script: format!("{} tools", stack_script().display()),
+            detail: detail.clone(),
+        })
+}
+
 fn database_url(admin_url: &str, name: &str) -> Result<String, HarnessError> {
     let opts = PgConnectOptions::from_str(admin_url)?.database(name);
     Ok(opts.to_url_lossy().to_string())

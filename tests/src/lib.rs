@@ -3,7 +3,9 @@
 //! - [`harness`]: the one Postgres and one NATS that `deploy/local/stack test` started, a fresh
 //!   migrated database per test and a unique subject prefix per test, so tests run in parallel.
 //! - [`fixtures`]: devices, subscriptions and watches to build a story on.
+//! - [`api`]: the api served in-process, and a browser-like client.
 
+pub mod api;
 pub mod fake_catalog;
 pub mod fake_push;
 pub mod fixtures;

@@ -95,6 +95,41 @@ async fn price_drop_fires_at_ten_percent_and_then_needs_ten_more_after_a_send() 
 }
 
 #[tokio::test]
+async fn price_drop_without_a_reference_measures_from_the_first_price_seen() {
+    let s = Scenario::new().await;
+    let w = s
+        .watcher("SKU-1", Trigger::PriceDrop { percent: 10 }, 1000)
+        .await;
+    // As the api creates it: no reference price yet.
+    sqlx::query("UPDATE watches SET reference_price = NULL WHERE id = $1")
+        .bind(w.watch)
+        .execute(&s.db.pool)
+        .await
+        .unwrap();
+    let d = detector(&s, 0, 1);
+    let t0 = Utc.with_ymd_and_hms(2026, 11, 30, 9, 0, 0).unwrap();
+
+    assert_eq!(d.scan_once(t0).await.unwrap().holding, 0);
+    let reference: Option<i64> =
+        sqlx::query_scalar("SELECT reference_price FROM watches WHERE id = $1")
+            .bind(w.watch)
+            .fetch_one(&s.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(reference, Some(1000));
+
+    s.catalog.set_price("SKU-1", 1100);
+    d.scan_once(t0).await.unwrap();
+    s.catalog.set_price("SKU-1", 900);
+    assert_eq!(
+        d.scan_once(t0).await.unwrap().published,
+        1,
+        "10 % below the first price; the later 1100 did not move the reference"
+    );
+    s.cleanup().await;
+}
+
+#[tokio::test]
 async fn back_in_stock_fires_on_the_out_to_in_transition_only() {
     let s = Scenario::new().await;
     s.watcher("SKU-1", Trigger::BackInStock, 1000).await;

@@ -1,0 +1,72 @@
+//! Api configuration: every setting a flag and an environment variable.
+
+use crate::Settings;
+use crate::auth::token_hash;
+use std::net::SocketAddr;
+use tidings_shared::service::EndpointArgs;
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct Config {
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+    #[arg(long, env = "TIDINGS_API_LISTEN", default_value = "0.0.0.0:8080")]
+    pub listen: SocketAddr,
+    /// Postgres connections (each replica).
+    #[arg(long, env = "TIDINGS_API_DB_POOL", default_value_t = 16)]
+    pub db_pool: u32,
+    /// Bearer token for the operator endpoints (at least 32 characters); unset disables them.
+    #[arg(long, env = "TIDINGS_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+    /// Base64url VAPID public key served to browsers (`tidings-pusher vapid-keygen` prints it).
+    #[arg(long, env = "TIDINGS_VAPID_PUBLIC_KEY")]
+    pub vapid_public_key: Option<String>,
+    #[command(flatten)]
+    pub endpoints: EndpointArgs,
+    #[arg(long, env = "TIDINGS_MAX_WATCHES_PER_DEVICE", default_value_t = 100)]
+    pub max_watches_per_device: u32,
+    #[arg(long, env = "TIDINGS_MAX_TRIGGERS_PER_WATCH", default_value_t = 8)]
+    pub max_triggers_per_watch: usize,
+    /// Largest accepted request body, bytes.
+    #[arg(long, env = "TIDINGS_API_MAX_BODY", default_value_t = 16 * 1024)]
+    pub max_body_bytes: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("TIDINGS_ADMIN_TOKEN must be at least 32 characters")]
+    WeakAdminToken,
+    #[error("TIDINGS_MAX_WATCHES_PER_DEVICE must be between 1 and 1000000")]
+    MaxWatches,
+    #[error("TIDINGS_MAX_TRIGGERS_PER_WATCH must be at least 1")]
+    MaxTriggers,
+    #[error("TIDINGS_API_MAX_BODY must be at least 1024 bytes")]
+    MaxBody,
+}
+
+impl Config {
+    pub fn settings(&self) -> Result<Settings, ConfigError> {
+        let admin_token_hash = match &self.admin_token {
+            Some(t) if t.len() < 32 => return Err(ConfigError::WeakAdminToken),
+            Some(t) => Some(token_hash(t)),
+            None => None,
+        };
+        let max_watches_per_device = i32::try_from(self.max_watches_per_device)
+            .ok()
+            .filter(|n| (1..=1_000_000).contains(n))
+            .ok_or(ConfigError::MaxWatches)?;
+        if self.max_triggers_per_watch == 0 {
+            return Err(ConfigError::MaxTriggers);
+        }
+        if self.max_body_bytes < 1024 {
+            return Err(ConfigError::MaxBody);
+        }
+        Ok(Settings {
+            policy: self.endpoints.policy(),
+            vapid_public_key: self.vapid_public_key.clone(),
+            admin_token_hash,
+            max_watches_per_device,
+            max_triggers_per_watch: self.max_triggers_per_watch,
+            max_body_bytes: self.max_body_bytes,
+        })
+    }
+}

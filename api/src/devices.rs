@@ -1,0 +1,258 @@
+//! Devices: anonymous, login-less identities that own one active push subscription and any
+//! number of watches (up to the configured limit).
+
+use crate::AppState;
+use crate::auth::{Device, new_token};
+use crate::extract::JsonBody;
+use crate::problem::{ApiError, Problem, db};
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use tidings_shared::dedup::parse_time_zone;
+use tidings_shared::endpoint::{EndpointPolicy, check};
+use tidings_shared::webpush::{KeyError, UaKeys};
+use tidings_shared::{DeviceId, SubscriptionId};
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+/// Longest endpoint accepted; real push services use a few hundred characters.
+pub const MAX_ENDPOINT_LEN: usize = 2048;
+
+/// A push subscription exactly as the browser's `PushSubscription.toJSON()` gives it.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct SubscriptionIn {
+    /// The push service URL (https, on an allowed push-service host).
+    pub endpoint: String,
+    /// Ignored: push services expire subscriptions by answering 404/410, which Tidings handles.
+    #[serde(rename = "expirationTime", default)]
+    #[schema(value_type = Option<f64>)]
+    pub expiration_time: Option<serde_json::Value>,
+    pub keys: KeysIn,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct KeysIn {
+    /// Base64url uncompressed P-256 public key (65 bytes).
+    pub p256dh: String,
+    /// Base64url authentication secret (16 bytes).
+    pub auth: String,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateDevice {
+    pub subscription: SubscriptionIn,
+    /// IANA time zone; a notification's "once a day" is the calendar day there. Default UTC.
+    #[serde(default)]
+    pub time_zone: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DeviceCreated {
+    pub device_id: Uuid,
+    /// The device's bearer token. Shown once; Tidings keeps only its hash.
+    pub token: String,
+    pub subscription_id: Uuid,
+    pub time_zone: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SubscriptionReplaced {
+    pub subscription_id: Uuid,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct VapidPublicKey {
+    /// Base64url uncompressed P-256 public key: `applicationServerKey` for `pushManager.subscribe`.
+    pub public_key: String,
+}
+
+/// Checks a subscription the way the pusher will: the same endpoint guard, and keys that can be
+/// encrypted to. `at` is the JSON Pointer of the subscription in the request body.
+pub async fn validate_subscription(
+    sub: &SubscriptionIn,
+    policy: &EndpointPolicy,
+    at: &str,
+) -> Result<(), ApiError> {
+    if sub.endpoint.len() > MAX_ENDPOINT_LEN {
+        return Err(ApiError::invalid(
+            format!("{at}/endpoint"),
+            format!("endpoint is longer than {MAX_ENDPOINT_LEN} characters"),
+        ));
+    }
+    // Keys first: they cost nothing, the endpoint check may ask DNS.
+    UaKeys::parse(&sub.keys.p256dh, &sub.keys.auth)
+        .and_then(|k| k.check_curve())
+        .map_err(|e| {
+            let field = match e {
+                KeyError::AuthEncoding | KeyError::AuthLength(_) => "auth",
+                KeyError::P256dhEncoding
+                | KeyError::P256dhShape(_)
+                | KeyError::P256dhNotOnCurve => "p256dh",
+            };
+            ApiError::invalid(format!("{at}/keys/{field}"), e)
+        })?;
+    check(&sub.endpoint, policy)
+        .await
+        .map_err(|e| ApiError::invalid(format!("{at}/endpoint"), e))?;
+    Ok(())
+}
+
+#[utoipa::path(
+    post, path = "/v1/devices", tag = "devices",
+    request_body = CreateDevice,
+    responses(
+        (status = 201, description = "Device registered; the token is shown only now", body = DeviceCreated),
+        (status = 400, description = "Body is not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Body is not application/json", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid subscription or time zone", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn create_device(
+    State(app): State<AppState>,
+    body: JsonBody<CreateDevice>,
+) -> Result<(StatusCode, Json<DeviceCreated>), ApiError> {
+    let req = body.value;
+    let time_zone = req.time_zone.unwrap_or_else(|| "UTC".to_owned());
+    parse_time_zone(&time_zone).map_err(|e| ApiError::invalid("/time_zone", e))?;
+    validate_subscription(&req.subscription, &app.settings.policy, "/subscription").await?;
+
+    let (token, hash) = new_token()?;
+    let device = DeviceId::new();
+    let subscription = SubscriptionId::new();
+    sqlx::query(
+        "WITH d AS (INSERT INTO devices (id, token_hash, time_zone) VALUES ($1, $2, $3) RETURNING id)
+         INSERT INTO push_subscriptions (id, device_id, endpoint, p256dh, auth)
+         SELECT $4, d.id, $5, $6, $7 FROM d",
+    )
+    .bind(device)
+    .bind(hash)
+    .bind(&time_zone)
+    .bind(subscription)
+    .bind(&req.subscription.endpoint)
+    .bind(&req.subscription.keys.p256dh)
+    .bind(&req.subscription.keys.auth)
+    .execute(&app.pool)
+    .await
+    .map_err(db("registering a device"))?;
+    tracing::info!(device_id = %device, "device registered");
+    Ok((
+        StatusCode::CREATED,
+        Json(DeviceCreated {
+            device_id: device.0,
+            token,
+            subscription_id: subscription.0,
+            time_zone,
+        }),
+    ))
+}
+
+#[utoipa::path(
+    put, path = "/v1/devices/me/subscription", tag = "devices",
+    request_body = SubscriptionIn,
+    security(("device_token" = [])),
+    responses(
+        (status = 200, description = "The new subscription replaced the old one", body = SubscriptionReplaced),
+        (status = 400, description = "Body is not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid device token", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Body is not application/json", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid subscription", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn replace_subscription(
+    State(app): State<AppState>,
+    device: Device,
+    body: JsonBody<SubscriptionIn>,
+) -> Result<Json<SubscriptionReplaced>, ApiError> {
+    let sub = body.value;
+    validate_subscription(&sub, &app.settings.policy, "").await?;
+    let id = SubscriptionId::new();
+    // One transaction: the dispatcher sends pending rows to whichever subscription is active
+    // when it sends, and there is never a moment with two, or none.
+    let mut tx = app
+        .pool
+        .begin()
+        .await
+        .map_err(db("replacing a subscription"))?;
+    sqlx::query(
+        "UPDATE push_subscriptions SET active = false, deactivated_at = now(),
+                deactivation_reason = 'replaced'
+         WHERE device_id = $1 AND active",
+    )
+    .bind(device.id)
+    .execute(&mut *tx)
+    .await
+    .map_err(db("deactivating the old subscription"))?;
+    sqlx::query(
+        "INSERT INTO push_subscriptions (id, device_id, endpoint, p256dh, auth)
+         VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(id)
+    .bind(device.id)
+    .bind(&sub.endpoint)
+    .bind(&sub.keys.p256dh)
+    .bind(&sub.keys.auth)
+    .execute(&mut *tx)
+    .await
+    .map_err(db("inserting the new subscription"))?;
+    tx.commit().await.map_err(db("replacing a subscription"))?;
+    tracing::info!(device_id = %device.id, subscription_id = %id, "subscription replaced");
+    Ok(Json(SubscriptionReplaced {
+        subscription_id: id.0,
+    }))
+}
+
+#[utoipa::path(
+    delete, path = "/v1/devices/me", tag = "devices",
+    security(("device_token" = [])),
+    responses(
+        (status = 204, description = "Device, its subscription and its watches removed; pending notifications will be dropped"),
+        (status = 401, description = "Missing or invalid device token", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn delete_device(
+    State(app): State<AppState>,
+    device: Device,
+) -> Result<StatusCode, ApiError> {
+    // Soft deletes in one statement: history stays explainable, and the dispatcher's pre-guard
+    // drops whatever is still pending (watch_removed / subscription_inactive).
+    sqlx::query(
+        "WITH d AS (UPDATE devices SET removed_at = now() WHERE id = $1 AND removed_at IS NULL RETURNING id),
+              w AS (UPDATE watches SET removed_at = now(), updated_at = now()
+                    WHERE device_id IN (SELECT id FROM d) AND removed_at IS NULL),
+              s AS (UPDATE push_subscriptions SET active = false, deactivated_at = now(),
+                           deactivation_reason = 'device_removed'
+                    WHERE device_id IN (SELECT id FROM d) AND active)
+         SELECT count(*) FROM d",
+    )
+    .bind(device.id)
+    .execute(&app.pool)
+    .await
+    .map_err(db("removing a device"))?;
+    tracing::info!(device_id = %device.id, "device removed");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(
+    get, path = "/v1/vapid-public-key", tag = "devices",
+    responses(
+        (status = 200, description = "The key to subscribe with", body = VapidPublicKey),
+        (status = 503, description = "No VAPID public key configured", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn vapid_public_key(
+    State(app): State<AppState>,
+) -> Result<Json<VapidPublicKey>, ApiError> {
+    app.settings
+        .vapid_public_key
+        .clone()
+        .map(|public_key| Json(VapidPublicKey { public_key }))
+        .ok_or_else(|| {
+            ApiError::Unavailable(
+                "no VAPID public key is configured (TIDINGS_VAPID_PUBLIC_KEY)".into(),
+            )
+        })
+}

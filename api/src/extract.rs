@@ -1,0 +1,92 @@
+//! Request extractors whose failures are problem documents, not axum's plain-text rejections.
+
+use crate::AppState;
+use crate::problem::ApiError;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{FromRequest, FromRequestParts, Query, Request};
+use axum::http::header;
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
+use uuid::Uuid;
+
+/// A JSON body, with the raw bytes kept (the idempotency record hashes them).
+pub struct JsonBody<T> {
+    pub value: T,
+    pub raw: Bytes,
+}
+
+impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
+        let is_json = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .map(|m| {
+                let m = m.trim().to_ascii_lowercase();
+                m == "application/json" || (m.starts_with("application/") && m.ends_with("+json"))
+            })
+            .unwrap_or(false);
+        if !is_json {
+            return Err(ApiError::UnsupportedMediaType);
+        }
+        let raw = Bytes::from_request(req, state)
+            .await
+            .map_err(|e: BytesRejection| match e.status().as_u16() {
+                413 => ApiError::TooLarge(state.settings.max_body_bytes),
+                _ => ApiError::BadRequest(format!("reading the request body: {}", e.body_text())),
+            })?;
+        let value = parse_json(&raw)?;
+        Ok(JsonBody { value, raw })
+    }
+}
+
+pub fn parse_json<T: DeserializeOwned>(raw: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(raw).map_err(|e| match e.classify() {
+        // Well-formed JSON of the wrong shape: a missing or unknown field, a wrong type.
+        serde_json::error::Category::Data => ApiError::invalid("", format!("request body: {e}")),
+        _ => ApiError::BadRequest(format!("request body is not valid JSON: {e}")),
+    })
+}
+
+/// Query parameters.
+pub struct ApiQuery<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Query(q)| ApiQuery(q))
+            .map_err(|e| ApiError::BadRequest(e.body_text()))
+    }
+}
+
+/// A resource id from the path. Something that is not a UUID names no resource: 404, the same
+/// answer as an id that exists but belongs to someone else.
+pub fn resource_id(raw: &str, what: &'static str) -> Result<Uuid, ApiError> {
+    raw.parse().map_err(|_| ApiError::NotFound(what))
+}
+
+/// A cursor is the id of the last item of the previous page.
+pub fn cursor(raw: Option<&str>) -> Result<Option<Uuid>, ApiError> {
+    raw.map(|c| {
+        c.parse()
+            .map_err(|_| ApiError::BadRequest(format!("cursor `{c}` is not one this API returned")))
+    })
+    .transpose()
+}
+
+/// Page size: 50 unless asked, at most 200.
+pub fn limit(raw: Option<u32>) -> Result<i64, ApiError> {
+    match raw.unwrap_or(50) {
+        n @ 1..=200 => Ok(i64::from(n)),
+        n => Err(ApiError::BadRequest(format!(
+            "limit must be between 1 and 200, got {n}"
+        ))),
+    }
+}

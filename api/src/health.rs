@@ -1,0 +1,40 @@
+//! Liveness (the process answers) and readiness (it can reach Postgres).
+
+use crate::AppState;
+use crate::problem::{ApiError, Problem};
+use axum::Json;
+use axum::extract::State;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+use utoipa::ToSchema;
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    pub status: String,
+}
+
+#[utoipa::path(get, path = "/livez", tag = "health",
+    responses((status = 200, description = "The process is serving", body = Health)))]
+pub async fn livez() -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+    })
+}
+
+#[utoipa::path(get, path = "/readyz", tag = "health",
+    responses(
+        (status = 200, description = "Postgres answers", body = Health),
+        (status = 503, description = "Postgres does not answer", body = Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn readyz(State(app): State<AppState>) -> Result<Json<Health>, ApiError> {
+    let ping = sqlx::query("SELECT 1").execute(&app.pool);
+    match tokio::time::timeout(Duration::from_secs(2), ping).await {
+        Ok(Ok(_)) => Ok(Json(Health {
+            status: "ok".into(),
+        })),
+        Ok(Err(e)) => Err(ApiError::Unavailable(format!("Postgres: {e}"))),
+        Err(_) => Err(ApiError::Unavailable(
+            "Postgres did not answer within 2 s".into(),
+        )),
+    }
+}

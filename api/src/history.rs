@@ -1,0 +1,176 @@
+//! A device's notification history: every outbox row for it, newest first, including the ones
+//! Tidings withheld and why ("the price went back up before we sent it").
+
+use crate::AppState;
+use crate::auth::Device;
+use crate::extract::{ApiQuery, cursor, limit};
+use crate::problem::{ApiError, Problem, db};
+use crate::watches::{TriggerSpec, page};
+use axum::Json;
+use axum::extract::State;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use tidings_shared::outbox::Status;
+use tidings_shared::trigger::Trigger;
+use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
+
+/// What detection saw.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Detected {
+    pub price: i64,
+    pub currency: String,
+    pub in_stock: bool,
+    pub at: DateTime<Utc>,
+}
+
+/// One notification, from detection to its outcome.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Notification {
+    pub id: Uuid,
+    pub watch_id: Uuid,
+    pub item_code: Option<String>,
+    pub trigger: Option<TriggerSpec>,
+    pub channel: String,
+    /// pending, retry, sending, sent, dropped or failed.
+    pub status: String,
+    /// Why a row was dropped (withheld) or failed, e.g. `condition_lost`.
+    pub reason: Option<String>,
+    pub detected: Detected,
+    /// The value seen by the re-check right before sending (recorded when it withheld the row).
+    #[schema(value_type = Option<Object>)]
+    pub checked: Option<serde_json::Value>,
+    /// The value that was sent, when one was.
+    #[schema(value_type = Option<Object>)]
+    pub sent: Option<serde_json::Value>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    /// Set on an operator replay: the row it replays.
+    pub replay_of: Option<Uuid>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct NotificationList {
+    pub items: Vec<Notification>,
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListNotifications {
+    /// Only rows in this state: pending, retry, sending, sent, dropped, failed.
+    pub status: Option<String>,
+    pub cursor: Option<String>,
+    /// Page size, 1–200 (default 50).
+    pub limit: Option<u32>,
+}
+
+#[derive(sqlx::FromRow)]
+pub(crate) struct NotificationRow {
+    id: Uuid,
+    watch_id: Uuid,
+    item_code: Option<String>,
+    trigger: String,
+    channel: String,
+    status: String,
+    reason: Option<String>,
+    detected_price: i64,
+    detected_currency: String,
+    detected_in_stock: bool,
+    detected_at: DateTime<Utc>,
+    checked: Option<serde_json::Value>,
+    sent_value: Option<serde_json::Value>,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+    finished_at: Option<DateTime<Utc>>,
+    replay_of: Option<Uuid>,
+}
+
+impl NotificationRow {
+    pub(crate) fn id(&self) -> Uuid {
+        self.id
+    }
+}
+
+pub(crate) const NOTIFICATION_COLUMNS: &str =
+    "o.id, o.watch_id, w.item_code, o.trigger, o.channel, o.status, o.reason,
+     o.detected_price, o.detected_currency, o.detected_in_stock, o.detected_at, o.checked,
+     o.sent_value, o.created_at, o.updated_at, o.finished_at, o.replay_of";
+
+impl From<NotificationRow> for Notification {
+    fn from(r: NotificationRow) -> Self {
+        Notification {
+            id: r.id,
+            watch_id: r.watch_id,
+            item_code: r.item_code,
+            trigger: Trigger::from_key(&r.trigger).map(|t| TriggerSpec::from_trigger(&t)),
+            channel: r.channel,
+            status: r.status,
+            reason: r.reason,
+            detected: Detected {
+                price: r.detected_price,
+                currency: r.detected_currency,
+                in_stock: r.detected_in_stock,
+                at: r.detected_at,
+            },
+            checked: r.checked,
+            sent: r.sent_value,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+            finished_at: r.finished_at,
+            replay_of: r.replay_of,
+        }
+    }
+}
+
+pub fn status_filter(raw: Option<&str>) -> Result<Option<Status>, ApiError> {
+    raw.map(|s| {
+        s.parse::<Status>().map_err(|_| {
+            ApiError::BadRequest(format!(
+                "status `{s}` is not one of pending, retry, sending, sent, dropped, failed"
+            ))
+        })
+    })
+    .transpose()
+}
+
+#[utoipa::path(
+    get, path = "/v1/notifications", tag = "history",
+    params(ListNotifications),
+    security(("device_token" = [])),
+    responses(
+        (status = 200, description = "The device's notifications, newest first", body = NotificationList),
+        (status = 400, description = "Bad status, cursor or limit", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid device token", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list_notifications(
+    State(app): State<AppState>,
+    device: Device,
+    ApiQuery(q): ApiQuery<ListNotifications>,
+) -> Result<Json<NotificationList>, ApiError> {
+    let status = status_filter(q.status.as_deref())?;
+    let before = cursor(q.cursor.as_deref())?;
+    let limit = limit(q.limit)?;
+    // UUIDv7 ids are time-ordered: "newest first" is id order, served by outbox_device.
+    let rows: Vec<NotificationRow> = sqlx::query_as(&format!(
+        "SELECT {NOTIFICATION_COLUMNS}
+         FROM outbox o LEFT JOIN watches w ON w.id = o.watch_id
+         WHERE o.device_id = $1 AND ($2::text IS NULL OR o.status = $2)
+           AND ($3::uuid IS NULL OR o.id < $3)
+         ORDER BY o.id DESC LIMIT $4"
+    ))
+    .bind(device.id)
+    .bind(status.map(Status::as_str))
+    .bind(before)
+    .bind(limit + 1)
+    .fetch_all(&app.pool)
+    .await
+    .map_err(db("listing notifications"))?;
+    let (items, next_cursor) = page(rows, limit, |r| r.id);
+    Ok(Json(NotificationList {
+        items: items.into_iter().map(Notification::from).collect(),
+        next_cursor,
+    }))
+}

@@ -1,0 +1,128 @@
+//! The Tidings HTTP API: anonymous devices with a push subscription, their watches, their
+//! notification history, and operator endpoints over the outbox. Postgres is the only state;
+//! any number of replicas can serve.
+//!
+//! - [`devices`]: register a device (token shown once), replace its subscription, remove it.
+//! - [`watches`]: create (idempotent with `Idempotency-Key`), list, read, pause/resume, delete.
+//! - [`history`]: a device's own outbox rows, newest first, including what was withheld and why.
+//! - [`operators`]: outbox rows by state and reason, counts, replay of a terminal row.
+//! - [`health`]: `/livez`, `/readyz`. [`openapi`]: the OpenAPI 3.1 document, from this code.
+
+pub mod auth;
+pub mod config;
+pub mod devices;
+pub mod extract;
+pub mod health;
+pub mod history;
+pub mod openapi;
+pub mod operators;
+pub mod problem;
+pub mod watches;
+
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
+use axum::middleware::Next;
+use axum::response::Response;
+use sqlx::PgPool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tidings_shared::endpoint::EndpointPolicy;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+pub use config::Config;
+use problem::ApiError;
+
+/// What the api needs besides the database.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Push endpoints a subscription may use (the pusher's guard, applied at registration).
+    pub policy: EndpointPolicy,
+    /// Base64url VAPID public key browsers pass to `pushManager.subscribe`.
+    pub vapid_public_key: Option<String>,
+    /// SHA-256 of the operator token; `None` disables the operator endpoints.
+    pub admin_token_hash: Option<Vec<u8>>,
+    pub max_watches_per_device: i32,
+    pub max_triggers_per_watch: usize,
+    pub max_body_bytes: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            policy: EndpointPolicy::default(),
+            vapid_public_key: None,
+            admin_token_hash: None,
+            max_watches_per_device: 100,
+            max_triggers_per_watch: 8,
+            max_body_bytes: 16 * 1024,
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct AppState {
+    pub pool: PgPool,
+    pub settings: Arc<Settings>,
+}
+
+/// The router and the OpenAPI document describing exactly the routes it serves.
+pub fn app(pool: PgPool, settings: Settings) -> axum::Router {
+    let max_body = settings.max_body_bytes;
+    let state = AppState {
+        pool,
+        settings: Arc::new(settings),
+    };
+    openapi::router()
+        .with_state(state)
+        .fallback(no_route)
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(axum::middleware::from_fn(trace_request))
+}
+
+async fn no_route() -> ApiError {
+    ApiError::NotFound("route")
+}
+
+/// One span per request, named by its route template (low cardinality), with the outcome.
+async fn trace_request(request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "unmatched".to_owned());
+    let method = request.method().clone();
+    let span = tracing::info_span!("http.request", http.method = %method, http.route = %route, http.status = tracing::field::Empty);
+    let started = Instant::now();
+    let response = next.run(request).instrument(span.clone()).await;
+    let status = response.status().as_u16();
+    span.record("http.status", status);
+    let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
+    if status >= 500 {
+        tracing::warn!(parent: &span, status, elapsed_ms, "request failed");
+    } else {
+        tracing::debug!(parent: &span, status, elapsed_ms, "request");
+    }
+    response
+}
+
+/// Serves until `shutdown`, then lets in-flight requests finish. Also expires old idempotency
+/// records.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    pool: PgPool,
+    settings: Settings,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let sweeper = tokio::spawn(watches::expire_idempotency_keys(
+        pool.clone(),
+        Duration::from_secs(600),
+        shutdown.clone(),
+    ));
+    let router = app(pool, settings);
+    let result = axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+        .await;
+    shutdown.cancel();
+    let _ = sweeper.await;
+    result
+}

@@ -1,0 +1,86 @@
+//! The routes and their OpenAPI 3.1 description, built together: a handler is served only if it
+//! is registered here, and registering it documents it.
+
+use crate::problem::{ApiError, FieldError, Problem};
+use crate::{AppState, devices, health, history, operators, watches};
+use axum::Json;
+use std::sync::OnceLock;
+use utoipa::openapi::OpenApi as Document;
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Tidings API",
+        description = "Register a device and its Web Push subscription, watch items, and read the history of every notification: sent, withheld because it stopped being true, or failed.",
+        license(name = "Apache-2.0", identifier = "Apache-2.0")
+    ),
+    components(schemas(Problem, FieldError)),
+    modifiers(&Security),
+    tags(
+        (name = "devices", description = "Anonymous devices and their push subscription"),
+        (name = "watches", description = "What a device watches"),
+        (name = "history", description = "A device's notifications"),
+        (name = "operators", description = "Outbox inspection and replay (admin token)"),
+        (name = "health", description = "Probes"),
+    )
+)]
+struct ApiDoc;
+
+struct Security;
+
+impl Modify for Security {
+    fn modify(&self, doc: &mut Document) {
+        let components = doc.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "device_token",
+            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        );
+        components.add_security_scheme(
+            "admin_token",
+            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        );
+    }
+}
+
+fn parts() -> (axum::Router<AppState>, Document) {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(devices::create_device))
+        .routes(routes!(devices::delete_device))
+        .routes(routes!(devices::replace_subscription))
+        .routes(routes!(devices::vapid_public_key))
+        .routes(routes!(watches::create_watch, watches::list_watches))
+        .routes(routes!(
+            watches::get_watch,
+            watches::update_watch,
+            watches::delete_watch
+        ))
+        .routes(routes!(history::list_notifications))
+        .routes(routes!(operators::list_outbox))
+        .routes(routes!(operators::outbox_stats))
+        .routes(routes!(operators::get_outbox_row))
+        .routes(routes!(operators::replay))
+        .routes(routes!(health::livez))
+        .routes(routes!(health::readyz))
+        .routes(routes!(openapi_json))
+        .split_for_parts()
+}
+
+/// The OpenAPI document of this build.
+pub fn document() -> &'static serde_json::Value {
+    static DOC: OnceLock<serde_json::Value> = OnceLock::new();
+    DOC.get_or_init(|| serde_json::to_value(parts().1).unwrap_or_default())
+}
+
+pub fn router() -> axum::Router<AppState> {
+    parts().0
+}
+
+#[utoipa::path(get, path = "/openapi.json", tag = "health",
+    responses((status = 200, description = "This document (OpenAPI 3.1)", content_type = "application/json")))]
+pub async fn openapi_json() -> Result<Json<&'static serde_json::Value>, ApiError> {
+    Ok(Json(document()))
+}

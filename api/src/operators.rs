@@ -1,0 +1,311 @@
+//! Operator endpoints over the outbox (admin token): find rows by state and reason, see one row's
+//! delivery record, count what is where, and replay a terminal row as a new, linked row. Terminal
+//! rows are never edited: the database refuses it.
+
+use crate::AppState;
+use crate::auth::Operator;
+use crate::extract::{ApiQuery, cursor, limit, resource_id};
+use crate::history::{NOTIFICATION_COLUMNS, Notification, NotificationRow, status_filter};
+use crate::problem::{ApiError, Problem, db};
+use crate::watches::page;
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use tidings_shared::OutboxId;
+use tidings_shared::outbox::Status;
+use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListOutbox {
+    /// pending, retry, sending, sent, dropped or failed.
+    pub status: Option<String>,
+    /// A drop or failure reason, e.g. `condition_lost`.
+    pub reason: Option<String>,
+    pub device_id: Option<Uuid>,
+    pub watch_id: Option<Uuid>,
+    pub cursor: Option<String>,
+    /// Page size, 1–200 (default 50).
+    pub limit: Option<u32>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct OutboxList {
+    pub items: Vec<OutboxRow>,
+    pub next_cursor: Option<String>,
+}
+
+/// An outbox row as operators see it: the notification plus its delivery record.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct OutboxRow {
+    #[serde(flatten)]
+    pub notification: Notification,
+    pub device_id: Uuid,
+    /// Push attempts made (each one a PushRequest).
+    pub attempt: i32,
+    /// Times the row went back to `retry`.
+    pub retry_count: i32,
+    pub next_attempt_at: DateTime<Utc>,
+    pub lease_until: Option<DateTime<Utc>>,
+    pub deadline: Option<DateTime<Utc>>,
+    /// The last error: source failure, push-service answer, or lease expiry.
+    pub last_error: Option<String>,
+    /// The push service's last HTTP status.
+    pub http_status: Option<i32>,
+    /// The push service's message id (its `Location`) once delivered.
+    pub push_message_id: Option<String>,
+    pub subscription_id: Option<Uuid>,
+    pub traceparent: Option<String>,
+    /// Replays of this row (at most one).
+    pub replays: Vec<Uuid>,
+}
+
+#[derive(sqlx::FromRow)]
+struct DeliveryRow {
+    #[sqlx(flatten)]
+    notification: NotificationRow,
+    device_id: Uuid,
+    attempt: i32,
+    retry_count: i32,
+    next_attempt_at: DateTime<Utc>,
+    lease_until: Option<DateTime<Utc>>,
+    deadline: Option<DateTime<Utc>>,
+    last_error: Option<String>,
+    http_status: Option<i32>,
+    push_message_id: Option<String>,
+    subscription_id: Option<Uuid>,
+    traceparent: Option<String>,
+    replays: Vec<Uuid>,
+}
+
+impl From<DeliveryRow> for OutboxRow {
+    fn from(r: DeliveryRow) -> Self {
+        OutboxRow {
+            notification: r.notification.into(),
+            device_id: r.device_id,
+            attempt: r.attempt,
+            retry_count: r.retry_count,
+            next_attempt_at: r.next_attempt_at,
+            lease_until: r.lease_until,
+            deadline: r.deadline,
+            last_error: r.last_error,
+            http_status: r.http_status,
+            push_message_id: r.push_message_id,
+            subscription_id: r.subscription_id,
+            traceparent: r.traceparent,
+            replays: r.replays,
+        }
+    }
+}
+
+fn delivery_query(filter: &str) -> String {
+    format!(
+        "SELECT {NOTIFICATION_COLUMNS}, o.device_id, o.attempt, o.retry_count, o.next_attempt_at,
+                o.lease_until, o.deadline, o.last_error, o.http_status, o.push_message_id,
+                o.subscription_id, o.traceparent,
+                ARRAY(SELECT r.id FROM outbox r WHERE r.replay_of = o.id) AS replays
+         FROM outbox o LEFT JOIN watches w ON w.id = o.watch_id
+         {filter}"
+    )
+}
+
+#[utoipa::path(
+    get, path = "/v1/admin/outbox", tag = "operators",
+    params(ListOutbox),
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, description = "Outbox rows, newest first", body = OutboxList),
+        (status = 400, description = "Bad filter, cursor or limit", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid operator token", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list_outbox(
+    State(app): State<AppState>,
+    _: Operator,
+    ApiQuery(q): ApiQuery<ListOutbox>,
+) -> Result<Json<OutboxList>, ApiError> {
+    let status = status_filter(q.status.as_deref())?;
+    let before = cursor(q.cursor.as_deref())?;
+    let limit = limit(q.limit)?;
+    let rows: Vec<DeliveryRow> = sqlx::query_as(&delivery_query(
+        "WHERE ($1::text IS NULL OR o.status = $1) AND ($2::text IS NULL OR o.reason = $2)
+           AND ($3::uuid IS NULL OR o.device_id = $3) AND ($4::uuid IS NULL OR o.watch_id = $4)
+           AND ($5::uuid IS NULL OR o.id < $5)
+         ORDER BY o.id DESC LIMIT $6",
+    ))
+    .bind(status.map(Status::as_str))
+    .bind(q.reason.as_deref())
+    .bind(q.device_id)
+    .bind(q.watch_id)
+    .bind(before)
+    .bind(limit + 1)
+    .fetch_all(&app.pool)
+    .await
+    .map_err(db("listing outbox rows"))?;
+    let (items, next_cursor) = page(rows, limit, |r| r.notification.id());
+    Ok(Json(OutboxList {
+        items: items.into_iter().map(OutboxRow::from).collect(),
+        next_cursor,
+    }))
+}
+
+#[utoipa::path(
+    get, path = "/v1/admin/outbox/{id}", tag = "operators",
+    params(("id" = Uuid, Path, description = "Outbox row id")),
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, description = "The row with its delivery record", body = OutboxRow),
+        (status = 401, description = "Missing or invalid operator token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such row", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn get_outbox_row(
+    State(app): State<AppState>,
+    _: Operator,
+    Path(id): Path<String>,
+) -> Result<Json<OutboxRow>, ApiError> {
+    let id = resource_id(&id, "outbox row")?;
+    let row: Option<DeliveryRow> = sqlx::query_as(&delivery_query("WHERE o.id = $1"))
+        .bind(id)
+        .fetch_optional(&app.pool)
+        .await
+        .map_err(db("reading an outbox row"))?;
+    row.map(|r| Json(r.into()))
+        .ok_or(ApiError::NotFound("outbox row"))
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct StateCount {
+    pub status: String,
+    pub reason: Option<String>,
+    pub count: i64,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct OutboxStats {
+    /// Rows by state and reason.
+    pub states: Vec<StateCount>,
+    /// Rows due for the dispatcher now (pending, or retry whose time has come).
+    pub due: i64,
+    /// How long the oldest due row has been waiting, in seconds (0 when none is due).
+    pub oldest_due_age_seconds: f64,
+}
+
+#[utoipa::path(
+    get, path = "/v1/admin/outbox/stats", tag = "operators",
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, description = "Counts by state and reason", body = OutboxStats),
+        (status = 401, description = "Missing or invalid operator token", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn outbox_stats(
+    State(app): State<AppState>,
+    _: Operator,
+) -> Result<Json<OutboxStats>, ApiError> {
+    let states: Vec<(String, Option<String>, i64)> = sqlx::query_as(
+        "SELECT status, reason, count(*) FROM outbox GROUP BY status, reason ORDER BY status, reason",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .map_err(db("counting outbox rows"))?;
+    let (due, oldest): (i64, f64) = sqlx::query_as(
+        "SELECT count(*),
+                COALESCE(EXTRACT(EPOCH FROM now() - min(next_attempt_at))::float8, 0)
+         FROM outbox WHERE status IN ('pending', 'retry') AND next_attempt_at <= now()",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .map_err(db("measuring the due backlog"))?;
+    Ok(Json(OutboxStats {
+        states: states
+            .into_iter()
+            .map(|(status, reason, count)| StateCount {
+                status,
+                reason,
+                count,
+            })
+            .collect(),
+        due,
+        oldest_due_age_seconds: oldest,
+    }))
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Replayed {
+    /// The new row.
+    pub id: Uuid,
+    pub replay_of: Uuid,
+}
+
+#[utoipa::path(
+    post, path = "/v1/admin/outbox/{id}/replay", tag = "operators",
+    params(("id" = Uuid, Path, description = "A failed or dropped outbox row")),
+    security(("admin_token" = [])),
+    responses(
+        (status = 201, description = "A new pending row linked to the old one; it goes through the re-check like any other", body = Replayed),
+        (status = 401, description = "Missing or invalid operator token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such row", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The row is not failed or dropped, or was already replayed", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn replay(
+    State(app): State<AppState>,
+    _: Operator,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Json<Replayed>), ApiError> {
+    let original = resource_id(&id, "outbox row")?;
+    let new = OutboxId::new();
+    // The copy keeps the detection snapshot; the dispatcher re-checks it against the current
+    // value and baseline as usual, so a replay never sends something that is no longer true.
+    let inserted = sqlx::query(
+        "INSERT INTO outbox (id, watch_id, device_id, trigger, channel, dedup_day, detected_at,
+                             detected_price, detected_currency, detected_in_stock, detected_paused,
+                             detected_observed_at, baseline_price, baseline_reference,
+                             baseline_in_stock, replay_of)
+         SELECT $1, watch_id, device_id, trigger, channel, dedup_day, detected_at, detected_price,
+                detected_currency, detected_in_stock, detected_paused, detected_observed_at,
+                baseline_price, baseline_reference, baseline_in_stock, id
+         FROM outbox WHERE id = $2 AND status IN ('failed', 'dropped')
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(new)
+    .bind(original)
+    .execute(&app.pool)
+    .await
+    .map_err(db("replaying an outbox row"))?
+    .rows_affected();
+    if inserted == 1 {
+        tracing::info!(outbox_id = %new, replay_of = %original, "outbox row replayed");
+        return Ok((
+            StatusCode::CREATED,
+            Json(Replayed {
+                id: new.0,
+                replay_of: original,
+            }),
+        ));
+    }
+    let found: Option<(String, Option<Uuid>)> = sqlx::query_as(
+        "SELECT status, (SELECT r.id FROM outbox r WHERE r.replay_of = o.id) FROM outbox o WHERE id = $1",
+    )
+    .bind(original)
+    .fetch_optional(&app.pool)
+    .await
+    .map_err(db("reading an outbox row"))?;
+    match found {
+        None => Err(ApiError::NotFound("outbox row")),
+        Some((_, Some(replay))) => Err(ApiError::Conflict {
+            kind: "already-replayed",
+            detail: format!("row {original} was already replayed as {replay}"),
+        }),
+        Some((status, None)) => Err(ApiError::Conflict {
+            kind: "not-replayable",
+            detail: format!(
+                "row {original} is {status}; only failed or dropped rows can be replayed"
+            ),
+        }),
+    }
+}

@@ -1,0 +1,149 @@
+//! Errors as RFC 9457 problem details (`application/problem+json`). Every failure a client can
+//! cause gets a stable `type`, a status and a `detail` that says what to fix; server faults are
+//! logged with what failed and answered without internals.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+/// An RFC 9457 problem document.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Problem {
+    /// A URI reference naming the kind of problem, e.g. `/problems/validation`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub title: String,
+    pub status: u16,
+    pub detail: String,
+    /// For validation problems: which part of the request is wrong (a JSON Pointer into the
+    /// body, or a parameter name) and why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<FieldError>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct FieldError {
+    pub pointer: String,
+    pub detail: String,
+}
+
+/// Everything a handler can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// A well-formed request whose content breaks a rule (422).
+    #[error("{pointer}: {detail}")]
+    Invalid { pointer: String, detail: String },
+    /// A request that cannot be read: bad JSON, bad query or header (400).
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("request body is larger than {0} bytes")]
+    TooLarge(usize),
+    #[error("request body must be application/json")]
+    UnsupportedMediaType,
+    #[error("{0}")]
+    Unauthorized(&'static str),
+    #[error("{0} not found")]
+    NotFound(&'static str),
+    /// The request conflicts with the resource's state (409); `kind` names the rule.
+    #[error("{detail}")]
+    Conflict { kind: &'static str, detail: String },
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("database error while {what}: {source}")]
+    Db {
+        what: &'static str,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn invalid(pointer: impl Into<String>, detail: impl ToString) -> Self {
+        ApiError::Invalid {
+            pointer: pointer.into(),
+            detail: detail.to_string(),
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::Invalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict { .. } => StatusCode::CONFLICT,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Db { .. } | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            ApiError::Invalid { .. } => "validation",
+            ApiError::BadRequest(_) => "bad-request",
+            ApiError::TooLarge(_) => "body-too-large",
+            ApiError::UnsupportedMediaType => "unsupported-media-type",
+            ApiError::Unauthorized(_) => "unauthorized",
+            ApiError::NotFound(_) => "not-found",
+            ApiError::Conflict { kind, .. } => kind,
+            ApiError::Unavailable(_) => "unavailable",
+            ApiError::Db { .. } | ApiError::Internal(_) => "internal",
+        }
+    }
+
+    pub fn problem(&self) -> Problem {
+        let status = self.status();
+        let detail = match self {
+            // Internals stay in the log.
+            ApiError::Db { .. } | ApiError::Internal(_) => {
+                "the server could not complete the request; it was logged".to_owned()
+            }
+            other => other.to_string(),
+        };
+        let errors = match self {
+            ApiError::Invalid { pointer, detail } => vec![FieldError {
+                pointer: pointer.clone(),
+                detail: detail.clone(),
+            }],
+            _ => Vec::new(),
+        };
+        Problem {
+            kind: format!("/problems/{}", self.kind()),
+            title: status.canonical_reason().unwrap_or("Error").to_owned(),
+            status: status.as_u16(),
+            detail,
+            errors,
+        }
+    }
+}
+
+/// `.map_err(db("reading watches"))`: a database error that names what was being done.
+pub fn db(what: &'static str) -> impl FnOnce(sqlx::Error) -> ApiError {
+    move |source| ApiError::Db { what, source }
+}
+
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.status().is_server_error() {
+            tracing::error!(error = %self, "request failed");
+        }
+        let problem = self.problem();
+        let mut response = (self.status(), axum::Json(problem)).into_response();
+        response
+            .headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        if matches!(self, ApiError::Unauthorized(_)) {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}

@@ -1,0 +1,557 @@
+//! Watches: an item, the triggers that make it worth a notification, and the channel.
+//!
+//! A watch's item, triggers and channel never change after creation: baselines and outbox rows
+//! are keyed by (watch, trigger), so a changed trigger would make history unexplainable. To watch
+//! differently, delete and create. Pause and resume are the one change (PATCH).
+
+use crate::AppState;
+use crate::auth::{Device, DeviceToken};
+use crate::extract::{ApiQuery, JsonBody, cursor, limit, resource_id};
+use crate::problem::{ApiError, Problem, db};
+use aws_lc_rs::digest::{SHA256, digest};
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::PgConnection;
+use sqlx::types::Json as SqlJson;
+use std::collections::HashSet;
+use std::time::Duration;
+use tidings_shared::trigger::Trigger;
+use tidings_shared::{Channel, DeviceId, ItemCode, WatchId};
+use tokio_util::sync::CancellationToken;
+use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
+
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
+
+/// A trigger and its parameters. Prices are integer minor units (cents).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum TriggerSpec {
+    /// The price is below `threshold` (and below the last price notified about).
+    PriceBelow {
+        #[schema(minimum = 1, maximum = 1_000_000_000_000_i64)]
+        threshold: i64,
+    },
+    /// The price fell by at least `percent` % from the last notified price (or the first price
+    /// seen after the watch was created).
+    PriceDrop {
+        #[schema(minimum = 1, maximum = 99)]
+        percent: i64,
+    },
+    /// The item went from out of stock to in stock.
+    BackInStock,
+}
+
+impl TriggerSpec {
+    fn to_trigger(&self, at: &str) -> Result<Trigger, ApiError> {
+        let trigger = match *self {
+            TriggerSpec::PriceBelow { threshold } => Trigger::PriceBelow { threshold },
+            TriggerSpec::PriceDrop { percent } => Trigger::PriceDrop {
+                percent: u8::try_from(percent).map_err(|_| {
+                    ApiError::invalid(
+                        format!("{at}/percent"),
+                        format!("price_drop percent must be between 1 and 99, got {percent}"),
+                    )
+                })?,
+            },
+            TriggerSpec::BackInStock => Trigger::BackInStock,
+        };
+        trigger.validate().map_err(|e| {
+            let field = match self {
+                TriggerSpec::PriceBelow { .. } => "threshold",
+                _ => "percent",
+            };
+            ApiError::invalid(format!("{at}/{field}"), e)
+        })?;
+        Ok(trigger)
+    }
+
+    pub fn from_trigger(t: &Trigger) -> Self {
+        match *t {
+            Trigger::PriceBelow { threshold } => TriggerSpec::PriceBelow { threshold },
+            Trigger::PriceDrop { percent } => TriggerSpec::PriceDrop {
+                percent: i64::from(percent),
+            },
+            Trigger::BackInStock => TriggerSpec::BackInStock,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateWatch {
+    /// The item's code in the catalog: 1–128 characters of letters, digits, `-`, `_`, `.`, `:`.
+    pub item_code: String,
+    /// One or more triggers; each (kind, parameters) at most once.
+    pub triggers: Vec<TriggerSpec>,
+    /// Delivery channel; `web_push` (the default) is the only one today.
+    #[serde(default)]
+    pub channel: Option<String>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateWatch {
+    /// Pause (true) or resume (false) the watch. A paused watch is not scanned, and notifications
+    /// already on their way are withheld (`watch_paused`).
+    pub paused: bool,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Watch {
+    pub id: Uuid,
+    pub item_code: String,
+    pub triggers: Vec<TriggerSpec>,
+    pub channel: String,
+    pub paused: bool,
+    /// The first price seen for the item: `price_drop`'s reference until a notification is sent.
+    pub reference_price: Option<i64>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct WatchList {
+    pub items: Vec<Watch>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListWatches {
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+    /// Page size, 1–200 (default 50).
+    pub limit: Option<u32>,
+}
+
+#[derive(sqlx::FromRow)]
+struct WatchRow {
+    id: Uuid,
+    item_code: String,
+    triggers: SqlJson<Vec<Trigger>>,
+    channel: String,
+    paused: bool,
+    reference_price: Option<i64>,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+impl From<WatchRow> for Watch {
+    fn from(r: WatchRow) -> Self {
+        Watch {
+            id: r.id,
+            item_code: r.item_code,
+            triggers: r.triggers.0.iter().map(TriggerSpec::from_trigger).collect(),
+            channel: r.channel,
+            paused: r.paused,
+            reference_price: r.reference_price,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        }
+    }
+}
+
+const WATCH_COLUMNS: &str =
+    "id, item_code, triggers, channel, paused, reference_price, created_at, updated_at";
+
+/// A validated CreateWatch.
+struct NewWatch {
+    item: ItemCode,
+    triggers: Vec<Trigger>,
+    channel: Channel,
+}
+
+fn validate(req: &CreateWatch, max_triggers: usize) -> Result<NewWatch, ApiError> {
+    let item = ItemCode::parse(&req.item_code).map_err(|e| ApiError::invalid("/item_code", e))?;
+    if req.triggers.is_empty() {
+        return Err(ApiError::invalid(
+            "/triggers",
+            "at least one trigger is needed",
+        ));
+    }
+    if req.triggers.len() > max_triggers {
+        return Err(ApiError::invalid(
+            "/triggers",
+            format!(
+                "at most {max_triggers} triggers per watch, got {}",
+                req.triggers.len()
+            ),
+        ));
+    }
+    let mut seen = HashSet::new();
+    let mut triggers = Vec::with_capacity(req.triggers.len());
+    for (i, spec) in req.triggers.iter().enumerate() {
+        let at = format!("/triggers/{i}");
+        let trigger = spec.to_trigger(&at)?;
+        if !seen.insert(trigger.key()) {
+            return Err(ApiError::invalid(
+                at,
+                format!("trigger {trigger} is listed twice"),
+            ));
+        }
+        triggers.push(trigger);
+    }
+    let channel = match req.channel.as_deref() {
+        None => Channel::WebPush,
+        Some(c) => c.parse().map_err(|e| ApiError::invalid("/channel", e))?,
+    };
+    Ok(NewWatch {
+        item,
+        triggers,
+        channel,
+    })
+}
+
+#[derive(sqlx::FromRow)]
+struct CreatedRow {
+    device_id: DeviceId,
+    #[sqlx(flatten)]
+    watch: WatchRow,
+}
+
+/// Whose watch: a device already authenticated, or a token checked by the insert itself.
+enum Owner<'a> {
+    Device(&'a Device),
+    Token(&'a DeviceToken),
+}
+
+/// Inserts the watch if the device is under its limit. The limit is a conditional increment of
+/// the device's counter in the same statement, so concurrent creates cannot exceed it. With
+/// `Owner::Token` the same statement also authenticates: one round trip for the common case.
+async fn insert_watch(
+    conn: &mut PgConnection,
+    app: &AppState,
+    owner: Owner<'_>,
+    new: &NewWatch,
+) -> Result<Watch, ApiError> {
+    let id = WatchId::new();
+    let max = app.settings.max_watches_per_device;
+    let by = match owner {
+        Owner::Device(_) => "id = $2",
+        Owner::Token(_) => "token_hash = $2",
+    };
+    let sql = format!(
+        "WITH dev AS (
+             UPDATE devices SET watch_count = watch_count + 1
+             WHERE {by} AND removed_at IS NULL AND watch_count < $6
+             RETURNING id)
+         INSERT INTO watches (id, device_id, item_code, triggers, channel)
+         SELECT $1, dev.id, $3, $4, $5 FROM dev
+         RETURNING device_id, {WATCH_COLUMNS}"
+    );
+    let query = sqlx::query_as::<_, CreatedRow>(&sql).bind(id);
+    let query = match owner {
+        Owner::Device(d) => query.bind(d.id),
+        Owner::Token(t) => query.bind(&t.hash),
+    };
+    let row = query
+        .bind(new.item.as_str())
+        .bind(SqlJson(&new.triggers))
+        .bind(new.channel.as_str())
+        .bind(max)
+        .fetch_optional(conn)
+        .await
+        .map_err(db("creating a watch"))?;
+    let Some(CreatedRow {
+        device_id: device,
+        watch: row,
+    }) = row
+    else {
+        // Nothing inserted: an unknown token, or the limit.
+        if let Owner::Token(t) = owner {
+            t.device(app).await?;
+        }
+        return Err(ApiError::Conflict {
+            kind: "watch-limit",
+            detail: format!("this device already has the maximum of {max} watches"),
+        });
+    };
+    tracing::info!(device_id = %device, watch_id = %id, item = new.item.as_str(), "watch created");
+    Ok(row.into())
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get(IDEMPOTENCY_KEY) else {
+        return Ok(None);
+    };
+    let key = value
+        .to_str()
+        .ok()
+        .filter(|k| !k.is_empty() && k.len() <= MAX_IDEMPOTENCY_KEY_LEN)
+        .ok_or_else(|| {
+            ApiError::BadRequest(format!(
+                "Idempotency-Key must be 1–{MAX_IDEMPOTENCY_KEY_LEN} visible ASCII characters"
+            ))
+        })?;
+    Ok(Some(key.to_owned()))
+}
+
+fn created(watch: &Watch) -> Result<Response, ApiError> {
+    let body = serde_json::to_value(watch).map_err(|e| ApiError::Internal(e.to_string()))?;
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+#[utoipa::path(
+    post, path = "/v1/watches", tag = "watches",
+    request_body = CreateWatch,
+    params(("Idempotency-Key" = Option<String>, Header,
+            description = "Retrying with the same key (within 24 h) returns the first response and creates nothing new")),
+    security(("device_token" = [])),
+    responses(
+        (status = 201, description = "Watch created (or, with a replayed Idempotency-Key, the first response; header `Idempotent-Replayed: true`)", body = Watch),
+        (status = 400, description = "Body is not JSON, or a bad Idempotency-Key", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid device token", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Watch limit reached", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Body is not application/json", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid item code, trigger or channel; or an Idempotency-Key reused with a different body", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn create_watch(
+    State(app): State<AppState>,
+    token: DeviceToken,
+    headers: HeaderMap,
+    body: JsonBody<CreateWatch>,
+) -> Result<Response, ApiError> {
+    let key = idempotency_key(&headers)?;
+    let new = validate(&body.value, app.settings.max_triggers_per_watch)?;
+    let Some(key) = key else {
+        let mut conn = app.pool.acquire().await.map_err(db("creating a watch"))?;
+        let watch = insert_watch(&mut conn, &app, Owner::Token(&token), &new).await?;
+        return created(&watch);
+    };
+    let device = token.device(&app).await?;
+
+    // The key's record and the watch commit together. A concurrent retry with the same key
+    // waits on the key's unique index until then, and finds the stored response.
+    let request_hash = digest(&SHA256, &body.raw).as_ref().to_vec();
+    let mut tx = app.pool.begin().await.map_err(db("creating a watch"))?;
+    let claimed = sqlx::query(
+        "INSERT INTO idempotency_keys (device_id, key, request_hash, status, response)
+         VALUES ($1, $2, $3, 0, 'null') ON CONFLICT DO NOTHING",
+    )
+    .bind(device.id)
+    .bind(&key)
+    .bind(&request_hash)
+    .execute(&mut *tx)
+    .await
+    .map_err(db("recording an idempotency key"))?
+    .rows_affected()
+        == 1;
+    if claimed {
+        let watch = insert_watch(&mut tx, &app, Owner::Device(&device), &new).await?;
+        let response =
+            serde_json::to_value(&watch).map_err(|e| ApiError::Internal(e.to_string()))?;
+        sqlx::query(
+            "UPDATE idempotency_keys SET status = 201, response = $3 WHERE device_id = $1 AND key = $2",
+        )
+        .bind(device.id)
+        .bind(&key)
+        .bind(&response)
+        .execute(&mut *tx)
+        .await
+        .map_err(db("recording an idempotent response"))?;
+        tx.commit().await.map_err(db("creating a watch"))?;
+        return created(&watch);
+    }
+    tx.rollback().await.map_err(db("creating a watch"))?;
+
+    let (stored_hash, status, response): (Vec<u8>, i16, serde_json::Value) = sqlx::query_as(
+        "SELECT request_hash, status, response FROM idempotency_keys WHERE device_id = $1 AND key = $2",
+    )
+    .bind(device.id)
+    .bind(&key)
+    .fetch_one(&app.pool)
+    .await
+    .map_err(db("reading an idempotency key"))?;
+    if stored_hash != request_hash {
+        return Err(ApiError::invalid(
+            "Idempotency-Key",
+            "this key was already used with a different request body",
+        ));
+    }
+    let status = u16::try_from(status)
+        .ok()
+        .and_then(|s| StatusCode::from_u16(s).ok())
+        .unwrap_or(StatusCode::CREATED);
+    let mut response = (status, Json(response)).into_response();
+    response
+        .headers_mut()
+        .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    Ok(response)
+}
+
+/// Deletes idempotency records older than a day, every `every`, until `shutdown`.
+pub async fn expire_idempotency_keys(
+    pool: sqlx::PgPool,
+    every: Duration,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let result = sqlx::query(
+            "DELETE FROM idempotency_keys WHERE created_at < now() - interval '24 hours'",
+        )
+        .execute(&pool)
+        .await;
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "expiring idempotency keys failed; trying again later");
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
+#[utoipa::path(
+    get, path = "/v1/watches", tag = "watches",
+    params(ListWatches),
+    security(("device_token" = [])),
+    responses(
+        (status = 200, description = "The device's watches, oldest first", body = WatchList),
+        (status = 400, description = "Bad cursor or limit", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid device token", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list_watches(
+    State(app): State<AppState>,
+    device: Device,
+    ApiQuery(q): ApiQuery<ListWatches>,
+) -> Result<Json<WatchList>, ApiError> {
+    let after = cursor(q.cursor.as_deref())?;
+    let limit = limit(q.limit)?;
+    let rows: Vec<WatchRow> = sqlx::query_as(&format!(
+        "SELECT {WATCH_COLUMNS} FROM watches
+         WHERE device_id = $1 AND removed_at IS NULL AND ($2::uuid IS NULL OR id > $2)
+         ORDER BY id LIMIT $3"
+    ))
+    .bind(device.id)
+    .bind(after)
+    .bind(limit + 1)
+    .fetch_all(&app.pool)
+    .await
+    .map_err(db("listing watches"))?;
+    let (items, next_cursor) = page(rows, limit, |r| r.id);
+    Ok(Json(WatchList {
+        items: items.into_iter().map(Watch::from).collect(),
+        next_cursor,
+    }))
+}
+
+/// Splits `limit + 1` fetched rows into a page and the cursor of the next one.
+pub fn page<T>(mut rows: Vec<T>, limit: i64, id: impl Fn(&T) -> Uuid) -> (Vec<T>, Option<String>) {
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    if rows.len() > limit {
+        rows.truncate(limit);
+        let next = rows.last().map(|r| id(r).to_string());
+        (rows, next)
+    } else {
+        (rows, None)
+    }
+}
+
+#[utoipa::path(
+    get, path = "/v1/watches/{id}", tag = "watches",
+    params(("id" = Uuid, Path, description = "Watch id")),
+    security(("device_token" = [])),
+    responses(
+        (status = 200, description = "The watch", body = Watch),
+        (status = 401, description = "Missing or invalid device token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such watch for this device", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn get_watch(
+    State(app): State<AppState>,
+    device: Device,
+    Path(id): Path<String>,
+) -> Result<Json<Watch>, ApiError> {
+    let id = resource_id(&id, "watch")?;
+    let row: Option<WatchRow> = sqlx::query_as(&format!(
+        "SELECT {WATCH_COLUMNS} FROM watches WHERE id = $1 AND device_id = $2 AND removed_at IS NULL"
+    ))
+    .bind(id)
+    .bind(device.id)
+    .fetch_optional(&app.pool)
+    .await
+    .map_err(db("reading a watch"))?;
+    row.map(|r| Json(r.into()))
+        .ok_or(ApiError::NotFound("watch"))
+}
+
+#[utoipa::path(
+    patch, path = "/v1/watches/{id}", tag = "watches",
+    params(("id" = Uuid, Path, description = "Watch id")),
+    request_body = UpdateWatch,
+    security(("device_token" = [])),
+    responses(
+        (status = 200, description = "The updated watch", body = Watch),
+        (status = 400, description = "Body is not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid device token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such watch for this device", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Body is not application/json", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Unknown or invalid field (only `paused` can change)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn update_watch(
+    State(app): State<AppState>,
+    device: Device,
+    Path(id): Path<String>,
+    body: JsonBody<UpdateWatch>,
+) -> Result<Json<Watch>, ApiError> {
+    let id = resource_id(&id, "watch")?;
+    let row: Option<WatchRow> = sqlx::query_as(&format!(
+        "UPDATE watches SET paused = $3, updated_at = now()
+         WHERE id = $1 AND device_id = $2 AND removed_at IS NULL
+         RETURNING {WATCH_COLUMNS}"
+    ))
+    .bind(id)
+    .bind(device.id)
+    .bind(body.value.paused)
+    .fetch_optional(&app.pool)
+    .await
+    .map_err(db("updating a watch"))?;
+    let row = row.ok_or(ApiError::NotFound("watch"))?;
+    tracing::info!(device_id = %device.id, watch_id = %id, paused = row.paused, "watch updated");
+    Ok(Json(row.into()))
+}
+
+#[utoipa::path(
+    delete, path = "/v1/watches/{id}", tag = "watches",
+    params(("id" = Uuid, Path, description = "Watch id")),
+    security(("device_token" = [])),
+    responses(
+        (status = 204, description = "Watch removed; its pending notifications will be dropped"),
+        (status = 401, description = "Missing or invalid device token", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such watch for this device", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn delete_watch(
+    State(app): State<AppState>,
+    device: Device,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let id = resource_id(&id, "watch")?;
+    let removed: Option<i64> = sqlx::query_scalar(
+        "WITH w AS (UPDATE watches SET removed_at = now(), updated_at = now()
+                    WHERE id = $1 AND device_id = $2 AND removed_at IS NULL RETURNING device_id),
+              d AS (UPDATE devices SET watch_count = watch_count - 1
+                    WHERE id IN (SELECT device_id FROM w) RETURNING id)
+         SELECT count(*) FROM d HAVING count(*) > 0",
+    )
+    .bind(id)
+    .bind(device.id)
+    .fetch_optional(&app.pool)
+    .await
+    .map_err(db("removing a watch"))?;
+    removed.ok_or(ApiError::NotFound("watch"))?;
+    tracing::info!(device_id = %device.id, watch_id = %id, "watch removed");
+    Ok(StatusCode::NO_CONTENT)
+}

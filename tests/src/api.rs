@@ -1,0 +1,110 @@
+//! The api served in-process on a free port, and a browser-like client for it.
+
+use aws_lc_rs::agreement::{ECDH_P256, PrivateKey};
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use reqwest::{Method, RequestBuilder};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use tidings_api::Settings;
+use tidings_api::auth::token_hash;
+use tidings_shared::endpoint::EndpointPolicy;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub const ADMIN_TOKEN: &str = "operator-token-for-tests-0123456789abcdef";
+pub const VAPID_PUBLIC: &str =
+    "BEl62iUYgUivxIkv69yViEuiBIa-Ib9-SkvMeAtA3LFgDzkrxZJjSgSnfckjBJuBkr3qBUYIHBQFLXYp5Nksh8U";
+
+/// Settings for tests: endpoints on 127.0.0.1 allowed (the fake push service), a small watch
+/// limit so it can be reached, operator token [`ADMIN_TOKEN`].
+pub fn test_settings() -> Settings {
+    Settings {
+        policy: EndpointPolicy {
+            allowed_hosts: vec!["127.0.0.1".into()],
+            allow_private: true,
+            allow_http: false,
+        },
+        vapid_public_key: Some(VAPID_PUBLIC.into()),
+        admin_token_hash: Some(token_hash(ADMIN_TOKEN)),
+        max_watches_per_device: 3,
+        ..Settings::default()
+    }
+}
+
+pub struct ApiServer {
+    pub base: String,
+    pub http: reqwest::Client,
+    shutdown: CancellationToken,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+impl ApiServer {
+    pub async fn start(pool: PgPool, settings: Settings) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(tidings_api::serve(
+            listener,
+            pool,
+            settings,
+            shutdown.clone(),
+        ));
+        ApiServer {
+            base,
+            http: reqwest::Client::new(),
+            shutdown,
+            task,
+        }
+    }
+
+    pub fn req(&self, method: Method, path: &str, token: Option<&str>) -> RequestBuilder {
+        let r = self.http.request(method, format!("{}{path}", self.base));
+        match token {
+            Some(t) => r.bearer_auth(t),
+            None => r,
+        }
+    }
+
+    /// Registers a device with a fresh browser-like subscription; returns (device_id, token).
+    pub async fn register(&self) -> (String, String) {
+        let r = self
+            .req(Method::POST, "/v1/devices", None)
+            .json(&json!({
+                "subscription": browser_subscription("https://127.0.0.1:9/push/test"),
+                "time_zone": "Europe/Berlin",
+            }))
+            .send()
+            .await
+            .expect("register");
+        assert_eq!(r.status(), 201, "{:?}", r.text().await);
+        let body: Value = r.json().await.expect("json");
+        (
+            body["device_id"].as_str().expect("id").to_owned(),
+            body["token"].as_str().expect("token").to_owned(),
+        )
+    }
+
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.expect("api task").expect("api served");
+    }
+}
+
+/// A subscription as `PushSubscription.toJSON()` gives it, with a real P-256 key pair.
+pub fn browser_subscription(endpoint: &str) -> Value {
+    let private = PrivateKey::generate(&ECDH_P256).expect("key");
+    let public = private.compute_public_key().expect("public");
+    let mut auth = [0u8; 16];
+    aws_lc_rs::rand::fill(&mut auth).expect("random");
+    json!({
+        "endpoint": endpoint,
+        "expirationTime": null,
+        "keys": {
+            "p256dh": URL_SAFE_NO_PAD.encode(public.as_ref()),
+            "auth": URL_SAFE_NO_PAD.encode(auth),
+        }
+    })
+}

@@ -1,0 +1,1077 @@
+//! The api over HTTP against real Postgres: the client story, isolation between devices, every
+//! validation rule, idempotent creates, and the OpenAPI document against the router.
+
+use chrono::Utc;
+use reqwest::{Method, Response};
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+use tidings_api::Settings;
+use tidings_shared::endpoint::EndpointPolicy;
+use tidings_shared::trigger::Trigger;
+use tidings_shared::{DeviceId, WatchId};
+use tidings_tests::api::{
+    ADMIN_TOKEN, ApiServer, VAPID_PUBLIC, browser_subscription, test_settings,
+};
+use tidings_tests::fixtures::{self, Device, Inserted};
+use tidings_tests::harness::{TestDb, tool};
+use tidings_tests::scenario::Scenario;
+use uuid::Uuid;
+
+async fn json(r: Response) -> Value {
+    r.json().await.expect("json body")
+}
+
+/// Asserts a problem+json answer with `status`; returns the problem.
+async fn problem(r: Response, status: u16) -> Value {
+    assert_eq!(r.status().as_u16(), status, "unexpected status");
+    assert_eq!(
+        r.headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok()),
+        Some("application/problem+json")
+    );
+    let p = json(r).await;
+    assert_eq!(p["status"], status);
+    assert!(
+        p["type"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("/problems/")),
+        "{p}"
+    );
+    assert!(p["detail"].as_str().is_some_and(|d| !d.is_empty()), "{p}");
+    p
+}
+
+fn pointer(p: &Value) -> &str {
+    p["errors"][0]["pointer"].as_str().unwrap_or("")
+}
+
+async fn count(db: &sqlx::PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(db).await.unwrap()
+}
+
+/// An outbox row for a watch made through the api, as ingest would insert it.
+async fn outbox_row(db: &sqlx::PgPool, device: &str, watch: &str, price: i64) -> Uuid {
+    let device = Device {
+        id: DeviceId(device.parse().unwrap()),
+        time_zone: "Europe/Berlin".into(),
+    };
+    let req = fixtures::enqueue_request(
+        &device,
+        WatchId(watch.parse().unwrap()),
+        Trigger::PriceBelow { threshold: 1200 },
+        price,
+        Utc::now(),
+    );
+    match fixtures::insert_outbox(db, &req).await.unwrap() {
+        Inserted::New(id) => id.0,
+        Inserted::Duplicate => panic!("duplicate"),
+    }
+}
+
+#[tokio::test]
+async fn a_client_registers_watches_pauses_reads_history_and_leaves() {
+    let s = Scenario::new().await;
+    let api = ApiServer::start(s.db.pool.clone(), test_settings()).await;
+
+    let key = json(
+        api.req(Method::GET, "/v1/vapid-public-key", None)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(key["public_key"], VAPID_PUBLIC);
+
+    let (device, token) = api.register().await;
+    assert_eq!(token.len(), 43, "32 random bytes, base64url");
+    let stored: Vec<u8> = sqlx::query_scalar("SELECT token_hash FROM devices WHERE id = $1::uuid")
+        .bind(&device)
+        .fetch_one(&s.db.pool)
+        .await
+        .unwrap();
+    assert_ne!(stored, token.as_bytes(), "only the hash is stored");
+
+    let mut ids = Vec::new();
+    for (item, trigger) in [
+        ("SKU-1", json!({"kind": "price_below", "threshold": 1200})),
+        ("SKU-2", json!({"kind": "price_drop", "percent": 10})),
+    ] {
+        let r = api
+            .req(Method::POST, "/v1/watches", Some(&token))
+            .json(&json!({"item_code": item, "triggers": [trigger, {"kind": "back_in_stock"}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+        let w = json(r).await;
+        assert_eq!(w["item_code"], item);
+        assert_eq!(w["channel"], "web_push");
+        assert_eq!(w["triggers"].as_array().unwrap().len(), 2);
+        ids.push(w["id"].as_str().unwrap().to_owned());
+    }
+
+    // Paged listing, oldest first.
+    let page1 = json(
+        api.req(Method::GET, "/v1/watches?limit=1", Some(&token))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(page1["items"][0]["id"], ids[0].as_str());
+    let next = page1["next_cursor"].as_str().unwrap();
+    let page2 = json(
+        api.req(
+            Method::GET,
+            &format!("/v1/watches?limit=1&cursor={next}"),
+            Some(&token),
+        )
+        .send()
+        .await
+        .unwrap(),
+    )
+    .await;
+    assert_eq!(page2["items"][0]["id"], ids[1].as_str());
+    assert!(page2["next_cursor"].is_null());
+
+    let paused = json(
+        api.req(
+            Method::PATCH,
+            &format!("/v1/watches/{}", ids[1]),
+            Some(&token),
+        )
+        .json(&json!({"paused": true}))
+        .send()
+        .await
+        .unwrap(),
+    )
+    .await;
+    assert_eq!(paused["paused"], true);
+    let read = json(
+        api.req(
+            Method::GET,
+            &format!("/v1/watches/{}", ids[1]),
+            Some(&token),
+        )
+        .send()
+        .await
+        .unwrap(),
+    )
+    .await;
+    assert_eq!(read["paused"], true);
+
+    // History: a withheld row and a pending one, newest first, with the reason.
+    let withheld = outbox_row(&s.db.pool, &device, &ids[0], 1100).await;
+    sqlx::query(
+        "UPDATE outbox SET status = 'dropped', reason = 'condition_lost', finished_at = now(),
+                checked = '{\"price\": 1300}' WHERE id = $1",
+    )
+    .bind(withheld)
+    .execute(&s.db.pool)
+    .await
+    .unwrap();
+    let pending = outbox_row(&s.db.pool, &device, &ids[1], 1000).await;
+    let history = json(
+        api.req(Method::GET, "/v1/notifications", Some(&token))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let items = history["items"].as_array().unwrap();
+    assert_eq!(items.len(), 2);
+    assert_eq!(items[0]["id"], pending.to_string());
+    assert_eq!(items[0]["status"], "pending");
+    assert_eq!(items[1]["status"], "dropped");
+    assert_eq!(items[1]["reason"], "condition_lost");
+    assert_eq!(items[1]["detected"]["price"], 1100);
+    assert_eq!(items[1]["checked"]["price"], 1300);
+    assert_eq!(items[1]["item_code"], "SKU-1");
+    assert_eq!(items[1]["trigger"]["kind"], "price_below");
+    let dropped_only = json(
+        api.req(
+            Method::GET,
+            "/v1/notifications?status=dropped",
+            Some(&token),
+        )
+        .send()
+        .await
+        .unwrap(),
+    )
+    .await;
+    assert_eq!(dropped_only["items"].as_array().unwrap().len(), 1);
+
+    // Leaving: the token stops working, watches and subscription go, the pending row is dropped
+    // by the dispatcher's pre-guard.
+    let r = api
+        .req(Method::DELETE, "/v1/devices/me", Some(&token))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    problem(
+        api.req(Method::GET, "/v1/watches", Some(&token))
+            .send()
+            .await
+            .unwrap(),
+        401,
+    )
+    .await;
+    assert_eq!(
+        count(
+            &s.db.pool,
+            "SELECT count(*) FROM watches WHERE removed_at IS NULL"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        count(
+            &s.db.pool,
+            "SELECT count(*) FROM push_subscriptions WHERE active"
+        )
+        .await,
+        0
+    );
+    sqlx::query("UPDATE watches SET paused = false")
+        .execute(&s.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(s.dispatcher().dispatch_once().await.unwrap().dropped, 1);
+    let reason: String = sqlx::query_scalar("SELECT reason FROM outbox WHERE id = $1")
+        .bind(pending)
+        .fetch_one(&s.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(reason, "watch_removed");
+    assert_eq!(
+        s.catalog.requests(),
+        (0, 0),
+        "no source call for a removed watch"
+    );
+
+    api.stop().await;
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn replacing_the_subscription_keeps_exactly_one_active() {
+    let db = TestDb::new().await.unwrap();
+    let api = ApiServer::start(db.pool.clone(), test_settings()).await;
+    let (device, token) = api.register().await;
+    let r = api
+        .req(Method::PUT, "/v1/devices/me/subscription", Some(&token))
+        .json(&browser_subscription("https://127.0.0.1:9/push/new"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let new = json(r).await["subscription_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let active: Vec<(Uuid, String)> = sqlx::query_as(
+        "SELECT id, endpoint FROM push_subscriptions WHERE device_id = $1::uuid AND active",
+    )
+    .bind(&device)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        active,
+        vec![(
+            new.parse().unwrap(),
+            "https://127.0.0.1:9/push/new".to_owned()
+        )]
+    );
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT count(*) FROM push_subscriptions WHERE deactivation_reason = 'replaced'"
+        )
+        .await,
+        1
+    );
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn another_devices_watch_answers_404_and_is_not_touched() {
+    let db = TestDb::new().await.unwrap();
+    let api = ApiServer::start(db.pool.clone(), test_settings()).await;
+    let (device_a, a) = api.register().await;
+    let (_, b) = api.register().await;
+    let w = json(
+        api.req(Method::POST, "/v1/watches", Some(&a))
+            .json(&json!({"item_code": "SKU-1", "triggers": [{"kind": "back_in_stock"}]}))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let id = w["id"].as_str().unwrap();
+    let path = format!("/v1/watches/{id}");
+    outbox_row(&db.pool, &device_a, id, 1000).await;
+
+    problem(
+        api.req(Method::GET, &path, Some(&b)).send().await.unwrap(),
+        404,
+    )
+    .await;
+    problem(
+        api.req(Method::PATCH, &path, Some(&b))
+            .json(&json!({"paused": true}))
+            .send()
+            .await
+            .unwrap(),
+        404,
+    )
+    .await;
+    problem(
+        api.req(Method::DELETE, &path, Some(&b))
+            .send()
+            .await
+            .unwrap(),
+        404,
+    )
+    .await;
+    // A malformed id is the same answer as someone else's.
+    problem(
+        api.req(Method::GET, "/v1/watches/not-a-uuid", Some(&b))
+            .send()
+            .await
+            .unwrap(),
+        404,
+    )
+    .await;
+    let b_list = json(
+        api.req(Method::GET, "/v1/watches", Some(&b))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(b_list["items"].as_array().unwrap().len(), 0);
+    let b_history = json(
+        api.req(Method::GET, "/v1/notifications", Some(&b))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(b_history["items"].as_array().unwrap().len(), 0);
+
+    let still = json(api.req(Method::GET, &path, Some(&a)).send().await.unwrap()).await;
+    assert_eq!(still["paused"], false);
+    assert_eq!(still["updated_at"], w["updated_at"]);
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT count(*) FROM watches WHERE removed_at IS NULL AND NOT paused"
+        )
+        .await,
+        1
+    );
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn missing_or_invalid_tokens_get_401() {
+    let db = TestDb::new().await.unwrap();
+    let api = ApiServer::start(db.pool.clone(), test_settings()).await;
+    let (_, token) = api.register().await;
+    let wrong = format!("{}A", &token[..42]);
+    for t in [None, Some("garbage"), Some(wrong.as_str())] {
+        let p = problem(
+            api.req(Method::GET, "/v1/watches", t).send().await.unwrap(),
+            401,
+        )
+        .await;
+        assert_eq!(p["type"], "/problems/unauthorized");
+    }
+    // A device token is not an operator token, and vice versa.
+    problem(
+        api.req(Method::GET, "/v1/admin/outbox", Some(&token))
+            .send()
+            .await
+            .unwrap(),
+        401,
+    )
+    .await;
+    problem(
+        api.req(Method::GET, "/v1/watches", Some(ADMIN_TOKEN))
+            .send()
+            .await
+            .unwrap(),
+        401,
+    )
+    .await;
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn every_registration_rule_refuses_bad_input_with_a_problem() {
+    let db = TestDb::new().await.unwrap();
+    let mut strict = test_settings();
+    // Allowlisted by name but private: the address rule must still refuse it.
+    strict.policy = EndpointPolicy {
+        allowed_hosts: vec!["127.0.0.1".into(), "fcm.googleapis.com".into()],
+        allow_private: false,
+        allow_http: false,
+    };
+    let api = ApiServer::start(db.pool.clone(), strict).await;
+    let good = browser_subscription("https://127.0.0.1:9/push/x");
+    let with = |path: &str, value: Value| {
+        let mut sub = good.clone();
+        *sub.pointer_mut(path).unwrap() = value;
+        json!({"subscription": sub})
+    };
+    let mut bad_point = vec![4u8];
+    bad_point.extend([1u8; 64]);
+    use base64::Engine;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+    let cases = [
+        (
+            with("/keys/p256dh", json!(b64(&bad_point))),
+            "/subscription/keys/p256dh",
+            "curve",
+        ),
+        (
+            with("/keys/p256dh", json!(b64(&[4u8; 33]))),
+            "/subscription/keys/p256dh",
+            "65 bytes",
+        ),
+        (
+            with("/keys/p256dh", json!("not base64!")),
+            "/subscription/keys/p256dh",
+            "base64url",
+        ),
+        (
+            with("/keys/auth", json!(b64(&[7u8; 15]))),
+            "/subscription/keys/auth",
+            "16 bytes",
+        ),
+        (
+            with("/endpoint", json!("http://fcm.googleapis.com/fcm/send/x")),
+            "/subscription/endpoint",
+            "https",
+        ),
+        (
+            with("/endpoint", json!("https://evil.example.com/push")),
+            "/subscription/endpoint",
+            "not an allowed",
+        ),
+        (
+            with("/endpoint", json!("https://127.0.0.1:9/push/x")),
+            "/subscription/endpoint",
+            "private",
+        ),
+        (
+            with(
+                "/endpoint",
+                json!(format!("https://fcm.googleapis.com/{}", "a".repeat(2100))),
+            ),
+            "/subscription/endpoint",
+            "longer",
+        ),
+        (
+            json!({"subscription": good, "time_zone": "Mars/Olympus"}),
+            "/time_zone",
+            "Mars/Olympus",
+        ),
+    ];
+    for (body, at, says) in cases {
+        let p = problem(
+            api.req(Method::POST, "/v1/devices", None)
+                .json(&body)
+                .send()
+                .await
+                .unwrap(),
+            422,
+        )
+        .await;
+        assert_eq!(pointer(&p), at, "{p}");
+        assert!(
+            p["detail"].as_str().unwrap().contains(says),
+            "{p} should say {says}"
+        );
+    }
+    assert_eq!(count(&db.pool, "SELECT count(*) FROM devices").await, 0);
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM push_subscriptions").await,
+        0
+    );
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn every_watch_rule_refuses_bad_input_with_a_problem() {
+    let db = TestDb::new().await.unwrap();
+    let api = ApiServer::start(db.pool.clone(), test_settings()).await;
+    let (_, token) = api.register().await;
+    let post = |body: Value| {
+        api.req(Method::POST, "/v1/watches", Some(&token))
+            .json(&body)
+            .send()
+    };
+    let below = |t: i64| json!({"kind": "price_below", "threshold": t});
+    let cases = [
+        (
+            json!({"item_code": "", "triggers": [below(100)]}),
+            "/item_code",
+        ),
+        (
+            json!({"item_code": "x".repeat(129), "triggers": [below(100)]}),
+            "/item_code",
+        ),
+        (
+            json!({"item_code": "SKU 1; DROP", "triggers": [below(100)]}),
+            "/item_code",
+        ),
+        (json!({"item_code": "SKU-1", "triggers": []}), "/triggers"),
+        (
+            json!({"item_code": "SKU-1", "triggers": (1..=9).map(below).collect::<Vec<_>>()}),
+            "/triggers",
+        ),
+        (
+            json!({"item_code": "SKU-1", "triggers": [below(0)]}),
+            "/triggers/0/threshold",
+        ),
+        (
+            json!({"item_code": "SKU-1", "triggers": [below(1_000_000_000_001)]}),
+            "/triggers/0/threshold",
+        ),
+        (
+            json!({"item_code": "SKU-1", "triggers": [{"kind": "price_drop", "percent": 100}]}),
+            "/triggers/0/percent",
+        ),
+        (
+            json!({"item_code": "SKU-1", "triggers": [{"kind": "price_drop", "percent": 300}]}),
+            "/triggers/0/percent",
+        ),
+        (
+            json!({"item_code": "SKU-1", "triggers": [{"kind": "price_drop", "percent": 0}]}),
+            "/triggers/0/percent",
+        ),
+        (
+            json!({"item_code": "SKU-1", "triggers": [below(100), below(100)]}),
+            "/triggers/1",
+        ),
+        (
+            json!({"item_code": "SKU-1", "triggers": [below(100)], "channel": "sms"}),
+            "/channel",
+        ),
+        // Shape errors: unknown trigger kind, unknown field, wrong type.
+        (
+            json!({"item_code": "SKU-1", "triggers": [{"kind": "price_above", "threshold": 1}]}),
+            "",
+        ),
+        (
+            json!({"item_code": "SKU-1", "triggers": [below(100)], "owner": "me"}),
+            "",
+        ),
+        (json!({"item_code": 42, "triggers": [below(100)]}), ""),
+    ];
+    for (body, at) in cases {
+        let p = problem(post(body.clone()).await.unwrap(), 422).await;
+        assert_eq!(pointer(&p), at, "{body} -> {p}");
+    }
+
+    // Not JSON, not declared as JSON, too large.
+    let raw = |body: String, ct: &'static str| {
+        api.req(Method::POST, "/v1/watches", Some(&token))
+            .header("content-type", ct)
+            .body(body)
+            .send()
+    };
+    problem(
+        raw("{\"item_code\":".into(), "application/json")
+            .await
+            .unwrap(),
+        400,
+    )
+    .await;
+    problem(
+        raw(
+            "item_code=SKU-1".into(),
+            "application/x-www-form-urlencoded",
+        )
+        .await
+        .unwrap(),
+        415,
+    )
+    .await;
+    let huge = json!({"item_code": "SKU-1", "triggers": [below(100)], "pad": "x".repeat(20_000)});
+    problem(
+        raw(huge.to_string(), "application/json").await.unwrap(),
+        413,
+    )
+    .await;
+    // PATCH changes only `paused`.
+    let ok = json(
+        post(json!({"item_code": "SKU-1", "triggers": [below(100)]}))
+            .await
+            .unwrap(),
+    )
+    .await;
+    let p = problem(
+        api.req(
+            Method::PATCH,
+            &format!("/v1/watches/{}", ok["id"].as_str().unwrap()),
+            Some(&token),
+        )
+        .json(&json!({"paused": true, "triggers": []}))
+        .send()
+        .await
+        .unwrap(),
+        422,
+    )
+    .await;
+    assert!(
+        p["detail"].as_str().unwrap().contains("unknown field"),
+        "{p}"
+    );
+    // Bad query parameters.
+    problem(
+        api.req(Method::GET, "/v1/watches?limit=0", Some(&token))
+            .send()
+            .await
+            .unwrap(),
+        400,
+    )
+    .await;
+    problem(
+        api.req(Method::GET, "/v1/watches?cursor=zzz", Some(&token))
+            .send()
+            .await
+            .unwrap(),
+        400,
+    )
+    .await;
+    problem(
+        api.req(Method::GET, "/v1/notifications?status=lost", Some(&token))
+            .send()
+            .await
+            .unwrap(),
+        400,
+    )
+    .await;
+
+    // The limit (3 in the test settings): one exists, two more fit, the next is refused.
+    for item in ["SKU-2", "SKU-3"] {
+        assert_eq!(
+            post(json!({"item_code": item, "triggers": [below(100)]}))
+                .await
+                .unwrap()
+                .status(),
+            201
+        );
+    }
+    let p = problem(
+        post(json!({"item_code": "SKU-4", "triggers": [below(100)]}))
+            .await
+            .unwrap(),
+        409,
+    )
+    .await;
+    assert_eq!(p["type"], "/problems/watch-limit");
+    // Deleting one frees a slot.
+    let r = api
+        .req(
+            Method::DELETE,
+            &format!("/v1/watches/{}", ok["id"].as_str().unwrap()),
+            Some(&token),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    assert_eq!(
+        post(json!({"item_code": "SKU-4", "triggers": [below(100)]}))
+            .await
+            .unwrap()
+            .status(),
+        201
+    );
+
+    let watches: Vec<(String, Value)> = sqlx::query_as(
+        "SELECT item_code, triggers FROM watches WHERE removed_at IS NULL ORDER BY item_code",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let items: Vec<&str> = watches.iter().map(|(i, _)| i.as_str()).collect();
+    assert_eq!(
+        items,
+        ["SKU-2", "SKU-3", "SKU-4"],
+        "nothing invalid was stored"
+    );
+    assert_eq!(
+        count(&db.pool, "SELECT watch_count::bigint FROM devices").await,
+        3
+    );
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn concurrent_creates_never_exceed_the_watch_limit() {
+    let db = TestDb::new().await.unwrap();
+    let api = ApiServer::start(db.pool.clone(), test_settings()).await;
+    let (_, token) = api.register().await;
+    let creates = (0..12).map(|i| {
+        api.req(Method::POST, "/v1/watches", Some(&token))
+            .json(
+                &json!({"item_code": format!("SKU-{i}"), "triggers": [{"kind": "back_in_stock"}]}),
+            )
+            .send()
+    });
+    let statuses: Vec<u16> = futures::future::join_all(creates)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap().status().as_u16())
+        .collect();
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 201).count(),
+        3,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 409).count(),
+        9,
+        "{statuses:?}"
+    );
+    assert_eq!(count(&db.pool, "SELECT count(*) FROM watches").await, 3);
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn a_retried_create_with_the_same_idempotency_key_creates_one_watch() {
+    let db = TestDb::new().await.unwrap();
+    let api = ApiServer::start(db.pool.clone(), test_settings()).await;
+    let (_, token) = api.register().await;
+    let body = json!({"item_code": "SKU-1", "triggers": [{"kind": "back_in_stock"}]});
+    let send = |key: &'static str, body: Value| {
+        api.req(Method::POST, "/v1/watches", Some(&token))
+            .header("Idempotency-Key", key)
+            .json(&body)
+            .send()
+    };
+    let first = send("k-1", body.clone()).await.unwrap();
+    assert_eq!(first.status(), 201);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    let first = json(first).await;
+    let again = send("k-1", body.clone()).await.unwrap();
+    assert_eq!(again.status(), 201);
+    assert_eq!(again.headers().get("idempotent-replayed").unwrap(), "true");
+    assert_eq!(json(again).await, first);
+
+    // Concurrent retries of a new key: one creates, the rest get its response.
+    let answers = futures::future::join_all((0..8).map(|_| send("k-2", body.clone()))).await;
+    let mut ids = BTreeSet::new();
+    for a in answers {
+        let a = a.unwrap();
+        assert_eq!(a.status(), 201);
+        ids.insert(json(a).await["id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(ids.len(), 1, "{ids:?}");
+
+    // The same key with another body is a client bug, not a retry.
+    let p = problem(
+        send(
+            "k-1",
+            json!({"item_code": "SKU-9", "triggers": [{"kind": "back_in_stock"}]}),
+        )
+        .await
+        .unwrap(),
+        422,
+    )
+    .await;
+    assert_eq!(pointer(&p), "Idempotency-Key");
+    assert_eq!(count(&db.pool, "SELECT count(*) FROM watches").await, 2);
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn operators_list_count_inspect_and_replay_terminal_rows() {
+    let db = TestDb::new().await.unwrap();
+    let api = ApiServer::start(db.pool.clone(), test_settings()).await;
+    let (device, token) = api.register().await;
+    let w = json(
+        api.req(Method::POST, "/v1/watches", Some(&token))
+            .json(&json!({"item_code": "SKU-1", "triggers": [{"kind": "price_below", "threshold": 1200}]}))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let failed = outbox_row(&db.pool, &device, w["id"].as_str().unwrap(), 1100).await;
+    sqlx::query(
+        "UPDATE outbox SET status = 'failed', reason = 'retries_exhausted', finished_at = now(),
+                retry_count = 5, attempt = 5, last_error = 'push service answered 503', http_status = 503
+         WHERE id = $1",
+    )
+    .bind(failed)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let admin = Some(ADMIN_TOKEN);
+
+    let listed = json(
+        api.req(
+            Method::GET,
+            "/v1/admin/outbox?status=failed&reason=retries_exhausted",
+            admin,
+        )
+        .send()
+        .await
+        .unwrap(),
+    )
+    .await;
+    assert_eq!(listed["items"][0]["id"], failed.to_string());
+    let none = json(
+        api.req(Method::GET, "/v1/admin/outbox?reason=condition_lost", admin)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(none["items"].as_array().unwrap().len(), 0);
+
+    let one = json(
+        api.req(Method::GET, &format!("/v1/admin/outbox/{failed}"), admin)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(one["attempt"], 5);
+    assert_eq!(one["last_error"], "push service answered 503");
+    assert_eq!(one["http_status"], 503);
+
+    let r = api
+        .req(
+            Method::POST,
+            &format!("/v1/admin/outbox/{failed}/replay"),
+            admin,
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let replay = json(r).await["id"].as_str().unwrap().to_owned();
+    let (status, replay_of): (String, Uuid) =
+        sqlx::query_as("SELECT status, replay_of FROM outbox WHERE id = $1::uuid")
+            .bind(&replay)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!((status.as_str(), replay_of), ("pending", failed));
+    let original: (String, i32) =
+        sqlx::query_as("SELECT status, attempt FROM outbox WHERE id = $1")
+            .bind(failed)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        original,
+        ("failed".to_owned(), 5),
+        "the terminal row is untouched"
+    );
+    let again = problem(
+        api.req(
+            Method::POST,
+            &format!("/v1/admin/outbox/{failed}/replay"),
+            admin,
+        )
+        .send()
+        .await
+        .unwrap(),
+        409,
+    )
+    .await;
+    assert_eq!(again["type"], "/problems/already-replayed");
+    problem(
+        api.req(
+            Method::POST,
+            &format!("/v1/admin/outbox/{replay}/replay"),
+            admin,
+        )
+        .send()
+        .await
+        .unwrap(),
+        409,
+    )
+    .await;
+    problem(
+        api.req(
+            Method::POST,
+            &format!("/v1/admin/outbox/{}/replay", Uuid::nil()),
+            admin,
+        )
+        .send()
+        .await
+        .unwrap(),
+        404,
+    )
+    .await;
+
+    let stats = json(
+        api.req(Method::GET, "/v1/admin/outbox/stats", admin)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let states = stats["states"].as_array().unwrap();
+    assert!(
+        states.contains(&json!({"status": "failed", "reason": "retries_exhausted", "count": 1})),
+        "{stats}"
+    );
+    assert!(
+        states.contains(&json!({"status": "pending", "reason": null, "count": 1})),
+        "{stats}"
+    );
+    assert_eq!(stats["due"], 1);
+    assert!(stats["oldest_due_age_seconds"].as_f64().unwrap() >= 0.0);
+    let one = json(
+        api.req(Method::GET, &format!("/v1/admin/outbox/{failed}"), admin)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(one["replays"], json!([replay]));
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn health_probes_answer() {
+    let db = TestDb::new().await.unwrap();
+    let api = ApiServer::start(db.pool.clone(), Settings::default()).await;
+    for path in ["/livez", "/readyz"] {
+        let r = api.req(Method::GET, path, None).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+    }
+    // Without a configured key the browser gets a clear 503, not an empty key.
+    problem(
+        api.req(Method::GET, "/v1/vapid-public-key", None)
+            .send()
+            .await
+            .unwrap(),
+        503,
+    )
+    .await;
+    problem(
+        api.req(Method::GET, "/v1/admin/outbox", Some(ADMIN_TOKEN))
+            .send()
+            .await
+            .unwrap(),
+        401,
+    )
+    .await;
+    problem(
+        api.req(Method::GET, "/no/such/route", None)
+            .send()
+            .await
+            .unwrap(),
+        404,
+    )
+    .await;
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn the_openapi_document_is_valid_3_1_and_matches_the_router() {
+    let db = TestDb::new().await.unwrap();
+    let api = ApiServer::start(db.pool.clone(), test_settings()).await;
+    let doc = json(
+        api.req(Method::GET, "/openapi.json", None)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(doc["openapi"], "3.1.0");
+
+    let file = std::env::temp_dir().join(format!("tidings-openapi-{}.json", Uuid::new_v4()));
+    std::fs::write(&file, doc.to_string()).unwrap();
+    let out = std::process::Command::new(tool("openapi-spec-validator").unwrap())
+        .args(["--schema", "3.1"])
+        .arg(&file)
+        .output()
+        .expect("run openapi-spec-validator");
+    let _ = std::fs::remove_file(&file);
+    assert!(
+        out.status.success(),
+        "openapi-spec-validator: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let documented: BTreeSet<(String, String)> = doc["paths"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .flat_map(|(path, item)| {
+            item.as_object()
+                .unwrap()
+                .keys()
+                .map(move |m| (m.to_uppercase(), path.clone()))
+        })
+        .collect();
+    // The surface the api promises (issue #6), each route documented...
+    let promised = [
+        ("POST", "/v1/devices"),
+        ("PUT", "/v1/devices/me/subscription"),
+        ("DELETE", "/v1/devices/me"),
+        ("GET", "/v1/vapid-public-key"),
+        ("POST", "/v1/watches"),
+        ("GET", "/v1/watches"),
+        ("GET", "/v1/watches/{id}"),
+        ("PATCH", "/v1/watches/{id}"),
+        ("DELETE", "/v1/watches/{id}"),
+        ("GET", "/v1/notifications"),
+        ("GET", "/v1/admin/outbox"),
+        ("GET", "/v1/admin/outbox/{id}"),
+        ("GET", "/v1/admin/outbox/stats"),
+        ("POST", "/v1/admin/outbox/{id}/replay"),
+        ("GET", "/livez"),
+        ("GET", "/readyz"),
+        ("GET", "/openapi.json"),
+    ];
+    let promised: BTreeSet<(String, String)> = promised
+        .iter()
+        .map(|(m, p)| ((*m).to_owned(), (*p).to_owned()))
+        .collect();
+    assert_eq!(documented, promised);
+    // ...and every documented route served: the router's fallback (route not found) and its 405
+    // never answer a documented (method, path).
+    for (method, path) in &documented {
+        let concrete = path.replace("{id}", &Uuid::nil().to_string());
+        let r = api
+            .req(
+                Method::from_bytes(method.as_bytes()).unwrap(),
+                &concrete,
+                None,
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_ne!(r.status(), 405, "{method} {path}");
+        let body = r.text().await.unwrap();
+        assert!(
+            !body.contains("route not found"),
+            "{method} {path} is documented but not served"
+        );
+    }
+    // Every problem status a handler can answer is documented on it.
+    for (method, path) in &documented {
+        let responses = &doc["paths"][path][method.to_lowercase()]["responses"];
+        assert!(
+            responses.as_object().is_some_and(|r| !r.is_empty()),
+            "{method} {path}"
+        );
+    }
+    api.stop().await;
+}
