@@ -32,11 +32,26 @@ pub fn test_settings() -> Settings {
     }
 }
 
-pub struct ApiServer {
+/// A client of an api at `base`.
+#[derive(Clone)]
+pub struct ApiClient {
     pub base: String,
     pub http: reqwest::Client,
+}
+
+/// The api served by this process.
+pub struct ApiServer {
+    client: ApiClient,
     shutdown: CancellationToken,
     task: JoinHandle<std::io::Result<()>>,
+}
+
+impl std::ops::Deref for ApiServer {
+    type Target = ApiClient;
+
+    fn deref(&self) -> &ApiClient {
+        &self.client
+    }
 }
 
 impl ApiServer {
@@ -53,10 +68,23 @@ impl ApiServer {
             shutdown.clone(),
         ));
         ApiServer {
-            base,
-            http: reqwest::Client::new(),
+            client: ApiClient::new(base),
             shutdown,
             task,
+        }
+    }
+
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.expect("api task").expect("api served");
+    }
+}
+
+impl ApiClient {
+    pub fn new(base: String) -> Self {
+        ApiClient {
+            base,
+            http: reqwest::Client::new(),
         }
     }
 
@@ -85,11 +113,6 @@ impl ApiServer {
             body["device_id"].as_str().expect("id").to_owned(),
             body["token"].as_str().expect("token").to_owned(),
         )
-    }
-
-    pub async fn stop(self) {
-        self.shutdown.cancel();
-        self.task.await.expect("api task").expect("api served");
     }
 }
 

@@ -10,4 +10,5 @@ pub mod fake_catalog;
 pub mod fake_push;
 pub mod fixtures;
 pub mod harness;
+pub mod procstat;
 pub mod scenario;

@@ -1,31 +1,44 @@
-//! Api benchmark: create-watch and list-watches requests/s under concurrent load, over HTTP
-//! against real Postgres. The api runs in this process on its own runtime (2 worker threads);
-//! the client (reqwest, keep-alive) shares the machine, so the figures include its cost.
+//! Api benchmark: create-watch and list-watches requests/s under concurrent load, over HTTP,
+//! against the real `tidings-api` binary (release build, started here) and real Postgres. Also
+//! prints the CPU each request costs the api process and Postgres, so the figure can be read
+//! apart from the load generator, which shares this 2-core machine.
 //! Run with `deploy/local/stack bench api [REQUESTS] [CONCURRENCY] [ROUNDS]`.
 
 use reqwest::Method;
 use serde_json::json;
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
-use tidings_api::Settings;
-use tidings_tests::api::{ApiServer, test_settings};
+use std::time::{Duration, Instant};
+use tidings_tests::api::ApiClient;
 use tidings_tests::harness::TestDb;
+use tidings_tests::procstat::{cpu_seconds, cpu_seconds_named};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 
-/// Sends `total` requests from `concurrency` tasks; returns requests/s. Any non-2xx aborts.
+struct Round {
+    per_second: f64,
+    api_us: f64,
+    postgres_us: f64,
+}
+
+/// Sends `total` requests from `concurrency` tasks. Any non-2xx aborts the benchmark.
 async fn drive(
-    api: &Arc<ApiServer>,
+    api: &ApiClient,
+    pid: u32,
     tokens: &Arc<Vec<String>>,
     total: usize,
     concurrency: usize,
     create: bool,
-) -> f64 {
+) -> Round {
     let next = Arc::new(AtomicUsize::new(0));
+    let (api_cpu, pg_cpu) = (
+        cpu_seconds(pid).unwrap_or(0.0),
+        cpu_seconds_named("postgres"),
+    );
     let started = Instant::now();
     let workers: Vec<_> = (0..concurrency)
         .map(|_| {
@@ -60,73 +73,104 @@ async fn drive(
     for w in workers {
         w.await.expect("worker");
     }
-    total as f64 / started.elapsed().as_secs_f64()
+    let elapsed = started.elapsed().as_secs_f64();
+    let per_request = |cpu: f64| cpu * 1e6 / total as f64;
+    Round {
+        per_second: total as f64 / elapsed,
+        api_us: per_request(cpu_seconds(pid).unwrap_or(0.0) - api_cpu),
+        postgres_us: per_request(cpu_seconds_named("postgres") - pg_cpu),
+    }
 }
 
-fn main() {
+fn start_api(database_url: &str, port: u16) -> Child {
+    let exe = std::env::current_exe().expect("current exe");
+    let bin = exe.with_file_name("tidings-api");
+    Command::new(&bin)
+        .arg("serve")
+        .env("DATABASE_URL", database_url)
+        .env("TIDINGS_API_LISTEN", format!("127.0.0.1:{port}"))
+        .env("TIDINGS_PUSH_ALLOWED_HOSTS", "127.0.0.1")
+        .env("TIDINGS_PUSH_ALLOW_PRIVATE", "true")
+        .env("TIDINGS_MAX_WATCHES_PER_DEVICE", "1000000")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "starting {} (build it with cargo build --release -p tidings-api): {e}",
+                bin.display()
+            )
+        })
+}
+
+fn report(name: &str, rounds: &[Round]) {
+    let med = |f: fn(&Round) -> f64| median(rounds.iter().map(f).collect());
+    println!(
+        "median {name:<13} {:>6.0} req/s   api {:>4.0} CPU µs/req   Postgres {:>4.0} CPU µs/req",
+        med(|r| r.per_second),
+        med(|r| r.api_us),
+        med(|r| r.postgres_us)
+    );
+}
+
+#[tokio::main]
+async fn main() {
     let mut args = std::env::args().skip(1);
     let requests: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(20_000);
     let concurrency: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(64);
     let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(3);
 
-    let server_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let client_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-
-    let db = client_rt.block_on(TestDb::new()).expect("database");
-    let settings = Settings {
-        max_watches_per_device: 1_000_000,
-        ..test_settings()
-    };
-    let pool = db.pool.clone();
-    let api = server_rt.block_on(async move {
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(
-                std::env::var("BENCH_API_POOL")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(16),
-            )
-            .connect_with(pool.connect_options().as_ref().clone())
-            .await
-            .expect("api pool");
-        ApiServer::start(pool, settings).await
-    });
-    let api = Arc::new(api);
-
-    client_rt.block_on(async {
-        let devices = 1000;
-        let mut tokens = Vec::with_capacity(devices);
-        for chunk in (0..devices).collect::<Vec<_>>().chunks(50) {
-            let regs = chunk.iter().map(|_| api.register());
-            for (_, t) in futures::future::join_all(regs).await {
-                tokens.push(t);
+    let db = TestDb::new().await.expect("database");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let mut child = start_api(&db.url, port);
+    let api = ApiClient::new(format!("http://127.0.0.1:{port}"));
+    let ready = async {
+        loop {
+            if let Ok(r) = api.req(Method::GET, "/readyz", None).send().await
+                && r.status().is_success()
+            {
+                return;
             }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let tokens = Arc::new(tokens);
-        println!(
-            "api benchmark: {requests} requests per round, {concurrency} concurrent clients, {devices} devices, {rounds} rounds"
+    };
+    tokio::time::timeout(Duration::from_secs(20), ready)
+        .await
+        .expect("api ready within 20 s");
+
+    let devices = 1000;
+    let mut tokens = Vec::with_capacity(devices);
+    for _ in 0..devices / 50 {
+        let regs = (0..50).map(|_| api.register());
+        tokens.extend(
+            futures::future::join_all(regs)
+                .await
+                .into_iter()
+                .map(|(_, t)| t),
         );
-        let (mut creates, mut lists) = (Vec::new(), Vec::new());
-        for round in 1..=rounds {
-            let c = drive(&api, &tokens, requests, concurrency, true).await;
-            let l = drive(&api, &tokens, requests, concurrency, false).await;
-            println!("round {round}: create-watch {c:>8.0} req/s   list-watches {l:>8.0} req/s");
-            creates.push(c);
-            lists.push(l);
-        }
+    }
+    let tokens = Arc::new(tokens);
+    println!(
+        "api benchmark: tidings-api (release) + Postgres + this load generator on one machine; \
+         {requests} requests per round, {concurrency} concurrent clients, {devices} devices, {rounds} rounds"
+    );
+    let (mut creates, mut lists) = (Vec::new(), Vec::new());
+    for round in 1..=rounds {
+        let c = drive(&api, child.id(), &tokens, requests, concurrency, true).await;
+        let l = drive(&api, child.id(), &tokens, requests, concurrency, false).await;
         println!(
-            "median: create-watch {:.0} req/s, list-watches {:.0} req/s",
-            median(creates),
-            median(lists)
+            "round {round}: create-watch {:>6.0} req/s ({:.0} + {:.0} µs)   list-watches {:>6.0} req/s ({:.0} + {:.0} µs)",
+            c.per_second, c.api_us, c.postgres_us, l.per_second, l.api_us, l.postgres_us
         );
-    });
+        creates.push(c);
+        lists.push(l);
+    }
+    report("create-watch", &creates);
+    report("list-watches", &lists);
+    let _ = child.kill();
+    let _ = child.wait();
     drop(db);
 }
