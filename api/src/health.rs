@@ -38,3 +38,9 @@ pub async fn readyz(State(app): State<AppState>) -> Result<Json<Health>, ApiErro
         )),
     }
 }
+
+#[utoipa::path(get, path = "/metrics", tag = "health",
+    responses((status = 200, description = "Prometheus metrics (OpenMetrics text)", content_type = "application/openmetrics-text")))]
+pub async fn metrics() -> impl axum::response::IntoResponse {
+    tidings_shared::ops::metrics_text().await
+}

@@ -26,6 +26,7 @@ use sqlx::PgPool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tidings_shared::endpoint::EndpointPolicy;
+use tidings_shared::metrics::{HttpLabels, RouteLabels};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -96,7 +97,19 @@ async fn trace_request(request: Request, next: Next) -> Response {
     let response = next.run(request).instrument(span.clone()).await;
     let status = response.status().as_u16();
     span.record("http.status", status);
-    let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
+    let elapsed = started.elapsed().as_secs_f64();
+    let m = tidings_shared::metrics::metrics();
+    m.http_requests
+        .get_or_create(&HttpLabels {
+            route: route.clone(),
+            method: method.as_str().to_owned(),
+            status: status.to_string(),
+        })
+        .inc();
+    m.http_duration
+        .get_or_create(&RouteLabels { route })
+        .observe(elapsed);
+    let elapsed_ms = elapsed * 1000.0;
     if status >= 500 {
         tracing::warn!(parent: &span, status, elapsed_ms, "request failed");
     } else {

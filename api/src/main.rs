@@ -28,9 +28,9 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tidings_shared::service::init_logging();
     match Cli::parse().command {
         Command::Serve(config) => {
+            let _telemetry = tidings_shared::telemetry::Telemetry::init("tidings-api");
             let settings = config.settings()?;
             let pool = PgPoolOptions::new()
                 .max_connections(config.db_pool)
@@ -49,6 +49,7 @@ async fn main() -> anyhow::Result<()> {
             tracing::info!("api stopped");
         }
         Command::Migrate { database_url } => {
+            tidings_shared::service::init_logging();
             let pool = PgPoolOptions::new()
                 .max_connections(1)
                 .connect(&database_url)

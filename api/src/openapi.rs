@@ -65,6 +65,7 @@ fn parts() -> (axum::Router<AppState>, Document) {
         .routes(routes!(operators::replay))
         .routes(routes!(health::livez))
         .routes(routes!(health::readyz))
+        .routes(routes!(health::metrics))
         .routes(routes!(openapi_json))
         .split_for_parts()
 }

@@ -25,18 +25,23 @@ impl scan::Detector {
         loop {
             let started = tokio::time::Instant::now();
             match self.scan_once(chrono::Utc::now()).await {
-                Ok(stats) => tracing::info!(
-                    watches = stats.watches,
-                    items = stats.items,
-                    source_errors = stats.source_errors,
-                    holding = stats.holding,
-                    published = stats.published,
-                    remembered = stats.remembered,
-                    duplicates = stats.duplicates,
-                    publish_errors = stats.publish_errors,
-                    took_ms = started.elapsed().as_millis() as u64,
-                    "scan finished"
-                ),
+                Ok(stats) => {
+                    let m = tidings_shared::metrics::metrics();
+                    m.scans.inc();
+                    m.scan_duration.observe(started.elapsed().as_secs_f64());
+                    tracing::info!(
+                        watches = stats.watches,
+                        items = stats.items,
+                        source_errors = stats.source_errors,
+                        holding = stats.holding,
+                        published = stats.published,
+                        remembered = stats.remembered,
+                        duplicates = stats.duplicates,
+                        publish_errors = stats.publish_errors,
+                        took_ms = started.elapsed().as_millis() as u64,
+                        "scan finished"
+                    )
+                }
                 Err(e) => tracing::error!(error = %e, "scan failed"),
             }
             tokio::select! {

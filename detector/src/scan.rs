@@ -12,9 +12,11 @@ use sqlx::types::Json;
 use std::collections::{HashMap, HashSet};
 use tidings_shared::dedup::parse_time_zone;
 use tidings_shared::messages::encode;
+use tidings_shared::metrics::ResultLabels;
 use tidings_shared::publish::{Outgoing, publish_all};
 use tidings_shared::source::{Fetched, HttpSource};
 use tidings_shared::subjects::StreamKind;
+use tidings_shared::telemetry;
 use tidings_shared::trigger::{LastSent, Trigger};
 use tidings_shared::{Channel, DeviceId, ItemCode, WatchId};
 use tokio::sync::Mutex;
@@ -244,11 +246,33 @@ impl Detector {
             stats.published += fresh.len();
             return Ok(());
         }
+        // A detection starts its notification's trace; the span's context travels in the
+        // EnqueueRequest's headers.
+        let spans: Vec<tracing::Span> = if telemetry::exporting() {
+            fresh
+                .iter()
+                .map(|d| {
+                    tracing::info_span!(
+                        "detect",
+                        watch_id = %d.watch_id,
+                        trigger = %d.trigger,
+                        channel = d.channel.as_str(),
+                        price = d.detected.price,
+                    )
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         let outgoing = fresh
             .iter()
-            .map(|d| {
+            .enumerate()
+            .map(|(i, d)| {
                 let mut headers = async_nats::HeaderMap::new();
                 headers.insert("Nats-Msg-Id", d.dedup_key().to_string().as_str());
+                if let Some(tp) = spans.get(i).and_then(telemetry::traceparent) {
+                    headers.insert("traceparent", tp.as_str());
+                }
                 Outgoing {
                     subject: self
                         .settings
@@ -260,6 +284,7 @@ impl Detector {
             })
             .collect();
         let mut failed: HashSet<WatchId> = HashSet::new();
+        let mut stats_delta = (0usize, 0usize, 0usize);
         for (d, ack) in fresh
             .iter()
             .zip(publish_all(&self.js, outgoing, 1024).await)
@@ -268,19 +293,36 @@ impl Detector {
                 Ok(ack) => {
                     if ack.duplicate {
                         stats.duplicates += 1;
+                        stats_delta.1 += 1;
                     } else {
                         stats.published += 1;
+                        stats_delta.0 += 1;
                     }
                     memory.remember(d.dedup_key().to_string(), d.dedup_day);
                 }
                 Err(e) => {
                     stats.publish_errors += 1;
+                    stats_delta.2 += 1;
                     failed.insert(d.watch_id);
                     tracing::error!(watch_id = %d.watch_id, trigger = %d.trigger, error = %e, "publishing EnqueueRequest failed; the next scan tries again");
                 }
             }
         }
         drop(memory);
+        drop(spans);
+        let m = tidings_shared::metrics::metrics();
+        for (result, n) in [
+            ("published", stats_delta.0),
+            ("duplicate", stats_delta.1),
+            ("publish_error", stats_delta.2),
+            ("remembered", holding - fresh.len()),
+        ] {
+            m.detections
+                .get_or_create(&ResultLabels {
+                    result: result.into(),
+                })
+                .inc_by(n as u64);
+        }
 
         // The stock state moves on only where nothing failed to publish, so a back_in_stock that
         // could not be enqueued is detected again next scan.

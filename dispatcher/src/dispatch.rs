@@ -18,6 +18,7 @@ use tidings_shared::outbox::{self, Event, Status};
 use tidings_shared::publish::{Outgoing, publish_all};
 use tidings_shared::source::{Fetched, HttpSource, SourceError};
 use tidings_shared::subjects::StreamKind;
+use tidings_shared::telemetry;
 use tidings_shared::trigger::{SourceErrorKind, Trigger};
 use tidings_shared::{Channel, OutboxId};
 use tokio_util::sync::CancellationToken;
@@ -96,6 +97,28 @@ impl Dispatcher {
         let last_sent = claim::baselines(&self.pool, &rows)
             .await
             .map_err(db("reading baselines"))?;
+
+        // One span per row, a child of its ingest span, covering pre-guards, re-fetch, re-check
+        // and publish; the PushRequest carries it on.
+        let spans: HashMap<OutboxId, tracing::Span> = if telemetry::exporting() {
+            rows.iter()
+                .map(|r| {
+                    let span = tracing::info_span!(
+                        "recheck",
+                        outbox_id = %r.id,
+                        watch_id = %r.watch_id,
+                        trigger = r.trigger.as_str(),
+                        channel = "web_push",
+                        outcome = tracing::field::Empty,
+                        reason = tracing::field::Empty,
+                    );
+                    telemetry::set_parent(&span, r.traceparent.as_deref());
+                    (r.id, span)
+                })
+                .collect()
+        } else {
+            HashMap::new()
+        };
 
         // Pre-guards first, so the source is asked only about rows that could still be sent.
         let mut guarded = Vec::with_capacity(rows.len());
@@ -206,10 +229,22 @@ impl Dispatcher {
                 Status::Failed => stats.failed += 1,
                 _ => {}
             }
+            if let Some(span) = spans.get(&c.id) {
+                span.record("outcome", c.transition.to.as_str());
+                if let Some(reason) = c.transition.reason {
+                    span.record("reason", reason.as_str());
+                }
+            }
         }
-        let traceparents: HashMap<OutboxId, &str> = rows
+        let traceparents: HashMap<OutboxId, String> = rows
             .iter()
-            .filter_map(|r| Some((r.id, r.traceparent.as_deref()?)))
+            .filter_map(|r| {
+                let tp = match spans.get(&r.id) {
+                    Some(span) => telemetry::forward(span, r.traceparent.as_deref()),
+                    None => r.traceparent.clone(),
+                };
+                Some((r.id, tp?))
+            })
             .collect();
         let to_publish: Vec<PushRequest> = requests
             .into_iter()
@@ -256,7 +291,7 @@ impl Dispatcher {
     async fn publish(
         &self,
         requests: Vec<PushRequest>,
-        traceparents: &HashMap<OutboxId, &str>,
+        traceparents: &HashMap<OutboxId, String>,
     ) -> (usize, Vec<(OutboxId, String)>) {
         let subject = self
             .settings
@@ -268,7 +303,7 @@ impl Dispatcher {
                 let mut headers = async_nats::HeaderMap::new();
                 headers.insert("Nats-Msg-Id", r.msg_id().as_str());
                 if let Some(tp) = traceparents.get(&r.outbox_id) {
-                    headers.insert("traceparent", *tp);
+                    headers.insert("traceparent", tp.as_str());
                 }
                 Outgoing {
                     subject: subject.clone(),
@@ -332,9 +367,11 @@ impl Dispatcher {
             .acquire()
             .await
             .map_err(db("acquiring a connection"))?;
-        transition::apply(&mut conn, changes)
+        let won = transition::apply(&mut conn, changes)
             .await
-            .map_err(db(what))
+            .map_err(db(what))?;
+        transition::record(changes, &won);
+        Ok(won)
     }
 
     /// Dispatches until `shutdown`: straight on while batches come back full, otherwise after

@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tidings_shared::dlq::dead_letter;
 use tidings_shared::messages::EnqueueRequest;
+use tidings_shared::metrics::ResultLabels;
 use tidings_shared::subjects::StreamKind;
+use tidings_shared::telemetry;
 use tidings_shared::{DeviceId, OutboxId, WatchId};
 use tokio_util::sync::CancellationToken;
 
@@ -147,21 +149,49 @@ impl Ingest {
         if valid.is_empty() {
             return Ok(stats);
         }
+        // One span per message, a child of the detection's: the row stores this span's
+        // traceparent, so the dispatch of the row continues the same trace.
+        let mut spans = Vec::new();
         let requests: Vec<(&EnqueueRequest, Option<String>)> = valid
             .iter()
             .map(|(msg, req)| {
-                let traceparent = msg
+                let incoming = msg
                     .headers
                     .as_ref()
                     .and_then(|h| h.get("traceparent"))
-                    .map(|v| v.as_str().to_owned());
+                    .map(|v| v.as_str());
+                if !telemetry::exporting() {
+                    return (req, incoming.map(str::to_owned));
+                }
+                let span = tracing::info_span!(
+                    "ingest",
+                    watch_id = %req.watch_id,
+                    trigger = %req.trigger,
+                    channel = req.channel.as_str(),
+                );
+                telemetry::set_parent(&span, incoming);
+                let traceparent = telemetry::forward(&span, incoming);
+                spans.push(span);
                 (req, traceparent)
             })
             .collect();
-        match insert(&self.pool, &requests).await {
+        let result = insert(&self.pool, &requests).await;
+        drop(spans);
+        match result {
             Ok(inserted) => {
                 stats.inserted = inserted;
                 stats.duplicates = valid.len() - inserted;
+                let m = tidings_shared::metrics::metrics();
+                m.ingested
+                    .get_or_create(&ResultLabels {
+                        result: "new".into(),
+                    })
+                    .inc_by(inserted as u64);
+                m.ingested
+                    .get_or_create(&ResultLabels {
+                        result: "duplicate".into(),
+                    })
+                    .inc_by(stats.duplicates as u64);
                 consume::ack_all(valid.iter().map(|(m, _)| m)).await;
                 if stats.duplicates > 0 {
                     tracing::debug!(

@@ -3,6 +3,11 @@
 use anyhow::Context;
 use clap::Parser;
 use sqlx::postgres::PgPoolOptions;
+use std::time::Duration;
+use tidings_shared::ops;
+use tidings_shared::service::OpsArgs;
+use tidings_shared::subjects::StreamKind;
+use tidings_shared::telemetry::Telemetry;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
@@ -10,12 +15,15 @@ use tokio_util::sync::CancellationToken;
 struct Cli {
     #[command(flatten)]
     config: tidings_dispatcher::Config,
+    #[command(flatten)]
+    ops: OpsArgs,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tidings_shared::service::init_logging();
-    let config = Cli::parse().config;
+    let _telemetry = Telemetry::init("tidings-dispatcher");
+    let cli = Cli::parse();
+    let config = cli.config;
     let settings = config.settings().context("invalid configuration")?;
     let pool = PgPoolOptions::new()
         .max_connections(
@@ -28,10 +36,37 @@ async fn main() -> anyhow::Result<()> {
     let nats = async_nats::connect(&config.nats.nats_url)
         .await
         .with_context(|| format!("connecting to NATS at {}", config.nats.nats_url))?;
-    let js = async_nats::jetstream::new(nats);
+    let js = async_nats::jetstream::new(nats.clone());
 
     let shutdown = CancellationToken::new();
     tokio::spawn(tidings_shared::service::cancel_on_signal(shutdown.clone()));
+    let probes = ops::Probes {
+        pool: Some(pool.clone()),
+        nats: Some(nats),
+    };
+    let ops_listen = cli.ops.ops_listen;
+    let ops_shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        if let Err(e) = ops::serve(ops_listen, probes, ops_shutdown).await {
+            tracing::error!(listen = %ops_listen, error = %e, "ops endpoint failed");
+        }
+    });
+    let subjects = &settings.subjects;
+    tokio::spawn(ops::watch_consumers(
+        js.clone(),
+        vec![
+            (
+                subjects.stream(StreamKind::Enqueue),
+                tidings_dispatcher::ingest::CONSUMER.to_owned(),
+            ),
+            (
+                subjects.stream(StreamKind::Result),
+                tidings_dispatcher::results::CONSUMER.to_owned(),
+            ),
+        ],
+        Duration::from_secs(10),
+        shutdown.clone(),
+    ));
     tidings_dispatcher::run(pool, js, settings, shutdown).await?;
     tracing::info!("dispatcher stopped");
     Ok(())

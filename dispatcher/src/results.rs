@@ -16,6 +16,7 @@ use std::time::Duration;
 use tidings_shared::messages::{Outcome, PushResult};
 use tidings_shared::outbox::{self, Event, FailReason, Row, Status};
 use tidings_shared::subjects::StreamKind;
+use tidings_shared::telemetry;
 use tidings_shared::trigger::Observation;
 use tidings_shared::{OutboxId, SubscriptionId, WatchId};
 use tokio_util::sync::CancellationToken;
@@ -56,6 +57,7 @@ struct Locked {
     trigger: String,
     sent_value: Option<Json<Observation>>,
     subscription_id: Option<SubscriptionId>,
+    detected_at: DateTime<Utc>,
 }
 
 /// The state-machine event a result stands for.
@@ -139,7 +141,29 @@ impl Results {
             return Ok(stats);
         }
         let results: Vec<&PushResult> = decoded.iter().map(|(_, r)| r).collect();
-        match self.apply(&results).await {
+        // The last span of a notification's trace: a child of the push that produced the result.
+        let spans: Vec<tracing::Span> = if telemetry::exporting() {
+            decoded
+                .iter()
+                .map(|(msg, r)| {
+                    let span = tracing::info_span!(
+                        "result",
+                        outbox_id = %r.outbox_id,
+                        attempt = r.attempt,
+                        outcome = r.outcome.as_str(),
+                        http_status = r.http_status,
+                    );
+                    let incoming = msg.headers.as_ref().and_then(|h| h.get("traceparent"));
+                    telemetry::set_parent(&span, incoming.map(|v| v.as_str()));
+                    span
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let applied = self.apply(&results).await;
+        drop(spans);
+        match applied {
             Ok(applied) => {
                 stats.applied = applied;
                 stats.ignored = results.len() - applied;
@@ -163,7 +187,8 @@ impl Results {
         ids.dedup();
         let mut tx = self.pool.begin().await?;
         let locked: Vec<Locked> = sqlx::query_as(
-            "SELECT id, status, attempt, retry_count, watch_id, trigger, sent_value, subscription_id
+            "SELECT id, status, attempt, retry_count, watch_id, trigger, sent_value, subscription_id,
+                    detected_at
              FROM outbox WHERE id = ANY($1) ORDER BY id FOR UPDATE",
         )
         .bind(&ids)
@@ -276,6 +301,16 @@ impl Results {
             .await?;
         }
         tx.commit().await?;
+        transition::record(&changes, &won);
+        let now = Utc::now();
+        let latency = &tidings_shared::metrics::metrics().detection_to_delivery;
+        for c in changes.iter().filter(|c| won.contains(&c.id)) {
+            if c.transition.to == Status::Sent
+                && let Some(row) = rows.get(&c.id)
+            {
+                latency.observe((now - row.detected_at).as_seconds_f64().max(0.0));
+            }
+        }
         Ok(won.len())
     }
 }

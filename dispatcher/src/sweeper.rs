@@ -50,6 +50,7 @@ pub async fn sweep_once(pool: &PgPool, settings: &Settings) -> Result<usize, sql
     }
     let won = transition::apply(&mut tx, &changes).await?;
     tx.commit().await?;
+    transition::record(&changes, &won);
     Ok(won.len())
 }
 

@@ -8,7 +8,7 @@
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::PgConnection;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use tidings_shared::outbox::{Row, Status, Transition};
 use tidings_shared::{OutboxId, SubscriptionId};
 
@@ -145,4 +145,19 @@ pub async fn apply(
     .fetch_all(conn)
     .await?;
     Ok(won.into_iter().collect())
+}
+
+/// Counts the changes that won in the metrics, by target state and reason. Call after commit.
+pub fn record(changes: &[Change], won: &HashSet<OutboxId>) {
+    let mut counts: HashMap<(&'static str, &'static str), u64> = HashMap::new();
+    for c in changes.iter().filter(|c| won.contains(&c.id)) {
+        let reason = c.transition.reason.map_or("", |r| r.as_str());
+        *counts
+            .entry((c.transition.to.as_str(), reason))
+            .or_default() += 1;
+    }
+    let m = tidings_shared::metrics::metrics();
+    for ((to, reason), n) in counts {
+        m.transition(to, reason, n);
+    }
 }

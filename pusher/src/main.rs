@@ -3,6 +3,11 @@
 
 use anyhow::Context;
 use clap::Parser;
+use std::time::Duration;
+use tidings_shared::ops;
+use tidings_shared::service::OpsArgs;
+use tidings_shared::subjects::StreamKind;
+use tidings_shared::telemetry::Telemetry;
 use tidings_shared::vapid::VapidKey;
 use tokio_util::sync::CancellationToken;
 
@@ -18,6 +23,8 @@ use tokio_util::sync::CancellationToken;
 struct Cli {
     #[command(flatten)]
     config: tidings_pusher::Config,
+    #[command(flatten)]
+    ops: OpsArgs,
 }
 
 #[tokio::main]
@@ -28,18 +35,37 @@ async fn main() -> anyhow::Result<()> {
         println!("TIDINGS_VAPID_PUBLIC_KEY={public}");
         return Ok(());
     }
-    tidings_shared::service::init_logging();
-    let config = Cli::parse().config;
+    let _telemetry = Telemetry::init("tidings-pusher");
+    let cli = Cli::parse();
+    let config = cli.config;
     let settings = config.settings().context("invalid configuration")?;
     let nats = async_nats::connect(&config.nats.nats_url)
         .await
         .with_context(|| format!("connecting to NATS at {}", config.nats.nats_url))?;
-    let js = async_nats::jetstream::new(nats);
-    let pusher = tidings_pusher::worker::Pusher::new(js, settings)
+    let js = async_nats::jetstream::new(nats.clone());
+    let stream = settings.subjects.stream(StreamKind::Push);
+    let pusher = tidings_pusher::worker::Pusher::new(js.clone(), settings)
         .await
         .context("starting the pusher")?;
     let shutdown = CancellationToken::new();
     tokio::spawn(tidings_shared::service::cancel_on_signal(shutdown.clone()));
+    let probes = ops::Probes {
+        pool: None,
+        nats: Some(nats),
+    };
+    let ops_listen = cli.ops.ops_listen;
+    let ops_shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        if let Err(e) = ops::serve(ops_listen, probes, ops_shutdown).await {
+            tracing::error!(listen = %ops_listen, error = %e, "ops endpoint failed");
+        }
+    });
+    tokio::spawn(ops::watch_consumers(
+        js,
+        vec![(stream, tidings_pusher::worker::CONSUMER.to_owned())],
+        Duration::from_secs(10),
+        shutdown.clone(),
+    ));
     tracing::info!("pusher running");
     pusher.run(shutdown).await?;
     tracing::info!("pusher stopped");

@@ -17,8 +17,10 @@ use std::time::Duration;
 use tidings_shared::Channel;
 use tidings_shared::dlq::dead_letter;
 use tidings_shared::messages::{Outcome, PushRequest, PushResult, VERSION, decode, encode};
+use tidings_shared::metrics::{PushLabels, StatusLabels, metrics, status_class};
 use tidings_shared::streams::ensure_streams;
 use tidings_shared::subjects::StreamKind;
+use tidings_shared::telemetry;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
@@ -197,6 +199,25 @@ impl Pusher {
                 return Handled::DeadLettered;
             }
         };
+        let incoming = msg
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("traceparent"))
+            .map(|v| v.as_str().to_owned());
+        let span = if telemetry::exporting() {
+            let span = tracing::info_span!(
+                "push",
+                outbox_id = %req.outbox_id,
+                attempt = req.attempt,
+                channel = "web_push",
+                outcome = tracing::field::Empty,
+                http_status = tracing::field::Empty,
+            );
+            telemetry::set_parent(&span, incoming.as_deref());
+            span
+        } else {
+            tracing::Span::none()
+        };
         let key = format!("{}.{}", req.outbox_id, req.attempt);
         let redelivered = msg.info().map(|i| i.delivered > 1).unwrap_or(true);
         let earlier = if redelivered {
@@ -247,9 +268,14 @@ impl Pusher {
             error = result.error.as_deref(),
             "push attempt finished"
         );
+        span.record("outcome", result.outcome.as_str());
+        if let Some(status) = result.http_status {
+            span.record("http_status", status);
+        }
+        record_metrics(&req, &result, &handled);
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Nats-Msg-Id", result.msg_id().as_str());
-        if let Some(tp) = msg.headers.as_ref().and_then(|h| h.get("traceparent")) {
+        if let Some(tp) = telemetry::forward(&span, incoming.as_deref()) {
             headers.insert("traceparent", tp.as_str());
         }
         let subject = inner
@@ -293,5 +319,31 @@ impl Pusher {
             }
         }
         Ok(out)
+    }
+}
+
+/// Push metrics by outcome, status class and push-service host (a handful of hosts: the
+/// allowlist). A redelivery recognised as already delivered made no request and is not counted.
+fn record_metrics(req: &PushRequest, result: &PushResult, handled: &Handled) {
+    if matches!(handled, Handled::AlreadyDelivered) {
+        return;
+    }
+    let class = status_class(result.http_status);
+    let host = reqwest::Url::parse(&req.subscription.endpoint)
+        .ok()
+        .and_then(|u| u.host_str().map(str::to_owned))
+        .unwrap_or_else(|| "invalid".to_owned());
+    let m = metrics();
+    m.pushes
+        .get_or_create(&PushLabels {
+            outcome: result.outcome.as_str().to_owned(),
+            status_class: class.clone(),
+            host,
+        })
+        .inc();
+    if result.http_status.is_some() {
+        m.push_duration
+            .get_or_create(&StatusLabels { status: class })
+            .observe(result.latency_ms as f64 / 1000.0);
     }
 }

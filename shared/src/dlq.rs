@@ -44,6 +44,12 @@ pub async fn dead_letter(
         .map_err(|e| publish_err(e.to_string()))?
         .await
         .map_err(|e| publish_err(e.to_string()))?;
+    crate::metrics::metrics()
+        .dead_lettered
+        .get_or_create(&crate::metrics::KindLabels {
+            kind: from.as_str().to_owned(),
+        })
+        .inc();
     msg.ack_with(AckKind::Term)
         .await
         .map_err(|e| DlqError::Term(e.to_string()))

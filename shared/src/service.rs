@@ -65,6 +65,13 @@ impl SourceArgs {
     }
 }
 
+/// Where a worker service serves `/livez`, `/readyz` and `/metrics`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct OpsArgs {
+    #[arg(long, env = "TIDINGS_OPS_LISTEN", default_value = "0.0.0.0:9090")]
+    pub ops_listen: std::net::SocketAddr,
+}
+
 /// Which push endpoints may be used: the pusher before each request and the api when a
 /// subscription is registered read the same settings, so they cannot disagree.
 #[derive(clap::Args, Clone, Debug)]
@@ -88,8 +95,7 @@ impl EndpointArgs {
     }
 }
 
-/// JSON logs on stderr, filtered by `RUST_LOG` (default `info`). Stderr keeps stdout free for
-/// what a command prints (a dry-run report, a generated key).
+/// JSON logs on stderr only (commands that are not services, e.g. `vapid-keygen`).
 pub fn init_logging() {
     tracing_subscriber::fmt()
         .json()

@@ -70,7 +70,14 @@ pub struct SourceError {
 }
 
 impl SourceError {
+    /// Every source error is made here, so this is where they are counted.
     fn new(kind: SourceErrorKind, detail: impl Into<String>) -> Self {
+        crate::metrics::metrics()
+            .source_errors
+            .get_or_create(&crate::metrics::KindLabels {
+                kind: kind.as_str().to_owned(),
+            })
+            .inc();
         SourceError {
             kind,
             detail: detail.into(),

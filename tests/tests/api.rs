@@ -1038,6 +1038,7 @@ async fn the_openapi_document_is_valid_3_1_and_matches_the_router() {
         ("POST", "/v1/admin/outbox/{id}/replay"),
         ("GET", "/livez"),
         ("GET", "/readyz"),
+        ("GET", "/metrics"),
         ("GET", "/openapi.json"),
     ];
     let promised: BTreeSet<(String, String)> = promised

@@ -1,0 +1,259 @@
+//! Prometheus metrics, one registry per process, served at `/metrics` by [`crate::ops`].
+//!
+//! Every service registers the whole set (a family with no samples costs nothing), so one list
+//! of names describes Tidings; `tidings-api metrics-names` style checks and the Grafana
+//! dashboards can be compared against any service's `/metrics`.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use std::sync::LazyLock;
+use std::sync::atomic::AtomicU64;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransitionLabels {
+    /// The state a row moved to.
+    pub to: String,
+    /// Drop/failure reason, retry cause, or "" for sending/sent.
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabels {
+    pub status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PushLabels {
+    pub outcome: String,
+    /// 2xx, 4xx, 5xx, or "none" when no HTTP answer came (timeout, refused, expired).
+    pub status_class: String,
+    pub host: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConsumerLabels {
+    pub consumer: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpLabels {
+    pub route: String,
+    pub method: String,
+    pub status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub route: String,
+}
+
+type Hist<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn latency() -> Histogram {
+    // 5 ms … ~82 s.
+    Histogram::new(exponential_buckets(0.005, 2.0, 15))
+}
+
+fn fast_latency() -> Histogram {
+    // 0.5 ms … ~4 s.
+    Histogram::new(exponential_buckets(0.0005, 2.0, 14))
+}
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub transitions: Family<TransitionLabels, Counter>,
+    pub outbox_rows: Family<StatusLabels, Gauge>,
+    pub oldest_due_seconds: Gauge<f64, AtomicU64>,
+    pub ingested: Family<ResultLabels, Counter>,
+    pub dead_lettered: Family<KindLabels, Counter>,
+    pub source_errors: Family<KindLabels, Counter>,
+    pub pushes: Family<PushLabels, Counter>,
+    pub push_duration: Hist<StatusLabels>,
+    pub detection_to_delivery: Histogram,
+    pub consumer_pending: Family<ConsumerLabels, Gauge>,
+    pub consumer_ack_pending: Family<ConsumerLabels, Gauge>,
+    pub scans: Counter,
+    pub scan_duration: Histogram,
+    pub detections: Family<ResultLabels, Counter>,
+    pub http_requests: Family<HttpLabels, Counter>,
+    pub http_duration: Hist<RouteLabels>,
+}
+
+impl Metrics {
+    fn new() -> Metrics {
+        let mut registry = Registry::default();
+        let m = Metrics {
+            transitions: Family::default(),
+            outbox_rows: Family::default(),
+            oldest_due_seconds: Gauge::default(),
+            ingested: Family::default(),
+            dead_lettered: Family::default(),
+            source_errors: Family::default(),
+            pushes: Family::default(),
+            push_duration: Family::new_with_constructor(fast_latency as fn() -> Histogram),
+            detection_to_delivery: latency(),
+            consumer_pending: Family::default(),
+            consumer_ack_pending: Family::default(),
+            scans: Counter::default(),
+            scan_duration: latency(),
+            detections: Family::default(),
+            http_requests: Family::default(),
+            http_duration: Family::new_with_constructor(fast_latency as fn() -> Histogram),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "tidings_outbox_transitions",
+            "Outbox state changes by target state and reason (dropped = correctly withheld)",
+            m.transitions.clone(),
+        );
+        registry.register(
+            "tidings_outbox_rows",
+            "Non-terminal outbox rows by state (pending, retry, sending)",
+            m.outbox_rows.clone(),
+        );
+        registry.register(
+            "tidings_outbox_oldest_due_seconds",
+            "Age of the oldest due outbox row",
+            m.oldest_due_seconds.clone(),
+        );
+        registry.register(
+            "tidings_ingested",
+            "EnqueueRequests ingested by result (new, duplicate, invalid)",
+            m.ingested.clone(),
+        );
+        registry.register(
+            "tidings_dead_lettered",
+            "Messages sent to the dead-letter stream, by stream kind",
+            m.dead_lettered.clone(),
+        );
+        registry.register(
+            "tidings_source_errors",
+            "Source (catalog) errors by kind",
+            m.source_errors.clone(),
+        );
+        registry.register(
+            "tidings_push_requests",
+            "Push requests by outcome, HTTP status class and push-service host",
+            m.pushes.clone(),
+        );
+        registry.register(
+            "tidings_push_duration_seconds",
+            "Push request latency by HTTP status class",
+            m.push_duration.clone(),
+        );
+        registry.register(
+            "tidings_detection_to_delivery_seconds",
+            "Time from detection to the push service accepting the notification",
+            m.detection_to_delivery.clone(),
+        );
+        registry.register(
+            "tidings_consumer_pending_messages",
+            "JetStream messages not yet delivered to the consumer (lag)",
+            m.consumer_pending.clone(),
+        );
+        registry.register(
+            "tidings_consumer_ack_pending_messages",
+            "JetStream messages delivered and not yet acknowledged",
+            m.consumer_ack_pending.clone(),
+        );
+        registry.register(
+            "tidings_detector_scans",
+            "Completed detector scans",
+            m.scans.clone(),
+        );
+        registry.register(
+            "tidings_detector_scan_duration_seconds",
+            "Duration of a full detector scan",
+            m.scan_duration.clone(),
+        );
+        registry.register(
+            "tidings_detections",
+            "Detections by result (published, duplicate, remembered, publish_error)",
+            m.detections.clone(),
+        );
+        registry.register(
+            "tidings_http_requests",
+            "API requests by route template, method and status",
+            m.http_requests.clone(),
+        );
+        registry.register(
+            "tidings_http_request_duration_seconds",
+            "API request latency by route template",
+            m.http_duration.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            tracing::error!(error = %e, "encoding metrics failed");
+        }
+        out
+    }
+
+    pub fn transition(&self, to: &str, reason: &str, n: u64) {
+        self.transitions
+            .get_or_create(&TransitionLabels {
+                to: to.to_owned(),
+                reason: reason.to_owned(),
+            })
+            .inc_by(n);
+    }
+
+    pub fn inc<L>(family: &Family<L, Counter>, labels: L, n: u64)
+    where
+        L: Clone + std::hash::Hash + Eq + EncodeLabelSet + std::fmt::Debug + Send + Sync,
+    {
+        family.get_or_create(&labels).inc_by(n);
+    }
+}
+
+/// This process's metrics.
+pub fn metrics() -> &'static Metrics {
+    static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+    &METRICS
+}
+
+/// "2xx", "4xx", "5xx"; "none" without an HTTP answer.
+pub fn status_class(status: Option<u16>) -> String {
+    match status {
+        Some(s) => format!("{}xx", s / 100),
+        None => "none".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_show_up_in_the_exposition() {
+        let m = metrics();
+        m.transition("dropped", "condition_lost", 2);
+        let text = m.encode();
+        assert!(
+            text.contains(
+                r#"tidings_outbox_transitions_total{to="dropped",reason="condition_lost"} 2"#
+            ),
+            "{text}"
+        );
+        assert!(text.contains("# TYPE tidings_detection_to_delivery_seconds histogram"));
+        assert!(text.ends_with("# EOF\n"));
+    }
+}

@@ -1,0 +1,126 @@
+//! The operations endpoint every worker service serves on `TIDINGS_OPS_LISTEN`: `/livez` (the
+//! process answers), `/readyz` (its Postgres and NATS connections work) and `/metrics`
+//! (Prometheus text). The api serves the same paths on its own port.
+
+use axum::Router;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use sqlx::PgPool;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// What readiness checks.
+#[derive(Clone, Default)]
+pub struct Probes {
+    pub pool: Option<PgPool>,
+    pub nats: Option<async_nats::Client>,
+}
+
+impl Probes {
+    /// `Ok` when every dependency answers; otherwise what does not.
+    pub async fn ready(&self) -> Result<(), String> {
+        if let Some(nats) = &self.nats
+            && nats.connection_state() != async_nats::connection::State::Connected
+        {
+            return Err("NATS is not connected".into());
+        }
+        if let Some(pool) = &self.pool {
+            let ping = sqlx::query("SELECT 1").execute(pool);
+            match tokio::time::timeout(Duration::from_secs(2), ping).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(format!("Postgres: {e}")),
+                Err(_) => return Err("Postgres did not answer within 2 s".into()),
+            }
+        }
+        Ok(())
+    }
+}
+
+pub async fn metrics_text() -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        crate::metrics::metrics().encode(),
+    )
+}
+
+/// The ops router (also merged into services that have their own HTTP server).
+pub fn router(probes: Probes) -> Router {
+    Router::new()
+        .route("/livez", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let probes = probes.clone();
+                async move {
+                    match probes.ready().await {
+                        Ok(()) => (StatusCode::OK, "ok\n".to_owned()),
+                        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
+                    }
+                }
+            }),
+        )
+        .route("/metrics", get(metrics_text))
+}
+
+/// Serves the ops endpoints on `listen` until `shutdown`.
+pub async fn serve(
+    listen: SocketAddr,
+    probes: Probes,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    tracing::info!(listen = %listen, "ops endpoint (/livez /readyz /metrics) serving");
+    axum::serve(listener, router(probes))
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+}
+
+/// Polls JetStream for each `(stream, consumer)`'s backlog every `every` until `shutdown`:
+/// `tidings_consumer_pending_messages` (lag) and `tidings_consumer_ack_pending_messages`.
+pub async fn watch_consumers(
+    js: async_nats::jetstream::Context,
+    consumers: Vec<(String, String)>,
+    every: Duration,
+    shutdown: CancellationToken,
+) {
+    let m = crate::metrics::metrics();
+    loop {
+        for (stream, name) in &consumers {
+            let info = async {
+                let mut consumer: async_nats::jetstream::consumer::PullConsumer = js
+                    .get_stream(stream)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .get_consumer(name)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                consumer.info().await.cloned().map_err(|e| e.to_string())
+            };
+            match info.await {
+                Ok(info) => {
+                    let labels = crate::metrics::ConsumerLabels {
+                        consumer: name.clone(),
+                    };
+                    m.consumer_pending
+                        .get_or_create(&labels)
+                        .set(i64::try_from(info.num_pending).unwrap_or(i64::MAX));
+                    m.consumer_ack_pending
+                        .get_or_create(&labels)
+                        .set(i64::try_from(info.num_ack_pending).unwrap_or(i64::MAX));
+                }
+                Err(e) => {
+                    tracing::debug!(stream, consumer = name, error = %e, "consumer info unavailable")
+                }
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+    }
+}
