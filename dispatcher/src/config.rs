@@ -46,6 +46,9 @@ pub struct Config {
     /// Retries before a transient failure is final.
     #[arg(long, env = "TIDINGS_MAX_RETRIES", default_value_t = 8)]
     pub max_retries: u32,
+    /// First retry delay; each further retry doubles it (up to 30 min).
+    #[arg(long, env = "TIDINGS_RETRY_BASE", default_value = "30s", value_parser = parse_duration)]
+    pub retry_base: Duration,
     /// A pusher refuses a PushRequest it picks up later than this after dispatch.
     #[arg(long, env = "TIDINGS_PUSH_DEADLINE", default_value = "30s", value_parser = parse_duration)]
     pub push_deadline: Duration,
@@ -65,6 +68,10 @@ pub struct Config {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    #[error(
+        "TIDINGS_RETRY_BASE ({0:?}) must be at least 100ms: retries would hammer the source and push services"
+    )]
+    RetryBase(Duration),
     #[error(
         "TIDINGS_SENDING_LEASE ({lease:?}) must exceed TIDINGS_PUSH_DEADLINE ({deadline:?}) + \
          TIDINGS_PUSH_HTTP_TIMEOUT ({http:?}) + a margin of {margin:?}: otherwise the sweeper could \
@@ -137,6 +144,9 @@ impl Settings {
 
     /// The rules a configuration must satisfy before the dispatcher starts.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.retry.base < Duration::from_millis(100) {
+            return Err(ConfigError::RetryBase(self.retry.base));
+        }
         if self.sending_lease <= self.push_deadline + self.push_http_timeout + self.lease_margin {
             return Err(ConfigError::LeaseTooShort {
                 lease: self.sending_lease,
@@ -183,6 +193,7 @@ impl Config {
             poll_interval: self.poll_interval,
             retry: RetryPolicy {
                 max_retries: self.max_retries,
+                base: self.retry_base,
                 ..RetryPolicy::default()
             },
             push_deadline: self.push_deadline,

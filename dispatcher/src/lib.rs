@@ -8,9 +8,11 @@
 //! - [`results`]: PushResults → `sent` (baseline advanced in the same transaction), `retry`,
 //!   `dropped` or `failed`.
 //! - [`sweeper`]: `sending` rows whose lease ran out → `retry`.
+//! - [`backlog`]: the outbox backlog as metrics.
 //!
 //! Every state change goes through [`transition::apply`], a batch of compare-and-sets.
 
+pub mod backlog;
 pub mod claim;
 pub mod config;
 pub mod consume;
@@ -59,6 +61,11 @@ pub async fn run(
     let results = results::Results::new(pool.clone(), js.clone(), settings.clone()).await?;
 
     let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(backlog::run(
+        pool.clone(),
+        std::time::Duration::from_secs(10),
+        shutdown.clone(),
+    ));
     {
         let shutdown = shutdown.clone();
         tasks.spawn(async move {

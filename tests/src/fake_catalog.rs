@@ -40,6 +40,10 @@ pub struct Item {
     pub paused: bool,
     #[serde(default)]
     pub behavior: Behavior,
+    /// Prices to answer with, one per request, before `price` is answered again: a price that
+    /// moves between two looks (e.g. the detector sees a drop, the re-check a recovery).
+    #[serde(default)]
+    pub script: Vec<i64>,
 }
 
 fn eur() -> String {
@@ -58,6 +62,7 @@ impl Item {
             in_stock: true,
             paused: false,
             behavior: Behavior::Normal,
+            script: Vec::new(),
         }
     }
 }
@@ -73,6 +78,17 @@ impl Inner {
     fn items(&self) -> MutexGuard<'_, HashMap<String, Item>> {
         // A test that panicked while holding the lock has already failed; keep serving.
         self.items.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The item as this request sees it: the next scripted price, if any, is used up.
+    fn look(&self, code: &str) -> Option<Item> {
+        let mut items = self.items();
+        let item = items.get_mut(code)?;
+        let mut seen = item.clone();
+        if !item.script.is_empty() {
+            seen.price = item.script.remove(0);
+        }
+        Some(seen)
     }
 }
 
@@ -104,7 +120,7 @@ fn body(item: &Item) -> serde_json::Value {
 
 async fn one(State(inner): State<Arc<Inner>>, Path(code): Path<String>) -> Response {
     inner.item_requests.fetch_add(1, Ordering::Relaxed);
-    let item = inner.items().get(&code).cloned();
+    let item = inner.look(&code);
     let Some(item) = item else {
         return StatusCode::NOT_FOUND.into_response();
     };
@@ -126,13 +142,11 @@ struct BatchQuery {
 
 async fn many(State(inner): State<Arc<Inner>>, Query(q): Query<BatchQuery>) -> Response {
     inner.batch_requests.fetch_add(1, Ordering::Relaxed);
-    let answers: Vec<(String, Option<Item>)> = {
-        let items = inner.items();
-        q.codes
-            .split(',')
-            .map(|c| (c.to_owned(), items.get(c).cloned()))
-            .collect()
-    };
+    let answers: Vec<(String, Option<Item>)> = q
+        .codes
+        .split(',')
+        .map(|c| (c.to_owned(), inner.look(c)))
+        .collect();
     if answers
         .iter()
         .any(|(_, i)| i.as_ref().is_some_and(|i| i.behavior == Behavior::Hang))
@@ -235,6 +249,15 @@ impl FakeCatalog {
             .entry(code.to_owned())
             .or_insert_with(|| Item::priced(0))
             .in_stock = in_stock;
+    }
+
+    /// Answer `prices` to the next requests for `code`, one each, then its price again.
+    pub fn script(&self, code: &str, prices: &[i64]) {
+        self.inner
+            .items()
+            .entry(code.to_owned())
+            .or_insert_with(|| Item::priced(0))
+            .script = prices.to_vec();
     }
 
     /// (single-item requests, batch requests) served so far.

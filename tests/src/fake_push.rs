@@ -240,6 +240,10 @@ async fn push(
 
 impl FakePushService {
     pub async fn start() -> std::io::Result<Self> {
+        Self::start_on(SocketAddr::from(([127, 0, 0, 1], 0))).await
+    }
+
+    pub async fn start_on(addr: SocketAddr) -> std::io::Result<Self> {
         let inner = Arc::new(Inner::default());
         let app = Router::new()
             .route("/push/{id}", post(push))
@@ -254,7 +258,7 @@ impl FakePushService {
             .map_err(std::io::Error::other)?;
         tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         let acceptor = TlsAcceptor::from(Arc::new(tls));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         *lock(&inner.origin) = format!("https://127.0.0.1:{}", addr.port());
         let server = tokio::spawn(async move {
@@ -295,28 +299,112 @@ impl FakePushService {
 
     /// A new browser-like subscription on this service (fresh P-256 key pair and auth secret).
     pub fn subscription(&self) -> Subscription {
-        let private = PrivateKey::generate(&ECDH_P256).expect("key");
-        let public = private.compute_public_key().expect("public key");
-        let scalar: EcPrivateKeyBin<'static> = private.as_be_bytes().expect("scalar");
-        let mut auth = [0u8; 16];
-        aws_lc_rs::rand::fill(&mut auth).expect("random");
-        let id = uuid::Uuid::new_v4().simple().to_string();
-        lock(&self.inner.subs).insert(
-            id.clone(),
-            Sub {
-                secret: scalar.as_ref().to_vec(),
-                auth,
-                answers: VecDeque::new(),
-                default: Answer::Created,
-            },
-        );
-        Subscription {
-            endpoint: format!("https://127.0.0.1:{}/push/{id}", self.addr.port()),
-            p256dh: URL_SAFE_NO_PAD.encode(public.as_ref()),
-            auth: URL_SAFE_NO_PAD.encode(auth),
-        }
+        new_subscription(&self.inner, self.addr.port())
     }
 
+    /// Plain-HTTP control of this service for the demo (`tidings-fakes`):
+    /// `POST /admin/push/subscriptions` makes a subscription (as `PushSubscription.toJSON()`),
+    /// `POST /admin/push/subscriptions/{id}/answers` queues answers (`created`, `gone`,
+    /// `not_found`, `too_large`, `server_error`, `unauthorized`, `429:<retry-after>`),
+    /// `GET /admin/push/received` lists what was accepted, decrypted.
+    pub fn admin_router(&self) -> Router {
+        let (inner, port) = (self.inner.clone(), self.addr.port());
+        let make = {
+            let inner = inner.clone();
+            move || {
+                let sub = new_subscription(&inner, port);
+                async move {
+                    axum::Json(serde_json::json!({
+                        "endpoint": sub.endpoint,
+                        "expirationTime": null,
+                        "keys": {"p256dh": sub.p256dh, "auth": sub.auth},
+                    }))
+                }
+            }
+        };
+        let queue = {
+            let inner = inner.clone();
+            move |Path(id): Path<String>, axum::Json(answers): axum::Json<Vec<String>>| {
+                let parsed: Result<Vec<Answer>, String> =
+                    answers.iter().map(|a| parse_answer(a)).collect();
+                let result = parsed.and_then(|answers| {
+                    lock(&inner.subs)
+                        .get_mut(&id)
+                        .map(|s| s.answers.extend(answers))
+                        .ok_or_else(|| format!("no subscription {id}"))
+                });
+                async move {
+                    match result {
+                        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+                        Err(e) => (StatusCode::BAD_REQUEST, e).into_response(),
+                    }
+                }
+            }
+        };
+        let received = move || {
+            let list: Vec<serde_json::Value> = lock(&inner.received)
+                .iter()
+                .map(|r| {
+                    serde_json::json!({
+                        "subscription": r.subscription,
+                        "topic": r.topic,
+                        "urgency": r.urgency,
+                        "ttl": r.ttl,
+                        "body": r.json(),
+                    })
+                })
+                .collect();
+            async move { axum::Json(list) }
+        };
+        Router::new()
+            .route("/admin/push/subscriptions", post(make))
+            .route("/admin/push/subscriptions/{id}/answers", post(queue))
+            .route("/admin/push/received", axum::routing::get(received))
+    }
+}
+
+fn parse_answer(a: &str) -> Result<Answer, String> {
+    Ok(match a {
+        "created" => Answer::Created,
+        "gone" => Answer::Gone,
+        "not_found" => Answer::NotFound,
+        "too_large" => Answer::TooLarge,
+        "server_error" => Answer::ServerError,
+        "unauthorized" => Answer::Unauthorized,
+        "hang" => Answer::Hang,
+        other => match other.strip_prefix("429:") {
+            Some(ra) => Answer::TooManyRequests {
+                retry_after: ra.to_owned(),
+            },
+            None => return Err(format!("unknown answer {other:?}")),
+        },
+    })
+}
+
+fn new_subscription(inner: &Inner, port: u16) -> Subscription {
+    let private = PrivateKey::generate(&ECDH_P256).expect("key");
+    let public = private.compute_public_key().expect("public key");
+    let scalar: EcPrivateKeyBin<'static> = private.as_be_bytes().expect("scalar");
+    let mut auth = [0u8; 16];
+    aws_lc_rs::rand::fill(&mut auth).expect("random");
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    lock(&inner.subs).insert(
+        id.clone(),
+        Sub {
+            secret: scalar.as_ref().to_vec(),
+            auth,
+            answers: VecDeque::new(),
+            default: Answer::Created,
+        },
+    );
+    Subscription {
+        endpoint: format!("https://127.0.0.1:{}/push/{id}", port),
+        p256dh: URL_SAFE_NO_PAD.encode(public.as_ref()),
+        auth: URL_SAFE_NO_PAD.encode(auth),
+    }
+}
+
+impl FakePushService {
     fn sub_id(endpoint: &str) -> String {
         endpoint.rsplit('/').next().unwrap_or_default().to_owned()
     }

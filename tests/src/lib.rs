@@ -6,9 +6,11 @@
 //! - [`api`]: the api served in-process, and a browser-like client.
 
 pub mod api;
+pub mod demo;
 pub mod fake_catalog;
 pub mod fake_push;
 pub mod fixtures;
 pub mod harness;
 pub mod procstat;
 pub mod scenario;
+pub mod services;

@@ -1,0 +1,52 @@
+//! The outbox backlog as gauges: non-terminal rows by state and the age of the oldest due row.
+//! Terminal states are counted by `tidings_outbox_transitions_total` instead: counting them
+//! here would scan the whole history.
+
+use sqlx::PgPool;
+use std::time::Duration;
+use tidings_shared::metrics::{StatusLabels, metrics};
+use tokio_util::sync::CancellationToken;
+
+/// Reads the backlog once (each partial index answers its part) and sets the gauges.
+pub async fn measure(pool: &PgPool) -> Result<(), sqlx::Error> {
+    let counts: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT status, count(*) FROM outbox WHERE status IN ('pending', 'retry') GROUP BY status
+         UNION ALL
+         SELECT 'sending', count(*) FROM outbox WHERE status = 'sending'",
+    )
+    .fetch_all(pool)
+    .await?;
+    let oldest: f64 = sqlx::query_scalar(
+        "SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(next_attempt_at))::float8, 0)
+         FROM outbox WHERE status IN ('pending', 'retry') AND next_attempt_at <= now()",
+    )
+    .fetch_one(pool)
+    .await?;
+    let m = metrics();
+    for status in ["pending", "retry", "sending"] {
+        let n = counts
+            .iter()
+            .find(|(s, _)| s == status)
+            .map_or(0, |(_, n)| *n);
+        m.outbox_rows
+            .get_or_create(&StatusLabels {
+                status: status.to_owned(),
+            })
+            .set(n);
+    }
+    m.oldest_due_seconds.set(oldest);
+    Ok(())
+}
+
+/// Measures every `every` until `shutdown`.
+pub async fn run(pool: PgPool, every: Duration, shutdown: CancellationToken) {
+    loop {
+        if let Err(e) = measure(&pool).await {
+            tracing::warn!(error = %e, "measuring the outbox backlog failed");
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+    }
+}

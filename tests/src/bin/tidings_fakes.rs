@@ -1,0 +1,44 @@
+//! The demo's stand-ins for the outside world: the fake catalog (items whose prices the demo
+//! sets) and the fake push service (HTTPS with the fixture certificate; decrypts and verifies
+//! every push), with plain-HTTP admin endpoints. Listens where `--catalog`, `--push` and
+//! `--admin` say (default: free ports on 127.0.0.1), prints the URLs as KEY=value lines, and
+//! runs until SIGTERM or Ctrl-C.
+
+use std::net::SocketAddr;
+use tidings_tests::fake_catalog::FakeCatalog;
+use tidings_tests::fake_push::FakePushService;
+
+fn addr(flag: &str) -> SocketAddr {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == flag)
+        .and_then(|i| args.get(i + 1))
+        .map(|v| {
+            v.parse()
+                .unwrap_or_else(|e| panic!("{flag} {v}: not an address ({e})"))
+        })
+        .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)))
+}
+
+#[tokio::main]
+async fn main() -> std::io::Result<()> {
+    let catalog = FakeCatalog::start_on(addr("--catalog")).await?;
+    let push = FakePushService::start_on(addr("--push")).await?;
+    let admin = tokio::net::TcpListener::bind(addr("--admin")).await?;
+    let admin_addr = admin.local_addr()?;
+    println!("CATALOG_ITEM_URL={}", catalog.item_url());
+    println!("CATALOG_BATCH_URL={}", catalog.batch_url());
+    println!("CATALOG_ADMIN=http://{}/admin/items", catalog.addr);
+    println!("PUSH_ORIGIN=https://{}", push.addr);
+    println!("PUSH_ADMIN=http://{admin_addr}/admin/push");
+    let router = push.admin_router();
+    let server = axum::serve(admin, router).with_graceful_shutdown(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    });
+    server.await
+}

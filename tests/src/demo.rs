@@ -1,0 +1,298 @@
+//! The demo scenario, over HTTP only (the api, the fakes' admin endpoints), so the same code
+//! drives `tidings-demo` against a running stack and the end-to-end test against binaries the
+//! test started:
+//!
+//! - a device registers and watches items A, B and C (each "below 12.00");
+//! - A drops to 9.99: delivered, and the fake push service shows the decrypted text;
+//! - B drops to 11.00 and is back at 15.00 by the time the dispatcher re-checks: withheld
+//!   (`dropped`/`condition_lost`), nothing is sent;
+//! - C drops to 10.00 while the push service answers 429 once: `retry`, then `sent`.
+
+use reqwest::Method;
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+pub struct Endpoints {
+    /// e.g. `http://127.0.0.1:8080`
+    pub api: String,
+    /// e.g. `http://127.0.0.1:9000/admin/items`
+    pub catalog_admin: String,
+    /// e.g. `http://127.0.0.1:9002/admin/push`
+    pub push_admin: String,
+    pub admin_token: String,
+}
+
+/// What happened, for printing and for assertions.
+#[derive(Debug)]
+pub struct Report {
+    pub device_id: String,
+    /// item code → watch id
+    pub watches: Vec<(String, String)>,
+    /// The device's history at the end (`GET /v1/notifications`), newest first.
+    pub history: Vec<Value>,
+    /// What the push service accepted and decrypted.
+    pub received: Vec<Value>,
+    /// The operator view of every outbox row (`GET /v1/admin/outbox`).
+    pub outbox: Vec<Value>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    #[error("{what}: {detail}")]
+    Step { what: String, detail: String },
+    #[error("waited {0:?} for {1}")]
+    Timeout(Duration, String),
+}
+
+fn step(what: &str) -> impl FnOnce(reqwest::Error) -> DemoError + '_ {
+    move |e| DemoError::Step {
+        what: what.to_owned(),
+        detail: e.to_string(),
+    }
+}
+
+struct Client {
+    http: reqwest::Client,
+    e: Endpoints,
+}
+
+impl Client {
+    async fn call(
+        &self,
+        what: &str,
+        method: Method,
+        url: String,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> Result<Value, DemoError> {
+        let mut r = self.http.request(method, url);
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        let resp = r.send().await.map_err(step(what))?;
+        let status = resp.status();
+        let text = resp.text().await.map_err(step(what))?;
+        if !status.is_success() {
+            return Err(DemoError::Step {
+                what: what.to_owned(),
+                detail: format!("HTTP {status}: {text}"),
+            });
+        }
+        Ok(serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    async fn set_item(&self, code: &str, item: Value) -> Result<(), DemoError> {
+        self.call(
+            &format!("setting {code} in the catalog"),
+            Method::PUT,
+            format!("{}/{code}", self.e.catalog_admin),
+            None,
+            Some(item),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn history(&self, token: &str) -> Result<Vec<Value>, DemoError> {
+        let v = self
+            .call(
+                "reading the history",
+                Method::GET,
+                format!("{}/v1/notifications", self.e.api),
+                Some(token),
+                None,
+            )
+            .await?;
+        Ok(v["items"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// Waits until the device's row for `watch` is in `status`; returns it.
+    async fn wait_for(&self, token: &str, watch: &str, status: &str) -> Result<Value, DemoError> {
+        let limit = Duration::from_secs(45);
+        let started = Instant::now();
+        loop {
+            let rows = self.history(token).await?;
+            if let Some(row) = rows
+                .iter()
+                .find(|r| r["watch_id"] == watch && r["status"] == status)
+            {
+                return Ok(row.clone());
+            }
+            if started.elapsed() > limit {
+                return Err(DemoError::Timeout(
+                    limit,
+                    format!("watch {watch} to have a {status} notification (history: {rows:?})"),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+fn money(v: &Value) -> String {
+    v.as_i64()
+        .map(|c| format!("{}.{:02}", c / 100, c % 100))
+        .unwrap_or_else(|| "—".into())
+}
+
+/// Runs the scenario; `say` gets one line per thing that happened.
+pub async fn run(e: Endpoints, mut say: impl FnMut(String)) -> Result<Report, DemoError> {
+    let c = Client {
+        http: reqwest::Client::new(),
+        e,
+    };
+    for code in ["SKU-A", "SKU-B", "SKU-C"] {
+        c.set_item(code, json!({"price": 1500})).await?;
+    }
+    let sub = c
+        .call(
+            "making a push subscription",
+            Method::POST,
+            format!("{}/subscriptions", c.e.push_admin),
+            None,
+            None,
+        )
+        .await?;
+    let sub_id = sub["endpoint"]
+        .as_str()
+        .and_then(|e| e.rsplit('/').next())
+        .unwrap_or_default()
+        .to_owned();
+    let device = c
+        .call(
+            "registering the device",
+            Method::POST,
+            format!("{}/v1/devices", c.e.api),
+            None,
+            Some(json!({"subscription": sub, "time_zone": "Europe/Berlin"})),
+        )
+        .await?;
+    let token = device["token"].as_str().unwrap_or_default().to_owned();
+    let device_id = device["device_id"].as_str().unwrap_or_default().to_owned();
+    say(format!(
+        "device {device_id} registered with a Web Push subscription"
+    ));
+    let mut watches = Vec::new();
+    for code in ["SKU-A", "SKU-B", "SKU-C"] {
+        let w = c
+            .call(
+                &format!("watching {code}"),
+                Method::POST,
+                format!("{}/v1/watches", c.e.api),
+                Some(&token),
+                Some(json!({"item_code": code, "triggers": [{"kind": "price_below", "threshold": 1200}]})),
+            )
+            .await?;
+        watches.push((
+            code.to_owned(),
+            w["id"].as_str().unwrap_or_default().to_owned(),
+        ));
+    }
+    say("watching SKU-A, SKU-B and SKU-C for a price below 12.00 (all at 15.00 now)".into());
+    let watch = |code: &str| {
+        watches
+            .iter()
+            .find(|(c, _)| c == code)
+            .map(|(_, w)| w.clone())
+            .unwrap_or_default()
+    };
+
+    // A: a real drop.
+    c.set_item("SKU-A", json!({"price": 999})).await?;
+    say("SKU-A drops to 9.99".into());
+    c.wait_for(&token, &watch("SKU-A"), "sent").await?;
+    say("  → sent".into());
+
+    // B: the detector sees 11.00, the re-check sees 15.00 again.
+    c.set_item("SKU-B", json!({"price": 1500, "script": [1100]}))
+        .await?;
+    say("SKU-B drops to 11.00 and is back at 15.00 before the dispatcher sends".into());
+    let b = c.wait_for(&token, &watch("SKU-B"), "dropped").await?;
+    say(format!(
+        "  → withheld ({}): detected {}, re-checked {}",
+        b["reason"].as_str().unwrap_or("?"),
+        money(&b["detected"]["price"]),
+        money(&b["checked"]["price"])
+    ));
+
+    // C: the push service is briefly overloaded.
+    c.call(
+        "queueing a 429",
+        Method::POST,
+        format!("{}/subscriptions/{sub_id}/answers", c.e.push_admin),
+        None,
+        Some(json!(["429:1"])),
+    )
+    .await?;
+    c.set_item("SKU-C", json!({"price": 1000})).await?;
+    say("SKU-C drops to 10.00; the push service answers 429 (Retry-After: 1) once".into());
+    c.wait_for(&token, &watch("SKU-C"), "sent").await?;
+    say("  → retry, then sent".into());
+
+    let received = c
+        .call(
+            "reading what the push service received",
+            Method::GET,
+            format!("{}/received", c.e.push_admin),
+            None,
+            None,
+        )
+        .await?
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for r in &received {
+        say(format!(
+            "push service decrypted: {} — {}",
+            r["body"]["title"].as_str().unwrap_or("?"),
+            r["body"]["body"].as_str().unwrap_or("?")
+        ));
+    }
+    let history = c.history(&token).await?;
+    let outbox = c
+        .call(
+            "reading the outbox (operator)",
+            Method::GET,
+            format!("{}/v1/admin/outbox?device_id={device_id}", c.e.api),
+            Some(&c.e.admin_token),
+            None,
+        )
+        .await?["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    Ok(Report {
+        device_id,
+        watches,
+        history,
+        received,
+        outbox,
+    })
+}
+
+/// The outbox rows as a table.
+pub fn table(rows: &[Value]) -> String {
+    let mut out = format!(
+        "{:<8} {:<11} {:<8} {:<15} {:>8} {:>9} {:>8}  {}\n",
+        "item", "trigger", "status", "reason", "attempts", "detected", "sent", "outbox id"
+    );
+    let mut rows = rows.to_vec();
+    rows.reverse();
+    for r in rows {
+        out.push_str(&format!(
+            "{:<8} {:<11} {:<8} {:<15} {:>8} {:>9} {:>8}  {}\n",
+            r["item_code"].as_str().unwrap_or("?"),
+            r["trigger"]["kind"].as_str().unwrap_or("?"),
+            r["status"].as_str().unwrap_or("?"),
+            r["reason"].as_str().unwrap_or("—"),
+            r["attempt"].as_i64().unwrap_or(0),
+            money(&r["detected"]["price"]),
+            money(&r["sent"]["price"]),
+            r["id"].as_str().unwrap_or("?"),
+        ));
+    }
+    out
+}

@@ -1,0 +1,228 @@
+//! The real service binaries, started by a test against the test's database, subject prefix and
+//! fakes. The binaries are built (debug) by the first test that needs them, so a test always
+//! runs the current code.
+
+use crate::fake_push::CERT_PEM;
+use crate::scenario::Scenario;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+pub const SERVICES: [&str; 4] = ["api", "dispatcher", "pusher", "detector"];
+pub const ADMIN_TOKEN: &str = "end-to-end-operator-token-0123456789abcdef";
+
+/// Where `cargo build` puts this profile's binaries: next to the test executable's `deps/`.
+fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let deps = exe.parent().expect("deps dir");
+    if deps.ends_with("deps") {
+        deps.parent().expect("profile dir").to_path_buf()
+    } else {
+        deps.to_path_buf()
+    }
+}
+
+/// The service binary `tidings-<name>`, built once per test process.
+pub fn binary(name: &str) -> PathBuf {
+    static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
+    let built = BUILT.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+            .args(["build", "--quiet"]);
+        for s in SERVICES {
+            cmd.args([
+                "-p",
+                &format!("tidings-{s}"),
+                "--bin",
+                &format!("tidings-{s}"),
+            ]);
+        }
+        let out = cmd.output().map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    });
+    if let Err(e) = built {
+        panic!("building the service binaries failed:\n{e}");
+    }
+    bin_dir().join(format!("tidings-{name}"))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
+
+/// The four services, running.
+pub struct Pipeline {
+    env: Vec<(String, String)>,
+    children: HashMap<&'static str, Child>,
+    ports: HashMap<&'static str, u16>,
+    logs: PathBuf,
+}
+
+impl Pipeline {
+    /// Starts every service against `s`'s database, prefix and catalog, pushing to a fake push
+    /// service on 127.0.0.1 (TLS with the fixture certificate). `extra` env wins.
+    pub async fn start(s: &Scenario, extra: &[(&str, &str)]) -> Pipeline {
+        let logs = std::env::temp_dir().join(format!("tidings-e2e-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&logs).expect("log dir");
+        let ca = logs.join("ca.pem");
+        std::fs::write(&ca, CERT_PEM).expect("ca file");
+        let (vapid_private, vapid_public) =
+            tidings_shared::vapid::VapidKey::generate().expect("vapid key");
+        let mut env: Vec<(String, String)> = [
+            ("DATABASE_URL", s.db.url.clone()),
+            (
+                "NATS_URL",
+                crate::harness::stack().expect("stack").nats_url.clone(),
+            ),
+            ("TIDINGS_PREFIX", s.subjects.prefix().to_owned()),
+            ("TIDINGS_SOURCE_URL", s.catalog.item_url()),
+            ("TIDINGS_SOURCE_BATCH_URL", s.catalog.batch_url()),
+            ("TIDINGS_SOURCE_TIMEOUT", "2s".into()),
+            ("TIDINGS_PUSH_ALLOWED_HOSTS", "127.0.0.1".into()),
+            ("TIDINGS_PUSH_ALLOW_PRIVATE", "true".into()),
+            ("TIDINGS_PUSH_EXTRA_CA_FILE", ca.display().to_string()),
+            ("TIDINGS_VAPID_PRIVATE_KEY", vapid_private),
+            ("TIDINGS_VAPID_PUBLIC_KEY", vapid_public),
+            ("TIDINGS_VAPID_SUBJECT", "mailto:e2e@tidings.invalid".into()),
+            ("TIDINGS_ADMIN_TOKEN", ADMIN_TOKEN.into()),
+            ("TIDINGS_SCAN_INTERVAL", "500ms".into()),
+            ("TIDINGS_RETRY_BASE", "500ms".into()),
+            ("TIDINGS_POLL_INTERVAL", "20ms".into()),
+            ("RUST_LOG", "info".into()),
+            ("RUST_BACKTRACE", "1".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        for (k, v) in extra {
+            env.retain(|(key, _)| key != k);
+            env.push(((*k).to_owned(), (*v).to_owned()));
+        }
+        let ports = SERVICES.iter().map(|s| (*s, free_port())).collect();
+        let mut p = Pipeline {
+            env,
+            children: HashMap::new(),
+            ports,
+            logs,
+        };
+        for name in SERVICES {
+            p.spawn(name);
+        }
+        for name in SERVICES {
+            p.wait_ready(name).await;
+        }
+        p
+    }
+
+    /// Starts (or restarts) one service; its log goes to `<logs>/<name>.log` (appended).
+    pub fn spawn(&mut self, name: &'static str) {
+        let port = self.ports[name];
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.logs.join(format!("{name}.log")))
+            .expect("log file");
+        let mut cmd = Command::new(binary(name));
+        if name == "api" {
+            cmd.arg("serve")
+                .env("TIDINGS_API_LISTEN", format!("127.0.0.1:{port}"));
+        } else {
+            cmd.env("TIDINGS_OPS_LISTEN", format!("127.0.0.1:{port}"));
+        }
+        // Traces are exported only where a test asks for them.
+        cmd.env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdout(Stdio::null())
+            .stderr(log.try_clone().map(Stdio::from).unwrap_or(Stdio::null()));
+        let child = cmd.spawn().expect("spawn service");
+        self.children.insert(name, child);
+    }
+
+    /// `http://127.0.0.1:<port>`: the api, or a worker's ops endpoint.
+    pub fn url(&self, name: &str) -> String {
+        format!("http://127.0.0.1:{}", self.ports[name])
+    }
+
+    pub fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.logs.join(format!("{name}.log"))).unwrap_or_default()
+    }
+
+    pub async fn wait_ready(&mut self, name: &'static str) {
+        let url = format!("{}/readyz", self.url(name));
+        let started = Instant::now();
+        loop {
+            if let Ok(r) = reqwest::get(&url).await
+                && r.status().is_success()
+            {
+                return;
+            }
+            if let Some(child) = self.children.get_mut(name)
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                panic!("{name} exited ({status}):\n{}", self.log(name));
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "{name} not ready within 30 s:\n{}",
+                self.log(name)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Sends SIGTERM and waits (up to `grace`) for the exit status.
+    pub async fn terminate(&mut self, name: &'static str, grace: Duration) -> ExitStatus {
+        let mut child = self.children.remove(name).expect("running service");
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let started = Instant::now();
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status;
+            }
+            if started.elapsed() > grace {
+                let _ = child.kill();
+                panic!(
+                    "{name} did not exit within {grace:?} of SIGTERM:\n{}",
+                    self.log(name)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// SIGTERM to every service; each must exit 0 within 20 s.
+    pub async fn stop(mut self) {
+        for name in SERVICES {
+            if self.children.contains_key(name) {
+                let status = self.terminate(name, Duration::from_secs(20)).await;
+                assert!(
+                    status.success(),
+                    "{name} exited with {status}:\n{}",
+                    self.log(name)
+                );
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.logs);
+    }
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        for child in self.children.values_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

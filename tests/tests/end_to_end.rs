@@ -1,0 +1,509 @@
+//! The whole system: the real binaries (api, detector, dispatcher, pusher) against real Postgres
+//! and NATS, the fake catalog and the fake push service (which decrypts every push).
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::routing::post;
+use serde_json::Value;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tidings_shared::trigger::Trigger;
+use tidings_tests::demo::{self, Endpoints};
+use tidings_tests::fake_push::FakePushService;
+use tidings_tests::fixtures;
+use tidings_tests::harness::tool;
+use tidings_tests::scenario::Scenario;
+use tidings_tests::services::{ADMIN_TOKEN, Pipeline, SERVICES};
+
+async fn serve(router: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    format!("http://{addr}")
+}
+
+async fn metrics(p: &Pipeline, name: &str) -> String {
+    reqwest::get(format!("{}/metrics", p.url(name)))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// Parses with the Prometheus project's own OpenMetrics parser (Python `prometheus_client`),
+/// and returns every sample as `name{labels}` → value.
+fn parse_metrics(text: &str) -> HashMap<String, f64> {
+    let script = r#"
+import sys
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+for family in text_string_to_metric_families(sys.stdin.read()):
+    for s in family.samples:
+        labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+        print(f"{s.name}{{{labels}}} {s.value}")
+"#;
+    let mut child = std::process::Command::new(tool("python").unwrap())
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "not valid OpenMetrics text: {}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            Some((k.to_owned(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+fn sample(m: &HashMap<String, f64>, key: &str) -> f64 {
+    m.get(key).copied().unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
+    let s = Scenario::new().await;
+    let push = FakePushService::start().await.unwrap();
+    let push_admin = serve(push.admin_router()).await;
+    let p = Pipeline::start(&s, &[]).await;
+    let before: HashMap<&str, HashMap<String, f64>> = {
+        let mut m = HashMap::new();
+        for name in SERVICES {
+            m.insert(name, parse_metrics(&metrics(&p, name).await));
+        }
+        m
+    };
+
+    let report = demo::run(
+        Endpoints {
+            api: p.url("api"),
+            catalog_admin: format!("http://{}/admin/items", s.catalog.addr),
+            push_admin: format!("{push_admin}/admin/push"),
+            admin_token: ADMIN_TOKEN.into(),
+        },
+        |line| eprintln!("{line}"),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\ndispatcher:\n{}", p.log("dispatcher")));
+
+    // From the database.
+    let watch = |code: &str| {
+        report
+            .watches
+            .iter()
+            .find(|(c, _)| c == code)
+            .map(|(_, w)| w.parse::<uuid::Uuid>().unwrap())
+            .unwrap()
+    };
+    let row = |code: &str| {
+        let w = watch(code);
+        let pool = s.db.pool.clone();
+        async move {
+            sqlx::query_as::<_, (String, Option<String>, i32, i32, Option<Value>)>(
+                "SELECT status, reason, attempt, retry_count, checked FROM outbox WHERE watch_id = $1",
+            )
+            .bind(w)
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    let a = row("SKU-A").await;
+    assert_eq!(a.len(), 1);
+    assert_eq!((a[0].0.as_str(), a[0].2, a[0].3), ("sent", 1, 0));
+    let b = row("SKU-B").await;
+    assert_eq!(b.len(), 1);
+    assert_eq!(
+        (b[0].0.as_str(), b[0].1.as_deref(), b[0].2),
+        ("dropped", Some("condition_lost"), 0)
+    );
+    assert_eq!(
+        b[0].4.as_ref().unwrap()["price"],
+        1500,
+        "the re-check saw the recovery"
+    );
+    let c = row("SKU-C").await;
+    assert_eq!(c.len(), 1);
+    assert_eq!(
+        (c[0].0.as_str(), c[0].2, c[0].3),
+        ("sent", 2, 1),
+        "one 429, then sent"
+    );
+    let baselines: i64 = sqlx::query_scalar("SELECT count(*) FROM baselines")
+        .fetch_one(&s.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(baselines, 2, "A and C moved their baselines; B did not");
+
+    // From what the push service decrypted.
+    let bodies: Vec<Value> = push.received().iter().map(|r| r.json()).collect();
+    let titles: Vec<&str> = bodies.iter().filter_map(|b| b["title"].as_str()).collect();
+    assert_eq!(
+        titles,
+        ["SKU-A is below your price", "SKU-C is below your price"]
+    );
+    assert!(
+        bodies[0]["body"].as_str().unwrap().contains("9.99"),
+        "{bodies:?}"
+    );
+    assert!(push.rejected().is_empty(), "{:?}", push.rejected());
+    assert_eq!(push.hits(), 3, "A, C's 429, C");
+
+    // The metrics moved as the scenario ran.
+    let after: HashMap<&str, HashMap<String, f64>> = {
+        let mut m = HashMap::new();
+        for name in SERVICES {
+            m.insert(name, parse_metrics(&metrics(&p, name).await));
+        }
+        m
+    };
+    let moved = |svc: &str, key: &str| sample(&after[svc], key) - sample(&before[svc], key);
+    assert_eq!(
+        moved(
+            "dispatcher",
+            r#"tidings_outbox_transitions_total{reason="",to="sent"}"#
+        ),
+        2.0
+    );
+    assert_eq!(
+        moved(
+            "dispatcher",
+            r#"tidings_outbox_transitions_total{reason="condition_lost",to="dropped"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        moved(
+            "dispatcher",
+            r#"tidings_outbox_transitions_total{reason="",to="retry"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        moved("dispatcher", r#"tidings_ingested_total{result="new"}"#),
+        3.0
+    );
+    assert_eq!(
+        moved(
+            "dispatcher",
+            "tidings_detection_to_delivery_seconds_count{}"
+        ),
+        2.0
+    );
+    assert_eq!(
+        moved(
+            "pusher",
+            r#"tidings_push_requests_total{host="127.0.0.1",outcome="delivered",status_class="2xx"}"#
+        ),
+        2.0
+    );
+    assert_eq!(
+        moved(
+            "pusher",
+            r#"tidings_push_requests_total{host="127.0.0.1",outcome="transient",status_class="4xx"}"#
+        ),
+        1.0
+    );
+    assert!(moved("detector", "tidings_detector_scans_total{}") >= 1.0);
+    assert!(
+        moved(
+            "detector",
+            r#"tidings_detections_total{result="published"}"#
+        ) >= 3.0
+    );
+    assert!(
+        moved(
+            "api",
+            r#"tidings_http_requests_total{method="POST",route="/v1/watches",status="201"}"#
+        ) == 3.0,
+        "{:?}",
+        after["api"]
+            .keys()
+            .filter(|k| k.contains("http_requests"))
+            .collect::<Vec<_>>()
+    );
+
+    p.stop().await;
+    s.cleanup().await;
+}
+
+/// A minimal OTLP/HTTP (JSON) trace receiver.
+async fn otlp_receiver() -> (String, Arc<Mutex<Vec<Value>>>) {
+    let spans: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let store = spans.clone();
+    let router = Router::new().route(
+        "/v1/traces",
+        post(move |body: Bytes| {
+            let store = store.clone();
+            async move {
+                if let Ok(v) = serde_json::from_slice::<Value>(&body) {
+                    for rs in v["resourceSpans"].as_array().into_iter().flatten() {
+                        let service = rs["resource"]["attributes"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .find(|a| a["key"] == "service.name")
+                            .and_then(|a| a["value"]["stringValue"].as_str())
+                            .unwrap_or("?")
+                            .to_owned();
+                        for ss in rs["scopeSpans"].as_array().into_iter().flatten() {
+                            for span in ss["spans"].as_array().into_iter().flatten() {
+                                let mut span = span.clone();
+                                span["service"] = Value::String(service.clone());
+                                store.lock().unwrap().push(span);
+                            }
+                        }
+                    }
+                }
+                "{}"
+            }
+        }),
+    );
+    (serve(router).await, spans)
+}
+
+fn attr(span: &Value, key: &str) -> Option<String> {
+    span["attributes"]
+        .as_array()?
+        .iter()
+        .find(|a| a["key"] == key)
+        .map(|a| {
+            let v = &a["value"];
+            v["stringValue"]
+                .as_str()
+                .map(str::to_owned)
+                .unwrap_or_else(|| v.to_string())
+        })
+}
+
+#[tokio::test]
+async fn one_notification_is_one_trace_across_every_service() {
+    let s = Scenario::new().await;
+    let push = FakePushService::start().await.unwrap();
+    let (otlp, spans) = otlp_receiver().await;
+    let p = Pipeline::start(
+        &s,
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    )
+    .await;
+    let sub = push.subscription();
+    let w = s
+        .watcher("SKU-1", Trigger::PriceBelow { threshold: 1200 }, 1500)
+        .await;
+    sqlx::query("UPDATE push_subscriptions SET endpoint = $1, p256dh = $2, auth = $3")
+        .bind(&sub.endpoint)
+        .bind(&sub.p256dh)
+        .bind(&sub.auth)
+        .execute(&s.db.pool)
+        .await
+        .unwrap();
+    s.catalog.set_price("SKU-1", 1000);
+
+    // Wait for the row to be sent and the result span to arrive.
+    let started = Instant::now();
+    let names = ["detect", "ingest", "recheck", "push", "result"];
+    let by_name = loop {
+        let got: HashMap<String, Value> = spans
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|sp| Some((sp["name"].as_str()?.to_owned(), sp.clone())))
+            .collect();
+        if names.iter().all(|n| got.contains_key(*n)) {
+            break got;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "spans so far: {:?}\ndispatcher log:\n{}",
+            got.keys().collect::<Vec<_>>(),
+            p.log("dispatcher")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let status: String = sqlx::query_scalar("SELECT status FROM outbox WHERE watch_id = $1")
+        .bind(w.watch)
+        .fetch_one(&s.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(status, "sent");
+
+    let trace = by_name["detect"]["traceId"].as_str().unwrap().to_owned();
+    assert!(!trace.is_empty());
+    for n in names {
+        assert_eq!(
+            by_name[n]["traceId"].as_str(),
+            Some(trace.as_str()),
+            "{n} is in another trace"
+        );
+    }
+    // Each consumer span is a child of its producer's span.
+    for (child, parent) in [
+        ("ingest", "detect"),
+        ("recheck", "ingest"),
+        ("push", "recheck"),
+        ("result", "push"),
+    ] {
+        assert_eq!(
+            by_name[child]["parentSpanId"], by_name[parent]["spanId"],
+            "{child} should be a child of {parent}"
+        );
+    }
+    let services: HashSet<&str> = names
+        .iter()
+        .filter_map(|n| by_name[*n]["service"].as_str())
+        .collect();
+    assert_eq!(
+        services,
+        HashSet::from(["tidings-detector", "tidings-dispatcher", "tidings-pusher"])
+    );
+    let outbox_id: uuid::Uuid = sqlx::query_scalar("SELECT id FROM outbox WHERE watch_id = $1")
+        .bind(w.watch)
+        .fetch_one(&s.db.pool)
+        .await
+        .unwrap();
+    for n in ["recheck", "push", "result"] {
+        assert_eq!(
+            attr(&by_name[n], "outbox_id"),
+            Some(outbox_id.to_string()),
+            "{n}"
+        );
+    }
+    assert_eq!(
+        attr(&by_name["recheck"], "outcome").as_deref(),
+        Some("sending")
+    );
+    assert_eq!(
+        attr(&by_name["push"], "outcome").as_deref(),
+        Some("delivered")
+    );
+    assert_eq!(
+        attr(&by_name["detect"], "watch_id"),
+        Some(w.watch.to_string())
+    );
+
+    p.stop().await;
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn sigterm_during_a_burst_loses_nothing_and_delivers_nothing_twice() {
+    const N: usize = 1000;
+    let s = Scenario::new().await;
+    let push = FakePushService::start().await.unwrap();
+    let sub = push.subscription();
+    let mut p = Pipeline::start(&s, &[("TIDINGS_SCAN_INTERVAL", "1s")]).await;
+
+    let trigger = Trigger::PriceBelow { threshold: 1200 };
+    for _ in 0..10 {
+        let device = fixtures::device(&s.db.pool, "UTC").await.unwrap();
+        fixtures::subscription(&s.db.pool, device.id, &sub.endpoint, &sub.p256dh, &sub.auth)
+            .await
+            .unwrap();
+        sqlx::query(
+            "INSERT INTO watches (id, device_id, item_code, triggers, reference_price)
+             SELECT gen_random_uuid(), $1, 'SKU-1', $2, 1500 FROM generate_series(1, $3)",
+        )
+        .bind(device.id)
+        .bind(sqlx::types::Json(vec![trigger.clone()]))
+        .bind(i32::try_from(N / 10).unwrap())
+        .execute(&s.db.pool)
+        .await
+        .unwrap();
+    }
+    s.catalog.set_price("SKU-1", 1000);
+
+    // Mid-burst: some sent, not all.
+    let count = |sql: &'static str| {
+        let pool = s.db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let started = Instant::now();
+    while count("SELECT count(*) FROM outbox WHERE status = 'sent'").await < 50 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "nothing sent:\n{}",
+            p.log("dispatcher")
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for name in ["detector", "dispatcher", "pusher"] {
+        let status = p.terminate(name, Duration::from_secs(20)).await;
+        assert!(
+            status.success(),
+            "{name} exited with {status}:\n{}",
+            p.log(name)
+        );
+    }
+    let sent_at_stop = count("SELECT count(*) FROM outbox WHERE status = 'sent'").await;
+    eprintln!("sent when stopped: {sent_at_stop} of {N}");
+    assert!(
+        sent_at_stop < N as i64,
+        "the burst was over before SIGTERM; the test proves nothing"
+    );
+
+    for name in ["detector", "dispatcher", "pusher"] {
+        p.spawn(name);
+    }
+    for name in ["detector", "dispatcher", "pusher"] {
+        p.wait_ready(name).await;
+    }
+    let started = Instant::now();
+    loop {
+        let terminal =
+            count("SELECT count(*) FROM outbox WHERE status IN ('sent', 'dropped', 'failed')")
+                .await;
+        if terminal == N as i64 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "{terminal} of {N} terminal:\n{}",
+            p.log("dispatcher")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        count("SELECT count(*) FROM outbox").await,
+        N as i64,
+        "one row per watch"
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM outbox WHERE status = 'sent'").await,
+        N as i64
+    );
+    let received = push.received();
+    let topics: HashSet<Option<String>> = received.iter().map(|r| r.topic.clone()).collect();
+    assert_eq!(
+        received.len(),
+        N,
+        "every notification delivered exactly once"
+    );
+    assert_eq!(topics.len(), N, "no outbox row delivered twice");
+    p.stop().await;
+    s.cleanup().await;
+}
