@@ -61,6 +61,43 @@ pub struct RouteLabels {
     pub route: String,
 }
 
+/// Every metric family Tidings registers, with its type. Dashboards and alerts may use exactly
+/// the sample names [`sample_names`] derives from this (a test checks it matches the registry).
+pub const FAMILIES: &[(&str, &str)] = &[
+    ("tidings_outbox_transitions", "counter"),
+    ("tidings_outbox_rows", "gauge"),
+    ("tidings_outbox_oldest_due_seconds", "gauge"),
+    ("tidings_ingested", "counter"),
+    ("tidings_dead_lettered", "counter"),
+    ("tidings_source_errors", "counter"),
+    ("tidings_push_requests", "counter"),
+    ("tidings_push_duration_seconds", "histogram"),
+    ("tidings_detection_to_delivery_seconds", "histogram"),
+    ("tidings_consumer_pending_messages", "gauge"),
+    ("tidings_consumer_ack_pending_messages", "gauge"),
+    ("tidings_detector_scans", "counter"),
+    ("tidings_detector_scan_duration_seconds", "histogram"),
+    ("tidings_detections", "counter"),
+    ("tidings_http_requests", "counter"),
+    ("tidings_http_request_duration_seconds", "histogram"),
+];
+
+/// The names samples appear under in the exposition (`_total` for counters; `_bucket`, `_sum`,
+/// `_count` for histograms).
+pub fn sample_names() -> Vec<String> {
+    FAMILIES
+        .iter()
+        .flat_map(|(name, kind)| match *kind {
+            "counter" => vec![format!("{name}_total")],
+            "histogram" => ["_bucket", "_sum", "_count"]
+                .iter()
+                .map(|s| format!("{name}{s}"))
+                .collect(),
+            _ => vec![(*name).to_owned()],
+        })
+        .collect()
+}
+
 type Hist<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn latency() -> Histogram {
@@ -241,6 +278,59 @@ pub fn status_class(status: Option<u16>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_registered_family_is_listed_in_families() {
+        let m = metrics();
+        let l = |s: &str| s.to_owned();
+        m.transition("sent", "", 0);
+        let _ = m
+            .outbox_rows
+            .get_or_create(&StatusLabels { status: l("x") });
+        let _ = m.ingested.get_or_create(&ResultLabels { result: l("x") });
+        let _ = m.dead_lettered.get_or_create(&KindLabels { kind: l("x") });
+        let _ = m.source_errors.get_or_create(&KindLabels { kind: l("x") });
+        let _ = m.pushes.get_or_create(&PushLabels {
+            outcome: l("x"),
+            status_class: l("x"),
+            host: l("x"),
+        });
+        let _ = m
+            .push_duration
+            .get_or_create(&StatusLabels { status: l("x") });
+        let _ = m
+            .consumer_pending
+            .get_or_create(&ConsumerLabels { consumer: l("x") });
+        let _ = m
+            .consumer_ack_pending
+            .get_or_create(&ConsumerLabels { consumer: l("x") });
+        let _ = m.detections.get_or_create(&ResultLabels { result: l("x") });
+        let _ = m.http_requests.get_or_create(&HttpLabels {
+            route: l("x"),
+            method: l("x"),
+            status: l("x"),
+        });
+        let _ = m
+            .http_duration
+            .get_or_create(&RouteLabels { route: l("x") });
+        let mut registered: Vec<(String, String)> = m
+            .encode()
+            .lines()
+            .filter_map(|line| {
+                let mut parts = line.strip_prefix("# TYPE ")?.split(' ');
+                Some((parts.next()?.to_owned(), parts.next()?.to_owned()))
+            })
+            .collect();
+        registered.sort();
+        let mut listed: Vec<(String, String)> = FAMILIES
+            .iter()
+            .map(|(n, k)| ((*n).to_owned(), (*k).to_owned()))
+            .collect();
+        listed.sort();
+        assert_eq!(registered, listed);
+        assert!(sample_names().contains(&"tidings_outbox_transitions_total".to_owned()));
+        assert!(sample_names().contains(&"tidings_push_duration_seconds_bucket".to_owned()));
+    }
 
     #[test]
     fn counters_show_up_in_the_exposition() {

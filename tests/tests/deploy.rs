@@ -1,0 +1,184 @@
+//! The deploy/ tree checked offline by `deploy/check`: both Kubernetes overlays render and
+//! validate, YAML lints, the Dockerfile lints, dashboards are JSON whose queries name only metrics
+//! Tidings exports. And the check has teeth: deliberately broken copies fail it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use tidings_tests::harness::tool;
+
+fn repo() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+/// The exported sample names, from the registry's own list (checked against the registry by
+/// a unit test in tidings-shared).
+fn names_file(dir: &Path) -> PathBuf {
+    let path = dir.join("metric-names.txt");
+    std::fs::write(&path, tidings_shared::metrics::sample_names().join("\n")).unwrap();
+    path
+}
+
+/// Runs deploy/check on `root`; returns (success, output).
+fn check(root: &Path) -> (bool, String) {
+    let scratch = tempdir();
+    let tools = tool("python").unwrap();
+    let out = Command::new("bash")
+        .arg(repo().join("deploy/check"))
+        .arg(root)
+        .env("TIDINGS_TOOLS_BIN", tools.parent().unwrap())
+        .env("TIDINGS_METRIC_NAMES", names_file(&scratch))
+        .output()
+        .expect("run deploy/check");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&scratch);
+    (out.status.success(), text)
+}
+
+fn tempdir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tidings-deploy-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A copy of what deploy/check reads: deploy/, the Dockerfile, .yamllint.yaml.
+fn copy() -> PathBuf {
+    let dir = tempdir();
+    let status = Command::new("cp")
+        .arg("-r")
+        .arg(repo().join("deploy"))
+        .arg(repo().join("Dockerfile"))
+        .arg(repo().join(".yamllint.yaml"))
+        .arg(&dir)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    dir
+}
+
+fn edit(file: &Path, from: &str, to: &str) {
+    let text = std::fs::read_to_string(file).unwrap();
+    assert!(text.contains(from), "{} has no {from:?}", file.display());
+    std::fs::write(file, text.replacen(from, to, 1)).unwrap();
+}
+
+#[test]
+fn the_manifests_dashboards_and_dockerfile_pass_the_checks() {
+    let (ok, out) = check(&repo());
+    assert!(ok, "{out}");
+    for expected in [
+        "overlay dev: renders, valid for Kubernetes",
+        "overlay prod: renders, valid for Kubernetes",
+        "yamllint: clean",
+        "hadolint: Dockerfile clean",
+        "dashboards: valid JSON, every metric exported",
+    ] {
+        assert!(out.contains(expected), "{expected:?} missing from:\n{out}");
+    }
+}
+
+#[test]
+fn an_invalid_manifest_fails_the_checks() {
+    let dir = copy();
+    edit(
+        &dir.join("deploy/k8s/base/api.yaml"),
+        "containerPort: 8080",
+        "containerPort: \"eighty\"",
+    );
+    let (ok, out) = check(&dir);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("deployment/api") && out.contains("containerPort"),
+        "{out}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_overlay_that_does_not_render_fails_the_checks() {
+    let dir = copy();
+    edit(
+        &dir.join("deploy/k8s/overlays/prod/kustomization.yaml"),
+        "  - ../../base",
+        "  - ../../base\n  - missing.yaml",
+    );
+    let (ok, out) = check(&dir);
+    assert!(!ok, "{out}");
+    assert!(out.contains("overlay prod does not render"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_dashboard_query_on_an_unknown_metric_fails_the_checks() {
+    let dir = copy();
+    edit(
+        &dir.join("deploy/grafana/dashboards/pipeline-overview.json"),
+        "max by (status) (tidings_outbox_rows)",
+        "max by (status) (tidings_outbox_rowz)",
+    );
+    let (ok, out) = check(&dir);
+    assert!(!ok, "{out}");
+    assert!(out.contains("unknown metric tidings_outbox_rowz"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_dashboard_that_is_not_json_fails_the_checks() {
+    let dir = copy();
+    edit(
+        &dir.join("deploy/grafana/dashboards/push-services.json"),
+        "{",
+        "{,",
+    );
+    let (ok, out) = check(&dir);
+    assert!(!ok, "{out}");
+    assert!(out.contains("push-services.json: not valid JSON"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// No container engine here, so the image build is checked for what breaks it silently: every
+/// workspace member's manifest and every declared binary has a stub in the dependency layer
+/// (or cargo cannot load the workspace), and each service has its target, binary and entrypoint.
+#[test]
+fn the_dockerfile_covers_the_workspace_and_every_service() {
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
+    let workspace = std::fs::read_to_string(repo().join("Cargo.toml")).unwrap();
+    let members = workspace
+        .lines()
+        .find_map(|l| l.strip_prefix("members = "))
+        .expect("members line");
+    for member in members
+        .trim_matches(|c| c == '[' || c == ']')
+        .split(',')
+        .map(|m| m.trim().trim_matches('"'))
+    {
+        assert!(
+            dockerfile.contains(&format!("COPY {member}/Cargo.toml")),
+            "the dependency layer does not copy {member}/Cargo.toml"
+        );
+    }
+    let tests_manifest = std::fs::read_to_string(repo().join("tests/Cargo.toml")).unwrap();
+    for bin in tests_manifest
+        .lines()
+        .filter_map(|l| l.strip_prefix("path = \"src/bin/"))
+        .map(|p| p.trim_end_matches(".rs\""))
+    {
+        assert!(
+            dockerfile.contains(&format!(" {bin}")) || dockerfile.contains(&format!(" {bin};")),
+            "the dependency layer has no stub for tests/src/bin/{bin}.rs"
+        );
+    }
+    for service in ["api", "dispatcher", "pusher", "detector"] {
+        for needle in [
+            format!("FROM runtime AS {service}"),
+            format!("--bin tidings-{service}"),
+            format!("ENTRYPOINT [\"/usr/local/bin/tidings-{service}\""),
+        ] {
+            assert!(dockerfile.contains(&needle), "Dockerfile lacks {needle:?}");
+        }
+        assert!(repo().join(service).join("src/main.rs").exists());
+    }
+}
