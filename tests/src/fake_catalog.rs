@@ -44,6 +44,21 @@ pub struct Item {
     /// moves between two looks (e.g. the detector sees a drop, the re-check a recovery).
     #[serde(default)]
     pub script: Vec<i64>,
+    /// A price series in time: (unix ms, price) steps, sorted; before the first step `price`
+    /// applies. What a benchmark's moving market looks like.
+    #[serde(default)]
+    pub timeline: Vec<(i64, i64)>,
+}
+
+impl Item {
+    /// The price at `unix_ms` by the timeline (or `price`).
+    pub fn price_at(&self, unix_ms: i64) -> i64 {
+        self.timeline
+            .iter()
+            .take_while(|(t, _)| *t <= unix_ms)
+            .last()
+            .map_or(self.price, |(_, p)| *p)
+    }
 }
 
 fn eur() -> String {
@@ -63,6 +78,7 @@ impl Item {
             paused: false,
             behavior: Behavior::Normal,
             script: Vec::new(),
+            timeline: Vec::new(),
         }
     }
 }
@@ -87,6 +103,8 @@ impl Inner {
         let mut seen = item.clone();
         if !item.script.is_empty() {
             seen.price = item.script.remove(0);
+        } else if !item.timeline.is_empty() {
+            seen.price = item.price_at(chrono::Utc::now().timestamp_millis());
         }
         Some(seen)
     }

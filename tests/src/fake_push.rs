@@ -82,6 +82,13 @@ struct Inner {
     hits: std::sync::atomic::AtomicUsize,
     /// Benchmark sink: answer 201 to everything without verifying or decrypting.
     sink: std::sync::atomic::AtomicBool,
+    /// Sink: (Topic, unix ms) of every accepted push.
+    sunk: Mutex<Vec<(String, i64)>>,
+    /// Sink: one in this many topics is refused (503, Retry-After: 2) on its first attempt.
+    flaky_one_in: std::sync::atomic::AtomicU64,
+    flaked: Mutex<std::collections::HashSet<String>>,
+    /// Sink: decrypt one push in this many (0: none), proving the load is real Web Push.
+    sample_one_in: std::sync::atomic::AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -159,7 +166,27 @@ async fn push(
 ) -> Response {
     inner.hits.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     if inner.sink.load(std::sync::atomic::Ordering::Relaxed) {
-        return (StatusCode::CREATED, [("location", "/m/sink")]).into_response();
+        let topic = headers
+            .get("topic")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        let flaky = inner
+            .flaky_one_in
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if flaky > 0 && topic_hash(&topic) % flaky == 0 && lock(&inner.flaked).insert(topic.clone())
+        {
+            return (StatusCode::SERVICE_UNAVAILABLE, [("retry-after", "2")]).into_response();
+        }
+        let n = inner.hits.load(std::sync::atomic::Ordering::Relaxed) as u64;
+        let sample = inner
+            .sample_one_in
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if sample == 0 || n % sample != 0 {
+            lock(&inner.sunk).push((topic, chrono::Utc::now().timestamp_millis()));
+            return (StatusCode::CREATED, [("location", "/m/sink")]).into_response();
+        }
+        lock(&inner.sunk).push((topic, chrono::Utc::now().timestamp_millis()));
     }
     let origin = lock(&inner.origin).clone();
     let (claims, vapid_key) = match verify_vapid(&headers, &origin) {
@@ -302,6 +329,25 @@ impl FakePushService {
         new_subscription(&self.inner, self.addr.port())
     }
 
+    /// Sink: refuse the first attempt of one topic in `n` with 503 + Retry-After: 2 (0: never).
+    pub fn set_flaky(&self, n: u64) {
+        self.inner
+            .flaky_one_in
+            .store(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Sink: fully verify and decrypt one push in `n` (0: none).
+    pub fn set_sample(&self, n: u64) {
+        self.inner
+            .sample_one_in
+            .store(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Sink: (Topic, unix ms) of every push accepted so far.
+    pub fn sunk(&self) -> Vec<(String, i64)> {
+        lock(&self.inner.sunk).clone()
+    }
+
     /// Plain-HTTP control of this service for the demo (`tidings-fakes`):
     /// `POST /admin/push/subscriptions` makes a subscription (as `PushSubscription.toJSON()`),
     /// `POST /admin/push/subscriptions/{id}/answers` queues answers (`created`, `gone`,
@@ -361,6 +407,12 @@ impl FakePushService {
             .route("/admin/push/subscriptions/{id}/answers", post(queue))
             .route("/admin/push/received", axum::routing::get(received))
     }
+}
+
+fn topic_hash(topic: &str) -> u64 {
+    topic.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 fn parse_answer(a: &str) -> Result<Answer, String> {

@@ -32,6 +32,10 @@ pub fn binary(name: &str) -> PathBuf {
         let mut cmd = Command::new(cargo);
         cmd.current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
             .args(["build", "--quiet"]);
+        // A release benchmark runs release services.
+        if bin_dir().ends_with("release") {
+            cmd.arg("--release");
+        }
         for s in SERVICES {
             cmd.args([
                 "-p",
@@ -72,6 +76,15 @@ impl Pipeline {
     /// Starts every service against `s`'s database, prefix and catalog, pushing to a fake push
     /// service on 127.0.0.1 (TLS with the fixture certificate). `extra` env wins.
     pub async fn start(s: &Scenario, extra: &[(&str, &str)]) -> Pipeline {
+        Self::start_only(s, &SERVICES, extra).await
+    }
+
+    /// Starts only `services` (e.g. a benchmark's naive mode runs no dispatcher).
+    pub async fn start_only(
+        s: &Scenario,
+        services: &[&'static str],
+        extra: &[(&str, &str)],
+    ) -> Pipeline {
         let logs = std::env::temp_dir().join(format!("tidings-e2e-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&logs).expect("log dir");
         let ca = logs.join("ca.pem");
@@ -115,13 +128,18 @@ impl Pipeline {
             ports,
             logs,
         };
-        for name in SERVICES {
+        for name in services {
             p.spawn(name);
         }
-        for name in SERVICES {
+        for name in services {
             p.wait_ready(name).await;
         }
         p
+    }
+
+    /// The process id of a running service.
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        self.children.get(name).map(Child::id)
     }
 
     /// Starts (or restarts) one service; its log goes to `<logs>/<name>.log` (appended).

@@ -1,0 +1,690 @@
+//! The whole pipeline under load, and the stale-alert comparison. Real release binaries (api,
+//! detector, dispatcher, pusher), Postgres, NATS, a fake catalog whose prices move on a
+//! timeline, and a local HTTPS push sink (201; one push in 500 fully verified and decrypted),
+//! all on this machine. Run with `deploy/local/stack bench pipeline [RATE] [SECONDS]`.
+//!
+//! 1. Throughput: RATE notifications/s offered (items fall below their watches' threshold on a
+//!    schedule; the detector finds them) for SECONDS; notifications reaching `sent` per second in
+//!    the steady window, each stage's rate, the backlog in front of each stage, CPU and peak RSS
+//!    per service.
+//! 2. Latency at half the measured maximum: detection → `sent` p50/p95/p99.
+//! 3. Stale alerts: the same price series (items dip below the threshold and recover after 0.3 s
+//!    to 2 min; one push in four is refused once with 503 + Retry-After: 2) through Tidings and
+//!    through a naive mode (detector → a forwarder that sends on detection and retries the same
+//!    message, → the same pusher). Deliveries whose condition no longer held when the push
+//!    service accepted them are stale.
+//!
+//! Prints a Markdown summary and writes `bench-pipeline.json`.
+
+use async_nats::jetstream::{self, consumer::pull};
+use chrono::Utc;
+use futures::StreamExt;
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tidings_shared::messages::{
+    EnqueueRequest, Outcome, PushRequest, PushResult, Subscription, Urgency, VERSION, decode,
+    encode, topic_for,
+};
+use tidings_shared::notification::render;
+use tidings_shared::subjects::StreamKind;
+use tidings_shared::{Channel, ItemCode, OutboxId};
+use tidings_tests::fake_catalog::Item;
+use tidings_tests::fake_push::FakePushService;
+use tidings_tests::procstat::{cpu_seconds, cpu_seconds_named, peak_rss_mib, pids_named};
+use tidings_tests::scenario::Scenario;
+use tidings_tests::services::Pipeline;
+use tokio_util::sync::CancellationToken;
+
+const THRESHOLD: i64 = 1000;
+const HIGH: i64 = 1500;
+const LOW: i64 = 900;
+const PER_ITEM: usize = 50;
+
+fn now_ms() -> i64 {
+    Utc::now().timestamp_millis()
+}
+
+/// Devices (one per item), subscriptions on the sink, and `per_item` price_below watches per
+/// item, in three statements.
+async fn add_watches(s: &Scenario, subs: &[Subscription], items: &[String], per_item: usize) {
+    let devices: Vec<uuid::Uuid> = items.iter().map(|_| uuid::Uuid::now_v7()).collect();
+    let pool = &s.db.pool;
+    sqlx::query(
+        "INSERT INTO devices (id, token_hash, time_zone)
+         SELECT d, decode(md5(d::text) || md5(d::text || 'x'), 'hex'), 'UTC' FROM unnest($1::uuid[]) d",
+    )
+    .bind(&devices)
+    .execute(pool)
+    .await
+    .expect("devices");
+    let (endpoints, keys, auths): (Vec<String>, Vec<String>, Vec<String>) = devices
+        .iter()
+        .enumerate()
+        .map(|(i, _)| {
+            let sub = &subs[i % subs.len()];
+            (sub.endpoint.clone(), sub.p256dh.clone(), sub.auth.clone())
+        })
+        .fold(
+            (vec![], vec![], vec![]),
+            |(mut a, mut b, mut c), (x, y, z)| {
+                a.push(x);
+                b.push(y);
+                c.push(z);
+                (a, b, c)
+            },
+        );
+    sqlx::query(
+        "INSERT INTO push_subscriptions (id, device_id, endpoint, p256dh, auth)
+         SELECT gen_random_uuid(), d, e, k, a FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[]) AS u(d, e, k, a)",
+    )
+    .bind(&devices)
+    .bind(endpoints)
+    .bind(keys)
+    .bind(auths)
+    .execute(pool)
+    .await
+    .expect("subscriptions");
+    sqlx::query(
+        "INSERT INTO watches (id, device_id, item_code, triggers, reference_price)
+         SELECT gen_random_uuid(), d, i, $3, $4
+         FROM unnest($1::uuid[], $2::text[]) AS u(d, i), generate_series(1, $5)",
+    )
+    .bind(&devices)
+    .bind(items)
+    .bind(json!([{"kind": "price_below", "threshold": THRESHOLD}]))
+    .bind(HIGH)
+    .bind(i32::try_from(per_item).unwrap_or(1))
+    .execute(pool)
+    .await
+    .expect("watches");
+}
+
+fn parse_metrics(text: &str) -> HashMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            Some((k.to_owned(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+async fn scrape(p: &Pipeline, name: &str) -> HashMap<String, f64> {
+    match reqwest::get(format!("{}/metrics", p.url(name))).await {
+        Ok(r) => parse_metrics(&r.text().await.unwrap_or_default()),
+        Err(_) => HashMap::new(),
+    }
+}
+
+fn sum(m: &HashMap<String, f64>, prefix: &str) -> f64 {
+    m.iter()
+        .filter(|(k, _)| k.starts_with(prefix))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+/// Messages waiting in a work-queue stream.
+async fn stream_len(js: &jetstream::Context, s: &Scenario, kind: StreamKind) -> u64 {
+    match js.get_stream(s.subjects.stream(kind)).await {
+        Ok(mut st) => st.info().await.map(|i| i.state.messages).unwrap_or(0),
+        Err(_) => 0,
+    }
+}
+
+struct Cpu {
+    services: HashMap<&'static str, f64>,
+    postgres: f64,
+    nats: f64,
+}
+
+fn cpu(p: &Pipeline, services: &[&'static str]) -> Cpu {
+    Cpu {
+        services: services
+            .iter()
+            .map(|s| (*s, p.pid(s).and_then(cpu_seconds).unwrap_or(0.0)))
+            .collect(),
+        postgres: cpu_seconds_named("postgres"),
+        nats: cpu_seconds_named("nats-server"),
+    }
+}
+
+/// Offers `rate` notifications/s for `secs` seconds; returns the measured figures.
+async fn load_phase(rate: usize, secs: u64) -> Value {
+    let s = Scenario::new().await;
+    let push = FakePushService::start_sink().await.expect("sink");
+    push.set_sample(500);
+    let subs: Vec<Subscription> = (0..16).map(|_| push.subscription()).collect();
+    let items_per_sec = rate.div_ceil(PER_ITEM).max(1);
+    let n_items = items_per_sec * usize::try_from(secs).unwrap_or(60);
+    let items: Vec<String> = (0..n_items).map(|i| format!("ITEM-{i:06}")).collect();
+    for code in &items {
+        s.catalog.set_price(code, HIGH);
+    }
+    add_watches(&s, &subs, &items, PER_ITEM).await;
+    let expected = n_items * PER_ITEM;
+    let services = ["api", "dispatcher", "pusher", "detector"];
+    let p = Pipeline::start(
+        &s,
+        &[
+            ("TIDINGS_SCAN_INTERVAL", "1s"),
+            ("RUST_LOG", "warn"),
+            ("TIDINGS_POLL_INTERVAL", "20ms"),
+        ],
+    )
+    .await;
+    let js = jetstream::new(tidings_tests::harness::nats().await.expect("nats"));
+
+    // The schedule: items fall below the threshold evenly over the window.
+    let start = now_ms() + 3000;
+    for (k, code) in items.iter().enumerate() {
+        let at = start + i64::try_from(k * 1000 / items_per_sec).unwrap_or(0);
+        s.catalog.set(
+            code,
+            Item {
+                timeline: vec![(at, LOW)],
+                ..Item::priced(HIGH)
+            },
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(
+        u64::try_from(start - now_ms()).unwrap_or(0),
+    ))
+    .await;
+    let warmup = 5;
+    tokio::time::sleep(Duration::from_secs(warmup)).await;
+    let before: HashMap<&str, HashMap<String, f64>> = {
+        let mut m = HashMap::new();
+        for n in services {
+            m.insert(n, scrape(&p, n).await);
+        }
+        m
+    };
+    let cpu_before = cpu(&p, &services);
+    let window = secs - warmup;
+    tokio::time::sleep(Duration::from_secs(window)).await;
+    let after: HashMap<&str, HashMap<String, f64>> = {
+        let mut m = HashMap::new();
+        for n in services {
+            m.insert(n, scrape(&p, n).await);
+        }
+        m
+    };
+    let cpu_after = cpu(&p, &services);
+    let due: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox WHERE status IN ('pending', 'retry') AND next_attempt_at <= now()",
+    )
+    .fetch_one(&s.db.pool)
+    .await
+    .unwrap_or(0);
+    let backlog = json!({
+        "enqueue_stream (ingest's input)": stream_len(&js, &s, StreamKind::Enqueue).await,
+        "outbox_due (dispatch's input)": due,
+        "push_stream (pusher's input)": stream_len(&js, &s, StreamKind::Push).await,
+        "result_stream (results' input)": stream_len(&js, &s, StreamKind::Result).await,
+    });
+    let w = window as f64;
+    let delta =
+        |svc: &str, prefix: &str| (sum(&after[svc], prefix) - sum(&before[svc], prefix)) / w;
+    let stages = json!({
+        "detect (published)": delta("detector", "tidings_detections_total{result=\"published\""),
+        "ingest": delta("dispatcher", "tidings_ingested_total{result=\"new\""),
+        "dispatch": delta("dispatcher", "tidings_outbox_transitions_total{to=\"sending\""),
+        "push": delta("pusher", "tidings_push_requests_total{outcome=\"delivered\""),
+        "results (sent)": delta("dispatcher", "tidings_outbox_transitions_total{to=\"sent\""),
+    });
+    let sent_window: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox WHERE status = 'sent'
+         AND finished_at >= to_timestamp($1::float8 / 1000) AND finished_at < to_timestamp($2::float8 / 1000)",
+    )
+    .bind((start + 1000 * i64::try_from(warmup).unwrap_or(0)) as f64)
+    .bind((start + 1000 * i64::try_from(secs).unwrap_or(0)) as f64)
+    .fetch_one(&s.db.pool)
+    .await
+    .unwrap_or(0);
+    let per_service: Value = services
+        .iter()
+        .map(|n| {
+            let cores = (cpu_after.services[n] - cpu_before.services[n]) / w;
+            let rss = p.pid(n).and_then(peak_rss_mib).unwrap_or(0.0);
+            (n.to_string(), json!({"cpu_cores": round(cores, 2), "peak_rss_mib": round(rss, 1)}))
+        })
+        .chain([
+            (
+                "postgres".to_string(),
+                json!({"cpu_cores": round((cpu_after.postgres - cpu_before.postgres) / w, 2),
+                       "peak_rss_mib": round(pids_named("postgres").into_iter().filter_map(peak_rss_mib).sum::<f64>(), 1)}),
+            ),
+            (
+                "nats-server".to_string(),
+                json!({"cpu_cores": round((cpu_after.nats - cpu_before.nats) / w, 2),
+                       "peak_rss_mib": round(pids_named("nats-server").into_iter().filter_map(peak_rss_mib).sum::<f64>(), 1)}),
+            ),
+        ])
+        .collect::<serde_json::Map<_, _>>()
+        .into();
+
+    // Drain, then latency over everything detected in the window.
+    let drain_until = now_ms() + 90_000;
+    loop {
+        let terminal: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM outbox WHERE status IN ('sent', 'dropped', 'failed')",
+        )
+        .fetch_one(&s.db.pool)
+        .await
+        .unwrap_or(0);
+        if terminal >= i64::try_from(expected).unwrap_or(i64::MAX) || now_ms() > drain_until {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (p50, p95, p99, n_lat): (Option<f64>, Option<f64>, Option<f64>, i64) = sqlx::query_as(
+        "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY d), percentile_cont(0.95) WITHIN GROUP (ORDER BY d),
+                percentile_cont(0.99) WITHIN GROUP (ORDER BY d), count(*)
+         FROM (SELECT EXTRACT(EPOCH FROM finished_at - detected_at)::float8 AS d FROM outbox
+               WHERE status = 'sent' AND detected_at >= to_timestamp($1::float8 / 1000)) t",
+    )
+    .bind((start + 1000 * i64::try_from(warmup).unwrap_or(0)) as f64)
+    .fetch_one(&s.db.pool)
+    .await
+    .unwrap_or((None, None, None, 0));
+    let states: Vec<(String, i64)> =
+        sqlx::query_as("SELECT status, count(*) FROM outbox GROUP BY status ORDER BY status")
+            .fetch_all(&s.db.pool)
+            .await
+            .unwrap_or_default();
+    let sampled = push.received().len();
+    let rejected = push.rejected().len();
+    p.stop().await;
+    s.cleanup().await;
+    json!({
+        "offered_per_s": items_per_sec * PER_ITEM,
+        "seconds": secs,
+        "window_s": window,
+        "sent_per_s": round(sent_window as f64 / w, 0),
+        "stages_per_s": stages,
+        "backlog_at_window_end": backlog,
+        "latency_s": {"p50": p50.map(|v| round(v, 3)), "p95": p95.map(|v| round(v, 3)), "p99": p99.map(|v| round(v, 3)), "samples": n_lat},
+        "final_states": states.into_iter().map(|(k, v)| (k, json!(v))).collect::<serde_json::Map<_, _>>(),
+        "expected_notifications": expected,
+        "decrypted_samples": sampled,
+        "rejected_samples": rejected,
+        "resources": per_service,
+    })
+}
+
+fn round(v: f64, digits: i32) -> f64 {
+    let f = 10f64.powi(digits);
+    (v * f).round() / f
+}
+
+/// A deterministic pseudo-random series (SplitMix64).
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+const STALE_ITEMS: usize = 300;
+const STALE_PER_ITEM: usize = 5;
+
+/// (dip start offset ms, dip length ms) per item: dips start over 30 s and last 0.3 s – 2 min
+/// (log-uniform).
+fn series() -> Vec<(i64, i64)> {
+    let mut rng = Rng(7);
+    (0..STALE_ITEMS)
+        .map(|_| {
+            let start = (rng.next() * 30_000.0) as i64;
+            let len = (300f64.ln() + rng.next() * (120_000f64.ln() - 300f64.ln())).exp() as i64;
+            (start, len)
+        })
+        .collect()
+}
+
+/// Runs the series through Tidings (`naive = false`) or the naive mode; returns the counts.
+async fn stale_phase(naive: bool) -> Value {
+    let s = Scenario::new().await;
+    let push = FakePushService::start_sink().await.expect("sink");
+    push.set_flaky(4);
+    let subs: Vec<Subscription> = (0..4).map(|_| push.subscription()).collect();
+    let items: Vec<String> = (0..STALE_ITEMS).map(|i| format!("DIP-{i:04}")).collect();
+    for code in &items {
+        s.catalog.set_price(code, HIGH);
+    }
+    add_watches(&s, &subs, &items, STALE_PER_ITEM).await;
+    let services: &[&'static str] = if naive {
+        &["detector", "pusher"]
+    } else {
+        &["api", "dispatcher", "pusher", "detector"]
+    };
+    let p = Pipeline::start_only(
+        &s,
+        services,
+        &[
+            ("TIDINGS_SCAN_INTERVAL", "1s"),
+            ("RUST_LOG", "warn"),
+            ("TIDINGS_RETRY_BASE", "1s"),
+        ],
+    )
+    .await;
+    let stop = CancellationToken::new();
+    let topics: Arc<Mutex<HashMap<String, String>>> = Arc::default();
+    let forwarder = if naive {
+        Some(tokio::spawn(naive_forwarder(
+            s.db.pool.clone(),
+            s.subjects.clone(),
+            topics.clone(),
+            stop.clone(),
+        )))
+    } else {
+        None
+    };
+    let start = now_ms() + 2000;
+    let plan = series();
+    let mut timeline: HashMap<String, Vec<(i64, i64)>> = HashMap::new();
+    for (code, (dip, len)) in items.iter().zip(&plan) {
+        let steps = vec![(start + dip, LOW), (start + dip + len, HIGH)];
+        timeline.insert(code.clone(), steps.clone());
+        s.catalog.set(
+            code,
+            Item {
+                timeline: steps,
+                ..Item::priced(HIGH)
+            },
+        );
+    }
+    // Every dip has started by +32 s; retries settle within seconds after.
+    tokio::time::sleep(Duration::from_millis(
+        u64::try_from(start + 45_000 - now_ms()).unwrap_or(0),
+    ))
+    .await;
+    stop.cancel();
+    if let Some(f) = forwarder {
+        let _ = f.await;
+    }
+    // Which item each delivered topic was for.
+    if !naive {
+        let rows: Vec<(uuid::Uuid, String)> = sqlx::query_as(
+            "SELECT o.id, w.item_code FROM outbox o JOIN watches w ON w.id = o.watch_id",
+        )
+        .fetch_all(&s.db.pool)
+        .await
+        .unwrap_or_default();
+        let mut t = topics.lock().unwrap_or_else(|e| e.into_inner());
+        for (id, item) in rows {
+            t.insert(id.simple().to_string(), item);
+        }
+    }
+    let topics = topics.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let (mut stale, mut correct, mut unknown) = (0, 0, 0);
+    let mut delivered = std::collections::HashSet::new();
+    for (topic, at) in push.sunk() {
+        let Some(item) = topics.get(&topic) else {
+            unknown += 1;
+            continue;
+        };
+        delivered.insert(topic.clone());
+        let held = Item {
+            timeline: timeline[item].clone(),
+            ..Item::priced(HIGH)
+        }
+        .price_at(at)
+            < THRESHOLD;
+        if held {
+            correct += 1;
+        } else {
+            stale += 1;
+        }
+    }
+    let withheld: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox WHERE status = 'dropped' AND reason = 'condition_lost'",
+    )
+    .fetch_one(&s.db.pool)
+    .await
+    .unwrap_or(0);
+    p.stop().await;
+    s.cleanup().await;
+    json!({
+        "mode": if naive { "naive (send on detection)" } else { "tidings" },
+        "watches": STALE_ITEMS * STALE_PER_ITEM,
+        "deliveries": stale + correct,
+        "stale_deliveries": stale,
+        "correct_deliveries": correct,
+        "withheld_condition_lost": withheld,
+        "unattributed_deliveries": unknown,
+    })
+}
+
+/// The naive mode: every EnqueueRequest becomes a PushRequest at once (no outbox, no
+/// re-check); a transient result is retried with the same message after its Retry-After.
+async fn naive_forwarder(
+    pool: sqlx::PgPool,
+    subjects: tidings_shared::subjects::Subjects,
+    topics: Arc<Mutex<HashMap<String, String>>>,
+    stop: CancellationToken,
+) {
+    let js = jetstream::new(tidings_tests::harness::nats().await.expect("nats"));
+    let consumer = |kind: StreamKind, name: &'static str| {
+        let js = js.clone();
+        let stream = subjects.stream(kind);
+        async move {
+            js.get_stream(stream)
+                .await
+                .expect("stream")
+                .get_or_create_consumer(
+                    name,
+                    pull::Config {
+                        durable_name: Some(name.to_owned()),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .expect("consumer")
+        }
+    };
+    let enqueued = consumer(StreamKind::Enqueue, "naive").await;
+    let results = consumer(StreamKind::Result, "naive-results").await;
+    let push_subject = subjects.subject(StreamKind::Push, Channel::WebPush);
+    let sent: Arc<Mutex<HashMap<OutboxId, PushRequest>>> = Arc::default();
+    let mut subs: HashMap<uuid::Uuid, Subscription> = HashMap::new();
+    while !stop.is_cancelled() {
+        if let Ok(mut batch) = enqueued
+            .fetch()
+            .max_messages(500)
+            .expires(Duration::from_millis(100))
+            .messages()
+            .await
+        {
+            while let Some(Ok(msg)) = batch.next().await {
+                if let Ok(req) = decode::<EnqueueRequest>(&msg.payload) {
+                    let device = req.device_id.0;
+                    if !subs.contains_key(&device) {
+                        let row: Option<(String, String, String)> = sqlx::query_as(
+                            "SELECT endpoint, p256dh, auth FROM push_subscriptions WHERE device_id = $1 AND active",
+                        )
+                        .bind(device)
+                        .fetch_optional(&pool)
+                        .await
+                        .unwrap_or(None);
+                        if let Some((endpoint, p256dh, auth)) = row {
+                            subs.insert(
+                                device,
+                                Subscription {
+                                    endpoint,
+                                    p256dh,
+                                    auth,
+                                },
+                            );
+                        }
+                    }
+                    let item_code: Option<String> =
+                        sqlx::query_scalar("SELECT item_code FROM watches WHERE id = $1")
+                            .bind(req.watch_id)
+                            .fetch_optional(&pool)
+                            .await
+                            .unwrap_or(None);
+                    if let (Some(sub), Some(item)) = (subs.get(&device), item_code) {
+                        let id = OutboxId::new();
+                        let code = ItemCode::parse(&item).unwrap_or_else(|_| unreachable!());
+                        let push = PushRequest {
+                            v: VERSION,
+                            outbox_id: id,
+                            attempt: 1,
+                            deadline: Utc::now() + chrono::Duration::seconds(30),
+                            subscription: sub.clone(),
+                            payload: render(
+                                &req.trigger,
+                                &code,
+                                &req.detected,
+                                &req.baseline,
+                                None,
+                            ),
+                            ttl: 3600,
+                            urgency: Urgency::Normal,
+                            topic: topic_for(id),
+                        };
+                        topics
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(push.topic.clone(), item);
+                        publish(&js, &push_subject, &push).await;
+                        sent.lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(id, push);
+                    }
+                }
+                let _ = msg.ack().await;
+            }
+        }
+        if let Ok(mut batch) = results
+            .fetch()
+            .max_messages(500)
+            .expires(Duration::from_millis(10))
+            .messages()
+            .await
+        {
+            while let Some(Ok(msg)) = batch.next().await {
+                if let Ok(r) = decode::<PushResult>(&msg.payload)
+                    && matches!(r.outcome, Outcome::Transient | Outcome::Expired)
+                {
+                    let again = sent
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get(&r.outbox_id)
+                        .cloned();
+                    if let Some(mut again) = again {
+                        again.attempt += 1;
+                        again.deadline = Utc::now() + chrono::Duration::seconds(30);
+                        let (js, subject) = (js.clone(), push_subject.clone());
+                        let wait = Duration::from_secs(r.retry_after.unwrap_or(2));
+                        tokio::spawn(async move {
+                            tokio::time::sleep(wait).await;
+                            publish(&js, &subject, &again).await;
+                        });
+                    }
+                }
+                let _ = msg.ack().await;
+            }
+        }
+    }
+}
+
+async fn publish(js: &jetstream::Context, subject: &str, push: &PushRequest) {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Msg-Id", push.msg_id().as_str());
+    if let Ok(ack) = js
+        .publish_with_headers(subject.to_owned(), headers, encode(push).into())
+        .await
+    {
+        let _ = ack.await;
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let mut args = std::env::args().skip(1);
+    let rate: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(4000);
+    let secs: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(65);
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    eprintln!("pipeline benchmark: offering {rate}/s for {secs} s (phase 1 of 3) …");
+    let max = load_phase(rate, secs).await;
+    eprintln!("{max:#}");
+    let sustained = max["sent_per_s"].as_f64().unwrap_or(0.0);
+    let half = ((sustained / 2.0) as usize).max(PER_ITEM);
+    eprintln!("latency at half of {sustained:.0}/s: offering {half}/s (phase 2 of 3) …");
+    let latency = load_phase(half, secs).await;
+    eprintln!("{latency:#}");
+    eprintln!("stale alerts: Tidings, then the naive mode (phase 3 of 3) …");
+    let tidings = stale_phase(false).await;
+    let naive = stale_phase(true).await;
+    let result = json!({
+        "machine": {"cores": cores, "date": Utc::now().to_rfc3339()},
+        "throughput": max,
+        "latency_at_half": latency,
+        "stale_alerts": [tidings, naive],
+    });
+    let path =
+        std::env::var("BENCH_PIPELINE_JSON").unwrap_or_else(|_| "bench-pipeline.json".into());
+    if let Err(e) = std::fs::write(
+        &path,
+        serde_json::to_string_pretty(&result).unwrap_or_default(),
+    ) {
+        eprintln!("writing {path}: {e}");
+    }
+    let stage = |k: &str| max["stages_per_s"][k].as_f64().unwrap_or(0.0);
+    println!("| figure | value |");
+    println!("|---|---|");
+    println!(
+        "| offered load (phase 1) | {}/s for {} s |",
+        max["offered_per_s"], secs
+    );
+    println!("| sustained end to end (`sent`/s, steady window) | {sustained:.0} |");
+    for k in [
+        "detect (published)",
+        "ingest",
+        "dispatch",
+        "push",
+        "results (sent)",
+    ] {
+        println!("| stage: {k} | {:.0}/s |", stage(k));
+    }
+    println!(
+        "| backlog at window end | {} |",
+        max["backlog_at_window_end"]
+    );
+    println!(
+        "| detection → sent at {}/s: p50 / p95 / p99 | {} / {} / {} s |",
+        latency["offered_per_s"],
+        latency["latency_s"]["p50"],
+        latency["latency_s"]["p95"],
+        latency["latency_s"]["p99"]
+    );
+    for (name, r) in max["resources"].as_object().into_iter().flatten() {
+        println!(
+            "| {name}: CPU cores / peak RSS | {} / {} MiB |",
+            r["cpu_cores"], r["peak_rss_mib"]
+        );
+    }
+    println!();
+    println!(
+        "| stale-alert comparison | deliveries | stale at delivery | correct | withheld (condition_lost) |"
+    );
+    println!("|---|---|---|---|---|");
+    for r in [&tidings, &naive] {
+        println!(
+            "| {} | {} | {} | {} | {} |",
+            r["mode"].as_str().unwrap_or("?"),
+            r["deliveries"],
+            r["stale_deliveries"],
+            r["correct_deliveries"],
+            r["withheld_condition_lost"]
+        );
+    }
+    println!("\n(JSON: {path})");
+}
