@@ -174,7 +174,9 @@ async fn push(
         let flaky = inner
             .flaky_one_in
             .load(std::sync::atomic::Ordering::Relaxed);
-        if flaky > 0 && topic_hash(&topic) % flaky == 0 && lock(&inner.flaked).insert(topic.clone())
+        if flaky > 0
+            && topic_hash(&topic).is_multiple_of(flaky)
+            && lock(&inner.flaked).insert(topic.clone())
         {
             return (StatusCode::SERVICE_UNAVAILABLE, [("retry-after", "2")]).into_response();
         }
@@ -182,7 +184,7 @@ async fn push(
         let sample = inner
             .sample_one_in
             .load(std::sync::atomic::Ordering::Relaxed);
-        if sample == 0 || n % sample != 0 {
+        if sample == 0 || !n.is_multiple_of(sample) {
             lock(&inner.sunk).push((topic, chrono::Utc::now().timestamp_millis()));
             return (StatusCode::CREATED, [("location", "/m/sink")]).into_response();
         }
