@@ -504,7 +504,7 @@ async fn naive_forwarder(
             while let Some(Ok(msg)) = batch.next().await {
                 if let Ok(req) = decode::<EnqueueRequest>(&msg.payload) {
                     let device = req.device_id.0;
-                    if !subs.contains_key(&device) {
+                    if let std::collections::hash_map::Entry::Vacant(slot) = subs.entry(device) {
                         let row: Option<(String, String, String)> = sqlx::query_as(
                             "SELECT endpoint, p256dh, auth FROM push_subscriptions WHERE device_id = $1 AND active",
                         )
@@ -513,14 +513,11 @@ async fn naive_forwarder(
                         .await
                         .unwrap_or(None);
                         if let Some((endpoint, p256dh, auth)) = row {
-                            subs.insert(
-                                device,
-                                Subscription {
-                                    endpoint,
-                                    p256dh,
-                                    auth,
-                                },
-                            );
+                            slot.insert(Subscription {
+                                endpoint,
+                                p256dh,
+                                auth,
+                            });
                         }
                     }
                     let item_code: Option<String> =
