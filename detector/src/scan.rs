@@ -96,6 +96,7 @@ impl Detector {
     /// One full scan of this shard's watches, as of `now` (injected so tests control the day).
     pub async fn scan_once(&self, now: DateTime<Utc>) -> Result<ScanStats, ScanError> {
         self.memory.lock().await.start_scan(now.date_naive());
+        let started = std::time::Instant::now();
         let mut stats = ScanStats::default();
         let mut after = (String::new(), WatchId(sqlx::types::Uuid::nil()));
         let mut carry: Option<(ItemCode, Fetched)> = None;
@@ -122,7 +123,8 @@ impl Detector {
             let Some(last) = page.last() else { break };
             after = (last.item_code.clone(), last.id);
             let full = page.len() as i64 >= self.settings.page_size;
-            self.scan_page(page, now, &mut carry, &mut stats).await?;
+            self.scan_page(page, (now, started), &mut carry, &mut stats)
+                .await?;
             if !full {
                 break;
             }
@@ -133,7 +135,7 @@ impl Detector {
     async fn scan_page(
         &self,
         page: Vec<WatchRow>,
-        now: DateTime<Utc>,
+        (scan_now, scan_started): (DateTime<Utc>, std::time::Instant),
         carry: &mut Option<(ItemCode, Fetched)>,
         stats: &mut ScanStats,
     ) -> Result<(), ScanError> {
@@ -167,6 +169,10 @@ impl Detector {
         };
         stats.items += items.len();
         let mut fetched = self.source.fetch_many(&items).await;
+        // Detected when observed: the scan's clock plus the time this scan has taken so far (a
+        // large scan takes seconds; stamping every page with the scan's start would overstate
+        // detection → delivery latency by up to that).
+        let now = scan_now + chrono::Duration::from_std(scan_started.elapsed()).unwrap_or_default();
         for (item, answer) in &fetched {
             if let Err(e) = answer {
                 stats.source_errors += 1;

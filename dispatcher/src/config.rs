@@ -61,6 +61,10 @@ pub struct Config {
     pub sending_lease: Duration,
     #[arg(long, env = "TIDINGS_SWEEP_INTERVAL", default_value = "5s", value_parser = parse_duration)]
     pub sweep_interval: Duration,
+    /// Dispatch pauses while the push stream holds this many PushRequests (0: no limit), so a
+    /// slow pusher leaves the backlog in the outbox, where rows are re-checked before sending.
+    #[arg(long, env = "TIDINGS_PUSH_BACKLOG_LIMIT", default_value_t = 2000)]
+    pub push_backlog_limit: u64,
     /// Web Push TTL: how long a push service keeps a message for an offline device.
     #[arg(long, env = "TIDINGS_PUSH_TTL", default_value = "1h", value_parser = parse_duration)]
     pub push_ttl: Duration,
@@ -116,6 +120,7 @@ pub struct Settings {
     pub lease_margin: Duration,
     pub sweep_interval: Duration,
     pub push_ttl: Duration,
+    pub push_backlog_limit: u64,
 }
 
 impl Settings {
@@ -139,6 +144,7 @@ impl Settings {
             lease_margin: LEASE_MARGIN,
             sweep_interval: Duration::from_secs(5),
             push_ttl: Duration::from_secs(3600),
+            push_backlog_limit: 2000,
         }
     }
 
@@ -202,6 +208,7 @@ impl Config {
             lease_margin: LEASE_MARGIN,
             sweep_interval: self.sweep_interval,
             push_ttl: self.push_ttl,
+            push_backlog_limit: self.push_backlog_limit,
         };
         s.validate()?;
         Ok(s)

@@ -80,8 +80,44 @@ impl Dispatcher {
 
     /// Claims and handles one batch of due rows.
     pub async fn dispatch_once(&self) -> Result<DispatchStats, DispatchError> {
+        self.dispatch_up_to(self.settings.claim_batch).await
+    }
+
+    /// Messages waiting in the push stream; `None` when NATS cannot say (dispatch goes on).
+    pub async fn push_backlog(&self) -> Option<u64> {
+        let stream = self
+            .js
+            .get_stream(self.settings.subjects.stream(StreamKind::Push))
+            .await
+            .ok()?;
+        Some(stream.cached_info().state.messages)
+    }
+
+    /// How many rows this cycle may claim: the claim batch, less what the push stream already
+    /// holds beyond `push_backlog_limit`. Rows wait in the outbox rather than in the stream,
+    /// so they are re-checked right before they can actually be sent, and never sit in a queue
+    /// until their push deadline passes.
+    pub async fn room(&self) -> i64 {
+        let limit = self.settings.push_backlog_limit;
+        if limit == 0 {
+            return self.settings.claim_batch;
+        }
+        match self.push_backlog().await {
+            Some(waiting) => {
+                let free = i64::try_from(limit.saturating_sub(waiting)).unwrap_or(i64::MAX);
+                free.min(self.settings.claim_batch)
+            }
+            None => self.settings.claim_batch,
+        }
+    }
+
+    /// Claims and handles up to `batch` due rows.
+    pub async fn dispatch_up_to(&self, batch: i64) -> Result<DispatchStats, DispatchError> {
         let s = &self.settings;
-        let rows = claim::claim(&self.pool, s.claim_batch, s.claim_lease)
+        if batch <= 0 {
+            return Ok(DispatchStats::default());
+        }
+        let rows = claim::claim(&self.pool, batch, s.claim_lease)
             .await
             .map_err(db("claiming due rows"))?;
         let mut stats = DispatchStats {
@@ -381,8 +417,9 @@ impl Dispatcher {
             if shutdown.is_cancelled() {
                 return;
             }
-            let full = match self.dispatch_once().await {
-                Ok(stats) => stats.claimed as i64 >= self.settings.claim_batch,
+            let room = self.room().await;
+            let full = match self.dispatch_up_to(room).await {
+                Ok(stats) => room > 0 && stats.claimed as i64 >= room,
                 Err(e) => {
                     tracing::error!(error = %e, "dispatch batch failed");
                     false

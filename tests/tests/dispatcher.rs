@@ -589,3 +589,48 @@ async fn a_running_dispatcher_picks_up_new_rows_by_itself() {
     running.await.unwrap().unwrap();
     s.cleanup().await;
 }
+
+/// Regression (found by bench-pipeline): with a slow pusher, dispatch filled the push stream
+/// until requests outlived their deadline and came back as retries. Now the backlog stays in the
+/// outbox, where rows are re-checked when there is room to send them.
+#[tokio::test]
+async fn a_full_push_stream_pauses_dispatch_and_the_backlog_waits_in_the_outbox() {
+    let mut s = Scenario::new().await;
+    s.settings.push_backlog_limit = 4;
+    let mut watchers = Vec::new();
+    for i in 0..10 {
+        let w = s.watcher(&format!("SKU-{i}"), BELOW_1200, 1100).await;
+        s.ingested(&w, 1100).await;
+        watchers.push(w);
+    }
+    let d = s.dispatcher();
+    for _ in 0..3 {
+        let room = d.room().await;
+        d.dispatch_up_to(room).await.unwrap();
+    }
+    assert_eq!(
+        s.stream_len(StreamKind::Push).await,
+        4,
+        "no more than the limit queued"
+    );
+    let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status = 'pending'")
+        .fetch_one(&s.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(pending, 6, "the rest wait in the outbox");
+
+    // The pusher takes the queued requests; dispatch resumes with the rest.
+    let consumer = s.push_consumer().await;
+    assert_eq!(s.take_pushes(&consumer, WAIT).await.len(), 4);
+    // Acks reach the server asynchronously; the room opens as they do.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut room = d.room().await;
+    while room < 4 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        room = d.room().await;
+    }
+    assert_eq!(room, 4);
+    d.dispatch_up_to(room).await.unwrap();
+    assert_eq!(s.take_pushes(&consumer, WAIT).await.len(), 4);
+    s.cleanup().await;
+}

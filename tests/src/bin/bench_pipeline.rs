@@ -14,7 +14,8 @@
 //!    message, → the same pusher). Deliveries whose condition no longer held when the push
 //!    service accepted them are stale.
 //!
-//! Prints a Markdown summary and writes `bench-pipeline.json`.
+//! Prints a Markdown summary and writes the figures as JSON (`target/bench-pipeline.json`, or
+//! `BENCH_PIPELINE_JSON`).
 
 use async_nats::jetstream::{self, consumer::pull};
 use chrono::Utc;
@@ -408,40 +409,52 @@ async fn stale_phase(naive: bool) -> Value {
     if let Some(f) = forwarder {
         let _ = f.await;
     }
-    // Which item each delivered topic was for.
+    // Which item each delivered topic was for, and (Tidings) when its last re-check looked.
+    let mut rechecked_at: HashMap<String, i64> = HashMap::new();
     if !naive {
-        let rows: Vec<(uuid::Uuid, String)> = sqlx::query_as(
-            "SELECT o.id, w.item_code FROM outbox o JOIN watches w ON w.id = o.watch_id",
+        let rows: Vec<(uuid::Uuid, String, Option<String>)> = sqlx::query_as(
+            "SELECT o.id, w.item_code, o.sent_value->>'observed_at'
+             FROM outbox o JOIN watches w ON w.id = o.watch_id",
         )
         .fetch_all(&s.db.pool)
         .await
         .unwrap_or_default();
         let mut t = topics.lock().unwrap_or_else(|e| e.into_inner());
-        for (id, item) in rows {
-            t.insert(id.simple().to_string(), item);
+        for (id, item, observed) in rows {
+            let topic = id.simple().to_string();
+            if let Some(at) = observed.and_then(|o| chrono::DateTime::parse_from_rfc3339(&o).ok()) {
+                rechecked_at.insert(topic.clone(), at.timestamp_millis());
+            }
+            t.insert(topic, item);
         }
     }
     let topics = topics.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let (mut stale, mut correct, mut unknown) = (0, 0, 0);
-    let mut delivered = std::collections::HashSet::new();
+    // Stale deliveries whose price recovered after the last re-check (inside the window
+    // between re-check and the push service's 201), and how long that window was.
+    let (mut after_recheck, mut windows_ms) = (0, Vec::new());
     for (topic, at) in push.sunk() {
         let Some(item) = topics.get(&topic) else {
             unknown += 1;
             continue;
         };
-        delivered.insert(topic.clone());
-        let held = Item {
+        let series = Item {
             timeline: timeline[item].clone(),
             ..Item::priced(HIGH)
-        }
-        .price_at(at)
-            < THRESHOLD;
-        if held {
+        };
+        if series.price_at(at) < THRESHOLD {
             correct += 1;
-        } else {
-            stale += 1;
+            continue;
+        }
+        stale += 1;
+        if let Some(checked) = rechecked_at.get(&topic)
+            && series.price_at(*checked) < THRESHOLD
+        {
+            after_recheck += 1;
+            windows_ms.push(at - checked);
         }
     }
+    windows_ms.sort_unstable();
     let withheld: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM outbox WHERE status = 'dropped' AND reason = 'condition_lost'",
     )
@@ -458,6 +471,9 @@ async fn stale_phase(naive: bool) -> Value {
         "correct_deliveries": correct,
         "withheld_condition_lost": withheld,
         "unattributed_deliveries": unknown,
+        "stale_reverted_after_last_recheck": if naive { Value::Null } else { json!(after_recheck) },
+        "stale_outside_recheck_window": if naive { Value::Null } else { json!(stale - after_recheck) },
+        "recheck_to_delivery_ms_of_those": windows_ms,
     })
 }
 
@@ -626,8 +642,8 @@ async fn main() {
         "latency_at_half": latency,
         "stale_alerts": [tidings, naive],
     });
-    let path =
-        std::env::var("BENCH_PIPELINE_JSON").unwrap_or_else(|_| "bench-pipeline.json".into());
+    let path = std::env::var("BENCH_PIPELINE_JSON")
+        .unwrap_or_else(|_| "target/bench-pipeline.json".into());
     if let Err(e) = std::fs::write(
         &path,
         serde_json::to_string_pretty(&result).unwrap_or_default(),
@@ -670,15 +686,16 @@ async fn main() {
     }
     println!();
     println!(
-        "| stale-alert comparison | deliveries | stale at delivery | correct | withheld (condition_lost) |"
+        "| stale-alert comparison | deliveries | stale at delivery | of those, recovered after the last re-check | correct | withheld (condition_lost) |"
     );
-    println!("|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|");
     for r in [&tidings, &naive] {
         println!(
-            "| {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} |",
             r["mode"].as_str().unwrap_or("?"),
             r["deliveries"],
             r["stale_deliveries"],
+            r["stale_reverted_after_last_recheck"],
             r["correct_deliveries"],
             r["withheld_condition_lost"]
         );
