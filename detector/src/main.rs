@@ -49,13 +49,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let shutdown = CancellationToken::new();
     tokio::spawn(tidings_shared::service::cancel_on_signal(shutdown.clone()));
-    let ops_listen = cli.ops.ops_listen;
-    let ops_shutdown = shutdown.clone();
-    tokio::spawn(async move {
-        if let Err(e) = ops::serve(ops_listen, probes, ops_shutdown).await {
-            tracing::error!(listen = %ops_listen, error = %e, "ops endpoint failed");
-        }
-    });
+    ops::spawn(cli.ops.ops_listen, probes, shutdown.clone());
     detector.run(interval, shutdown).await;
     tracing::info!("detector stopped");
     Ok(())

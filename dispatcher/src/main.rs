@@ -44,13 +44,7 @@ async fn main() -> anyhow::Result<()> {
         pool: Some(pool.clone()),
         nats: Some(nats),
     };
-    let ops_listen = cli.ops.ops_listen;
-    let ops_shutdown = shutdown.clone();
-    tokio::spawn(async move {
-        if let Err(e) = ops::serve(ops_listen, probes, ops_shutdown).await {
-            tracing::error!(listen = %ops_listen, error = %e, "ops endpoint failed");
-        }
-    });
+    ops::spawn(cli.ops.ops_listen, probes, shutdown.clone());
     let subjects = &settings.subjects;
     tokio::spawn(ops::watch_consumers(
         js.clone(),

@@ -53,13 +53,7 @@ async fn main() -> anyhow::Result<()> {
         pool: None,
         nats: Some(nats),
     };
-    let ops_listen = cli.ops.ops_listen;
-    let ops_shutdown = shutdown.clone();
-    tokio::spawn(async move {
-        if let Err(e) = ops::serve(ops_listen, probes, ops_shutdown).await {
-            tracing::error!(listen = %ops_listen, error = %e, "ops endpoint failed");
-        }
-    });
+    ops::spawn(cli.ops.ops_listen, probes, shutdown.clone());
     tokio::spawn(ops::watch_consumers(
         js,
         vec![(stream, tidings_pusher::worker::CONSUMER.to_owned())],

@@ -124,3 +124,13 @@ pub async fn watch_consumers(
         }
     }
 }
+
+/// Serves the ops endpoints in the background until `shutdown`; a failure to serve is logged
+/// with the address (the service goes on: probes failing is how Kubernetes will notice).
+pub fn spawn(listen: SocketAddr, probes: Probes, shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        if let Err(e) = serve(listen, probes, shutdown).await {
+            tracing::error!(listen = %listen, error = %e, "ops endpoint failed");
+        }
+    });
+}
