@@ -1,15 +1,19 @@
 //! The Tidings domain, shared by every service.
 //!
-//! Everything here is pure (no I/O) except [`db`], which only embeds the migrations, and
-//! [`trace_context`], which reads and writes NATS headers. The rules that decide whether a
-//! notification is sent live here once, so that detection and the dispatcher's re-check can never
-//! disagree:
+//! The domain modules are pure (no I/O). The rules that decide whether a notification is sent
+//! live here once, so that detection and the dispatcher's re-check can never disagree:
 //!
 //! - [`trigger::evaluate`]: does a trigger hold for an observation against a baseline?
 //! - [`outbox`]: the outbox state machine (DESIGN.md §2), mirrored by a database guard.
 //! - [`backoff`]: when a retry is due.
 //! - [`dedup`]: the dedup key and the calendar day it is scoped to.
 //! - [`messages`] and [`subjects`]: the wire contract between services.
+//!
+//! What the services share at their edges (I/O) lives here too: [`source`] (the catalog client),
+//! [`webpush`] and [`vapid`], [`endpoint`] (the push-endpoint guard), [`streams`], [`publish`] and
+//! [`dlq`] (JetStream), [`db`] (the embedded migrations), and the service plumbing: [`service`]
+//! (flags, signals), [`telemetry`] (logs and traces, [`trace_context`] for NATS headers),
+//! [`metrics`] and [`ops`] (`/livez`, `/readyz`, `/metrics`).
 
 pub mod backoff;
 pub mod channel;
