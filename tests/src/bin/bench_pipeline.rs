@@ -644,6 +644,9 @@ async fn main() {
     });
     let path = std::env::var("BENCH_PIPELINE_JSON")
         .unwrap_or_else(|_| "target/bench-pipeline.json".into());
+    if let Some(dir) = std::path::Path::new(&path).parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
     if let Err(e) = std::fs::write(
         &path,
         serde_json::to_string_pretty(&result).unwrap_or_default(),
