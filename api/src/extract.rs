@@ -90,3 +90,15 @@ pub fn limit(raw: Option<u32>) -> Result<i64, ApiError> {
         ))),
     }
 }
+
+/// Splits `limit + 1` fetched rows into a page and the cursor of the next one.
+pub fn page<T>(mut rows: Vec<T>, limit: i64, id: impl Fn(&T) -> Uuid) -> (Vec<T>, Option<String>) {
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    if rows.len() > limit {
+        rows.truncate(limit);
+        let next = rows.last().map(|r| id(r).to_string());
+        (rows, next)
+    } else {
+        (rows, None)
+    }
+}

@@ -5,7 +5,6 @@ use crate::problem::{ApiError, Problem};
 use axum::Json;
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
-use std::time::Duration;
 use utoipa::ToSchema;
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -27,16 +26,14 @@ pub async fn livez() -> Json<Health> {
         (status = 503, description = "Postgres does not answer", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn readyz(State(app): State<AppState>) -> Result<Json<Health>, ApiError> {
-    let ping = sqlx::query("SELECT 1").execute(&app.pool);
-    match tokio::time::timeout(Duration::from_secs(2), ping).await {
-        Ok(Ok(_)) => Ok(Json(Health {
-            status: "ok".into(),
-        })),
-        Ok(Err(e)) => Err(ApiError::Unavailable(format!("Postgres: {e}"))),
-        Err(_) => Err(ApiError::Unavailable(
-            "Postgres did not answer within 2 s".into(),
-        )),
-    }
+    let probes = tidings_shared::ops::Probes {
+        pool: Some(app.pool.clone()),
+        nats: None,
+    };
+    probes.ready().await.map_err(ApiError::Unavailable)?;
+    Ok(Json(Health {
+        status: "ok".into(),
+    }))
 }
 
 #[utoipa::path(get, path = "/metrics", tag = "health",

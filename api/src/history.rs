@@ -3,9 +3,9 @@
 
 use crate::AppState;
 use crate::auth::Device;
-use crate::extract::{ApiQuery, cursor, limit};
+use crate::extract::{ApiQuery, cursor, limit, page};
 use crate::problem::{ApiError, Problem, db};
-use crate::watches::{TriggerSpec, page};
+use crate::watches::TriggerSpec;
 use axum::Json;
 use axum::extract::State;
 use chrono::{DateTime, Utc};

@@ -49,7 +49,7 @@ async fn main() -> anyhow::Result<()> {
             tracing::info!("api stopped");
         }
         Command::Migrate { database_url } => {
-            tidings_shared::service::init_logging();
+            let _telemetry = tidings_shared::telemetry::Telemetry::init("tidings-api");
             let pool = PgPoolOptions::new()
                 .max_connections(1)
                 .connect(&database_url)

@@ -4,10 +4,9 @@
 
 use crate::AppState;
 use crate::auth::Operator;
-use crate::extract::{ApiQuery, cursor, limit, resource_id};
+use crate::extract::{ApiQuery, cursor, limit, page, resource_id};
 use crate::history::{NOTIFICATION_COLUMNS, Notification, NotificationRow, status_filter};
 use crate::problem::{ApiError, Problem, db};
-use crate::watches::page;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;

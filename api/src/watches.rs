@@ -6,7 +6,7 @@
 
 use crate::AppState;
 use crate::auth::{Device, DeviceToken};
-use crate::extract::{ApiQuery, JsonBody, cursor, limit, resource_id};
+use crate::extract::{ApiQuery, JsonBody, cursor, limit, page, resource_id};
 use crate::problem::{ApiError, Problem, db};
 use aws_lc_rs::digest::{SHA256, digest};
 use axum::Json;
@@ -443,18 +443,6 @@ pub async fn list_watches(
         items: items.into_iter().map(Watch::from).collect(),
         next_cursor,
     }))
-}
-
-/// Splits `limit + 1` fetched rows into a page and the cursor of the next one.
-pub fn page<T>(mut rows: Vec<T>, limit: i64, id: impl Fn(&T) -> Uuid) -> (Vec<T>, Option<String>) {
-    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-    if rows.len() > limit {
-        rows.truncate(limit);
-        let next = rows.last().map(|r| id(r).to_string());
-        (rows, next)
-    } else {
-        (rows, None)
-    }
 }
 
 #[utoipa::path(

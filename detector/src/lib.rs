@@ -26,9 +26,7 @@ impl scan::Detector {
             let started = tokio::time::Instant::now();
             match self.scan_once(chrono::Utc::now()).await {
                 Ok(stats) => {
-                    let m = tidings_shared::metrics::metrics();
-                    m.scans.inc();
-                    m.scan_duration.observe(started.elapsed().as_secs_f64());
+                    record(&stats, started.elapsed(), self.is_dry_run());
                     tracing::info!(
                         watches = stats.watches,
                         items = stats.items,
@@ -49,5 +47,27 @@ impl scan::Detector {
                 _ = tokio::time::sleep_until(started + interval) => {}
             }
         }
+    }
+}
+
+/// A finished scan in the metrics. A dry run publishes nothing, so its detections are not counted.
+fn record(stats: &scan::ScanStats, took: Duration, dry_run: bool) {
+    let m = tidings_shared::metrics::metrics();
+    m.scans.inc();
+    m.scan_duration.observe(took.as_secs_f64());
+    if dry_run {
+        return;
+    }
+    for (result, n) in [
+        ("published", stats.published),
+        ("duplicate", stats.duplicates),
+        ("publish_error", stats.publish_errors),
+        ("remembered", stats.remembered),
+    ] {
+        m.detections
+            .get_or_create(&tidings_shared::metrics::ResultLabels {
+                result: result.to_owned(),
+            })
+            .inc_by(n as u64);
     }
 }

@@ -12,7 +12,6 @@ use sqlx::types::Json;
 use std::collections::{HashMap, HashSet};
 use tidings_shared::dedup::parse_time_zone;
 use tidings_shared::messages::encode;
-use tidings_shared::metrics::ResultLabels;
 use tidings_shared::publish::{Outgoing, publish_all};
 use tidings_shared::source::{Fetched, HttpSource};
 use tidings_shared::subjects::StreamKind;
@@ -91,6 +90,11 @@ impl Detector {
             settings,
             memory,
         }
+    }
+
+    /// Whether this detector only prints what it would enqueue.
+    pub fn is_dry_run(&self) -> bool {
+        self.settings.dry_run
     }
 
     /// One full scan of this shard's watches, as of `now` (injected so tests control the day).
@@ -290,7 +294,6 @@ impl Detector {
             })
             .collect();
         let mut failed: HashSet<WatchId> = HashSet::new();
-        let mut stats_delta = (0usize, 0usize, 0usize);
         for (d, ack) in fresh
             .iter()
             .zip(publish_all(&self.js, outgoing, 1024).await)
@@ -299,16 +302,13 @@ impl Detector {
                 Ok(ack) => {
                     if ack.duplicate {
                         stats.duplicates += 1;
-                        stats_delta.1 += 1;
                     } else {
                         stats.published += 1;
-                        stats_delta.0 += 1;
                     }
                     memory.remember(d.dedup_key().to_string(), d.dedup_day);
                 }
                 Err(e) => {
                     stats.publish_errors += 1;
-                    stats_delta.2 += 1;
                     failed.insert(d.watch_id);
                     tracing::error!(watch_id = %d.watch_id, trigger = %d.trigger, error = %e, "publishing EnqueueRequest failed; the next scan tries again");
                 }
@@ -316,19 +316,6 @@ impl Detector {
         }
         drop(memory);
         drop(spans);
-        let m = tidings_shared::metrics::metrics();
-        for (result, n) in [
-            ("published", stats_delta.0),
-            ("duplicate", stats_delta.1),
-            ("publish_error", stats_delta.2),
-            ("remembered", holding - fresh.len()),
-        ] {
-            m.detections
-                .get_or_create(&ResultLabels {
-                    result: result.into(),
-                })
-                .inc_by(n as u64);
-        }
 
         // The stock state moves on only where nothing failed to publish, so a back_in_stock that
         // could not be enqueued is detected again next scan.

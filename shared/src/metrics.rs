@@ -252,13 +252,6 @@ impl Metrics {
             })
             .inc_by(n);
     }
-
-    pub fn inc<L>(family: &Family<L, Counter>, labels: L, n: u64)
-    where
-        L: Clone + std::hash::Hash + Eq + EncodeLabelSet + std::fmt::Debug + Send + Sync,
-    {
-        family.get_or_create(&labels).inc_by(n);
-    }
 }
 
 /// This process's metrics.

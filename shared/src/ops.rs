@@ -91,18 +91,15 @@ pub async fn watch_consumers(
     let m = crate::metrics::metrics();
     loop {
         for (stream, name) in &consumers {
-            let info = async {
-                let mut consumer: async_nats::jetstream::consumer::PullConsumer = js
-                    .get_stream(stream)
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .get_consumer(name)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                consumer.info().await.cloned().map_err(|e| e.to_string())
-            };
-            match info.await {
-                Ok(info) => {
+            // One request: looking the consumer up returns its current info.
+            let consumer = js
+                .get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>(
+                    name, stream,
+                )
+                .await;
+            match consumer {
+                Ok(consumer) => {
+                    let info = consumer.cached_info();
                     let labels = crate::metrics::ConsumerLabels {
                         consumer: name.clone(),
                     };

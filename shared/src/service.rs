@@ -1,5 +1,5 @@
-//! What every service binary shares: the NATS and source flags, JSON logs, and shutdown on
-//! SIGTERM or Ctrl-C.
+//! What every service binary shares: the NATS, source, endpoint and ops flags, and shutdown on
+//! SIGTERM or Ctrl-C (logs and traces: [`crate::telemetry`]).
 
 use crate::duration::parse_duration;
 use crate::endpoint::EndpointPolicy;
@@ -93,18 +93,6 @@ impl EndpointArgs {
         policy.allow_private = self.allow_private;
         policy
     }
-}
-
-/// JSON logs on stderr only (commands that are not services, e.g. `vapid-keygen`).
-pub fn init_logging() {
-    tracing_subscriber::fmt()
-        .json()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
 }
 
 /// Cancels `shutdown` on SIGTERM (Kubernetes) or Ctrl-C.

@@ -180,15 +180,15 @@ async fn push(
         {
             return (StatusCode::SERVICE_UNAVAILABLE, [("retry-after", "2")]).into_response();
         }
+        lock(&inner.sunk).push((topic, chrono::Utc::now().timestamp_millis()));
         let n = inner.hits.load(std::sync::atomic::Ordering::Relaxed) as u64;
         let sample = inner
             .sample_one_in
             .load(std::sync::atomic::Ordering::Relaxed);
         if sample == 0 || !n.is_multiple_of(sample) {
-            lock(&inner.sunk).push((topic, chrono::Utc::now().timestamp_millis()));
             return (StatusCode::CREATED, [("location", "/m/sink")]).into_response();
         }
-        lock(&inner.sunk).push((topic, chrono::Utc::now().timestamp_millis()));
+        // A sampled push goes on to full verification and decryption below.
     }
     let origin = lock(&inner.origin).clone();
     let (claims, vapid_key) = match verify_vapid(&headers, &origin) {

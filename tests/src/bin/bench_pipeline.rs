@@ -129,7 +129,7 @@ fn sum(m: &HashMap<String, f64>, prefix: &str) -> f64 {
 /// Messages waiting in a work-queue stream.
 async fn stream_len(js: &jetstream::Context, s: &Scenario, kind: StreamKind) -> u64 {
     match js.get_stream(s.subjects.stream(kind)).await {
-        Ok(mut st) => st.info().await.map(|i| i.state.messages).unwrap_or(0),
+        Ok(st) => st.cached_info().state.messages,
         Err(_) => 0,
     }
 }
