@@ -29,6 +29,9 @@ pub struct Config {
     /// Largest accepted request body, bytes.
     #[arg(long, env = "TIDINGS_API_MAX_BODY", default_value_t = 16 * 1024)]
     pub max_body_bytes: usize,
+    /// Most concurrent watch creates inserted by one statement; 1 inserts each alone.
+    #[arg(long, env = "TIDINGS_API_CREATE_BATCH", default_value_t = 64)]
+    pub create_batch: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +44,8 @@ pub enum ConfigError {
     MaxTriggers,
     #[error("TIDINGS_API_MAX_BODY must be at least 1024 bytes")]
     MaxBody,
+    #[error("TIDINGS_API_CREATE_BATCH must be between 1 and 1000")]
+    CreateBatch,
 }
 
 impl Config {
@@ -60,6 +65,9 @@ impl Config {
         if self.max_body_bytes < 1024 {
             return Err(ConfigError::MaxBody);
         }
+        if !(1..=1000).contains(&self.create_batch) {
+            return Err(ConfigError::CreateBatch);
+        }
         Ok(Settings {
             policy: self.endpoints.policy(),
             vapid_public_key: self.vapid_public_key.clone(),
@@ -67,6 +75,7 @@ impl Config {
             max_watches_per_device,
             max_triggers_per_watch: self.max_triggers_per_watch,
             max_body_bytes: self.max_body_bytes,
+            create_batch: self.create_batch,
         })
     }
 }

@@ -9,6 +9,7 @@
 //! - [`health`]: `/livez`, `/readyz`. [`openapi`]: the OpenAPI 3.1 document, from this code.
 
 pub mod auth;
+pub mod coalesce;
 pub mod config;
 pub mod devices;
 pub mod extract;
@@ -45,6 +46,8 @@ pub struct Settings {
     pub max_watches_per_device: i32,
     pub max_triggers_per_watch: usize,
     pub max_body_bytes: usize,
+    /// Most watch creates inserted by one statement (see [`coalesce`]); 1 sends each alone.
+    pub create_batch: usize,
 }
 
 impl Default for Settings {
@@ -56,6 +59,7 @@ impl Default for Settings {
             max_watches_per_device: 100,
             max_triggers_per_watch: 8,
             max_body_bytes: 16 * 1024,
+            create_batch: 64,
         }
     }
 }
@@ -64,14 +68,27 @@ impl Default for Settings {
 pub struct AppState {
     pub pool: PgPool,
     pub settings: Arc<Settings>,
+    pub creates: coalesce::CreateQueue,
 }
 
-/// The router and the OpenAPI document describing exactly the routes it serves.
+/// Create statements that may run at once: enough to keep two cores' worth of Postgres busy
+/// while others are on the wire; creates arriving meanwhile wait and go together.
+const CREATE_STATEMENTS: usize = 4;
+
+/// The router and the OpenAPI document describing exactly the routes it serves. Starts the
+/// create queue's task, so it must be called within a Tokio runtime.
 pub fn app(pool: PgPool, settings: Settings) -> axum::Router {
     let max_body = settings.max_body_bytes;
+    let creates = coalesce::CreateQueue::start(
+        pool.clone(),
+        settings.max_watches_per_device,
+        settings.create_batch,
+        CREATE_STATEMENTS,
+    );
     let state = AppState {
         pool,
         settings: Arc::new(settings),
+        creates,
     };
     openapi::router()
         .with_state(state)

@@ -6,6 +6,7 @@
 
 use crate::AppState;
 use crate::auth::{Device, DeviceToken};
+use crate::coalesce::{Admission, NewWatch, one_create_statement};
 use crate::extract::{ApiQuery, JsonBody, cursor, limit, page, resource_id};
 use crate::problem::{ApiError, Problem, db};
 use aws_lc_rs::digest::{SHA256, digest};
@@ -20,7 +21,7 @@ use sqlx::types::Json as SqlJson;
 use std::collections::HashSet;
 use std::time::Duration;
 use tidings_shared::trigger::Trigger;
-use tidings_shared::{Channel, DeviceId, ItemCode, WatchId};
+use tidings_shared::{Channel, ItemCode, WatchId};
 use tokio_util::sync::CancellationToken;
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
@@ -161,13 +162,6 @@ impl From<WatchRow> for Watch {
 const WATCH_COLUMNS: &str =
     "id, item_code, triggers, channel, paused, reference_price, created_at, updated_at";
 
-/// A validated CreateWatch.
-struct NewWatch {
-    item: ItemCode,
-    triggers: Vec<Trigger>,
-    channel: Channel,
-}
-
 fn validate(req: &CreateWatch, max_triggers: usize) -> Result<NewWatch, ApiError> {
     let item = ItemCode::parse(&req.item_code).map_err(|e| ApiError::invalid("/item_code", e))?;
     if req.triggers.is_empty() {
@@ -209,49 +203,20 @@ fn validate(req: &CreateWatch, max_triggers: usize) -> Result<NewWatch, ApiError
     })
 }
 
-#[derive(sqlx::FromRow)]
-struct CreatedRow {
-    device_id: DeviceId,
-    #[sqlx(flatten)]
-    watch: WatchRow,
-}
-
-/// Whose watch: a device already authenticated, or a token checked by the insert itself.
-enum Owner<'a> {
-    Device(&'a Device),
-    Token(&'a DeviceToken),
-}
-
-/// Inserts the watch if the device is under its limit. The limit is a conditional increment of
-/// the device's counter in the same statement, so concurrent creates cannot exceed it. With
-/// `Owner::Token` the same statement also authenticates: one round trip for the common case.
+/// Inserts the watch for an authenticated device if it is under its limit, inside the
+/// Idempotency-Key's transaction. Creates without a key go through
+/// [`CreateQueue`](crate::coalesce::CreateQueue) instead.
 async fn insert_watch(
     conn: &mut PgConnection,
     app: &AppState,
-    owner: Owner<'_>,
+    device: &Device,
     new: &NewWatch,
 ) -> Result<Watch, ApiError> {
     let id = WatchId::new();
     let max = app.settings.max_watches_per_device;
-    let by = match owner {
-        Owner::Device(_) => "id = $2",
-        Owner::Token(_) => "token_hash = $2",
-    };
-    let sql = format!(
-        "WITH dev AS (
-             UPDATE devices SET watch_count = watch_count + 1
-             WHERE {by} AND removed_at IS NULL AND watch_count < $6
-             RETURNING id)
-         INSERT INTO watches (id, device_id, item_code, triggers, channel)
-         SELECT $1, dev.id, $3, $4, $5 FROM dev
-         RETURNING device_id, {WATCH_COLUMNS}"
-    );
-    let query = sqlx::query_as::<_, CreatedRow>(&sql).bind(id);
-    let query = match owner {
-        Owner::Device(d) => query.bind(d.id),
-        Owner::Token(t) => query.bind(&t.hash),
-    };
-    let row = query
+    let row: Option<WatchRow> = sqlx::query_as(&one_create_statement("id = $2", WATCH_COLUMNS))
+        .bind(id)
+        .bind(device.id)
         .bind(new.item.as_str())
         .bind(SqlJson(&new.triggers))
         .bind(new.channel.as_str())
@@ -259,22 +224,43 @@ async fn insert_watch(
         .fetch_optional(conn)
         .await
         .map_err(db("creating a watch"))?;
-    let Some(CreatedRow {
-        device_id: device,
-        watch: row,
-    }) = row
-    else {
-        // Nothing inserted: an unknown token, or the limit.
-        if let Owner::Token(t) = owner {
-            t.device(app).await?;
-        }
-        return Err(ApiError::Conflict {
-            kind: "watch-limit",
-            detail: format!("this device already has the maximum of {max} watches"),
-        });
-    };
-    tracing::info!(device_id = %device, watch_id = %id, item = new.item.as_str(), "watch created");
+    let row = row.ok_or_else(|| at_limit(max))?;
+    tracing::info!(device_id = %device.id, watch_id = %id, item = new.item.as_str(), "watch created");
     Ok(row.into())
+}
+
+fn at_limit(max: i32) -> ApiError {
+    ApiError::Conflict {
+        kind: "watch-limit",
+        detail: format!("this device already has the maximum of {max} watches"),
+    }
+}
+
+/// A create without an Idempotency-Key: through the shared queue, which authenticates the token
+/// and applies the limit in the same statement as the insert.
+async fn create_queued(
+    app: &AppState,
+    token: &DeviceToken,
+    new: &NewWatch,
+) -> Result<Watch, ApiError> {
+    let id = WatchId::new();
+    match app.creates.create(token.hash.clone(), id, new).await? {
+        Admission::Created { device_id, at } => {
+            tracing::info!(%device_id, watch_id = %id, item = new.item.as_str(), "watch created");
+            Ok(Watch {
+                id: id.0,
+                item_code: new.item.as_str().to_owned(),
+                triggers: new.triggers.iter().map(TriggerSpec::from_trigger).collect(),
+                channel: new.channel.as_str().to_owned(),
+                paused: false,
+                reference_price: None,
+                created_at: at,
+                updated_at: at,
+            })
+        }
+        Admission::AtLimit => Err(at_limit(app.settings.max_watches_per_device)),
+        Admission::UnknownToken => Err(ApiError::Unauthorized("invalid device token")),
+    }
 }
 
 fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
@@ -323,9 +309,7 @@ pub async fn create_watch(
     let key = idempotency_key(&headers)?;
     let new = validate(&body.value, app.settings.max_triggers_per_watch)?;
     let Some(key) = key else {
-        let mut conn = app.pool.acquire().await.map_err(db("creating a watch"))?;
-        let watch = insert_watch(&mut conn, &app, Owner::Token(&token), &new).await?;
-        return created(&watch);
+        return created(&create_queued(&app, &token, &new).await?);
     };
     let device = token.device(&app).await?;
 
@@ -346,7 +330,7 @@ pub async fn create_watch(
     .rows_affected()
         == 1;
     if claimed {
-        let watch = insert_watch(&mut tx, &app, Owner::Device(&device), &new).await?;
+        let watch = insert_watch(&mut tx, &app, &device, &new).await?;
         let response =
             serde_json::to_value(&watch).map_err(|e| ApiError::Internal(e.to_string()))?;
         sqlx::query(

@@ -37,3 +37,46 @@ pub fn pids_named(comm: &str) -> Vec<u32> {
 pub fn cpu_seconds_named(comm: &str) -> f64 {
     pids_named(comm).into_iter().filter_map(cpu_seconds).sum()
 }
+
+/// CPU seconds used so far by this process, by Postgres (server and backends) and by
+/// nats-server: the benchmarks' split of where a phase's work went.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuSplit {
+    pub this: f64,
+    pub postgres: f64,
+    pub nats: f64,
+}
+
+impl CpuSplit {
+    pub fn now() -> Self {
+        Self {
+            this: cpu_seconds(std::process::id()).unwrap_or(0.0),
+            postgres: cpu_seconds_named("postgres"),
+            nats: cpu_seconds_named("nats-server"),
+        }
+    }
+
+    /// What was used between `earlier` and now.
+    pub fn since(earlier: Self) -> Self {
+        let now = Self::now();
+        Self {
+            this: now.this - earlier.this,
+            postgres: now.postgres - earlier.postgres,
+            nats: now.nats - earlier.nats,
+        }
+    }
+
+    pub fn total(&self) -> f64 {
+        self.this + self.postgres + self.nats
+    }
+
+    /// Microseconds of CPU per unit of work, for `units` units.
+    pub fn per_unit_us(&self, units: usize) -> Self {
+        let per = |s: f64| s * 1e6 / units.max(1) as f64;
+        Self {
+            this: per(self.this),
+            postgres: per(self.postgres),
+            nats: per(self.nats),
+        }
+    }
+}

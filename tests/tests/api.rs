@@ -745,6 +745,143 @@ async fn concurrent_creates_never_exceed_the_watch_limit() {
     api.stop().await;
 }
 
+/// The statement concurrent creates share (api/src/coalesce.rs), given a batch directly so its
+/// contents are known: each create is authenticated on its own, a device's creates are admitted
+/// in order up to its limit, the one-create statement agrees, and two batches racing for one
+/// device never exceed it.
+#[tokio::test]
+async fn a_shared_create_statement_authenticates_each_create_and_keeps_every_limit() {
+    use tidings_api::auth::token_hash;
+    use tidings_api::coalesce::{Admission, Create, NewWatch, insert, insert_one};
+    use tidings_shared::{Channel, ItemCode};
+
+    let db = TestDb::new().await.unwrap();
+    let api = ApiServer::start(db.pool.clone(), test_settings()).await;
+    let (a, token_a) = api.register().await;
+    let (b, token_b) = api.register().await;
+    let (_, token_gone) = api.register().await;
+    assert_eq!(
+        api.req(Method::DELETE, "/v1/devices/me", Some(&token_gone))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        204
+    );
+    // Device A already has one watch: two more fit under the limit of 3.
+    assert_eq!(
+        api.req(Method::POST, "/v1/watches", Some(&token_a))
+            .json(&json!({"item_code": "SKU-0", "triggers": [{"kind": "back_in_stock"}]}))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        201
+    );
+    let new = NewWatch {
+        item: ItemCode::parse("SKU-1").unwrap(),
+        triggers: vec![Trigger::BackInStock],
+        channel: Channel::WebPush,
+    };
+    let unknown = "x".repeat(43);
+    let tokens = [
+        &token_a,
+        &token_a,
+        &token_b,
+        &unknown,
+        &token_a,
+        &token_gone,
+        &token_a,
+        &token_b,
+    ];
+    let creates: Vec<Create> = tokens
+        .iter()
+        .map(|t| Create::new(token_hash(t), WatchId::new(), &new))
+        .collect();
+    let got = insert(&db.pool, 3, &creates).await.unwrap();
+    let a_id: DeviceId = DeviceId(a.parse().unwrap());
+    let b_id: DeviceId = DeviceId(b.parse().unwrap());
+    let kinds: Vec<String> = got
+        .iter()
+        .map(|g| match g {
+            Admission::Created { device_id, .. } if *device_id == a_id => "A".to_string(),
+            Admission::Created { device_id, .. } if *device_id == b_id => "B".to_string(),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "A",
+            "A",
+            "B",
+            "UnknownToken",
+            "AtLimit",
+            "UnknownToken",
+            "AtLimit",
+            "B"
+        ]
+    );
+    // Exactly the admitted ids exist, with the created_at the answer reported.
+    for (create, admission) in creates.iter().zip(&got) {
+        let stored: Option<chrono::DateTime<Utc>> =
+            sqlx::query_scalar("SELECT created_at FROM watches WHERE id = $1")
+                .bind(create.id)
+                .fetch_optional(&db.pool)
+                .await
+                .unwrap();
+        match admission {
+            Admission::Created { at, .. } => assert_eq!(stored, Some(*at)),
+            _ => assert_eq!(stored, None, "a refused create left a watch"),
+        }
+    }
+    let counts = |id: DeviceId| {
+        let pool = db.pool.clone();
+        async move {
+            let (counter, live): (i32, i64) = sqlx::query_as(
+                "SELECT watch_count, (SELECT count(*) FROM watches w
+                                      WHERE w.device_id = d.id AND w.removed_at IS NULL)
+                 FROM devices d WHERE id = $1",
+            )
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            (counter, live)
+        }
+    };
+    assert_eq!(counts(a_id).await, (3, 3));
+    assert_eq!(counts(b_id).await, (2, 2));
+    // The one-create statement (a lone create) answers the same way.
+    for (token, expected) in [
+        (&token_a, Admission::AtLimit),
+        (&unknown, Admission::UnknownToken),
+        (&token_gone, Admission::UnknownToken),
+    ] {
+        let create = Create::new(token_hash(token), WatchId::new(), &new);
+        assert_eq!(insert_one(&db.pool, 3, &create).await.unwrap(), expected);
+    }
+    assert_eq!(counts(a_id).await, (3, 3));
+
+    // Two batches racing for B's last slot: one wins it, the other's creates are refused.
+    let batch = || -> Vec<Create> {
+        (0..4)
+            .map(|_| Create::new(token_hash(&token_b), WatchId::new(), &new))
+            .collect()
+    };
+    let (one, two) = (batch(), batch());
+    let (x, y) = tokio::join!(insert(&db.pool, 3, &one), insert(&db.pool, 3, &two));
+    let admitted = x
+        .unwrap()
+        .into_iter()
+        .chain(y.unwrap())
+        .filter(|g| matches!(g, Admission::Created { .. }))
+        .count();
+    assert_eq!(admitted, 1);
+    assert_eq!(counts(b_id).await, (3, 3));
+    api.stop().await;
+}
+
 #[tokio::test]
 async fn a_retried_create_with_the_same_idempotency_key_creates_one_watch() {
     let db = TestDb::new().await.unwrap();

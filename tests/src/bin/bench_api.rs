@@ -1,7 +1,9 @@
 //! Api benchmark: create-watch and list-watches requests/s under concurrent load, over HTTP,
 //! against the real `tidings-api` binary (release build, started here) and real Postgres. Also
 //! prints the CPU each request costs the api process and Postgres, so the figure can be read
-//! apart from the load generator, which shares this 2-core machine.
+//! apart from the load generator, which shares this 2-core machine. Each round also sends the
+//! creates to a second api process started with `TIDINGS_API_CREATE_BATCH=1` (every create its own
+//! statement), so the effect of sharing statements is measured in the same run.
 //! Run with `deploy/local/stack bench api [REQUESTS] [CONCURRENCY] [ROUNDS]`.
 
 use reqwest::Method;
@@ -82,7 +84,7 @@ async fn drive(
     }
 }
 
-fn start_api(database_url: &str, port: u16) -> Child {
+fn start_api(database_url: &str, port: u16, create_batch: usize) -> Child {
     let exe = std::env::current_exe().expect("current exe");
     let bin = exe.with_file_name("tidings-api");
     Command::new(&bin)
@@ -92,6 +94,7 @@ fn start_api(database_url: &str, port: u16) -> Child {
         .env("TIDINGS_PUSH_ALLOWED_HOSTS", "127.0.0.1")
         .env("TIDINGS_PUSH_ALLOW_PRIVATE", "true")
         .env("TIDINGS_MAX_WATCHES_PER_DEVICE", "1000000")
+        .env("TIDINGS_API_CREATE_BATCH", create_batch.to_string())
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .spawn()
@@ -121,25 +124,32 @@ async fn main() {
     let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(3);
 
     let db = TestDb::new().await.expect("database");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
-    let mut child = start_api(&db.url, port);
-    let api = ApiClient::new(format!("http://127.0.0.1:{port}"));
-    let ready = async {
-        loop {
-            if let Ok(r) = api.req(Method::GET, "/readyz", None).send().await
-                && r.status().is_success()
-            {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    let free_port = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port()
     };
-    tokio::time::timeout(Duration::from_secs(20), ready)
-        .await
-        .expect("api ready within 20 s");
+    let (port, single_port) = (free_port(), free_port());
+    let child = start_api(&db.url, port, 64);
+    let single_child = start_api(&db.url, single_port, 1);
+    let api = ApiClient::new(format!("http://127.0.0.1:{port}"));
+    let single = ApiClient::new(format!("http://127.0.0.1:{single_port}"));
+    for a in [&api, &single] {
+        let ready = async {
+            loop {
+                if let Ok(r) = a.req(Method::GET, "/readyz", None).send().await
+                    && r.status().is_success()
+                {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(20), ready)
+            .await
+            .expect("api ready within 20 s");
+    }
 
     let devices = 1000;
     let mut tokens = Vec::with_capacity(devices);
@@ -157,20 +167,52 @@ async fn main() {
         "api benchmark: tidings-api (release) + Postgres + this load generator on one machine; \
          {requests} requests per round, {concurrency} concurrent clients, {devices} devices, {rounds} rounds"
     );
-    let (mut creates, mut lists) = (Vec::new(), Vec::new());
+    let (mut creates, mut singles, mut lists) = (Vec::new(), Vec::new(), Vec::new());
     for round in 1..=rounds {
         let c = drive(&api, child.id(), &tokens, requests, concurrency, true).await;
+        let one = drive(
+            &single,
+            single_child.id(),
+            &tokens,
+            requests,
+            concurrency,
+            true,
+        )
+        .await;
         let l = drive(&api, child.id(), &tokens, requests, concurrency, false).await;
         println!(
-            "round {round}: create-watch {:>6.0} req/s ({:.0} + {:.0} µs)   list-watches {:>6.0} req/s ({:.0} + {:.0} µs)",
-            c.per_second, c.api_us, c.postgres_us, l.per_second, l.api_us, l.postgres_us
+            "round {round}: create-watch {:>6.0} req/s ({:.0} + {:.0} µs)   one statement per create {:>6.0} req/s ({:.0} + {:.0} µs)   list-watches {:>6.0} req/s ({:.0} + {:.0} µs)",
+            c.per_second,
+            c.api_us,
+            c.postgres_us,
+            one.per_second,
+            one.api_us,
+            one.postgres_us,
+            l.per_second,
+            l.api_us,
+            l.postgres_us
         );
         creates.push(c);
+        singles.push(one);
         lists.push(l);
     }
     report("create-watch", &creates);
+    report(
+        "  one statement per create (TIDINGS_API_CREATE_BATCH=1)",
+        &singles,
+    );
     report("list-watches", &lists);
-    let _ = child.kill();
-    let _ = child.wait();
+    let ratio = median(
+        creates
+            .iter()
+            .zip(&singles)
+            .map(|(c, s)| c.per_second / s.per_second)
+            .collect(),
+    );
+    println!("median ratio of create-watch rates, shared statements / one per create: {ratio:.2}");
+    for mut c in [child, single_child] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
     drop(db);
 }

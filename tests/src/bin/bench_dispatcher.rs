@@ -17,6 +17,7 @@ use tidings_shared::source::HttpSource;
 use tidings_shared::subjects::StreamKind;
 use tidings_shared::trigger::Trigger;
 use tidings_tests::fixtures;
+use tidings_tests::procstat::CpuSplit;
 use tidings_tests::scenario::Scenario;
 use tokio_util::sync::CancellationToken;
 
@@ -27,6 +28,15 @@ struct Round {
     dispatch: f64,
     results: f64,
     pickup_ms: f64,
+    /// CPU per row of each phase: this process (the dispatcher's loops; in dispatch also the
+    /// fake catalog), Postgres, nats-server.
+    ingest_cpu: CpuSplit,
+    dispatch_cpu: CpuSplit,
+    results_cpu: CpuSplit,
+    /// Cores busy on average during each phase (this process + Postgres + nats-server).
+    ingest_cores: f64,
+    dispatch_cores: f64,
+    results_cores: f64,
 }
 
 async fn count(s: &Scenario, sql: &str) -> i64 {
@@ -105,8 +115,10 @@ async fn round(rows: usize) -> Round {
         .await
         .expect("ingest");
     let stop = CancellationToken::new();
+    let cpu = CpuSplit::now();
     let task = tokio::spawn(ingest.run(stop.clone()));
     let ingest_took = drained(&s, StreamKind::Enqueue).await;
+    let ingest_cpu = CpuSplit::since(cpu);
     stop.cancel();
     let _ = task.await;
     assert_eq!(
@@ -118,6 +130,7 @@ async fn round(rows: usize) -> Round {
     // Dispatch: claim → re-fetch (batch endpoint) → re-check → sending → publish.
     let source = Arc::new(HttpSource::new(s.settings.source.clone()).expect("source"));
     let started = Instant::now();
+    let cpu = CpuSplit::now();
     let workers: Vec<_> = (0..s.settings.dispatch_workers)
         .map(|_| {
             let d = Dispatcher::new(
@@ -143,6 +156,7 @@ async fn round(rows: usize) -> Round {
         published += w.await.expect("worker");
     }
     let dispatch_took = started.elapsed();
+    let dispatch_cpu = CpuSplit::since(cpu);
     assert_eq!(published, rows, "every row dispatched");
 
     // Results: every push answered `delivered`.
@@ -189,8 +203,10 @@ async fn round(rows: usize) -> Round {
         .await
         .expect("results");
     let stop = CancellationToken::new();
+    let cpu = CpuSplit::now();
     let task = tokio::spawn(res.run(stop.clone()));
     let results_took = drained(&s, StreamKind::Result).await;
+    let results_cpu = CpuSplit::since(cpu);
     stop.cancel();
     let _ = task.await;
     assert_eq!(
@@ -240,6 +256,12 @@ async fn round(rows: usize) -> Round {
         dispatch: rate(rows, dispatch_took),
         results: rate(rows, results_took),
         pickup_ms: median(latencies),
+        ingest_cpu: ingest_cpu.per_unit_us(rows),
+        dispatch_cpu: dispatch_cpu.per_unit_us(rows),
+        results_cpu: results_cpu.per_unit_us(rows),
+        ingest_cores: ingest_cpu.total() / ingest_took.as_secs_f64(),
+        dispatch_cores: dispatch_cpu.total() / dispatch_took.as_secs_f64(),
+        results_cores: results_cpu.total() / results_took.as_secs_f64(),
     }
 }
 
@@ -277,4 +299,30 @@ async fn main() {
         median(all.iter().map(|r| r.results).collect()),
         median(all.iter().map(|r| r.pickup_ms).collect()),
     );
+    // Where each stage's work went. A stage whose cores-busy is near 2 is CPU-bound on this
+    // machine, and 2 cores divided by its CPU per row is the most it could do here.
+    println!(
+        "  CPU µs per row, medians (this process = the dispatcher's loops; in dispatch also the fake catalog):"
+    );
+    println!(
+        "    stage    | this process | postgres | nats-server | total | cores busy | 2 cores / total"
+    );
+    type Pick = fn(&Round) -> (CpuSplit, f64);
+    let stages: [(&str, Pick); 3] = [
+        ("ingest", |r| (r.ingest_cpu, r.ingest_cores)),
+        ("dispatch", |r| (r.dispatch_cpu, r.dispatch_cores)),
+        ("results", |r| (r.results_cpu, r.results_cores)),
+    ];
+    for (name, pick) in stages {
+        let m = |f: fn(&CpuSplit) -> f64| median(all.iter().map(|r| f(&pick(r).0)).collect());
+        let total = m(CpuSplit::total);
+        println!(
+            "    {name:<8} | {:>12.1} | {:>8.1} | {:>11.1} | {total:>5.1} | {:>10.2} | {:>9.0} rows/s",
+            m(|c| c.this),
+            m(|c| c.postgres),
+            m(|c| c.nats),
+            median(all.iter().map(|r| pick(r).1).collect()),
+            2e6 / total,
+        );
+    }
 }
