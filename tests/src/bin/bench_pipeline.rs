@@ -138,6 +138,29 @@ struct Cpu {
     services: HashMap<&'static str, f64>,
     postgres: f64,
     nats: f64,
+    /// This process: the push sink, the fake catalog and the benchmark's own queries.
+    this: f64,
+    /// Every process on the machine (from /proc/stat), to show how busy the two cores were.
+    machine: f64,
+}
+
+/// CPU seconds the whole machine has been busy (user, nice, system, irq, softirq, steal).
+fn machine_busy_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(line) = stat.lines().find(|l| l.starts_with("cpu ")) else {
+        return 0.0;
+    };
+    let f: Vec<f64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal
+    [0, 1, 2, 5, 6, 7]
+        .iter()
+        .filter_map(|i| f.get(*i))
+        .sum::<f64>()
+        / 100.0
 }
 
 fn cpu(p: &Pipeline, services: &[&'static str]) -> Cpu {
@@ -148,6 +171,8 @@ fn cpu(p: &Pipeline, services: &[&'static str]) -> Cpu {
             .collect(),
         postgres: cpu_seconds_named("postgres"),
         nats: cpu_seconds_named("nats-server"),
+        this: cpu_seconds(std::process::id()).unwrap_or(0.0),
+        machine: machine_busy_seconds(),
     }
 }
 
@@ -262,9 +287,26 @@ async fn load_phase(rate: usize, secs: u64) -> Value {
                 json!({"cpu_cores": round((cpu_after.nats - cpu_before.nats) / w, 2),
                        "peak_rss_mib": round(pids_named("nats-server").into_iter().filter_map(peak_rss_mib).sum::<f64>(), 1)}),
             ),
+            (
+                "benchmark process (push sink, catalog)".to_string(),
+                json!({"cpu_cores": round((cpu_after.this - cpu_before.this) / w, 2)}),
+            ),
         ])
         .collect::<serde_json::Map<_, _>>()
         .into();
+    // All the CPU the pipeline used (services, Postgres, NATS, sink and catalog) per notification
+    // sent in the window: 2 cores divided by it is the most this machine could send.
+    let pipeline_cores = services
+        .iter()
+        .map(|n| cpu_after.services[n] - cpu_before.services[n])
+        .sum::<f64>()
+        / w
+        + (cpu_after.postgres - cpu_before.postgres) / w
+        + (cpu_after.nats - cpu_before.nats) / w
+        + (cpu_after.this - cpu_before.this) / w;
+    let sent_per_s = sent_window as f64 / w;
+    let cpu_us_per_sent = pipeline_cores * 1e6 / sent_per_s.max(1.0);
+    let machine_cores = (cpu_after.machine - cpu_before.machine) / w;
 
     // Drain, then latency over everything detected in the window.
     let drain_until = now_ms() + 90_000;
@@ -303,7 +345,11 @@ async fn load_phase(rate: usize, secs: u64) -> Value {
         "offered_per_s": items_per_sec * PER_ITEM,
         "seconds": secs,
         "window_s": window,
-        "sent_per_s": round(sent_window as f64 / w, 0),
+        "sent_per_s": round(sent_per_s, 0),
+        "pipeline_cpu_cores": round(pipeline_cores, 2),
+        "machine_cpu_cores_busy": round(machine_cores, 2),
+        "cpu_us_per_sent": round(cpu_us_per_sent, 0),
+        "most_sent_per_s_on_2_cores": round(2e6 / cpu_us_per_sent.max(1.0), 0),
         "stages_per_s": stages,
         "backlog_at_window_end": backlog,
         "latency_s": {"p50": p50.map(|v| round(v, 3)), "p95": p95.map(|v| round(v, 3)), "p99": p99.map(|v| round(v, 3)), "samples": n_lat},
@@ -682,11 +728,21 @@ async fn main() {
         latency["latency_s"]["p99"]
     );
     for (name, r) in max["resources"].as_object().into_iter().flatten() {
-        println!(
-            "| {name}: CPU cores / peak RSS | {} / {} MiB |",
-            r["cpu_cores"], r["peak_rss_mib"]
-        );
+        match r.get("peak_rss_mib") {
+            Some(rss) => println!(
+                "| {name}: CPU cores / peak RSS | {} / {rss} MiB |",
+                r["cpu_cores"]
+            ),
+            None => println!("| {name}: CPU cores | {} |", r["cpu_cores"]),
+        }
     }
+    println!(
+        "| CPU per `sent` notification, whole pipeline (phase 1) | {} µs: 2 cores allow at most {}/s; the machine was busy {} of {} cores |",
+        max["cpu_us_per_sent"],
+        max["most_sent_per_s_on_2_cores"],
+        max["machine_cpu_cores_busy"],
+        cores
+    );
     println!();
     println!(
         "| stale-alert comparison | deliveries | stale at delivery | of those, recovered after the last re-check | correct | withheld (condition_lost) |"
