@@ -4,8 +4,8 @@
 //! concurrent dispatchers take disjoint rows) and sets `claimed_until`, which hides them from
 //! other dispatchers after the statement commits. No lock is held while the source is called or
 //! the push published; if this dispatcher dies, the rows are simply claimable again when the
-//! claim lease runs out. `claimed_until` is not indexed, so a claim is a HOT update; every state
-//! transition clears it.
+//! claim lease runs out. `claimed_until` is not indexed and the outbox leaves half of each page
+//! free (migration 0003), so a claim is a HOT update; every state transition clears it.
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
@@ -76,31 +76,44 @@ impl Claimed {
     }
 }
 
+/// Takes up to `$1` due rows, oldest first, and hides them from other claims for `$2` seconds.
+pub const CLAIM: &str = "WITH due AS (
+         SELECT id FROM outbox
+         WHERE status IN ('pending', 'retry') AND next_attempt_at <= now()
+           AND (claimed_until IS NULL OR claimed_until <= now())
+         ORDER BY next_attempt_at
+         LIMIT $1
+         FOR UPDATE SKIP LOCKED
+     )
+     UPDATE outbox o SET claimed_until = now() + make_interval(secs => $2)
+     FROM due WHERE o.id = due.id
+     RETURNING o.id, o.watch_id, o.device_id, o.status, o.trigger, o.detected_at,
+               o.detected_price, o.detected_currency, o.detected_in_stock, o.detected_paused,
+               o.detected_observed_at, o.baseline_price, o.baseline_reference,
+               o.baseline_in_stock, o.attempt, o.retry_count, o.traceparent";
+
+/// Run before [`CLAIM`] in the same transaction. The due index yields rows in claim order, so a
+/// claim should read about as many rows as it takes. But Postgres' estimate of how many rows are
+/// due lags (statistics refresh about once a minute; a backlog builds in seconds), and when it
+/// guesses few it plans a bitmap scan of *every* due row and a sort. With 25,000 due rows that
+/// took 13 ms to pick 500, against 0.9 ms through the index. `set_config(…, true)` lasts until the
+/// transaction ends.
+pub const PLAN_BY_DUE_INDEX: &str = "SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true)";
+
 pub async fn claim(
     pool: &PgPool,
     batch: i64,
     lease: Duration,
 ) -> Result<Vec<Claimed>, sqlx::Error> {
-    sqlx::query_as(
-        "WITH due AS (
-             SELECT id FROM outbox
-             WHERE status IN ('pending', 'retry') AND next_attempt_at <= now()
-               AND (claimed_until IS NULL OR claimed_until <= now())
-             ORDER BY next_attempt_at
-             LIMIT $1
-             FOR UPDATE SKIP LOCKED
-         )
-         UPDATE outbox o SET claimed_until = now() + make_interval(secs => $2)
-         FROM due WHERE o.id = due.id
-         RETURNING o.id, o.watch_id, o.device_id, o.status, o.trigger, o.detected_at,
-                   o.detected_price, o.detected_currency, o.detected_in_stock, o.detected_paused,
-                   o.detected_observed_at, o.baseline_price, o.baseline_reference,
-                   o.baseline_in_stock, o.attempt, o.retry_count, o.traceparent",
-    )
-    .bind(batch)
-    .bind(lease.as_secs_f64())
-    .fetch_all(pool)
-    .await
+    let mut tx = pool.begin().await?;
+    sqlx::query(PLAN_BY_DUE_INDEX).execute(&mut *tx).await?;
+    let claimed = sqlx::query_as(CLAIM)
+        .bind(batch)
+        .bind(lease.as_secs_f64())
+        .fetch_all(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(claimed)
 }
 
 #[derive(sqlx::FromRow)]

@@ -392,6 +392,34 @@ async fn seed_rows(s: &Scenario, item: &str, n: usize) {
     }
 }
 
+/// Regression: on a young outbox (no statistics yet) Postgres planned the claim as a bitmap scan
+/// of every due row plus a sort, reading 25,000 rows to take 500. The claim now runs with the
+/// plans that ignore the due index's order turned off; this checks the plan it gets.
+#[tokio::test]
+async fn a_claim_reads_due_rows_in_index_order_even_without_statistics() {
+    use tidings_dispatcher::claim::{CLAIM, PLAN_BY_DUE_INDEX};
+    let s = Scenario::new().await;
+    seed_rows(&s, "SKU-1", 5000).await;
+    let mut tx = s.db.pool.begin().await.unwrap();
+    sqlx::query(PLAN_BY_DUE_INDEX)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let plan: Vec<String> = sqlx::query_scalar(&format!(
+        "EXPLAIN {}",
+        CLAIM.replace("$1", "500").replace("$2", "30")
+    ))
+    .fetch_all(&mut *tx)
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+    let plan = plan.join("\n");
+    assert!(plan.contains("Index Scan using outbox_due"), "{plan}");
+    assert!(!plan.contains("Bitmap"), "{plan}");
+    assert!(!plan.contains("Sort"), "{plan}");
+    s.cleanup().await;
+}
+
 #[tokio::test]
 async fn two_dispatchers_never_claim_the_same_row() {
     let mut s = Scenario::new().await;
