@@ -68,7 +68,7 @@ impl Create {
 
 struct Pending {
     create: Create,
-    reply: oneshot::Sender<Result<Admission, sqlx::Error>>,
+    reply: oneshot::Sender<Result<Admission, ApiError>>,
 }
 
 /// The queue handlers put creates on. Cloning shares it.
@@ -125,10 +125,7 @@ impl CreateQueue {
         tx.send(Pending { create, reply })
             .await
             .map_err(|_| gone())?;
-        answer
-            .await
-            .map_err(|_| gone())?
-            .map_err(db("creating a watch"))
+        answer.await.map_err(|_| gone())?
     }
 }
 
@@ -162,8 +159,9 @@ async fn collect(
 }
 
 /// Inserts `creates` together and answers each; a lone create takes the simpler one-create
-/// statement. If a shared statement fails, each create is retried alone, so one create's problem
-/// is its own answer and not its neighbours'.
+/// statement. If Postgres refuses a shared statement, each create is retried alone, so one
+/// create's problem is its own answer and not its neighbours'. If the database cannot be reached,
+/// every create is told so at once rather than each waiting for the pool in turn.
 async fn run(pool: &PgPool, max_watches: i32, creates: Vec<Pending>) {
     let (batch, replies): (Vec<Create>, Vec<_>) =
         creates.into_iter().map(|p| (p.create, p.reply)).unzip();
@@ -175,13 +173,26 @@ async fn run(pool: &PgPool, max_watches: i32, creates: Vec<Pending>) {
                 }
                 return;
             }
+            Err(e @ sqlx::Error::Database(_)) => {
+                tracing::warn!(error = %e, creates = batch.len(), "Postgres refused a shared statement of watch creates; retrying each alone");
+            }
             Err(e) => {
-                tracing::warn!(error = %e, creates = batch.len(), "a shared statement of watch creates failed; retrying each alone");
+                let ids: Vec<String> = batch.iter().map(|c| c.id.to_string()).collect();
+                tracing::error!(error = %e, watch_ids = ?ids, "a shared statement of watch creates failed");
+                for reply in replies {
+                    let _ = reply.send(Err(ApiError::Unavailable(
+                        "the database did not answer; retry later".into(),
+                    )));
+                }
+                return;
             }
         }
     }
     for (create, reply) in batch.iter().zip(replies) {
-        let _ = reply.send(insert_one(pool, max_watches, create).await);
+        let result = insert_one(pool, max_watches, create)
+            .await
+            .map_err(db("creating a watch"));
+        let _ = reply.send(result);
     }
 }
 

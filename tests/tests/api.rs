@@ -882,6 +882,50 @@ async fn a_shared_create_statement_authenticates_each_create_and_keeps_every_lim
     api.stop().await;
 }
 
+/// A create Postgres refuses, sharing statements with good ones, fails alone: the queue retries a
+/// refused shared statement one create at a time. Ten rounds of eight concurrent creates through
+/// a queue with one statement at a time, so most rounds share statements.
+#[tokio::test]
+async fn a_create_postgres_refuses_fails_alone_and_its_neighbours_are_created() {
+    use tidings_api::auth::token_hash;
+    use tidings_api::coalesce::{Admission, CreateQueue, NewWatch};
+    use tidings_api::problem::ApiError;
+    use tidings_shared::{Channel, ItemCode};
+
+    let db = TestDb::new().await.unwrap();
+    let api = ApiServer::start(db.pool.clone(), test_settings()).await;
+    let (_, token) = api.register().await;
+    let queue = CreateQueue::start(db.pool.clone(), 1000, 64, 1);
+    let watch = |triggers: Vec<Trigger>| NewWatch {
+        item: ItemCode::parse("SKU-1").unwrap(),
+        triggers,
+        channel: Channel::WebPush,
+    };
+    let good = watch(vec![Trigger::BackInStock]);
+    // No triggers breaks the table's CHECK; the api's validation never lets this through.
+    let bad = watch(vec![]);
+    for _ in 0..10 {
+        let answers = futures::future::join_all((0..8).map(|i| {
+            let new = if i == 3 { &bad } else { &good };
+            queue.create(token_hash(&token), WatchId::new(), new)
+        }))
+        .await;
+        for (i, a) in answers.iter().enumerate() {
+            if i == 3 {
+                assert!(matches!(a, Err(ApiError::Db { .. })), "{a:?}");
+            } else {
+                assert!(matches!(a, Ok(Admission::Created { .. })), "{a:?}");
+            }
+        }
+    }
+    assert_eq!(count(&db.pool, "SELECT count(*) FROM watches").await, 70);
+    assert_eq!(
+        count(&db.pool, "SELECT watch_count::bigint FROM devices").await,
+        70
+    );
+    api.stop().await;
+}
+
 #[tokio::test]
 async fn a_retried_create_with_the_same_idempotency_key_creates_one_watch() {
     let db = TestDb::new().await.unwrap();
