@@ -165,6 +165,9 @@ async fn collect(
 async fn run(pool: &PgPool, max_watches: i32, creates: Vec<Pending>) {
     let (batch, replies): (Vec<Create>, Vec<_>) =
         creates.into_iter().map(|p| (p.create, p.reply)).unzip();
+    tidings_shared::metrics::metrics()
+        .create_batch_size
+        .observe(batch.len() as f64);
     if batch.len() > 1 {
         match insert(pool, max_watches, &batch).await {
             Ok(admissions) => {

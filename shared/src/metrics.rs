@@ -80,6 +80,7 @@ pub const FAMILIES: &[(&str, &str)] = &[
     ("tidings_detections", "counter"),
     ("tidings_http_requests", "counter"),
     ("tidings_http_request_duration_seconds", "histogram"),
+    ("tidings_api_create_batch_size", "histogram"),
 ];
 
 /// The names samples appear under in the exposition (`_total` for counters; `_bucket`, `_sum`,
@@ -128,6 +129,7 @@ pub struct Metrics {
     pub detections: Family<ResultLabels, Counter>,
     pub http_requests: Family<HttpLabels, Counter>,
     pub http_duration: Hist<RouteLabels>,
+    pub create_batch_size: Histogram,
 }
 
 impl Metrics {
@@ -150,6 +152,8 @@ impl Metrics {
             detections: Family::default(),
             http_requests: Family::default(),
             http_duration: Family::new_with_constructor(fast_latency as fn() -> Histogram),
+            // 1 … 128 creates per statement.
+            create_batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 8)),
             registry: Registry::default(),
         };
         registry.register(
@@ -231,6 +235,11 @@ impl Metrics {
             "tidings_http_request_duration_seconds",
             "API request latency by route template",
             m.http_duration.clone(),
+        );
+        registry.register(
+            "tidings_api_create_batch_size",
+            "Watch creates per insert statement (the api shares statements under load)",
+            m.create_batch_size.clone(),
         );
         Metrics { registry, ..m }
     }

@@ -238,6 +238,8 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
             .filter(|k| k.contains("http_requests"))
             .collect::<Vec<_>>()
     );
+    // The three creates went through the create queue, each counted in one statement.
+    assert_eq!(moved("api", "tidings_api_create_batch_size_sum{}"), 3.0);
 
     p.stop().await;
     s.cleanup().await;
