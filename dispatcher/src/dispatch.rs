@@ -9,6 +9,7 @@
 use async_nats::jetstream;
 use chrono::Utc;
 use sqlx::PgPool;
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use tidings_shared::ItemCode;
@@ -272,12 +273,15 @@ impl Dispatcher {
                 }
             }
         }
-        let traceparents: HashMap<OutboxId, String> = rows
+        // Borrowed from the rows unless a recheck span stands in between.
+        let traceparents: HashMap<OutboxId, Cow<'_, str>> = rows
             .iter()
             .filter_map(|r| {
                 let tp = match spans.get(&r.id) {
-                    Some(span) => telemetry::forward(span, r.traceparent.as_deref()),
-                    None => r.traceparent.clone(),
+                    Some(span) => {
+                        telemetry::forward(span, r.traceparent.as_deref()).map(Cow::Owned)
+                    }
+                    None => r.traceparent.as_deref().map(Cow::Borrowed),
                 };
                 Some((r.id, tp?))
             })
@@ -327,7 +331,7 @@ impl Dispatcher {
     async fn publish(
         &self,
         requests: Vec<PushRequest>,
-        traceparents: &HashMap<OutboxId, String>,
+        traceparents: &HashMap<OutboxId, Cow<'_, str>>,
     ) -> (usize, Vec<(OutboxId, String)>) {
         let subject = self
             .settings
@@ -339,7 +343,7 @@ impl Dispatcher {
                 let mut headers = async_nats::HeaderMap::new();
                 headers.insert("Nats-Msg-Id", r.msg_id().as_str());
                 if let Some(tp) = traceparents.get(&r.outbox_id) {
-                    headers.insert("traceparent", tp.as_str());
+                    headers.insert("traceparent", tp.as_ref());
                 }
                 Outgoing {
                     subject: subject.clone(),

@@ -58,11 +58,15 @@ impl CpuSplit {
 
     /// What was used between `earlier` and now.
     pub fn since(earlier: Self) -> Self {
-        let now = Self::now();
+        Self::between(earlier, Self::now())
+    }
+
+    /// What was used between two readings.
+    pub fn between(earlier: Self, later: Self) -> Self {
         Self {
-            this: now.this - earlier.this,
-            postgres: now.postgres - earlier.postgres,
-            nats: now.nats - earlier.nats,
+            this: later.this - earlier.this,
+            postgres: later.postgres - earlier.postgres,
+            nats: later.nats - earlier.nats,
         }
     }
 
@@ -79,4 +83,24 @@ impl CpuSplit {
             nats: per(self.nats),
         }
     }
+}
+
+/// CPU seconds the whole machine has been busy so far (user, nice, system, irq, softirq, steal;
+/// from /proc/stat), to show how busy the cores were whoever used them.
+pub fn machine_busy_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(line) = stat.lines().find(|l| l.starts_with("cpu ")) else {
+        return 0.0;
+    };
+    let f: Vec<f64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal
+    [0, 1, 2, 5, 6, 7]
+        .iter()
+        .filter_map(|i| f.get(*i))
+        .sum::<f64>()
+        / 100.0
 }

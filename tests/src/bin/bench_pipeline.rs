@@ -33,7 +33,9 @@ use tidings_shared::subjects::StreamKind;
 use tidings_shared::{Channel, ItemCode, OutboxId};
 use tidings_tests::fake_catalog::Item;
 use tidings_tests::fake_push::FakePushService;
-use tidings_tests::procstat::{cpu_seconds, cpu_seconds_named, peak_rss_mib, pids_named};
+use tidings_tests::procstat::{
+    CpuSplit, cpu_seconds, machine_busy_seconds, peak_rss_mib, pids_named,
+};
 use tidings_tests::scenario::Scenario;
 use tidings_tests::services::Pipeline;
 use tokio_util::sync::CancellationToken;
@@ -134,33 +136,12 @@ async fn stream_len(js: &jetstream::Context, s: &Scenario, kind: StreamKind) -> 
     }
 }
 
+/// A CPU reading: each service, Postgres + NATS + this process (the push sink, the fake catalog
+/// and the benchmark's own queries), and the whole machine.
 struct Cpu {
     services: HashMap<&'static str, f64>,
-    postgres: f64,
-    nats: f64,
-    /// This process: the push sink, the fake catalog and the benchmark's own queries.
-    this: f64,
-    /// Every process on the machine (from /proc/stat), to show how busy the two cores were.
+    split: CpuSplit,
     machine: f64,
-}
-
-/// CPU seconds the whole machine has been busy (user, nice, system, irq, softirq, steal).
-fn machine_busy_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let Some(line) = stat.lines().find(|l| l.starts_with("cpu ")) else {
-        return 0.0;
-    };
-    let f: Vec<f64> = line
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|v| v.parse().ok())
-        .collect();
-    // user nice system idle iowait irq softirq steal
-    [0, 1, 2, 5, 6, 7]
-        .iter()
-        .filter_map(|i| f.get(*i))
-        .sum::<f64>()
-        / 100.0
 }
 
 fn cpu(p: &Pipeline, services: &[&'static str]) -> Cpu {
@@ -169,11 +150,21 @@ fn cpu(p: &Pipeline, services: &[&'static str]) -> Cpu {
             .iter()
             .map(|s| (*s, p.pid(s).and_then(cpu_seconds).unwrap_or(0.0)))
             .collect(),
-        postgres: cpu_seconds_named("postgres"),
-        nats: cpu_seconds_named("nats-server"),
-        this: cpu_seconds(std::process::id()).unwrap_or(0.0),
+        split: CpuSplit::now(),
         machine: machine_busy_seconds(),
     }
+}
+
+/// Every service's `/metrics`, parsed.
+async fn scrape_all(
+    p: &Pipeline,
+    services: &[&'static str],
+) -> HashMap<&'static str, HashMap<String, f64>> {
+    let mut m = HashMap::new();
+    for n in services {
+        m.insert(*n, scrape(p, n).await);
+    }
+    m
 }
 
 /// Offers `rate` notifications/s for `secs` seconds; returns the measured figures.
@@ -220,24 +211,13 @@ async fn load_phase(rate: usize, secs: u64) -> Value {
     .await;
     let warmup = 5;
     tokio::time::sleep(Duration::from_secs(warmup)).await;
-    let before: HashMap<&str, HashMap<String, f64>> = {
-        let mut m = HashMap::new();
-        for n in services {
-            m.insert(n, scrape(&p, n).await);
-        }
-        m
-    };
+    let before = scrape_all(&p, &services).await;
     let cpu_before = cpu(&p, &services);
     let window = secs - warmup;
     tokio::time::sleep(Duration::from_secs(window)).await;
-    let after: HashMap<&str, HashMap<String, f64>> = {
-        let mut m = HashMap::new();
-        for n in services {
-            m.insert(n, scrape(&p, n).await);
-        }
-        m
-    };
+    let after = scrape_all(&p, &services).await;
     let cpu_after = cpu(&p, &services);
+    let shared = CpuSplit::between(cpu_before.split, cpu_after.split);
     let due: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM outbox WHERE status IN ('pending', 'retry') AND next_attempt_at <= now()",
     )
@@ -279,31 +259,29 @@ async fn load_phase(rate: usize, secs: u64) -> Value {
         .chain([
             (
                 "postgres".to_string(),
-                json!({"cpu_cores": round((cpu_after.postgres - cpu_before.postgres) / w, 2),
+                json!({"cpu_cores": round(shared.postgres / w, 2),
                        "peak_rss_mib": round(pids_named("postgres").into_iter().filter_map(peak_rss_mib).sum::<f64>(), 1)}),
             ),
             (
                 "nats-server".to_string(),
-                json!({"cpu_cores": round((cpu_after.nats - cpu_before.nats) / w, 2),
+                json!({"cpu_cores": round(shared.nats / w, 2),
                        "peak_rss_mib": round(pids_named("nats-server").into_iter().filter_map(peak_rss_mib).sum::<f64>(), 1)}),
             ),
             (
                 "benchmark process (push sink, catalog)".to_string(),
-                json!({"cpu_cores": round((cpu_after.this - cpu_before.this) / w, 2)}),
+                json!({"cpu_cores": round(shared.this / w, 2)}),
             ),
         ])
         .collect::<serde_json::Map<_, _>>()
         .into();
     // All the CPU the pipeline used (services, Postgres, NATS, sink and catalog) per notification
     // sent in the window: 2 cores divided by it is the most this machine could send.
-    let pipeline_cores = services
+    let pipeline_cores = (services
         .iter()
         .map(|n| cpu_after.services[n] - cpu_before.services[n])
         .sum::<f64>()
-        / w
-        + (cpu_after.postgres - cpu_before.postgres) / w
-        + (cpu_after.nats - cpu_before.nats) / w
-        + (cpu_after.this - cpu_before.this) / w;
+        + shared.total())
+        / w;
     let sent_per_s = sent_window as f64 / w;
     let cpu_us_per_sent = pipeline_cores * 1e6 / sent_per_s.max(1.0);
     let machine_cores = (cpu_after.machine - cpu_before.machine) / w;
