@@ -2,6 +2,7 @@
 //! enqueues — the dispatcher decides, right before sending, whether a notification is still true.
 //!
 //! - [`scan`]: one scan of this shard's watches, and the loop.
+//! - [`watchlist`]: the shard's watches and baselines in memory, refreshed by what changed.
 //! - [`evaluate`]: what one watch's triggers say about one observation (pure).
 //! - [`memory`]: what was enqueued today, so a condition that keeps holding is published once.
 //! - [`config`]: configuration, sharding.
@@ -13,6 +14,7 @@ pub mod config;
 pub mod evaluate;
 pub mod memory;
 pub mod scan;
+pub mod watchlist;
 
 pub use config::{Config, Settings};
 
@@ -29,7 +31,9 @@ impl scan::Detector {
                     record(&stats, started.elapsed(), self.is_dry_run());
                     tracing::info!(
                         watches = stats.watches,
+                        rows_read = stats.rows_read,
                         items = stats.items,
+                        evaluated = stats.evaluated,
                         source_errors = stats.source_errors,
                         holding = stats.holding,
                         published = stats.published,

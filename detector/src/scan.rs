@@ -1,34 +1,38 @@
-//! One scan: page through this shard's active watches in (item_code, id) order (keyset
-//! pagination, no OFFSET), so each item's watches are contiguous and each item is fetched once per
-//! scan (batch endpoint when there is one; an item spanning two pages carries its observation
-//! over). Every trigger is evaluated with the shared `evaluate`, and an EnqueueRequest is
-//! published per holding trigger with `Nats-Msg-Id` = its dedup key, many acks in flight. A
-//! failing item is counted and logged; it never stops the scan.
+//! One scan: bring this shard's watchlist up to date (the rows written since the previous scan),
+//! fetch every watched item once (batch endpoint when there is one, ~`page_size` watches' items
+//! per request round), and evaluate, with the shared `evaluate`, the watches of each item whose
+//! observation or watches changed since an evaluation that found nothing (see `watchlist`). An
+//! EnqueueRequest is published per holding trigger with `Nats-Msg-Id` = its dedup key, many acks
+//! in flight. A failing item is counted and logged; it never stops the scan.
 
 use async_nats::jetstream;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
-use sqlx::types::Json;
-use std::collections::{HashMap, HashSet};
-use tidings_shared::dedup::parse_time_zone;
+use std::collections::HashSet;
 use tidings_shared::messages::encode;
 use tidings_shared::publish::{Outgoing, publish_all};
-use tidings_shared::source::{Fetched, HttpSource};
+use tidings_shared::source::HttpSource;
 use tidings_shared::subjects::StreamKind;
 use tidings_shared::telemetry;
-use tidings_shared::trigger::{LastSent, Trigger};
-use tidings_shared::{Channel, DeviceId, ItemCode, WatchId};
+use tidings_shared::trigger::Trigger;
+use tidings_shared::{ItemCode, WatchId};
 use tokio::sync::Mutex;
 
 use crate::config::Settings;
-use crate::evaluate::{Watch, detect};
+use crate::evaluate::detect;
 use crate::memory::Enqueued;
+use crate::watchlist::{Entry, Watchlist};
 
 /// What a scan did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ScanStats {
+    /// Active watches in this shard.
     pub watches: usize,
+    /// Watch rows and baseline rows read from the database for this scan.
+    pub rows_read: usize,
     pub items: usize,
+    /// Watches evaluated: those of items whose observation or watches changed.
+    pub evaluated: usize,
     /// Items the source could not answer for this scan.
     pub source_errors: usize,
     /// Triggers that held.
@@ -55,24 +59,13 @@ fn db(what: &'static str) -> impl FnOnce(sqlx::Error) -> ScanError {
     move |source| ScanError::Db { what, source }
 }
 
-#[derive(sqlx::FromRow)]
-struct WatchRow {
-    id: WatchId,
-    device_id: DeviceId,
-    item_code: String,
-    triggers: Json<Vec<Trigger>>,
-    channel: String,
-    reference_price: Option<i64>,
-    time_zone: String,
-    last_in_stock: Option<bool>,
-}
-
 pub struct Detector {
     pool: PgPool,
     js: jetstream::Context,
     source: HttpSource,
     settings: Settings,
     memory: Mutex<Enqueued>,
+    watchlist: Mutex<Watchlist>,
 }
 
 impl Detector {
@@ -89,6 +82,7 @@ impl Detector {
             source,
             settings,
             memory,
+            watchlist: Mutex::new(Watchlist::new()),
         }
     }
 
@@ -97,82 +91,49 @@ impl Detector {
         self.settings.dry_run
     }
 
-    /// One full scan of this shard's watches, as of `now` (injected so tests control the day).
+    /// One scan of this shard's watches, as of `now` (injected so tests control the day).
     pub async fn scan_once(&self, now: DateTime<Utc>) -> Result<ScanStats, ScanError> {
         self.memory.lock().await.start_scan(now.date_naive());
         let started = std::time::Instant::now();
-        let mut stats = ScanStats::default();
-        let mut after = (String::new(), WatchId(sqlx::types::Uuid::nil()));
-        let mut carry: Option<(ItemCode, Fetched)> = None;
-        loop {
-            let page: Vec<WatchRow> = sqlx::query_as(
-                "SELECT w.id, w.device_id, w.item_code, w.triggers, w.channel, w.reference_price,
-                        d.time_zone, w.last_in_stock
-                 FROM watches w JOIN devices d ON d.id = w.device_id
-                 WHERE w.removed_at IS NULL AND NOT w.paused AND d.removed_at IS NULL
-                   AND (w.item_code, w.id) > ($1, $2)
-                   AND ($4::int = 1
-                        OR ((get_byte(uuid_send(w.id), 14) * 256 + get_byte(uuid_send(w.id), 15)) % $4::int) = $5::int)
-                 ORDER BY w.item_code, w.id
-                 LIMIT $3",
-            )
-            .bind(&after.0)
-            .bind(after.1)
-            .bind(self.settings.page_size)
-            .bind(i32::try_from(self.settings.shard_count).unwrap_or(1))
-            .bind(i32::try_from(self.settings.shard_index).unwrap_or(0))
-            .fetch_all(&self.pool)
+        let mut list = self.watchlist.lock().await;
+        let read = list
+            .refresh(&self.pool, &self.settings)
             .await
-            .map_err(db("reading watches"))?;
-            let Some(last) = page.last() else { break };
-            after = (last.item_code.clone(), last.id);
-            let full = page.len() as i64 >= self.settings.page_size;
-            self.scan_page(page, (now, started), &mut carry, &mut stats)
-                .await?;
-            if !full {
-                break;
+            .map_err(db("reading the watches and baselines that changed"))?;
+        let mut stats = ScanStats {
+            watches: list.len(),
+            rows_read: read.watches + read.baselines,
+            ..ScanStats::default()
+        };
+        let page_size = usize::try_from(self.settings.page_size).unwrap_or(1).max(1);
+        let mut pages: Vec<Vec<ItemCode>> = Vec::new();
+        let mut in_page = page_size;
+        for (code, watches) in list.items() {
+            if in_page >= page_size {
+                pages.push(Vec::new());
+                in_page = 0;
             }
+            if let Some(page) = pages.last_mut() {
+                page.push(code.clone());
+            }
+            in_page += watches;
+        }
+        for page in pages {
+            self.scan_page(&mut list, page, (now, started), &mut stats)
+                .await?;
         }
         Ok(stats)
     }
 
     async fn scan_page(
         &self,
-        page: Vec<WatchRow>,
+        list: &mut Watchlist,
+        items: Vec<ItemCode>,
         (scan_now, scan_started): (DateTime<Utc>, std::time::Instant),
-        carry: &mut Option<(ItemCode, Fetched)>,
         stats: &mut ScanStats,
     ) -> Result<(), ScanError> {
-        stats.watches += page.len();
-        let watches: Vec<Watch> = page
-            .into_iter()
-            .map(|w| Watch {
-                id: w.id,
-                device_id: w.device_id,
-                time_zone: parse_time_zone(&w.time_zone).unwrap_or_else(|e| {
-                    tracing::warn!(watch_id = %w.id, error = %e, "device time zone unusable; using UTC");
-                    chrono_tz::Tz::UTC
-                }),
-                item_code: w.item_code,
-                triggers: w.triggers.0,
-                channel: w.channel.parse().unwrap_or(Channel::WebPush),
-                reference_price: w.reference_price,
-                last_in_stock: w.last_in_stock,
-            })
-            .collect();
-        let items: Vec<ItemCode> = {
-            let mut set: Vec<ItemCode> = watches
-                .iter()
-                .filter_map(|w| ItemCode::parse(&w.item_code).ok())
-                .collect();
-            set.sort();
-            set.dedup();
-            // The previous page's last item may continue here: it was already fetched.
-            set.retain(|i| carry.as_ref().is_none_or(|(c, _)| c != i));
-            set
-        };
         stats.items += items.len();
-        let mut fetched = self.source.fetch_many(&items).await;
+        let fetched = self.source.fetch_many(&items).await;
         // Detected when observed: the scan's clock plus the time this scan has taken so far (a
         // large scan takes seconds; stamping every page with the scan's start would overstate
         // detection → delivery latency by up to that).
@@ -184,61 +145,49 @@ impl Detector {
             }
         }
 
-        if let Some((item, answer)) = carry.take() {
-            fetched.insert(item, answer);
-        }
-        if let Some(last) = watches
-            .last()
-            .and_then(|w| ItemCode::parse(&w.item_code).ok())
-            && let Some(answer) = fetched.get(&last)
-        {
-            *carry = Some((last, answer.clone()));
-        }
-
-        let ids: Vec<WatchId> = watches.iter().map(|w| w.id).collect();
-        let sent: Vec<(WatchId, String, i64, bool, DateTime<Utc>)> =
-            sqlx::query_as("SELECT watch_id, trigger, price, in_stock, sent_at FROM baselines WHERE watch_id = ANY($1)")
-                .bind(&ids)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(db("reading baselines"))?;
-        let mut last_sent: HashMap<WatchId, HashMap<String, LastSent>> = HashMap::new();
-        for (watch, trigger, price, in_stock, sent_at) in sent {
-            last_sent.entry(watch).or_default().insert(
-                trigger,
-                LastSent {
-                    price,
-                    in_stock,
-                    sent_at,
-                },
-            );
-        }
-
-        let empty = HashMap::new();
         let mut detections = Vec::new();
         let mut stock_changes = Vec::new();
         let mut references = Vec::new();
-        for w in &watches {
-            let Some(Ok(obs)) = ItemCode::parse(&w.item_code)
-                .ok()
-                .and_then(|c| fetched.get(&c))
-            else {
+        let mut evaluated = Vec::new();
+        for code in &items {
+            let Some(Ok(obs)) = fetched.get(code) else {
                 continue;
             };
-            detections.extend(detect(w, obs, last_sent.get(&w.id).unwrap_or(&empty), now));
-            // Only back_in_stock reads the previous stock state; other watches need no write.
-            if w.last_in_stock != Some(obs.in_stock) && w.triggers.contains(&Trigger::BackInStock) {
-                stock_changes.push((w.id, obs.in_stock));
+            if !list.needs_evaluation(code, obs) {
+                continue;
             }
-            // A watch made through the api has no reference price yet: price_drop measures from
-            // the first price this watch saw.
-            if w.reference_price.is_none()
-                && w.triggers
-                    .iter()
-                    .any(|t| matches!(t, Trigger::PriceDrop { .. }))
+            let Some(item) = list.item(code) else {
+                continue;
+            };
+            let found_before = detections.len() + stock_changes.len() + references.len();
+            for Entry {
+                watch: w,
+                last_sent,
+            } in item.watches.values()
             {
-                references.push((w.id, obs.price));
+                stats.evaluated += 1;
+                detections.extend(detect(w, obs, last_sent, now));
+                // Only back_in_stock reads the previous stock state; other watches need no write.
+                if w.last_in_stock != Some(obs.in_stock)
+                    && w.triggers.contains(&Trigger::BackInStock)
+                {
+                    stock_changes.push((w.id, obs.in_stock));
+                }
+                // A watch made through the api has no reference price yet: price_drop measures
+                // from the first price this watch saw.
+                if w.reference_price.is_none()
+                    && w.triggers
+                        .iter()
+                        .any(|t| matches!(t, Trigger::PriceDrop { .. }))
+                {
+                    references.push((w.id, obs.price));
+                }
             }
+            let quiet = detections.len() + stock_changes.len() + references.len() == found_before;
+            evaluated.push((code, obs, quiet));
+        }
+        for (code, obs, quiet) in evaluated {
+            list.evaluated(code, obs, quiet);
         }
         let holding = detections.len();
         stats.holding += holding;
@@ -341,11 +290,14 @@ impl Detector {
                  FROM UNNEST($1::uuid[], $2::bigint[]) AS u(id, p)
                  WHERE w.id = u.id AND w.reference_price IS NULL",
             )
-            .bind(ids)
-            .bind(prices)
+            .bind(&ids)
+            .bind(&prices)
             .execute(&self.pool)
             .await
             .map_err(db("recording reference prices"))?;
+            for (id, price) in ids.into_iter().zip(prices) {
+                list.set_reference_price(id, price);
+            }
         }
         Ok(())
     }

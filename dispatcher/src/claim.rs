@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 use tidings_shared::messages::Subscription;
 use tidings_shared::outbox::{Row, Status};
-use tidings_shared::trigger::{Baseline, LastSent, Observation, Trigger};
+use tidings_shared::trigger::{Baseline, BaselineRow, LastSent, Observation, Trigger};
 use tidings_shared::{DeviceId, OutboxId, SubscriptionId, WatchId};
 
 use crate::recheck::WatchState;
@@ -175,15 +175,6 @@ pub async fn watches(
         .collect())
 }
 
-#[derive(sqlx::FromRow)]
-struct BaselineRow {
-    watch_id: WatchId,
-    trigger: String,
-    price: i64,
-    in_stock: bool,
-    sent_at: DateTime<Utc>,
-}
-
 /// The last sent value of each claimed row's (watch, trigger).
 pub async fn baselines(
     pool: &PgPool,
@@ -204,14 +195,8 @@ pub async fn baselines(
     Ok(found
         .into_iter()
         .map(|b| {
-            (
-                (b.watch_id, b.trigger),
-                LastSent {
-                    price: b.price,
-                    in_stock: b.in_stock,
-                    sent_at: b.sent_at,
-                },
-            )
+            let last = b.last_sent();
+            ((b.watch_id, b.trigger), last)
         })
         .collect())
 }

@@ -258,6 +258,23 @@ impl Scenario {
         s.info().await.expect("stream info").state.messages
     }
 
+    /// The EnqueueRequests stored in this scenario's enqueue stream, oldest first.
+    pub async fn enqueued(&self) -> Vec<EnqueueRequest> {
+        let mut stream = self
+            .js
+            .get_stream(self.subjects.stream(StreamKind::Enqueue))
+            .await
+            .expect("stream");
+        let state = stream.info().await.expect("stream info").state.clone();
+        let mut out = Vec::new();
+        for seq in state.first_sequence..=state.last_sequence {
+            if let Ok(m) = stream.get_raw_message(seq).await {
+                out.push(decode::<EnqueueRequest>(&m.payload).expect("decodable EnqueueRequest"));
+            }
+        }
+        out
+    }
+
     /// A PushResult as the pusher reports it.
     pub fn result(
         &self,

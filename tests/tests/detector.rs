@@ -306,3 +306,126 @@ async fn a_dry_run_publishes_and_writes_nothing() {
     assert_eq!(state, Some(false), "no state written");
     s.cleanup().await;
 }
+
+#[tokio::test]
+async fn later_scans_read_only_what_changed_and_see_every_change() {
+    let s = Scenario::new().await;
+    let below = Trigger::PriceBelow { threshold: 1200 };
+    let a = s.watcher("SKU-1", below.clone(), 1300).await;
+    let b = s.watcher("SKU-2", below.clone(), 1300).await;
+    let d = detector(&s, 0, 1);
+    let t = Utc.with_ymd_and_hms(2026, 11, 30, 9, 0, 0).unwrap();
+
+    let first = d.scan_once(t).await.unwrap();
+    assert_eq!(
+        (
+            first.watches,
+            first.rows_read,
+            first.evaluated,
+            first.holding
+        ),
+        (2, 2, 2, 0)
+    );
+    let idle = d.scan_once(t).await.unwrap();
+    assert_eq!(
+        (idle.watches, idle.rows_read, idle.items, idle.evaluated),
+        (2, 0, 2, 0),
+        "nothing changed: every item fetched, nothing read or evaluated"
+    );
+
+    s.catalog.set_price("SKU-1", 1100);
+    let moved = d.scan_once(t).await.unwrap();
+    assert_eq!(
+        (moved.rows_read, moved.evaluated, moved.published),
+        (0, 1, 1),
+        "only the item whose price moved"
+    );
+
+    // The api pauses b, a new watch c arrives on an item already below, and a's notification is
+    // sent (its baseline moves to 1100).
+    sqlx::query("UPDATE watches SET paused = true, updated_at = now() WHERE id = $1")
+        .bind(b.watch)
+        .execute(&s.db.pool)
+        .await
+        .unwrap();
+    s.catalog.set_price("SKU-2", 1100);
+    let c = s.watcher("SKU-3", below.clone(), 1100).await;
+    sqlx::query(
+        "INSERT INTO baselines (watch_id, trigger, price, in_stock, outbox_id, sent_at)
+         VALUES ($1, 'price_below:1200', 1100, true, gen_random_uuid(), now())",
+    )
+    .bind(a.watch)
+    .execute(&s.db.pool)
+    .await
+    .unwrap();
+    let changed = d.scan_once(t).await.unwrap();
+    assert_eq!(
+        (changed.watches, changed.holding, changed.published),
+        (2, 1, 1),
+        "b paused, c published, a not again: 1100 is not below its baseline of 1100"
+    );
+    let published: Vec<String> = s
+        .enqueued()
+        .await
+        .into_iter()
+        .map(|r| r.watch_id.to_string())
+        .collect();
+    assert_eq!(published, [a.watch.to_string(), c.watch.to_string()]);
+
+    sqlx::query("UPDATE watches SET paused = false, updated_at = now() WHERE id = $1")
+        .bind(b.watch)
+        .execute(&s.db.pool)
+        .await
+        .unwrap();
+    // As the api removes a device: its watches in the same statement.
+    sqlx::query(
+        "WITH d AS (UPDATE devices SET removed_at = now() WHERE id = $1 RETURNING id)
+         UPDATE watches SET removed_at = now(), updated_at = now() WHERE device_id IN (SELECT id FROM d)",
+    )
+    .bind(c.device.id)
+    .execute(&s.db.pool)
+    .await
+    .unwrap();
+    let resumed = d.scan_once(t).await.unwrap();
+    assert_eq!(
+        (resumed.watches, resumed.published),
+        (2, 1),
+        "b resumed and published; c's device is gone"
+    );
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_change_committed_after_a_later_one_was_read_is_still_seen() {
+    let s = Scenario::new().await;
+    let a = s
+        .watcher("SKU-1", Trigger::PriceBelow { threshold: 1200 }, 1300)
+        .await;
+    let d = detector(&s, 0, 1);
+    let t = Utc.with_ymd_and_hms(2026, 11, 30, 9, 0, 0).unwrap();
+    assert_eq!(d.scan_once(t).await.unwrap().holding, 0);
+
+    // A slow transaction raises a's threshold above the price; before it commits, a newer
+    // transaction adds a watch and commits, and a scan reads that one.
+    let mut slow = s.db.pool.begin().await.unwrap();
+    sqlx::query(
+        "UPDATE watches SET triggers = '[{\"kind\":\"price_below\",\"threshold\":1400}]' WHERE id = $1",
+    )
+    .bind(a.watch)
+    .execute(&mut *slow)
+    .await
+    .unwrap();
+    s.watcher("SKU-2", Trigger::PriceBelow { threshold: 1200 }, 1300)
+        .await;
+    let between = d.scan_once(t).await.unwrap();
+    assert_eq!((between.watches, between.holding), (2, 0));
+    slow.commit().await.unwrap();
+
+    let after = d.scan_once(t).await.unwrap();
+    assert_eq!(
+        (after.holding, after.published),
+        (1, 1),
+        "the slow transaction's change is read though a newer one was read before it committed"
+    );
+    s.cleanup().await;
+}

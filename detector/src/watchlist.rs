@@ -1,0 +1,511 @@
+//! This shard's active watches and the baselines of their triggers, kept in memory between scans.
+//!
+//! The first scan reads them all; every later scan reads only the rows written since the previous
+//! read (migration 0005 marks each row with the transaction that wrote it), so a scan's database
+//! work follows what changed, not how many watches there are. And an item is evaluated again only
+//! when its observation, or one of its watches or baselines, has changed since an evaluation that
+//! found nothing to do: `evaluate` is pure, so the answer would be the same. An item whose last
+//! evaluation found something (a holding trigger, a stock state or reference price to record) is
+//! evaluated every scan, as before: that is how a condition that keeps holding is enqueued again
+//! on the next dedup day, and how a failed publish is retried.
+
+use sqlx::types::Json;
+use sqlx::{PgPool, Postgres, Transaction};
+use std::collections::{BTreeMap, HashMap};
+use tidings_shared::dedup::parse_time_zone;
+use tidings_shared::trigger::{BASELINE_COLUMNS, BaselineRow, LastSent, Observation, Trigger};
+use tidings_shared::{Channel, DeviceId, ItemCode, WatchId};
+
+use crate::config::Settings;
+use crate::evaluate::Watch;
+
+/// A watch and what was last sent for each of its triggers (by trigger key).
+#[derive(Clone, Debug)]
+pub struct Entry {
+    pub watch: Watch,
+    pub last_sent: HashMap<String, LastSent>,
+}
+
+/// The parts of an observation `evaluate` reads (not when it was observed).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Value {
+    price: i64,
+    currency: String,
+    in_stock: bool,
+    paused: bool,
+}
+
+impl From<&Observation> for Value {
+    fn from(o: &Observation) -> Self {
+        Value {
+            price: o.price,
+            currency: o.currency.clone(),
+            in_stock: o.in_stock,
+            paused: o.paused,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Item {
+    pub watches: BTreeMap<WatchId, Entry>,
+    /// The value the last evaluation saw, if it found nothing to do and nothing about the
+    /// item's watches has changed since.
+    settled: Option<Value>,
+}
+
+#[derive(Debug, Default)]
+pub struct Watchlist {
+    items: BTreeMap<ItemCode, Item>,
+    item_of: HashMap<WatchId, ItemCode>,
+    /// `pg_snapshot_xmin` of the last read: every transaction below it had finished then, so
+    /// the next read asks only for rows marked with this id or a later one.
+    read_below: Option<String>,
+}
+
+/// What one refresh read.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Refreshed {
+    /// Whether it read every watch (the first scan) rather than what changed.
+    pub full: bool,
+    pub watches: usize,
+    pub baselines: usize,
+}
+
+impl Watchlist {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Active watches held.
+    pub fn len(&self) -> usize {
+        self.item_of.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.item_of.is_empty()
+    }
+
+    /// Items in code order, each with its number of watches.
+    pub fn items(&self) -> impl Iterator<Item = (&ItemCode, usize)> {
+        self.items.iter().map(|(c, i)| (c, i.watches.len()))
+    }
+
+    pub fn item(&self, code: &ItemCode) -> Option<&Item> {
+        self.items.get(code)
+    }
+
+    /// Adds or replaces an active watch; its item is evaluated at the next scan. Returns whether
+    /// the watch is new here (its baselines are then still to be read).
+    pub fn upsert(&mut self, code: ItemCode, watch: Watch) -> bool {
+        let id = watch.id;
+        let mut last_sent = HashMap::new();
+        let new = match self.item_of.get(&id) {
+            None => true,
+            Some(old) => {
+                if let Some(entry) = self.detach(id, &old.clone()) {
+                    last_sent = entry.last_sent;
+                }
+                false
+            }
+        };
+        let item = self.items.entry(code.clone()).or_default();
+        item.settled = None;
+        item.watches.insert(id, Entry { watch, last_sent });
+        self.item_of.insert(id, code);
+        new
+    }
+
+    /// Forgets a watch that was removed or paused (or whose device was removed).
+    pub fn remove(&mut self, id: WatchId) {
+        if let Some(code) = self.item_of.remove(&id) {
+            self.detach(id, &code);
+        }
+    }
+
+    fn detach(&mut self, id: WatchId, code: &ItemCode) -> Option<Entry> {
+        let item = self.items.get_mut(code)?;
+        let entry = item.watches.remove(&id);
+        item.settled = None;
+        if item.watches.is_empty() {
+            self.items.remove(code);
+        }
+        entry
+    }
+
+    /// Records a baseline row; ignored for a watch this list does not hold.
+    pub fn set_baseline(&mut self, id: WatchId, trigger: String, last: LastSent) {
+        if let Some(entry) = self.entry_mut(id) {
+            entry.last_sent.insert(trigger, last);
+        }
+    }
+
+    pub fn set_last_in_stock(&mut self, id: WatchId, in_stock: bool) {
+        if let Some(entry) = self.entry_mut(id) {
+            entry.watch.last_in_stock = Some(in_stock);
+        }
+    }
+
+    pub fn set_reference_price(&mut self, id: WatchId, price: i64) {
+        if let Some(entry) = self.entry_mut(id)
+            && entry.watch.reference_price.is_none()
+        {
+            entry.watch.reference_price = Some(price);
+        }
+    }
+
+    fn entry_mut(&mut self, id: WatchId) -> Option<&mut Entry> {
+        let item = self.items.get_mut(self.item_of.get(&id)?)?;
+        item.settled = None;
+        item.watches.get_mut(&id)
+    }
+
+    /// Whether `code`'s watches must be evaluated against `observation`: false only when an
+    /// evaluation against the same value found nothing to do and nothing has changed since.
+    pub fn needs_evaluation(&self, code: &ItemCode, observation: &Observation) -> bool {
+        self.items.get(code).is_some_and(|item| {
+            item.settled
+                .as_ref()
+                .is_none_or(|v| *v != Value::from(observation))
+        })
+    }
+
+    /// Records the outcome of evaluating `code` against `observation`: `quiet` when it found
+    /// nothing to publish or record.
+    pub fn evaluated(&mut self, code: &ItemCode, observation: &Observation, quiet: bool) {
+        if let Some(item) = self.items.get_mut(code) {
+            item.settled = quiet.then(|| Value::from(observation));
+        }
+    }
+
+    /// Brings the list up to date with the database in one repeatable-read snapshot: every
+    /// active watch of this shard on the first call, the rows written since the previous read
+    /// afterwards.
+    pub async fn refresh(
+        &mut self,
+        pool: &PgPool,
+        settings: &Settings,
+    ) -> Result<Refreshed, sqlx::Error> {
+        let mut tx = pool.begin().await?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            .execute(&mut *tx)
+            .await?;
+        let read_below: String =
+            sqlx::query_scalar("SELECT pg_snapshot_xmin(pg_current_snapshot())::text")
+                .fetch_one(&mut *tx)
+                .await?;
+        let refreshed = match self.read_below.take() {
+            None => {
+                *self = Watchlist::new();
+                self.read_all(&mut tx, settings).await?
+            }
+            Some(since) => match self.read_changes(&mut tx, settings, &since).await {
+                Ok(r) => r,
+                Err(e) => {
+                    // Part of the changes may be applied; the next read starts from the same
+                    // point, and applying a row twice is harmless.
+                    self.read_below = Some(since);
+                    return Err(e);
+                }
+            },
+        };
+        tx.commit().await?;
+        self.read_below = Some(read_below);
+        Ok(refreshed)
+    }
+
+    async fn read_all(
+        &mut self,
+        tx: &mut Transaction<'_, Postgres>,
+        settings: &Settings,
+    ) -> Result<Refreshed, sqlx::Error> {
+        let mut refreshed = Refreshed {
+            full: true,
+            ..Refreshed::default()
+        };
+        // Keyset pagination in (item_code, id) order over the scan index; no OFFSET.
+        let mut after = (String::new(), WatchId(sqlx::types::Uuid::nil()));
+        loop {
+            let page: Vec<WatchRow> = sqlx::query_as(&format!(
+                "SELECT {WATCH_COLUMNS} FROM watches w JOIN devices d ON d.id = w.device_id
+                 WHERE w.removed_at IS NULL AND NOT w.paused AND d.removed_at IS NULL
+                   AND (w.item_code, w.id) > ($1, $2) AND {}
+                 ORDER BY w.item_code, w.id
+                 LIMIT $3",
+                in_shard("$4", "$5")
+            ))
+            .bind(&after.0)
+            .bind(after.1)
+            .bind(settings.page_size)
+            .bind(i32::try_from(settings.shard_count).unwrap_or(1))
+            .bind(i32::try_from(settings.shard_index).unwrap_or(0))
+            .fetch_all(&mut **tx)
+            .await?;
+            let Some(last) = page.last() else { break };
+            after = (last.item_code.clone(), last.id);
+            let full_page = page.len() as i64 >= settings.page_size;
+            let ids: Vec<WatchId> = page.iter().map(|w| w.id).collect();
+            refreshed.watches += page.len();
+            for row in page {
+                self.apply(row);
+            }
+            refreshed.baselines += self.read_baselines_of(tx, &ids).await?;
+            if !full_page {
+                break;
+            }
+        }
+        Ok(refreshed)
+    }
+
+    async fn read_changes(
+        &mut self,
+        tx: &mut Transaction<'_, Postgres>,
+        settings: &Settings,
+        since: &str,
+    ) -> Result<Refreshed, sqlx::Error> {
+        let changed: Vec<WatchRow> = sqlx::query_as(&format!(
+            "SELECT {WATCH_COLUMNS} FROM watches w JOIN devices d ON d.id = w.device_id
+             WHERE w.changed_xid >= $1::text::xid8 AND {}",
+            in_shard("$2", "$3")
+        ))
+        .bind(since)
+        .bind(i32::try_from(settings.shard_count).unwrap_or(1))
+        .bind(i32::try_from(settings.shard_index).unwrap_or(0))
+        .fetch_all(&mut **tx)
+        .await?;
+        let mut refreshed = Refreshed {
+            watches: changed.len(),
+            ..Refreshed::default()
+        };
+        let new: Vec<WatchId> = changed
+            .into_iter()
+            .filter_map(|row| {
+                let id = row.id;
+                self.apply(row).then_some(id)
+            })
+            .collect();
+        if !new.is_empty() {
+            refreshed.baselines += self.read_baselines_of(tx, &new).await?;
+        }
+        let rows: Vec<BaselineRow> = sqlx::query_as(&format!(
+            "SELECT {BASELINE_COLUMNS} FROM baselines WHERE changed_xid >= $1::text::xid8"
+        ))
+        .bind(since)
+        .fetch_all(&mut **tx)
+        .await?;
+        refreshed.baselines += rows.len();
+        for b in rows {
+            let last = b.last_sent();
+            self.set_baseline(b.watch_id, b.trigger, last);
+        }
+        Ok(refreshed)
+    }
+
+    async fn read_baselines_of(
+        &mut self,
+        tx: &mut Transaction<'_, Postgres>,
+        ids: &[WatchId],
+    ) -> Result<usize, sqlx::Error> {
+        let rows: Vec<BaselineRow> = sqlx::query_as(&format!(
+            "SELECT {BASELINE_COLUMNS} FROM baselines WHERE watch_id = ANY($1)"
+        ))
+        .bind(ids)
+        .fetch_all(&mut **tx)
+        .await?;
+        let n = rows.len();
+        for b in rows {
+            let last = b.last_sent();
+            self.set_baseline(b.watch_id, b.trigger, last);
+        }
+        Ok(n)
+    }
+
+    /// Applies one watch row; returns whether it added a watch this list did not hold.
+    fn apply(&mut self, row: WatchRow) -> bool {
+        if !row.active {
+            self.remove(row.id);
+            return false;
+        }
+        let code = match ItemCode::parse(&row.item_code) {
+            Ok(code) => code,
+            Err(e) => {
+                tracing::warn!(watch_id = %row.id, error = %e, "watch skipped: its item code cannot be fetched");
+                self.remove(row.id);
+                return false;
+            }
+        };
+        let watch = Watch {
+            id: row.id,
+            device_id: row.device_id,
+            time_zone: parse_time_zone(&row.time_zone).unwrap_or_else(|e| {
+                tracing::warn!(watch_id = %row.id, error = %e, "device time zone unusable; using UTC");
+                chrono_tz::Tz::UTC
+            }),
+            item_code: row.item_code,
+            triggers: row.triggers.0,
+            channel: row.channel.parse().unwrap_or(Channel::WebPush),
+            reference_price: row.reference_price,
+            last_in_stock: row.last_in_stock,
+        };
+        self.upsert(code, watch)
+    }
+}
+
+/// Which watches belong to this shard: a hash of the watch id, with the shard count and this
+/// shard's index bound as the parameters named.
+fn in_shard(count: &str, index: &str) -> String {
+    format!(
+        "({count}::int = 1
+          OR ((get_byte(uuid_send(w.id), 14) * 256 + get_byte(uuid_send(w.id), 15)) % {count}::int) = {index}::int)"
+    )
+}
+
+const WATCH_COLUMNS: &str =
+    "w.id, w.device_id, w.item_code, w.triggers, w.channel, w.reference_price,
+     d.time_zone, w.last_in_stock,
+     (w.removed_at IS NULL AND NOT w.paused AND d.removed_at IS NULL) AS active";
+
+#[derive(sqlx::FromRow)]
+struct WatchRow {
+    id: WatchId,
+    device_id: DeviceId,
+    item_code: String,
+    triggers: Json<Vec<Trigger>>,
+    channel: String,
+    reference_price: Option<i64>,
+    time_zone: String,
+    last_in_stock: Option<bool>,
+    active: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::{TimeZone, Utc};
+
+    fn watch(id: WatchId, item: &str) -> Watch {
+        Watch {
+            id,
+            device_id: DeviceId::new(),
+            item_code: item.into(),
+            triggers: vec![Trigger::PriceBelow { threshold: 1000 }],
+            channel: Channel::WebPush,
+            reference_price: None,
+            time_zone: chrono_tz::Tz::UTC,
+            last_in_stock: None,
+        }
+    }
+
+    fn code(s: &str) -> ItemCode {
+        ItemCode::parse(s).unwrap()
+    }
+
+    fn obs(price: i64) -> Observation {
+        Observation {
+            price,
+            currency: "EUR".into(),
+            in_stock: true,
+            paused: false,
+            observed_at: Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap(),
+        }
+    }
+
+    fn sent(price: i64) -> LastSent {
+        LastSent {
+            price,
+            in_stock: true,
+            sent_at: Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_quiet_item_is_evaluated_again_only_when_something_it_reads_changes() {
+        let mut l = Watchlist::new();
+        let (a, b) = (WatchId::new(), WatchId::new());
+        assert!(l.upsert(code("A"), watch(a, "A")));
+        assert!(
+            l.needs_evaluation(&code("A"), &obs(1200)),
+            "never evaluated"
+        );
+        l.evaluated(&code("A"), &obs(1200), true);
+        assert!(!l.needs_evaluation(&code("A"), &obs(1200)));
+
+        let mut later = obs(1200);
+        later.observed_at += chrono::Duration::seconds(5);
+        assert!(
+            !l.needs_evaluation(&code("A"), &later),
+            "only the time of the observation moved"
+        );
+        assert!(
+            l.needs_evaluation(&code("A"), &obs(1199)),
+            "the price moved"
+        );
+        let mut out = obs(1200);
+        out.in_stock = false;
+        assert!(l.needs_evaluation(&code("A"), &out), "the stock moved");
+
+        l.set_baseline(a, "price_below:1000".into(), sent(900));
+        assert!(
+            l.needs_evaluation(&code("A"), &obs(1200)),
+            "a baseline moved"
+        );
+        l.evaluated(&code("A"), &obs(1200), true);
+        assert!(
+            !l.upsert(code("A"), watch(a, "A")),
+            "a changed row, not a new watch"
+        );
+        assert!(
+            l.needs_evaluation(&code("A"), &obs(1200)),
+            "the watch changed"
+        );
+        assert_eq!(
+            l.item(&code("A")).unwrap().watches[&a].last_sent["price_below:1000"],
+            sent(900),
+            "a changed watch row keeps its baselines"
+        );
+        l.evaluated(&code("A"), &obs(1200), true);
+        assert!(l.upsert(code("A"), watch(b, "A")));
+        assert!(
+            l.needs_evaluation(&code("A"), &obs(1200)),
+            "a watch was added"
+        );
+        l.evaluated(&code("A"), &obs(1200), true);
+        l.remove(b);
+        assert!(
+            l.needs_evaluation(&code("A"), &obs(1200)),
+            "a watch was removed"
+        );
+    }
+
+    #[test]
+    fn an_item_that_found_something_is_evaluated_every_scan() {
+        let mut l = Watchlist::new();
+        l.upsert(code("A"), watch(WatchId::new(), "A"));
+        l.evaluated(&code("A"), &obs(900), false);
+        assert!(l.needs_evaluation(&code("A"), &obs(900)));
+    }
+
+    #[test]
+    fn items_follow_their_watches() {
+        let mut l = Watchlist::new();
+        let (a, b) = (WatchId::new(), WatchId::new());
+        l.upsert(code("A"), watch(a, "A"));
+        l.upsert(code("A"), watch(b, "A"));
+        l.upsert(code("B"), watch(b, "B"));
+        let items: Vec<(String, usize)> = l.items().map(|(c, n)| (c.to_string(), n)).collect();
+        assert_eq!(items, [("A".to_string(), 1), ("B".to_string(), 1)]);
+        l.remove(a);
+        l.remove(a);
+        assert_eq!(l.len(), 1);
+        assert!(
+            l.item(&code("A")).is_none(),
+            "an item without watches is dropped"
+        );
+        assert!(
+            !l.needs_evaluation(&code("A"), &obs(900)),
+            "nothing to evaluate for an item no watch names"
+        );
+        l.set_baseline(a, "price_below:1000".into(), sent(900));
+        assert_eq!(l.len(), 1, "a baseline of a watch not held is ignored");
+    }
+}
