@@ -13,7 +13,6 @@ use tidings_shared::{Channel, DeviceId, WatchId};
 pub struct Watch {
     pub id: WatchId,
     pub device_id: DeviceId,
-    pub item_code: String,
     pub triggers: Vec<Trigger>,
     pub channel: Channel,
     pub reference_price: Option<i64>,
@@ -63,7 +62,6 @@ mod tests {
         Watch {
             id: WatchId::new(),
             device_id: DeviceId::new(),
-            item_code: "A".into(),
             triggers,
             channel: Channel::WebPush,
             reference_price: Some(1000),

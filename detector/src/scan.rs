@@ -153,17 +153,16 @@ impl Detector {
             let Some(Ok(obs)) = fetched.get(code) else {
                 continue;
             };
-            if !list.needs_evaluation(code, obs) {
+            let entries = list.to_evaluate(code, obs);
+            if entries.is_empty() {
                 continue;
             }
-            let Some(item) = list.item(code) else {
-                continue;
-            };
             let found_before = detections.len() + stock_changes.len() + references.len();
             for Entry {
                 watch: w,
                 last_sent,
-            } in item.watches.values()
+                ..
+            } in entries
             {
                 stats.evaluated += 1;
                 detections.extend(detect(w, obs, last_sent, now));

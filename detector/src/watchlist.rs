@@ -2,9 +2,9 @@
 //!
 //! The first scan reads them all; every later scan reads only the rows written since the previous
 //! read (migration 0005 marks each row with the transaction that wrote it), so a scan's database
-//! work follows what changed, not how many watches there are. And an item is evaluated again only
-//! when its observation, or one of its watches or baselines, has changed since an evaluation that
-//! found nothing to do: `evaluate` is pure, so the answer would be the same. An item whose last
+//! work follows what changed, not how many watches there are. And a watch is evaluated again only
+//! when its item's observation, the watch or one of its baselines has changed since an evaluation
+//! that found nothing to do: `evaluate` is pure, so the answer would be the same. An item whose last
 //! evaluation found something (a holding trigger, a stock state or reference price to record) is
 //! evaluated every scan, as before: that is how a condition that keeps holding is enqueued again
 //! on the next dedup day, and how a failed publish is retried.
@@ -24,6 +24,8 @@ use crate::evaluate::Watch;
 pub struct Entry {
     pub watch: Watch,
     pub last_sent: HashMap<String, LastSent>,
+    /// The watch or one of its baselines changed since the item was last evaluated.
+    changed: bool,
 }
 
 /// The parts of an observation `evaluate` reads (not when it was observed).
@@ -49,9 +51,11 @@ impl From<&Observation> for Value {
 #[derive(Debug, Default)]
 pub struct Item {
     pub watches: BTreeMap<WatchId, Entry>,
-    /// The value the last evaluation saw, if it found nothing to do and nothing about the
-    /// item's watches has changed since.
+    /// The value the last evaluation saw, if it found nothing to do: at that value only watches
+    /// that changed since need evaluating.
     settled: Option<Value>,
+    /// Some watch is marked `changed`.
+    changed: bool,
 }
 
 #[derive(Debug, Default)]
@@ -95,8 +99,8 @@ impl Watchlist {
         self.items.get(code)
     }
 
-    /// Adds or replaces an active watch; its item is evaluated at the next scan. Returns whether
-    /// the watch is new here (its baselines are then still to be read).
+    /// Adds or replaces an active watch, to be evaluated at the next scan. Returns whether the
+    /// watch is new here (its baselines are then still to be read).
     pub fn upsert(&mut self, code: ItemCode, watch: Watch) -> bool {
         let id = watch.id;
         let mut last_sent = HashMap::new();
@@ -110,8 +114,15 @@ impl Watchlist {
             }
         };
         let item = self.items.entry(code.clone()).or_default();
-        item.settled = None;
-        item.watches.insert(id, Entry { watch, last_sent });
+        item.changed = true;
+        item.watches.insert(
+            id,
+            Entry {
+                watch,
+                last_sent,
+                changed: true,
+            },
+        );
         self.item_of.insert(id, code);
         new
     }
@@ -125,8 +136,9 @@ impl Watchlist {
 
     fn detach(&mut self, id: WatchId, code: &ItemCode) -> Option<Entry> {
         let item = self.items.get_mut(code)?;
+        // A watch leaving an item cannot make its other watches' triggers hold: the item stays
+        // as settled as it was.
         let entry = item.watches.remove(&id);
-        item.settled = None;
         if item.watches.is_empty() {
             self.items.remove(code);
         }
@@ -156,25 +168,40 @@ impl Watchlist {
 
     fn entry_mut(&mut self, id: WatchId) -> Option<&mut Entry> {
         let item = self.items.get_mut(self.item_of.get(&id)?)?;
-        item.settled = None;
-        item.watches.get_mut(&id)
+        item.changed = true;
+        let entry = item.watches.get_mut(&id)?;
+        entry.changed = true;
+        Some(entry)
     }
 
-    /// Whether `code`'s watches must be evaluated against `observation`: false only when an
-    /// evaluation against the same value found nothing to do and nothing has changed since.
-    pub fn needs_evaluation(&self, code: &ItemCode, observation: &Observation) -> bool {
-        self.items.get(code).is_some_and(|item| {
-            item.settled
-                .as_ref()
-                .is_none_or(|v| *v != Value::from(observation))
-        })
+    /// The watches of `code` a scan must evaluate against `observation`: all of them, unless an
+    /// evaluation against the same value found nothing to do; then only those that changed
+    /// since (usually none).
+    pub fn to_evaluate(&self, code: &ItemCode, observation: &Observation) -> Vec<&Entry> {
+        let Some(item) = self.items.get(code) else {
+            return Vec::new();
+        };
+        let all = item
+            .settled
+            .as_ref()
+            .is_none_or(|v| *v != Value::from(observation));
+        if !all && !item.changed {
+            return Vec::new();
+        }
+        item.watches.values().filter(|e| all || e.changed).collect()
     }
 
-    /// Records the outcome of evaluating `code` against `observation`: `quiet` when it found
+    /// Records that `to_evaluate(code, observation)` was evaluated: `quiet` when that found
     /// nothing to publish or record.
     pub fn evaluated(&mut self, code: &ItemCode, observation: &Observation, quiet: bool) {
         if let Some(item) = self.items.get_mut(code) {
             item.settled = quiet.then(|| Value::from(observation));
+            if item.changed {
+                item.changed = false;
+                for e in item.watches.values_mut() {
+                    e.changed = false;
+                }
+            }
         }
     }
 
@@ -341,7 +368,6 @@ impl Watchlist {
                 tracing::warn!(watch_id = %row.id, error = %e, "device time zone unusable; using UTC");
                 chrono_tz::Tz::UTC
             }),
-            item_code: row.item_code,
             triggers: row.triggers.0,
             channel: row.channel.parse().unwrap_or(Channel::WebPush),
             reference_price: row.reference_price,
@@ -383,11 +409,10 @@ mod tests {
     use super::*;
     use chrono::{TimeZone, Utc};
 
-    fn watch(id: WatchId, item: &str) -> Watch {
+    fn watch(id: WatchId) -> Watch {
         Watch {
             id,
             device_id: DeviceId::new(),
-            item_code: item.into(),
             triggers: vec![Trigger::PriceBelow { threshold: 1000 }],
             channel: Channel::WebPush,
             reference_price: None,
@@ -418,80 +443,85 @@ mod tests {
         }
     }
 
+    fn evaluating(l: &Watchlist, item: &str, price: i64) -> Vec<WatchId> {
+        l.to_evaluate(&code(item), &obs(price))
+            .iter()
+            .map(|e| e.watch.id)
+            .collect()
+    }
+
     #[test]
-    fn a_quiet_item_is_evaluated_again_only_when_something_it_reads_changes() {
+    fn a_quiet_item_is_evaluated_again_only_where_something_it_reads_changed() {
         let mut l = Watchlist::new();
         let (a, b) = (WatchId::new(), WatchId::new());
-        assert!(l.upsert(code("A"), watch(a, "A")));
-        assert!(
-            l.needs_evaluation(&code("A"), &obs(1200)),
-            "never evaluated"
-        );
+        assert!(l.upsert(code("A"), watch(a)));
+        assert!(l.upsert(code("A"), watch(b)));
+        let mut both = vec![a, b];
+        both.sort();
+        assert_eq!(evaluating(&l, "A", 1200), both, "never evaluated");
         l.evaluated(&code("A"), &obs(1200), true);
-        assert!(!l.needs_evaluation(&code("A"), &obs(1200)));
+        assert_eq!(evaluating(&l, "A", 1200), []);
 
         let mut later = obs(1200);
         later.observed_at += chrono::Duration::seconds(5);
         assert!(
-            !l.needs_evaluation(&code("A"), &later),
+            l.to_evaluate(&code("A"), &later).is_empty(),
             "only the time of the observation moved"
         );
-        assert!(
-            l.needs_evaluation(&code("A"), &obs(1199)),
-            "the price moved"
-        );
+        assert_eq!(evaluating(&l, "A", 1199), both, "the price moved");
         let mut out = obs(1200);
         out.in_stock = false;
-        assert!(l.needs_evaluation(&code("A"), &out), "the stock moved");
+        assert_eq!(l.to_evaluate(&code("A"), &out).len(), 2, "the stock moved");
 
         l.set_baseline(a, "price_below:1000".into(), sent(900));
-        assert!(
-            l.needs_evaluation(&code("A"), &obs(1200)),
-            "a baseline moved"
-        );
+        assert_eq!(evaluating(&l, "A", 1200), [a], "a's baseline moved");
         l.evaluated(&code("A"), &obs(1200), true);
         assert!(
-            !l.upsert(code("A"), watch(a, "A")),
+            !l.upsert(code("A"), watch(b)),
             "a changed row, not a new watch"
         );
-        assert!(
-            l.needs_evaluation(&code("A"), &obs(1200)),
-            "the watch changed"
+        assert_eq!(evaluating(&l, "A", 1200), [b], "b changed");
+        assert_eq!(
+            evaluating(&l, "A", 1100),
+            both,
+            "b changed and the price moved"
         );
+        l.evaluated(&code("A"), &obs(1200), true);
+        assert!(!l.upsert(code("A"), watch(a)));
         assert_eq!(
             l.item(&code("A")).unwrap().watches[&a].last_sent["price_below:1000"],
             sent(900),
             "a changed watch row keeps its baselines"
         );
         l.evaluated(&code("A"), &obs(1200), true);
-        assert!(l.upsert(code("A"), watch(b, "A")));
-        assert!(
-            l.needs_evaluation(&code("A"), &obs(1200)),
-            "a watch was added"
-        );
+        let c = WatchId::new();
+        assert!(l.upsert(code("A"), watch(c)));
+        assert_eq!(evaluating(&l, "A", 1200), [c], "c was added");
         l.evaluated(&code("A"), &obs(1200), true);
-        l.remove(b);
-        assert!(
-            l.needs_evaluation(&code("A"), &obs(1200)),
-            "a watch was removed"
+        l.remove(c);
+        assert_eq!(
+            evaluating(&l, "A", 1200),
+            [],
+            "a removal needs no evaluation"
         );
     }
 
     #[test]
     fn an_item_that_found_something_is_evaluated_every_scan() {
         let mut l = Watchlist::new();
-        l.upsert(code("A"), watch(WatchId::new(), "A"));
+        l.upsert(code("A"), watch(WatchId::new()));
+        l.upsert(code("A"), watch(WatchId::new()));
         l.evaluated(&code("A"), &obs(900), false);
-        assert!(l.needs_evaluation(&code("A"), &obs(900)));
+        assert_eq!(evaluating(&l, "A", 900).len(), 2);
     }
 
     #[test]
     fn items_follow_their_watches() {
         let mut l = Watchlist::new();
         let (a, b) = (WatchId::new(), WatchId::new());
-        l.upsert(code("A"), watch(a, "A"));
-        l.upsert(code("A"), watch(b, "A"));
-        l.upsert(code("B"), watch(b, "B"));
+        l.upsert(code("A"), watch(a));
+        l.upsert(code("A"), watch(b));
+        l.upsert(code("B"), watch(b));
         let items: Vec<(String, usize)> = l.items().map(|(c, n)| (c.to_string(), n)).collect();
         assert_eq!(items, [("A".to_string(), 1), ("B".to_string(), 1)]);
         l.remove(a);
@@ -501,8 +531,9 @@ mod tests {
             l.item(&code("A")).is_none(),
             "an item without watches is dropped"
         );
-        assert!(
-            !l.needs_evaluation(&code("A"), &obs(900)),
+        assert_eq!(
+            evaluating(&l, "A", 900),
+            [],
             "nothing to evaluate for an item no watch names"
         );
         l.set_baseline(a, "price_below:1000".into(), sent(900));

@@ -233,6 +233,14 @@ async fn load_phase(rate: usize, secs: u64) -> Value {
     let w = window as f64;
     let delta =
         |svc: &str, prefix: &str| (sum(&after[svc], prefix) - sum(&before[svc], prefix)) / w;
+    // The pusher's request time (encryption to response): with a fixed number in flight, it is
+    // what bounds the push stage when that stage is not short of CPU.
+    let push_requests = delta("pusher", "tidings_push_duration_seconds_count");
+    let push_ms = if push_requests > 0.0 {
+        1000.0 * delta("pusher", "tidings_push_duration_seconds_sum") / push_requests
+    } else {
+        0.0
+    };
     let stages = json!({
         "detect (published)": delta("detector", "tidings_detections_total{result=\"published\""),
         "ingest": delta("dispatcher", "tidings_ingested_total{result=\"new\""),
@@ -329,6 +337,7 @@ async fn load_phase(rate: usize, secs: u64) -> Value {
         "cpu_us_per_sent": round(cpu_us_per_sent, 0),
         "most_sent_per_s_on_2_cores": round(2e6 / cpu_us_per_sent.max(1.0), 0),
         "stages_per_s": stages,
+        "push_request_mean_ms": round(push_ms, 1),
         "backlog_at_window_end": backlog,
         "latency_s": {"p50": p50.map(|v| round(v, 3)), "p95": p95.map(|v| round(v, 3)), "p99": p99.map(|v| round(v, 3)), "samples": n_lat},
         "final_states": states.into_iter().map(|(k, v)| (k, json!(v))).collect::<serde_json::Map<_, _>>(),
@@ -694,6 +703,10 @@ async fn main() {
     ] {
         println!("| stage: {k} | {:.0}/s |", stage(k));
     }
+    println!(
+        "| push request, encryption to response (mean) | {} ms |",
+        max["push_request_mean_ms"]
+    );
     println!(
         "| backlog at window end | {} |",
         max["backlog_at_window_end"]
