@@ -1,7 +1,7 @@
 //! The whole pipeline under load, and the stale-alert comparison. Real release binaries (api,
 //! detector, dispatcher, pusher), Postgres, NATS, a fake catalog whose prices move on a
 //! timeline, and a local HTTPS push sink (201; one push in 500 fully verified and decrypted),
-//! all on this machine. Run with `deploy/local/stack bench pipeline [RATE] [SECONDS]`.
+//! all on this machine. Run with `deploy/local/stack bench pipeline [RATE] [SECONDS] [only-load]`.
 //!
 //! 1. Throughput: RATE notifications/s offered (items fall below their watches' threshold on a
 //!    schedule; the detector finds them) for SECONDS; notifications reaching `sent` per second in
@@ -652,15 +652,41 @@ async fn publish(js: &jetstream::Context, subject: &str, push: &PushRequest) {
     }
 }
 
+fn write_json(path: &str, value: &Value) {
+    if let Some(dir) = std::path::Path::new(path).parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    if let Err(e) = std::fs::write(
+        path,
+        serde_json::to_string_pretty(value).unwrap_or_default(),
+    ) {
+        eprintln!("writing {path}: {e}");
+    }
+}
+
 #[tokio::main]
 async fn main() {
     let mut args = std::env::args().skip(1);
     let rate: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(4000);
     let secs: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(65);
+    // `only-load`: phase 1 alone, to see whether a given rate is kept up with.
+    let only_load = args.next().is_some_and(|a| a == "only-load");
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     eprintln!("pipeline benchmark: offering {rate}/s for {secs} s (phase 1 of 3) …");
     let max = load_phase(rate, secs).await;
     eprintln!("{max:#}");
+    let path = std::env::var("BENCH_PIPELINE_JSON")
+        .unwrap_or_else(|_| "target/bench-pipeline.json".into());
+    if only_load {
+        write_json(
+            &path,
+            &json!({
+                "machine": {"cores": cores, "date": Utc::now().to_rfc3339()},
+                "throughput": max,
+            }),
+        );
+        return;
+    }
     let sustained = max["sent_per_s"].as_f64().unwrap_or(0.0);
     let half = ((sustained / 2.0) as usize).max(PER_ITEM);
     eprintln!("latency at half of {sustained:.0}/s: offering {half}/s (phase 2 of 3) …");
@@ -675,17 +701,7 @@ async fn main() {
         "latency_at_half": latency,
         "stale_alerts": [tidings, naive],
     });
-    let path = std::env::var("BENCH_PIPELINE_JSON")
-        .unwrap_or_else(|_| "target/bench-pipeline.json".into());
-    if let Some(dir) = std::path::Path::new(&path).parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    if let Err(e) = std::fs::write(
-        &path,
-        serde_json::to_string_pretty(&result).unwrap_or_default(),
-    ) {
-        eprintln!("writing {path}: {e}");
-    }
+    write_json(&path, &result);
     let stage = |k: &str| max["stages_per_s"][k].as_f64().unwrap_or(0.0);
     println!("| figure | value |");
     println!("|---|---|");
