@@ -9,7 +9,7 @@ use async_nats::jetstream;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use std::collections::HashSet;
-use tidings_shared::messages::encode;
+use tidings_shared::messages::{EnqueueRequest, encode};
 use tidings_shared::publish::{Outgoing, publish_all};
 use tidings_shared::source::HttpSource;
 use tidings_shared::subjects::StreamKind;
@@ -146,18 +146,23 @@ impl Detector {
         }
 
         let mut detections = Vec::new();
+        // The time zone of each detection's watch, in the same order.
+        let mut zones = Vec::new();
         let mut stock_changes = Vec::new();
         let mut references = Vec::new();
+        // Per evaluated item: its detections (a range of `detections`) and whether it has a
+        // state to record.
         let mut evaluated = Vec::new();
         for code in &items {
             let Some(Ok(obs)) = fetched.get(code) else {
                 continue;
             };
-            let entries = list.to_evaluate(code, obs);
+            let entries = list.to_evaluate(code, obs, now);
             if entries.is_empty() {
                 continue;
             }
-            let found_before = detections.len() + stock_changes.len() + references.len();
+            let first = detections.len();
+            let writes_before = stock_changes.len() + references.len();
             for Entry {
                 watch: w,
                 last_sent,
@@ -165,7 +170,9 @@ impl Detector {
             } in entries
             {
                 stats.evaluated += 1;
-                detections.extend(detect(w, obs, last_sent, now));
+                let found = detect(w, obs, last_sent, now);
+                zones.extend(found.iter().map(|_| w.time_zone));
+                detections.extend(found);
                 // Only back_in_stock reads the previous stock state; other watches need no write.
                 if w.last_in_stock != Some(obs.in_stock)
                     && w.triggers.contains(&Trigger::BackInStock)
@@ -182,18 +189,15 @@ impl Detector {
                     references.push((w.id, obs.price));
                 }
             }
-            let quiet = detections.len() + stock_changes.len() + references.len() == found_before;
-            evaluated.push((code, obs, quiet));
-        }
-        for (code, obs, quiet) in evaluated {
-            list.evaluated(code, obs, quiet);
+            let writes = stock_changes.len() + references.len() > writes_before;
+            evaluated.push((code, obs, first..detections.len(), writes));
         }
         let holding = detections.len();
         stats.holding += holding;
 
         let mut memory = self.memory.lock().await;
-        let fresh: Vec<_> = detections
-            .into_iter()
+        let fresh: Vec<&EnqueueRequest> = detections
+            .iter()
             .filter(|d| !memory.contains(&d.dedup_key().to_string()))
             .collect();
         stats.remembered += holding - fresh.len();
@@ -202,6 +206,11 @@ impl Detector {
                 println!("{}", serde_json::to_string(d).unwrap_or_default());
             }
             stats.published += fresh.len();
+            // Nothing was enqueued: what held is still to do.
+            for (code, obs, found, writes) in evaluated {
+                let quiet = found.is_empty() && !writes;
+                list.evaluated(code, obs, quiet.then(Vec::new));
+            }
             return Ok(());
         }
         // A detection starts its notification's trace; the span's context travels in the
@@ -237,7 +246,7 @@ impl Detector {
                         .subjects
                         .subject(StreamKind::Enqueue, d.channel),
                     headers,
-                    payload: encode(d),
+                    payload: encode(*d),
                 }
             })
             .collect();
@@ -262,6 +271,22 @@ impl Detector {
                 }
             }
         }
+        // An item is settled when every trigger that held for it is now enqueued for its day
+        // and nothing is left to record.
+        for (code, obs, found, writes) in evaluated {
+            let done = (!writes
+                && detections[found.clone()]
+                    .iter()
+                    .all(|d| memory.contains(&d.dedup_key().to_string())))
+            .then(|| {
+                detections[found.clone()]
+                    .iter()
+                    .zip(&zones[found])
+                    .map(|(d, tz)| (*tz, d.dedup_day))
+                    .collect()
+            });
+            list.evaluated(code, obs, done);
+        }
         drop(memory);
         drop(spans);
 
@@ -276,11 +301,14 @@ impl Detector {
                 "UPDATE watches w SET last_in_stock = u.s
                  FROM UNNEST($1::uuid[], $2::bool[]) AS u(id, s) WHERE w.id = u.id",
             )
-            .bind(ids)
-            .bind(states)
+            .bind(&ids)
+            .bind(&states)
             .execute(&self.pool)
             .await
             .map_err(db("recording stock states"))?;
+            for (id, state) in ids.into_iter().zip(states) {
+                list.set_last_in_stock(id, state);
+            }
         }
         if !references.is_empty() {
             let (ids, prices): (Vec<WatchId>, Vec<i64>) = references.into_iter().unzip();

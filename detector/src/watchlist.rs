@@ -5,14 +5,16 @@
 //! work follows what changed, not how many watches there are. And a watch is evaluated again only
 //! when its item's observation, the watch or one of its baselines has changed since an evaluation
 //! that found nothing to do: `evaluate` is pure, so the answer would be the same. An item whose last
-//! evaluation found something (a holding trigger, a stock state or reference price to record) is
-//! evaluated every scan, as before: that is how a condition that keeps holding is enqueued again
-//! on the next dedup day, and how a failed publish is retried.
+//! evaluation left something to do (a failed publish, a stock state or reference price to record)
+//! is evaluated every scan. Triggers that held and were enqueued leave the item settled until
+//! their dedup day is over: then a condition that still holds is enqueued again (a new dedup key).
 
+use chrono::{DateTime, NaiveDate, Utc};
+use chrono_tz::Tz;
 use sqlx::types::Json;
 use sqlx::{PgPool, Postgres, Transaction};
 use std::collections::{BTreeMap, HashMap};
-use tidings_shared::dedup::parse_time_zone;
+use tidings_shared::dedup::{dedup_day, parse_time_zone};
 use tidings_shared::trigger::{BASELINE_COLUMNS, BaselineRow, LastSent, Observation, Trigger};
 use tidings_shared::{Channel, DeviceId, ItemCode, WatchId};
 
@@ -48,12 +50,22 @@ impl From<&Observation> for Value {
     }
 }
 
+/// Why an item needs no evaluation at its current value.
+#[derive(Debug)]
+struct Settled {
+    value: Value,
+    /// The triggers that held at that value were all enqueued, for these (time zone, dedup day)
+    /// pairs: the item stays settled until one of those days is over, when a trigger that still
+    /// holds is due again (a new dedup key).
+    enqueued_for: Vec<(Tz, NaiveDate)>,
+}
+
 #[derive(Debug, Default)]
 pub struct Item {
     pub watches: BTreeMap<WatchId, Entry>,
-    /// The value the last evaluation saw, if it found nothing to do: at that value only watches
-    /// that changed since need evaluating.
-    settled: Option<Value>,
+    /// Set when the last evaluation left nothing to do: then, at the same value and dedup days,
+    /// only watches that changed since need evaluating.
+    settled: Option<Settled>,
     /// Some watch is marked `changed`.
     changed: bool,
 }
@@ -174,28 +186,48 @@ impl Watchlist {
         Some(entry)
     }
 
-    /// The watches of `code` a scan must evaluate against `observation`: all of them, unless an
-    /// evaluation against the same value found nothing to do; then only those that changed
-    /// since (usually none).
-    pub fn to_evaluate(&self, code: &ItemCode, observation: &Observation) -> Vec<&Entry> {
+    /// The watches of `code` a scan must evaluate against `observation` at `now`: all of them,
+    /// unless an evaluation against the same value left nothing to do (or only enqueued
+    /// triggers whose dedup day is not over); then only those that changed since (usually none).
+    pub fn to_evaluate(
+        &self,
+        code: &ItemCode,
+        observation: &Observation,
+        now: DateTime<Utc>,
+    ) -> Vec<&Entry> {
         let Some(item) = self.items.get(code) else {
             return Vec::new();
         };
-        let all = item
-            .settled
-            .as_ref()
-            .is_none_or(|v| *v != Value::from(observation));
+        let all = item.settled.as_ref().is_none_or(|s| {
+            s.value != Value::from(observation)
+                || s.enqueued_for
+                    .iter()
+                    .any(|(tz, day)| dedup_day(now, *tz) != *day)
+        });
         if !all && !item.changed {
             return Vec::new();
         }
         item.watches.values().filter(|e| all || e.changed).collect()
     }
 
-    /// Records that `to_evaluate(code, observation)` was evaluated: `quiet` when that found
-    /// nothing to publish or record.
-    pub fn evaluated(&mut self, code: &ItemCode, observation: &Observation, quiet: bool) {
+    /// Records that `to_evaluate(code, observation, …)` was evaluated. `done` is `None` when
+    /// something is left to do (a publish that failed, a state to record), else the (time
+    /// zone, dedup day) of each holding trigger, all of them enqueued (empty: none held).
+    pub fn evaluated(
+        &mut self,
+        code: &ItemCode,
+        observation: &Observation,
+        done: Option<Vec<(Tz, NaiveDate)>>,
+    ) {
         if let Some(item) = self.items.get_mut(code) {
-            item.settled = quiet.then(|| Value::from(observation));
+            item.settled = done.map(|mut enqueued_for| {
+                enqueued_for.sort_by_key(|(tz, day)| (tz.name(), *day));
+                enqueued_for.dedup();
+                Settled {
+                    value: Value::from(observation),
+                    enqueued_for,
+                }
+            });
             if item.changed {
                 item.changed = false;
                 for e in item.watches.values_mut() {
@@ -407,7 +439,11 @@ struct WatchRow {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use chrono::{TimeZone, Utc};
+    use chrono::TimeZone;
+
+    fn at(hour: u32) -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 11, 30, hour, 0, 0).unwrap()
+    }
 
     fn watch(id: WatchId) -> Watch {
         Watch {
@@ -444,7 +480,7 @@ mod tests {
     }
 
     fn evaluating(l: &Watchlist, item: &str, price: i64) -> Vec<WatchId> {
-        l.to_evaluate(&code(item), &obs(price))
+        l.to_evaluate(&code(item), &obs(price), at(12))
             .iter()
             .map(|e| e.watch.id)
             .collect()
@@ -459,23 +495,27 @@ mod tests {
         let mut both = vec![a, b];
         both.sort();
         assert_eq!(evaluating(&l, "A", 1200), both, "never evaluated");
-        l.evaluated(&code("A"), &obs(1200), true);
+        l.evaluated(&code("A"), &obs(1200), Some(vec![]));
         assert_eq!(evaluating(&l, "A", 1200), []);
 
         let mut later = obs(1200);
         later.observed_at += chrono::Duration::seconds(5);
         assert!(
-            l.to_evaluate(&code("A"), &later).is_empty(),
+            l.to_evaluate(&code("A"), &later, at(12)).is_empty(),
             "only the time of the observation moved"
         );
         assert_eq!(evaluating(&l, "A", 1199), both, "the price moved");
         let mut out = obs(1200);
         out.in_stock = false;
-        assert_eq!(l.to_evaluate(&code("A"), &out).len(), 2, "the stock moved");
+        assert_eq!(
+            l.to_evaluate(&code("A"), &out, at(12)).len(),
+            2,
+            "the stock moved"
+        );
 
         l.set_baseline(a, "price_below:1000".into(), sent(900));
         assert_eq!(evaluating(&l, "A", 1200), [a], "a's baseline moved");
-        l.evaluated(&code("A"), &obs(1200), true);
+        l.evaluated(&code("A"), &obs(1200), Some(vec![]));
         assert!(
             !l.upsert(code("A"), watch(b)),
             "a changed row, not a new watch"
@@ -486,18 +526,18 @@ mod tests {
             both,
             "b changed and the price moved"
         );
-        l.evaluated(&code("A"), &obs(1200), true);
+        l.evaluated(&code("A"), &obs(1200), Some(vec![]));
         assert!(!l.upsert(code("A"), watch(a)));
         assert_eq!(
             l.item(&code("A")).unwrap().watches[&a].last_sent["price_below:1000"],
             sent(900),
             "a changed watch row keeps its baselines"
         );
-        l.evaluated(&code("A"), &obs(1200), true);
+        l.evaluated(&code("A"), &obs(1200), Some(vec![]));
         let c = WatchId::new();
         assert!(l.upsert(code("A"), watch(c)));
         assert_eq!(evaluating(&l, "A", 1200), [c], "c was added");
-        l.evaluated(&code("A"), &obs(1200), true);
+        l.evaluated(&code("A"), &obs(1200), Some(vec![]));
         l.remove(c);
         assert_eq!(
             evaluating(&l, "A", 1200),
@@ -507,12 +547,36 @@ mod tests {
     }
 
     #[test]
-    fn an_item_that_found_something_is_evaluated_every_scan() {
+    fn an_item_with_something_left_to_do_is_evaluated_every_scan() {
         let mut l = Watchlist::new();
         l.upsert(code("A"), watch(WatchId::new()));
         l.upsert(code("A"), watch(WatchId::new()));
-        l.evaluated(&code("A"), &obs(900), false);
+        l.evaluated(&code("A"), &obs(900), None);
         assert_eq!(evaluating(&l, "A", 900).len(), 2);
+    }
+
+    #[test]
+    fn enqueued_triggers_settle_their_item_until_their_dedup_day_is_over() {
+        let mut l = Watchlist::new();
+        l.upsert(code("A"), watch(WatchId::new()));
+        let tokyo = chrono_tz::Tz::Asia__Tokyo;
+        let berlin = chrono_tz::Tz::Europe__Berlin;
+        // Enqueued at 12:00 UTC: 21:00 in Tokyo, 13:00 in Berlin, both on Nov 30.
+        let day = NaiveDate::from_ymd_opt(2026, 11, 30).unwrap();
+        l.evaluated(
+            &code("A"),
+            &obs(900),
+            Some(vec![(tokyo, day), (berlin, day), (tokyo, day)]),
+        );
+        let due = |hour| l.to_evaluate(&code("A"), &obs(900), at(hour)).len();
+        assert_eq!(due(12), 0, "enqueued today: nothing to do");
+        assert_eq!(due(14), 0, "23:00 in Tokyo");
+        assert_eq!(due(15), 1, "midnight in Tokyo: a new dedup day there");
+        assert_eq!(
+            l.to_evaluate(&code("A"), &obs(950), at(12)).len(),
+            1,
+            "the value moved"
+        );
     }
 
     #[test]

@@ -38,11 +38,24 @@ async fn a_price_below_threshold_is_enqueued_once_a_day() {
             .await
             .unwrap();
         assert_eq!(
-            (again.holding, again.remembered, again.published),
-            (1, 1, 0),
-            "same day, not republished"
+            (again.evaluated, again.holding, again.published),
+            (0, 0, 0),
+            "same day, same price: enqueued, so nothing is evaluated or republished"
         );
     }
+    // The price moves but still holds: evaluated again, the same dedup key, remembered.
+    s.catalog.set_price("SKU-1", 1050);
+    let moved = d.scan_once(day1 + ChronoDuration::hours(2)).await.unwrap();
+    assert_eq!(
+        (
+            moved.evaluated,
+            moved.holding,
+            moved.remembered,
+            moved.published
+        ),
+        (1, 1, 1, 0),
+        "same day, not republished"
+    );
     assert_eq!(s.stream_len(StreamKind::Enqueue).await, 1);
 
     // A restarted detector has no memory: it publishes once more and JetStream drops it.
