@@ -59,6 +59,9 @@ fn record(stats: &scan::ScanStats, took: Duration, dry_run: bool) {
     let m = tidings_shared::metrics::metrics();
     m.scans.inc();
     m.scan_duration.observe(took.as_secs_f64());
+    m.detector_watches
+        .set(i64::try_from(stats.watches).unwrap_or(i64::MAX));
+    m.evaluated_watches.inc_by(stats.evaluated as u64);
     if dry_run {
         return;
     }

@@ -31,7 +31,8 @@ pub struct ScanStats {
     /// Watch rows and baseline rows read from the database for this scan.
     pub rows_read: usize,
     pub items: usize,
-    /// Watches evaluated: those of items whose observation or watches changed.
+    /// Watches evaluated: those whose item's value, the watch or its baselines changed, or whose
+    /// item had something left to do.
     pub evaluated: usize,
     /// Items the source could not answer for this scan.
     pub source_errors: usize,

@@ -78,6 +78,8 @@ pub const FAMILIES: &[(&str, &str)] = &[
     ("tidings_detector_scans", "counter"),
     ("tidings_detector_scan_duration_seconds", "histogram"),
     ("tidings_detections", "counter"),
+    ("tidings_detector_watches", "gauge"),
+    ("tidings_detector_evaluated_watches", "counter"),
     ("tidings_http_requests", "counter"),
     ("tidings_http_request_duration_seconds", "histogram"),
     ("tidings_api_create_batch_size", "histogram"),
@@ -127,6 +129,8 @@ pub struct Metrics {
     pub scans: Counter,
     pub scan_duration: Histogram,
     pub detections: Family<ResultLabels, Counter>,
+    pub detector_watches: Gauge,
+    pub evaluated_watches: Counter,
     pub http_requests: Family<HttpLabels, Counter>,
     pub http_duration: Hist<RouteLabels>,
     pub create_batch_size: Histogram,
@@ -150,6 +154,8 @@ impl Metrics {
             scans: Counter::default(),
             scan_duration: latency(),
             detections: Family::default(),
+            detector_watches: Gauge::default(),
+            evaluated_watches: Counter::default(),
             http_requests: Family::default(),
             http_duration: Family::new_with_constructor(fast_latency as fn() -> Histogram),
             // 1 … 128 creates per statement.
@@ -225,6 +231,16 @@ impl Metrics {
             "tidings_detections",
             "Detections by result (published, duplicate, remembered, publish_error)",
             m.detections.clone(),
+        );
+        registry.register(
+            "tidings_detector_watches",
+            "Active watches this detector holds in memory (its shard)",
+            m.detector_watches.clone(),
+        );
+        registry.register(
+            "tidings_detector_evaluated_watches",
+            "Watches evaluated by scans (those whose item value, watch or baseline changed)",
+            m.evaluated_watches.clone(),
         );
         registry.register(
             "tidings_http_requests",

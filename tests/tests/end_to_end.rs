@@ -221,6 +221,12 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
         1.0
     );
     assert!(moved("detector", "tidings_detector_scans_total{}") >= 1.0);
+    // The demo's three watches are held in the detector's watchlist and were evaluated.
+    assert_eq!(
+        sample(&after["detector"], "tidings_detector_watches{}"),
+        3.0
+    );
+    assert!(moved("detector", "tidings_detector_evaluated_watches_total{}") >= 3.0);
     assert!(
         moved(
             "detector",
