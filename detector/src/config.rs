@@ -33,6 +33,10 @@ pub struct Config {
     /// Dedup keys remembered per day before the memory starts over.
     #[arg(long, env = "TIDINGS_DETECTOR_MEMORY", default_value_t = 1_000_000)]
     pub memory_capacity: usize,
+    /// A trigger that still holds this long after it was enqueued is published again, in case
+    /// JetStream lost the message (the duplicate window and the outbox key absorb repeats).
+    #[arg(long, env = "TIDINGS_REPUBLISH_AFTER", default_value = "10m", value_parser = parse_duration)]
+    pub republish_after: Duration,
     /// Print what would be enqueued (JSON lines on stdout) without publishing or writing.
     #[arg(long, env = "TIDINGS_DRY_RUN", default_value_t = false)]
     pub dry_run: bool,
@@ -63,6 +67,7 @@ pub struct Settings {
     pub shard_index: u32,
     pub shard_count: u32,
     pub memory_capacity: usize,
+    pub republish_after: Duration,
     pub dry_run: bool,
 }
 
@@ -77,6 +82,7 @@ impl Settings {
             shard_index: 0,
             shard_count: 1,
             memory_capacity: 1_000_000,
+            republish_after: Duration::from_secs(10 * 60),
             dry_run: false,
         }
     }
@@ -114,6 +120,7 @@ impl Config {
             self.shard_index
         };
         s.memory_capacity = self.memory_capacity;
+        s.republish_after = self.republish_after;
         s.dry_run = self.dry_run;
         s.validate()?;
         Ok(s)

@@ -76,7 +76,10 @@ impl Detector {
         source: HttpSource,
         settings: Settings,
     ) -> Self {
-        let memory = Mutex::new(Enqueued::new(settings.memory_capacity));
+        let memory = Mutex::new(Enqueued::new(
+            settings.memory_capacity,
+            chrono::TimeDelta::from_std(settings.republish_after).unwrap_or(chrono::TimeDelta::MAX),
+        ));
         Detector {
             pool,
             js,
@@ -195,11 +198,15 @@ impl Detector {
         }
         let holding = detections.len();
         stats.holding += holding;
+        let republish_at = chrono::TimeDelta::from_std(self.settings.republish_after)
+            .ok()
+            .and_then(|after| now.checked_add_signed(after))
+            .unwrap_or(DateTime::<Utc>::MAX_UTC);
 
         let mut memory = self.memory.lock().await;
         let fresh: Vec<&EnqueueRequest> = detections
             .iter()
-            .filter(|d| !memory.contains(&d.dedup_key().to_string()))
+            .filter(|d| !memory.contains(&d.dedup_key().to_string(), now))
             .collect();
         stats.remembered += holding - fresh.len();
         if self.settings.dry_run {
@@ -210,7 +217,7 @@ impl Detector {
             // Nothing was enqueued: what held is still to do.
             for (code, obs, found, writes) in evaluated {
                 let quiet = found.is_empty() && !writes;
-                list.evaluated(code, obs, quiet.then(Vec::new));
+                list.evaluated(code, obs, quiet.then(Vec::new), republish_at);
             }
             return Ok(());
         }
@@ -263,7 +270,7 @@ impl Detector {
                     } else {
                         stats.published += 1;
                     }
-                    memory.remember(d.dedup_key().to_string(), d.dedup_day);
+                    memory.remember(d.dedup_key().to_string(), d.dedup_day, now);
                 }
                 Err(e) => {
                     stats.publish_errors += 1;
@@ -278,7 +285,7 @@ impl Detector {
             let done = (!writes
                 && detections[found.clone()]
                     .iter()
-                    .all(|d| memory.contains(&d.dedup_key().to_string())))
+                    .all(|d| memory.contains(&d.dedup_key().to_string(), now)))
             .then(|| {
                 detections[found.clone()]
                     .iter()
@@ -286,7 +293,7 @@ impl Detector {
                     .map(|(d, tz)| (*tz, d.dedup_day))
                     .collect()
             });
-            list.evaluated(code, obs, done);
+            list.evaluated(code, obs, done, republish_at);
         }
         drop(memory);
         drop(spans);

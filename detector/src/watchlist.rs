@@ -56,8 +56,11 @@ struct Settled {
     value: Value,
     /// The triggers that held at that value were all enqueued, for these (time zone, dedup day)
     /// pairs: the item stays settled until one of those days is over, when a trigger that still
-    /// holds is due again (a new dedup key).
+    /// holds is due again (a new dedup key)…
     enqueued_for: Vec<(Tz, NaiveDate)>,
+    /// … or until this time, when a trigger that still holds is published again in case
+    /// JetStream lost it (none when nothing held).
+    republish_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Default)]
@@ -200,6 +203,7 @@ impl Watchlist {
         };
         let all = item.settled.as_ref().is_none_or(|s| {
             s.value != Value::from(observation)
+                || s.republish_at.is_some_and(|at| now >= at)
                 || s.enqueued_for
                     .iter()
                     .any(|(tz, day)| dedup_day(now, *tz) != *day)
@@ -212,12 +216,14 @@ impl Watchlist {
 
     /// Records that `to_evaluate(code, observation, …)` was evaluated. `done` is `None` when
     /// something is left to do (a publish that failed, a state to record), else the (time
-    /// zone, dedup day) of each holding trigger, all of them enqueued (empty: none held).
+    /// zone, dedup day) of each holding trigger, all of them enqueued (empty: none held); those
+    /// are published again from `republish_at` if they still hold.
     pub fn evaluated(
         &mut self,
         code: &ItemCode,
         observation: &Observation,
         done: Option<Vec<(Tz, NaiveDate)>>,
+        republish_at: DateTime<Utc>,
     ) {
         if let Some(item) = self.items.get_mut(code) {
             item.settled = done.map(|mut enqueued_for| {
@@ -225,6 +231,7 @@ impl Watchlist {
                 enqueued_for.dedup();
                 Settled {
                     value: Value::from(observation),
+                    republish_at: (!enqueued_for.is_empty()).then_some(republish_at),
                     enqueued_for,
                 }
             });
@@ -495,7 +502,7 @@ mod tests {
         let mut both = vec![a, b];
         both.sort();
         assert_eq!(evaluating(&l, "A", 1200), both, "never evaluated");
-        l.evaluated(&code("A"), &obs(1200), Some(vec![]));
+        l.evaluated(&code("A"), &obs(1200), Some(vec![]), at(23));
         assert_eq!(evaluating(&l, "A", 1200), []);
 
         let mut later = obs(1200);
@@ -515,7 +522,7 @@ mod tests {
 
         l.set_baseline(a, "price_below:1000".into(), sent(900));
         assert_eq!(evaluating(&l, "A", 1200), [a], "a's baseline moved");
-        l.evaluated(&code("A"), &obs(1200), Some(vec![]));
+        l.evaluated(&code("A"), &obs(1200), Some(vec![]), at(23));
         assert!(
             !l.upsert(code("A"), watch(b)),
             "a changed row, not a new watch"
@@ -526,18 +533,18 @@ mod tests {
             both,
             "b changed and the price moved"
         );
-        l.evaluated(&code("A"), &obs(1200), Some(vec![]));
+        l.evaluated(&code("A"), &obs(1200), Some(vec![]), at(23));
         assert!(!l.upsert(code("A"), watch(a)));
         assert_eq!(
             l.item(&code("A")).unwrap().watches[&a].last_sent["price_below:1000"],
             sent(900),
             "a changed watch row keeps its baselines"
         );
-        l.evaluated(&code("A"), &obs(1200), Some(vec![]));
+        l.evaluated(&code("A"), &obs(1200), Some(vec![]), at(23));
         let c = WatchId::new();
         assert!(l.upsert(code("A"), watch(c)));
         assert_eq!(evaluating(&l, "A", 1200), [c], "c was added");
-        l.evaluated(&code("A"), &obs(1200), Some(vec![]));
+        l.evaluated(&code("A"), &obs(1200), Some(vec![]), at(23));
         l.remove(c);
         assert_eq!(
             evaluating(&l, "A", 1200),
@@ -551,7 +558,7 @@ mod tests {
         let mut l = Watchlist::new();
         l.upsert(code("A"), watch(WatchId::new()));
         l.upsert(code("A"), watch(WatchId::new()));
-        l.evaluated(&code("A"), &obs(900), None);
+        l.evaluated(&code("A"), &obs(900), None, at(23));
         assert_eq!(evaluating(&l, "A", 900).len(), 2);
     }
 
@@ -567,6 +574,7 @@ mod tests {
             &code("A"),
             &obs(900),
             Some(vec![(tokyo, day), (berlin, day), (tokyo, day)]),
+            at(20),
         );
         let due = |hour| l.to_evaluate(&code("A"), &obs(900), at(hour)).len();
         assert_eq!(due(12), 0, "enqueued today: nothing to do");
@@ -576,6 +584,31 @@ mod tests {
             l.to_evaluate(&code("A"), &obs(950), at(12)).len(),
             1,
             "the value moved"
+        );
+    }
+
+    #[test]
+    fn enqueued_triggers_are_due_again_at_the_republish_time() {
+        let mut l = Watchlist::new();
+        l.upsert(code("A"), watch(WatchId::new()));
+        let day = NaiveDate::from_ymd_opt(2026, 11, 30).unwrap();
+        l.evaluated(
+            &code("A"),
+            &obs(900),
+            Some(vec![(chrono_tz::Tz::UTC, day)]),
+            at(13),
+        );
+        assert_eq!(evaluating(&l, "A", 900).len(), 0, "12:00: trusted");
+        assert_eq!(
+            l.to_evaluate(&code("A"), &obs(900), at(13)).len(),
+            1,
+            "13:00: published again if it still holds, in case JetStream lost it"
+        );
+        l.evaluated(&code("A"), &obs(1200), Some(vec![]), at(13));
+        assert_eq!(
+            l.to_evaluate(&code("A"), &obs(1200), at(14)).len(),
+            0,
+            "nothing held: nothing to publish again"
         );
     }
 

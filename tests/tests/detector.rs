@@ -5,6 +5,7 @@ use std::time::Duration;
 use tidings_detector::Settings;
 use tidings_detector::scan::Detector;
 use tidings_shared::source::HttpSource;
+use tidings_shared::streams::{StreamSettings, ensure_streams};
 use tidings_shared::subjects::StreamKind;
 use tidings_shared::trigger::Trigger;
 use tidings_tests::fake_catalog::{Behavior, Item};
@@ -34,7 +35,7 @@ async fn a_price_below_threshold_is_enqueued_once_a_day() {
     assert_eq!((first.watches, first.holding, first.published), (1, 1, 1));
     for later in [1, 2] {
         let again = d
-            .scan_once(day1 + ChronoDuration::hours(later))
+            .scan_once(day1 + ChronoDuration::minutes(later))
             .await
             .unwrap();
         assert_eq!(
@@ -45,7 +46,10 @@ async fn a_price_below_threshold_is_enqueued_once_a_day() {
     }
     // The price moves but still holds: evaluated again, the same dedup key, remembered.
     s.catalog.set_price("SKU-1", 1050);
-    let moved = d.scan_once(day1 + ChronoDuration::hours(2)).await.unwrap();
+    let moved = d
+        .scan_once(day1 + ChronoDuration::minutes(3))
+        .await
+        .unwrap();
     assert_eq!(
         (
             moved.evaluated,
@@ -56,6 +60,11 @@ async fn a_price_below_threshold_is_enqueued_once_a_day() {
         (1, 1, 1, 0),
         "same day, not republished"
     );
+    assert_eq!(s.stream_len(StreamKind::Enqueue).await, 1);
+    // Past the republish interval (10 min) a trigger that still holds is published again, in
+    // case JetStream lost it; here it did not, and its duplicate window drops the repeat.
+    let republished = d.scan_once(day1 + ChronoDuration::hours(1)).await.unwrap();
+    assert_eq!((republished.published, republished.duplicates), (0, 1));
     assert_eq!(s.stream_len(StreamKind::Enqueue).await, 1);
 
     // A restarted detector has no memory: it publishes once more and JetStream drops it.
@@ -440,5 +449,36 @@ async fn a_change_committed_after_a_later_one_was_read_is_still_seen() {
         (1, 1),
         "the slow transaction's change is read though a newer one was read before it committed"
     );
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_trigger_whose_enqueue_request_was_lost_is_published_again() {
+    let s = Scenario::new().await;
+    s.watcher("SKU-1", Trigger::PriceBelow { threshold: 1200 }, 1100)
+        .await;
+    let d = detector(&s, 0, 1);
+    let t = Utc.with_ymd_and_hms(2026, 11, 30, 9, 0, 0).unwrap();
+    assert_eq!(d.scan_once(t).await.unwrap().published, 1);
+
+    // JetStream loses the acknowledged message, and with it the message id its duplicate window
+    // would have matched (a crash under lazy fsync): the stream is deleted and made again.
+    s.js.delete_stream(s.subjects.stream(StreamKind::Enqueue))
+        .await
+        .unwrap();
+    ensure_streams(&s.js, &s.subjects, &StreamSettings::default())
+        .await
+        .unwrap();
+    assert_eq!(s.stream_len(StreamKind::Enqueue).await, 0);
+
+    let soon = d.scan_once(t + ChronoDuration::minutes(5)).await.unwrap();
+    assert_eq!(soon.published, 0, "within the republish interval: trusted");
+    let later = d.scan_once(t + ChronoDuration::minutes(11)).await.unwrap();
+    assert_eq!(
+        (later.holding, later.published),
+        (1, 1),
+        "still holding after the republish interval: published again"
+    );
+    assert_eq!(s.stream_len(StreamKind::Enqueue).await, 1);
     s.cleanup().await;
 }
