@@ -9,7 +9,7 @@ use tidings_shared::trigger::{Baseline, LastSent, Observation, Trigger, Verdict,
 use tidings_shared::{Channel, DeviceId, WatchId};
 
 /// A watch as the scan reads it.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Watch {
     pub id: WatchId,
     pub device_id: DeviceId,

@@ -114,14 +114,24 @@ impl Watchlist {
         self.items.get(code)
     }
 
-    /// Adds or replaces an active watch, to be evaluated at the next scan. Returns whether the
-    /// watch is new here (its baselines are then still to be read).
+    /// Adds or replaces an active watch, to be evaluated at the next scan unless the row is
+    /// exactly what this list holds (a read may return a row again: see `refresh`). Returns
+    /// whether the watch is new here (its baselines are then still to be read).
     pub fn upsert(&mut self, code: ItemCode, watch: Watch) -> bool {
         let id = watch.id;
         let mut last_sent = HashMap::new();
         let new = match self.item_of.get(&id) {
             None => true,
             Some(old) => {
+                if *old == code
+                    && self
+                        .items
+                        .get(&code)
+                        .and_then(|i| i.watches.get(&id))
+                        .is_some_and(|e| e.watch == watch)
+                {
+                    return false;
+                }
                 if let Some(entry) = self.detach(id, &old.clone()) {
                     last_sent = entry.last_sent;
                 }
@@ -160,9 +170,18 @@ impl Watchlist {
         entry
     }
 
-    /// Records a baseline row; ignored for a watch this list does not hold.
+    /// Records a baseline row; ignored for a watch this list does not hold, and a change only if
+    /// it differs from the one held.
     pub fn set_baseline(&mut self, id: WatchId, trigger: String, last: LastSent) {
-        if let Some(entry) = self.entry_mut(id) {
+        let held = self
+            .item_of
+            .get(&id)
+            .and_then(|code| self.items.get(code))
+            .and_then(|item| item.watches.get(&id))
+            .map(|e| e.last_sent.get(&trigger) == Some(&last));
+        if held == Some(false)
+            && let Some(entry) = self.entry_mut(id)
+        {
             entry.last_sent.insert(trigger, last);
         }
     }
@@ -246,7 +265,9 @@ impl Watchlist {
 
     /// Brings the list up to date with the database in one repeatable-read snapshot: every
     /// active watch of this shard on the first call, the rows written since the previous read
-    /// afterwards.
+    /// afterwards. `pg_snapshot_xmin` is cluster-wide, so a transaction running anywhere (another
+    /// database included) holds it back and rows written after it started are read again by
+    /// the next read; such a row, unchanged, changes nothing here.
     pub async fn refresh(
         &mut self,
         pool: &PgPool,
@@ -551,6 +572,23 @@ mod tests {
             [],
             "a removal needs no evaluation"
         );
+    }
+
+    #[test]
+    fn a_row_read_again_unchanged_changes_nothing() {
+        let mut l = Watchlist::new();
+        let a = WatchId::new();
+        let w = watch(a);
+        l.upsert(code("A"), w.clone());
+        l.set_baseline(a, "price_below:1000".into(), sent(900));
+        l.evaluated(&code("A"), &obs(1200), Some(vec![]), at(23));
+        assert!(!l.upsert(code("A"), w.clone()));
+        l.set_baseline(a, "price_below:1000".into(), sent(900));
+        assert_eq!(evaluating(&l, "A", 1200), [], "the same rows again");
+        let mut paused_then_resumed = w;
+        paused_then_resumed.reference_price = Some(1);
+        l.upsert(code("A"), paused_then_resumed);
+        assert_eq!(evaluating(&l, "A", 1200), [a], "a field changed");
     }
 
     #[test]
