@@ -46,6 +46,12 @@ impl Enqueued {
             .is_some_and(|(_, at)| now - *at < self.republish_after)
     }
 
+    /// Until when a key remembered at `now` is trusted.
+    pub fn trusted_until(&self, now: DateTime<Utc>) -> DateTime<Utc> {
+        now.checked_add_signed(self.republish_after)
+            .unwrap_or(DateTime::<Utc>::MAX_UTC)
+    }
+
     pub fn remember(&mut self, key: String, day: NaiveDate, now: DateTime<Utc>) {
         self.keys.insert(key, (day, now));
     }

@@ -198,19 +198,22 @@ impl Detector {
         }
         let holding = detections.len();
         stats.holding += holding;
-        let republish_at = chrono::TimeDelta::from_std(self.settings.republish_after)
-            .ok()
-            .and_then(|after| now.checked_add_signed(after))
-            .unwrap_or(DateTime::<Utc>::MAX_UTC);
+        // Each detection's dedup key, formatted once: it is the memory's key and the Nats-Msg-Id.
+        let keys: Vec<String> = detections
+            .iter()
+            .map(|d| d.dedup_key().to_string())
+            .collect();
 
         let mut memory = self.memory.lock().await;
-        let fresh: Vec<&EnqueueRequest> = detections
+        let republish_at = memory.trusted_until(now);
+        let fresh: Vec<(&EnqueueRequest, &String)> = detections
             .iter()
-            .filter(|d| !memory.contains(&d.dedup_key().to_string(), now))
+            .zip(&keys)
+            .filter(|(_, key)| !memory.contains(key, now))
             .collect();
         stats.remembered += holding - fresh.len();
         if self.settings.dry_run {
-            for d in &fresh {
+            for (d, _) in &fresh {
                 println!("{}", serde_json::to_string(d).unwrap_or_default());
             }
             stats.published += fresh.len();
@@ -226,7 +229,7 @@ impl Detector {
         let spans: Vec<tracing::Span> = if telemetry::exporting() {
             fresh
                 .iter()
-                .map(|d| {
+                .map(|(d, _)| {
                     tracing::info_span!(
                         "detect",
                         watch_id = %d.watch_id,
@@ -242,9 +245,9 @@ impl Detector {
         let outgoing = fresh
             .iter()
             .enumerate()
-            .map(|(i, d)| {
+            .map(|(i, (d, key))| {
                 let mut headers = async_nats::HeaderMap::new();
-                headers.insert("Nats-Msg-Id", d.dedup_key().to_string().as_str());
+                headers.insert("Nats-Msg-Id", key.as_str());
                 if let Some(tp) = spans.get(i).and_then(telemetry::traceparent) {
                     headers.insert("traceparent", tp.as_str());
                 }
@@ -259,7 +262,7 @@ impl Detector {
             })
             .collect();
         let mut failed: HashSet<WatchId> = HashSet::new();
-        for (d, ack) in fresh
+        for ((d, key), ack) in fresh
             .iter()
             .zip(publish_all(&self.js, outgoing, 1024).await)
         {
@@ -270,7 +273,7 @@ impl Detector {
                     } else {
                         stats.published += 1;
                     }
-                    memory.remember(d.dedup_key().to_string(), d.dedup_day, now);
+                    memory.remember((*key).clone(), d.dedup_day, now);
                 }
                 Err(e) => {
                     stats.publish_errors += 1;
@@ -282,17 +285,14 @@ impl Detector {
         // An item is settled when every trigger that held for it is now enqueued for its day
         // and nothing is left to record.
         for (code, obs, found, writes) in evaluated {
-            let done = (!writes
-                && detections[found.clone()]
-                    .iter()
-                    .all(|d| memory.contains(&d.dedup_key().to_string(), now)))
-            .then(|| {
-                detections[found.clone()]
-                    .iter()
-                    .zip(&zones[found])
-                    .map(|(d, tz)| (*tz, d.dedup_day))
-                    .collect()
-            });
+            let done = (!writes && keys[found.clone()].iter().all(|k| memory.contains(k, now)))
+                .then(|| {
+                    detections[found.clone()]
+                        .iter()
+                        .zip(&zones[found])
+                        .map(|(d, tz)| (*tz, d.dedup_day))
+                        .collect()
+                });
             list.evaluated(code, obs, done, republish_at);
         }
         drop(memory);

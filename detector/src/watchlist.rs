@@ -50,6 +50,16 @@ impl From<&Observation> for Value {
     }
 }
 
+impl Value {
+    /// Compared every scan for every item, so without building a `Value`.
+    fn is(&self, o: &Observation) -> bool {
+        self.price == o.price
+            && self.in_stock == o.in_stock
+            && self.paused == o.paused
+            && self.currency == o.currency
+    }
+}
+
 /// Why an item needs no evaluation at its current value.
 #[derive(Debug)]
 struct Settled {
@@ -85,8 +95,6 @@ pub struct Watchlist {
 /// What one refresh read.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Refreshed {
-    /// Whether it read every watch (the first scan) rather than what changed.
-    pub full: bool,
     pub watches: usize,
     pub baselines: usize,
 }
@@ -173,16 +181,16 @@ impl Watchlist {
     /// Records a baseline row; ignored for a watch this list does not hold, and a change only if
     /// it differs from the one held.
     pub fn set_baseline(&mut self, id: WatchId, trigger: String, last: LastSent) {
-        let held = self
-            .item_of
-            .get(&id)
-            .and_then(|code| self.items.get(code))
-            .and_then(|item| item.watches.get(&id))
-            .map(|e| e.last_sent.get(&trigger) == Some(&last));
-        if held == Some(false)
-            && let Some(entry) = self.entry_mut(id)
-        {
+        let Some(item) = self.item_of.get(&id).and_then(|c| self.items.get_mut(c)) else {
+            return;
+        };
+        let Some(entry) = item.watches.get_mut(&id) else {
+            return;
+        };
+        if entry.last_sent.get(&trigger) != Some(&last) {
             entry.last_sent.insert(trigger, last);
+            entry.changed = true;
+            item.changed = true;
         }
     }
 
@@ -221,7 +229,7 @@ impl Watchlist {
             return Vec::new();
         };
         let all = item.settled.as_ref().is_none_or(|s| {
-            s.value != Value::from(observation)
+            !s.value.is(observation)
                 || s.republish_at.is_some_and(|at| now >= at)
                 || s.enqueued_for
                     .iter()
@@ -306,10 +314,7 @@ impl Watchlist {
         tx: &mut Transaction<'_, Postgres>,
         settings: &Settings,
     ) -> Result<Refreshed, sqlx::Error> {
-        let mut refreshed = Refreshed {
-            full: true,
-            ..Refreshed::default()
-        };
+        let mut refreshed = Refreshed::default();
         // Keyset pagination in (item_code, id) order over the scan index; no OFFSET.
         let mut after = (String::new(), WatchId(sqlx::types::Uuid::nil()));
         loop {
