@@ -1,9 +1,15 @@
 //! Creating the JetStream streams (idempotent; every service calls it at start-up).
 //!
-//! All three work streams use work-queue retention: a message is gone once its one consumer
-//! acks it, so storage stays bounded by what is in flight. The enqueue stream's duplicate window
-//! is the first idempotency layer (DESIGN.md §3): a detector that re-publishes the same dedup key
-//! within the window is answered `duplicate` and nothing is stored.
+//! The push and result streams use work-queue retention: a message is gone once its one consumer
+//! acks it, so storage stays bounded by what is in flight. The enqueue stream keeps messages by
+//! limits (age) instead, and ingest purges what its consumer has acknowledged
+//! (`tidings_dispatcher::ingest`): a work-queue stream removes each acked message on its own and
+//! writes a tombstone for it, which was a quarter of nats-server's work in ingest; a purge below
+//! the consumer's ack floor removes thousands at once. Storage stays bounded the same way.
+//!
+//! The enqueue stream's duplicate window is the first idempotency layer (DESIGN.md §3): a detector
+//! that re-publishes the same dedup key within the window is answered `duplicate` and nothing is
+//! stored. A purge by sequence leaves the window as it is (tested).
 
 use crate::subjects::{StreamKind, Subjects};
 use async_nats::jetstream::{self, stream};
@@ -45,10 +51,9 @@ pub fn stream_config(subjects: &Subjects, kind: StreamKind, s: &StreamSettings) 
     stream::Config {
         name: subjects.stream(kind),
         subjects: vec![subjects.all(kind)],
-        retention: if work {
-            stream::RetentionPolicy::WorkQueue
-        } else {
-            stream::RetentionPolicy::Limits
+        retention: match kind {
+            StreamKind::Push | StreamKind::Result => stream::RetentionPolicy::WorkQueue,
+            StreamKind::Enqueue | StreamKind::Dlq => stream::RetentionPolicy::Limits,
         },
         storage: stream::StorageType::File,
         num_replicas: s.replicas,

@@ -248,6 +248,22 @@ impl Scenario {
         }
     }
 
+    /// Messages of a stream that its durable consumer `name` has not acknowledged yet (waiting or
+    /// in flight); 0 when the consumer does not exist yet.
+    pub async fn unacked(&self, kind: StreamKind, name: &str) -> u64 {
+        let Ok(stream) = self.js.get_stream(self.subjects.stream(kind)).await else {
+            return 0;
+        };
+        let Ok(consumer) = stream
+            .get_consumer::<async_nats::jetstream::consumer::pull::Config>(name)
+            .await
+        else {
+            return 0;
+        };
+        let info = consumer.cached_info();
+        info.num_pending + info.num_ack_pending as u64
+    }
+
     /// Number of messages stored in a stream of this scenario.
     pub async fn stream_len(&self, kind: StreamKind) -> u64 {
         let mut s = self

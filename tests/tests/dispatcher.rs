@@ -366,6 +366,66 @@ async fn a_malformed_enqueue_message_is_dead_lettered_and_the_next_valid_one_ing
     assert_eq!(&first.payload[..], b"{this is not json");
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(ingest.run_once(WAIT).await.unwrap(), IngestStats::default());
+    // Terminated messages count as done: the purge takes them with the committed one.
+    assert_eq!(ingest.purge_acked(0).await.unwrap(), 4);
+    assert_eq!(s.stream_len(StreamKind::Enqueue).await, 0);
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn ingest_purges_only_what_was_acked_and_the_duplicate_window_outlives_the_purge() {
+    let s = Scenario::new().await;
+    let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
+    let ingest = s.ingest().await;
+    let mut keys = Vec::new();
+    for threshold in [1200, 1300, 1400] {
+        let mut req = s.detection(&w, 1100, Utc::now());
+        req.trigger = Trigger::PriceBelow { threshold };
+        let key = req.dedup_key().to_string();
+        assert!(!s.publish_enqueue(&req, &key).await);
+        keys.push((req, key));
+    }
+
+    // A replica holds all three and has committed (acked) the first and the third.
+    let consumer =
+        s.js.get_stream(s.subjects.stream(StreamKind::Enqueue))
+            .await
+            .unwrap()
+            .get_consumer::<async_nats::jetstream::consumer::pull::Config>(
+                tidings_dispatcher::ingest::CONSUMER,
+            )
+            .await
+            .unwrap();
+    let held = tidings_dispatcher::consume::fetch(&consumer, 3, WAIT)
+        .await
+        .unwrap();
+    assert_eq!(held.len(), 3);
+    held[0].double_ack().await.unwrap();
+    held[2].double_ack().await.unwrap();
+    assert_eq!(
+        ingest.purge_acked(0).await.unwrap(),
+        2,
+        "purged below seq 2"
+    );
+    assert_eq!(
+        s.stream_len(StreamKind::Enqueue).await,
+        2,
+        "the message still in flight, and every one after it, stay"
+    );
+
+    held[1].double_ack().await.unwrap();
+    assert_eq!(ingest.purge_acked(2).await.unwrap(), 4);
+    assert_eq!(s.stream_len(StreamKind::Enqueue).await, 0);
+    assert_eq!(
+        ingest.purge_acked(4).await.unwrap(),
+        4,
+        "nothing more to do"
+    );
+
+    // The detector re-publishing a purged key is still answered `duplicate`.
+    let (req, key) = &keys[0];
+    assert!(s.publish_enqueue(req, key).await);
+    assert_eq!(s.stream_len(StreamKind::Enqueue).await, 0);
     s.cleanup().await;
 }
 
@@ -613,6 +673,12 @@ async fn a_running_dispatcher_picks_up_new_rows_by_itself() {
         1,
         "ingested and dispatched without being driven"
     );
+    // Ingest purges what it acked from the enqueue stream by itself.
+    let purged_by = Instant::now() + 3 * tidings_dispatcher::ingest::PURGE_EVERY;
+    while s.stream_len(StreamKind::Enqueue).await > 0 && Instant::now() < purged_by {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(s.stream_len(StreamKind::Enqueue).await, 0);
     stop.cancel();
     running.await.unwrap().unwrap();
     s.cleanup().await;

@@ -46,12 +46,13 @@ async fn count(s: &Scenario, sql: &str) -> i64 {
         .unwrap_or(0)
 }
 
-/// Time until a work-queue stream is empty: its consumer acks only after committing, so an empty
-/// stream means everything is in Postgres. Asking NATS costs Postgres nothing, unlike polling a
-/// count, which on this 2-core machine would slow the very thing being measured.
-async fn drained(s: &Scenario, kind: StreamKind) -> Duration {
+/// Time until the consumer `name` has acked everything: ingest and results ack only after
+/// committing, so nothing unacked means everything is in Postgres. Asking NATS costs Postgres
+/// nothing, unlike polling a count, which on this 2-core machine would slow the very thing being
+/// measured.
+async fn drained(s: &Scenario, kind: StreamKind, name: &str) -> Duration {
     let started = Instant::now();
-    while s.stream_len(kind).await > 0 {
+    while s.unacked(kind, name).await > 0 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     started.elapsed()
@@ -117,7 +118,12 @@ async fn round(rows: usize) -> Round {
     let stop = CancellationToken::new();
     let cpu = CpuSplit::now();
     let task = tokio::spawn(ingest.run(stop.clone()));
-    let ingest_took = drained(&s, StreamKind::Enqueue).await;
+    let ingest_took = drained(
+        &s,
+        StreamKind::Enqueue,
+        tidings_dispatcher::ingest::CONSUMER,
+    )
+    .await;
     let ingest_cpu = CpuSplit::since(cpu);
     stop.cancel();
     let _ = task.await;
@@ -205,7 +211,12 @@ async fn round(rows: usize) -> Round {
     let stop = CancellationToken::new();
     let cpu = CpuSplit::now();
     let task = tokio::spawn(res.run(stop.clone()));
-    let results_took = drained(&s, StreamKind::Result).await;
+    let results_took = drained(
+        &s,
+        StreamKind::Result,
+        tidings_dispatcher::results::CONSUMER,
+    )
+    .await;
     let results_cpu = CpuSplit::since(cpu);
     stop.cancel();
     let _ = task.await;

@@ -225,7 +225,8 @@ async fn load_phase(rate: usize, secs: u64) -> Value {
     .await
     .unwrap_or(0);
     let backlog = json!({
-        "enqueue_stream (ingest's input)": stream_len(&js, &s, StreamKind::Enqueue).await,
+        "enqueue_stream (ingest's input)":
+            s.unacked(StreamKind::Enqueue, tidings_dispatcher::ingest::CONSUMER).await,
         "outbox_due (dispatch's input)": due,
         "push_stream (pusher's input)": stream_len(&js, &s, StreamKind::Push).await,
         "result_stream (results' input)": stream_len(&js, &s, StreamKind::Result).await,
