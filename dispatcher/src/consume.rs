@@ -1,6 +1,11 @@
 //! The consume loop shared by ingest and results: pull messages in batches from a durable
 //! JetStream consumer, decode them (dead-lettering what cannot be decoded), hand each batch to a
 //! handler, and ack only what the handler has committed.
+//!
+//! Both streams keep messages by limits (see `tidings_shared::streams`), and the loop purges what
+//! its consumer has acknowledged every [`PURGE_EVERY`], everything below the consumer's ack floor
+//! at once. Below the floor every message has been acked or terminated, by whichever replica
+//! received it, so a purge never removes work that is still to be committed.
 
 use async_nats::jetstream::{self, AckKind, consumer::PullConsumer, consumer::pull};
 use futures::StreamExt;
@@ -17,6 +22,10 @@ pub const ACK_WAIT: Duration = Duration::from_secs(30);
 /// Delay before a batch that failed to commit (e.g. Postgres unavailable) is redelivered.
 pub const RETRY_DELAY: Duration = Duration::from_secs(2);
 
+/// How often acknowledged messages are purged; storage holds at most this much more than what is
+/// in flight.
+pub const PURGE_EVERY: Duration = Duration::from_secs(1);
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConsumerError {
     #[error("stream {stream}: {detail}")]
@@ -27,6 +36,77 @@ pub enum ConsumerError {
         stream: String,
         detail: String,
     },
+    #[error("purging acknowledged messages from stream {stream}: {detail}")]
+    Purge { stream: String, detail: String },
+}
+
+/// Purges a stream below the ack floor of its durable consumer.
+pub struct Purger {
+    consumer: PullConsumer,
+    stream: jetstream::stream::Stream<()>,
+    stream_name: String,
+}
+
+impl Purger {
+    pub async fn new(
+        js: &jetstream::Context,
+        subjects: &Subjects,
+        kind: StreamKind,
+        consumer: PullConsumer,
+    ) -> Result<Self, ConsumerError> {
+        let stream_name = subjects.stream(kind);
+        let stream =
+            js.get_stream_no_info(&stream_name)
+                .await
+                .map_err(|e| ConsumerError::Stream {
+                    stream: stream_name.clone(),
+                    detail: e.to_string(),
+                })?;
+        Ok(Purger {
+            consumer,
+            stream,
+            stream_name,
+        })
+    }
+
+    /// Removes every message below the consumer's ack floor, unless that was already done up to
+    /// `purged_below`. Returns the sequence everything below which is gone.
+    pub async fn purge_acked(&self, purged_below: u64) -> Result<u64, ConsumerError> {
+        let err = |detail: String| ConsumerError::Purge {
+            stream: self.stream_name.clone(),
+            detail,
+        };
+        let info = self
+            .consumer
+            .get_info()
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        let below = info.ack_floor.stream_sequence + 1;
+        if below <= purged_below {
+            return Ok(purged_below);
+        }
+        self.stream
+            .purge()
+            .sequence(below)
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        Ok(below)
+    }
+
+    /// Purges every [`PURGE_EVERY`], for as long as it is polled.
+    async fn run(&self) {
+        let mut purged_below = 0;
+        let mut tick = tokio::time::interval(PURGE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            match self.purge_acked(purged_below).await {
+                Ok(below) => purged_below = below,
+                // The next tick tries again; meanwhile acked messages only take space.
+                Err(e) => tracing::warn!(error = %e, "purge failed"),
+            }
+        }
+    }
 }
 
 /// Creates (or binds to) the durable pull consumer `name` on the stream of `kind`. Every replica
@@ -114,11 +194,13 @@ pub async fn nak_all<'a>(messages: impl IntoIterator<Item = &'a jetstream::Messa
 pub const LINGER: Duration = Duration::from_millis(5);
 
 /// Feeds batches of up to `batch` messages to `handle` until `shutdown`, with up to `concurrency`
-/// batches in flight (so JetStream delivery, decoding and Postgres overlap). Batches in flight
-/// are finished, and acked by their handler, before this returns. A batch the handler fails on
-/// is logged; the handler has already nak'ed it for redelivery.
+/// batches in flight (so JetStream delivery, decoding and Postgres overlap), while `purger`
+/// removes what was acked. Batches in flight are finished, and acked by their handler, before
+/// this returns. A batch the handler fails on is logged; the handler has already nak'ed it for
+/// redelivery.
 pub async fn run<F, Fut, T, E>(
     consumer: PullConsumer,
+    purger: &Purger,
     batch: usize,
     concurrency: usize,
     shutdown: CancellationToken,
@@ -147,9 +229,13 @@ where
     let mut chunks = messages.ready_chunks(batch);
     let mut in_flight = futures::stream::FuturesUnordered::new();
     let mut result = Ok(());
+    // Never finishes; it ends with this loop, also when the loop ends in an error.
+    let purging = purger.run();
+    tokio::pin!(purging);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
+            () = &mut purging => {}
             Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
             next = chunks.next(), if in_flight.len() < concurrency.max(1) => {
                 let Some(mut chunk) = next else {

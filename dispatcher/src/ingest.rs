@@ -4,11 +4,7 @@
 //! are acked only after it commits, so a crash in between means a redelivery, which the unique
 //! key absorbs. A message that cannot be decoded, or names a watch that does not exist (or
 //! belongs to another device), is dead-lettered and terminated; it never blocks the stream.
-//!
-//! Acked messages are purged from the enqueue stream every [`PURGE_EVERY`], everything below the
-//! consumer's ack floor at once (the stream keeps messages by limits, see
-//! `tidings_shared::streams`). Below the floor every message has been acked or terminated, by
-//! whichever replica received it, so a purge never removes work that is still to be committed.
+//! Acked messages are purged from the stream by the consume loop (`consume::Purger`).
 
 use async_nats::jetstream::{self, consumer::PullConsumer};
 use sqlx::PgPool;
@@ -28,10 +24,6 @@ use crate::consume::{self, ConsumerError};
 
 pub const CONSUMER: &str = "dispatcher-ingest";
 
-/// How often acknowledged EnqueueRequests are purged; storage holds at most this much more than
-/// what is in flight.
-pub const PURGE_EVERY: Duration = Duration::from_secs(1);
-
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct IngestStats {
     pub inserted: usize,
@@ -49,8 +41,6 @@ pub enum IngestError {
     },
     #[error(transparent)]
     Consumer(#[from] ConsumerError),
-    #[error("purging acknowledged messages from stream {stream}: {detail}")]
-    Purge { stream: String, detail: String },
 }
 
 pub struct Ingest {
@@ -58,7 +48,7 @@ pub struct Ingest {
     js: jetstream::Context,
     settings: Arc<Settings>,
     consumer: PullConsumer,
-    stream: jetstream::stream::Stream<()>,
+    purger: consume::Purger,
 }
 
 impl Ingest {
@@ -76,20 +66,19 @@ impl Ingest {
             max_pending,
         )
         .await?;
-        let stream_name = settings.subjects.stream(StreamKind::Enqueue);
-        let stream =
-            js.get_stream_no_info(&stream_name)
-                .await
-                .map_err(|e| ConsumerError::Stream {
-                    stream: stream_name,
-                    detail: e.to_string(),
-                })?;
+        let purger = consume::Purger::new(
+            &js,
+            &settings.subjects,
+            StreamKind::Enqueue,
+            consumer.clone(),
+        )
+        .await?;
         Ok(Ingest {
             pool,
             js,
             settings,
             consumer,
-            stream,
+            purger,
         })
     }
 
@@ -102,64 +91,21 @@ impl Ingest {
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), IngestError> {
         let consumer = self.consumer.clone();
         let concurrency = self.settings.consumer_concurrency;
-        // The purge stops with the consume loop, also when that ends in an error.
-        let stop_purging = shutdown.child_token();
-        let consuming = async {
-            let consumed = consume::run(
-                consumer,
-                self.settings.ingest_batch,
-                concurrency,
-                shutdown,
-                |messages| self.process(messages),
-            )
-            .await;
-            stop_purging.cancel();
-            consumed
-        };
-        let (consumed, ()) = tokio::join!(consuming, self.purge_loop(stop_purging.clone()));
-        consumed?;
+        consume::run(
+            consumer,
+            &self.purger,
+            self.settings.ingest_batch,
+            concurrency,
+            shutdown,
+            |messages| self.process(messages),
+        )
+        .await?;
         Ok(())
     }
 
-    async fn purge_loop(&self, stop: CancellationToken) {
-        let mut purged_below = 0;
-        let mut tick = tokio::time::interval(PURGE_EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tick.tick() => {}
-            }
-            match self.purge_acked(purged_below).await {
-                Ok(below) => purged_below = below,
-                // The next tick tries again; meanwhile acked messages only take space.
-                Err(e) => tracing::warn!(error = %e, "purge failed"),
-            }
-        }
-    }
-
-    /// Removes every message below the consumer's ack floor from the enqueue stream, unless that
-    /// was already done up to `purged_below`. Returns the sequence everything below which is gone.
+    /// Purges what was acked now (the running loop does it every `consume::PURGE_EVERY`).
     pub async fn purge_acked(&self, purged_below: u64) -> Result<u64, IngestError> {
-        let err = |detail: String| IngestError::Purge {
-            stream: self.settings.subjects.stream(StreamKind::Enqueue),
-            detail,
-        };
-        let info = self
-            .consumer
-            .get_info()
-            .await
-            .map_err(|e| err(e.to_string()))?;
-        let below = info.ack_floor.stream_sequence + 1;
-        if below <= purged_below {
-            return Ok(purged_below);
-        }
-        self.stream
-            .purge()
-            .sequence(below)
-            .await
-            .map_err(|e| err(e.to_string()))?;
-        Ok(below)
+        Ok(self.purger.purge_acked(purged_below).await?)
     }
 
     /// Decodes, validates and inserts one batch, then acks it. On a database error the batch is

@@ -82,6 +82,7 @@ pub struct Results {
     js: jetstream::Context,
     settings: Arc<Settings>,
     consumer: PullConsumer,
+    purger: consume::Purger,
 }
 
 impl Results {
@@ -98,11 +99,19 @@ impl Results {
             20_000,
         )
         .await?;
+        let purger = consume::Purger::new(
+            &js,
+            &settings.subjects,
+            StreamKind::Result,
+            consumer.clone(),
+        )
+        .await?;
         Ok(Results {
             pool,
             js,
             settings,
             consumer,
+            purger,
         })
     }
 
@@ -114,11 +123,21 @@ impl Results {
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), ResultsError> {
         let consumer = self.consumer.clone();
         let concurrency = self.settings.consumer_concurrency;
-        consume::run(consumer, 1000, concurrency, shutdown, |messages| {
-            self.process(messages)
-        })
+        consume::run(
+            consumer,
+            &self.purger,
+            1000,
+            concurrency,
+            shutdown,
+            |messages| self.process(messages),
+        )
         .await?;
         Ok(())
+    }
+
+    /// Purges what was acked now (the running loop does it every `consume::PURGE_EVERY`).
+    pub async fn purge_acked(&self, purged_below: u64) -> Result<u64, ResultsError> {
+        Ok(self.purger.purge_acked(purged_below).await?)
     }
 
     pub async fn process(

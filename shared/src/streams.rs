@@ -1,11 +1,11 @@
 //! Creating the JetStream streams (idempotent; every service calls it at start-up).
 //!
-//! The push and result streams use work-queue retention: a message is gone once its one consumer
-//! acks it, so storage stays bounded by what is in flight. The enqueue stream keeps messages by
-//! limits (age) instead, and ingest purges what its consumer has acknowledged
-//! (`tidings_dispatcher::ingest`): a work-queue stream removes each acked message on its own and
-//! writes a tombstone for it, which was a quarter of nats-server's work in ingest; a purge below
-//! the consumer's ack floor removes thousands at once. Storage stays bounded the same way.
+//! The enqueue and result streams keep messages by limits (age), and the dispatcher's consume
+//! loop purges what its consumer has acknowledged (`tidings_dispatcher::consume`): a work-queue
+//! stream removes each acked message on its own and writes a tombstone for it, which was a fifth
+//! of nats-server's work in ingest; a purge below the consumer's ack floor removes thousands at
+//! once, so storage stays bounded by what is in flight all the same. The push stream stays a work
+//! queue: its length is the dispatcher's back-pressure signal (a purge would lag it).
 //!
 //! The enqueue stream's duplicate window is the first idempotency layer (DESIGN.md §3): a detector
 //! that re-publishes the same dedup key within the window is answered `duplicate` and nothing is
@@ -52,8 +52,10 @@ pub fn stream_config(subjects: &Subjects, kind: StreamKind, s: &StreamSettings) 
         name: subjects.stream(kind),
         subjects: vec![subjects.all(kind)],
         retention: match kind {
-            StreamKind::Push | StreamKind::Result => stream::RetentionPolicy::WorkQueue,
-            StreamKind::Enqueue | StreamKind::Dlq => stream::RetentionPolicy::Limits,
+            StreamKind::Push => stream::RetentionPolicy::WorkQueue,
+            StreamKind::Enqueue | StreamKind::Result | StreamKind::Dlq => {
+                stream::RetentionPolicy::Limits
+            }
         },
         storage: stream::StorageType::File,
         num_replicas: s.replicas,

@@ -282,6 +282,13 @@ async fn results_are_applied_once_and_move_the_baseline_only_on_sent() {
         .await;
     assert_eq!(results.run_once(WAIT).await.unwrap().applied, 0);
     assert_eq!(s.row(push.outbox_id).await.status, "sent");
+
+    // All three results were acked, so a purge takes them (acks are not awaited: poll briefly).
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while results.purge_acked(0).await.unwrap() < 4 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(s.stream_len(StreamKind::Result).await, 0);
     s.cleanup().await;
 }
 
@@ -674,7 +681,7 @@ async fn a_running_dispatcher_picks_up_new_rows_by_itself() {
         "ingested and dispatched without being driven"
     );
     // Ingest purges what it acked from the enqueue stream by itself.
-    let purged_by = Instant::now() + 3 * tidings_dispatcher::ingest::PURGE_EVERY;
+    let purged_by = Instant::now() + 3 * tidings_dispatcher::consume::PURGE_EVERY;
     while s.stream_len(StreamKind::Enqueue).await > 0 && Instant::now() < purged_by {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -128,7 +128,7 @@ fn sum(m: &HashMap<String, f64>, prefix: &str) -> f64 {
         .sum()
 }
 
-/// Messages waiting in a work-queue stream.
+/// Messages waiting in a work-queue stream (the push stream).
 async fn stream_len(js: &jetstream::Context, s: &Scenario, kind: StreamKind) -> u64 {
     match js.get_stream(s.subjects.stream(kind)).await {
         Ok(st) => st.cached_info().state.messages,
@@ -229,7 +229,8 @@ async fn load_phase(rate: usize, secs: u64) -> Value {
             s.unacked(StreamKind::Enqueue, tidings_dispatcher::ingest::CONSUMER).await,
         "outbox_due (dispatch's input)": due,
         "push_stream (pusher's input)": stream_len(&js, &s, StreamKind::Push).await,
-        "result_stream (results' input)": stream_len(&js, &s, StreamKind::Result).await,
+        "result_stream (results' input)":
+            s.unacked(StreamKind::Result, tidings_dispatcher::results::CONSUMER).await,
     });
     let w = window as f64;
     let delta =
