@@ -40,40 +40,18 @@ pub enum ConsumerError {
     Purge { stream: String, detail: String },
 }
 
-/// Purges a stream below the ack floor of its durable consumer.
+/// Purges a stream below the ack floor of its durable consumer; made by [`durable`].
 pub struct Purger {
     consumer: PullConsumer,
-    stream: jetstream::stream::Stream<()>,
-    stream_name: String,
+    stream: jetstream::stream::Stream,
 }
 
 impl Purger {
-    pub async fn new(
-        js: &jetstream::Context,
-        subjects: &Subjects,
-        kind: StreamKind,
-        consumer: PullConsumer,
-    ) -> Result<Self, ConsumerError> {
-        let stream_name = subjects.stream(kind);
-        let stream =
-            js.get_stream_no_info(&stream_name)
-                .await
-                .map_err(|e| ConsumerError::Stream {
-                    stream: stream_name.clone(),
-                    detail: e.to_string(),
-                })?;
-        Ok(Purger {
-            consumer,
-            stream,
-            stream_name,
-        })
-    }
-
     /// Removes every message below the consumer's ack floor, unless that was already done up to
     /// `purged_below`. Returns the sequence everything below which is gone.
     pub async fn purge_acked(&self, purged_below: u64) -> Result<u64, ConsumerError> {
         let err = |detail: String| ConsumerError::Purge {
-            stream: self.stream_name.clone(),
+            stream: self.stream.cached_info().config.name.clone(),
             detail,
         };
         let info = self
@@ -109,15 +87,16 @@ impl Purger {
     }
 }
 
-/// Creates (or binds to) the durable pull consumer `name` on the stream of `kind`. Every replica
-/// binds to the same consumer, so JetStream spreads messages across them.
+/// Creates (or binds to) the durable pull consumer `name` on the stream of `kind`, and the
+/// purger of what it acknowledges. Every replica binds to the same consumer, so JetStream spreads
+/// messages across them.
 pub async fn durable(
     js: &jetstream::Context,
     subjects: &Subjects,
     kind: StreamKind,
     name: &str,
     max_ack_pending: i64,
-) -> Result<PullConsumer, ConsumerError> {
+) -> Result<(PullConsumer, Purger), ConsumerError> {
     let stream_name = subjects.stream(kind);
     let stream = js
         .get_stream(&stream_name)
@@ -126,7 +105,7 @@ pub async fn durable(
             stream: stream_name.clone(),
             detail: e.to_string(),
         })?;
-    stream
+    let consumer = stream
         .get_or_create_consumer(
             name,
             pull::Config {
@@ -146,7 +125,12 @@ pub async fn durable(
             consumer: name.to_owned(),
             stream: stream_name,
             detail: e.to_string(),
-        })
+        })?;
+    let purger = Purger {
+        consumer: consumer.clone(),
+        stream,
+    };
+    Ok((consumer, purger))
 }
 
 /// Decodes each message; those that fail are dead-lettered and left out.

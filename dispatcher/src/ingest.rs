@@ -58,19 +58,12 @@ impl Ingest {
         settings: Arc<Settings>,
     ) -> Result<Self, IngestError> {
         let max_pending = i64::try_from(settings.ingest_batch * 20).unwrap_or(20_000);
-        let consumer = consume::durable(
+        let (consumer, purger) = consume::durable(
             &js,
             &settings.subjects,
             StreamKind::Enqueue,
             CONSUMER,
             max_pending,
-        )
-        .await?;
-        let purger = consume::Purger::new(
-            &js,
-            &settings.subjects,
-            StreamKind::Enqueue,
-            consumer.clone(),
         )
         .await?;
         Ok(Ingest {
@@ -103,9 +96,9 @@ impl Ingest {
         Ok(())
     }
 
-    /// Purges what was acked now (the running loop does it every `consume::PURGE_EVERY`).
-    pub async fn purge_acked(&self, purged_below: u64) -> Result<u64, IngestError> {
-        Ok(self.purger.purge_acked(purged_below).await?)
+    /// What purges the stream (the running loop does it every `consume::PURGE_EVERY`).
+    pub fn purger(&self) -> &consume::Purger {
+        &self.purger
     }
 
     /// Decodes, validates and inserts one batch, then acks it. On a database error the batch is

@@ -91,19 +91,12 @@ impl Results {
         js: jetstream::Context,
         settings: Arc<Settings>,
     ) -> Result<Self, ResultsError> {
-        let consumer = consume::durable(
+        let (consumer, purger) = consume::durable(
             &js,
             &settings.subjects,
             StreamKind::Result,
             CONSUMER,
             20_000,
-        )
-        .await?;
-        let purger = consume::Purger::new(
-            &js,
-            &settings.subjects,
-            StreamKind::Result,
-            consumer.clone(),
         )
         .await?;
         Ok(Results {
@@ -135,9 +128,9 @@ impl Results {
         Ok(())
     }
 
-    /// Purges what was acked now (the running loop does it every `consume::PURGE_EVERY`).
-    pub async fn purge_acked(&self, purged_below: u64) -> Result<u64, ResultsError> {
-        Ok(self.purger.purge_acked(purged_below).await?)
+    /// What purges the stream (the running loop does it every `consume::PURGE_EVERY`).
+    pub fn purger(&self) -> &consume::Purger {
+        &self.purger
     }
 
     pub async fn process(

@@ -248,16 +248,16 @@ impl Scenario {
         }
     }
 
+    /// The durable consumer `name` on a stream of this scenario, if it exists yet.
+    pub async fn consumer(&self, kind: StreamKind, name: &str) -> Option<PullConsumer> {
+        let stream = self.js.get_stream(self.subjects.stream(kind)).await.ok()?;
+        stream.get_consumer::<pull::Config>(name).await.ok()
+    }
+
     /// Messages of a stream that its durable consumer `name` has not acknowledged yet (waiting or
     /// in flight); 0 when the consumer does not exist yet.
     pub async fn unacked(&self, kind: StreamKind, name: &str) -> u64 {
-        let Ok(stream) = self.js.get_stream(self.subjects.stream(kind)).await else {
-            return 0;
-        };
-        let Ok(consumer) = stream
-            .get_consumer::<async_nats::jetstream::consumer::pull::Config>(name)
-            .await
-        else {
+        let Some(consumer) = self.consumer(kind, name).await else {
             return 0;
         };
         let info = consumer.cached_info();
