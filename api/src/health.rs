@@ -28,7 +28,7 @@ pub async fn livez() -> Json<Health> {
 pub async fn readyz(State(app): State<AppState>) -> Result<Json<Health>, ApiError> {
     let probes = tidings_shared::ops::Probes {
         pool: Some(app.pool.clone()),
-        nats: None,
+        ..Default::default()
     };
     probes.ready().await.map_err(ApiError::Unavailable)?;
     Ok(Json(Health {

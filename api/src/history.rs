@@ -10,7 +10,7 @@ use axum::Json;
 use axum::extract::State;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use tidings_shared::outbox::Status;
+use tidings_shared::outbox::{Delivery, Reason, Status};
 use tidings_shared::trigger::Trigger;
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
@@ -36,6 +36,11 @@ pub struct Notification {
     pub status: String,
     /// Why a row was dropped (withheld) or failed, e.g. `condition_lost`.
     pub reason: Option<String>,
+    /// What it means for the device: `in_progress`, `delivered`, `withheld`, `not_delivered`, or
+    /// `may_have_been_delivered` (no confirmed delivery, but an attempt timed out after it was
+    /// sent, so the notification may have arrived).
+    #[schema(value_type = String)]
+    pub delivery: Delivery,
     pub detected: Detected,
     /// The value seen by the re-check right before sending (recorded when it withheld the row).
     #[schema(value_type = Option<Object>)]
@@ -85,6 +90,7 @@ pub(crate) struct NotificationRow {
     updated_at: DateTime<Utc>,
     finished_at: Option<DateTime<Utc>>,
     replay_of: Option<Uuid>,
+    maybe_delivered: bool,
 }
 
 impl NotificationRow {
@@ -96,10 +102,15 @@ impl NotificationRow {
 pub(crate) const NOTIFICATION_COLUMNS: &str =
     "o.id, o.watch_id, w.item_code, o.trigger, o.channel, o.status, o.reason,
      o.detected_price, o.detected_currency, o.detected_in_stock, o.detected_at, o.checked,
-     o.sent_value, o.created_at, o.updated_at, o.finished_at, o.replay_of";
+     o.sent_value, o.created_at, o.updated_at, o.finished_at, o.replay_of, o.maybe_delivered";
 
 impl From<NotificationRow> for Notification {
     fn from(r: NotificationRow) -> Self {
+        let delivery = Delivery::of(
+            r.status.parse().unwrap_or(Status::Pending),
+            r.reason.as_deref().and_then(Reason::parse),
+            r.maybe_delivered,
+        );
         Notification {
             id: r.id,
             watch_id: r.watch_id,
@@ -108,6 +119,7 @@ impl From<NotificationRow> for Notification {
             channel: r.channel,
             status: r.status,
             reason: r.reason,
+            delivery,
             detected: Detected {
                 price: r.detected_price,
                 currency: r.detected_currency,

@@ -32,11 +32,10 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve(config) => {
             let _telemetry = tidings_shared::telemetry::Telemetry::init("tidings-api");
             let settings = config.settings()?;
-            let pool = PgPoolOptions::new()
-                .max_connections(config.db_pool)
-                .connect(&config.database_url)
-                .await
-                .context("connecting to Postgres (DATABASE_URL)")?;
+            // Connects on first use: the api serves (and answers /readyz 503) while Postgres is
+            // not there yet, instead of exiting into a crash loop.
+            let pool = tidings_shared::startup::postgres(&config.database_url, config.db_pool)
+                .context("DATABASE_URL")?;
             let listener = tokio::net::TcpListener::bind(config.listen)
                 .await
                 .with_context(|| format!("listening on {}", config.listen))?;

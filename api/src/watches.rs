@@ -379,11 +379,15 @@ pub async fn expire_idempotency_keys(
     shutdown: CancellationToken,
 ) {
     loop {
-        let result = sqlx::query(
+        let delete = sqlx::query(
             "DELETE FROM idempotency_keys WHERE created_at < now() - interval '24 hours'",
         )
-        .execute(&pool)
-        .await;
+        .execute(&pool);
+        // While Postgres is away the delete waits for a connection; shutdown must not.
+        let result = tokio::select! {
+            () = shutdown.cancelled() => return,
+            r = delete => r,
+        };
         if let Err(e) = result {
             tracing::warn!(error = %e, "expiring idempotency keys failed; trying again later");
         }

@@ -49,14 +49,21 @@ pub struct Config {
     /// First retry delay; each further retry doubles it (up to 30 min).
     #[arg(long, env = "TIDINGS_RETRY_BASE", default_value = "30s", value_parser = parse_duration)]
     pub retry_base: Duration,
-    /// A pusher refuses a PushRequest it picks up later than this after dispatch.
-    #[arg(long, env = "TIDINGS_PUSH_DEADLINE", default_value = "30s", value_parser = parse_duration)]
+    /// The freshness bound: a push is POSTed at most this long after the re-check whose value it
+    /// carries; a pusher refuses (reports `expired`) a request past it, and the row goes back for
+    /// a new re-check.
+    #[arg(long, env = "TIDINGS_PUSH_DEADLINE", default_value = "5s", value_parser = parse_duration)]
     pub push_deadline: Duration,
     /// The pusher's HTTP timeout (set the pusher to the same value).
     #[arg(long, env = "TIDINGS_PUSH_HTTP_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub push_http_timeout: Duration,
-    /// How long a `sending` row waits for its result before the sweeper retries it. Must exceed
-    /// push deadline + push HTTP timeout + 5 s.
+    /// How long a result may stay unacknowledged by a dispatcher (one that died holding it)
+    /// before JetStream hands it to another.
+    #[arg(long, env = "TIDINGS_RESULT_ACK_WAIT", default_value = "10s", value_parser = parse_duration)]
+    pub result_ack_wait: Duration,
+    /// How long a `sending` row waits for its result before the sweeper looks for it in the
+    /// delivery log and otherwise retries it. Must exceed push deadline + push HTTP timeout +
+    /// result ack wait + 5 s.
     #[arg(long, env = "TIDINGS_SENDING_LEASE", default_value = "60s", value_parser = parse_duration)]
     pub sending_lease: Duration,
     #[arg(long, env = "TIDINGS_SWEEP_INTERVAL", default_value = "5s", value_parser = parse_duration)]
@@ -78,15 +85,22 @@ pub enum ConfigError {
     RetryBase(Duration),
     #[error(
         "TIDINGS_SENDING_LEASE ({lease:?}) must exceed TIDINGS_PUSH_DEADLINE ({deadline:?}) + \
-         TIDINGS_PUSH_HTTP_TIMEOUT ({http:?}) + a margin of {margin:?}: otherwise the sweeper could \
-         retry a row whose push is still in flight, and the user would get it twice"
+         TIDINGS_PUSH_HTTP_TIMEOUT ({http:?}) + TIDINGS_RESULT_ACK_WAIT ({ack_wait:?}) + a margin \
+         of {margin:?}: otherwise the sweeper could give up on a row whose push is still in \
+         flight, or whose result a dying dispatcher held"
     )]
     LeaseTooShort {
         lease: Duration,
         deadline: Duration,
         http: Duration,
+        ack_wait: Duration,
         margin: Duration,
     },
+    #[error(
+        "TIDINGS_DELIVERY_LOG_TTL ({ttl:?}) must exceed TIDINGS_SENDING_LEASE ({lease:?}): the \
+         sweeper reads the log when a lease runs out"
+    )]
+    DeliveryLogTooShort { ttl: Duration, lease: Duration },
     #[error(
         "TIDINGS_CLAIM_LEASE ({claim:?}) must be at least TIDINGS_SOURCE_TIMEOUT ({source_timeout:?})"
     )]
@@ -116,6 +130,7 @@ pub struct Settings {
     pub retry: RetryPolicy,
     pub push_deadline: Duration,
     pub push_http_timeout: Duration,
+    pub result_ack_wait: Duration,
     pub sending_lease: Duration,
     pub lease_margin: Duration,
     pub sweep_interval: Duration,
@@ -138,8 +153,9 @@ impl Settings {
             dispatch_workers: 2,
             poll_interval: Duration::from_millis(50),
             retry: RetryPolicy::default(),
-            push_deadline: Duration::from_secs(30),
+            push_deadline: Duration::from_secs(5),
             push_http_timeout: Duration::from_secs(10),
+            result_ack_wait: Duration::from_secs(10),
             sending_lease: Duration::from_secs(60),
             lease_margin: LEASE_MARGIN,
             sweep_interval: Duration::from_secs(5),
@@ -148,17 +164,31 @@ impl Settings {
         }
     }
 
+    /// The shortest lease that is safe: the last moment a push can still start (its deadline),
+    /// its HTTP exchange, and the result's redelivery if a dispatcher dies holding it, plus a
+    /// margin. A result produced within that time decides the row, not the sweeper.
+    pub fn min_sending_lease(&self) -> Duration {
+        self.push_deadline + self.push_http_timeout + self.result_ack_wait + self.lease_margin
+    }
+
     /// The rules a configuration must satisfy before the dispatcher starts.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.retry.base < Duration::from_millis(100) {
             return Err(ConfigError::RetryBase(self.retry.base));
         }
-        if self.sending_lease <= self.push_deadline + self.push_http_timeout + self.lease_margin {
+        if self.sending_lease <= self.min_sending_lease() {
             return Err(ConfigError::LeaseTooShort {
                 lease: self.sending_lease,
                 deadline: self.push_deadline,
                 http: self.push_http_timeout,
+                ack_wait: self.result_ack_wait,
                 margin: self.lease_margin,
+            });
+        }
+        if self.streams.delivery_log_ttl <= self.sending_lease {
+            return Err(ConfigError::DeliveryLogTooShort {
+                ttl: self.streams.delivery_log_ttl,
+                lease: self.sending_lease,
             });
         }
         if self.claim_lease < self.source.timeout {
@@ -204,6 +234,7 @@ impl Config {
             },
             push_deadline: self.push_deadline,
             push_http_timeout: self.push_http_timeout,
+            result_ack_wait: self.result_ack_wait,
             sending_lease: self.sending_lease,
             lease_margin: LEASE_MARGIN,
             sweep_interval: self.sweep_interval,
@@ -234,13 +265,29 @@ mod tests {
     #[test]
     fn a_lease_that_a_push_could_outlive_refuses_to_start() {
         let mut s = settings();
-        s.sending_lease = s.push_deadline + s.push_http_timeout + s.lease_margin;
+        s.sending_lease = s.min_sending_lease();
         assert!(matches!(
             s.validate(),
             Err(ConfigError::LeaseTooShort { .. })
         ));
         s.sending_lease += Duration::from_millis(1);
         s.validate().unwrap();
+    }
+
+    #[test]
+    fn a_result_ack_wait_the_lease_cannot_cover_refuses_to_start() {
+        let mut s = settings();
+        s.result_ack_wait = s.sending_lease;
+        assert!(matches!(
+            s.validate(),
+            Err(ConfigError::LeaseTooShort { .. })
+        ));
+        let mut s = settings();
+        s.streams.delivery_log_ttl = s.sending_lease;
+        assert!(matches!(
+            s.validate(),
+            Err(ConfigError::DeliveryLogTooShort { .. })
+        ));
     }
 
     #[test]

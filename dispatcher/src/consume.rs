@@ -15,9 +15,10 @@ use tidings_shared::messages::{Message, decode};
 use tidings_shared::subjects::{StreamKind, Subjects};
 use tokio_util::sync::CancellationToken;
 
-/// How long a delivered message may stay unacknowledged before JetStream redelivers it. A batch
-/// commits in well under a second; this only matters when a consumer dies mid-batch.
-pub const ACK_WAIT: Duration = Duration::from_secs(30);
+/// How long an EnqueueRequest may stay unacknowledged before JetStream redelivers it. A batch
+/// commits in well under a second; this only matters when a consumer dies mid-batch. (Results
+/// use `TIDINGS_RESULT_ACK_WAIT`, which the sending lease must cover.)
+pub const INGEST_ACK_WAIT: Duration = Duration::from_secs(30);
 
 /// Delay before a batch that failed to commit (e.g. Postgres unavailable) is redelivered.
 pub const RETRY_DELAY: Duration = Duration::from_secs(2);
@@ -87,15 +88,16 @@ impl Purger {
     }
 }
 
-/// Creates (or binds to) the durable pull consumer `name` on the stream of `kind`, and the
-/// purger of what it acknowledges. Every replica binds to the same consumer, so JetStream spreads
-/// messages across them.
+/// Creates (or binds to, updating its settings) the durable pull consumer `name` on the stream
+/// of `kind`, and the purger of what it acknowledges. Every replica binds to the same consumer,
+/// so JetStream spreads messages across them.
 pub async fn durable(
     js: &jetstream::Context,
     subjects: &Subjects,
     kind: StreamKind,
     name: &str,
     max_ack_pending: i64,
+    ack_wait: Duration,
 ) -> Result<(PullConsumer, Purger), ConsumerError> {
     let stream_name = subjects.stream(kind);
     let stream = js
@@ -105,21 +107,19 @@ pub async fn durable(
             stream: stream_name.clone(),
             detail: e.to_string(),
         })?;
+    // Create or update: a changed ack wait takes effect on the next start.
     let consumer = stream
-        .get_or_create_consumer(
-            name,
-            pull::Config {
-                durable_name: Some(name.to_owned()),
-                ack_policy: jetstream::consumer::AckPolicy::Explicit,
-                ack_wait: ACK_WAIT,
-                max_ack_pending,
-                // Never give up on a message: what cannot be decoded is dead-lettered explicitly,
-                // and everything else must eventually be committed.
-                max_deliver: -1,
-                filter_subject: subjects.all(kind),
-                ..Default::default()
-            },
-        )
+        .create_consumer(pull::Config {
+            durable_name: Some(name.to_owned()),
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            ack_wait,
+            max_ack_pending,
+            // Never give up on a message: what cannot be decoded is dead-lettered explicitly,
+            // and everything else must eventually be committed.
+            max_deliver: -1,
+            filter_subject: subjects.all(kind),
+            ..Default::default()
+        })
         .await
         .map_err(|e| ConsumerError::Consumer {
             consumer: name.to_owned(),
@@ -179,8 +179,9 @@ pub const LINGER: Duration = Duration::from_millis(5);
 
 /// Feeds batches of up to `batch` messages to `handle` until `shutdown`, with up to `concurrency`
 /// batches in flight (so JetStream delivery, decoding and Postgres overlap), while `purger`
-/// removes what was acked. Batches in flight are finished, and acked by their handler, before
-/// this returns. A batch the handler fails on is logged; the handler has already nak'ed it for
+/// removes what was acked. On shutdown it stops pulling, hands back what it pulled but did not
+/// start (so another replica takes it at once), and finishes the batches in flight, acked by
+/// their handler, before it returns. A batch the handler fails on is logged; the handler has already nak'ed it for
 /// redelivery.
 pub async fn run<F, Fut, T, E>(
     consumer: PullConsumer,
@@ -253,6 +254,9 @@ where
             }
         }
     }
+    let mut pulled = chunks.into_inner();
+    tidings_shared::pull::hand_back(&mut pulled, batch * 2).await;
+    drop(pulled);
     while in_flight.next().await.is_some() {}
     result
 }

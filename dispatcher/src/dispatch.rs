@@ -313,6 +313,7 @@ impl Dispatcher {
                     retry_count: r.retry_count,
                     attempt: r.attempt,
                     advances_baseline: false,
+                    maybe_delivered: false,
                 }
             }
         };

@@ -64,6 +64,7 @@ impl Ingest {
             StreamKind::Enqueue,
             CONSUMER,
             max_pending,
+            consume::INGEST_ACK_WAIT,
         )
         .await?;
         Ok(Ingest {

@@ -7,7 +7,8 @@
 //!   `sending` → PushRequest.
 //! - [`results`]: PushResults → `sent` (baseline advanced in the same transaction), `retry`,
 //!   `dropped` or `failed`.
-//! - [`sweeper`]: `sending` rows whose lease ran out → `retry`.
+//! - [`sweeper`]: `sending` rows whose lease ran out → `sent` if the delivery log has them,
+//!   else `retry` (marked maybe delivered).
 //! - [`backlog`]: the outbox backlog as metrics.
 //!
 //! Every state change goes through [`transition::apply`], a batch of compare-and-sets.
@@ -26,6 +27,7 @@ pub mod transition;
 use async_nats::jetstream;
 use sqlx::PgPool;
 use std::sync::Arc;
+use tidings_shared::delivered::DeliveryLog;
 use tidings_shared::source::{HttpSource, SourceConfigError};
 use tidings_shared::streams::{StreamError, ensure_streams};
 use tokio_util::sync::CancellationToken;
@@ -88,9 +90,15 @@ pub async fn run(
         let shutdown = shutdown.clone();
         tasks.spawn(async move { d.run(shutdown).await });
     }
+    let log = Arc::new(DeliveryLog::new(
+        js.clone(),
+        &settings.subjects,
+        &settings.streams,
+    ));
     tasks.spawn(sweeper::run(
         pool.clone(),
         settings.clone(),
+        log,
         shutdown.clone(),
     ));
     tracing::info!(

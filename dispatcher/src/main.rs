@@ -1,13 +1,13 @@
-//! `tidings-dispatcher`: reads config, connects, runs the loops until SIGTERM or Ctrl-C.
+//! `tidings-dispatcher`: reads config, serves the ops endpoint, waits for Postgres and NATS, runs
+//! the loops until SIGTERM or Ctrl-C.
 
 use anyhow::Context;
 use clap::Parser;
-use sqlx::postgres::PgPoolOptions;
 use std::time::Duration;
-use tidings_shared::ops;
 use tidings_shared::service::OpsArgs;
 use tidings_shared::subjects::StreamKind;
 use tidings_shared::telemetry::Telemetry;
+use tidings_shared::{ops, startup};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
@@ -25,26 +25,35 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let config = cli.config;
     let settings = config.settings().context("invalid configuration")?;
-    let pool = PgPoolOptions::new()
-        .max_connections(
-            u32::try_from(settings.dispatch_workers + 2 * settings.consumer_concurrency + 2)
-                .unwrap_or(16),
-        )
-        .connect(&config.database_url)
+    let connections =
+        u32::try_from(settings.dispatch_workers + 2 * settings.consumer_concurrency + 2)
+            .unwrap_or(16);
+    let pool = startup::postgres(&config.database_url, connections).context("DATABASE_URL")?;
+    let nats = startup::nats(&config.nats.nats_url)
         .await
-        .context("connecting to Postgres (DATABASE_URL)")?;
-    let nats = async_nats::connect(&config.nats.nats_url)
-        .await
-        .with_context(|| format!("connecting to NATS at {}", config.nats.nats_url))?;
+        .with_context(|| format!("NATS_URL {}", config.nats.nats_url))?;
     let js = async_nats::jetstream::new(nats.clone());
 
     let shutdown = CancellationToken::new();
     tokio::spawn(tidings_shared::service::cancel_on_signal(shutdown.clone()));
     let probes = ops::Probes {
         pool: Some(pool.clone()),
-        nats: Some(nats),
+        nats: Some(nats.clone()),
+        ..Default::default()
     };
-    ops::spawn(cli.ops.ops_listen, probes, shutdown.clone());
+    ops::spawn(cli.ops.ops_listen, probes.clone(), shutdown.clone());
+    let ready = startup::wait_for_dependencies(
+        &probes,
+        &config.nats.nats_url,
+        &settings.subjects,
+        &settings.streams,
+        &shutdown,
+    );
+    if ready.await.is_none() {
+        tracing::info!("stopped while starting");
+        return Ok(());
+    }
+    probes.starting.done();
     let subjects = &settings.subjects;
     tokio::spawn(ops::watch_consumers(
         js.clone(),

@@ -5,11 +5,16 @@
 //! compare-and-set, and — for rows that became `sent` — the baseline advanced to the value that
 //! was sent, in the same transaction. A duplicate or stale result (wrong attempt, row already
 //! terminal) changes nothing. Messages are acked after the commit.
+//!
+//! A result is honoured whenever it arrives, as long as its row has not started a newer attempt
+//! (see `tidings_shared::outbox`): a `delivered` that comes after the lease sweeper moved the row
+//! back to `retry` still ends it `sent`. [`apply_in`] is also how the sweeper applies a delivery
+//! it found in the delivery log.
 
 use async_nats::jetstream::{self, consumer::PullConsumer};
 use chrono::{DateTime, Utc};
-use sqlx::PgPool;
 use sqlx::types::Json;
+use sqlx::{PgConnection, PgPool};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -64,6 +69,7 @@ struct Locked {
 pub fn event_for(result: &PushResult) -> Event {
     match result.outcome {
         Outcome::Delivered => Event::Delivered,
+        Outcome::Transient if result.maybe_delivered => Event::Unknown,
         Outcome::Transient | Outcome::Expired => Event::Transient,
         Outcome::Gone => Event::Gone,
         Outcome::Permanent => Event::Rejected(match (result.refused, result.http_status) {
@@ -97,6 +103,7 @@ impl Results {
             StreamKind::Result,
             CONSUMER,
             20_000,
+            settings.result_ack_wait,
         )
         .await?;
         Ok(Results {
@@ -194,135 +201,177 @@ impl Results {
 
     /// Applies results in one transaction; returns how many changed a row.
     pub async fn apply(&self, results: &[&PushResult]) -> Result<usize, sqlx::Error> {
-        let mut ids: Vec<OutboxId> = results.iter().map(|r| r.outbox_id).collect();
-        ids.sort();
-        ids.dedup();
         let mut tx = self.pool.begin().await?;
-        let locked: Vec<Locked> = sqlx::query_as(
-            "SELECT id, status, attempt, retry_count, watch_id, trigger, sent_value, subscription_id,
-                    detected_at
-             FROM outbox WHERE id = ANY($1) ORDER BY id FOR UPDATE",
-        )
-        .bind(&ids)
-        .fetch_all(&mut *tx)
-        .await?;
-        let rows: HashMap<OutboxId, &Locked> = locked.iter().map(|l| (l.id, l)).collect();
-
-        let mut changes = Vec::new();
-        let mut seen = HashSet::new();
-        for result in results {
-            let Some(row) = rows.get(&result.outbox_id) else {
-                tracing::warn!(outbox_id = %result.outbox_id, "result for an unknown outbox row");
-                continue;
-            };
-            let current = Row {
-                status: row.status.parse().unwrap_or(Status::Failed),
-                retry_count: u32::try_from(row.retry_count).unwrap_or(0),
-                attempt: u32::try_from(row.attempt).unwrap_or(0),
-            };
-            // Only the first result for the attempt in flight counts; the rest are duplicates
-            // (redeliveries) or stale (an older attempt the sweeper already gave up on).
-            if current.status != Status::Sending
-                || current.attempt != result.attempt
-                || !seen.insert(result.outbox_id)
-            {
-                continue;
-            }
-            let Ok(t) = outbox::apply(current, event_for(result), self.settings.retry.max_retries)
-            else {
-                continue;
-            };
-            let mut c = Change::new(row.id, current, t);
-            c.http_status = result.http_status;
-            c.push_message_id = result.message_id.clone();
-            if let Some(e) = &result.error {
-                c.last_error = Some(format!("{}: {e}", result.outcome.as_str()));
-            } else if result.outcome != Outcome::Delivered {
-                c.last_error = Some(result.outcome.as_str().to_owned());
-            }
-            if t.to == Status::Retry {
-                let retry_after = result.retry_after.map(Duration::from_secs);
-                c.next_attempt_at =
-                    Some(Utc::now() + self.settings.retry.delay(current.retry_count, retry_after));
-            }
-            if matches!(result.http_status, Some(401 | 403)) {
-                tracing::error!(
-                    outbox_id = %row.id,
-                    http_status = result.http_status,
-                    "push service rejected our VAPID credentials: check TIDINGS_VAPID_PRIVATE_KEY and the subject"
-                );
-            }
-            changes.push(c);
-        }
-        let won = transition::apply(&mut tx, &changes).await?;
-
-        // Baselines advance only for rows that became `sent` here.
-        let mut b_watch = Vec::new();
-        let mut b_trigger = Vec::new();
-        let mut b_price = Vec::new();
-        let mut b_stock = Vec::new();
-        let mut b_outbox = Vec::new();
-        let mut gone_subs = Vec::new();
-        for c in changes.iter().filter(|c| won.contains(&c.id)) {
-            let Some(row) = rows.get(&c.id) else { continue };
-            if c.transition.advances_baseline
-                && let Some(Json(sent)) = &row.sent_value
-            {
-                b_watch.push(row.watch_id);
-                b_trigger.push(row.trigger.as_str());
-                b_price.push(sent.price);
-                b_stock.push(sent.in_stock);
-                b_outbox.push(row.id);
-            }
-            if c.transition.reason
-                == Some(outbox::Reason::Dropped(
-                    outbox::DropReason::SubscriptionGone,
-                ))
-                && let Some(sub) = row.subscription_id
-            {
-                gone_subs.push(sub);
-            }
-        }
-        if !b_watch.is_empty() {
-            let now: DateTime<Utc> = Utc::now();
-            sqlx::query(
-                "INSERT INTO baselines (watch_id, trigger, price, in_stock, outbox_id, sent_at)
-                 SELECT w, t, p, s, o, $6 FROM UNNEST($1::uuid[], $2::text[], $3::bigint[], $4::bool[], $5::uuid[])
-                      AS u(w, t, p, s, o)
-                 ON CONFLICT (watch_id, trigger) DO UPDATE
-                 SET price = EXCLUDED.price, in_stock = EXCLUDED.in_stock,
-                     outbox_id = EXCLUDED.outbox_id, sent_at = EXCLUDED.sent_at",
-            )
-            .bind(b_watch)
-            .bind(b_trigger)
-            .bind(b_price)
-            .bind(b_stock)
-            .bind(b_outbox)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
-        }
-        if !gone_subs.is_empty() {
-            sqlx::query(
-                "UPDATE push_subscriptions
-                 SET active = false, deactivated_at = now(), deactivation_reason = 'gone'
-                 WHERE id = ANY($1) AND active",
-            )
-            .bind(gone_subs)
-            .execute(&mut *tx)
-            .await?;
-        }
+        let applied = apply_in(&mut tx, &self.settings, results).await?;
         tx.commit().await?;
-        transition::record(&changes, &won);
+        applied.record();
+        Ok(applied.count())
+    }
+}
+
+/// What [`apply_in`] changed; [`Applied::record`] counts it in the metrics once committed.
+#[derive(Default)]
+pub struct Applied {
+    changes: Vec<Change>,
+    won: HashSet<OutboxId>,
+    /// Detection times of the rows that became `sent`.
+    sent_detected_at: Vec<DateTime<Utc>>,
+}
+
+impl Applied {
+    /// Rows the results changed.
+    pub fn count(&self) -> usize {
+        self.won.len()
+    }
+
+    pub fn record(&self) {
+        transition::record(&self.changes, &self.won);
         let now = Utc::now();
         let latency = &tidings_shared::metrics::metrics().detection_to_delivery;
-        for c in changes.iter().filter(|c| won.contains(&c.id)) {
-            if c.transition.to == Status::Sent
-                && let Some(row) = rows.get(&c.id)
-            {
-                latency.observe((now - row.detected_at).as_seconds_f64().max(0.0));
-            }
+        for detected_at in &self.sent_detected_at {
+            latency.observe((now - *detected_at).as_seconds_f64().max(0.0));
         }
-        Ok(won.len())
     }
+}
+
+/// Applies results inside `tx`: rows locked in id order, transitions by compare-and-set, and
+/// for rows that became `sent` the baseline advanced to the value that was sent.
+pub async fn apply_in(
+    tx: &mut PgConnection,
+    settings: &Settings,
+    results: &[&PushResult],
+) -> Result<Applied, sqlx::Error> {
+    let mut ids: Vec<OutboxId> = results.iter().map(|r| r.outbox_id).collect();
+    ids.sort();
+    ids.dedup();
+    let locked: Vec<Locked> = sqlx::query_as(
+        "SELECT id, status, attempt, retry_count, watch_id, trigger, sent_value, subscription_id,
+                detected_at
+         FROM outbox WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+    )
+    .bind(&ids)
+    .fetch_all(&mut *tx)
+    .await?;
+    let rows: HashMap<OutboxId, &Locked> = locked.iter().map(|l| (l.id, l)).collect();
+
+    let mut changes = Vec::new();
+    let mut seen = HashSet::new();
+    for result in results {
+        let Some(row) = rows.get(&result.outbox_id) else {
+            tracing::warn!(outbox_id = %result.outbox_id, "result for an unknown outbox row");
+            continue;
+        };
+        let current = Row {
+            status: row.status.parse().unwrap_or(Status::Failed),
+            retry_count: u32::try_from(row.retry_count).unwrap_or(0),
+            attempt: u32::try_from(row.attempt).unwrap_or(0),
+        };
+        // A result of an older attempt is stale: a newer attempt owns the row now.
+        if current.attempt != result.attempt || seen.contains(&result.outbox_id) {
+            continue;
+        }
+        let event = event_for(result);
+        match current.status {
+            Status::Sending => {}
+            // A late result of the last attempt, which the sweeper (or an earlier transient
+            // result) already sent back to retry: only an outcome that ends the row counts.
+            Status::Retry if !matches!(event, Event::Transient | Event::Unknown) => {
+                tracing::info!(outbox_id = %row.id, attempt = result.attempt, outcome = result.outcome.as_str(), "late result of the last attempt applied to a retrying row");
+            }
+            // Terminal, or a pending row (no attempt yet): nothing to do.
+            _ => continue,
+        }
+        let Ok(t) = outbox::apply(current, event, settings.retry.max_retries) else {
+            continue;
+        };
+        seen.insert(result.outbox_id);
+        let mut c = Change::new(row.id, current, t);
+        c.http_status = result.http_status;
+        c.push_message_id = result.message_id.clone();
+        if let Some(e) = &result.error {
+            c.last_error = Some(format!("{}: {e}", result.outcome.as_str()));
+        } else if result.outcome != Outcome::Delivered {
+            c.last_error = Some(result.outcome.as_str().to_owned());
+        }
+        if t.to == Status::Retry {
+            let retry_after = result.retry_after.map(Duration::from_secs);
+            c.next_attempt_at =
+                Some(Utc::now() + settings.retry.delay(current.retry_count, retry_after));
+        }
+        if matches!(result.http_status, Some(401 | 403)) {
+            tracing::error!(
+                outbox_id = %row.id,
+                http_status = result.http_status,
+                "push service rejected our VAPID credentials: check TIDINGS_VAPID_PRIVATE_KEY and the subject"
+            );
+        }
+        changes.push(c);
+    }
+    let won = transition::apply(&mut *tx, &changes).await?;
+
+    // Baselines advance only for rows that became `sent` here.
+    let mut b_watch = Vec::new();
+    let mut b_trigger = Vec::new();
+    let mut b_price = Vec::new();
+    let mut b_stock = Vec::new();
+    let mut b_outbox = Vec::new();
+    let mut gone_subs = Vec::new();
+    let mut sent_detected_at = Vec::new();
+    for c in changes.iter().filter(|c| won.contains(&c.id)) {
+        let Some(row) = rows.get(&c.id) else { continue };
+        if c.transition.to == Status::Sent {
+            sent_detected_at.push(row.detected_at);
+        }
+        if c.transition.advances_baseline
+            && let Some(Json(sent)) = &row.sent_value
+        {
+            b_watch.push(row.watch_id);
+            b_trigger.push(row.trigger.as_str());
+            b_price.push(sent.price);
+            b_stock.push(sent.in_stock);
+            b_outbox.push(row.id);
+        }
+        if c.transition.reason
+            == Some(outbox::Reason::Dropped(
+                outbox::DropReason::SubscriptionGone,
+            ))
+            && let Some(sub) = row.subscription_id
+        {
+            gone_subs.push(sub);
+        }
+    }
+    if !b_watch.is_empty() {
+        let now: DateTime<Utc> = Utc::now();
+        sqlx::query(
+            "INSERT INTO baselines (watch_id, trigger, price, in_stock, outbox_id, sent_at)
+             SELECT w, t, p, s, o, $6 FROM UNNEST($1::uuid[], $2::text[], $3::bigint[], $4::bool[], $5::uuid[])
+                  AS u(w, t, p, s, o)
+             ON CONFLICT (watch_id, trigger) DO UPDATE
+             SET price = EXCLUDED.price, in_stock = EXCLUDED.in_stock,
+                 outbox_id = EXCLUDED.outbox_id, sent_at = EXCLUDED.sent_at",
+        )
+        .bind(b_watch)
+        .bind(b_trigger)
+        .bind(b_price)
+        .bind(b_stock)
+        .bind(b_outbox)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+    }
+    if !gone_subs.is_empty() {
+        sqlx::query(
+            "UPDATE push_subscriptions
+             SET active = false, deactivated_at = now(), deactivation_reason = 'gone'
+             WHERE id = ANY($1) AND active",
+        )
+        .bind(gone_subs)
+        .execute(&mut *tx)
+        .await?;
+    }
+    Ok(Applied {
+        changes,
+        won,
+        sent_detected_at,
+    })
 }

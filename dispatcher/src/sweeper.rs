@@ -1,63 +1,154 @@
-//! The lease sweeper: `sending` rows whose lease ran out with no result go back to `retry`
-//! (or `failed` at the cap), recording `lease_expired`.
+//! The lease sweeper: `sending` rows whose lease ran out with no result.
 //!
-//! Safe because the lease outlives every push that can still start for the row (config refuses
-//! a lease shorter than push deadline + HTTP timeout + margin, and the pusher refuses requests
-//! past their deadline). Rows are selected with `FOR UPDATE SKIP LOCKED` and changed by
-//! compare-and-set on (status, attempt) in the same transaction, so a result that is being
-//! applied right now wins and the sweeper leaves that row alone.
+//! Before giving up on an attempt the sweeper asks the delivery log (written by the pusher right
+//! after a push service accepts a request) whether the attempt was delivered:
+//!
+//! - delivered: the row ends `sent`, with its baseline, exactly as if the result had arrived
+//!   (the result was lost, or a dispatcher died holding it); it is never pushed again;
+//! - not on record: the outcome is unknown (the pusher may have died between its POST and the
+//!   record, or never got the request), so the row goes back to `retry` (or `failed` at the cap),
+//!   recording `lease_expired`, and is marked *maybe delivered*. If the attempt's result still
+//!   turns up before the next attempt starts, it is honoured (see `results`);
+//! - the log cannot be asked: the row is left `sending` for the next sweep. Retrying without
+//!   knowing could send a delivered notification twice; waiting costs only time.
+//!
+//! Safe against a push still in flight because the lease outlives every push that can still
+//! start for the row (config refuses a lease shorter than push deadline + HTTP timeout + result
+//! ack wait + margin, and the pusher refuses requests past their deadline). Rows are selected
+//! with `FOR UPDATE SKIP LOCKED` and changed by compare-and-set on (status, attempt) in the same
+//! transaction, so a result that is being applied right now wins and the sweeper leaves that
+//! row alone.
 
 use chrono::Utc;
 use sqlx::PgPool;
 use std::sync::Arc;
 use tidings_shared::OutboxId;
+use tidings_shared::delivered::DeliveryLog;
+use tidings_shared::messages::{Outcome, PushResult, VERSION};
 use tidings_shared::outbox::{self, Event, Row, Status};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
+use crate::results;
 use crate::transition::{self, Change};
 
 pub const LEASE_EXPIRED: &str = "lease_expired: no push result before the lease ran out";
 
-/// Sweeps one batch; returns how many rows it moved.
-pub async fn sweep_once(pool: &PgPool, settings: &Settings) -> Result<usize, sqlx::Error> {
+/// Rows the sweeper looks at per transaction.
+const SWEEP_BATCH: i64 = 1000;
+
+/// What one sweep did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SweepStats {
+    /// Rows whose delivery was on record: now `sent`.
+    pub delivered: usize,
+    /// Rows with no delivery on record: back to `retry` (or `failed` at the cap).
+    pub expired: usize,
+    /// Rows left `sending` because the delivery log could not be asked.
+    pub deferred: usize,
+}
+
+impl SweepStats {
+    pub fn moved(&self) -> usize {
+        self.delivered + self.expired
+    }
+}
+
+/// Sweeps one batch.
+pub async fn sweep_once(
+    pool: &PgPool,
+    settings: &Settings,
+    log: &DeliveryLog,
+) -> Result<SweepStats, sqlx::Error> {
     let mut tx = pool.begin().await?;
     let expired: Vec<(OutboxId, i32, i32)> = sqlx::query_as(
         "SELECT id, attempt, retry_count FROM outbox
          WHERE status = 'sending' AND lease_until < now()
          ORDER BY lease_until
-         LIMIT 1000
+         LIMIT $1
          FOR UPDATE SKIP LOCKED",
     )
+    .bind(SWEEP_BATCH)
     .fetch_all(&mut *tx)
     .await?;
-    let mut changes = Vec::with_capacity(expired.len());
-    for (id, attempt, retry_count) in expired {
+    if expired.is_empty() {
+        return Ok(SweepStats::default());
+    }
+    let lookups = futures::future::join_all(expired.iter().map(|(id, _, _)| log.lookup(*id))).await;
+
+    let mut stats = SweepStats::default();
+    let mut delivered = Vec::new();
+    let mut changes = Vec::new();
+    for ((id, attempt, retry_count), lookup) in expired.into_iter().zip(lookups) {
         let row = Row {
             status: Status::Sending,
             retry_count: u32::try_from(retry_count).unwrap_or(0),
             attempt: u32::try_from(attempt).unwrap_or(0),
         };
-        if let Ok(t) = outbox::apply(row, Event::Transient, settings.retry.max_retries) {
-            let mut c = Change::new(id, row, t);
-            c.last_error = Some(LEASE_EXPIRED.to_owned());
-            if t.to == Status::Retry {
-                c.next_attempt_at = Some(Utc::now() + settings.retry.delay(row.retry_count, None));
+        match lookup {
+            // Delivered by this attempt (or an earlier one, whose push reached the user).
+            Ok(Some(done)) if done.attempt <= row.attempt => {
+                tracing::warn!(outbox_id = %id, attempt = row.attempt, delivered_by = done.attempt, "lease expired; the delivery log says it was delivered");
+                delivered.push(PushResult {
+                    v: VERSION,
+                    outbox_id: id,
+                    attempt: row.attempt,
+                    outcome: Outcome::Delivered,
+                    http_status: None,
+                    retry_after: None,
+                    message_id: done.message_id,
+                    error: Some(format!(
+                        "result lost; attempt {} found in the delivery log",
+                        done.attempt
+                    )),
+                    latency_ms: 0,
+                    refused: None,
+                    maybe_delivered: false,
+                });
             }
-            tracing::warn!(outbox_id = %id, attempt = row.attempt, to = %t.to, "lease expired without a push result");
-            changes.push(c);
+            Ok(_) => {
+                if let Ok(t) = outbox::apply(row, Event::Unknown, settings.retry.max_retries) {
+                    let mut c = Change::new(id, row, t);
+                    c.last_error = Some(LEASE_EXPIRED.to_owned());
+                    if t.to == Status::Retry {
+                        c.next_attempt_at =
+                            Some(Utc::now() + settings.retry.delay(row.retry_count, None));
+                    }
+                    tracing::warn!(outbox_id = %id, attempt = row.attempt, to = %t.to, "lease expired without a push result or a delivery on record");
+                    changes.push(c);
+                }
+            }
+            // Logged and counted by the log.
+            Err(_) => stats.deferred += 1,
         }
     }
+    let refs: Vec<&PushResult> = delivered.iter().collect();
+    let applied = results::apply_in(&mut tx, settings, &refs).await?;
     let won = transition::apply(&mut tx, &changes).await?;
     tx.commit().await?;
+    applied.record();
     transition::record(&changes, &won);
-    Ok(won.len())
+    stats.delivered = applied.count();
+    stats.expired = won.len();
+    Ok(stats)
 }
 
-pub async fn run(pool: PgPool, settings: Arc<Settings>, shutdown: CancellationToken) {
+pub async fn run(
+    pool: PgPool,
+    settings: Arc<Settings>,
+    log: Arc<DeliveryLog>,
+    shutdown: CancellationToken,
+) {
     loop {
-        match sweep_once(&pool, &settings).await {
-            Ok(n) if n > 0 => tracing::info!(rows = n, "sweeper moved expired leases to retry"),
+        match sweep_once(&pool, &settings, &log).await {
+            Ok(s) if s.moved() > 0 || s.deferred > 0 => {
+                tracing::info!(
+                    delivered = s.delivered,
+                    expired = s.expired,
+                    deferred = s.deferred,
+                    "sweeper handled expired leases"
+                )
+            }
             Ok(_) => {}
             Err(e) => tracing::error!(error = %e, "sweep failed"),
         }

@@ -93,6 +93,10 @@ pub async fn apply(
         .iter()
         .map(|c| c.http_status.map(i32::from))
         .collect();
+    let maybe_delivered: Vec<bool> = changes
+        .iter()
+        .map(|c| c.transition.maybe_delivered)
+        .collect();
     let message_id: Vec<Option<&str>> = changes
         .iter()
         .map(|c| c.push_message_id.as_deref())
@@ -115,13 +119,16 @@ pub async fn apply(
              deadline = COALESCE(u.deadline, o.deadline),
              http_status = COALESCE(u.http_status, o.http_status),
              push_message_id = COALESCE(u.push_message_id, o.push_message_id),
+             maybe_delivered = o.maybe_delivered OR u.maybe_delivered,
              finished_at = CASE WHEN u.to_status IN ('sent', 'dropped', 'failed') THEN now() END
          FROM UNNEST($1::uuid[], $2::text[], $3::int[], $4::text[], $5::text[], $6::int[], $7::int[],
                      $8::timestamptz[], $9::text[], $10::jsonb[], $11::jsonb[], $12::jsonb[],
-                     $13::uuid[], $14::timestamptz[], $15::timestamptz[], $16::int[], $17::text[])
+                     $13::uuid[], $14::timestamptz[], $15::timestamptz[], $16::int[], $17::text[],
+                     $18::bool[])
               AS u(id, from_status, from_attempt, to_status, reason, retry_count, attempt,
                    next_attempt_at, last_error, checked, sent_value, payload,
-                   subscription_id, lease_until, deadline, http_status, push_message_id)
+                   subscription_id, lease_until, deadline, http_status, push_message_id,
+                   maybe_delivered)
          WHERE o.id = u.id AND o.status = u.from_status AND o.attempt = u.from_attempt
          RETURNING o.id",
     )
@@ -142,6 +149,7 @@ pub async fn apply(
     .bind(deadline)
     .bind(http_status)
     .bind(message_id)
+    .bind(maybe_delivered)
     .fetch_all(conn)
     .await?;
     Ok(won.into_iter().collect())

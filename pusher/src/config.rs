@@ -37,9 +37,6 @@ pub struct Config {
     /// Extra PEM root certificate to trust (a local fake push service).
     #[arg(long, env = "TIDINGS_PUSH_EXTRA_CA_FILE")]
     pub extra_ca_file: Option<PathBuf>,
-    /// How long a delivered (outbox_id, attempt) is remembered to absorb redeliveries.
-    #[arg(long, env = "TIDINGS_PUSH_DELIVERED_TTL", default_value = "10m", value_parser = parse_duration)]
-    pub delivered_ttl: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -76,7 +73,6 @@ pub struct Settings {
     pub policy: EndpointPolicy,
     /// PEM root certificates to trust in addition to the system's.
     pub extra_roots: Vec<Vec<u8>>,
-    pub delivered_ttl: Duration,
 }
 
 impl Settings {
@@ -90,7 +86,6 @@ impl Settings {
             connect_timeout: Duration::from_secs(3),
             policy: EndpointPolicy::default(),
             extra_roots: Vec::new(),
-            delivered_ttl: Duration::from_secs(600),
         }
     }
 
@@ -132,7 +127,6 @@ impl Config {
         s.connect_timeout = self.connect_timeout;
         s.policy = self.endpoints.policy();
         s.extra_roots = extra_roots;
-        s.delivered_ttl = self.delivered_ttl;
         Ok(s)
     }
 }

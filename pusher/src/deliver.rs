@@ -35,6 +35,7 @@ fn result(req: &PushRequest, outcome: Outcome, started: Instant) -> PushResult {
         error: None,
         latency_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         refused: None,
+        maybe_delivered: false,
     }
 }
 
@@ -75,15 +76,6 @@ impl Deliverer {
     pub async fn deliver(&self, req: &PushRequest) -> PushResult {
         let started = Instant::now();
         let now = Utc::now();
-        if now > req.deadline {
-            return PushResult {
-                error: Some(format!(
-                    "picked up {} ms after its deadline; not sent",
-                    (now - req.deadline).num_milliseconds()
-                )),
-                ..result(req, Outcome::Expired, started)
-            };
-        }
         let url = match endpoint::check(&req.subscription.endpoint, &self.policy).await {
             Ok(url) => url,
             Err(e) => return refused(req, FailReason::EndpointRefused, e.to_string(), started),
@@ -122,6 +114,19 @@ impl Deliverer {
             Ok(a) => a,
             Err(e) => return refused(req, FailReason::VapidRejected, e.to_string(), started),
         };
+        // The deadline is the freshness bound: the value in this request was re-checked at most
+        // the dispatcher's TIDINGS_PUSH_DEADLINE before it. Checked last, right before the POST,
+        // so nothing above (DNS, encryption) can stretch it.
+        let now = Utc::now();
+        if now > req.deadline {
+            return PushResult {
+                error: Some(format!(
+                    "{} ms past its deadline (its re-check is too old); not sent",
+                    (now - req.deadline).num_milliseconds()
+                )),
+                ..result(req, Outcome::Expired, started)
+            };
+        }
         let sent = self
             .client
             .post(url)
@@ -146,6 +151,9 @@ impl Deliverer {
                 };
                 return PushResult {
                     error: Some(format!("{what}: {e}")),
+                    // Only a connection that never opened proves the request did not arrive;
+                    // after that, a timeout or a broken exchange may follow an accepted push.
+                    maybe_delivered: !e.is_connect(),
                     ..result(req, Outcome::Transient, started)
                 };
             }

@@ -1,14 +1,14 @@
-//! `tidings-pusher`: reads config, connects, delivers until SIGTERM or Ctrl-C.
-//! `tidings-pusher vapid-keygen` prints a new VAPID key pair.
+//! `tidings-pusher`: reads config, serves the ops endpoint, waits for NATS, delivers until
+//! SIGTERM or Ctrl-C. `tidings-pusher vapid-keygen` prints a new VAPID key pair.
 
 use anyhow::Context;
 use clap::Parser;
 use std::time::Duration;
-use tidings_shared::ops;
 use tidings_shared::service::OpsArgs;
 use tidings_shared::subjects::StreamKind;
 use tidings_shared::telemetry::Telemetry;
 use tidings_shared::vapid::VapidKey;
+use tidings_shared::{ops, startup};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
@@ -39,21 +39,43 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let config = cli.config;
     let settings = config.settings().context("invalid configuration")?;
-    let nats = async_nats::connect(&config.nats.nats_url)
+    let nats = startup::nats(&config.nats.nats_url)
         .await
-        .with_context(|| format!("connecting to NATS at {}", config.nats.nats_url))?;
+        .with_context(|| format!("NATS_URL {}", config.nats.nats_url))?;
     let js = async_nats::jetstream::new(nats.clone());
     let stream = settings.subjects.stream(StreamKind::Push);
-    let pusher = tidings_pusher::worker::Pusher::new(js.clone(), settings)
-        .await
-        .context("starting the pusher")?;
     let shutdown = CancellationToken::new();
     tokio::spawn(tidings_shared::service::cancel_on_signal(shutdown.clone()));
     let probes = ops::Probes {
-        pool: None,
-        nats: Some(nats),
+        nats: Some(nats.clone()),
+        ..Default::default()
     };
-    ops::spawn(cli.ops.ops_listen, probes, shutdown.clone());
+    ops::spawn(cli.ops.ops_listen, probes.clone(), shutdown.clone());
+    let connected = startup::wait_for_dependencies(
+        &probes,
+        &config.nats.nats_url,
+        &settings.subjects,
+        &settings.streams,
+        &shutdown,
+    )
+    .await;
+    let pusher = match connected {
+        Some(()) => {
+            startup::retry(
+                "NATS: delivery log and consumer",
+                &probes.starting,
+                &shutdown,
+                || tidings_pusher::worker::Pusher::new(js.clone(), settings.clone()),
+            )
+            .await
+        }
+        None => None,
+    };
+    let Some(pusher) = pusher else {
+        tracing::info!("stopped while starting");
+        return Ok(());
+    };
+    probes.starting.done();
     tokio::spawn(ops::watch_consumers(
         js,
         vec![(stream, tidings_pusher::worker::CONSUMER.to_owned())],

@@ -2,19 +2,22 @@
 //! to `concurrency` in flight; for each, a PushResult is published (and stored by JetStream)
 //! before the request is acked, so a crash in between means a redelivery, never a lost result.
 //!
-//! Redelivery safety: a delivered (outbox_id, attempt) is recorded in a JetStream KV bucket with
-//! a TTL before its result is published. A redelivered request (JetStream's delivery count > 1)
-//! found there is not sent again; its `delivered` result is reported again instead. First
-//! deliveries skip the lookup: the dispatcher publishes each (outbox_id, attempt) once, so only a
-//! redelivery can repeat one. The bucket is in memory: it narrows the duplicate window, and
-//! losing it in a NATS restart costs at most a duplicate push, which Web Push's Topic absorbs
-//! when the first one is still undelivered.
+//! Redelivery safety: a delivered row is recorded in the delivery log
+//! ([`tidings_shared::delivered`]) before its result is published. A redelivered request
+//! (JetStream's delivery count > 1), or a later attempt of a row, found there is not sent again;
+//! `delivered` is reported instead. First deliveries of a first attempt skip the lookup: the
+//! dispatcher publishes each (outbox_id, attempt) once, so only a redelivery or a retry can repeat
+//! a row.
+//!
+//! Shutdown: the loop stops pulling, hands back (NAKs) what it pulled but did not start, so
+//! another pusher sends it at once, and finishes what is in flight.
 
-use async_nats::jetstream::{self, AckKind, consumer::PullConsumer, consumer::pull, kv};
+use async_nats::jetstream::{self, AckKind, consumer::PullConsumer, consumer::pull};
 use futures::StreamExt;
 use std::sync::Arc;
 use std::time::Duration;
 use tidings_shared::Channel;
+use tidings_shared::delivered::{Delivery, DeliveryLog, DeliveryLogError};
 use tidings_shared::dlq::dead_letter;
 use tidings_shared::messages::{Outcome, PushRequest, PushResult, VERSION, decode, encode};
 use tidings_shared::metrics::{PushLabels, StatusLabels, metrics, status_class};
@@ -27,14 +30,13 @@ use crate::config::Settings;
 use crate::deliver::Deliverer;
 
 pub const CONSUMER: &str = "pusher";
-pub const DELIVERED_BUCKET: &str = "delivered";
 
 #[derive(Debug, thiserror::Error)]
 pub enum PusherError {
     #[error("streams: {0}")]
     Streams(#[from] tidings_shared::streams::StreamError),
-    #[error("KV bucket {bucket}: {detail}")]
-    Bucket { bucket: String, detail: String },
+    #[error(transparent)]
+    DeliveryLog(#[from] DeliveryLogError),
     #[error("consumer {CONSUMER}: {0}")]
     Consumer(String),
     #[error("HTTP client: {0}")]
@@ -56,7 +58,7 @@ struct Inner {
     js: jetstream::Context,
     settings: Settings,
     deliverer: Deliverer,
-    delivered: kv::Store,
+    delivered: DeliveryLog,
 }
 
 #[derive(Clone)]
@@ -68,41 +70,25 @@ pub struct Pusher {
 impl Pusher {
     pub async fn new(js: jetstream::Context, settings: Settings) -> Result<Self, PusherError> {
         ensure_streams(&js, &settings.subjects, &settings.streams).await?;
-        let bucket = settings.subjects.bucket(DELIVERED_BUCKET);
-        let bucket_err = |detail: String| PusherError::Bucket {
-            bucket: bucket.clone(),
-            detail,
-        };
-        let delivered = js
-            .create_or_update_key_value(kv::Config {
-                bucket: bucket.clone(),
-                history: 1,
-                max_age: settings.delivered_ttl,
-                storage: jetstream::stream::StorageType::Memory,
-                num_replicas: settings.streams.replicas,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| bucket_err(e.to_string()))?;
+        let delivered = DeliveryLog::new(js.clone(), &settings.subjects, &settings.streams);
+        delivered.ensure().await?;
         let stream = js
             .get_stream(settings.subjects.stream(StreamKind::Push))
             .await
             .map_err(|e| PusherError::Consumer(e.to_string()))?;
+        // Create or update: a changed ack wait (it follows the HTTP timeout) takes effect.
         let consumer = stream
-            .get_or_create_consumer(
-                CONSUMER,
-                pull::Config {
-                    durable_name: Some(CONSUMER.to_owned()),
-                    ack_policy: jetstream::consumer::AckPolicy::Explicit,
-                    ack_wait: settings.ack_wait(),
-                    max_ack_pending: i64::try_from(settings.concurrency * 2).unwrap_or(512),
-                    max_deliver: -1,
-                    filter_subject: settings
-                        .subjects
-                        .subject(StreamKind::Push, Channel::WebPush),
-                    ..Default::default()
-                },
-            )
+            .create_consumer(pull::Config {
+                durable_name: Some(CONSUMER.to_owned()),
+                ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                ack_wait: settings.ack_wait(),
+                max_ack_pending: i64::try_from(settings.concurrency * 2).unwrap_or(512),
+                max_deliver: -1,
+                filter_subject: settings
+                    .subjects
+                    .subject(StreamKind::Push, Channel::WebPush),
+                ..Default::default()
+            })
             .await
             .map_err(|e| PusherError::Consumer(e.to_string()))?;
         let deliverer = Deliverer::new(&settings)?;
@@ -117,7 +103,8 @@ impl Pusher {
         })
     }
 
-    /// Delivers until `shutdown`, then finishes (and acks) what is in flight.
+    /// Delivers until `shutdown`, then hands back what was pulled but not started and finishes
+    /// (and acks) what is in flight.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), PusherError> {
         let concurrency = self.inner.settings.concurrency;
         let permits = Arc::new(tokio::sync::Semaphore::new(concurrency));
@@ -154,6 +141,8 @@ impl Pusher {
             }
             while tasks.try_join_next().is_some() {}
         }
+        tidings_shared::pull::hand_back(&mut messages, concurrency * 2).await;
+        drop(messages);
         while tasks.join_next().await.is_some() {}
         Ok(())
     }
@@ -218,15 +207,17 @@ impl Pusher {
         } else {
             tracing::Span::none()
         };
-        let key = format!("{}.{}", req.outbox_id, req.attempt);
+        // Only a redelivery or a retry can repeat a row that was already delivered.
         let redelivered = msg.info().map(|i| i.delivered > 1).unwrap_or(true);
-        let earlier = if redelivered {
-            inner.delivered.get(key.as_str()).await.ok().flatten()
+        let earlier = if redelivered || req.attempt > 1 {
+            // Unavailable counts as no record (logged and counted by the log): sending is then
+            // what it would have been without the guard.
+            inner.delivered.lookup(req.outbox_id).await.ok().flatten()
         } else {
             None
         };
         let (result, handled) = match earlier {
-            Some(message_id) => (
+            Some(done) => (
                 PushResult {
                     v: VERSION,
                     outbox_id: req.outbox_id,
@@ -234,26 +225,25 @@ impl Pusher {
                     outcome: Outcome::Delivered,
                     http_status: None,
                     retry_after: None,
-                    message_id: (!message_id.is_empty())
-                        .then(|| String::from_utf8_lossy(&message_id).into_owned()),
-                    error: None,
+                    message_id: done.message_id,
+                    error: (done.attempt != req.attempt)
+                        .then(|| format!("not sent again: attempt {} was delivered", done.attempt)),
                     latency_ms: 0,
                     refused: None,
+                    maybe_delivered: false,
                 },
                 Handled::AlreadyDelivered,
             ),
             None => {
                 let r = inner.deliverer.deliver(&req).await;
                 if r.outcome == Outcome::Delivered {
-                    let id = r.message_id.clone().unwrap_or_default();
-                    if let Err(e) = inner
-                        .delivered
-                        .put(key.as_str(), id.into_bytes().into())
-                        .await
-                    {
-                        // Still report it: the record only narrows the duplicate window.
-                        tracing::warn!(outbox_id = %req.outbox_id, attempt = req.attempt, error = %e, "could not record delivery");
-                    }
+                    let delivery = Delivery {
+                        attempt: req.attempt,
+                        message_id: r.message_id.clone(),
+                    };
+                    // Still reported when this fails: the record only narrows the duplicate
+                    // window, and the failure is logged and counted by the log.
+                    let _ = inner.delivered.record(req.outbox_id, &delivery).await;
                 }
                 let handled = Handled::Reported(r.outcome);
                 (r, handled)

@@ -10,15 +10,16 @@
 //! - [`messages`] and [`subjects`]: the wire contract between services.
 //!
 //! What the services share at their edges (I/O) lives here too: [`source`] (the catalog client),
-//! [`webpush`] and [`vapid`], [`endpoint`] (the push-endpoint guard), [`streams`], [`publish`] and
-//! [`dlq`] (JetStream), [`db`] (the embedded migrations), and the service plumbing: [`service`]
-//! (flags, signals), [`telemetry`] (logs and traces, [`trace_context`] for NATS headers),
+//! [`webpush`] and [`vapid`], [`endpoint`] (the push-endpoint guard), [`streams`], [`publish`],
+//! [`pull`], [`delivered`] and [`dlq`] (JetStream), [`db`] (the embedded migrations), and the service plumbing: [`service`]
+//! (flags, signals), [`startup`] (waiting for dependencies), [`telemetry`] (logs and traces, [`trace_context`] for NATS headers),
 //! [`metrics`] and [`ops`] (`/livez`, `/readyz`, `/metrics`).
 
 pub mod backoff;
 pub mod channel;
 pub mod db;
 pub mod dedup;
+pub mod delivered;
 pub mod dlq;
 pub mod duration;
 pub mod endpoint;
@@ -30,8 +31,10 @@ pub mod notification;
 pub mod ops;
 pub mod outbox;
 pub mod publish;
+pub mod pull;
 pub mod service;
 pub mod source;
+pub mod startup;
 pub mod streams;
 pub mod subjects;
 pub mod telemetry;

@@ -197,7 +197,8 @@ impl Message for PushRequest {
 pub enum Outcome {
     /// 2xx: the push service accepted it.
     Delivered,
-    /// 429, 5xx, timeouts, connection errors: try again later.
+    /// 429, 5xx, timeouts, connection errors: try again later. With
+    /// [`PushResult::maybe_delivered`] the request may have reached the push service all the same.
     Transient,
     /// 404, 410: the subscription no longer exists.
     Gone,
@@ -242,6 +243,10 @@ pub struct PushResult {
     /// invalid subscription keys, payload too large): the failure reason to record.
     #[serde(default)]
     pub refused: Option<crate::outbox::FailReason>,
+    /// On a `transient` outcome: the request was sent but no answer came (a timeout after the
+    /// connection was open), so the push service may have accepted it. Older pushers omit it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub maybe_delivered: bool,
 }
 
 impl PushResult {

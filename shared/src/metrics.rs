@@ -57,6 +57,11 @@ pub struct HttpLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OperationLabels {
+    pub operation: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteLabels {
     pub route: String,
 }
@@ -83,6 +88,7 @@ pub const FAMILIES: &[(&str, &str)] = &[
     ("tidings_http_requests", "counter"),
     ("tidings_http_request_duration_seconds", "histogram"),
     ("tidings_api_create_batch_size", "histogram"),
+    ("tidings_delivery_log_errors", "counter"),
 ];
 
 /// The names samples appear under in the exposition (`_total` for counters; `_bucket`, `_sum`,
@@ -134,6 +140,7 @@ pub struct Metrics {
     pub http_requests: Family<HttpLabels, Counter>,
     pub http_duration: Hist<RouteLabels>,
     pub create_batch_size: Histogram,
+    pub delivery_log_errors: Family<OperationLabels, Counter>,
 }
 
 impl Metrics {
@@ -160,6 +167,7 @@ impl Metrics {
             http_duration: Family::new_with_constructor(fast_latency as fn() -> Histogram),
             // 1 … 128 creates per statement.
             create_batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 8)),
+            delivery_log_errors: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -257,6 +265,12 @@ impl Metrics {
             "Watch creates per insert statement (the api shares statements under load)",
             m.create_batch_size.clone(),
         );
+        registry.register(
+            "tidings_delivery_log_errors",
+            "Delivery-log operations (record, lookup) that failed even after recreating the bucket: \
+             while this moves, a redelivered push may be sent twice",
+            m.delivery_log_errors.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -331,6 +345,9 @@ mod tests {
         let _ = m
             .http_duration
             .get_or_create(&RouteLabels { route: l("x") });
+        let _ = m
+            .delivery_log_errors
+            .get_or_create(&OperationLabels { operation: l("x") });
         let mut registered: Vec<(String, String)> = m
             .encode()
             .lines()

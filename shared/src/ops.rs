@@ -16,11 +16,38 @@ use tokio_util::sync::CancellationToken;
 pub struct Probes {
     pub pool: Option<PgPool>,
     pub nats: Option<async_nats::Client>,
+    /// While the service is starting: what it is waiting for (see [`crate::startup`]).
+    pub starting: Starting,
+}
+
+/// What a starting service is waiting for; `/readyz` answers 503 with it until start-up is done.
+#[derive(Clone, Default)]
+pub struct Starting(std::sync::Arc<std::sync::Mutex<Option<String>>>);
+
+impl Starting {
+    pub fn waiting_for(&self, what: String) {
+        if let Ok(mut w) = self.0.lock() {
+            *w = Some(what);
+        }
+    }
+
+    pub fn done(&self) {
+        if let Ok(mut w) = self.0.lock() {
+            *w = None;
+        }
+    }
+
+    pub fn current(&self) -> Option<String> {
+        self.0.lock().ok().and_then(|w| w.clone())
+    }
 }
 
 impl Probes {
-    /// `Ok` when every dependency answers; otherwise what does not.
+    /// `Ok` when start-up is done and every dependency answers; otherwise what is missing.
     pub async fn ready(&self) -> Result<(), String> {
+        if let Some(what) = self.starting.current() {
+            return Err(format!("starting: {what}"));
+        }
         if let Some(nats) = &self.nats
             && nats.connection_state() != async_nats::connection::State::Connected
         {

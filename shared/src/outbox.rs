@@ -21,6 +21,20 @@
 //! | sending         | `Transient` (push, lease)     | retry, or failed at the cap |
 //! | sending         | `Gone`                        | dropped (subscription_gone) |
 //! | sending         | `Rejected(reason)`            | failed                      |
+//! | sending         | `Unknown` (timeout after the request went out, lease expired with no record) | retry, or failed at the cap; the row is marked *maybe delivered* |
+//! | retry           | `Delivered` / `Gone` / `Rejected` (a late result of the row's last attempt) | sent / dropped / failed |
+//!
+//! **Late results.** A push result belongs to one attempt. It is honoured whenever it arrives as
+//! long as the row has not started a newer attempt: from `sending` as usual, and from `retry`
+//! when the sweeper (or a transient result) moved the row back before this result was applied.
+//! A late `delivered` therefore ends the row `sent` with its baseline, and the row is never
+//! pushed again; a late `transient` changes nothing (the row is already retrying). Callers check
+//! the attempt; this module decides what each event does.
+//!
+//! **Maybe delivered.** An attempt whose outcome is unknown (the HTTP request timed out after it
+//! was sent, or the lease ran out with no result and no delivery on record) may have reached the
+//! user. [`Event::Unknown`] retries it like a transient failure and marks the row, so that if it
+//! later ends `dropped` or `failed` its history says "may have been delivered", not "withheld".
 //!
 //! Terminal states (`sent`, `dropped`, `failed`) accept no event; nothing returns to `pending`.
 //! The database enforces the same (from, to) pairs with a trigger (see `migrations/`), and a test
@@ -74,9 +88,17 @@ impl Status {
     /// Every state a transition from `self` may lead to. The database guard lists the same pairs.
     pub fn legal_targets(self) -> &'static [Status] {
         match self {
-            Status::Pending | Status::Retry => &[
+            Status::Pending => &[
                 Status::Retry,
                 Status::Sending,
+                Status::Dropped,
+                Status::Failed,
+            ],
+            // `sent` from `retry`: a late `delivered` of the row's last attempt.
+            Status::Retry => &[
+                Status::Retry,
+                Status::Sending,
+                Status::Sent,
                 Status::Dropped,
                 Status::Failed,
             ],
@@ -202,6 +224,53 @@ impl Reason {
     }
 }
 
+/// What a row means to the person it was for: what a device's history shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Delivery {
+    /// Not decided yet (pending, retry, sending).
+    InProgress,
+    /// The push service accepted it.
+    Delivered,
+    /// Ended without a confirmed delivery, but an attempt's outcome was unknown (a timeout after
+    /// the request went out): the notification may have arrived.
+    MayHaveBeenDelivered,
+    /// Tidings decided not to send it (the condition no longer held, the watch was paused, …).
+    Withheld,
+    /// It could not be delivered (subscription gone, rejected, retries exhausted).
+    NotDelivered,
+}
+
+impl Delivery {
+    pub fn of(status: Status, reason: Option<Reason>, maybe_delivered: bool) -> Delivery {
+        match status {
+            Status::Pending | Status::Retry | Status::Sending => Delivery::InProgress,
+            Status::Sent => Delivery::Delivered,
+            Status::Dropped | Status::Failed if maybe_delivered => Delivery::MayHaveBeenDelivered,
+            Status::Dropped if reason != Some(Reason::Dropped(DropReason::SubscriptionGone)) => {
+                Delivery::Withheld
+            }
+            Status::Dropped | Status::Failed => Delivery::NotDelivered,
+        }
+    }
+}
+
+impl Reason {
+    /// The reason named `s`, dropped or failed.
+    pub fn parse(s: &str) -> Option<Reason> {
+        DropReason::ALL
+            .into_iter()
+            .find(|r| r.as_str() == s)
+            .map(Reason::Dropped)
+            .or_else(|| {
+                FailReason::ALL
+                    .into_iter()
+                    .find(|r| r.as_str() == s)
+                    .map(Reason::Failed)
+            })
+    }
+}
+
 /// Something that happened to a row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event {
@@ -209,8 +278,12 @@ pub enum Event {
     Withheld(DropReason),
     /// Re-check holds; a PushRequest is published.
     Dispatched,
-    /// A failure worth retrying: source timeout/429/5xx, push 429/5xx, lease expiry.
+    /// A failure worth retrying, known not to have reached the user: source timeout/429/5xx,
+    /// push 429/5xx, a request refused after its deadline, a connection that never opened.
     Transient,
+    /// A push attempt whose outcome is unknown: the request may have reached the push service
+    /// (timeout after it was sent, lease expired with no result and no delivery on record).
+    Unknown,
     /// The push service accepted the message.
     Delivered,
     /// The push service says the subscription no longer exists (404, 410).
@@ -230,6 +303,9 @@ pub struct Transition {
     pub attempt: u32,
     /// Only `sent` moves the watch's baseline.
     pub advances_baseline: bool,
+    /// The attempt may have reached the user although the row is not `sent`: the row keeps this
+    /// mark for good (see *Maybe delivered* above).
+    pub maybe_delivered: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -260,6 +336,7 @@ pub fn apply(row: Row, event: Event, max_retries: u32) -> Result<Transition, Ill
         retry_count: row.retry_count,
         attempt: row.attempt,
         advances_baseline: false,
+        maybe_delivered: false,
     };
     let t = match (row.status, event) {
         (Status::Pending | Status::Retry, Event::Withheld(reason))
@@ -271,8 +348,9 @@ pub fn apply(row: Row, event: Event, max_retries: u32) -> Result<Transition, Ill
             attempt: row.attempt + 1,
             ..stay(Status::Sending, None)
         },
-        (Status::Pending | Status::Retry | Status::Sending, Event::Transient) => {
-            if row.retry_count >= max_retries {
+        (Status::Pending | Status::Retry | Status::Sending, Event::Transient)
+        | (Status::Sending, Event::Unknown) => {
+            let t = if row.retry_count >= max_retries {
                 stay(
                     Status::Failed,
                     Some(Reason::Failed(FailReason::RetriesExhausted)),
@@ -282,17 +360,24 @@ pub fn apply(row: Row, event: Event, max_retries: u32) -> Result<Transition, Ill
                     retry_count: row.retry_count + 1,
                     ..stay(Status::Retry, None)
                 }
+            };
+            Transition {
+                maybe_delivered: event == Event::Unknown,
+                ..t
             }
         }
-        (Status::Sending, Event::Delivered) => Transition {
+        // From `retry`: a late result of the row's last attempt (the caller checks the attempt).
+        (Status::Sending | Status::Retry, Event::Delivered) => Transition {
             advances_baseline: true,
             ..stay(Status::Sent, None)
         },
-        (Status::Sending, Event::Gone) => stay(
+        (Status::Sending | Status::Retry, Event::Gone) => stay(
             Status::Dropped,
             Some(Reason::Dropped(DropReason::SubscriptionGone)),
         ),
-        (Status::Sending, Event::Rejected(reason)) if reason != FailReason::RetriesExhausted => {
+        (Status::Sending | Status::Retry, Event::Rejected(reason))
+            if reason != FailReason::RetriesExhausted =>
+        {
             stay(Status::Failed, Some(Reason::Failed(reason)))
         }
         _ => return Err(illegal),
@@ -391,7 +476,9 @@ mod tests {
                 Status::Sending,
                 Event::Rejected(FailReason::RetriesExhausted),
             ),
-            (Status::Retry, Event::Rejected(FailReason::PushRejected)),
+            (Status::Pending, Event::Rejected(FailReason::PushRejected)),
+            (Status::Pending, Event::Unknown),
+            (Status::Retry, Event::Unknown),
         ] {
             assert_eq!(
                 apply(row(status), event, 5),
@@ -401,6 +488,77 @@ mod tests {
                 })
             );
         }
+    }
+
+    #[test]
+    fn a_late_result_of_the_last_attempt_ends_a_retrying_row() {
+        // The sweeper gave up waiting for attempt 1 (outcome unknown), then its result arrived.
+        let t = apply(row(Status::Sending), Event::Unknown, 5).unwrap();
+        assert_eq!(
+            (t.to, t.retry_count, t.maybe_delivered),
+            (Status::Retry, 1, true)
+        );
+        let retrying = Row {
+            status: t.to,
+            retry_count: t.retry_count,
+            attempt: 1,
+        };
+        let t = apply(retrying, Event::Delivered, 5).unwrap();
+        assert_eq!(
+            (t.to, t.advances_baseline, t.attempt),
+            (Status::Sent, true, 1)
+        );
+        let t = apply(retrying, Event::Gone, 5).unwrap();
+        assert_eq!(t.reason.map(Reason::as_str), Some("subscription_gone"));
+        let t = apply(retrying, Event::Rejected(FailReason::PayloadTooLarge), 5).unwrap();
+        assert_eq!(t.to, Status::Failed);
+    }
+
+    #[test]
+    fn only_an_unknown_outcome_marks_a_row_maybe_delivered() {
+        let t = apply(row(Status::Sending), Event::Transient, 5).unwrap();
+        assert!(!t.maybe_delivered);
+        let t = apply(row(Status::Sending), Event::Unknown, 0).unwrap();
+        assert_eq!(
+            (t.to, t.maybe_delivered),
+            (Status::Failed, true),
+            "at the cap it fails, still marked"
+        );
+    }
+
+    #[test]
+    fn history_tells_withheld_from_maybe_delivered() {
+        let lost = Some(Reason::Dropped(DropReason::ConditionLost));
+        assert_eq!(
+            Delivery::of(Status::Dropped, lost, false),
+            Delivery::Withheld
+        );
+        assert_eq!(
+            Delivery::of(Status::Dropped, lost, true),
+            Delivery::MayHaveBeenDelivered
+        );
+        let gone = Some(Reason::Dropped(DropReason::SubscriptionGone));
+        assert_eq!(
+            Delivery::of(Status::Dropped, gone, false),
+            Delivery::NotDelivered
+        );
+        let exhausted = Some(Reason::Failed(FailReason::RetriesExhausted));
+        assert_eq!(
+            Delivery::of(Status::Failed, exhausted, true),
+            Delivery::MayHaveBeenDelivered
+        );
+        assert_eq!(Delivery::of(Status::Sent, None, true), Delivery::Delivered);
+        assert_eq!(
+            Delivery::of(Status::Retry, None, true),
+            Delivery::InProgress
+        );
+        for r in DropReason::ALL {
+            assert_eq!(Reason::parse(r.as_str()), Some(Reason::Dropped(r)));
+        }
+        for r in FailReason::ALL {
+            assert_eq!(Reason::parse(r.as_str()), Some(Reason::Failed(r)));
+        }
+        assert_eq!(Reason::parse("bogus"), None);
     }
 
     #[test]
@@ -416,6 +574,7 @@ mod tests {
             proptest::sample::select(DropReason::ALL.to_vec()).prop_map(Event::Withheld),
             Just(Event::Dispatched),
             Just(Event::Transient),
+            Just(Event::Unknown),
             Just(Event::Delivered),
             Just(Event::Gone),
             proptest::sample::select(FailReason::ALL.to_vec()).prop_map(Event::Rejected),
@@ -457,6 +616,7 @@ mod tests {
                         prop_assert!(t.attempt >= r.attempt);
                         prop_assert_eq!(t.advances_baseline, t.to == Status::Sent);
                         prop_assert_eq!(t.reason.is_some(), matches!(t.to, Status::Dropped | Status::Failed));
+                        prop_assert_eq!(t.maybe_delivered, event == Event::Unknown);
                         if t.advances_baseline {
                             prop_assert!(!sent_once, "baseline advanced twice");
                             sent_once = true;

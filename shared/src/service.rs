@@ -20,6 +20,10 @@ pub struct NatsArgs {
     /// JetStream replicas per stream (3 in production).
     #[arg(long, env = "TIDINGS_STREAM_REPLICAS", default_value_t = 1)]
     pub stream_replicas: usize,
+    /// How long the delivery log remembers a delivered row, so a redelivered or retried push is
+    /// not sent again (pusher and dispatcher read the same setting).
+    #[arg(long, env = "TIDINGS_DELIVERY_LOG_TTL", default_value = "10m", value_parser = parse_duration)]
+    pub delivery_log_ttl: Duration,
 }
 
 impl NatsArgs {
@@ -30,6 +34,7 @@ impl NatsArgs {
     pub fn streams(&self) -> StreamSettings {
         StreamSettings {
             replicas: self.stream_replicas,
+            delivery_log_ttl: self.delivery_log_ttl,
             ..StreamSettings::default()
         }
     }

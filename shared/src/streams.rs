@@ -24,6 +24,9 @@ pub struct StreamSettings {
     /// older, so this only bounds storage when a consumer is down for long.
     pub max_age: Duration,
     pub dlq_max_age: Duration,
+    /// How long the delivery log remembers a delivered row (`crate::delivered`): the window in
+    /// which a redelivered or retried push is recognised and not sent again.
+    pub delivery_log_ttl: Duration,
 }
 
 impl Default for StreamSettings {
@@ -33,6 +36,7 @@ impl Default for StreamSettings {
             duplicate_window: Duration::from_secs(2 * 60 * 60),
             max_age: Duration::from_secs(7 * 24 * 60 * 60),
             dlq_max_age: Duration::from_secs(14 * 24 * 60 * 60),
+            delivery_log_ttl: Duration::from_secs(10 * 60),
         }
     }
 }

@@ -44,6 +44,9 @@ pub enum Answer {
     Unauthorized,
     /// Never answers.
     Hang,
+    /// Accepts the push (it counts as received) but answers 201 only after this long: past a
+    /// pusher's HTTP timeout, the push arrived although the pusher saw a timeout.
+    CreatedAfter(std::time::Duration),
 }
 
 /// One push as received, after decryption and VAPID verification.
@@ -212,7 +215,7 @@ async fn push(
     if answer == Answer::Hang {
         return std::future::pending().await;
     }
-    if answer == Answer::Created {
+    if matches!(answer, Answer::Created | Answer::CreatedAfter(_)) {
         let Ok(secret) = p256::SecretKey::from_slice(&secret) else {
             return StatusCode::INTERNAL_SERVER_ERROR.into_response();
         };
@@ -243,6 +246,14 @@ async fn push(
         }
     }
     match answer {
+        Answer::CreatedAfter(delay) => {
+            tokio::time::sleep(delay).await;
+            (
+                StatusCode::CREATED,
+                [("location", format!("{origin}/m/late"))],
+            )
+                .into_response()
+        }
         Answer::Created => {
             let n = lock(&inner.received).len();
             (
@@ -500,4 +511,26 @@ impl FakePushService {
     pub fn rejected(&self) -> Vec<String> {
         lock(&self.inner.rejected).clone()
     }
+}
+
+/// Pusher settings for delivering to a fake push service: a new VAPID key, 1 s timeouts,
+/// endpoints on loopback allowed and the fake's certificate trusted.
+pub fn pusher_settings(subjects: tidings_shared::subjects::Subjects) -> tidings_pusher::Settings {
+    let (private, _) = tidings_shared::vapid::VapidKey::generate().expect("VAPID key");
+    let signer = tidings_shared::vapid::VapidSigner::new(
+        tidings_shared::vapid::VapidKey::parse(&private).expect("VAPID key"),
+        "mailto:ops@tidings.invalid",
+    )
+    .expect("VAPID signer");
+    let mut settings = tidings_pusher::Settings::new(subjects, signer);
+    settings.http_timeout = std::time::Duration::from_secs(1);
+    settings.connect_timeout = std::time::Duration::from_secs(1);
+    settings.concurrency = 64;
+    settings.policy = tidings_shared::endpoint::EndpointPolicy {
+        allowed_hosts: vec!["127.0.0.1".into()],
+        allow_private: true,
+        allow_http: false,
+    };
+    settings.extra_roots = vec![CERT_PEM.to_vec()];
+    settings
 }

@@ -12,8 +12,10 @@ use tidings_dispatcher::Settings;
 use tidings_dispatcher::dispatch::Dispatcher;
 use tidings_dispatcher::ingest::Ingest;
 use tidings_dispatcher::results::Results;
+use tidings_dispatcher::sweeper::{self, SweepStats};
+use tidings_shared::delivered::DeliveryLog;
 use tidings_shared::messages::{
-    EnqueueRequest, Outcome, PushRequest, PushResult, VERSION, decode, encode,
+    EnqueueRequest, Outcome, PushRequest, PushResult, Subscription, VERSION, decode, encode,
 };
 use tidings_shared::source::HttpSource;
 use tidings_shared::streams::{StreamSettings, ensure_streams};
@@ -56,6 +58,8 @@ pub struct OutboxRow {
     pub sent_value: Option<Value>,
     pub payload: Option<Value>,
     pub http_status: Option<i32>,
+    pub push_message_id: Option<String>,
+    pub maybe_delivered: bool,
 }
 
 impl Scenario {
@@ -75,7 +79,8 @@ impl Scenario {
         settings.push_deadline = Duration::from_secs(1);
         settings.push_http_timeout = Duration::from_millis(500);
         settings.lease_margin = Duration::from_millis(250);
-        settings.sending_lease = Duration::from_secs(2);
+        settings.result_ack_wait = Duration::from_secs(1);
+        settings.sending_lease = Duration::from_secs(3);
         settings.sweep_interval = Duration::from_millis(200);
         settings.poll_interval = Duration::from_millis(20);
         Scenario {
@@ -107,6 +112,18 @@ impl Scenario {
             .expect("ingest")
     }
 
+    /// The delivery log the pusher writes and the sweeper reads, under this scenario's prefix.
+    pub fn delivery_log(&self) -> DeliveryLog {
+        DeliveryLog::new(self.js.clone(), &self.subjects, &self.settings.streams)
+    }
+
+    /// One sweep of expired leases, as the dispatcher's sweeper loop runs it.
+    pub async fn sweep(&self) -> SweepStats {
+        sweeper::sweep_once(&self.db.pool, &self.settings, &self.delivery_log())
+            .await
+            .expect("sweep")
+    }
+
     pub async fn results(&self) -> Results {
         Results::new(self.db.pool.clone(), self.js.clone(), self.settings())
             .await
@@ -115,17 +132,27 @@ impl Scenario {
 
     /// A device with a subscription, watching `item` with `trigger`; the catalog serves `price`.
     pub async fn watcher(&self, item: &str, trigger: Trigger, price: i64) -> Watcher {
+        let sub = Subscription {
+            endpoint: "https://push.example/sub/1".into(),
+            p256dh: "p256dh".into(),
+            auth: "auth".into(),
+        };
+        self.watcher_at(item, trigger, price, &sub).await
+    }
+
+    /// [`Scenario::watcher`] whose device pushes to `sub` (a fake push service's, say).
+    pub async fn watcher_at(
+        &self,
+        item: &str,
+        trigger: Trigger,
+        price: i64,
+        sub: &Subscription,
+    ) -> Watcher {
         let pool = &self.db.pool;
         let device = fixtures::device(pool, "UTC").await.expect("device");
-        fixtures::subscription(
-            pool,
-            device.id,
-            "https://push.example/sub/1",
-            "p256dh",
-            "auth",
-        )
-        .await
-        .expect("subscription");
+        fixtures::subscription(pool, device.id, &sub.endpoint, &sub.p256dh, &sub.auth)
+            .await
+            .expect("subscription");
         let watch = fixtures::watch(
             pool,
             device.id,
@@ -309,6 +336,7 @@ impl Scenario {
             error: None,
             latency_ms: 5,
             refused: None,
+            maybe_delivered: false,
         }
     }
 
@@ -327,7 +355,7 @@ impl Scenario {
     pub async fn rows(&self, watch: WatchId) -> Vec<OutboxRow> {
         sqlx::query_as(
             "SELECT id, status, reason, attempt, retry_count, next_attempt_at, last_error, detected_price,
-                    checked, sent_value, payload, http_status
+                    checked, sent_value, payload, http_status, push_message_id, maybe_delivered
              FROM outbox WHERE watch_id = $1 ORDER BY created_at",
         )
         .bind(watch)
@@ -339,13 +367,22 @@ impl Scenario {
     pub async fn row(&self, id: OutboxId) -> OutboxRow {
         sqlx::query_as(
             "SELECT id, status, reason, attempt, retry_count, next_attempt_at, last_error, detected_price,
-                    checked, sent_value, payload, http_status
+                    checked, sent_value, payload, http_status, push_message_id, maybe_delivered
              FROM outbox WHERE id = $1",
         )
         .bind(id)
         .fetch_one(&self.db.pool)
         .await
         .expect("outbox row")
+    }
+
+    /// The price the baseline of `watch` holds (what was last sent), if one was sent.
+    pub async fn baseline_price(&self, watch: WatchId) -> Option<i64> {
+        sqlx::query_scalar("SELECT price FROM baselines WHERE watch_id = $1")
+            .bind(watch)
+            .fetch_optional(&self.db.pool)
+            .await
+            .expect("baseline")
     }
 
     /// Makes every waiting row due now, as if its backoff had passed.

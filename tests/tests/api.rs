@@ -69,6 +69,98 @@ async fn outbox_row(db: &sqlx::PgPool, device: &str, watch: &str, price: i64) ->
     }
 }
 
+/// Moves a row along legal edges with SQL, as the dispatcher's loops would.
+async fn set_row(db: &sqlx::PgPool, id: Uuid, sql: &str) {
+    sqlx::query(&format!("UPDATE outbox SET {sql} WHERE id = $1"))
+        .bind(id)
+        .execute(db)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn history_says_may_have_been_delivered_when_an_attempt_timed_out_before_a_drop() {
+    let s = Scenario::new().await;
+    let api = ApiServer::start(s.db.pool.clone(), test_settings()).await;
+    let (device, token) = api.register().await;
+    let mut watches = Vec::new();
+    for item in ["SKU-1", "SKU-2", "SKU-3"] {
+        let r = api
+            .req(Method::POST, "/v1/watches", Some(&token))
+            .json(&json!({"item_code": item, "triggers": [{"kind": "price_below", "threshold": 1200}]}))
+            .send()
+            .await
+            .unwrap();
+        watches.push(json(r).await["id"].as_str().unwrap().to_owned());
+    }
+    let db = &s.db.pool;
+    let sending = "status = 'sending', attempt = 1, lease_until = now(), deadline = now()";
+
+    // Withheld outright: the price went back up before the first attempt.
+    let withheld = outbox_row(db, &device, &watches[0], 1100).await;
+    set_row(
+        db,
+        withheld,
+        "status = 'dropped', reason = 'condition_lost', finished_at = now()",
+    )
+    .await;
+    // Attempt 1 timed out after it was sent, then the retry's re-check found the price back up.
+    let maybe = outbox_row(db, &device, &watches[1], 1050).await;
+    set_row(db, maybe, sending).await;
+    set_row(
+        db,
+        maybe,
+        "status = 'retry', retry_count = 1, maybe_delivered = true, lease_until = NULL",
+    )
+    .await;
+    set_row(
+        db,
+        maybe,
+        "status = 'dropped', reason = 'condition_lost', finished_at = now()",
+    )
+    .await;
+    // Still retrying after such a timeout.
+    let open = outbox_row(db, &device, &watches[2], 1000).await;
+    set_row(db, open, sending).await;
+    set_row(
+        db,
+        open,
+        "status = 'retry', retry_count = 1, maybe_delivered = true, lease_until = NULL",
+    )
+    .await;
+
+    let history = json(
+        api.req(Method::GET, "/v1/notifications", Some(&token))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let delivery = |id: Uuid| {
+        history["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["id"] == id.to_string())
+            .map(|i| (i["status"].clone(), i["delivery"].clone()))
+            .unwrap()
+    };
+    assert_eq!(delivery(withheld), (json!("dropped"), json!("withheld")));
+    assert_eq!(
+        delivery(maybe),
+        (json!("dropped"), json!("may_have_been_delivered"))
+    );
+    assert_eq!(delivery(open), (json!("retry"), json!("in_progress")));
+
+    // The mark is evidence: the database refuses to clear it.
+    let cleared = sqlx::query("UPDATE outbox SET maybe_delivered = false WHERE id = $1")
+        .bind(open)
+        .execute(db)
+        .await;
+    assert!(cleared.is_err(), "maybe_delivered was cleared");
+    api.stop().await;
+}
+
 #[tokio::test]
 async fn a_client_registers_watches_pauses_reads_history_and_leaves() {
     let s = Scenario::new().await;

@@ -6,7 +6,7 @@ use chrono::{Duration as ChronoDuration, Utc};
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 use tidings_dispatcher::ingest::IngestStats;
-use tidings_dispatcher::sweeper;
+use tidings_shared::delivered::Delivery;
 use tidings_shared::messages::{Outcome, decode};
 use tidings_shared::subjects::StreamKind;
 use tidings_shared::trigger::Trigger;
@@ -623,31 +623,103 @@ async fn a_dispatcher_killed_mid_batch_loses_nothing() {
 }
 
 #[tokio::test]
-async fn a_sending_row_whose_lease_expires_is_retried_and_a_late_result_is_ignored() {
+async fn a_late_delivered_result_ends_an_expired_row_sent_and_it_is_not_pushed_again() {
     let s = Scenario::new().await;
     let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
     let push = s.dispatched(&w, 1100).await;
 
-    // No result arrives; the lease is 2 s in this scenario.
-    assert_eq!(
-        sweeper::sweep_once(&s.db.pool, &s.settings).await.unwrap(),
-        0,
-        "lease still running"
-    );
+    // No result arrives and nothing is on record; the lease is 3 s in this scenario.
+    assert_eq!(s.sweep().await.moved(), 0, "lease still running");
     tokio::time::sleep(s.settings.sending_lease + Duration::from_millis(100)).await;
-    assert_eq!(
-        sweeper::sweep_once(&s.db.pool, &s.settings).await.unwrap(),
-        1
-    );
+    assert_eq!(s.sweep().await.expired, 1);
     let row = s.row(push.outbox_id).await;
     assert_eq!(row.status, "retry");
     assert!(row.last_error.unwrap().starts_with("lease_expired"));
+    assert!(
+        row.maybe_delivered,
+        "nobody knows whether attempt 1 arrived"
+    );
 
-    // The attempt-1 result turns up late: it cannot touch the row any more.
+    // The attempt-1 result turns up late (a dispatcher died holding it): the user did get the
+    // notification, so the row is sent, with its baseline, and never dispatched again.
     s.publish_result(&s.result(&push, Outcome::Delivered, Some(201)))
         .await;
+    assert_eq!(s.results().await.run_once(WAIT).await.unwrap().applied, 1);
+    let row = s.row(push.outbox_id).await;
+    assert_eq!((row.status.as_str(), row.attempt), ("sent", 1));
+    assert_eq!(
+        s.baseline_price(w.watch).await,
+        Some(1100),
+        "the baseline is the value that was sent"
+    );
+    s.make_due().await;
+    assert_eq!(s.dispatcher().dispatch_once().await.unwrap().claimed, 0);
+    assert!(
+        s.take_pushes(&s.push_consumer().await, WAIT)
+            .await
+            .is_empty()
+    );
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_late_transient_result_changes_nothing_and_a_stale_attempt_is_ignored() {
+    let mut s = Scenario::new().await;
+    s.settings.retry.base = Duration::from_millis(100);
+    let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
+    let first = s.dispatched(&w, 1100).await;
+    tokio::time::sleep(s.settings.sending_lease + Duration::from_millis(100)).await;
+    assert_eq!(s.sweep().await.expired, 1);
+
+    // Attempt 1's late transient result: the row is already retrying.
+    s.publish_result(&s.result(&first, Outcome::Transient, Some(503)))
+        .await;
     assert_eq!(s.results().await.run_once(WAIT).await.unwrap().applied, 0);
-    assert_eq!(s.row(push.outbox_id).await.status, "retry");
+    let row = s.row(first.outbox_id).await;
+    assert_eq!((row.status.as_str(), row.retry_count), ("retry", 1));
+
+    // Attempt 2 starts; attempt 1's delivered result now comes too late to count.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    s.make_due().await;
+    assert_eq!(s.dispatcher().dispatch_once().await.unwrap().published, 1);
+    let second = s.take_pushes(&s.push_consumer().await, WAIT).await;
+    assert_eq!(second[0].attempt, 2);
+    s.publish_result(&s.result(&first, Outcome::Delivered, Some(201)))
+        .await;
+    assert_eq!(s.results().await.run_once(WAIT).await.unwrap().applied, 0);
+    assert_eq!(s.row(first.outbox_id).await.status, "sending");
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_expired_lease_whose_delivery_is_on_record_ends_sent_without_its_result() {
+    let s = Scenario::new().await;
+    let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
+    let push = s.dispatched(&w, 1100).await;
+    // The pusher delivered and recorded it; its result never reached a dispatcher.
+    s.delivery_log()
+        .record(
+            push.outbox_id,
+            &Delivery {
+                attempt: push.attempt,
+                message_id: Some("https://push.example/m/1".into()),
+            },
+        )
+        .await
+        .unwrap();
+
+    assert_eq!(s.sweep().await.moved(), 0, "lease still running");
+    tokio::time::sleep(s.settings.sending_lease + Duration::from_millis(100)).await;
+    let stats = s.sweep().await;
+    assert_eq!((stats.delivered, stats.expired), (1, 0));
+    let row = s.row(push.outbox_id).await;
+    assert_eq!(row.status, "sent");
+    assert!(!row.maybe_delivered);
+    assert_eq!(
+        row.push_message_id.as_deref(),
+        Some("https://push.example/m/1")
+    );
+    assert_eq!(s.baseline_price(w.watch).await, Some(1100));
     s.cleanup().await;
 }
 

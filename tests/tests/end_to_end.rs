@@ -12,7 +12,7 @@ use tidings_shared::trigger::Trigger;
 use tidings_tests::demo::{self, Endpoints};
 use tidings_tests::fake_push::FakePushService;
 use tidings_tests::fixtures;
-use tidings_tests::harness::tool;
+use tidings_tests::harness::{PrivateNats, tool};
 use tidings_tests::scenario::Scenario;
 use tidings_tests::services::{ADMIN_TOKEN, Pipeline, SERVICES};
 
@@ -514,4 +514,92 @@ async fn sigterm_during_a_burst_loses_nothing_and_delivers_nothing_twice() {
     assert_eq!(topics.len(), N, "no outbox row delivered twice");
     p.stop().await;
     s.cleanup().await;
+}
+
+async fn readyz(p: &Pipeline, name: &str) -> (u16, String) {
+    let r = reqwest::get(format!("{}/readyz", p.url(name)))
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+#[tokio::test]
+async fn services_started_before_nats_wait_unready_and_start_when_it_comes() {
+    let s = Scenario::new().await;
+    let mut nats = PrivateNats::reserve().unwrap();
+    let mut p = Pipeline::start_only(&s, &[], &[("NATS_URL", &nats.url)]).await;
+    for name in ["dispatcher", "pusher", "detector"] {
+        p.spawn(name);
+    }
+    // Up, saying what they wait for, and not exiting.
+    let started = Instant::now();
+    for name in ["dispatcher", "pusher", "detector"] {
+        loop {
+            if let Ok(r) = reqwest::get(format!("{}/livez", p.url(name))).await
+                && r.status().is_success()
+            {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "{name} never served /livez:\n{}",
+                p.log(name)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for name in ["dispatcher", "pusher", "detector"] {
+        let (status, why) = readyz(&p, name).await;
+        assert_eq!(status, 503, "{name}: {why}");
+        assert!(
+            why.contains("starting") && (why.contains("NATS") || why.contains("JetStream")),
+            "{name}: {why}"
+        );
+        assert!(
+            p.log(name).contains("not available yet; retrying"),
+            "{}",
+            p.log(name)
+        );
+    }
+
+    // NATS comes: each becomes ready without a restart.
+    nats.start().await.unwrap();
+    for name in ["dispatcher", "pusher", "detector"] {
+        p.wait_ready(name).await;
+    }
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn a_service_without_postgres_stays_up_and_says_so() {
+    let s = Scenario::new().await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let url = format!("postgres://tidings@127.0.0.1:{port}/tidings");
+    let mut p = Pipeline::start_only(&s, &[], &[("DATABASE_URL", &url)]).await;
+    p.spawn("dispatcher");
+    p.spawn("api");
+    let started = Instant::now();
+    loop {
+        let d = reqwest::get(format!("{}/readyz", p.url("dispatcher"))).await;
+        let a = reqwest::get(format!("{}/readyz", p.url("api"))).await;
+        if let (Ok(d), Ok(a)) = (d, a) {
+            assert_eq!(d.status(), 503);
+            assert_eq!(a.status(), 503);
+            assert!(d.text().await.unwrap().contains("Postgres"));
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "not serving:\n{}",
+            p.log("dispatcher")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (status, _) = readyz(&p, "dispatcher").await;
+    assert_eq!(status, 503, "still waiting, still running");
+    p.stop().await;
 }

@@ -16,9 +16,8 @@ use tidings_shared::messages::{
 use tidings_shared::outbox::FailReason;
 use tidings_shared::streams::{StreamSettings, ensure_streams};
 use tidings_shared::subjects::{StreamKind, Subjects};
-use tidings_shared::vapid::{VapidKey, VapidSigner};
 use tidings_shared::{Channel, OutboxId};
-use tidings_tests::fake_push::{Answer, CERT_PEM, FakePushService};
+use tidings_tests::fake_push::{Answer, FakePushService, pusher_settings};
 use tidings_tests::harness::{delete_streams, nats, test_subjects};
 
 const WAIT: Duration = Duration::from_millis(300);
@@ -39,23 +38,7 @@ impl World {
             .await
             .unwrap();
         let push = FakePushService::start().await.unwrap();
-        let (private, _) = VapidKey::generate().unwrap();
-        let signer = VapidSigner::new(
-            VapidKey::parse(&private).unwrap(),
-            "mailto:ops@tidings.invalid",
-        )
-        .unwrap();
-        let mut settings = Settings::new(subjects.clone(), signer);
-        settings.http_timeout = Duration::from_secs(1);
-        settings.connect_timeout = Duration::from_secs(1);
-        settings.concurrency = 64;
-        // The fake service lives on loopback: allow exactly that.
-        settings.policy = EndpointPolicy {
-            allowed_hosts: vec!["127.0.0.1".into()],
-            allow_private: true,
-            allow_http: false,
-        };
-        settings.extra_roots = vec![CERT_PEM.to_vec()];
+        let settings = pusher_settings(subjects.clone());
         let results = js
             .get_stream(subjects.stream(StreamKind::Result))
             .await
@@ -387,5 +370,61 @@ async fn a_pusher_killed_mid_batch_leaves_every_request_with_exactly_one_result(
         requests.len(),
         "nothing lost at the push service"
     );
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_stopping_pusher_hands_back_what_it_pulled_within_a_second() {
+    let mut w = World::new().await;
+    w.settings.concurrency = 4;
+    // Long enough that the stopping pusher's own pushes are still in flight when we look.
+    w.settings.http_timeout = Duration::from_secs(5);
+    let sub = w.push.subscription();
+    // The first four pushes hang: they keep the stopping pusher's four slots busy, so what it
+    // pulled beyond them sits unstarted.
+    w.push.answer_next(
+        &sub,
+        &[Answer::Hang, Answer::Hang, Answer::Hang, Answer::Hang],
+    );
+    let requests: Vec<PushRequest> = (0..8).map(|_| w.request(&sub)).collect();
+    for r in &requests {
+        w.publish(r, &r.msg_id()).await;
+    }
+    let stopping = w.pusher().await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let first = tokio::spawn(stopping.run(stop.clone()));
+    let started = Instant::now();
+    while w.push.hits() < 4 {
+        assert!(started.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // A second pusher is up; JetStream has nothing left to give it but what the first holds.
+    let other = w.pusher().await;
+    let keep = tokio_util::sync::CancellationToken::new();
+    let second = tokio::spawn(other.run(keep.clone()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(w.push.hits(), 4, "the rest is held by the first pusher");
+
+    // SIGTERM: the four it pulled but never started reach the other pusher at once.
+    stop.cancel();
+    let stopped = Instant::now();
+    let mut delivered = Vec::new();
+    while delivered.len() < 4 && stopped.elapsed() < Duration::from_secs(3) {
+        delivered.extend(
+            w.results()
+                .await
+                .into_iter()
+                .filter(|r| r.outcome == Outcome::Delivered),
+        );
+    }
+    assert_eq!(delivered.len(), 4, "handed over: {delivered:?}");
+    assert!(
+        stopped.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        stopped.elapsed()
+    );
+    first.await.unwrap().unwrap();
+    keep.cancel();
+    second.await.unwrap().unwrap();
     w.cleanup().await;
 }

@@ -189,6 +189,7 @@ async fn round(rows: usize) -> Round {
                 error: None,
                 latency_ms: 1,
                 refused: None,
+                maybe_delivered: false,
             });
             let _ = m.ack().await;
         }

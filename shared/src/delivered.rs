@@ -1,0 +1,165 @@
+//! The delivery log: which outbox rows a push service has accepted, and by which attempt.
+//!
+//! The pusher records a delivery right after the push service answers 2xx, before it publishes
+//! the `delivered` result. Two readers use it:
+//!
+//! - the pusher, before it POSTs a redelivered request or a later attempt of a row: a row that
+//!   was delivered already is not sent again (its `delivered` is reported instead);
+//! - the dispatcher's lease sweeper, before it gives up on a `sending` row: a row delivered by
+//!   the attempt in flight ends `sent` even though its result never arrived (a dispatcher died
+//!   holding it, Postgres was down, or JetStream lost it).
+//!
+//! It is a JetStream key-value bucket, keyed by outbox id, kept on disk with the streams'
+//! replicas and a TTL. Losing it cannot lose a notification, only widen the duplicate window,
+//! and it repairs itself: an operation that fails (the bucket vanished in a broker restart, say)
+//! recreates the bucket and is tried once more. Failures that remain are counted in
+//! `tidings_delivery_log_errors_total`: while that counter moves, the guard against a second
+//! push is off.
+
+use crate::OutboxId;
+use crate::streams::StreamSettings;
+use crate::subjects::Subjects;
+use async_nats::jetstream::{self, kv};
+use serde::{Deserialize, Serialize};
+use std::sync::RwLock;
+
+/// The bucket's name under the prefix.
+pub const BUCKET: &str = "delivered";
+
+/// What the log holds for a delivered row.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delivery {
+    /// The attempt the push service accepted.
+    pub attempt: u32,
+    /// The push service's message id (`Location`), when it gave one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("delivery log {bucket}: {operation}: {detail}")]
+pub struct DeliveryLogError {
+    pub bucket: String,
+    pub operation: &'static str,
+    pub detail: String,
+}
+
+pub struct DeliveryLog {
+    js: jetstream::Context,
+    config: kv::Config,
+    store: RwLock<Option<kv::Store>>,
+}
+
+impl DeliveryLog {
+    /// The log for `subjects`' prefix. The bucket is created on first use, so this never fails
+    /// and a service can start while NATS is still coming up.
+    pub fn new(js: jetstream::Context, subjects: &Subjects, streams: &StreamSettings) -> Self {
+        DeliveryLog {
+            js,
+            config: kv::Config {
+                bucket: subjects.bucket(BUCKET),
+                history: 1,
+                max_age: streams.delivery_log_ttl,
+                storage: jetstream::stream::StorageType::File,
+                num_replicas: streams.replicas,
+                ..Default::default()
+            },
+            store: RwLock::new(None),
+        }
+    }
+
+    pub fn bucket(&self) -> &str {
+        &self.config.bucket
+    }
+
+    fn error(&self, operation: &'static str, detail: impl ToString) -> DeliveryLogError {
+        DeliveryLogError {
+            bucket: self.config.bucket.clone(),
+            operation,
+            detail: detail.to_string(),
+        }
+    }
+
+    /// Creates the bucket (or updates its settings) and keeps the handle.
+    pub async fn ensure(&self) -> Result<kv::Store, DeliveryLogError> {
+        let store = self
+            .js
+            .create_or_update_key_value(self.config.clone())
+            .await
+            .map_err(|e| self.error("create bucket", e))?;
+        if let Ok(mut slot) = self.store.write() {
+            *slot = Some(store.clone());
+        }
+        Ok(store)
+    }
+
+    async fn store(&self) -> Result<kv::Store, DeliveryLogError> {
+        let held = self.store.read().ok().and_then(|s| s.clone());
+        match held {
+            Some(store) => Ok(store),
+            None => self.ensure().await,
+        }
+    }
+
+    /// Records that `outbox_id` was delivered by `delivery.attempt`.
+    pub async fn record(
+        &self,
+        outbox_id: OutboxId,
+        delivery: &Delivery,
+    ) -> Result<(), DeliveryLogError> {
+        let key = outbox_id.to_string();
+        let value = serde_json::to_vec(delivery).unwrap_or_default();
+        let result = async {
+            match self.store().await?.put(&key, value.clone().into()).await {
+                Ok(_) => Ok(()),
+                Err(e) => {
+                    tracing::warn!(bucket = self.bucket(), outbox_id = %outbox_id, error = %e, "recording a delivery failed; recreating the bucket and trying again");
+                    self.ensure()
+                        .await?
+                        .put(&key, value.into())
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| self.error("record", e))
+                }
+            }
+        }
+        .await;
+        self.count(&result, "record", outbox_id);
+        result
+    }
+
+    /// The delivery recorded for `outbox_id`, if any.
+    pub async fn lookup(&self, outbox_id: OutboxId) -> Result<Option<Delivery>, DeliveryLogError> {
+        let key = outbox_id.to_string();
+        let result = async {
+            match self.store().await?.get(&key).await {
+                Ok(v) => Ok(v),
+                Err(e) => {
+                    tracing::warn!(bucket = self.bucket(), outbox_id = %outbox_id, error = %e, "looking up a delivery failed; recreating the bucket and trying again");
+                    self.ensure()
+                        .await?
+                        .get(&key)
+                        .await
+                        .map_err(|e| self.error("lookup", e))
+                }
+            }
+        }
+        .await;
+        self.count(&result, "lookup", outbox_id);
+        // A value this build cannot read counts as no record: the caller then acts as it would
+        // without the log (at worst a duplicate push), which is all the log narrows.
+        Ok(result?.and_then(|bytes| serde_json::from_slice(&bytes).ok()))
+    }
+
+    fn count<T>(&self, result: &Result<T, DeliveryLogError>, operation: &str, outbox_id: OutboxId) {
+        if let Err(e) = result {
+            tracing::error!(outbox_id = %outbox_id, error = %e, "delivery log unavailable: the guard against a second push is off for this row");
+            crate::metrics::metrics()
+                .delivery_log_errors
+                .get_or_create(&crate::metrics::OperationLabels {
+                    operation: operation.to_owned(),
+                })
+                .inc();
+        }
+    }
+}

@@ -1,0 +1,151 @@
+//! Start-up that waits for its dependencies instead of exiting.
+//!
+//! A service that exits because NATS or Postgres is not there yet is restarted by Kubernetes
+//! with a growing back-off (CrashLoopBackOff), which adds minutes to an outage that may have
+//! lasted seconds. Instead every service serves `/livez` and `/readyz` first, then connects and
+//! prepares (streams, consumers) with [`retry`]: each failure is logged with what is missing and
+//! why, `/readyz` answers 503 with the same text, and the next try comes after a back-off that
+//! doubles up to [`MAX_DELAY`]. SIGTERM ends the wait.
+
+use crate::ops::{Probes, Starting};
+use crate::streams::{StreamSettings, ensure_streams};
+use crate::subjects::Subjects;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Connection, PgConnection, PgPool};
+use std::fmt::Display;
+use std::future::Future;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+pub const FIRST_DELAY: Duration = Duration::from_millis(200);
+pub const MAX_DELAY: Duration = Duration::from_secs(5);
+/// How long one try may take before it counts as failed.
+pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Runs `step` until it succeeds; `None` if `shutdown` came first.
+pub async fn retry<T, E, F, Fut>(
+    what: &str,
+    starting: &Starting,
+    shutdown: &CancellationToken,
+    mut step: F,
+) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+    E: Display,
+{
+    let mut delay = FIRST_DELAY;
+    let mut failures: u32 = 0;
+    loop {
+        if shutdown.is_cancelled() {
+            return None;
+        }
+        starting.waiting_for(what.to_owned());
+        let attempt = tokio::select! {
+            () = shutdown.cancelled() => return None,
+            r = tokio::time::timeout(ATTEMPT_TIMEOUT, step()) => r,
+        };
+        let attempt = match attempt {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(_) => Err(format!("no answer within {ATTEMPT_TIMEOUT:?}")),
+        };
+        match attempt {
+            Ok(v) => {
+                if failures > 0 {
+                    tracing::info!(what, failures, "start-up: available now");
+                }
+                return Some(v);
+            }
+            Err(e) => {
+                failures += 1;
+                starting.waiting_for(format!("{what}: {e}"));
+                tracing::warn!(
+                    what,
+                    error = %e,
+                    failures,
+                    retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                    "start-up: not available yet; retrying"
+                );
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return None,
+            () = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(MAX_DELAY);
+    }
+}
+
+/// A pool that connects on first use, so it can be built before Postgres is up (only a
+/// malformed URL fails here).
+pub fn postgres(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Error> {
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .connect_lazy(url)
+}
+
+/// Waits until Postgres accepts a connection with the pool's settings. A connection of its own,
+/// not one from the pool: the pool would keep retrying for its whole acquire timeout, hiding
+/// the reason (refused, unknown database, bad password) that the log should show.
+pub async fn wait_for_postgres(
+    pool: &PgPool,
+    starting: &Starting,
+    shutdown: &CancellationToken,
+) -> Option<()> {
+    let options = pool.connect_options();
+    retry("Postgres (DATABASE_URL)", starting, shutdown, || async {
+        let conn = PgConnection::connect_with(&options).await?;
+        conn.close().await
+    })
+    .await
+}
+
+/// Waits until the client is connected (it connects in the background, see [`nats`]).
+pub async fn wait_for_nats(
+    client: &async_nats::Client,
+    url: &str,
+    starting: &Starting,
+    shutdown: &CancellationToken,
+) -> Option<()> {
+    let what = format!("NATS at {url} (NATS_URL)");
+    retry(&what, starting, shutdown, || async {
+        match client.connection_state() {
+            async_nats::connection::State::Connected => Ok(()),
+            state => Err(format!("not connected ({state:?})")),
+        }
+    })
+    .await
+}
+
+/// Waits for what a worker service needs before it starts its loops: Postgres (if it has a
+/// pool), NATS, and the JetStream streams.
+pub async fn wait_for_dependencies(
+    probes: &Probes,
+    nats_url: &str,
+    subjects: &Subjects,
+    streams: &StreamSettings,
+    shutdown: &CancellationToken,
+) -> Option<()> {
+    let starting = &probes.starting;
+    if let Some(pool) = &probes.pool {
+        wait_for_postgres(pool, starting, shutdown).await?;
+    }
+    if let Some(nats) = &probes.nats {
+        wait_for_nats(nats, nats_url, starting, shutdown).await?;
+        let js = async_nats::jetstream::new(nats.clone());
+        retry("JetStream streams", starting, shutdown, || {
+            ensure_streams(&js, subjects, streams)
+        })
+        .await?;
+    }
+    Some(())
+}
+
+/// A NATS client that keeps trying to connect in the background (and reconnects for ever after
+/// that): the caller waits for what it needs with [`retry`].
+pub async fn nats(url: &str) -> Result<async_nats::Client, async_nats::ConnectError> {
+    async_nats::ConnectOptions::new()
+        .retry_on_initial_connect()
+        .connect(url)
+        .await
+}

@@ -1,0 +1,301 @@
+//! Crashes and late answers: the real dispatcher loops and the real pusher, a fake push service
+//! that decrypts what it receives, and faults placed where production met them. Each test checks
+//! what reached the push service against what the outbox says.
+
+use async_nats::jetstream::{self, AckKind};
+use futures::StreamExt;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+use tidings_dispatcher::results;
+use tidings_pusher::worker::{Handled, Pusher};
+use tidings_shared::messages::{Outcome, PushRequest};
+use tidings_shared::streams::ensure_streams;
+use tidings_shared::subjects::StreamKind;
+use tidings_shared::trigger::Trigger;
+use tidings_tests::fake_push::{Answer, FakePushService, pusher_settings};
+use tidings_tests::harness::{PrivateNats, delete_streams, test_subjects};
+use tidings_tests::scenario::{Scenario, Watcher};
+
+const BELOW_1200: Trigger = Trigger::PriceBelow { threshold: 1200 };
+const WAIT: Duration = Duration::from_millis(300);
+
+async fn pusher(s: &Scenario) -> Pusher {
+    Pusher::new(s.js.clone(), pusher_settings(s.subjects.clone()))
+        .await
+        .unwrap()
+}
+
+/// `n` watchers of different items pushing to `push`, each detected at 1100 and ingested.
+async fn ingested_watchers(s: &Scenario, push: &FakePushService, n: usize) -> Vec<Watcher> {
+    let mut watchers = Vec::new();
+    for i in 0..n {
+        let w = s
+            .watcher_at(&format!("SKU-{i}"), BELOW_1200, 1100, &push.subscription())
+            .await;
+        s.ingested(&w, 1100).await;
+        watchers.push(w);
+    }
+    watchers
+}
+
+/// Topic → how many times the push service accepted a push with it.
+fn deliveries(push: &FakePushService) -> HashMap<String, usize> {
+    let mut by_topic = HashMap::new();
+    for r in push.received() {
+        *by_topic.entry(r.topic.unwrap_or_default()).or_default() += 1;
+    }
+    by_topic
+}
+
+#[tokio::test]
+async fn results_a_frozen_dispatcher_holds_past_the_lease_change_nothing_the_user_saw() {
+    let mut s = Scenario::new().await;
+    // A dispatcher frozen (or cut off from Postgres) holds results well past the 3 s lease.
+    s.settings.result_ack_wait = Duration::from_secs(30);
+    // A retry would be due at once: if the sweeper retried, the test would see a second push.
+    s.settings.retry.base = Duration::from_millis(100);
+    let push = FakePushService::start().await.unwrap();
+    let watchers = ingested_watchers(&s, &push, 10).await;
+    let results = s.results().await;
+    assert_eq!(s.dispatcher().dispatch_once().await.unwrap().published, 10);
+    let pusher = pusher(&s).await;
+    let handled = pusher.run_once(WAIT).await.unwrap();
+    assert_eq!(handled.len(), 10);
+
+    // Dispatcher A pulls the ten `delivered` results and freezes before committing them.
+    let consumer = s
+        .consumer(StreamKind::Result, results::CONSUMER)
+        .await
+        .unwrap();
+    let held: Vec<jetstream::Message> = consumer
+        .fetch()
+        .max_messages(100)
+        .expires(WAIT)
+        .messages()
+        .await
+        .unwrap()
+        .filter_map(|m| async { m.ok() })
+        .collect()
+        .await;
+    assert_eq!(held.len(), 10);
+
+    // The leases run out; the sweeper finds every delivery in the delivery log.
+    tokio::time::sleep(s.settings.sending_lease + Duration::from_millis(200)).await;
+    let swept = s.sweep().await;
+    assert_eq!((swept.delivered, swept.expired), (10, 0));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    s.make_due().await;
+    assert_eq!(s.dispatcher().dispatch_once().await.unwrap().claimed, 0);
+    assert!(pusher.run_once(WAIT).await.unwrap().is_empty());
+
+    // A thaws: its results are redelivered and change nothing.
+    for m in &held {
+        m.ack_with(AckKind::Nak(None)).await.unwrap();
+    }
+    assert_eq!(results.run_once(WAIT).await.unwrap().applied, 0);
+
+    let by_topic = deliveries(&push);
+    assert_eq!(
+        by_topic.len(),
+        10,
+        "every notification reached the push service"
+    );
+    assert!(by_topic.values().all(|n| *n == 1), "and once: {by_topic:?}");
+    for w in &watchers {
+        let rows = s.rows(w.watch).await;
+        assert_eq!(rows.len(), 1);
+        let row = &rows[0];
+        assert_eq!((row.status.as_str(), row.attempt), ("sent", 1));
+        assert!(row.push_message_id.is_some());
+        assert_eq!(row.sent_value.as_ref().unwrap()["price"], 1100);
+        assert_eq!(s.baseline_price(w.watch).await, Some(1100));
+    }
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_push_accepted_after_the_timeout_then_withheld_is_recorded_as_maybe_delivered() {
+    let mut s = Scenario::new().await;
+    s.settings.retry.base = Duration::from_millis(100);
+    let push = FakePushService::start().await.unwrap();
+    let sub = push.subscription();
+    let w = s.watcher_at("SKU-1", BELOW_1200, 1100, &sub).await;
+    s.ingested(&w, 1100).await;
+    assert_eq!(s.dispatcher().dispatch_once().await.unwrap().published, 1);
+
+    // The push service accepts it but answers after the pusher's 1 s timeout.
+    push.answer_next(&sub, &[Answer::CreatedAfter(Duration::from_secs(3))]);
+    let handled = pusher(&s).await.run_once(WAIT).await.unwrap();
+    assert_eq!(handled, [Handled::Reported(Outcome::Transient)]);
+    assert_eq!(push.received_by(&sub).len(), 1, "the user got it");
+    assert_eq!(s.results().await.run_once(WAIT).await.unwrap().applied, 1);
+    let row = &s.rows(w.watch).await[0];
+    assert_eq!(row.status, "retry");
+    assert!(row.maybe_delivered);
+
+    // Before the retry the price goes back up: the retry is withheld, and the record says the
+    // first attempt may have arrived.
+    s.catalog.set_price("SKU-1", 1300);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    s.make_due().await;
+    assert_eq!(s.dispatcher().dispatch_once().await.unwrap().dropped, 1);
+    let row = &s.rows(w.watch).await[0];
+    assert_eq!(
+        (row.status.as_str(), row.reason.as_deref()),
+        ("dropped", Some("condition_lost"))
+    );
+    assert!(row.maybe_delivered, "history shows may have been delivered");
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn the_deadline_is_the_re_check_plus_the_freshness_bound() {
+    let s = Scenario::new().await;
+    let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
+    s.ingested(&w, 1100).await;
+    let before = chrono::Utc::now();
+    s.dispatcher().dispatch_once().await.unwrap();
+    let after = chrono::Utc::now();
+    let pushes: Vec<PushRequest> = s.take_pushes(&s.push_consumer().await, WAIT).await;
+    let bound = chrono::Duration::from_std(s.settings.push_deadline).unwrap();
+    assert!(pushes[0].deadline > before + bound);
+    assert!(pushes[0].deadline <= after + bound);
+    assert!(
+        tidings_dispatcher::Settings::new(s.subjects.clone(), s.settings.source.clone())
+            .push_deadline
+            <= Duration::from_secs(5),
+        "the default freshness bound is small"
+    );
+    s.cleanup().await;
+}
+
+/// A pusher on a broker of the test's own, which the test restarts.
+struct Broker {
+    nats: PrivateNats,
+    js: jetstream::Context,
+    subjects: tidings_shared::subjects::Subjects,
+}
+
+impl Broker {
+    async fn start() -> Broker {
+        let nats = PrivateNats::started().await.unwrap();
+        let js = jetstream::new(nats.client().await.unwrap());
+        let subjects = test_subjects();
+        ensure_streams(&js, &subjects, &Default::default())
+            .await
+            .unwrap();
+        Broker { nats, js, subjects }
+    }
+
+    async fn publish(&self, req: &PushRequest) {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", req.msg_id().as_str());
+        self.js
+            .publish_with_headers(
+                self.subjects
+                    .subject(StreamKind::Push, tidings_shared::Channel::WebPush),
+                headers,
+                tidings_shared::messages::encode(req).into(),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+}
+
+fn request(sub: &tidings_shared::messages::Subscription) -> PushRequest {
+    let id = tidings_shared::OutboxId::new();
+    PushRequest {
+        v: tidings_shared::messages::VERSION,
+        outbox_id: id,
+        attempt: 1,
+        deadline: chrono::Utc::now() + chrono::Duration::seconds(30),
+        subscription: sub.clone(),
+        payload: tidings_shared::messages::Payload {
+            title: "SKU-1 is below your price".into(),
+            body: "Now 10.50 EUR.".into(),
+            url: None,
+            data: serde_json::json!({}),
+        },
+        ttl: 60,
+        urgency: tidings_shared::messages::Urgency::Normal,
+        topic: tidings_shared::messages::topic_for(id),
+    }
+}
+
+/// Delivers one request as a pusher that dies before its ack would, then lets the redelivery
+/// be handled; returns how the redelivery was handled.
+async fn deliver_then_redeliver(pusher: &Pusher, b: &Broker, req: &PushRequest) -> Vec<Handled> {
+    b.publish(req).await;
+    let consumer: jetstream::consumer::PullConsumer =
+        b.js.get_stream(b.subjects.stream(StreamKind::Push))
+            .await
+            .unwrap()
+            .get_consumer(tidings_pusher::worker::CONSUMER)
+            .await
+            .unwrap();
+    let mut batch = consumer
+        .fetch()
+        .max_messages(1)
+        .expires(Duration::from_secs(2))
+        .messages()
+        .await
+        .unwrap();
+    let msg = batch.next().await.unwrap().unwrap();
+    assert_eq!(
+        pusher.process(&msg).await,
+        Handled::Reported(Outcome::Delivered)
+    );
+    msg.ack_with(AckKind::Nak(None)).await.unwrap();
+    pusher.run_once(Duration::from_secs(2)).await.unwrap()
+}
+
+#[tokio::test]
+async fn after_a_broker_restart_a_running_pusher_still_sends_a_redelivered_push_once() {
+    let mut b = Broker::start().await;
+    let push = FakePushService::start().await.unwrap();
+    let sub = push.subscription();
+    let pusher = Pusher::new(b.js.clone(), pusher_settings(b.subjects.clone()))
+        .await
+        .unwrap();
+
+    // kill -9 of the broker under the running pusher, which reconnects by itself.
+    b.nats.restart().await.unwrap();
+    let started = Instant::now();
+    while b
+        .js
+        .get_stream(b.subjects.stream(StreamKind::Push))
+        .await
+        .is_err()
+    {
+        assert!(started.elapsed() < Duration::from_secs(10), "no reconnect");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let req = request(&sub);
+    assert_eq!(
+        deliver_then_redeliver(&pusher, &b, &req).await,
+        [Handled::AlreadyDelivered]
+    );
+    assert_eq!(
+        push.received_by(&sub).len(),
+        1,
+        "the redelivery was not sent"
+    );
+
+    // Even a delivery log lost outright is recreated on the next delivery.
+    b.js.delete_key_value(b.subjects.bucket(tidings_shared::delivered::BUCKET))
+        .await
+        .unwrap();
+    let req = request(&sub);
+    assert_eq!(
+        deliver_then_redeliver(&pusher, &b, &req).await,
+        [Handled::AlreadyDelivered]
+    );
+    assert_eq!(
+        push.received_by(&sub).len(),
+        2,
+        "each request reached it once"
+    );
+    delete_streams(&b.js, &b.subjects).await;
+}
