@@ -31,7 +31,7 @@ COPY tests/Cargo.toml tests/
 RUN for c in shared api dispatcher pusher detector tests; do \
       mkdir -p "$c/src/bin" && echo "fn main() {}" > "$c/src/main.rs" && touch "$c/src/lib.rs"; \
     done \
- && for b in bench_dispatcher bench_pusher bench_detector bench_api bench_pipeline tidings_fakes tidings_demo; do \
+ && for b in bench_dispatcher bench_pusher bench_detector bench_api bench_pipeline tidings_fakes tidings_demo chaos; do \
       echo "fn main() {}" > "tests/src/bin/$b.rs"; \
     done \
  && mkdir -p migrations \

@@ -82,15 +82,48 @@ impl DeliveryLog {
 
     /// Creates the bucket (or updates its settings) and keeps the handle.
     pub async fn ensure(&self) -> Result<kv::Store, DeliveryLogError> {
-        let store = self
+        let store = match self
             .js
             .create_or_update_key_value(self.config.clone())
             .await
-            .map_err(|e| self.error("create bucket", e))?;
+        {
+            Ok(store) => store,
+            Err(e) => {
+                // Tidings before 0007 kept the bucket in memory, and JetStream cannot change a
+                // stream's storage: such a bucket is replaced (it only holds a short-lived guard).
+                if !self.replace_if_in_memory().await {
+                    return Err(self.error("create bucket", e));
+                }
+                self.js
+                    .create_or_update_key_value(self.config.clone())
+                    .await
+                    .map_err(|e| self.error("create bucket", e))?
+            }
+        };
         if let Ok(mut slot) = self.store.write() {
             *slot = Some(store.clone());
         }
         Ok(store)
+    }
+
+    /// Deletes the bucket if it exists in memory storage; whether it did.
+    async fn replace_if_in_memory(&self) -> bool {
+        let stream = format!("KV_{}", self.config.bucket);
+        let Ok(mut existing) = self.js.get_stream(&stream).await else {
+            return false;
+        };
+        let in_memory = existing
+            .info()
+            .await
+            .is_ok_and(|i| i.config.storage == jetstream::stream::StorageType::Memory);
+        if in_memory {
+            tracing::warn!(
+                bucket = self.bucket(),
+                "replacing the in-memory delivery log of an older Tidings with one on disk"
+            );
+            return self.js.delete_key_value(&self.config.bucket).await.is_ok();
+        }
+        false
     }
 
     async fn store(&self) -> Result<kv::Store, DeliveryLogError> {

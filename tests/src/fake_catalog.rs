@@ -88,9 +88,38 @@ struct Inner {
     items: Mutex<HashMap<String, Item>>,
     item_requests: AtomicU64,
     batch_requests: AtomicU64,
+    /// Per mille of requests that fail (chaos runs): a third each 503, 429, and an answer slower
+    /// than any client's timeout.
+    faults: AtomicU64,
+    draws: AtomicU64,
 }
 
 impl Inner {
+    /// The failure this request meets, if any.
+    async fn fault(&self) -> Option<Response> {
+        let per_mille = self.faults.load(Ordering::Relaxed);
+        if per_mille == 0 {
+            return None;
+        }
+        let n = self.draws.fetch_add(1, Ordering::Relaxed);
+        let mut z = n
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .wrapping_add(0x632b_e59b_d9b4_e019);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 31)) % 3000;
+        if z >= 3 * per_mille {
+            return None;
+        }
+        Some(match z % 3 {
+            0 => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+            1 => (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")]).into_response(),
+            _ => {
+                tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+                StatusCode::SERVICE_UNAVAILABLE.into_response()
+            }
+        })
+    }
+
     fn items(&self) -> MutexGuard<'_, HashMap<String, Item>> {
         // A test that panicked while holding the lock has already failed; keep serving.
         self.items.lock().unwrap_or_else(|p| p.into_inner())
@@ -138,6 +167,9 @@ fn body(item: &Item) -> serde_json::Value {
 
 async fn one(State(inner): State<Arc<Inner>>, Path(code): Path<String>) -> Response {
     inner.item_requests.fetch_add(1, Ordering::Relaxed);
+    if let Some(failed) = inner.fault().await {
+        return failed;
+    }
     let item = inner.look(&code);
     let Some(item) = item else {
         return StatusCode::NOT_FOUND.into_response();
@@ -160,6 +192,9 @@ struct BatchQuery {
 
 async fn many(State(inner): State<Arc<Inner>>, Query(q): Query<BatchQuery>) -> Response {
     inner.batch_requests.fetch_add(1, Ordering::Relaxed);
+    if let Some(failed) = inner.fault().await {
+        return failed;
+    }
     let answers: Vec<(String, Option<Item>)> = q
         .codes
         .split(',')
@@ -276,6 +311,11 @@ impl FakeCatalog {
             .entry(code.to_owned())
             .or_insert_with(|| Item::priced(0))
             .script = prices.to_vec();
+    }
+
+    /// Fail this many requests per mille (0: none): 503, 429, or too slow to answer.
+    pub fn set_faults(&self, per_mille: u64) {
+        self.inner.faults.store(per_mille, Ordering::Relaxed);
     }
 
     /// (single-item requests, batch requests) served so far.

@@ -59,6 +59,8 @@ pub struct Received {
     pub topic: Option<String>,
     pub vapid_claims: serde_json::Value,
     pub vapid_public_key: String,
+    /// When the service accepted it (unix ms).
+    pub at_ms: i64,
 }
 
 impl Received {
@@ -92,6 +94,53 @@ struct Inner {
     flaked: Mutex<std::collections::HashSet<String>>,
     /// Sink: decrypt one push in this many (0: none), proving the load is real Web Push.
     sample_one_in: std::sync::atomic::AtomicU64,
+    /// Random failures for pushes with no scripted answer (chaos runs).
+    faults: Mutex<Option<Faults>>,
+    draws: std::sync::atomic::AtomicU64,
+}
+
+/// How often a push with no scripted answer fails, in per mille of pushes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Faults {
+    /// 500.
+    pub server_error: u64,
+    /// 429 with Retry-After: 1.
+    pub too_many_requests: u64,
+    /// Accepted, answered 201 after `slow_delay` (past a pusher's timeout).
+    pub slow_created: u64,
+    pub slow_delay: std::time::Duration,
+}
+
+impl Inner {
+    /// A pseudo-random draw in 0..1000 (SplitMix64 over a counter).
+    fn draw(&self) -> u64 {
+        let n = self
+            .draws
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut z = n
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .wrapping_add(0x2545_f491_4f6c_dd1d);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)) % 1000
+    }
+
+    /// The answer `faults` pick for this push, if any.
+    fn fault(&self) -> Option<Answer> {
+        let f = (*lock(&self.faults))?;
+        let d = self.draw();
+        if d < f.server_error {
+            Some(Answer::ServerError)
+        } else if d < f.server_error + f.too_many_requests {
+            Some(Answer::TooManyRequests {
+                retry_after: "1".into(),
+            })
+        } else if d < f.server_error + f.too_many_requests + f.slow_created {
+            Some(Answer::CreatedAfter(f.slow_delay))
+        } else {
+            None
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -206,10 +255,13 @@ async fn push(
         let Some(sub) = subs.get_mut(&id) else {
             return StatusCode::NOT_FOUND.into_response();
         };
-        let answer = sub
-            .answers
-            .pop_front()
-            .unwrap_or_else(|| sub.default.clone());
+        let answer = match sub.answers.pop_front() {
+            Some(a) => a,
+            None if sub.default == Answer::Created => {
+                inner.fault().unwrap_or_else(|| sub.default.clone())
+            }
+            None => sub.default.clone(),
+        };
         (answer, sub.secret.clone(), sub.auth)
     };
     if answer == Answer::Hang {
@@ -238,6 +290,7 @@ async fn push(
                     .map(str::to_owned),
                 vapid_claims: claims,
                 vapid_public_key: vapid_key,
+                at_ms: chrono::Utc::now().timestamp_millis(),
             }),
             Err(e) => {
                 lock(&inner.rejected).push(format!("{id}: decrypt: {e:?}"));
@@ -475,6 +528,11 @@ impl FakePushService {
     }
 
     /// The next answers for a subscription, then its default again.
+    /// Random failures for every push with no scripted answer (`None`: none).
+    pub fn set_faults(&self, faults: Option<Faults>) {
+        *lock(&self.inner.faults) = faults;
+    }
+
     pub fn answer_next(&self, sub: &Subscription, answers: &[Answer]) {
         if let Some(s) = lock(&self.inner.subs).get_mut(&Self::sub_id(&sub.endpoint)) {
             s.answers.extend(answers.iter().cloned());

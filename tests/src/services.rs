@@ -198,6 +198,29 @@ impl Pipeline {
         }
     }
 
+    /// `kill -9`, as a crash or an OOM kill would.
+    pub fn kill(&mut self, name: &'static str) {
+        if let Some(mut child) = self.children.remove(name) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Services that exited by themselves since the last look, with their exit status (a
+    /// supervisor's view: the caller may start them again).
+    pub fn exited(&mut self) -> Vec<(&'static str, ExitStatus)> {
+        let mut out = Vec::new();
+        for (name, child) in self.children.iter_mut() {
+            if let Ok(Some(status)) = child.try_wait() {
+                out.push((*name, status));
+            }
+        }
+        for (name, _) in &out {
+            self.children.remove(name);
+        }
+        out
+    }
+
     /// Sends SIGTERM and waits (up to `grace`) for the exit status.
     pub async fn terminate(&mut self, name: &'static str, grace: Duration) -> ExitStatus {
         let mut child = self.children.remove(name).expect("running service");

@@ -74,7 +74,7 @@ fn the_manifests_dashboards_and_dockerfile_pass_the_checks() {
         "overlay prod: renders, valid for Kubernetes",
         "yamllint: clean",
         "hadolint: Dockerfile clean",
-        "dashboards: valid JSON, every metric exported",
+        "dashboards and alerts: valid, every metric exported",
     ] {
         assert!(out.contains(expected), "{expected:?} missing from:\n{out}");
     }
@@ -122,6 +122,23 @@ fn a_dashboard_query_on_an_unknown_metric_fails_the_checks() {
     let (ok, out) = check(&dir);
     assert!(!ok, "{out}");
     assert!(out.contains("unknown metric tidings_outbox_rowz"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_alert_on_an_unknown_metric_fails_the_checks() {
+    let dir = copy();
+    edit(
+        &dir.join("deploy/telemetry/alerts.yaml"),
+        "tidings_delivery_log_errors_total",
+        "tidings_delivery_log_error_total",
+    );
+    let (ok, out) = check(&dir);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("alerts.yaml: unknown metric tidings_delivery_log_error_total"),
+        "{out}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -299,3 +299,39 @@ async fn after_a_broker_restart_a_running_pusher_still_sends_a_redelivered_push_
     );
     delete_streams(&b.js, &b.subjects).await;
 }
+
+#[tokio::test]
+async fn an_in_memory_delivery_log_left_by_an_older_tidings_is_replaced_by_one_on_disk() {
+    use async_nats::jetstream::{kv, stream::StorageType};
+    use tidings_shared::delivered::{BUCKET, Delivery, DeliveryLog};
+    let js = jetstream::new(tidings_tests::harness::nats().await.unwrap());
+    let subjects = test_subjects();
+    js.create_key_value(kv::Config {
+        bucket: subjects.bucket(BUCKET),
+        history: 1,
+        max_age: Duration::from_secs(600),
+        storage: StorageType::Memory,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+
+    let log = DeliveryLog::new(js.clone(), &subjects, &Default::default());
+    log.ensure().await.unwrap();
+    let mut stream = js
+        .get_stream(format!("KV_{}", subjects.bucket(BUCKET)))
+        .await
+        .unwrap();
+    assert_eq!(
+        stream.info().await.unwrap().config.storage,
+        StorageType::File
+    );
+    let id = tidings_shared::OutboxId::new();
+    let delivery = Delivery {
+        attempt: 2,
+        message_id: Some("m".into()),
+    };
+    log.record(id, &delivery).await.unwrap();
+    assert_eq!(log.lookup(id).await.unwrap(), Some(delivery));
+    delete_streams(&js, &subjects).await;
+}

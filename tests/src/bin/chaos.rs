@@ -1,0 +1,465 @@
+//! The chaos run: the real service binaries under load while their processes, the broker and the
+//! database are killed, then an audit of what reached the push service against what the outbox
+//! says. Run with `deploy/local/stack chaos [SECONDS] [WATCHES]` (default 120 s, 1,000 watches;
+//! CI runs the default, a long run by hand e.g. `chaos 900 5000`).
+//!
+//! - Load: WATCHES price_below watches over 200 devices (four time zones), 5 per device, each on
+//!   its own item. Each item's price dips below the threshold once, at a random moment of the
+//!   window, for 0.3 s to 60 s (log-uniform): short dips are what the re-check must withhold.
+//! - Faults, all at once: the catalog fails 3 % of requests (503, 429, or slower than the source
+//!   timeout); the push service answers 5 % 500, 1 % 429, and 1 % 201 after the pusher's HTTP
+//!   timeout, and 410 for one device in twenty; every 10–20 s a service (dispatcher, pusher or
+//!   detector) is killed with SIGKILL and restarted a second later; nats-server is killed with
+//!   SIGKILL twice and Postgres stopped as in a power cut twice. A service that exits by itself
+//!   is restarted, as Kubernetes would, and counted.
+//! - Then the faults stop and the run waits until every row is terminal (or gives up).
+//! - The audit prints each figure and exits 1 if one that must be zero is not: dedup keys with
+//!   more than one row, rows not terminal, watches whose long dip left no row (lost), rows marked
+//!   `sent` the push service never accepted, deliveries whose row says "not delivered" without
+//!   the maybe-delivered mark, deliveries of no row, stale deliveries outside the freshness bound,
+//!   wrong baselines, dead-lettered messages, panics. Deliveries per row (duplicates are allowed:
+//!   delivery is at least once) and stale deliveries inside the bound are reported.
+
+use chrono::Utc;
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+use tidings_shared::messages::Subscription;
+use tidings_shared::subjects::StreamKind;
+use tidings_tests::fake_catalog::Item;
+use tidings_tests::fake_push::{Answer, FakePushService, Faults};
+use tidings_tests::harness::PrivateNats;
+use tidings_tests::scenario::Scenario;
+use tidings_tests::services::Pipeline;
+
+const THRESHOLD: i64 = 1000;
+const HIGH: i64 = 1500;
+const LOW: i64 = 900;
+const DEVICES: usize = 200;
+const ZONES: [&str; 4] = ["UTC", "Europe/Berlin", "America/New_York", "Asia/Tokyo"];
+/// The freshness bound the run configures (TIDINGS_PUSH_DEADLINE).
+const BOUND_MS: i64 = 2_000;
+/// A dip at least this long cannot fall entirely into an outage: it must leave a row.
+const MUST_DETECT_MS: i64 = 20_000;
+const WORKERS: [&str; 3] = ["dispatcher", "pusher", "detector"];
+
+/// An outbox row as the audit reads it.
+#[derive(sqlx::FromRow)]
+struct Row {
+    id: uuid::Uuid,
+    watch_id: uuid::Uuid,
+    item_code: String,
+    status: String,
+    maybe_delivered: bool,
+    sent_price: Option<i64>,
+}
+
+fn now_ms() -> i64 {
+    Utc::now().timestamp_millis()
+}
+
+/// A deterministic pseudo-random sequence (SplitMix64).
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn between(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + (self.next() * (hi - lo) as f64) as u64
+    }
+}
+
+/// Devices with their subscriptions, and `per_device` watches each on an item of its own.
+async fn seed(s: &Scenario, subs: &[Subscription], per_device: usize) -> Vec<String> {
+    let pool = &s.db.pool;
+    let mut items = Vec::new();
+    for (d, sub) in subs.iter().enumerate() {
+        let device = uuid::Uuid::now_v7();
+        sqlx::query(
+            "INSERT INTO devices (id, token_hash, time_zone)
+             VALUES ($1, decode(md5($1::text) || md5($1::text || 'x'), 'hex'), $2)",
+        )
+        .bind(device)
+        .bind(ZONES[d % ZONES.len()])
+        .execute(pool)
+        .await
+        .expect("device");
+        sqlx::query(
+            "INSERT INTO push_subscriptions (id, device_id, endpoint, p256dh, auth)
+             VALUES (gen_random_uuid(), $1, $2, $3, $4)",
+        )
+        .bind(device)
+        .bind(&sub.endpoint)
+        .bind(&sub.p256dh)
+        .bind(&sub.auth)
+        .execute(pool)
+        .await
+        .expect("subscription");
+        let mine: Vec<String> = (0..per_device)
+            .map(|i| format!("ITEM-{:05}", d * per_device + i))
+            .collect();
+        sqlx::query(
+            "INSERT INTO watches (id, device_id, item_code, triggers, reference_price)
+             SELECT gen_random_uuid(), $1, i, $3, $4 FROM unnest($2::text[]) i",
+        )
+        .bind(device)
+        .bind(&mine)
+        .bind(serde_json::json!([{"kind": "price_below", "threshold": THRESHOLD}]))
+        .bind(HIGH)
+        .execute(pool)
+        .await
+        .expect("watches");
+        items.extend(mine);
+    }
+    items
+}
+
+async fn count(s: &Scenario, sql: &str) -> i64 {
+    sqlx::query_scalar(sql)
+        .fetch_one(&s.db.pool)
+        .await
+        .unwrap_or(-1)
+}
+
+fn stack(args: &[&str]) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/local/stack");
+    match std::process::Command::new("bash")
+        .arg(script)
+        .args(args)
+        .output()
+    {
+        Ok(out) if out.status.success() => {}
+        Ok(out) => eprintln!(
+            "chaos: stack {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(e) => eprintln!("chaos: stack {args:?}: {e}"),
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let secs: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(120);
+    let watches: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(1000);
+    let per_device = watches.div_ceil(DEVICES).max(1);
+    let window_ms = i64::try_from(secs * 1000).unwrap_or(i64::MAX);
+
+    let s = Scenario::new().await;
+    let mut nats = PrivateNats::started().await.expect("private nats-server");
+    let push = FakePushService::start().await.expect("push service");
+    let subs: Vec<Subscription> = (0..DEVICES).map(|_| push.subscription()).collect();
+    for sub in subs.iter().step_by(20) {
+        push.answer_always(sub, Answer::Gone);
+    }
+    let items = seed(&s, &subs, per_device).await;
+    let mut rng = Rng(16);
+    let start = now_ms() + 5_000;
+    let mut dips: HashMap<String, (i64, i64)> = HashMap::new();
+    for code in &items {
+        let at = start + (rng.next() * 0.85 * window_ms as f64) as i64;
+        let len = (300f64.ln() + rng.next() * (60_000f64.ln() - 300f64.ln())).exp() as i64;
+        dips.insert(code.clone(), (at, at + len));
+        s.catalog.set(
+            code,
+            Item {
+                timeline: vec![(at, LOW), (at + len, HIGH)],
+                ..Item::priced(HIGH)
+            },
+        );
+    }
+    let env = [
+        ("NATS_URL", nats.url.as_str()),
+        ("RUST_LOG", "warn"),
+        ("TIDINGS_SCAN_INTERVAL", "500ms"),
+        ("TIDINGS_RETRY_BASE", "1s"),
+        ("TIDINGS_MAX_RETRIES", "5"),
+        ("TIDINGS_PUSH_DEADLINE", "2s"),
+        ("TIDINGS_PUSH_HTTP_TIMEOUT", "2s"),
+        ("TIDINGS_RESULT_ACK_WAIT", "3s"),
+        ("TIDINGS_SENDING_LEASE", "13s"),
+        ("TIDINGS_SOURCE_TIMEOUT", "2s"),
+    ];
+    let mut p = Pipeline::start_only(&s, &WORKERS, &env).await;
+    eprintln!(
+        "chaos: {} watches on {} items, {secs} s of faults",
+        items.len(),
+        items.len()
+    );
+    s.catalog.set_faults(10);
+    push.set_faults(Some(Faults {
+        server_error: 50,
+        too_many_requests: 10,
+        slow_created: 10,
+        slow_delay: Duration::from_secs(3),
+    }));
+
+    // The fault schedule: a worker every 10–20 s; the broker at 30 % and 70 % of the window,
+    // Postgres at 45 % and 85 %.
+    let mut events: Vec<(i64, &str)> = vec![
+        (start + window_ms * 30 / 100, "nats"),
+        (start + window_ms * 70 / 100, "nats"),
+        (start + window_ms * 45 / 100, "postgres"),
+        (start + window_ms * 85 / 100, "postgres"),
+    ];
+    let mut t = start;
+    loop {
+        t += i64::try_from(rng.between(10_000, 20_000)).unwrap_or(15_000);
+        if t >= start + window_ms {
+            break;
+        }
+        events.push((t, WORKERS[(rng.next() * 3.0) as usize % 3]));
+    }
+    events.sort();
+    let mut kills: HashMap<&str, usize> = HashMap::new();
+    let mut unexpected_exits = Vec::new();
+    let supervise = |p: &mut Pipeline, unexpected: &mut Vec<String>| {
+        for (name, status) in p.exited() {
+            unexpected.push(format!("{name}: {status}"));
+            p.spawn(name);
+        }
+    };
+    for (at, what) in events {
+        while now_ms() < at {
+            supervise(&mut p, &mut unexpected_exits);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        *kills.entry(what).or_default() += 1;
+        eprintln!("chaos: +{:>4} s kill -9 {what}", (now_ms() - start) / 1000);
+        match what {
+            "nats" => {
+                nats.kill();
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                nats.start().await.expect("nats-server restarts");
+            }
+            "postgres" => stack(&["pg-crash", "2"]),
+            worker => {
+                let name = WORKERS
+                    .into_iter()
+                    .find(|w| *w == worker)
+                    .unwrap_or("pusher");
+                p.kill(name);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                p.spawn(name);
+            }
+        }
+    }
+    while now_ms() < start + window_ms {
+        supervise(&mut p, &mut unexpected_exits);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // Faults off; wait for every row to end (and for every dip to be over).
+    s.catalog.set_faults(0);
+    push.set_faults(None);
+    let last_dip_end = dips.values().map(|(_, end)| *end).max().unwrap_or(start);
+    let drain = Instant::now();
+    let mut open = -1;
+    while drain.elapsed() < Duration::from_secs(240) {
+        supervise(&mut p, &mut unexpected_exits);
+        open = count(
+            &s,
+            "SELECT count(*) FROM outbox WHERE status NOT IN ('sent', 'dropped', 'failed')",
+        )
+        .await;
+        if open == 0 && now_ms() > last_dip_end + 5_000 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let open_after = count(
+        &s,
+        "SELECT count(*) FROM outbox WHERE status NOT IN ('sent', 'dropped', 'failed')",
+    )
+    .await;
+    eprintln!(
+        "chaos: drained in {:.0} s ({open} open when it stopped waiting)",
+        drain.elapsed().as_secs_f64()
+    );
+
+    // The audit.
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT o.id, o.watch_id, w.item_code, o.status, o.maybe_delivered,
+                (o.sent_value->>'price')::bigint AS sent_price
+         FROM outbox o JOIN watches w ON w.id = o.watch_id",
+    )
+    .fetch_all(&s.db.pool)
+    .await
+    .expect("outbox");
+    let dup_keys = count(
+        &s,
+        "SELECT count(*) FROM (SELECT 1 FROM outbox WHERE replay_of IS NULL
+         GROUP BY watch_id, trigger, dedup_day, channel HAVING count(*) > 1) d",
+    )
+    .await;
+    let mut delivered: HashMap<String, Vec<i64>> = HashMap::new();
+    for r in push.received() {
+        delivered
+            .entry(r.topic.clone().unwrap_or_default())
+            .or_default()
+            .push(r.at_ms);
+    }
+    let by_topic: HashMap<String, usize> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.id.simple().to_string(), i))
+        .collect();
+    let unattributed = delivered
+        .keys()
+        .filter(|t| !by_topic.contains_key(*t))
+        .count();
+    let (mut sent_not_delivered, mut delivered_unflagged, mut delivered_flagged) = (0, 0, 0);
+    let mut flagged_not_delivered = 0;
+    let mut per_row: HashMap<usize, usize> = HashMap::new();
+    let (mut stale_inside, mut stale_outside, mut fresh) = (0, 0, 0);
+    for (topic, &i) in &by_topic {
+        let row = &rows[i];
+        let times = delivered.get(topic).cloned().unwrap_or_default();
+        *per_row.entry(times.len()).or_default() += 1;
+        match (row.status.as_str(), times.is_empty(), row.maybe_delivered) {
+            ("sent", true, _) => sent_not_delivered += 1,
+            ("sent", false, _) => {}
+            (_, false, false) => delivered_unflagged += 1,
+            (_, false, true) => delivered_flagged += 1,
+            (_, true, true) => flagged_not_delivered += 1,
+            (_, true, false) => {}
+        }
+        let (down, up) = dips[&row.item_code];
+        for at in times {
+            if (down..up).contains(&at) {
+                fresh += 1;
+            } else if at >= up && at - up <= BOUND_MS {
+                stale_inside += 1;
+            } else {
+                stale_outside += 1;
+            }
+        }
+    }
+    let watched: Vec<(uuid::Uuid, String)> = sqlx::query_as("SELECT id, item_code FROM watches")
+        .fetch_all(&s.db.pool)
+        .await
+        .expect("watches");
+    let with_row: HashSet<uuid::Uuid> = rows.iter().map(|r| r.watch_id).collect();
+    let lost = watched
+        .iter()
+        .filter(|(w, item)| {
+            let (down, up) = dips[item];
+            up - down >= MUST_DETECT_MS && !with_row.contains(w)
+        })
+        .count();
+    let baselines: HashMap<uuid::Uuid, i64> =
+        sqlx::query_as::<_, (uuid::Uuid, i64)>("SELECT watch_id, price FROM baselines")
+            .fetch_all(&s.db.pool)
+            .await
+            .expect("baselines")
+            .into_iter()
+            .collect();
+    let sent_watches: HashSet<uuid::Uuid> = rows
+        .iter()
+        .filter(|r| r.status == "sent")
+        .map(|r| r.watch_id)
+        .collect();
+    // Each watch has at most one row here (one dip, one day): its baseline is that row's value.
+    let wrong_baselines = rows
+        .iter()
+        .filter(|r| r.status == "sent" && baselines.get(&r.watch_id) != r.sent_price.as_ref())
+        .count()
+        + baselines
+            .keys()
+            .filter(|w| !sent_watches.contains(w))
+            .count();
+    let js = async_nats::jetstream::new(nats.client().await.expect("nats"));
+    let dlq = match js.get_stream(s.subjects.stream(StreamKind::Dlq)).await {
+        Ok(st) => st.cached_info().state.messages,
+        Err(_) => 0,
+    };
+    let panics: usize = WORKERS
+        .iter()
+        .map(|n| p.log(n).matches("panicked").count())
+        .sum();
+    let states: Vec<(String, Option<String>, bool, i64)> = sqlx::query_as(
+        "SELECT status, reason, maybe_delivered, count(*) FROM outbox GROUP BY 1, 2, 3 ORDER BY 1, 2, 3",
+    )
+    .fetch_all(&s.db.pool)
+    .await
+    .unwrap_or_default();
+
+    println!(
+        "\n## Chaos run: {secs} s of faults, {} watches\n",
+        items.len()
+    );
+    println!(
+        "kill -9: {:?}; services that exited by themselves and were restarted: {}",
+        kills,
+        unexpected_exits.len()
+    );
+    for e in &unexpected_exits {
+        println!("  exited: {e}");
+    }
+    println!("\n| outcome | count |\n|---|---|");
+    for (status, reason, maybe, n) in &states {
+        let mark = if *maybe { " (maybe delivered)" } else { "" };
+        println!(
+            "| {status} {}{mark} | {n} |",
+            reason.as_deref().unwrap_or("")
+        );
+    }
+    let mut per_row: Vec<_> = per_row.into_iter().collect();
+    per_row.sort();
+    println!("\ndeliveries per row (deliveries: rows): {per_row:?}");
+    println!(
+        "deliveries: {} in the dip, {stale_inside} stale inside the {BOUND_MS} ms freshness bound",
+        fresh
+    );
+    println!(
+        "rows marked maybe delivered: {delivered_flagged} were delivered, {flagged_not_delivered} were not"
+    );
+    let must_be_zero = [
+        ("dedup keys with more than one row", dup_keys),
+        ("rows not terminal", open_after),
+        ("watches whose long dip left no row (lost)", lost as i64),
+        (
+            "rows `sent` the push service never accepted",
+            sent_not_delivered,
+        ),
+        (
+            "deliveries of rows recorded as not delivered, unmarked",
+            delivered_unflagged,
+        ),
+        ("deliveries of no row", unattributed as i64),
+        (
+            "stale deliveries outside the freshness bound",
+            stale_outside,
+        ),
+        ("wrong baselines", wrong_baselines as i64),
+        ("dead-lettered messages", i64::try_from(dlq).unwrap_or(-1)),
+        ("panics", panics as i64),
+    ];
+    println!("\n| must be zero | count |\n|---|---|");
+    let mut failed = false;
+    for (what, n) in must_be_zero {
+        println!("| {what} | {n} |");
+        failed |= n != 0;
+    }
+    if failed {
+        for n in WORKERS {
+            let log = p.log(n);
+            let tail: Vec<&str> = log.lines().rev().take(15).collect();
+            eprintln!(
+                "--- {n} (last lines)\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+    }
+    p.stop().await;
+    s.cleanup().await;
+    if failed {
+        println!("\nchaos: the audit FAILED");
+        std::process::exit(1);
+    }
+    println!("\nchaos: the audit passed");
+}
