@@ -1,4 +1,4 @@
-//! What a push service's answer means (DESIGN.md §2, §4). Pure.
+//! What a push service's answer means (docs/design.md: the state machine and the messages). Pure.
 
 use chrono::{DateTime, Utc};
 use tidings_shared::messages::Outcome;

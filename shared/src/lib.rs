@@ -4,7 +4,7 @@
 //! live here once, so that detection and the dispatcher's re-check can never disagree:
 //!
 //! - [`trigger::evaluate`]: does a trigger hold for an observation against a baseline?
-//! - [`outbox`]: the outbox state machine (DESIGN.md §2), mirrored by a database guard.
+//! - [`outbox`]: the outbox state machine (docs/design.md), mirrored by a database guard.
 //! - [`backoff`]: when a retry is due.
 //! - [`dedup`]: the dedup key and the calendar day it is scoped to.
 //! - [`messages`] and [`subjects`]: the wire contract between services.

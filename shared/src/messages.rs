@@ -1,4 +1,4 @@
-//! The messages services exchange over JetStream (DESIGN.md §4).
+//! The messages services exchange over JetStream (docs/design.md, "Messages").
 //!
 //! JSON with a `v` schema version; unknown fields are ignored so a newer producer can add fields
 //! without breaking an older consumer. A message that fails [`decode`] is dead-lettered by the

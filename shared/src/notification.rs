@@ -1,5 +1,5 @@
 //! What the user reads. Built from the value re-fetched at send time, never from the detection
-//! snapshot (DESIGN.md §2), so the text is true when it is sent.
+//! snapshot (docs/design.md), so the text is true when it is sent.
 
 use crate::item::ItemCode;
 use crate::messages::Payload;

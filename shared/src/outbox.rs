@@ -1,4 +1,4 @@
-//! The outbox state machine (DESIGN.md §2).
+//! The outbox state machine (docs/design.md).
 //!
 //! ```text
 //!                 ┌──────── dispatched ────────┐

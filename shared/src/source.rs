@@ -1,4 +1,4 @@
-//! The HTTP/JSON source: "what is item X now?" (DESIGN.md §5). Used by the detector to scan and
+//! The HTTP/JSON source: "what is item X now?" (docs/design.md, "Sources and triggers"). Used by the detector to scan and
 //! by the dispatcher to re-fetch right before sending.
 //!
 //! Protocol (what an upstream, or an adapter in front of one, serves):

@@ -7,7 +7,7 @@
 //! once, so storage stays bounded by what is in flight all the same. The push stream stays a work
 //! queue: its length is the dispatcher's back-pressure signal (a purge would lag it).
 //!
-//! The enqueue stream's duplicate window is the first idempotency layer (DESIGN.md §3): a detector
+//! The enqueue stream's duplicate window is the first idempotency layer (docs/design.md): a detector
 //! that re-publishes the same dedup key within the window is answered `duplicate` and nothing is
 //! stored. A purge by sequence leaves the window as it is (tested).
 
@@ -17,7 +17,7 @@ use std::time::Duration;
 
 #[derive(Clone, Debug)]
 pub struct StreamSettings {
-    /// 1 for a single local server; 3 in production (DESIGN.md §3).
+    /// 1 for a single local server; 3 in production (docs/design.md).
     pub replicas: usize,
     pub duplicate_window: Duration,
     /// How long an unconsumed work message is kept; Postgres and the detector recover anything

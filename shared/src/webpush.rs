@@ -4,7 +4,7 @@
 //! agent's key; HKDF-SHA256 mixes in the subscription's auth secret, then derives the content key
 //! and nonce; AES-128-GCM seals one record (`plaintext || 0x02`). The body is the RFC 8188 header
 //! (`salt || rs || idlen || sender public key`) followed by that record. aws-lc-rs does this in
-//! tens of microseconds where pure-Rust P-256 takes hundreds (README has the figures).
+//! tens of microseconds where pure-Rust P-256 takes hundreds (docs/benchmarks.md has the figures).
 
 use aws_lc_rs::agreement::{self, ECDH_P256, PrivateKey, UnparsedPublicKey};
 use aws_lc_rs::{aead, hkdf};

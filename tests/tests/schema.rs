@@ -1,4 +1,4 @@
-//! The schema keeps the promises DESIGN.md §2–§3 make at the database level.
+//! The schema keeps the promises docs/design.md makes at the database level.
 
 use chrono::{TimeZone, Utc};
 use tidings_shared::outbox::Status;
