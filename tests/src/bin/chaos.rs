@@ -314,12 +314,20 @@ async fn main() {
         .count();
     let (mut sent_not_delivered, mut delivered_unflagged, mut delivered_flagged) = (0, 0, 0);
     let mut flagged_not_delivered = 0;
+    // Delivered more than once without the maybe-delivered mark: a second push the delivery log
+    // should have stopped (reported; at least once allows it).
+    let mut repeated_unmarked = 0;
     let mut per_row: HashMap<usize, usize> = HashMap::new();
     let (mut stale_inside, mut stale_outside, mut fresh) = (0, 0, 0);
+    // How long after the price went back up the latest stale delivery came (ms).
+    let mut worst_lag = 0;
     for (topic, &i) in &by_topic {
         let row = &rows[i];
         let times = delivered.get(topic).cloned().unwrap_or_default();
         *per_row.entry(times.len()).or_default() += 1;
+        if times.len() > 1 && !row.maybe_delivered {
+            repeated_unmarked += 1;
+        }
         match (row.status.as_str(), times.is_empty(), row.maybe_delivered) {
             ("sent", true, _) => sent_not_delivered += 1,
             ("sent", false, _) => {}
@@ -334,6 +342,7 @@ async fn main() {
                 fresh += 1;
             } else if at >= up && at - up <= BOUND_MS {
                 stale_inside += 1;
+                worst_lag = worst_lag.max(at - up);
             } else {
                 stale_outside += 1;
             }
@@ -412,11 +421,13 @@ async fn main() {
     per_row.sort();
     println!("\ndeliveries per row (deliveries: rows): {per_row:?}");
     println!(
-        "deliveries: {} in the dip, {stale_inside} stale inside the {BOUND_MS} ms freshness bound",
-        fresh
+        "deliveries: {fresh} in the dip, {stale_inside} stale inside the {BOUND_MS} ms freshness bound \
+         (the latest {worst_lag} ms after the price went back up)"
     );
     println!(
-        "rows marked maybe delivered: {delivered_flagged} were delivered, {flagged_not_delivered} were not"
+        "rows marked maybe delivered and not sent: {delivered_flagged} were delivered, \
+         {flagged_not_delivered} were not; rows delivered more than once without the mark: \
+         {repeated_unmarked}"
     );
     let must_be_zero = [
         ("dedup keys with more than one row", dup_keys),
