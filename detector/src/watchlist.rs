@@ -14,8 +14,9 @@ use chrono_tz::Tz;
 use sqlx::types::Json;
 use sqlx::{PgPool, Postgres, Transaction};
 use std::collections::{BTreeMap, HashMap};
+use tidings_shared::baselines::{BASELINE_COLUMNS, BaselineRow};
 use tidings_shared::dedup::{dedup_day, parse_time_zone};
-use tidings_shared::trigger::{BASELINE_COLUMNS, BaselineRow, LastSent, Observation, Trigger};
+use tidings_shared::trigger::{LastSent, Observation, Trigger};
 use tidings_shared::{Channel, DeviceId, ItemCode, WatchId};
 
 use crate::config::Settings;

@@ -11,9 +11,10 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use std::collections::HashMap;
 use std::time::Duration;
+use tidings_shared::baselines::BaselineRow;
 use tidings_shared::messages::Subscription;
 use tidings_shared::outbox::{Row, Status};
-use tidings_shared::trigger::{Baseline, BaselineRow, LastSent, Observation, Trigger};
+use tidings_shared::trigger::{Baseline, LastSent, Observation, Trigger};
 use tidings_shared::{DeviceId, OutboxId, SubscriptionId, WatchId};
 
 use crate::recheck::WatchState;

@@ -166,28 +166,6 @@ pub struct LastSent {
     pub sent_at: DateTime<Utc>,
 }
 
-/// A `baselines` row as the detector and the dispatcher read it (`SELECT {BASELINE_COLUMNS}`).
-#[derive(Debug, sqlx::FromRow)]
-pub struct BaselineRow {
-    pub watch_id: crate::WatchId,
-    pub trigger: String,
-    pub price: i64,
-    pub in_stock: bool,
-    pub sent_at: DateTime<Utc>,
-}
-
-pub const BASELINE_COLUMNS: &str = "watch_id, trigger, price, in_stock, sent_at";
-
-impl BaselineRow {
-    pub fn last_sent(&self) -> LastSent {
-        LastSent {
-            price: self.price,
-            in_stock: self.in_stock,
-            sent_at: self.sent_at,
-        }
-    }
-}
-
 impl Baseline {
     /// The baseline a detection scan evaluates against.
     pub fn for_detection(

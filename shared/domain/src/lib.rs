@@ -1,0 +1,33 @@
+//! The Tidings domain: what a notification is and the rules it goes by, with no I/O at all (no
+//! database, broker or HTTP dependency), so that every rule is a plain function its tests call.
+//!
+//! The rules that decide whether a notification is sent live here once, so that detection and
+//! the dispatcher's re-check can never disagree:
+//!
+//! - [`trigger::evaluate`]: does a trigger hold for an observation against a baseline?
+//! - [`outbox`]: the outbox state machine (docs/design.md), mirrored by a database guard.
+//! - [`backoff`]: when a retry is due.
+//! - [`dedup`]: the dedup key and the calendar day it is scoped to.
+//! - [`messages`] and [`subjects`]: the wire contract between services.
+//! - [`notification`]: the text a user receives, from the value re-checked at send time.
+//! - [`ids`], [`channel`], [`item`], [`duration`]: the values everything else is built from.
+//!
+//! The `sqlx` feature lets the ids be bound as Postgres values by the crates that talk to the
+//! database; nothing here uses it.
+
+pub mod backoff;
+pub mod channel;
+pub mod dedup;
+pub mod duration;
+pub mod ids;
+pub mod item;
+pub mod messages;
+pub mod notification;
+pub mod outbox;
+pub mod subjects;
+pub mod trigger;
+
+pub use channel::Channel;
+pub use ids::{DeviceId, OutboxId, SubscriptionId, WatchId};
+pub use item::ItemCode;
+pub use trigger::{Baseline, Observation, SourceErrorKind, Trigger, Verdict, evaluate};
