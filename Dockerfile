@@ -22,14 +22,19 @@ RUN apt-get update \
 
 # 1. Dependencies only: manifests and empty crate roots.
 COPY Cargo.toml Cargo.lock ./
-COPY shared/Cargo.toml shared/build.rs shared/
 COPY shared/domain/Cargo.toml shared/domain/
+COPY shared/runtime/Cargo.toml shared/runtime/
+COPY shared/bus/Cargo.toml shared/bus/
+COPY shared/webpush/Cargo.toml shared/webpush/
+COPY shared/source/Cargo.toml shared/source/
+COPY shared/store/Cargo.toml shared/store/build.rs shared/store/
 COPY api/Cargo.toml api/
 COPY dispatcher/Cargo.toml dispatcher/
 COPY pusher/Cargo.toml pusher/
 COPY detector/Cargo.toml detector/
 COPY tests/Cargo.toml tests/
-RUN for c in shared/domain shared api dispatcher pusher detector tests; do \
+RUN for c in shared/domain shared/runtime shared/bus shared/webpush shared/source shared/store \
+             api dispatcher pusher detector tests; do \
       mkdir -p "$c/src/bin" && echo "fn main() {}" > "$c/src/main.rs" && touch "$c/src/lib.rs"; \
     done \
  && for b in bench_dispatcher bench_pusher bench_detector bench_api bench_pipeline tidings_fakes tidings_demo chaos; do \
@@ -37,7 +42,7 @@ RUN for c in shared/domain shared api dispatcher pusher detector tests; do \
     done \
  && mkdir -p migrations \
  && cargo build --release --locked -p tidings-api -p tidings-dispatcher -p tidings-pusher -p tidings-detector \
- && rm -rf shared/domain/src shared/src api/src dispatcher/src pusher/src detector/src
+ && rm -rf shared/*/src api/src dispatcher/src pusher/src detector/src
 
 # 2. Tidings itself (the same command CI's image check runs, see deploy/docker/check).
 COPY migrations migrations
@@ -46,7 +51,7 @@ COPY api api
 COPY dispatcher dispatcher
 COPY pusher pusher
 COPY detector detector
-RUN touch shared/domain/src/lib.rs shared/src/lib.rs api/src/main.rs dispatcher/src/main.rs pusher/src/main.rs detector/src/main.rs \
+RUN touch shared/*/src/lib.rs api/src/main.rs dispatcher/src/main.rs pusher/src/main.rs detector/src/main.rs \
  && cargo build --release --locked \
       -p tidings-api --bin tidings-api \
       -p tidings-dispatcher --bin tidings-dispatcher \

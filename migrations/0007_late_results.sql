@@ -1,4 +1,4 @@
--- Late push results and attempts whose outcome is unknown (see shared/src/outbox.rs).
+-- Late push results and attempts whose outcome is unknown (see shared/domain/src/outbox.rs).
 --
 -- A result belongs to one attempt and is honoured whenever it arrives, as long as the row has not
 -- started a newer attempt: a `delivered` that arrives after the sweeper moved the row back to

@@ -13,7 +13,7 @@ use axum::http::header;
 use axum::http::request::Parts;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use tidings_shared::DeviceId;
+use tidings_domain::DeviceId;
 
 pub const TOKEN_BYTES: usize = 32;
 

@@ -18,8 +18,8 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use sqlx::types::Json as SqlJson;
 use std::sync::Arc;
-use tidings_shared::trigger::Trigger;
-use tidings_shared::{Channel, DeviceId, ItemCode, WatchId};
+use tidings_domain::trigger::Trigger;
+use tidings_domain::{Channel, DeviceId, ItemCode, WatchId};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 /// A validated create, ready to insert.
@@ -165,7 +165,7 @@ async fn collect(
 async fn run(pool: &PgPool, max_watches: i32, creates: Vec<Pending>) {
     let (batch, replies): (Vec<Create>, Vec<_>) =
         creates.into_iter().map(|p| (p.create, p.reply)).unzip();
-    tidings_shared::metrics::metrics()
+    tidings_runtime::metrics::metrics()
         .create_batch_size
         .observe(batch.len() as f64);
     if batch.len() > 1 {

@@ -3,7 +3,7 @@
 use crate::Settings;
 use crate::auth::token_hash;
 use std::net::SocketAddr;
-use tidings_shared::service::EndpointArgs;
+use tidings_webpush::EndpointArgs;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct Config {

@@ -9,10 +9,10 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
-use tidings_shared::dedup::parse_time_zone;
-use tidings_shared::endpoint::{EndpointPolicy, check};
-use tidings_shared::webpush::{KeyError, UaKeys};
-use tidings_shared::{DeviceId, SubscriptionId};
+use tidings_domain::dedup::parse_time_zone;
+use tidings_domain::{DeviceId, SubscriptionId};
+use tidings_webpush::endpoint::{EndpointPolicy, check};
+use tidings_webpush::webpush::{KeyError, UaKeys};
 use utoipa::ToSchema;
 use uuid::Uuid;
 

@@ -26,10 +26,8 @@ pub async fn livez() -> Json<Health> {
         (status = 503, description = "Postgres does not answer", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn readyz(State(app): State<AppState>) -> Result<Json<Health>, ApiError> {
-    let probes = tidings_shared::ops::Probes {
-        pool: Some(app.pool.clone()),
-        ..Default::default()
-    };
+    let probes = tidings_runtime::ops::Probes::default()
+        .with_check(tidings_store::readiness(app.pool.clone()));
     probes.ready().await.map_err(ApiError::Unavailable)?;
     Ok(Json(Health {
         status: "ok".into(),
@@ -39,5 +37,5 @@ pub async fn readyz(State(app): State<AppState>) -> Result<Json<Health>, ApiErro
 #[utoipa::path(get, path = "/metrics", tag = "health",
     responses((status = 200, description = "Prometheus metrics (OpenMetrics text)", content_type = "application/openmetrics-text")))]
 pub async fn metrics() -> impl axum::response::IntoResponse {
-    tidings_shared::ops::metrics_text().await
+    tidings_runtime::ops::metrics_text().await
 }

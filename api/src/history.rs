@@ -10,8 +10,8 @@ use axum::Json;
 use axum::extract::State;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use tidings_shared::outbox::{Delivery, Reason, Status};
-use tidings_shared::trigger::Trigger;
+use tidings_domain::outbox::{Delivery, Reason, Status};
+use tidings_domain::trigger::Trigger;
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 

@@ -26,8 +26,8 @@ use axum::response::Response;
 use sqlx::PgPool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tidings_shared::endpoint::EndpointPolicy;
-use tidings_shared::metrics::{HttpLabels, RouteLabels};
+use tidings_runtime::metrics::{HttpLabels, RouteLabels};
+use tidings_webpush::endpoint::EndpointPolicy;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -115,7 +115,7 @@ async fn trace_request(request: Request, next: Next) -> Response {
     let status = response.status().as_u16();
     span.record("http.status", status);
     let elapsed = started.elapsed().as_secs_f64();
-    let m = tidings_shared::metrics::metrics();
+    let m = tidings_runtime::metrics::metrics();
     m.http_requests
         .get_or_create(&HttpLabels {
             route: route.clone(),

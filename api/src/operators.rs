@@ -12,8 +12,8 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use tidings_shared::OutboxId;
-use tidings_shared::outbox::Status;
+use tidings_domain::OutboxId;
+use tidings_domain::outbox::Status;
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 

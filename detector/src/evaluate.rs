@@ -3,10 +3,10 @@
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use std::collections::HashMap;
-use tidings_shared::dedup::dedup_day;
-use tidings_shared::messages::{EnqueueRequest, VERSION};
-use tidings_shared::trigger::{Baseline, LastSent, Observation, Trigger, Verdict, evaluate};
-use tidings_shared::{Channel, DeviceId, WatchId};
+use tidings_domain::dedup::dedup_day;
+use tidings_domain::messages::{EnqueueRequest, VERSION};
+use tidings_domain::trigger::{Baseline, LastSent, Observation, Trigger, Verdict, evaluate};
+use tidings_domain::{Channel, DeviceId, WatchId};
 
 /// A watch as the scan reads it.
 #[derive(Clone, Debug, PartialEq)]

@@ -56,7 +56,7 @@ impl scan::Detector {
 
 /// A finished scan in the metrics. A dry run publishes nothing, so its detections are not counted.
 fn record(stats: &scan::ScanStats, took: Duration, dry_run: bool) {
-    let m = tidings_shared::metrics::metrics();
+    let m = tidings_runtime::metrics::metrics();
     m.scans.inc();
     m.scan_duration.observe(took.as_secs_f64());
     m.detector_watches
@@ -72,7 +72,7 @@ fn record(stats: &scan::ScanStats, took: Duration, dry_run: bool) {
         ("remembered", stats.remembered),
     ] {
         m.detections
-            .get_or_create(&tidings_shared::metrics::ResultLabels {
+            .get_or_create(&tidings_runtime::metrics::ResultLabels {
                 result: result.to_owned(),
             })
             .inc_by(n as u64);

@@ -3,10 +3,11 @@
 
 use anyhow::Context;
 use clap::Parser;
-use tidings_shared::service::OpsArgs;
-use tidings_shared::source::HttpSource;
-use tidings_shared::telemetry::Telemetry;
-use tidings_shared::{ops, startup};
+use tidings_bus::streams::wait_for_streams;
+use tidings_runtime::ops;
+use tidings_runtime::ops::OpsArgs;
+use tidings_runtime::telemetry::Telemetry;
+use tidings_source::HttpSource;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
@@ -25,28 +26,26 @@ async fn main() -> anyhow::Result<()> {
     let _telemetry = Telemetry::init("tidings-detector");
     let settings = config.settings().context("invalid configuration")?;
     let source = HttpSource::new(settings.source.clone()).context("source configuration")?;
-    let pool = startup::postgres(&config.database_url, 4).context("DATABASE_URL")?;
-    let nats = startup::nats(&config.nats.nats_url)
+    let pool = tidings_store::postgres(&config.database_url, 4).context("DATABASE_URL")?;
+    let nats = tidings_runtime::startup::nats(&config.nats.nats_url)
         .await
         .with_context(|| format!("NATS_URL {}", config.nats.nats_url))?;
     let js = async_nats::jetstream::new(nats.clone());
     let shutdown = CancellationToken::new();
-    tokio::spawn(tidings_shared::service::cancel_on_signal(shutdown.clone()));
-    let probes = ops::Probes {
-        pool: Some(pool.clone()),
-        nats: Some(nats.clone()),
-        ..Default::default()
-    };
+    tokio::spawn(tidings_runtime::signals::cancel_on_signal(shutdown.clone()));
+    let probes = ops::Probes::default()
+        .with_check(tidings_store::readiness(pool.clone()))
+        .with_nats(nats.clone());
     if !config.once {
         ops::spawn(cli.ops.ops_listen, probes.clone(), shutdown.clone());
     }
-    let ready = startup::wait_for_dependencies(
-        &probes,
-        &config.nats.nats_url,
-        &settings.subjects,
-        &settings.streams,
-        &shutdown,
-    );
+    let starting = &probes.starting;
+    let ready = async {
+        tidings_store::wait_for_postgres(&pool, starting, &shutdown).await?;
+        let url = &config.nats.nats_url;
+        let (subjects, streams) = (&settings.subjects, &settings.streams);
+        wait_for_streams(&nats, url, subjects, streams, starting, &shutdown).await
+    };
     if ready.await.is_none() {
         tracing::info!("stopped while starting");
         return Ok(());

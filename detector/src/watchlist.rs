@@ -14,10 +14,10 @@ use chrono_tz::Tz;
 use sqlx::types::Json;
 use sqlx::{PgPool, Postgres, Transaction};
 use std::collections::{BTreeMap, HashMap};
-use tidings_shared::baselines::{BASELINE_COLUMNS, BaselineRow};
-use tidings_shared::dedup::{dedup_day, parse_time_zone};
-use tidings_shared::trigger::{LastSent, Observation, Trigger};
-use tidings_shared::{Channel, DeviceId, ItemCode, WatchId};
+use tidings_domain::dedup::{dedup_day, parse_time_zone};
+use tidings_domain::trigger::{LastSent, Observation, Trigger};
+use tidings_domain::{Channel, DeviceId, ItemCode, WatchId};
+use tidings_store::baselines::{BASELINE_COLUMNS, BaselineRow};
 
 use crate::config::Settings;
 use crate::evaluate::Watch;

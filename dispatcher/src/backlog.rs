@@ -4,7 +4,7 @@
 
 use sqlx::PgPool;
 use std::time::Duration;
-use tidings_shared::metrics::{StatusLabels, metrics};
+use tidings_runtime::metrics::{StatusLabels, metrics};
 use tokio_util::sync::CancellationToken;
 
 /// Reads the backlog once (each partial index answers its part) and sets the gauges.

@@ -11,11 +11,11 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use std::collections::HashMap;
 use std::time::Duration;
-use tidings_shared::baselines::BaselineRow;
-use tidings_shared::messages::Subscription;
-use tidings_shared::outbox::{Row, Status};
-use tidings_shared::trigger::{Baseline, LastSent, Observation, Trigger};
-use tidings_shared::{DeviceId, OutboxId, SubscriptionId, WatchId};
+use tidings_domain::messages::Subscription;
+use tidings_domain::outbox::{Row, Status};
+use tidings_domain::trigger::{Baseline, LastSent, Observation, Trigger};
+use tidings_domain::{DeviceId, OutboxId, SubscriptionId, WatchId};
+use tidings_store::baselines::BaselineRow;
 
 use crate::recheck::WatchState;
 

@@ -1,12 +1,13 @@
 //! Dispatcher configuration: every setting a flag and an environment variable.
 
 use std::time::Duration;
-use tidings_shared::backoff::RetryPolicy;
-use tidings_shared::duration::parse_duration;
-use tidings_shared::service::{NatsArgs, SourceArgs};
-use tidings_shared::source::SourceConfig;
-use tidings_shared::streams::StreamSettings;
-use tidings_shared::subjects::{InvalidPrefix, Subjects};
+use tidings_bus::NatsArgs;
+use tidings_bus::streams::StreamSettings;
+use tidings_domain::backoff::RetryPolicy;
+use tidings_domain::duration::parse_duration;
+use tidings_domain::subjects::{InvalidPrefix, Subjects};
+use tidings_source::SourceArgs;
+use tidings_source::SourceConfig;
 
 /// Default slack between the last moment a pusher may still be sending (deadline + its HTTP
 /// timeout) and the moment the sweeper may take the row back.

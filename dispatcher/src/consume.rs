@@ -2,7 +2,7 @@
 //! JetStream consumer, decode them (dead-lettering what cannot be decoded), hand each batch to a
 //! handler, and ack only what the handler has committed.
 //!
-//! Both streams keep messages by limits (see `tidings_shared::streams`), and the loop purges what
+//! Both streams keep messages by limits (see `tidings_bus::streams`), and the loop purges what
 //! its consumer has acknowledged every [`PURGE_EVERY`], everything below the consumer's ack floor
 //! at once. Below the floor every message has been acked or terminated, by whichever replica
 //! received it, so a purge never removes work that is still to be committed.
@@ -10,9 +10,9 @@
 use async_nats::jetstream::{self, AckKind, consumer::PullConsumer, consumer::pull};
 use futures::StreamExt;
 use std::time::Duration;
-use tidings_shared::dlq::dead_letter;
-use tidings_shared::messages::{Message, decode};
-use tidings_shared::subjects::{StreamKind, Subjects};
+use tidings_bus::dlq::dead_letter;
+use tidings_domain::messages::{Message, decode};
+use tidings_domain::subjects::{StreamKind, Subjects};
 use tokio_util::sync::CancellationToken;
 
 /// How long an EnqueueRequest may stay unacknowledged before JetStream redelivers it. A batch
@@ -255,7 +255,7 @@ where
         }
     }
     let mut pulled = chunks.into_inner();
-    tidings_shared::pull::hand_back(&mut pulled, batch * 2).await;
+    tidings_bus::pull::hand_back(&mut pulled, batch * 2).await;
     drop(pulled);
     while in_flight.next().await.is_some() {}
     result

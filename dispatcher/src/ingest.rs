@@ -11,12 +11,12 @@ use sqlx::PgPool;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tidings_shared::dlq::dead_letter;
-use tidings_shared::messages::EnqueueRequest;
-use tidings_shared::metrics::ResultLabels;
-use tidings_shared::subjects::StreamKind;
-use tidings_shared::telemetry;
-use tidings_shared::{DeviceId, OutboxId, WatchId};
+use tidings_bus::dlq::dead_letter;
+use tidings_domain::messages::EnqueueRequest;
+use tidings_domain::subjects::StreamKind;
+use tidings_domain::{DeviceId, OutboxId, WatchId};
+use tidings_runtime::metrics::ResultLabels;
+use tidings_runtime::telemetry;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
@@ -191,7 +191,7 @@ impl Ingest {
             Ok(inserted) => {
                 stats.inserted = inserted;
                 stats.duplicates = valid.len() - inserted;
-                let m = tidings_shared::metrics::metrics();
+                let m = tidings_runtime::metrics::metrics();
                 m.ingested
                     .get_or_create(&ResultLabels {
                         result: "new".into(),

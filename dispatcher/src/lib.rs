@@ -27,9 +27,9 @@ pub mod transition;
 use async_nats::jetstream;
 use sqlx::PgPool;
 use std::sync::Arc;
-use tidings_shared::delivered::DeliveryLog;
-use tidings_shared::source::{HttpSource, SourceConfigError};
-use tidings_shared::streams::{StreamError, ensure_streams};
+use tidings_bus::delivered::DeliveryLog;
+use tidings_bus::streams::{StreamError, ensure_streams};
+use tidings_source::{HttpSource, SourceConfigError};
 use tokio_util::sync::CancellationToken;
 
 pub use config::{Config, Settings};

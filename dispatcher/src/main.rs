@@ -4,10 +4,11 @@
 use anyhow::Context;
 use clap::Parser;
 use std::time::Duration;
-use tidings_shared::service::OpsArgs;
-use tidings_shared::subjects::StreamKind;
-use tidings_shared::telemetry::Telemetry;
-use tidings_shared::{ops, startup};
+use tidings_bus::streams::wait_for_streams;
+use tidings_domain::subjects::StreamKind;
+use tidings_runtime::ops;
+use tidings_runtime::ops::OpsArgs;
+use tidings_runtime::telemetry::Telemetry;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
@@ -28,27 +29,26 @@ async fn main() -> anyhow::Result<()> {
     let connections =
         u32::try_from(settings.dispatch_workers + 2 * settings.consumer_concurrency + 2)
             .unwrap_or(16);
-    let pool = startup::postgres(&config.database_url, connections).context("DATABASE_URL")?;
-    let nats = startup::nats(&config.nats.nats_url)
+    let pool =
+        tidings_store::postgres(&config.database_url, connections).context("DATABASE_URL")?;
+    let nats = tidings_runtime::startup::nats(&config.nats.nats_url)
         .await
         .with_context(|| format!("NATS_URL {}", config.nats.nats_url))?;
     let js = async_nats::jetstream::new(nats.clone());
 
     let shutdown = CancellationToken::new();
-    tokio::spawn(tidings_shared::service::cancel_on_signal(shutdown.clone()));
-    let probes = ops::Probes {
-        pool: Some(pool.clone()),
-        nats: Some(nats.clone()),
-        ..Default::default()
-    };
+    tokio::spawn(tidings_runtime::signals::cancel_on_signal(shutdown.clone()));
+    let probes = ops::Probes::default()
+        .with_check(tidings_store::readiness(pool.clone()))
+        .with_nats(nats.clone());
     ops::spawn(cli.ops.ops_listen, probes.clone(), shutdown.clone());
-    let ready = startup::wait_for_dependencies(
-        &probes,
-        &config.nats.nats_url,
-        &settings.subjects,
-        &settings.streams,
-        &shutdown,
-    );
+    let starting = &probes.starting;
+    let ready = async {
+        tidings_store::wait_for_postgres(&pool, starting, &shutdown).await?;
+        let url = &config.nats.nats_url;
+        let (subjects, streams) = (&settings.subjects, &settings.streams);
+        wait_for_streams(&nats, url, subjects, streams, starting, &shutdown).await
+    };
     if ready.await.is_none() {
         tracing::info!("stopped while starting");
         return Ok(());

@@ -2,13 +2,13 @@
 //! trigger. Pure: the dispatch loop gathers the inputs and writes the outcome.
 
 use chrono::{DateTime, Utc};
-use tidings_shared::messages::Subscription;
-use tidings_shared::outbox::DropReason;
-use tidings_shared::source::Fetched;
-use tidings_shared::trigger::{
+use tidings_domain::messages::Subscription;
+use tidings_domain::outbox::DropReason;
+use tidings_domain::trigger::{
     Baseline, LastSent, LostReason, Observation, SourceErrorKind, Verdict,
 };
-use tidings_shared::{SubscriptionId, Trigger, evaluate};
+use tidings_domain::{SubscriptionId, Trigger, evaluate};
+use tidings_source::Fetched;
 
 /// What the database says about a row's watch right now.
 #[derive(Clone, Debug)]
@@ -99,7 +99,7 @@ pub fn recheck(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tidings_shared::source::SourceError;
+    use tidings_source::SourceError;
 
     fn obs(price: i64) -> Observation {
         Observation {

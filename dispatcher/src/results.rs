@@ -7,7 +7,7 @@
 //! terminal) changes nothing. Messages are acked after the commit.
 //!
 //! A result is honoured whenever it arrives, as long as its row has not started a newer attempt
-//! (see `tidings_shared::outbox`): a `delivered` that comes after the lease sweeper moved the row
+//! (see `tidings_domain::outbox`): a `delivered` that comes after the lease sweeper moved the row
 //! back to `retry` still ends it `sent`. [`apply_in`] is also how the sweeper applies a delivery
 //! it found in the delivery log.
 
@@ -18,12 +18,12 @@ use sqlx::{PgConnection, PgPool};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
-use tidings_shared::messages::{Outcome, PushResult};
-use tidings_shared::outbox::{self, Event, FailReason, Row, Status};
-use tidings_shared::subjects::StreamKind;
-use tidings_shared::telemetry;
-use tidings_shared::trigger::Observation;
-use tidings_shared::{OutboxId, SubscriptionId, WatchId};
+use tidings_domain::messages::{Outcome, PushResult};
+use tidings_domain::outbox::{self, Event, FailReason, Row, Status};
+use tidings_domain::subjects::StreamKind;
+use tidings_domain::trigger::Observation;
+use tidings_domain::{OutboxId, SubscriptionId, WatchId};
+use tidings_runtime::telemetry;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
@@ -227,7 +227,7 @@ impl Applied {
     pub fn record(&self) {
         transition::record(&self.changes, &self.won);
         let now = Utc::now();
-        let latency = &tidings_shared::metrics::metrics().detection_to_delivery;
+        let latency = &tidings_runtime::metrics::metrics().detection_to_delivery;
         for detected_at in &self.sent_detected_at {
             latency.observe((now - *detected_at).as_seconds_f64().max(0.0));
         }

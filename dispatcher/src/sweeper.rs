@@ -22,10 +22,10 @@
 use chrono::Utc;
 use sqlx::PgPool;
 use std::sync::Arc;
-use tidings_shared::OutboxId;
-use tidings_shared::delivered::DeliveryLog;
-use tidings_shared::messages::{Outcome, PushResult, VERSION};
-use tidings_shared::outbox::{self, Event, Row, Status};
+use tidings_bus::delivered::DeliveryLog;
+use tidings_domain::OutboxId;
+use tidings_domain::messages::{Outcome, PushResult, VERSION};
+use tidings_domain::outbox::{self, Event, Row, Status};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;

@@ -9,8 +9,8 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::PgConnection;
 use std::collections::{HashMap, HashSet};
-use tidings_shared::outbox::{Row, Status, Transition};
-use tidings_shared::{OutboxId, SubscriptionId};
+use tidings_domain::outbox::{Row, Status, Transition};
+use tidings_domain::{OutboxId, SubscriptionId};
 
 /// One planned compare-and-set. Optional columns left `None` keep their value.
 #[derive(Clone, Debug)]
@@ -164,7 +164,7 @@ pub fn record(changes: &[Change], won: &HashSet<OutboxId>) {
             .entry((c.transition.to.as_str(), reason))
             .or_default() += 1;
     }
-    let m = tidings_shared::metrics::metrics();
+    let m = tidings_runtime::metrics::metrics();
     for ((to, reason), n) in counts {
         m.transition(to, reason, n);
     }

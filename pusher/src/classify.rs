@@ -1,7 +1,7 @@
 //! What a push service's answer means (docs/design.md: the state machine and the messages). Pure.
 
 use chrono::{DateTime, Utc};
-use tidings_shared::messages::Outcome;
+use tidings_domain::messages::Outcome;
 
 /// The outcome of an HTTP answer from a push service at `host`.
 pub fn classify(status: u16, host: &str) -> Outcome {

@@ -4,12 +4,13 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use tidings_shared::duration::parse_duration;
-use tidings_shared::endpoint::EndpointPolicy;
-use tidings_shared::service::{EndpointArgs, NatsArgs};
-use tidings_shared::streams::StreamSettings;
-use tidings_shared::subjects::{InvalidPrefix, Subjects};
-use tidings_shared::vapid::{VapidError, VapidKey, VapidSigner};
+use tidings_bus::NatsArgs;
+use tidings_bus::streams::StreamSettings;
+use tidings_domain::duration::parse_duration;
+use tidings_domain::subjects::{InvalidPrefix, Subjects};
+use tidings_webpush::EndpointArgs;
+use tidings_webpush::endpoint::EndpointPolicy;
+use tidings_webpush::vapid::{VapidError, VapidKey, VapidSigner};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct Config {

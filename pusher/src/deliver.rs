@@ -5,11 +5,11 @@
 use chrono::Utc;
 use std::sync::Arc;
 use std::time::Instant;
-use tidings_shared::endpoint::{self, EndpointPolicy, GuardedResolver};
-use tidings_shared::messages::{Outcome, PushRequest, PushResult, VERSION};
-use tidings_shared::outbox::FailReason;
-use tidings_shared::vapid::VapidSigner;
-use tidings_shared::webpush::{self, EncryptError, UaKeys};
+use tidings_domain::messages::{Outcome, PushRequest, PushResult, VERSION};
+use tidings_domain::outbox::FailReason;
+use tidings_webpush::endpoint::{self, EndpointPolicy, GuardedResolver};
+use tidings_webpush::vapid::VapidSigner;
+use tidings_webpush::webpush::{self, EncryptError, UaKeys};
 
 use crate::classify::{classify, retry_after};
 use crate::config::Settings;

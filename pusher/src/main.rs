@@ -4,11 +4,12 @@
 use anyhow::Context;
 use clap::Parser;
 use std::time::Duration;
-use tidings_shared::service::OpsArgs;
-use tidings_shared::subjects::StreamKind;
-use tidings_shared::telemetry::Telemetry;
-use tidings_shared::vapid::VapidKey;
-use tidings_shared::{ops, startup};
+use tidings_bus::streams::wait_for_streams;
+use tidings_domain::subjects::StreamKind;
+use tidings_runtime::ops::OpsArgs;
+use tidings_runtime::telemetry::Telemetry;
+use tidings_runtime::{ops, startup};
+use tidings_webpush::vapid::VapidKey;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
@@ -45,17 +46,15 @@ async fn main() -> anyhow::Result<()> {
     let js = async_nats::jetstream::new(nats.clone());
     let stream = settings.subjects.stream(StreamKind::Push);
     let shutdown = CancellationToken::new();
-    tokio::spawn(tidings_shared::service::cancel_on_signal(shutdown.clone()));
-    let probes = ops::Probes {
-        nats: Some(nats.clone()),
-        ..Default::default()
-    };
+    tokio::spawn(tidings_runtime::signals::cancel_on_signal(shutdown.clone()));
+    let probes = ops::Probes::default().with_nats(nats.clone());
     ops::spawn(cli.ops.ops_listen, probes.clone(), shutdown.clone());
-    let connected = startup::wait_for_dependencies(
-        &probes,
+    let connected = wait_for_streams(
+        &nats,
         &config.nats.nats_url,
         &settings.subjects,
         &settings.streams,
+        &probes.starting,
         &shutdown,
     )
     .await;

@@ -3,7 +3,7 @@
 //! before the request is acked, so a crash in between means a redelivery, never a lost result.
 //!
 //! Redelivery safety: a delivered row is recorded in the delivery log
-//! ([`tidings_shared::delivered`]) before its result is published. A redelivered request
+//! ([`tidings_bus::delivered`]) before its result is published. A redelivered request
 //! (JetStream's delivery count > 1), or a later attempt of a row, found there is not sent again;
 //! `delivered` is reported instead. First deliveries of a first attempt skip the lookup: the
 //! dispatcher publishes each (outbox_id, attempt) once, so only a redelivery or a retry can repeat
@@ -16,14 +16,14 @@ use async_nats::jetstream::{self, AckKind, consumer::PullConsumer, consumer::pul
 use futures::StreamExt;
 use std::sync::Arc;
 use std::time::Duration;
-use tidings_shared::Channel;
-use tidings_shared::delivered::{Delivery, DeliveryLog, DeliveryLogError};
-use tidings_shared::dlq::dead_letter;
-use tidings_shared::messages::{Outcome, PushRequest, PushResult, VERSION, decode, encode};
-use tidings_shared::metrics::{PushLabels, StatusLabels, metrics, status_class};
-use tidings_shared::streams::ensure_streams;
-use tidings_shared::subjects::StreamKind;
-use tidings_shared::telemetry;
+use tidings_bus::delivered::{Delivery, DeliveryLog, DeliveryLogError};
+use tidings_bus::dlq::dead_letter;
+use tidings_bus::streams::ensure_streams;
+use tidings_domain::Channel;
+use tidings_domain::messages::{Outcome, PushRequest, PushResult, VERSION, decode, encode};
+use tidings_domain::subjects::StreamKind;
+use tidings_runtime::metrics::{PushLabels, StatusLabels, metrics, status_class};
+use tidings_runtime::telemetry;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
@@ -34,7 +34,7 @@ pub const CONSUMER: &str = "pusher";
 #[derive(Debug, thiserror::Error)]
 pub enum PusherError {
     #[error("streams: {0}")]
-    Streams(#[from] tidings_shared::streams::StreamError),
+    Streams(#[from] tidings_bus::streams::StreamError),
     #[error(transparent)]
     DeliveryLog(#[from] DeliveryLogError),
     #[error("consumer {CONSUMER}: {0}")]
@@ -141,7 +141,7 @@ impl Pusher {
             }
             while tasks.try_join_next().is_some() {}
         }
-        tidings_shared::pull::hand_back(&mut messages, concurrency * 2).await;
+        tidings_bus::pull::hand_back(&mut messages, concurrency * 2).await;
         drop(messages);
         while tasks.join_next().await.is_some() {}
         Ok(())

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use tidings_api::Settings;
 use tidings_api::auth::token_hash;
-use tidings_shared::endpoint::EndpointPolicy;
+use tidings_webpush::endpoint::EndpointPolicy;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 

@@ -1,5 +1,5 @@
 //! A fake catalog: serves observations whose values a test sets, speaking the source protocol
-//! of `tidings_shared::source` (one item, and the batch form), and answers 404, 429, 500 or
+//! of `tidings_source` (one item, and the batch form), and answers 404, 429, 500 or
 //! hangs on demand. Also runnable as a binary for the demo (`PUT /admin/items/{code}`).
 
 use axum::extract::{Path, Query, State};
@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use tidings_shared::source::SourceConfig;
+use tidings_source::SourceConfig;
 
 /// How the catalog answers for an item.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]

@@ -21,7 +21,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
-use tidings_shared::messages::Subscription;
+use tidings_domain::messages::Subscription;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::ServerConfig;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
@@ -573,10 +573,10 @@ impl FakePushService {
 
 /// Pusher settings for delivering to a fake push service: a new VAPID key, 1 s timeouts,
 /// endpoints on loopback allowed and the fake's certificate trusted.
-pub fn pusher_settings(subjects: tidings_shared::subjects::Subjects) -> tidings_pusher::Settings {
-    let (private, _) = tidings_shared::vapid::VapidKey::generate().expect("VAPID key");
-    let signer = tidings_shared::vapid::VapidSigner::new(
-        tidings_shared::vapid::VapidKey::parse(&private).expect("VAPID key"),
+pub fn pusher_settings(subjects: tidings_domain::subjects::Subjects) -> tidings_pusher::Settings {
+    let (private, _) = tidings_webpush::vapid::VapidKey::generate().expect("VAPID key");
+    let signer = tidings_webpush::vapid::VapidSigner::new(
+        tidings_webpush::vapid::VapidKey::parse(&private).expect("VAPID key"),
         "mailto:ops@tidings.invalid",
     )
     .expect("VAPID signer");
@@ -584,7 +584,7 @@ pub fn pusher_settings(subjects: tidings_shared::subjects::Subjects) -> tidings_
     settings.http_timeout = std::time::Duration::from_secs(1);
     settings.connect_timeout = std::time::Duration::from_secs(1);
     settings.concurrency = 64;
-    settings.policy = tidings_shared::endpoint::EndpointPolicy {
+    settings.policy = tidings_webpush::endpoint::EndpointPolicy {
         allowed_hosts: vec!["127.0.0.1".into()],
         allow_private: true,
         allow_http: false,

@@ -2,10 +2,10 @@
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
-use tidings_shared::dedup::{dedup_day, parse_time_zone};
-use tidings_shared::messages::{EnqueueRequest, VERSION};
-use tidings_shared::trigger::{Baseline, Observation, Trigger};
-use tidings_shared::{Channel, DeviceId, SubscriptionId, WatchId};
+use tidings_domain::dedup::{dedup_day, parse_time_zone};
+use tidings_domain::messages::{EnqueueRequest, VERSION};
+use tidings_domain::trigger::{Baseline, Observation, Trigger};
+use tidings_domain::{Channel, DeviceId, SubscriptionId, WatchId};
 
 pub struct Device {
     pub id: DeviceId,
@@ -105,7 +105,7 @@ fn chrono_tz_utc() -> chrono_tz::Tz {
 /// What inserting an EnqueueRequest into the outbox did.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Inserted {
-    New(tidings_shared::OutboxId),
+    New(tidings_domain::OutboxId),
     Duplicate,
 }
 

@@ -12,8 +12,8 @@ use sqlx::{ConnectOptions, Connection, Executor, PgConnection, PgPool};
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::OnceLock;
-use tidings_shared::db::MIGRATOR;
-use tidings_shared::subjects::Subjects;
+use tidings_domain::subjects::Subjects;
+use tidings_store::db::MIGRATOR;
 use uuid::Uuid;
 
 #[derive(Debug, thiserror::Error)]
@@ -250,11 +250,11 @@ pub async fn nats() -> Result<async_nats::Client, HarnessError> {
 /// Deletes every stream (and the delivery log) of a test prefix (best effort), so a long test run does not fill the
 /// shared server's storage.
 pub async fn delete_streams(js: &async_nats::jetstream::Context, subjects: &Subjects) {
-    for kind in tidings_shared::subjects::StreamKind::ALL {
+    for kind in tidings_domain::subjects::StreamKind::ALL {
         let _ = js.delete_stream(subjects.stream(kind)).await;
     }
     let _ = js
-        .delete_key_value(subjects.bucket(tidings_shared::delivered::BUCKET))
+        .delete_key_value(subjects.bucket(tidings_bus::delivered::BUCKET))
         .await;
 }
 

@@ -8,20 +8,20 @@ use futures::StreamExt;
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
+use tidings_bus::delivered::DeliveryLog;
+use tidings_bus::streams::{StreamSettings, ensure_streams};
 use tidings_dispatcher::Settings;
 use tidings_dispatcher::dispatch::Dispatcher;
 use tidings_dispatcher::ingest::Ingest;
 use tidings_dispatcher::results::Results;
 use tidings_dispatcher::sweeper::{self, SweepStats};
-use tidings_shared::delivered::DeliveryLog;
-use tidings_shared::messages::{
+use tidings_domain::messages::{
     EnqueueRequest, Outcome, PushRequest, PushResult, Subscription, VERSION, decode, encode,
 };
-use tidings_shared::source::HttpSource;
-use tidings_shared::streams::{StreamSettings, ensure_streams};
-use tidings_shared::subjects::{StreamKind, Subjects};
-use tidings_shared::trigger::Trigger;
-use tidings_shared::{Channel, OutboxId, WatchId};
+use tidings_domain::subjects::{StreamKind, Subjects};
+use tidings_domain::trigger::Trigger;
+use tidings_domain::{Channel, OutboxId, WatchId};
+use tidings_source::HttpSource;
 
 use crate::fake_catalog::FakeCatalog;
 use crate::fixtures::{self, Device};

@@ -90,7 +90,7 @@ impl Pipeline {
         let ca = logs.join("ca.pem");
         std::fs::write(&ca, CERT_PEM).expect("ca file");
         let (vapid_private, vapid_public) =
-            tidings_shared::vapid::VapidKey::generate().expect("vapid key");
+            tidings_webpush::vapid::VapidKey::generate().expect("vapid key");
         let mut env: Vec<(String, String)> = [
             ("DATABASE_URL", s.db.url.clone()),
             (

@@ -6,15 +6,15 @@ use reqwest::{Method, Response};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use tidings_api::Settings;
-use tidings_shared::endpoint::EndpointPolicy;
-use tidings_shared::trigger::Trigger;
-use tidings_shared::{DeviceId, WatchId};
+use tidings_domain::trigger::Trigger;
+use tidings_domain::{DeviceId, WatchId};
 use tidings_tests::api::{
     ADMIN_TOKEN, ApiServer, VAPID_PUBLIC, browser_subscription, test_settings,
 };
 use tidings_tests::fixtures::{self, Device, Inserted};
 use tidings_tests::harness::{TestDb, tool};
 use tidings_tests::scenario::Scenario;
+use tidings_webpush::endpoint::EndpointPolicy;
 use uuid::Uuid;
 
 async fn json(r: Response) -> Value {
@@ -849,7 +849,7 @@ async fn concurrent_creates_never_exceed_the_watch_limit() {
 async fn a_shared_create_statement_authenticates_each_create_and_keeps_every_limit() {
     use tidings_api::auth::token_hash;
     use tidings_api::coalesce::{Admission, Create, NewWatch, insert, insert_one};
-    use tidings_shared::{Channel, ItemCode};
+    use tidings_domain::{Channel, ItemCode};
 
     let db = TestDb::new().await.unwrap();
     let api = ApiServer::start(db.pool.clone(), test_settings()).await;
@@ -986,7 +986,7 @@ async fn a_create_postgres_refuses_fails_alone_and_its_neighbours_are_created() 
     use tidings_api::auth::token_hash;
     use tidings_api::coalesce::{Admission, CreateQueue, NewWatch};
     use tidings_api::problem::ApiError;
-    use tidings_shared::{Channel, ItemCode};
+    use tidings_domain::{Channel, ItemCode};
 
     let db = TestDb::new().await.unwrap();
     let api = ApiServer::start(db.pool.clone(), test_settings()).await;

@@ -11,10 +11,10 @@ fn repo() -> PathBuf {
 }
 
 /// The exported sample names, from the registry's own list (checked against the registry by
-/// a unit test in tidings-shared).
+/// a unit test in tidings-runtime).
 fn names_file(dir: &Path) -> PathBuf {
     let path = dir.join("metric-names.txt");
-    std::fs::write(&path, tidings_shared::metrics::sample_names().join("\n")).unwrap();
+    std::fs::write(&path, tidings_runtime::metrics::sample_names().join("\n")).unwrap();
     path
 }
 

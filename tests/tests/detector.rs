@@ -2,12 +2,12 @@
 
 use chrono::{Duration as ChronoDuration, TimeZone, Utc};
 use std::time::Duration;
+use tidings_bus::streams::{StreamSettings, ensure_streams};
 use tidings_detector::Settings;
 use tidings_detector::scan::Detector;
-use tidings_shared::source::HttpSource;
-use tidings_shared::streams::{StreamSettings, ensure_streams};
-use tidings_shared::subjects::StreamKind;
-use tidings_shared::trigger::Trigger;
+use tidings_domain::subjects::StreamKind;
+use tidings_domain::trigger::Trigger;
+use tidings_source::HttpSource;
 use tidings_tests::fake_catalog::{Behavior, Item};
 use tidings_tests::scenario::Scenario;
 

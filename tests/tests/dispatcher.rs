@@ -5,11 +5,11 @@
 use chrono::{Duration as ChronoDuration, Utc};
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
+use tidings_bus::delivered::Delivery;
 use tidings_dispatcher::ingest::IngestStats;
-use tidings_shared::delivered::Delivery;
-use tidings_shared::messages::{Outcome, decode};
-use tidings_shared::subjects::StreamKind;
-use tidings_shared::trigger::Trigger;
+use tidings_domain::messages::{Outcome, decode};
+use tidings_domain::subjects::StreamKind;
+use tidings_domain::trigger::Trigger;
 use tidings_tests::fake_catalog::Behavior;
 use tidings_tests::scenario::Scenario;
 
@@ -346,7 +346,7 @@ async fn a_malformed_enqueue_message_is_dead_lettered_and_the_next_valid_one_ing
     let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
     s.publish_raw_enqueue(b"{this is not json").await;
     let mut unknown = s.detection(&w, 1100, Utc::now());
-    unknown.watch_id = tidings_shared::WatchId::new();
+    unknown.watch_id = tidings_domain::WatchId::new();
     s.publish_enqueue(&unknown, "unknown-watch").await;
     s.publish_enqueue(&s.detection(&w, 1100, Utc::now()), "k1")
         .await;
@@ -365,7 +365,7 @@ async fn a_malformed_enqueue_message_is_dead_lettered_and_the_next_valid_one_ing
     let first = dlq.get_raw_message(1).await.unwrap();
     let reason = first
         .headers
-        .get(tidings_shared::dlq::REASON_HEADER)
+        .get(tidings_bus::dlq::REASON_HEADER)
         .unwrap()
         .as_str()
         .to_owned();
@@ -493,7 +493,7 @@ async fn two_dispatchers_never_claim_the_same_row() {
     let mut seen = nats
         .subscribe(
             s.subjects
-                .subject(StreamKind::Push, tidings_shared::Channel::WebPush),
+                .subject(StreamKind::Push, tidings_domain::Channel::WebPush),
         )
         .await
         .unwrap();
@@ -519,7 +519,7 @@ async fn two_dispatchers_never_claim_the_same_row() {
         tokio::time::timeout(Duration::from_secs(2), futures::StreamExt::next(&mut seen)).await
     {
         total += 1;
-        let p = decode::<tidings_shared::messages::PushRequest>(&m.payload).unwrap();
+        let p = decode::<tidings_domain::messages::PushRequest>(&m.payload).unwrap();
         ids.insert(p.outbox_id);
         if total == 10_000 {
             break;

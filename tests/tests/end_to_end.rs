@@ -8,7 +8,7 @@ use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tidings_shared::trigger::Trigger;
+use tidings_domain::trigger::Trigger;
 use tidings_tests::demo::{self, Endpoints};
 use tidings_tests::fake_push::FakePushService;
 use tidings_tests::fixtures;

@@ -6,19 +6,19 @@ use chrono::{Duration as ChronoDuration, Utc};
 use futures::StreamExt;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
-use tidings_pusher::Settings;
-use tidings_pusher::worker::{Handled, Pusher};
-use tidings_shared::endpoint::EndpointPolicy;
-use tidings_shared::messages::{
+use tidings_bus::streams::{StreamSettings, ensure_streams};
+use tidings_domain::messages::{
     Outcome, Payload, PushRequest, PushResult, Subscription, Urgency, VERSION, decode, encode,
     topic_for,
 };
-use tidings_shared::outbox::FailReason;
-use tidings_shared::streams::{StreamSettings, ensure_streams};
-use tidings_shared::subjects::{StreamKind, Subjects};
-use tidings_shared::{Channel, OutboxId};
+use tidings_domain::outbox::FailReason;
+use tidings_domain::subjects::{StreamKind, Subjects};
+use tidings_domain::{Channel, OutboxId};
+use tidings_pusher::Settings;
+use tidings_pusher::worker::{Handled, Pusher};
 use tidings_tests::fake_push::{Answer, FakePushService, pusher_settings};
 use tidings_tests::harness::{delete_streams, nats, test_subjects};
+use tidings_webpush::endpoint::EndpointPolicy;
 
 const WAIT: Duration = Duration::from_millis(300);
 

@@ -6,12 +6,12 @@ use async_nats::jetstream::{self, AckKind};
 use futures::StreamExt;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
+use tidings_bus::streams::ensure_streams;
 use tidings_dispatcher::results;
+use tidings_domain::messages::{Outcome, PushRequest};
+use tidings_domain::subjects::StreamKind;
+use tidings_domain::trigger::Trigger;
 use tidings_pusher::worker::{Handled, Pusher};
-use tidings_shared::messages::{Outcome, PushRequest};
-use tidings_shared::streams::ensure_streams;
-use tidings_shared::subjects::StreamKind;
-use tidings_shared::trigger::Trigger;
 use tidings_tests::fake_push::{Answer, FakePushService, pusher_settings};
 use tidings_tests::harness::{PrivateNats, delete_streams, test_subjects};
 use tidings_tests::scenario::{Scenario, Watcher};
@@ -173,7 +173,7 @@ async fn the_deadline_is_the_re_check_plus_the_freshness_bound() {
 struct Broker {
     nats: PrivateNats,
     js: jetstream::Context,
-    subjects: tidings_shared::subjects::Subjects,
+    subjects: tidings_domain::subjects::Subjects,
 }
 
 impl Broker {
@@ -193,9 +193,9 @@ impl Broker {
         self.js
             .publish_with_headers(
                 self.subjects
-                    .subject(StreamKind::Push, tidings_shared::Channel::WebPush),
+                    .subject(StreamKind::Push, tidings_domain::Channel::WebPush),
                 headers,
-                tidings_shared::messages::encode(req).into(),
+                tidings_domain::messages::encode(req).into(),
             )
             .await
             .unwrap()
@@ -204,23 +204,23 @@ impl Broker {
     }
 }
 
-fn request(sub: &tidings_shared::messages::Subscription) -> PushRequest {
-    let id = tidings_shared::OutboxId::new();
+fn request(sub: &tidings_domain::messages::Subscription) -> PushRequest {
+    let id = tidings_domain::OutboxId::new();
     PushRequest {
-        v: tidings_shared::messages::VERSION,
+        v: tidings_domain::messages::VERSION,
         outbox_id: id,
         attempt: 1,
         deadline: chrono::Utc::now() + chrono::Duration::seconds(30),
         subscription: sub.clone(),
-        payload: tidings_shared::messages::Payload {
+        payload: tidings_domain::messages::Payload {
             title: "SKU-1 is below your price".into(),
             body: "Now 10.50 EUR.".into(),
             url: None,
             data: serde_json::json!({}),
         },
         ttl: 60,
-        urgency: tidings_shared::messages::Urgency::Normal,
-        topic: tidings_shared::messages::topic_for(id),
+        urgency: tidings_domain::messages::Urgency::Normal,
+        topic: tidings_domain::messages::topic_for(id),
     }
 }
 
@@ -284,7 +284,7 @@ async fn after_a_broker_restart_a_running_pusher_still_sends_a_redelivered_push_
     );
 
     // Even a delivery log lost outright is recreated on the next delivery.
-    b.js.delete_key_value(b.subjects.bucket(tidings_shared::delivered::BUCKET))
+    b.js.delete_key_value(b.subjects.bucket(tidings_bus::delivered::BUCKET))
         .await
         .unwrap();
     let req = request(&sub);
@@ -303,7 +303,7 @@ async fn after_a_broker_restart_a_running_pusher_still_sends_a_redelivered_push_
 #[tokio::test]
 async fn an_in_memory_delivery_log_left_by_an_older_tidings_is_replaced_by_one_on_disk() {
     use async_nats::jetstream::{kv, stream::StorageType};
-    use tidings_shared::delivered::{BUCKET, Delivery, DeliveryLog};
+    use tidings_bus::delivered::{BUCKET, Delivery, DeliveryLog};
     let js = jetstream::new(tidings_tests::harness::nats().await.unwrap());
     let subjects = test_subjects();
     js.create_key_value(kv::Config {
@@ -326,7 +326,7 @@ async fn an_in_memory_delivery_log_left_by_an_older_tidings_is_replaced_by_one_o
         stream.info().await.unwrap().config.storage,
         StorageType::File
     );
-    let id = tidings_shared::OutboxId::new();
+    let id = tidings_domain::OutboxId::new();
     let delivery = Delivery {
         attempt: 2,
         message_id: Some("m".into()),

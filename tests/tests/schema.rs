@@ -1,9 +1,9 @@
 //! The schema keeps the promises docs/design.md makes at the database level.
 
 use chrono::{TimeZone, Utc};
-use tidings_shared::outbox::Status;
-use tidings_shared::trigger::Trigger;
-use tidings_shared::{OutboxId, WatchId};
+use tidings_domain::outbox::Status;
+use tidings_domain::trigger::Trigger;
+use tidings_domain::{OutboxId, WatchId};
 use tidings_tests::fixtures::{self, Device, Inserted};
 use tidings_tests::harness::TestDb;
 use uuid::Uuid;

@@ -1,9 +1,9 @@
 //! The HTTP source client against the fake catalog: classification, batching, timeouts.
 
 use std::time::{Duration, Instant};
-use tidings_shared::ItemCode;
-use tidings_shared::source::HttpSource;
-use tidings_shared::trigger::SourceErrorKind;
+use tidings_domain::ItemCode;
+use tidings_domain::trigger::SourceErrorKind;
+use tidings_source::HttpSource;
 use tidings_tests::fake_catalog::{Behavior, FakeCatalog, Item};
 
 fn codes(names: &[&str]) -> Vec<ItemCode> {

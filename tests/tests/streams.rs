@@ -1,9 +1,9 @@
 //! The JetStream side of the foundation: per-test prefixes and the enqueue stream's dedup window.
 
 use async_nats::jetstream;
-use tidings_shared::Channel;
-use tidings_shared::streams::{StreamSettings, ensure_streams};
-use tidings_shared::subjects::StreamKind;
+use tidings_bus::streams::{StreamSettings, ensure_streams};
+use tidings_domain::Channel;
+use tidings_domain::subjects::StreamKind;
 use tidings_tests::harness::{delete_streams, nats, test_subjects};
 
 #[tokio::test]
@@ -84,7 +84,7 @@ async fn two_prefixes_do_not_see_each_other() {
 /// (awaiting acks only after queueing every publish deadlocked the dispatcher benchmark).
 #[tokio::test]
 async fn pipelined_publishing_never_waits_on_itself() {
-    use tidings_shared::publish::{Outgoing, publish_all};
+    use tidings_bus::publish::{Outgoing, publish_all};
     let client = nats().await.unwrap();
     let js = jetstream::ContextBuilder::new()
         .max_ack_inflight(10)

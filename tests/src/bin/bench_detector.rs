@@ -10,8 +10,8 @@ use chrono::Utc;
 use std::time::Instant;
 use tidings_detector::Settings;
 use tidings_detector::scan::Detector;
-use tidings_shared::source::HttpSource;
-use tidings_shared::trigger::Trigger;
+use tidings_domain::trigger::Trigger;
+use tidings_source::HttpSource;
 use tidings_tests::scenario::Scenario;
 
 fn peak_rss_mib() -> f64 {

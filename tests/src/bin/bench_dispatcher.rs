@@ -7,15 +7,15 @@ use chrono::Utc;
 use futures::StreamExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tidings_bus::publish::{Outgoing, publish_all};
 use tidings_dispatcher::dispatch::Dispatcher;
 use tidings_dispatcher::ingest::Ingest;
 use tidings_dispatcher::results::Results;
-use tidings_shared::Channel;
-use tidings_shared::messages::{Outcome, PushRequest, PushResult, VERSION, decode, encode};
-use tidings_shared::publish::{Outgoing, publish_all};
-use tidings_shared::source::HttpSource;
-use tidings_shared::subjects::StreamKind;
-use tidings_shared::trigger::Trigger;
+use tidings_domain::Channel;
+use tidings_domain::messages::{Outcome, PushRequest, PushResult, VERSION, decode, encode};
+use tidings_domain::subjects::StreamKind;
+use tidings_domain::trigger::Trigger;
+use tidings_source::HttpSource;
 use tidings_tests::fixtures;
 use tidings_tests::procstat::CpuSplit;
 use tidings_tests::scenario::Scenario;
@@ -283,8 +283,8 @@ async fn main() {
     let rows: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(50_000);
     let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(3);
     let defaults = tidings_dispatcher::Settings::new(
-        tidings_shared::subjects::Subjects::new("x").expect("prefix"),
-        tidings_shared::source::SourceConfig::new("http://x/{item}"),
+        tidings_domain::subjects::Subjects::new("x").expect("prefix"),
+        tidings_source::SourceConfig::new("http://x/{item}"),
     );
     println!(
         "dispatcher benchmark: {rows} rows over {ITEMS} items, {rounds} rounds; defaults: ingest batch {}, {} batches in flight, \

@@ -24,13 +24,13 @@ use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tidings_shared::messages::{
+use tidings_domain::messages::{
     EnqueueRequest, Outcome, PushRequest, PushResult, Subscription, Urgency, VERSION, decode,
     encode, topic_for,
 };
-use tidings_shared::notification::render;
-use tidings_shared::subjects::StreamKind;
-use tidings_shared::{Channel, ItemCode, OutboxId};
+use tidings_domain::notification::render;
+use tidings_domain::subjects::StreamKind;
+use tidings_domain::{Channel, ItemCode, OutboxId};
 use tidings_tests::fake_catalog::Item;
 use tidings_tests::fake_push::FakePushService;
 use tidings_tests::procstat::{
@@ -516,7 +516,7 @@ async fn stale_phase(naive: bool) -> Value {
 /// re-check); a transient result is retried with the same message after its Retry-After.
 async fn naive_forwarder(
     pool: sqlx::PgPool,
-    subjects: tidings_shared::subjects::Subjects,
+    subjects: tidings_domain::subjects::Subjects,
     topics: Arc<Mutex<HashMap<String, String>>>,
     stop: CancellationToken,
 ) {

@@ -5,19 +5,19 @@
 use aws_lc_rs::agreement::{self, ECDH_P256, PrivateKey, UnparsedPublicKey};
 use chrono::{Duration as ChronoDuration, Utc};
 use std::time::{Duration, Instant};
+use tidings_bus::publish::{Outgoing, publish_all};
+use tidings_bus::streams::{StreamSettings, ensure_streams};
+use tidings_domain::messages::{Payload, PushRequest, Urgency, VERSION, encode, topic_for};
+use tidings_domain::subjects::StreamKind;
+use tidings_domain::{Channel, OutboxId};
 use tidings_pusher::Settings;
 use tidings_pusher::worker::Pusher;
-use tidings_shared::endpoint::EndpointPolicy;
-use tidings_shared::messages::{Payload, PushRequest, Urgency, VERSION, encode, topic_for};
-use tidings_shared::publish::{Outgoing, publish_all};
-use tidings_shared::streams::{StreamSettings, ensure_streams};
-use tidings_shared::subjects::StreamKind;
-use tidings_shared::vapid::{VapidKey, VapidSigner};
-use tidings_shared::webpush::{UaKeys, encrypt};
-use tidings_shared::{Channel, OutboxId};
 use tidings_tests::fake_push::{CERT_PEM, FakePushService};
 use tidings_tests::harness::{delete_streams, nats, test_subjects};
 use tidings_tests::procstat::CpuSplit;
+use tidings_webpush::endpoint::EndpointPolicy;
+use tidings_webpush::vapid::{VapidKey, VapidSigner};
+use tidings_webpush::webpush::{UaKeys, encrypt};
 use tokio_util::sync::CancellationToken;
 
 fn median(mut v: Vec<f64>) -> f64 {

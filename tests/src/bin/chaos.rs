@@ -23,8 +23,8 @@
 use chrono::Utc;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
-use tidings_shared::messages::Subscription;
-use tidings_shared::subjects::StreamKind;
+use tidings_domain::messages::Subscription;
+use tidings_domain::subjects::StreamKind;
 use tidings_tests::fake_catalog::Item;
 use tidings_tests::fake_push::{Answer, FakePushService, Faults};
 use tidings_tests::harness::PrivateNats;

@@ -6,23 +6,27 @@ use axum::Router;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use sqlx::PgPool;
+use futures::future::BoxFuture;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// What readiness checks.
+/// One readiness check: `Ok` while the dependency answers, else what is wrong.
+pub type Check = Arc<dyn Fn() -> BoxFuture<'static, Result<(), String>> + Send + Sync>;
+
+/// What readiness checks: the dependencies a service added ([`Probes::with_check`],
+/// [`Probes::with_nats`]) and whether start-up is done.
 #[derive(Clone, Default)]
 pub struct Probes {
-    pub pool: Option<PgPool>,
-    pub nats: Option<async_nats::Client>,
+    checks: Vec<Check>,
     /// While the service is starting: what it is waiting for (see [`crate::startup`]).
     pub starting: Starting,
 }
 
 /// What a starting service is waiting for; `/readyz` answers 503 with it until start-up is done.
 #[derive(Clone, Default)]
-pub struct Starting(std::sync::Arc<std::sync::Mutex<Option<String>>>);
+pub struct Starting(Arc<std::sync::Mutex<Option<String>>>);
 
 impl Starting {
     pub fn waiting_for(&self, what: String) {
@@ -43,23 +47,33 @@ impl Starting {
 }
 
 impl Probes {
+    /// Adds a dependency check (e.g. `tidings_store::readiness(pool)`).
+    pub fn with_check(mut self, check: Check) -> Self {
+        self.checks.push(check);
+        self
+    }
+
+    /// Adds the check that the NATS connection is up.
+    pub fn with_nats(self, client: async_nats::Client) -> Self {
+        self.with_check(Arc::new(move || {
+            let connected = client.connection_state() == async_nats::connection::State::Connected;
+            Box::pin(async move {
+                if connected {
+                    Ok(())
+                } else {
+                    Err("NATS is not connected".into())
+                }
+            })
+        }))
+    }
+
     /// `Ok` when start-up is done and every dependency answers; otherwise what is missing.
     pub async fn ready(&self) -> Result<(), String> {
         if let Some(what) = self.starting.current() {
             return Err(format!("starting: {what}"));
         }
-        if let Some(nats) = &self.nats
-            && nats.connection_state() != async_nats::connection::State::Connected
-        {
-            return Err("NATS is not connected".into());
-        }
-        if let Some(pool) = &self.pool {
-            let ping = sqlx::query("SELECT 1").execute(pool);
-            match tokio::time::timeout(Duration::from_secs(2), ping).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => return Err(format!("Postgres: {e}")),
-                Err(_) => return Err("Postgres did not answer within 2 s".into()),
-            }
+        for check in &self.checks {
+            check().await?;
         }
         Ok(())
     }
@@ -92,6 +106,13 @@ pub fn router(probes: Probes) -> Router {
             }),
         )
         .route("/metrics", get(metrics_text))
+}
+
+/// Where a worker service serves `/livez`, `/readyz` and `/metrics`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct OpsArgs {
+    #[arg(long, env = "TIDINGS_OPS_LISTEN", default_value = "0.0.0.0:9090")]
+    pub ops_listen: std::net::SocketAddr,
 }
 
 /// Serves the ops endpoints on `listen` until `shutdown`.

@@ -16,12 +16,12 @@
 //! `tidings_delivery_log_errors_total`: while that counter moves, the guard against a second
 //! push is off.
 
-use crate::OutboxId;
 use crate::streams::StreamSettings;
-use crate::subjects::Subjects;
 use async_nats::jetstream::{self, kv};
 use serde::{Deserialize, Serialize};
 use std::sync::RwLock;
+use tidings_domain::OutboxId;
+use tidings_domain::subjects::Subjects;
 
 /// The bucket's name under the prefix.
 pub const BUCKET: &str = "delivered";
@@ -187,9 +187,9 @@ impl DeliveryLog {
     fn count<T>(&self, result: &Result<T, DeliveryLogError>, operation: &str, outbox_id: OutboxId) {
         if let Err(e) = result {
             tracing::error!(outbox_id = %outbox_id, error = %e, "delivery log unavailable: the guard against a second push is off for this row");
-            crate::metrics::metrics()
+            tidings_runtime::metrics::metrics()
                 .delivery_log_errors
-                .get_or_create(&crate::metrics::OperationLabels {
+                .get_or_create(&tidings_runtime::metrics::OperationLabels {
                     operation: operation.to_owned(),
                 })
                 .inc();

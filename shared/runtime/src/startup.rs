@@ -3,15 +3,12 @@
 //! A service that exits because NATS or Postgres is not there yet is restarted by Kubernetes
 //! with a growing back-off (CrashLoopBackOff), which adds minutes to an outage that may have
 //! lasted seconds. Instead every service serves `/livez` and `/readyz` first, then connects and
-//! prepares (streams, consumers) with [`retry`]: each failure is logged with what is missing and
+//! prepares (streams, consumers) with [`retry`] (Postgres: `tidings_store::wait_for_postgres`,
+//! the streams: `tidings_bus::streams::wait_for_streams`): each failure is logged with what is missing and
 //! why, `/readyz` answers 503 with the same text, and the next try comes after a back-off that
 //! doubles up to [`MAX_DELAY`]. SIGTERM ends the wait.
 
-use crate::ops::{Probes, Starting};
-use crate::streams::{StreamSettings, ensure_streams};
-use crate::subjects::Subjects;
-use sqlx::postgres::PgPoolOptions;
-use sqlx::{Connection, PgConnection, PgPool};
+use crate::ops::Starting;
 use std::fmt::Display;
 use std::future::Future;
 use std::time::Duration;
@@ -76,30 +73,6 @@ where
     }
 }
 
-/// A pool that connects on first use, so it can be built before Postgres is up (only a
-/// malformed URL fails here).
-pub fn postgres(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Error> {
-    PgPoolOptions::new()
-        .max_connections(max_connections)
-        .connect_lazy(url)
-}
-
-/// Waits until Postgres accepts a connection with the pool's settings. A connection of its own,
-/// not one from the pool: the pool would keep retrying for its whole acquire timeout, hiding
-/// the reason (refused, unknown database, bad password) that the log should show.
-pub async fn wait_for_postgres(
-    pool: &PgPool,
-    starting: &Starting,
-    shutdown: &CancellationToken,
-) -> Option<()> {
-    let options = pool.connect_options();
-    retry("Postgres (DATABASE_URL)", starting, shutdown, || async {
-        let conn = PgConnection::connect_with(&options).await?;
-        conn.close().await
-    })
-    .await
-}
-
 /// Waits until the client is connected (it connects in the background, see [`nats`]).
 pub async fn wait_for_nats(
     client: &async_nats::Client,
@@ -115,30 +88,6 @@ pub async fn wait_for_nats(
         }
     })
     .await
-}
-
-/// Waits for what a worker service needs before it starts its loops: Postgres (if it has a
-/// pool), NATS, and the JetStream streams.
-pub async fn wait_for_dependencies(
-    probes: &Probes,
-    nats_url: &str,
-    subjects: &Subjects,
-    streams: &StreamSettings,
-    shutdown: &CancellationToken,
-) -> Option<()> {
-    let starting = &probes.starting;
-    if let Some(pool) = &probes.pool {
-        wait_for_postgres(pool, starting, shutdown).await?;
-    }
-    if let Some(nats) = &probes.nats {
-        wait_for_nats(nats, nats_url, starting, shutdown).await?;
-        let js = async_nats::jetstream::new(nats.clone());
-        retry("JetStream streams", starting, shutdown, || {
-            ensure_streams(&js, subjects, streams)
-        })
-        .await?;
-    }
-    Some(())
 }
 
 /// A NATS client that keeps trying to connect in the background (and reconnects for ever after

@@ -15,13 +15,14 @@
 //! bodies are read up to a cap, so a slow or hostile upstream cannot stall a scan or exhaust
 //! memory.
 
-use crate::item::ItemCode;
-use crate::trigger::{Observation, SourceErrorKind};
 use chrono::Utc;
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
+use tidings_domain::duration::parse_duration;
+use tidings_domain::item::ItemCode;
+use tidings_domain::trigger::{Observation, SourceErrorKind};
 use tokio::sync::Semaphore;
 
 #[derive(Clone, Debug)]
@@ -72,9 +73,9 @@ pub struct SourceError {
 impl SourceError {
     /// Every source error is made here, so this is where they are counted.
     fn new(kind: SourceErrorKind, detail: impl Into<String>) -> Self {
-        crate::metrics::metrics()
+        tidings_runtime::metrics::metrics()
             .source_errors
-            .get_or_create(&crate::metrics::KindLabels {
+            .get_or_create(&tidings_runtime::metrics::KindLabels {
                 kind: kind.as_str().to_owned(),
             })
             .inc();
@@ -297,6 +298,36 @@ impl HttpSource {
             let answers = futures::future::join_all(unique.iter().map(|i| self.fetch(i))).await;
             unique.into_iter().zip(answers).collect()
         }
+    }
+}
+
+/// The source's flags.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SourceArgs {
+    /// Source URL template with {item}.
+    #[arg(long, env = "TIDINGS_SOURCE_URL")]
+    pub source_url: String,
+    /// Optional batch URL template with {items} (comma-separated codes).
+    #[arg(long, env = "TIDINGS_SOURCE_BATCH_URL")]
+    pub source_batch_url: Option<String>,
+    #[arg(long, env = "TIDINGS_SOURCE_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub source_timeout: Duration,
+    /// Source requests in flight per upstream host.
+    #[arg(long, env = "TIDINGS_SOURCE_CONCURRENCY", default_value_t = 16)]
+    pub source_concurrency: usize,
+    /// Items per batch request.
+    #[arg(long, env = "TIDINGS_SOURCE_BATCH_SIZE", default_value_t = 100)]
+    pub source_batch_size: usize,
+}
+
+impl SourceArgs {
+    pub fn config(&self) -> SourceConfig {
+        let mut source = SourceConfig::new(self.source_url.clone());
+        source.batch_url = self.source_batch_url.clone();
+        source.timeout = self.source_timeout;
+        source.max_concurrency_per_host = self.source_concurrency;
+        source.batch_size = self.source_batch_size;
+        source
     }
 }
 

@@ -11,9 +11,13 @@
 //! that re-publishes the same dedup key within the window is answered `duplicate` and nothing is
 //! stored. A purge by sequence leaves the window as it is (tested).
 
-use crate::subjects::{StreamKind, Subjects};
 use async_nats::jetstream::{self, stream};
 use std::time::Duration;
+use tidings_domain::duration::parse_duration;
+use tidings_domain::subjects::{InvalidPrefix, StreamKind, Subjects};
+use tidings_runtime::ops::Starting;
+use tidings_runtime::startup;
+use tokio_util::sync::CancellationToken;
 
 #[derive(Clone, Debug)]
 pub struct StreamSettings {
@@ -86,4 +90,52 @@ pub async fn ensure_streams(
             })?;
     }
     Ok(())
+}
+
+/// Where NATS is and how the streams are named and replicated.
+#[derive(clap::Args, Clone, Debug)]
+pub struct NatsArgs {
+    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    pub nats_url: String,
+    /// Prefix of every subject and stream.
+    #[arg(long, env = "TIDINGS_PREFIX", default_value = Subjects::DEFAULT_PREFIX)]
+    pub prefix: String,
+    /// JetStream replicas per stream (3 in production).
+    #[arg(long, env = "TIDINGS_STREAM_REPLICAS", default_value_t = 1)]
+    pub stream_replicas: usize,
+    /// How long the delivery log remembers a delivered row, so a redelivered or retried push is
+    /// not sent again (pusher and dispatcher read the same setting).
+    #[arg(long, env = "TIDINGS_DELIVERY_LOG_TTL", default_value = "10m", value_parser = parse_duration)]
+    pub delivery_log_ttl: Duration,
+}
+
+impl NatsArgs {
+    pub fn subjects(&self) -> Result<Subjects, InvalidPrefix> {
+        Subjects::new(&self.prefix)
+    }
+
+    pub fn streams(&self) -> StreamSettings {
+        StreamSettings {
+            replicas: self.stream_replicas,
+            delivery_log_ttl: self.delivery_log_ttl,
+            ..StreamSettings::default()
+        }
+    }
+}
+
+/// Waits until NATS is connected and the streams exist (see `tidings_runtime::startup`).
+pub async fn wait_for_streams(
+    client: &async_nats::Client,
+    url: &str,
+    subjects: &Subjects,
+    settings: &StreamSettings,
+    starting: &Starting,
+    shutdown: &CancellationToken,
+) -> Option<()> {
+    startup::wait_for_nats(client, url, starting, shutdown).await?;
+    let js = jetstream::new(client.clone());
+    startup::retry("JetStream streams", starting, shutdown, || {
+        ensure_streams(&js, subjects, settings)
+    })
+    .await
 }

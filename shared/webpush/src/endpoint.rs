@@ -182,6 +182,29 @@ impl reqwest::dns::Resolve for GuardedResolver {
     }
 }
 
+/// Which push endpoints may be used: the pusher before each request and the api when a
+/// subscription is registered read the same settings, so they cannot disagree.
+#[derive(clap::Args, Clone, Debug)]
+pub struct EndpointArgs {
+    /// Allowed push-service hosts, comma-separated; `*.suffix` for subdomains.
+    #[arg(long, env = "TIDINGS_PUSH_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub allowed_hosts: Option<Vec<String>>,
+    /// Allow private, loopback and link-local endpoint addresses (tests and local demos only).
+    #[arg(long, env = "TIDINGS_PUSH_ALLOW_PRIVATE", default_value_t = false)]
+    pub allow_private: bool,
+}
+
+impl EndpointArgs {
+    pub fn policy(&self) -> EndpointPolicy {
+        let mut policy = EndpointPolicy::default();
+        if let Some(hosts) = &self.allowed_hosts {
+            policy.allowed_hosts = hosts.clone();
+        }
+        policy.allow_private = self.allow_private;
+        policy
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

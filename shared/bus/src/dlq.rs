@@ -2,8 +2,8 @@
 //! `<prefix>.dlq.<stream>` with the reason, then terminated, so it is never retried forever and
 //! never stops its consumer.
 
-use crate::subjects::{StreamKind, Subjects};
 use async_nats::jetstream::{self, AckKind};
+use tidings_domain::subjects::{StreamKind, Subjects};
 
 pub const REASON_HEADER: &str = "Tidings-Dlq-Reason";
 pub const SUBJECT_HEADER: &str = "Tidings-Dlq-Subject";
@@ -44,9 +44,9 @@ pub async fn dead_letter(
         .map_err(|e| publish_err(e.to_string()))?
         .await
         .map_err(|e| publish_err(e.to_string()))?;
-    crate::metrics::metrics()
+    tidings_runtime::metrics::metrics()
         .dead_lettered
-        .get_or_create(&crate::metrics::KindLabels {
+        .get_or_create(&tidings_runtime::metrics::KindLabels {
             kind: from.as_str().to_owned(),
         })
         .inc();

@@ -2,4 +2,4 @@
 
 /// Apply with `MIGRATOR.run(&pool)`; sqlx takes an advisory lock, so concurrent runs are safe,
 /// but deployments run it once from `tidings-api migrate` rather than from every replica.
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");

@@ -1,0 +1,11 @@
+//! Tidings over NATS JetStream: the streams and the flags that name them ([`streams`]),
+//! pipelined publishing ([`publish`]), the delivery log ([`delivered`]), dead letters ([`dlq`]),
+//! and leaving a pull consumer without stranding what it pulled ([`pull`]).
+
+pub mod delivered;
+pub mod dlq;
+pub mod publish;
+pub mod pull;
+pub mod streams;
+
+pub use streams::NatsArgs;

@@ -1,0 +1,11 @@
+//! What every Tidings service runs on, whatever its work: JSON logs and OpenTelemetry traces
+//! ([`telemetry`], with [`trace_context`] carrying them over NATS headers), the Prometheus
+//! registry ([`metrics`]), the ops endpoint (`/livez`, `/readyz`, `/metrics`: [`ops`]), start-up
+//! that waits for its dependencies ([`startup`]) and shutdown on a signal ([`signals`]).
+
+pub mod metrics;
+pub mod ops;
+pub mod signals;
+pub mod startup;
+pub mod telemetry;
+pub mod trace_context;

@@ -1,0 +1,53 @@
+//! Tidings in Postgres: the schema ([`db`], the embedded migrations), row types several services
+//! read ([`baselines`]), and connecting: a pool that can be built before the database is up,
+//! waiting for it at start-up, and the readiness check.
+
+pub mod baselines;
+pub mod db;
+
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Connection, PgConnection, PgPool};
+use std::sync::Arc;
+use std::time::Duration;
+use tidings_runtime::ops::{Check, Starting};
+use tidings_runtime::startup;
+use tokio_util::sync::CancellationToken;
+
+/// A pool that connects on first use, so it can be built before Postgres is up (only a
+/// malformed URL fails here).
+pub fn postgres(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Error> {
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .connect_lazy(url)
+}
+
+/// Waits until Postgres accepts a connection with the pool's settings. A connection of its own,
+/// not one from the pool: the pool would keep retrying for its whole acquire timeout, hiding
+/// the reason (refused, unknown database, bad password) that the log should show.
+pub async fn wait_for_postgres(
+    pool: &PgPool,
+    starting: &Starting,
+    shutdown: &CancellationToken,
+) -> Option<()> {
+    let options = pool.connect_options();
+    startup::retry("Postgres (DATABASE_URL)", starting, shutdown, || async {
+        let conn = PgConnection::connect_with(&options).await?;
+        conn.close().await
+    })
+    .await
+}
+
+/// The readiness check: Postgres answers a query within 2 s.
+pub fn readiness(pool: PgPool) -> Check {
+    Arc::new(move || {
+        let pool = pool.clone();
+        Box::pin(async move {
+            let ping = sqlx::query("SELECT 1").execute(&pool);
+            match tokio::time::timeout(Duration::from_secs(2), ping).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(format!("Postgres: {e}")),
+                Err(_) => Err("Postgres did not answer within 2 s".into()),
+            }
+        })
+    })
+}
