@@ -135,6 +135,74 @@ async fn trace_request(request: Request, next: Next) -> Response {
     response
 }
 
+/// What `tidings-api` does, by subcommand.
+#[derive(clap::Subcommand)]
+pub enum Command {
+    /// Serve the HTTP API.
+    Serve(Box<Config>),
+    /// Apply pending database migrations and exit.
+    Migrate {
+        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+    },
+    /// Print the OpenAPI document and exit.
+    Openapi,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("invalid configuration: {0}")]
+    Config(#[from] config::ConfigError),
+    #[error("DATABASE_URL: {0}")]
+    Database(#[source] sqlx::Error),
+    #[error("listening on {listen}: {source}")]
+    Listen {
+        listen: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("serving HTTP: {0}")]
+    Serve(#[source] std::io::Error),
+    #[error("applying migrations: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+/// Runs one subcommand until it is done or `shutdown`.
+pub async fn run(command: Command, shutdown: CancellationToken) -> Result<(), StartError> {
+    match command {
+        Command::Serve(config) => {
+            let settings = config.settings()?;
+            // Connects on first use: the api serves (and answers /readyz 503) while Postgres
+            // is not there yet, instead of exiting into a crash loop.
+            let pool = tidings_store::postgres(&config.database_url, config.db_pool)
+                .map_err(StartError::Database)?;
+            let listener =
+                tokio::net::TcpListener::bind(config.listen)
+                    .await
+                    .map_err(|source| StartError::Listen {
+                        listen: config.listen,
+                        source,
+                    })?;
+            tracing::info!(listen = %config.listen, "api serving");
+            serve(listener, pool, settings, shutdown)
+                .await
+                .map_err(StartError::Serve)?;
+            tracing::info!("api stopped");
+        }
+        Command::Migrate { database_url } => {
+            let pool = tidings_store::postgres(&database_url, 1).map_err(StartError::Database)?;
+            tidings_store::db::MIGRATOR.run(&pool).await?;
+            let applied = tidings_store::db::MIGRATOR.iter().count();
+            tracing::info!(migrations = applied, "schema is up to date");
+        }
+        Command::Openapi => {
+            let document = serde_json::to_string_pretty(openapi::document()).unwrap_or_default();
+            println!("{document}");
+        }
+    }
+    Ok(())
+}
+
 /// Serves until `shutdown`, then lets in-flight requests finish. Also expires old idempotency
 /// records.
 pub async fn serve(

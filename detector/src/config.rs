@@ -5,6 +5,7 @@ use tidings_bus::NatsArgs;
 use tidings_bus::streams::StreamSettings;
 use tidings_domain::duration::parse_duration;
 use tidings_domain::subjects::{InvalidPrefix, Subjects};
+use tidings_runtime::ops::OpsArgs;
 use tidings_source::SourceArgs;
 use tidings_source::SourceConfig;
 
@@ -16,6 +17,8 @@ pub struct Config {
     pub nats: NatsArgs,
     #[command(flatten)]
     pub source: SourceArgs,
+    #[command(flatten)]
+    pub ops: OpsArgs,
     /// Time between the starts of two scans.
     #[arg(long, env = "TIDINGS_SCAN_INTERVAL", default_value = "60s", value_parser = parse_duration)]
     pub scan_interval: Duration,

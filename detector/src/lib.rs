@@ -19,7 +19,72 @@ pub mod watchlist;
 pub use config::{Config, Settings};
 
 use std::time::Duration;
+use tidings_bus::streams::wait_for_streams;
+use tidings_runtime::{ops, startup};
+use tidings_source::{HttpSource, SourceConfigError};
 use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("invalid configuration: {0}")]
+    Config(#[from] config::ConfigError),
+    #[error("source: {0}")]
+    Source(#[from] SourceConfigError),
+    #[error("DATABASE_URL: {0}")]
+    DatabaseUrl(#[source] sqlx::Error),
+    #[error("NATS_URL {url}: {source}")]
+    NatsUrl {
+        url: String,
+        #[source]
+        source: async_nats::ConnectError,
+    },
+    #[error(transparent)]
+    Scan(#[from] scan::ScanError),
+}
+
+/// Runs the detector as its binary does: serves the ops endpoint at once (not with `--once`),
+/// waits for Postgres and NATS (unready, saying why, until they answer), then scans every
+/// interval until `shutdown` — or once, with `--once`.
+pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), StartError> {
+    let settings = config.settings()?;
+    let source = HttpSource::new(settings.source.clone())?;
+    let pool = tidings_store::postgres(&config.database_url, 4).map_err(StartError::DatabaseUrl)?;
+    let url = &config.nats.nats_url;
+    let nats = startup::nats(url)
+        .await
+        .map_err(|source| StartError::NatsUrl {
+            url: url.clone(),
+            source,
+        })?;
+    let probes = ops::Probes::default()
+        .with_check(tidings_store::readiness(pool.clone()))
+        .with_nats(nats.clone());
+    if !config.once {
+        ops::spawn(config.ops.ops_listen, probes.clone(), shutdown.clone());
+    }
+    let starting = &probes.starting;
+    let ready = async {
+        tidings_store::wait_for_postgres(&pool, starting, &shutdown).await?;
+        let (subjects, streams) = (&settings.subjects, &settings.streams);
+        wait_for_streams(&nats, url, subjects, streams, starting, &shutdown).await
+    };
+    if ready.await.is_none() {
+        tracing::info!("stopped while starting");
+        return Ok(());
+    }
+    starting.done();
+    let interval = settings.scan_interval;
+    let js = async_nats::jetstream::new(nats);
+    let detector = scan::Detector::new(pool, js, source, settings);
+    if config.once {
+        let stats = detector.scan_once(chrono::Utc::now()).await?;
+        tracing::info!(?stats, "scan finished");
+        return Ok(());
+    }
+    detector.run(interval, shutdown).await;
+    tracing::info!("detector stopped");
+    Ok(())
+}
 
 impl scan::Detector {
     /// Scans every `scan_interval` until `shutdown`; a scan in progress finishes first.

@@ -6,6 +6,7 @@ use tidings_bus::streams::StreamSettings;
 use tidings_domain::backoff::RetryPolicy;
 use tidings_domain::duration::parse_duration;
 use tidings_domain::subjects::{InvalidPrefix, Subjects};
+use tidings_runtime::ops::OpsArgs;
 use tidings_source::SourceArgs;
 use tidings_source::SourceConfig;
 
@@ -21,6 +22,8 @@ pub struct Config {
     pub nats: NatsArgs,
     #[command(flatten)]
     pub source: SourceArgs,
+    #[command(flatten)]
+    pub ops: OpsArgs,
     /// Link a notification opens, a template with {item}.
     #[arg(long, env = "TIDINGS_ITEM_PAGE_URL")]
     pub item_page_url: Option<String>,

@@ -1,5 +1,6 @@
 //! Dispatch: claim due rows → pre-guards → re-fetch (batched by item) → re-check → `sending` →
-//! publish PushRequest.
+//! publish PushRequest. What to do with each row is decided by [`crate::plan`] (no I/O); this
+//! module reads, fetches, writes and publishes around it.
 //!
 //! The order matters. A row is marked `sending` (with its attempt, deadline and lease) before its
 //! PushRequest is published, so a crash between the two leaves a `sending` row that the lease
@@ -13,20 +14,17 @@ use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use tidings_bus::publish::{Outgoing, publish_all};
-use tidings_domain::ItemCode;
-use tidings_domain::messages::{PushRequest, Urgency, VERSION, encode, topic_for};
-use tidings_domain::notification::render;
+use tidings_domain::messages::{PushRequest, encode};
 use tidings_domain::outbox::{self, Event, Status};
 use tidings_domain::subjects::StreamKind;
-use tidings_domain::trigger::{SourceErrorKind, Trigger};
 use tidings_domain::{Channel, OutboxId};
 use tidings_runtime::telemetry;
-use tidings_source::{Fetched, HttpSource, SourceError};
+use tidings_source::HttpSource;
 use tokio_util::sync::CancellationToken;
 
-use crate::claim::{self, Claimed};
+use crate::claim;
 use crate::config::Settings;
-use crate::recheck::{self, Decision};
+use crate::plan;
 use crate::transition::{self, Change};
 
 /// PushRequests in flight at once per dispatch worker.
@@ -157,102 +155,14 @@ impl Dispatcher {
             HashMap::new()
         };
 
-        // Pre-guards first, so the source is asked only about rows that could still be sent.
-        let mut guarded = Vec::with_capacity(rows.len());
-        let mut changes = Vec::with_capacity(rows.len());
-        for row in &rows {
-            match recheck::pre_guard(watches.get(&row.watch_id)) {
-                Ok((sub_id, sub)) => guarded.push((row, sub_id, sub)),
-                Err(reason) => changes.push(self.plan(row, Event::Withheld(reason), None)),
-            }
-        }
-        let items: Vec<ItemCode> = guarded
-            .iter()
-            .filter_map(|(row, _, _)| ItemCode::parse(&watches.get(&row.watch_id)?.item_code).ok())
-            .collect();
-        let fetched = self.source.fetch_many(&items).await;
-
-        let now = Utc::now();
-        let deadline = now + s.push_deadline;
-        let lease_until = now + s.sending_lease;
-        let mut requests: HashMap<OutboxId, PushRequest> = HashMap::new();
-        for (row, sub_id, sub) in guarded {
-            // Keys are written by ingest from a valid trigger; one this build cannot read is kept
-            // for an operator (retried, then failed with the key in last_error), never guessed at.
-            let Some(trigger) = row.trigger() else {
-                let error = format!("unknown trigger key {:?}", row.trigger);
-                changes.push(self.plan(row, Event::Transient, Some(error)));
-                continue;
-            };
-            let item_code = watches
-                .get(&row.watch_id)
-                .map(|w| w.item_code.as_str())
-                .unwrap_or_default();
-            let item = ItemCode::parse(item_code);
-            let answer: Fetched = match &item {
-                Ok(code) => fetched.get(code).cloned().unwrap_or_else(|| {
-                    Err(SourceError {
-                        kind: SourceErrorKind::Unavailable,
-                        detail: "no answer for item".into(),
-                    })
-                }),
-                Err(e) => Err(SourceError {
-                    kind: SourceErrorKind::NotFound,
-                    detail: e.to_string(),
-                }),
-            };
-            let last = last_sent.get(&(row.watch_id, row.trigger.clone()));
-            let decision =
-                recheck::recheck(&trigger, &row.baseline(), row.detected_at, last, &answer);
-            match (decision, item) {
-                (Decision::Withhold { reason, checked }, _) => {
-                    let mut c = self.plan(row, Event::Withheld(reason), None);
-                    c.checked = checked.and_then(|o| serde_json::to_value(o).ok());
-                    changes.push(c);
-                }
-                (Decision::Transient { error }, _) => {
-                    changes.push(self.plan(row, Event::Transient, Some(error)))
-                }
-                (
-                    Decision::Send {
-                        observation,
-                        baseline,
-                    },
-                    Ok(code),
-                ) => {
-                    let payload = render(
-                        &trigger,
-                        &code,
-                        &observation,
-                        &baseline,
-                        s.item_page_url.as_deref(),
-                    );
-                    let mut c = self.plan(row, Event::Dispatched, None);
-                    c.sent_value = serde_json::to_value(&observation).ok();
-                    c.payload = serde_json::to_value(&payload).ok();
-                    c.subscription_id = Some(sub_id);
-                    c.deadline = Some(deadline);
-                    c.lease_until = Some(lease_until);
-                    requests.insert(
-                        row.id,
-                        PushRequest {
-                            v: VERSION,
-                            outbox_id: row.id,
-                            attempt: c.transition.attempt,
-                            deadline,
-                            subscription: sub.clone(),
-                            payload,
-                            ttl: u32::try_from(s.push_ttl.as_secs()).unwrap_or(u32::MAX),
-                            urgency: urgency(&trigger),
-                            topic: topic_for(row.id),
-                        },
-                    );
-                    changes.push(c);
-                }
-                // An unparsable item code was classified not_found above, so it never holds.
-                (Decision::Send { .. }, Err(_)) => {}
-            }
-        }
+        let (guarded, mut changes) = plan::guard(&rows, &watches, s, Utc::now());
+        let fetched = self
+            .source
+            .fetch_many(&plan::items(&guarded, &watches))
+            .await;
+        let decided = plan::decide(&guarded, &watches, &last_sent, &fetched, s, Utc::now());
+        changes.extend(decided.changes);
+        let requests = decided.requests;
 
         let won = self.write(&changes, "writing dispatch transitions").await?;
         for c in &changes {
@@ -297,35 +207,6 @@ impl Dispatcher {
             stats.retried += self.unsend(failed, &changes).await?;
         }
         Ok(stats)
-    }
-
-    fn plan(&self, row: &Claimed, event: Event, error: Option<String>) -> Change {
-        let r = row.row();
-        let t = match outbox::apply(r, event, self.settings.retry.max_retries) {
-            Ok(t) => t,
-            // The claim selects pending and retry rows only, from which every event used here is
-            // legal; keeping the row unchanged is the safe answer if that ever stops being true.
-            Err(e) => {
-                tracing::error!(outbox_id = %row.id, error = %e, "illegal transition planned");
-                outbox::Transition {
-                    to: r.status,
-                    reason: None,
-                    retry_count: r.retry_count,
-                    attempt: r.attempt,
-                    advances_baseline: false,
-                    maybe_delivered: false,
-                }
-            }
-        };
-        let mut c = Change::new(row.id, r, t);
-        if t.to == Status::Retry {
-            c.next_attempt_at = Some(Utc::now() + self.settings.retry.delay(r.retry_count, None));
-        }
-        if let Some(error) = error {
-            tracing::info!(outbox_id = %row.id, watch_id = %row.watch_id, to = %t.to, %error, "transient failure");
-            c.last_error = Some(error);
-        }
-        c
     }
 
     /// Publishes with many acks in flight; returns how many were stored and which failed.
@@ -437,13 +318,5 @@ impl Dispatcher {
                 }
             }
         }
-    }
-}
-
-fn urgency(trigger: &Trigger) -> Urgency {
-    match trigger {
-        // Stock comes and goes fast; a price alert can wait for a device's next wake-up.
-        Trigger::BackInStock => Urgency::High,
-        Trigger::PriceBelow { .. } | Trigger::PriceDrop { .. } => Urgency::Normal,
     }
 }

@@ -3,8 +3,8 @@
 //!
 //! - [`ingest`]: EnqueueRequests → outbox rows (batch insert, `ON CONFLICT DO NOTHING`, ack after
 //!   commit, undecodable messages dead-lettered).
-//! - [`dispatch`]: claim due rows ([`claim`]) → pre-guards and re-check ([`recheck`]) →
-//!   `sending` → PushRequest.
+//! - [`dispatch`]: claim due rows ([`claim`]) → pre-guards and re-check ([`plan`], [`recheck`];
+//!   pure) → `sending` → PushRequest.
 //! - [`results`]: PushResults → `sent` (baseline advanced in the same transaction), `retry`,
 //!   `dropped` or `failed`.
 //! - [`sweeper`]: `sending` rows whose lease ran out → `sent` if the delivery log has them,
@@ -19,6 +19,7 @@ pub mod config;
 pub mod consume;
 pub mod dispatch;
 pub mod ingest;
+pub mod plan;
 pub mod recheck;
 pub mod results;
 pub mod sweeper;
@@ -27,8 +28,11 @@ pub mod transition;
 use async_nats::jetstream;
 use sqlx::PgPool;
 use std::sync::Arc;
+use std::time::Duration;
 use tidings_bus::delivered::DeliveryLog;
-use tidings_bus::streams::{StreamError, ensure_streams};
+use tidings_bus::streams::{StreamError, ensure_streams, wait_for_streams};
+use tidings_domain::subjects::StreamKind;
+use tidings_runtime::{ops, startup};
 use tidings_source::{HttpSource, SourceConfigError};
 use tokio_util::sync::CancellationToken;
 
@@ -46,10 +50,72 @@ pub enum StartError {
     Ingest(#[from] ingest::IngestError),
     #[error("results: {0}")]
     Results(#[from] results::ResultsError),
+    #[error("DATABASE_URL: {0}")]
+    DatabaseUrl(#[source] sqlx::Error),
+    #[error("NATS_URL {url}: {source}")]
+    NatsUrl {
+        url: String,
+        #[source]
+        source: async_nats::ConnectError,
+    },
 }
 
-/// Runs every loop until `shutdown`, then lets each finish (and ack) its batch in flight.
-pub async fn run(
+/// Runs the dispatcher as its binary does: serves the ops endpoint at once, waits for Postgres
+/// and NATS (unready, saying why, until they answer), then runs every loop until `shutdown`.
+pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), StartError> {
+    let settings = config.settings()?;
+    let connections =
+        u32::try_from(settings.dispatch_workers + 2 * settings.consumer_concurrency + 2)
+            .unwrap_or(16);
+    let pool = tidings_store::postgres(&config.database_url, connections)
+        .map_err(StartError::DatabaseUrl)?;
+    let url = &config.nats.nats_url;
+    let nats = startup::nats(url)
+        .await
+        .map_err(|source| StartError::NatsUrl {
+            url: url.clone(),
+            source,
+        })?;
+    let probes = ops::Probes::default()
+        .with_check(tidings_store::readiness(pool.clone()))
+        .with_nats(nats.clone());
+    ops::spawn(config.ops.ops_listen, probes.clone(), shutdown.clone());
+    let starting = &probes.starting;
+    let ready = async {
+        tidings_store::wait_for_postgres(&pool, starting, &shutdown).await?;
+        let (subjects, streams) = (&settings.subjects, &settings.streams);
+        wait_for_streams(&nats, url, subjects, streams, starting, &shutdown).await
+    };
+    if ready.await.is_none() {
+        tracing::info!("stopped while starting");
+        return Ok(());
+    }
+    starting.done();
+    let js = jetstream::new(nats);
+    let subjects = &settings.subjects;
+    tokio::spawn(ops::watch_consumers(
+        js.clone(),
+        vec![
+            (
+                subjects.stream(StreamKind::Enqueue),
+                ingest::CONSUMER.to_owned(),
+            ),
+            (
+                subjects.stream(StreamKind::Result),
+                results::CONSUMER.to_owned(),
+            ),
+        ],
+        Duration::from_secs(10),
+        shutdown.clone(),
+    ));
+    run_with(pool, js, settings, shutdown).await?;
+    tracing::info!("dispatcher stopped");
+    Ok(())
+}
+
+/// Runs every loop on connections made elsewhere (tests and benchmarks make their own) until
+/// `shutdown`, then lets each finish (and ack) its batch in flight.
+pub async fn run_with(
     pool: PgPool,
     js: jetstream::Context,
     settings: Settings,

@@ -19,7 +19,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tidings_domain::messages::{Outcome, PushResult};
-use tidings_domain::outbox::{self, Event, FailReason, Row, Status};
+use tidings_domain::outbox::{self, Event, Row, Status};
+use tidings_domain::push;
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Observation;
 use tidings_domain::{OutboxId, SubscriptionId, WatchId};
@@ -63,24 +64,6 @@ struct Locked {
     sent_value: Option<Json<Observation>>,
     subscription_id: Option<SubscriptionId>,
     detected_at: DateTime<Utc>,
-}
-
-/// The state-machine event a result stands for.
-pub fn event_for(result: &PushResult) -> Event {
-    match result.outcome {
-        Outcome::Delivered => Event::Delivered,
-        Outcome::Transient if result.maybe_delivered => Event::Unknown,
-        Outcome::Transient | Outcome::Expired => Event::Transient,
-        Outcome::Gone => Event::Gone,
-        Outcome::Permanent => Event::Rejected(match (result.refused, result.http_status) {
-            (Some(reason), _) => reason,
-            (None, Some(401 | 403)) => FailReason::VapidRejected,
-            (None, Some(413)) => FailReason::PayloadTooLarge,
-            (None, Some(_)) => FailReason::PushRejected,
-            // No HTTP exchange and no reason given: the endpoint was refused.
-            (None, None) => FailReason::EndpointRefused,
-        }),
-    }
 }
 
 pub struct Results {
@@ -270,7 +253,7 @@ pub async fn apply_in(
         if current.attempt != result.attempt || seen.contains(&result.outbox_id) {
             continue;
         }
-        let event = event_for(result);
+        let event = push::event(result);
         match current.status {
             Status::Sending => {}
             // A late result of the last attempt, which the sweeper (or an earlier transient

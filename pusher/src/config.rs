@@ -8,6 +8,7 @@ use tidings_bus::NatsArgs;
 use tidings_bus::streams::StreamSettings;
 use tidings_domain::duration::parse_duration;
 use tidings_domain::subjects::{InvalidPrefix, Subjects};
+use tidings_runtime::ops::OpsArgs;
 use tidings_webpush::EndpointArgs;
 use tidings_webpush::endpoint::EndpointPolicy;
 use tidings_webpush::vapid::{VapidError, VapidKey, VapidSigner};
@@ -16,6 +17,8 @@ use tidings_webpush::vapid::{VapidError, VapidKey, VapidSigner};
 pub struct Config {
     #[command(flatten)]
     pub nats: NatsArgs,
+    #[command(flatten)]
+    pub ops: OpsArgs,
     /// VAPID private key: base64url P-256 scalar or PEM.
     #[arg(long, env = "TIDINGS_VAPID_PRIVATE_KEY", hide_env_values = true)]
     pub vapid_private_key: Option<String>,
@@ -130,4 +133,17 @@ impl Config {
         s.extra_roots = extra_roots;
         Ok(s)
     }
+}
+
+/// `--help`'s word on the key generator.
+pub const KEYGEN_HELP: &str = "`tidings-pusher vapid-keygen` prints a new VAPID key pair: the \
+    private key for TIDINGS_VAPID_PRIVATE_KEY and the public key browsers pass to \
+    pushManager.subscribe as applicationServerKey.";
+
+/// A new VAPID key pair, as the lines `tidings-pusher vapid-keygen` prints.
+pub fn vapid_keygen() -> Result<String, VapidError> {
+    let (private, public) = VapidKey::generate()?;
+    Ok(format!(
+        "TIDINGS_VAPID_PRIVATE_KEY={private}\nTIDINGS_VAPID_PUBLIC_KEY={public}\n"
+    ))
 }

@@ -11,8 +11,8 @@ use tidings_webpush::endpoint::{self, EndpointPolicy, GuardedResolver};
 use tidings_webpush::vapid::VapidSigner;
 use tidings_webpush::webpush::{self, EncryptError, UaKeys};
 
-use crate::classify::{classify, retry_after};
 use crate::config::Settings;
+use tidings_domain::push::{classify, retry_after};
 
 /// How much of an error response we read, for the log and `last_error`.
 const MAX_ERROR_BODY: usize = 4 * 1024;

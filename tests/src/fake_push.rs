@@ -217,6 +217,9 @@ async fn push(
     body: Bytes,
 ) -> Response {
     inner.hits.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    // When the push arrived: what a real push service would call its acceptance, before this
+    // fake spends time verifying and decrypting.
+    let arrived_ms = chrono::Utc::now().timestamp_millis();
     if inner.sink.load(std::sync::atomic::Ordering::Relaxed) {
         let topic = headers
             .get("topic")
@@ -290,7 +293,7 @@ async fn push(
                     .map(str::to_owned),
                 vapid_claims: claims,
                 vapid_public_key: vapid_key,
-                at_ms: chrono::Utc::now().timestamp_millis(),
+                at_ms: arrived_ms,
             }),
             Err(e) => {
                 lock(&inner.rejected).push(format!("{id}: decrypt: {e:?}"));

@@ -573,7 +573,7 @@ async fn a_dispatcher_killed_mid_batch_loses_nothing() {
 
     // A full dispatcher (all four loops) and a pusher that delivers everything take over.
     let stop = tokio_util::sync::CancellationToken::new();
-    let dispatcher = tokio::spawn(tidings_dispatcher::run(
+    let dispatcher = tokio::spawn(tidings_dispatcher::run_with(
         s.db.pool.clone(),
         s.js.clone(),
         s.settings.clone(),
@@ -728,7 +728,7 @@ async fn a_running_dispatcher_picks_up_new_rows_by_itself() {
     let s = Scenario::new().await;
     let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
     let stop = tokio_util::sync::CancellationToken::new();
-    let running = tokio::spawn(tidings_dispatcher::run(
+    let running = tokio::spawn(tidings_dispatcher::run_with(
         s.db.pool.clone(),
         s.js.clone(),
         s.settings.clone(),

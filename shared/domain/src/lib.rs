@@ -8,7 +8,8 @@
 //! - [`outbox`]: the outbox state machine (docs/design.md), mirrored by a database guard.
 //! - [`backoff`]: when a retry is due.
 //! - [`dedup`]: the dedup key and the calendar day it is scoped to.
-//! - [`messages`] and [`subjects`]: the wire contract between services.
+//! - [`messages`] and [`subjects`]: the wire contract between services; [`push`]: what a push
+//!   service's answer means, as a reported outcome and as an outbox event.
 //! - [`notification`]: the text a user receives, from the value re-checked at send time.
 //! - [`ids`], [`channel`], [`item`], [`duration`]: the values everything else is built from.
 //!
@@ -24,6 +25,7 @@ pub mod item;
 pub mod messages;
 pub mod notification;
 pub mod outbox;
+pub mod push;
 pub mod subjects;
 pub mod trigger;
 

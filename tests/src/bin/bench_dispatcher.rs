@@ -229,7 +229,7 @@ async fn round(rows: usize) -> Round {
 
     // Pick-up latency: a full idle dispatcher, one new row at a time.
     let stop = CancellationToken::new();
-    let running = tokio::spawn(tidings_dispatcher::run(
+    let running = tokio::spawn(tidings_dispatcher::run_with(
         s.db.pool.clone(),
         s.js.clone(),
         s.settings.clone(),

@@ -1,0 +1,364 @@
+//! What a dispatch batch will do, decided without I/O.
+//!
+//! [`guard`] withholds the rows whose watch or subscription says no; [`items`] names what the
+//! rest need re-fetched; once the source has answered, [`decide`] re-checks each row against its
+//! re-fetched value and returns the state changes to write and the PushRequests to publish for
+//! the rows that become `sending`. `dispatch` does the reading, fetching, writing and publishing
+//! around these.
+
+use chrono::{DateTime, Utc};
+use std::collections::HashMap;
+use tidings_domain::messages::{PushRequest, Subscription, Urgency, VERSION, topic_for};
+use tidings_domain::notification::render;
+use tidings_domain::outbox::{self, Event, Status};
+use tidings_domain::trigger::{LastSent, SourceErrorKind, Trigger};
+use tidings_domain::{ItemCode, OutboxId, SubscriptionId, WatchId};
+use tidings_source::{Fetched, SourceError};
+
+use crate::claim::Claimed;
+use crate::config::Settings;
+use crate::recheck::{self, Decision, WatchState};
+use crate::transition::Change;
+
+/// A row the pre-guards let through, with the subscription it would go to.
+pub struct Guarded<'r> {
+    pub row: &'r Claimed,
+    pub subscription_id: SubscriptionId,
+    pub subscription: &'r Subscription,
+}
+
+/// The outcome of [`decide`].
+#[derive(Default)]
+pub struct Plan {
+    pub changes: Vec<Change>,
+    /// For each row planned `sending`, its PushRequest (published only if the write wins).
+    pub requests: HashMap<OutboxId, PushRequest>,
+}
+
+/// Pre-guards first, so the source is asked only about rows that could still be sent.
+pub fn guard<'r>(
+    rows: &'r [Claimed],
+    watches: &'r HashMap<WatchId, WatchState>,
+    settings: &Settings,
+    now: DateTime<Utc>,
+) -> (Vec<Guarded<'r>>, Vec<Change>) {
+    let mut guarded = Vec::with_capacity(rows.len());
+    let mut withheld = Vec::new();
+    for row in rows {
+        match recheck::pre_guard(watches.get(&row.watch_id)) {
+            Ok((subscription_id, subscription)) => guarded.push(Guarded {
+                row,
+                subscription_id,
+                subscription,
+            }),
+            Err(reason) => withheld.push(change(row, Event::Withheld(reason), None, settings, now)),
+        }
+    }
+    (guarded, withheld)
+}
+
+/// The items the guarded rows need re-fetched.
+pub fn items(guarded: &[Guarded<'_>], watches: &HashMap<WatchId, WatchState>) -> Vec<ItemCode> {
+    guarded
+        .iter()
+        .filter_map(|g| ItemCode::parse(&watches.get(&g.row.watch_id)?.item_code).ok())
+        .collect()
+}
+
+/// Re-checks each guarded row against its re-fetched value (`now`: when the source answered,
+/// the start of the freshness bound).
+pub fn decide(
+    guarded: &[Guarded<'_>],
+    watches: &HashMap<WatchId, WatchState>,
+    last_sent: &HashMap<(WatchId, String), LastSent>,
+    fetched: &HashMap<ItemCode, Fetched>,
+    settings: &Settings,
+    now: DateTime<Utc>,
+) -> Plan {
+    let deadline = now + settings.push_deadline;
+    let lease_until = now + settings.sending_lease;
+    let mut plan = Plan::default();
+    for g in guarded {
+        let row = g.row;
+        // Keys are written by ingest from a valid trigger; one this build cannot read is kept
+        // for an operator (retried, then failed with the key in last_error), never guessed at.
+        let Some(trigger) = row.trigger() else {
+            let error = format!("unknown trigger key {:?}", row.trigger);
+            plan.changes
+                .push(change(row, Event::Transient, Some(error), settings, now));
+            continue;
+        };
+        let item_code = watches
+            .get(&row.watch_id)
+            .map(|w| w.item_code.as_str())
+            .unwrap_or_default();
+        let item = ItemCode::parse(item_code);
+        let answer: Fetched = match &item {
+            Ok(code) => fetched.get(code).cloned().unwrap_or_else(|| {
+                Err(SourceError {
+                    kind: SourceErrorKind::Unavailable,
+                    detail: "no answer for item".into(),
+                })
+            }),
+            Err(e) => Err(SourceError {
+                kind: SourceErrorKind::NotFound,
+                detail: e.to_string(),
+            }),
+        };
+        let last = last_sent.get(&(row.watch_id, row.trigger.clone()));
+        let decision = recheck::recheck(&trigger, &row.baseline(), row.detected_at, last, &answer);
+        match (decision, item) {
+            (Decision::Withhold { reason, checked }, _) => {
+                let mut c = change(row, Event::Withheld(reason), None, settings, now);
+                c.checked = checked.and_then(|o| serde_json::to_value(o).ok());
+                plan.changes.push(c);
+            }
+            (Decision::Transient { error }, _) => {
+                plan.changes
+                    .push(change(row, Event::Transient, Some(error), settings, now));
+            }
+            (
+                Decision::Send {
+                    observation,
+                    baseline,
+                },
+                Ok(code),
+            ) => {
+                let payload = render(
+                    &trigger,
+                    &code,
+                    &observation,
+                    &baseline,
+                    settings.item_page_url.as_deref(),
+                );
+                let mut c = change(row, Event::Dispatched, None, settings, now);
+                c.sent_value = serde_json::to_value(&observation).ok();
+                c.payload = serde_json::to_value(&payload).ok();
+                c.subscription_id = Some(g.subscription_id);
+                c.deadline = Some(deadline);
+                c.lease_until = Some(lease_until);
+                plan.requests.insert(
+                    row.id,
+                    PushRequest {
+                        v: VERSION,
+                        outbox_id: row.id,
+                        attempt: c.transition.attempt,
+                        deadline,
+                        subscription: g.subscription.clone(),
+                        payload,
+                        ttl: u32::try_from(settings.push_ttl.as_secs()).unwrap_or(u32::MAX),
+                        urgency: urgency(&trigger),
+                        topic: topic_for(row.id),
+                    },
+                );
+                plan.changes.push(c);
+            }
+            // An unparsable item code was classified not_found above, so it never holds.
+            (Decision::Send { .. }, Err(_)) => {}
+        }
+    }
+    plan
+}
+
+/// The change `event` makes to a claimed row.
+pub fn change(
+    row: &Claimed,
+    event: Event,
+    error: Option<String>,
+    settings: &Settings,
+    now: DateTime<Utc>,
+) -> Change {
+    let r = row.row();
+    let t = match outbox::apply(r, event, settings.retry.max_retries) {
+        Ok(t) => t,
+        // The claim selects pending and retry rows only, from which every event used here is
+        // legal; keeping the row unchanged is the safe answer if that ever stops being true.
+        Err(e) => {
+            tracing::error!(outbox_id = %row.id, error = %e, "illegal transition planned");
+            outbox::Transition {
+                to: r.status,
+                reason: None,
+                retry_count: r.retry_count,
+                attempt: r.attempt,
+                advances_baseline: false,
+                maybe_delivered: false,
+            }
+        }
+    };
+    let mut c = Change::new(row.id, r, t);
+    if t.to == Status::Retry {
+        c.next_attempt_at = Some(now + settings.retry.delay(r.retry_count, None));
+    }
+    if let Some(error) = error {
+        tracing::info!(outbox_id = %row.id, watch_id = %row.watch_id, to = %t.to, %error, "transient failure");
+        c.last_error = Some(error);
+    }
+    c
+}
+
+fn urgency(trigger: &Trigger) -> Urgency {
+    match trigger {
+        // Stock comes and goes fast; a price alert can wait for a device's next wake-up.
+        Trigger::BackInStock => Urgency::High,
+        Trigger::PriceBelow { .. } | Trigger::PriceDrop { .. } => Urgency::Normal,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidings_domain::subjects::Subjects;
+    use tidings_domain::trigger::Observation;
+    use tidings_domain::{DeviceId, OutboxId};
+    use tidings_source::SourceConfig;
+
+    fn settings() -> Settings {
+        let subjects = Subjects::new("t").unwrap_or_else(|e| unreachable!("{e}"));
+        Settings::new(subjects, SourceConfig::new("http://catalog/{item}"))
+    }
+
+    fn row(watch_id: WatchId) -> Claimed {
+        let at = Utc::now();
+        Claimed {
+            id: OutboxId::new(),
+            watch_id,
+            device_id: DeviceId::new(),
+            status: "pending".into(),
+            trigger: Trigger::PriceBelow { threshold: 1200 }.key(),
+            detected_at: at,
+            detected_price: 1100,
+            detected_currency: "EUR".into(),
+            detected_in_stock: true,
+            detected_paused: false,
+            detected_observed_at: at,
+            baseline_price: None,
+            baseline_reference: None,
+            baseline_in_stock: None,
+            attempt: 0,
+            retry_count: 0,
+            traceparent: None,
+        }
+    }
+
+    fn watch(paused: bool) -> WatchState {
+        WatchState {
+            item_code: "SKU-1".into(),
+            paused,
+            removed: false,
+            subscription: Some((
+                SubscriptionId::new(),
+                Subscription {
+                    endpoint: "https://push.example/s".into(),
+                    p256dh: "k".into(),
+                    auth: "a".into(),
+                },
+            )),
+        }
+    }
+
+    fn priced(price: i64) -> HashMap<ItemCode, Fetched> {
+        let code = ItemCode::parse("SKU-1").unwrap_or_else(|e| unreachable!("{e}"));
+        let observation = Observation {
+            price,
+            currency: "EUR".into(),
+            in_stock: true,
+            paused: false,
+            observed_at: Utc::now(),
+        };
+        HashMap::from([(code, Ok(observation))])
+    }
+
+    /// Guards, then decides against `fetched`, as one dispatch batch of one row does.
+    fn plan_one(watch: WatchState, fetched: &HashMap<ItemCode, Fetched>) -> (Vec<Change>, Plan) {
+        let s = settings();
+        let w = WatchId::new();
+        let rows = vec![row(w)];
+        let watches = HashMap::from([(w, watch)]);
+        let now = Utc::now();
+        let (guarded, withheld) = guard(&rows, &watches, &s, now);
+        let plan = decide(&guarded, &watches, &HashMap::new(), fetched, &s, now);
+        (withheld, plan)
+    }
+
+    #[test]
+    fn a_price_back_above_the_limit_is_withheld_with_the_value_seen() {
+        let (withheld, plan) = plan_one(watch(false), &priced(1300));
+        assert!(withheld.is_empty());
+        assert_eq!(plan.changes.len(), 1);
+        let c = &plan.changes[0];
+        assert_eq!(c.transition.to, Status::Dropped);
+        assert_eq!(
+            c.transition.reason.map(|r| r.as_str()),
+            Some("condition_lost")
+        );
+        assert_eq!(
+            c.checked.as_ref().map(|v| v["price"].clone()),
+            Some(1300.into())
+        );
+        assert!(plan.requests.is_empty(), "nothing to publish");
+    }
+
+    #[test]
+    fn a_holding_row_goes_out_with_the_refetched_value_and_the_freshness_deadline() {
+        let now = Utc::now();
+        let (_, plan) = plan_one(watch(false), &priced(1050));
+        let c = &plan.changes[0];
+        assert_eq!(
+            (c.transition.to, c.transition.attempt),
+            (Status::Sending, 1)
+        );
+        assert_eq!(
+            c.sent_value.as_ref().map(|v| v["price"].clone()),
+            Some(1050.into())
+        );
+        let request = &plan.requests[&c.id];
+        assert_eq!(
+            request.payload.body,
+            "Now 10.50 EUR (your limit: 12.00 EUR)."
+        );
+        assert_eq!(c.deadline, Some(request.deadline));
+        let bound = settings().push_deadline;
+        assert!(request.deadline >= now + bound);
+        assert!(request.deadline <= Utc::now() + bound);
+        assert!(
+            c.lease_until > c.deadline,
+            "the lease outlives the deadline"
+        );
+    }
+
+    #[test]
+    fn a_paused_watch_is_withheld_before_its_item_is_fetched() {
+        let s = settings();
+        let w = WatchId::new();
+        let rows = vec![row(w)];
+        let watches = HashMap::from([(w, watch(true))]);
+        let (guarded, withheld) = guard(&rows, &watches, &s, Utc::now());
+        assert!(guarded.is_empty());
+        assert!(items(&guarded, &watches).is_empty(), "nothing to fetch");
+        assert_eq!(
+            withheld[0].transition.reason.map(|r| r.as_str()),
+            Some("watch_paused")
+        );
+    }
+
+    #[test]
+    fn a_source_that_does_not_answer_means_a_retry_after_the_backoff() {
+        let now = Utc::now();
+        let (_, plan) = plan_one(watch(false), &HashMap::new());
+        let c = &plan.changes[0];
+        assert_eq!(
+            (c.transition.to, c.transition.retry_count),
+            (Status::Retry, 1)
+        );
+        let wait = c.next_attempt_at.map(|at| (at - now).num_seconds());
+        assert!(
+            matches!(wait, Some(26..=34)),
+            "first backoff 30 s ± 10 %: {wait:?}"
+        );
+        assert!(
+            c.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("no answer"))
+        );
+    }
+}

@@ -1,0 +1,149 @@
+//! What a push service's answer means, in one place: the outcome the pusher reports for an HTTP
+//! answer ([`classify`], with [`retry_after`]), and the outbox event a reported result stands for,
+//! with its failure reason ([`event`]).
+
+use crate::messages::{Outcome, PushResult};
+use crate::outbox::{Event, FailReason};
+use chrono::{DateTime, Utc};
+
+/// The outcome of an HTTP answer from a push service at `host`.
+pub fn classify(status: u16, host: &str) -> Outcome {
+    match status {
+        200..=299 => Outcome::Delivered,
+        404 | 410 => Outcome::Gone,
+        429 | 500..=599 => Outcome::Transient,
+        // WNS answers 406 when it throttles a channel.
+        406 if host.ends_with(".notify.windows.com") => Outcome::Transient,
+        // 400, 401, 403, 413 and the rest: sending the same request again will not help.
+        // Redirects are not followed, so a 3xx is a refusal too.
+        _ => Outcome::Permanent,
+    }
+}
+
+/// Seconds to wait from a `Retry-After` header: delta-seconds or an HTTP date.
+pub fn retry_after(value: &str, now: DateTime<Utc>) -> Option<u64> {
+    let v = value.trim();
+    if let Ok(secs) = v.parse::<u64>() {
+        return Some(secs);
+    }
+    let at = DateTime::parse_from_rfc2822(v).ok()?;
+    Some(u64::try_from((at.with_timezone(&Utc) - now).num_seconds()).unwrap_or(0))
+}
+
+/// The state-machine event a result stands for.
+pub fn event(result: &PushResult) -> Event {
+    match result.outcome {
+        Outcome::Delivered => Event::Delivered,
+        Outcome::Transient if result.maybe_delivered => Event::Unknown,
+        Outcome::Transient | Outcome::Expired => Event::Transient,
+        Outcome::Gone => Event::Gone,
+        Outcome::Permanent => Event::Rejected(match (result.refused, result.http_status) {
+            (Some(reason), _) => reason,
+            (None, Some(401 | 403)) => FailReason::VapidRejected,
+            (None, Some(413)) => FailReason::PayloadTooLarge,
+            (None, Some(_)) => FailReason::PushRejected,
+            // No HTTP exchange and no reason given: the endpoint was refused.
+            (None, None) => FailReason::EndpointRefused,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    #[test]
+    fn status_classes() {
+        let h = "fcm.googleapis.com";
+        for (s, o) in [
+            (201, Outcome::Delivered),
+            (200, Outcome::Delivered),
+            (404, Outcome::Gone),
+            (410, Outcome::Gone),
+            (429, Outcome::Transient),
+            (500, Outcome::Transient),
+            (503, Outcome::Transient),
+            (400, Outcome::Permanent),
+            (401, Outcome::Permanent),
+            (403, Outcome::Permanent),
+            (413, Outcome::Permanent),
+            (406, Outcome::Permanent),
+            (301, Outcome::Permanent),
+        ] {
+            assert_eq!(classify(s, h), o, "{s}");
+        }
+        assert_eq!(
+            classify(406, "wns2-by3p.notify.windows.com"),
+            Outcome::Transient
+        );
+    }
+
+    fn result(outcome: Outcome, http_status: Option<u16>) -> PushResult {
+        PushResult {
+            v: crate::messages::VERSION,
+            outbox_id: crate::OutboxId::new(),
+            attempt: 1,
+            outcome,
+            http_status,
+            retry_after: None,
+            message_id: None,
+            error: None,
+            latency_ms: 1,
+            refused: None,
+            maybe_delivered: false,
+        }
+    }
+
+    #[test]
+    fn each_reported_result_is_one_outbox_event() {
+        let cases = [
+            (result(Outcome::Delivered, Some(201)), Event::Delivered),
+            (result(Outcome::Gone, Some(410)), Event::Gone),
+            (result(Outcome::Transient, Some(503)), Event::Transient),
+            (result(Outcome::Expired, None), Event::Transient),
+            (
+                PushResult {
+                    maybe_delivered: true,
+                    ..result(Outcome::Transient, None)
+                },
+                Event::Unknown,
+            ),
+            (
+                result(Outcome::Permanent, Some(401)),
+                Event::Rejected(FailReason::VapidRejected),
+            ),
+            (
+                result(Outcome::Permanent, Some(413)),
+                Event::Rejected(FailReason::PayloadTooLarge),
+            ),
+            (
+                result(Outcome::Permanent, Some(400)),
+                Event::Rejected(FailReason::PushRejected),
+            ),
+            (
+                result(Outcome::Permanent, None),
+                Event::Rejected(FailReason::EndpointRefused),
+            ),
+            (
+                PushResult {
+                    refused: Some(FailReason::PayloadTooLarge),
+                    ..result(Outcome::Permanent, None)
+                },
+                Event::Rejected(FailReason::PayloadTooLarge),
+            ),
+        ];
+        for (r, expected) in cases {
+            assert_eq!(event(&r), expected, "{r:?}");
+        }
+    }
+
+    #[test]
+    fn retry_after_in_seconds_or_as_a_date() {
+        let now = Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap();
+        assert_eq!(retry_after("120", now), Some(120));
+        assert_eq!(retry_after("Mon, 30 Nov 2026 12:02:00 GMT", now), Some(120));
+        assert_eq!(retry_after("Mon, 30 Nov 2026 11:00:00 GMT", now), Some(0));
+        assert_eq!(retry_after("soon", now), None);
+    }
+}
