@@ -211,11 +211,13 @@ pub async fn outbox_stats(
     .fetch_all(&app.pool)
     .await
     .map_err(db("counting outbox rows"))?;
-    let (due, oldest): (i64, f64) = sqlx::query_as(
+    let (due, oldest): (i64, f64) = sqlx::query_as(concat!(
         "SELECT count(*),
                 COALESCE(EXTRACT(EPOCH FROM now() - min(next_attempt_at))::float8, 0)
-         FROM outbox WHERE status IN ('pending', 'retry') AND next_attempt_at <= now()",
-    )
+         FROM outbox WHERE status IN ",
+        tidings_store::status_sql!(due),
+        " AND next_attempt_at <= now()",
+    ))
     .fetch_one(&app.pool)
     .await
     .map_err(db("measuring the due backlog"))?;
@@ -260,17 +262,17 @@ pub async fn replay(
     let new = OutboxId::new();
     // The copy keeps the detection snapshot; the dispatcher re-checks it against the current
     // value and baseline as usual, so a replay never sends something that is no longer true.
-    let inserted = sqlx::query(
-        "INSERT INTO outbox (id, watch_id, device_id, trigger, channel, dedup_day, detected_at,
-                             detected_price, detected_currency, detected_in_stock, detected_paused,
-                             detected_observed_at, baseline_price, baseline_reference,
-                             baseline_in_stock, replay_of)
-         SELECT $1, watch_id, device_id, trigger, channel, dedup_day, detected_at, detected_price,
-                detected_currency, detected_in_stock, detected_paused, detected_observed_at,
-                baseline_price, baseline_reference, baseline_in_stock, id
-         FROM outbox WHERE id = $2 AND status IN ('failed', 'dropped')
-         ON CONFLICT DO NOTHING",
-    )
+    let inserted = sqlx::query(concat!(
+        "INSERT INTO outbox (id, watch_id, device_id, trigger, channel, dedup_day, ",
+        tidings_store::snapshot_columns!(),
+        ", replay_of)
+         SELECT $1, watch_id, device_id, trigger, channel, dedup_day, ",
+        tidings_store::snapshot_columns!(),
+        ", id
+         FROM outbox WHERE id = $2 AND status IN ",
+        tidings_store::status_sql!(replayable),
+        " ON CONFLICT DO NOTHING",
+    ))
     .bind(new)
     .bind(original)
     .execute(&app.pool)

@@ -4,33 +4,41 @@
 
 use sqlx::PgPool;
 use std::time::Duration;
+use tidings_domain::outbox::Status;
 use tidings_runtime::metrics::{StatusLabels, metrics};
 use tokio_util::sync::CancellationToken;
 
 /// Reads the backlog once (each partial index answers its part) and sets the gauges.
 pub async fn measure(pool: &PgPool) -> Result<(), sqlx::Error> {
-    let counts: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT status, count(*) FROM outbox WHERE status IN ('pending', 'retry') GROUP BY status
+    let counts: Vec<(String, i64)> = sqlx::query_as(concat!(
+        "SELECT status, count(*) FROM outbox WHERE status IN ",
+        tidings_store::status_sql!(due),
+        " GROUP BY status
          UNION ALL
-         SELECT 'sending', count(*) FROM outbox WHERE status = 'sending'",
-    )
+         SELECT ",
+        tidings_store::status_sql!(sending),
+        ", count(*) FROM outbox WHERE status = ",
+        tidings_store::status_sql!(sending),
+    ))
     .fetch_all(pool)
     .await?;
-    let oldest: f64 = sqlx::query_scalar(
+    let oldest: f64 = sqlx::query_scalar(concat!(
         "SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(next_attempt_at))::float8, 0)
-         FROM outbox WHERE status IN ('pending', 'retry') AND next_attempt_at <= now()",
-    )
+         FROM outbox WHERE status IN ",
+        tidings_store::status_sql!(due),
+        " AND next_attempt_at <= now()",
+    ))
     .fetch_one(pool)
     .await?;
     let m = metrics();
-    for status in ["pending", "retry", "sending"] {
+    for status in [Status::Pending, Status::Retry, Status::Sending] {
         let n = counts
             .iter()
-            .find(|(s, _)| s == status)
+            .find(|(s, _)| s == status.as_str())
             .map_or(0, |(_, n)| *n);
         m.outbox_rows
             .get_or_create(&StatusLabels {
-                status: status.to_owned(),
+                status: status.as_str().to_owned(),
             })
             .set(n);
     }

@@ -78,9 +78,12 @@ impl Claimed {
 }
 
 /// Takes up to `$1` due rows, oldest first, and hides them from other claims for `$2` seconds.
-pub const CLAIM: &str = "WITH due AS (
+pub const CLAIM: &str = concat!(
+    "WITH due AS (
          SELECT id FROM outbox
-         WHERE status IN ('pending', 'retry') AND next_attempt_at <= now()
+         WHERE status IN ",
+    tidings_store::status_sql!(due),
+    " AND next_attempt_at <= now()
            AND (claimed_until IS NULL OR claimed_until <= now())
          ORDER BY next_attempt_at
          LIMIT $1
@@ -88,10 +91,10 @@ pub const CLAIM: &str = "WITH due AS (
      )
      UPDATE outbox o SET claimed_until = now() + make_interval(secs => $2)
      FROM due WHERE o.id = due.id
-     RETURNING o.id, o.watch_id, o.device_id, o.status, o.trigger, o.detected_at,
-               o.detected_price, o.detected_currency, o.detected_in_stock, o.detected_paused,
-               o.detected_observed_at, o.baseline_price, o.baseline_reference,
-               o.baseline_in_stock, o.attempt, o.retry_count, o.traceparent";
+     RETURNING o.id, o.watch_id, o.device_id, o.status, o.trigger, ",
+    tidings_store::snapshot_columns!(),
+    ", o.attempt, o.retry_count, o.traceparent"
+);
 
 /// Run before [`CLAIM`] in the same transaction. The due index yields rows in claim order, so a
 /// claim should read about as many rows as it takes. But Postgres' estimate of how many rows are

@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::claim;
 use crate::config::Settings;
 use crate::plan;
-use crate::transition::{self, Change};
+use tidings_store::transition::{self, Change};
 
 /// PushRequests in flight at once per dispatch worker.
 const PUBLISH_WINDOW: usize = 512;

@@ -277,16 +277,15 @@ pub async fn insert(
         b_in_stock.push(r.baseline.in_stock);
         traceparents.push(tp.as_deref());
     }
-    let result = sqlx::query(
-        "INSERT INTO outbox (id, watch_id, device_id, trigger, channel, dedup_day, detected_at,
-                             detected_price, detected_currency, detected_in_stock, detected_paused,
-                             detected_observed_at, baseline_price, baseline_reference,
-                             baseline_in_stock, traceparent)
+    let result = sqlx::query(concat!(
+        "INSERT INTO outbox (id, watch_id, device_id, trigger, channel, dedup_day, ",
+        tidings_store::snapshot_columns!(),
+        ", traceparent)
          SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::date[],
                               $7::timestamptz[], $8::bigint[], $9::text[], $10::bool[], $11::bool[],
                               $12::timestamptz[], $13::bigint[], $14::bigint[], $15::bool[], $16::text[])
          ON CONFLICT (watch_id, trigger, dedup_day, channel) WHERE replay_of IS NULL DO NOTHING",
-    )
+    ))
     .bind(ids)
     .bind(watch_ids)
     .bind(device_ids)

@@ -11,7 +11,8 @@
 //!   else `retry` (marked maybe delivered).
 //! - [`backlog`]: the outbox backlog as metrics.
 //!
-//! Every state change goes through [`transition::apply`], a batch of compare-and-sets.
+//! Every state change goes through `tidings_store::transition::apply`, a batch of
+//! compare-and-sets.
 
 pub mod backlog;
 pub mod claim;
@@ -23,7 +24,6 @@ pub mod plan;
 pub mod recheck;
 pub mod results;
 pub mod sweeper;
-pub mod transition;
 
 use async_nats::jetstream;
 use sqlx::PgPool;

@@ -18,7 +18,7 @@ use tidings_source::{Fetched, SourceError};
 use crate::claim::Claimed;
 use crate::config::Settings;
 use crate::recheck::{self, Decision, WatchState};
-use crate::transition::Change;
+use tidings_store::transition::Change;
 
 /// A row the pre-guards let through, with the subscription it would go to.
 pub struct Guarded<'r> {

@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
 use crate::consume::{self, ConsumerError};
-use crate::transition::{self, Change};
+use tidings_store::transition::{self, Change};
 
 pub const CONSUMER: &str = "dispatcher-results";
 

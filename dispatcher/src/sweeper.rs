@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
 use crate::results;
-use crate::transition::{self, Change};
+use tidings_store::transition::{self, Change};
 
 pub const LEASE_EXPIRED: &str = "lease_expired: no push result before the lease ran out";
 
@@ -61,13 +61,15 @@ pub async fn sweep_once(
     log: &DeliveryLog,
 ) -> Result<SweepStats, sqlx::Error> {
     let mut tx = pool.begin().await?;
-    let expired: Vec<(OutboxId, i32, i32)> = sqlx::query_as(
+    let expired: Vec<(OutboxId, i32, i32)> = sqlx::query_as(concat!(
         "SELECT id, attempt, retry_count FROM outbox
-         WHERE status = 'sending' AND lease_until < now()
+         WHERE status = ",
+        tidings_store::status_sql!(sending),
+        " AND lease_until < now()
          ORDER BY lease_until
          LIMIT $1
          FOR UPDATE SKIP LOCKED",
-    )
+    ))
     .bind(SWEEP_BATCH)
     .fetch_all(&mut *tx)
     .await?;

@@ -1,9 +1,13 @@
-//! Tidings in Postgres: the schema ([`db`], the embedded migrations), row types several services
-//! read ([`baselines`]), and connecting: a pool that can be built before the database is up,
-//! waiting for it at start-up, and the readiness check.
+//! Tidings in Postgres: the schema ([`db`], the embedded migrations), the outbox's shared SQL
+//! ([`outbox`]: the snapshot columns and status sets written once; [`transition`]: every state
+//! change, as batches of compare-and-sets), row types several services read ([`baselines`]), and
+//! connecting: a pool that can be built before the database is up, waiting for it at start-up,
+//! and the readiness check.
 
 pub mod baselines;
 pub mod db;
+pub mod outbox;
+pub mod transition;
 
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, PgConnection, PgPool};

@@ -36,6 +36,7 @@ use tidings_tests::fake_push::FakePushService;
 use tidings_tests::procstat::{
     CpuSplit, cpu_seconds, machine_busy_seconds, peak_rss_mib, pids_named,
 };
+use tidings_tests::rng::Rng;
 use tidings_tests::scenario::Scenario;
 use tidings_tests::services::Pipeline;
 use tokio_util::sync::CancellationToken;
@@ -355,18 +356,6 @@ fn round(v: f64, digits: i32) -> f64 {
     (v * f).round() / f
 }
 
-/// A deterministic pseudo-random series (SplitMix64).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
 const STALE_ITEMS: usize = 300;
 const STALE_PER_ITEM: usize = 5;
 
@@ -376,8 +365,8 @@ fn series() -> Vec<(i64, i64)> {
     let mut rng = Rng(7);
     (0..STALE_ITEMS)
         .map(|_| {
-            let start = (rng.next() * 30_000.0) as i64;
-            let len = (300f64.ln() + rng.next() * (120_000f64.ln() - 300f64.ln())).exp() as i64;
+            let start = (rng.unit() * 30_000.0) as i64;
+            let len = (300f64.ln() + rng.unit() * (120_000f64.ln() - 300f64.ln())).exp() as i64;
             (start, len)
         })
         .collect()

@@ -28,6 +28,7 @@ use tidings_domain::subjects::StreamKind;
 use tidings_tests::fake_catalog::Item;
 use tidings_tests::fake_push::{Answer, FakePushService, Faults};
 use tidings_tests::harness::PrivateNats;
+use tidings_tests::rng::Rng;
 use tidings_tests::scenario::Scenario;
 use tidings_tests::services::Pipeline;
 
@@ -55,21 +56,6 @@ struct Row {
 
 fn now_ms() -> i64 {
     Utc::now().timestamp_millis()
-}
-
-/// A deterministic pseudo-random sequence (SplitMix64).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn between(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + (self.next() * (hi - lo) as f64) as u64
-    }
 }
 
 /// Devices with their subscriptions, and `per_device` watches each on an item of its own.
@@ -160,8 +146,8 @@ async fn main() {
     let start = now_ms() + 5_000;
     let mut dips: HashMap<String, (i64, i64)> = HashMap::new();
     for code in &items {
-        let at = start + (rng.next() * 0.85 * window_ms as f64) as i64;
-        let len = (300f64.ln() + rng.next() * (60_000f64.ln() - 300f64.ln())).exp() as i64;
+        let at = start + (rng.unit() * 0.85 * window_ms as f64) as i64;
+        let len = (300f64.ln() + rng.unit() * (60_000f64.ln() - 300f64.ln())).exp() as i64;
         dips.insert(code.clone(), (at, at + len));
         s.catalog.set(
             code,
@@ -211,7 +197,7 @@ async fn main() {
         if t >= start + window_ms {
             break;
         }
-        events.push((t, WORKERS[(rng.next() * 3.0) as usize % 3]));
+        events.push((t, WORKERS[(rng.unit() * 3.0) as usize % 3]));
     }
     events.sort();
     let mut kills: HashMap<&str, usize> = HashMap::new();

@@ -1,5 +1,8 @@
 //! The JetStream side of the foundation: per-test prefixes and the enqueue stream's dedup window.
 
+// Test code: a failed unwrap is a failed test, which is what we want.
+#![allow(clippy::unwrap_used)]
+
 use async_nats::jetstream;
 use tidings_bus::streams::{StreamSettings, ensure_streams};
 use tidings_domain::Channel;

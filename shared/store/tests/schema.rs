@@ -1,5 +1,8 @@
 //! The schema keeps the promises docs/design.md makes at the database level.
 
+// Test code: a failed unwrap is a failed test, which is what we want.
+#![allow(clippy::unwrap_used)]
+
 use chrono::{TimeZone, Utc};
 use tidings_domain::outbox::Status;
 use tidings_domain::trigger::Trigger;

@@ -2,6 +2,9 @@
 //! plays the detector (publishing EnqueueRequests) and the pusher (reading PushRequests,
 //! answering PushResults) around the dispatcher's real loops.
 
+// Test code: a failed unwrap is a failed test, which is what we want.
+#![allow(clippy::unwrap_used)]
+
 use chrono::{Duration as ChronoDuration, Utc};
 use std::collections::HashSet;
 use std::time::{Duration, Instant};

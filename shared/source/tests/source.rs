@@ -1,5 +1,8 @@
 //! The HTTP source client against the fake catalog: classification, batching, timeouts.
 
+// Test code: a failed unwrap is a failed test, which is what we want.
+#![allow(clippy::unwrap_used)]
+
 use std::time::{Duration, Instant};
 use tidings_domain::ItemCode;
 use tidings_domain::trigger::SourceErrorKind;

@@ -102,8 +102,8 @@ pub async fn apply(
         .map(|c| c.push_message_id.as_deref())
         .collect();
 
-    let won: Vec<OutboxId> = sqlx::query_scalar(
-        "UPDATE outbox o SET
+    let won: Vec<OutboxId> = sqlx::query_scalar(concat!(
+        r#"UPDATE outbox o SET
              status = u.to_status,
              reason = u.reason,
              retry_count = u.retry_count,
@@ -120,7 +120,9 @@ pub async fn apply(
              http_status = COALESCE(u.http_status, o.http_status),
              push_message_id = COALESCE(u.push_message_id, o.push_message_id),
              maybe_delivered = o.maybe_delivered OR u.maybe_delivered,
-             finished_at = CASE WHEN u.to_status IN ('sent', 'dropped', 'failed') THEN now() END
+             finished_at = CASE WHEN u.to_status IN "#,
+        crate::status_sql!(terminal),
+        r#" THEN now() END
          FROM UNNEST($1::uuid[], $2::text[], $3::int[], $4::text[], $5::text[], $6::int[], $7::int[],
                      $8::timestamptz[], $9::text[], $10::jsonb[], $11::jsonb[], $12::jsonb[],
                      $13::uuid[], $14::timestamptz[], $15::timestamptz[], $16::int[], $17::text[],
@@ -130,8 +132,8 @@ pub async fn apply(
                    subscription_id, lease_until, deadline, http_status, push_message_id,
                    maybe_delivered)
          WHERE o.id = u.id AND o.status = u.from_status AND o.attempt = u.from_attempt
-         RETURNING o.id",
-    )
+         RETURNING o.id"#
+    ))
     .bind(ids)
     .bind(from)
     .bind(from_attempt)

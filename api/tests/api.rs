@@ -1,6 +1,9 @@
 //! The api over HTTP against real Postgres: the client story, isolation between devices, every
 //! validation rule, idempotent creates, and the OpenAPI document against the router.
 
+// Test code: a failed unwrap is a failed test, which is what we want.
+#![allow(clippy::unwrap_used)]
+
 use chrono::Utc;
 use reqwest::{Method, Response};
 use serde_json::{Value, json};

@@ -1,5 +1,8 @@
 //! The detector against real Postgres and NATS, with the fake catalog as the source.
 
+// Test code: a failed unwrap is a failed test, which is what we want.
+#![allow(clippy::unwrap_used)]
+
 use chrono::{Duration as ChronoDuration, TimeZone, Utc};
 use std::time::Duration;
 use tidings_bus::streams::{StreamSettings, ensure_streams};

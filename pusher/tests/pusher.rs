@@ -1,6 +1,9 @@
 //! The pusher against real NATS and the fake HTTPS push service, which decrypts every body with
 //! an independent RFC 8291 implementation and verifies the VAPID JWT.
 
+// Test code: a failed unwrap is a failed test, which is what we want.
+#![allow(clippy::unwrap_used)]
+
 use async_nats::jetstream::{self, consumer::PullConsumer, consumer::pull};
 use chrono::{Duration as ChronoDuration, Utc};
 use futures::StreamExt;
