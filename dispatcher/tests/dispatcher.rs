@@ -8,12 +8,14 @@
 use chrono::{Duration as ChronoDuration, Utc};
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
-use tidings_bus::delivered::Delivery;
+use tidings_bus::delivered::{Delivery, DeliveryLog};
 use tidings_dispatcher::ingest::IngestStats;
+use tidings_dispatcher::sweeper;
 use tidings_domain::messages::{Outcome, decode};
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
 use tidings_tests::fake_catalog::Behavior;
+use tidings_tests::harness::PrivateNats;
 use tidings_tests::scenario::Scenario;
 
 const BELOW_1200: Trigger = Trigger::PriceBelow { threshold: 1200 };
@@ -723,6 +725,38 @@ async fn an_expired_lease_whose_delivery_is_on_record_ends_sent_without_its_resu
         Some("https://push.example/m/1")
     );
     assert_eq!(s.baseline_price(w.watch).await, Some(1100));
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_sweeper_that_cannot_ask_the_delivery_log_leaves_the_row_sending() {
+    let s = Scenario::new().await;
+    let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
+    let push = s.dispatched(&w, 1100).await;
+    tokio::time::sleep(s.settings.sending_lease + Duration::from_millis(100)).await;
+
+    // The delivery log's broker is not there: retrying now could push a delivered
+    // notification twice, so the row waits.
+    let nowhere = PrivateNats::reserve().unwrap();
+    let client = async_nats::ConnectOptions::new()
+        .retry_on_initial_connect()
+        .connect(&nowhere.url)
+        .await
+        .unwrap();
+    let mut js = async_nats::jetstream::new(client);
+    js.set_timeout(Duration::from_millis(200));
+    let unreachable = DeliveryLog::new(js, &s.subjects, &s.settings.streams);
+    let stats = sweeper::sweep_once(&s.db.pool, &s.settings, &unreachable)
+        .await
+        .unwrap();
+    assert_eq!((stats.deferred, stats.moved()), (1, 0));
+    assert_eq!(s.row(push.outbox_id).await.status, "sending");
+
+    // Once the log answers (nothing on record), the row is retried, marked maybe delivered.
+    assert_eq!(s.sweep().await.expired, 1);
+    let row = s.row(push.outbox_id).await;
+    assert_eq!(row.status, "retry");
+    assert!(row.maybe_delivered);
     s.cleanup().await;
 }
 

@@ -19,7 +19,7 @@
 use crate::streams::StreamSettings;
 use async_nats::jetstream::{self, kv};
 use serde::{Deserialize, Serialize};
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 use tidings_domain::OutboxId;
 use tidings_domain::subjects::Subjects;
 
@@ -47,7 +47,9 @@ pub struct DeliveryLogError {
 pub struct DeliveryLog {
     js: jetstream::Context,
     config: kv::Config,
-    store: RwLock<Option<kv::Store>>,
+    /// Behind an `Arc`: a `kv::Store` carries the stream's info, and cloning that for every
+    /// push would cost more than the lookup it serves.
+    store: RwLock<Option<Arc<kv::Store>>>,
 }
 
 impl DeliveryLog {
@@ -81,7 +83,7 @@ impl DeliveryLog {
     }
 
     /// Creates the bucket (or updates its settings) and keeps the handle.
-    pub async fn ensure(&self) -> Result<kv::Store, DeliveryLogError> {
+    pub async fn ensure(&self) -> Result<Arc<kv::Store>, DeliveryLogError> {
         let store = match self
             .js
             .create_or_update_key_value(self.config.clone())
@@ -100,6 +102,7 @@ impl DeliveryLog {
                     .map_err(|e| self.error("create bucket", e))?
             }
         };
+        let store = Arc::new(store);
         if let Ok(mut slot) = self.store.write() {
             *slot = Some(store.clone());
         }
@@ -126,7 +129,7 @@ impl DeliveryLog {
         false
     }
 
-    async fn store(&self) -> Result<kv::Store, DeliveryLogError> {
+    async fn store(&self) -> Result<Arc<kv::Store>, DeliveryLogError> {
         let held = self.store.read().ok().and_then(|s| s.clone());
         match held {
             Some(store) => Ok(store),
