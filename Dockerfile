@@ -33,12 +33,15 @@ COPY dispatcher/Cargo.toml dispatcher/
 COPY pusher/Cargo.toml pusher/
 COPY detector/Cargo.toml detector/
 COPY tests/Cargo.toml tests/
+COPY tests/benches/Cargo.toml tests/benches/
 RUN for c in shared/domain shared/runtime shared/bus shared/webpush shared/source shared/store \
              api dispatcher pusher detector tests; do \
       mkdir -p "$c/src/bin" && echo "fn main() {}" > "$c/src/main.rs" && touch "$c/src/lib.rs"; \
     done \
- && for b in bench_dispatcher bench_pusher bench_detector bench_api bench_pipeline tidings_fakes tidings_demo chaos; do \
-      echo "fn main() {}" > "tests/src/bin/$b.rs"; \
+ && mkdir -p tests/benches/src/bin && touch tests/benches/src/lib.rs \
+ && for b in tidings_fakes tidings_demo; do echo "fn main() {}" > "tests/src/bin/$b.rs"; done \
+ && for b in bench_dispatcher bench_pusher bench_detector bench_api bench_pipeline chaos; do \
+      echo "fn main() {}" > "tests/benches/src/bin/$b.rs"; \
     done \
  && mkdir -p migrations \
  && cargo build --release --locked -p tidings-api -p tidings-dispatcher -p tidings-pusher -p tidings-detector \

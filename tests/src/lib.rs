@@ -11,7 +11,5 @@ pub mod fake_catalog;
 pub mod fake_push;
 pub mod fixtures;
 pub mod harness;
-pub mod procstat;
-pub mod rng;
 pub mod scenario;
 pub mod services;

@@ -177,16 +177,18 @@ fn the_dockerfile_covers_the_workspace_and_every_service() {
             "the dependency layer does not copy {member}/Cargo.toml"
         );
     }
-    let tests_manifest = std::fs::read_to_string(repo().join("tests/Cargo.toml")).unwrap();
-    for bin in tests_manifest
-        .lines()
-        .filter_map(|l| l.strip_prefix("path = \"src/bin/"))
-        .map(|p| p.trim_end_matches(".rs\""))
-    {
-        assert!(
-            dockerfile.contains(&format!(" {bin}")) || dockerfile.contains(&format!(" {bin};")),
-            "the dependency layer has no stub for tests/src/bin/{bin}.rs"
-        );
+    for crate_dir in ["tests", "tests/benches"] {
+        let manifest = std::fs::read_to_string(repo().join(crate_dir).join("Cargo.toml")).unwrap();
+        for bin in manifest
+            .lines()
+            .filter_map(|l| l.strip_prefix("path = \"src/bin/"))
+            .map(|p| p.trim_end_matches(".rs\""))
+        {
+            assert!(
+                dockerfile.contains(&format!(" {bin}")) || dockerfile.contains(&format!(" {bin};")),
+                "the dependency layer has no stub for {crate_dir}/src/bin/{bin}.rs"
+            );
+        }
     }
     for service in ["api", "dispatcher", "pusher", "detector"] {
         for needle in [

@@ -12,9 +12,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+use tidings_benches::procstat::{cpu_seconds, cpu_seconds_named};
 use tidings_tests::api::ApiClient;
 use tidings_tests::harness::TestDb;
-use tidings_tests::procstat::{cpu_seconds, cpu_seconds_named};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);

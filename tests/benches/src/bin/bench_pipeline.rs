@@ -24,6 +24,10 @@ use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tidings_benches::procstat::{
+    CpuSplit, cpu_seconds, machine_busy_seconds, peak_rss_mib, pids_named,
+};
+use tidings_benches::rng::Rng;
 use tidings_domain::messages::{
     EnqueueRequest, Outcome, PushRequest, PushResult, Subscription, Urgency, VERSION, decode,
     encode, topic_for,
@@ -33,10 +37,6 @@ use tidings_domain::subjects::StreamKind;
 use tidings_domain::{Channel, ItemCode, OutboxId};
 use tidings_tests::fake_catalog::Item;
 use tidings_tests::fake_push::FakePushService;
-use tidings_tests::procstat::{
-    CpuSplit, cpu_seconds, machine_busy_seconds, peak_rss_mib, pids_named,
-};
-use tidings_tests::rng::Rng;
 use tidings_tests::scenario::Scenario;
 use tidings_tests::services::Pipeline;
 use tokio_util::sync::CancellationToken;

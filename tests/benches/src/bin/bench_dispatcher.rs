@@ -7,6 +7,7 @@ use chrono::Utc;
 use futures::StreamExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tidings_benches::procstat::CpuSplit;
 use tidings_bus::publish::{Outgoing, publish_all};
 use tidings_dispatcher::dispatch::Dispatcher;
 use tidings_dispatcher::ingest::Ingest;
@@ -17,7 +18,6 @@ use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
 use tidings_source::HttpSource;
 use tidings_tests::fixtures;
-use tidings_tests::procstat::CpuSplit;
 use tidings_tests::scenario::Scenario;
 use tokio_util::sync::CancellationToken;
 

@@ -23,12 +23,12 @@
 use chrono::Utc;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
+use tidings_benches::rng::Rng;
 use tidings_domain::messages::Subscription;
 use tidings_domain::subjects::StreamKind;
 use tidings_tests::fake_catalog::Item;
 use tidings_tests::fake_push::{Answer, FakePushService, Faults};
 use tidings_tests::harness::PrivateNats;
-use tidings_tests::rng::Rng;
 use tidings_tests::scenario::Scenario;
 use tidings_tests::services::Pipeline;
 

@@ -5,6 +5,7 @@
 use aws_lc_rs::agreement::{self, ECDH_P256, PrivateKey, UnparsedPublicKey};
 use chrono::{Duration as ChronoDuration, Utc};
 use std::time::{Duration, Instant};
+use tidings_benches::procstat::CpuSplit;
 use tidings_bus::publish::{Outgoing, publish_all};
 use tidings_bus::streams::{StreamSettings, ensure_streams};
 use tidings_domain::messages::{Payload, PushRequest, Urgency, VERSION, encode, topic_for};
@@ -14,7 +15,6 @@ use tidings_pusher::Settings;
 use tidings_pusher::worker::Pusher;
 use tidings_tests::fake_push::{CERT_PEM, FakePushService};
 use tidings_tests::harness::{delete_streams, nats, test_subjects};
-use tidings_tests::procstat::CpuSplit;
 use tidings_webpush::endpoint::EndpointPolicy;
 use tidings_webpush::vapid::{VapidKey, VapidSigner};
 use tidings_webpush::webpush::{UaKeys, encrypt};

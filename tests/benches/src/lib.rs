@@ -1,0 +1,10 @@
+//! Benchmark commands and the chaos run: programs that print figures, not tests (the machine is
+//! shared and noisy, so nothing here is timed against a bound). Each runs against the local
+//! stack through `deploy/local/stack bench …` or `deploy/local/stack chaos`, on the harness and
+//! fakes of `tidings-tests`.
+//!
+//! - [`procstat`]: CPU and memory of processes, read from /proc.
+//! - [`rng`]: the seeded sequence that makes two runs meet the same load and faults.
+
+pub mod procstat;
+pub mod rng;
