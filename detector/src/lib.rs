@@ -19,8 +19,7 @@ pub mod watchlist;
 pub use config::{Config, Settings};
 
 use std::time::Duration;
-use tidings_bus::streams::wait_for_streams;
-use tidings_runtime::{ops, startup};
+use tidings_runtime::startup;
 use tidings_source::{HttpSource, SourceConfigError};
 use tokio_util::sync::CancellationToken;
 
@@ -32,12 +31,8 @@ pub enum StartError {
     Source(#[from] SourceConfigError),
     #[error("DATABASE_URL: {0}")]
     DatabaseUrl(#[source] sqlx::Error),
-    #[error("NATS_URL {url}: {source}")]
-    NatsUrl {
-        url: String,
-        #[source]
-        source: async_nats::ConnectError,
-    },
+    #[error(transparent)]
+    NatsUrl(#[from] startup::NatsUrlError),
     #[error(transparent)]
     Scan(#[from] scan::ScanError),
 }
@@ -49,30 +44,18 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
     let settings = config.settings()?;
     let source = HttpSource::new(settings.source.clone())?;
     let pool = tidings_store::postgres(&config.database_url, 4).map_err(StartError::DatabaseUrl)?;
-    let url = &config.nats.nats_url;
-    let nats = startup::nats(url)
-        .await
-        .map_err(|source| StartError::NatsUrl {
-            url: url.clone(),
-            source,
-        })?;
-    let probes = ops::Probes::default()
-        .with_check(tidings_store::readiness(pool.clone()))
-        .with_nats(nats.clone());
-    if !config.once {
-        ops::spawn(config.ops.ops_listen, probes.clone(), shutdown.clone());
-    }
-    let starting = &probes.starting;
-    let ready = async {
-        tidings_store::wait_for_postgres(&pool, starting, &shutdown).await?;
-        let (subjects, streams) = (&settings.subjects, &settings.streams);
-        wait_for_streams(&nats, url, subjects, streams, starting, &shutdown).await
-    };
-    if ready.await.is_none() {
-        tracing::info!("stopped while starting");
+    let url = config.nats.nats_url.clone();
+    let nats = startup::nats(&url).await?;
+    let (subjects, streams) = (settings.subjects.clone(), settings.streams.clone());
+    let dependencies = vec![
+        tidings_store::dependency(pool.clone()),
+        tidings_bus::streams::dependency(nats.clone(), url, subjects, streams),
+    ];
+    // `--once` is a command, not a service: no ops endpoint.
+    let ops = (!config.once).then_some(config.ops.ops_listen);
+    if startup::start(ops, dependencies, &shutdown).await.is_none() {
         return Ok(());
     }
-    starting.done();
     let interval = settings.scan_interval;
     let js = async_nats::jetstream::new(nats);
     let detector = scan::Detector::new(pool, js, source, settings);

@@ -5,7 +5,8 @@
 //! The order matters. A row is marked `sending` (with its attempt, deadline and lease) before its
 //! PushRequest is published, so a crash between the two leaves a `sending` row that the lease
 //! sweeper retries; publishing first could deliver a notification whose row still looks unsent.
-//! If the publish itself fails, the row goes straight back to `retry`.
+//! A publish JetStream does not confirm leaves the row `sending` too: the request may have been
+//! stored all the same, so its result, the delivery log or the sweeper decides.
 
 use async_nats::jetstream;
 use chrono::Utc;
@@ -15,7 +16,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use tidings_bus::publish::{Outgoing, publish_all};
 use tidings_domain::messages::{PushRequest, encode};
-use tidings_domain::outbox::{self, Event, Status};
+use tidings_domain::outbox::Status;
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::{Channel, OutboxId};
 use tidings_runtime::telemetry;
@@ -39,6 +40,8 @@ pub struct DispatchStats {
     pub failed: usize,
     /// Changes that lost their compare-and-set to a concurrent writer.
     pub lost_races: usize,
+    /// Rows left `sending` whose PushRequest JetStream did not confirm.
+    pub unconfirmed: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -203,8 +206,14 @@ impl Dispatcher {
             .collect();
         let (published, failed) = self.publish(to_publish, &traceparents).await;
         stats.published = published;
-        if !failed.is_empty() {
-            stats.retried += self.unsend(failed, &changes).await?;
+        stats.unconfirmed = failed.len();
+        for (id, error) in failed {
+            // A publish without its ack is not a publish that failed: the request may be stored
+            // (the ack was lost when the broker died) or sent on reconnect (the client buffers),
+            // and then pushed. Taking the row back now would re-check and maybe withhold or
+            // resend a notification that arrives all the same. So it stays `sending`: its result,
+            // the delivery log or, failing both, the lease sweeper decides.
+            tracing::warn!(outbox_id = %id, %error, "PushRequest not confirmed by JetStream; the row waits for its result or its lease");
         }
         Ok(stats)
     }
@@ -244,39 +253,6 @@ impl Dispatcher {
             }
         }
         (published, failed)
-    }
-
-    /// Rows marked `sending` whose PushRequest could not be published go back to `retry` now
-    /// rather than waiting for the lease to run out.
-    async fn unsend(
-        &self,
-        failed: Vec<(OutboxId, String)>,
-        written: &[Change],
-    ) -> Result<usize, DispatchError> {
-        let mut changes = Vec::with_capacity(failed.len());
-        for (id, error) in failed {
-            // The `sending` change just written holds the row's counters: no need to re-read it.
-            let Some(sent) = written.iter().find(|c| c.id == id) else {
-                continue;
-            };
-            tracing::warn!(outbox_id = %id, attempt = sent.transition.attempt, %error, "publishing PushRequest failed");
-            let row = outbox::Row {
-                status: Status::Sending,
-                retry_count: sent.transition.retry_count,
-                attempt: sent.transition.attempt,
-            };
-            if let Ok(t) = outbox::apply(row, Event::Transient, self.settings.retry.max_retries) {
-                let mut c = Change::new(id, row, t);
-                c.next_attempt_at =
-                    Some(Utc::now() + self.settings.retry.delay(row.retry_count, None));
-                c.last_error = Some(format!("publishing PushRequest: {error}"));
-                changes.push(c);
-            }
-        }
-        let won = self
-            .write(&changes, "returning unpublished rows to retry")
-            .await?;
-        Ok(won.len())
     }
 
     async fn write(

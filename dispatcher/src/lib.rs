@@ -30,7 +30,7 @@ use sqlx::PgPool;
 use std::sync::Arc;
 use std::time::Duration;
 use tidings_bus::delivered::DeliveryLog;
-use tidings_bus::streams::{StreamError, ensure_streams, wait_for_streams};
+use tidings_bus::streams::{StreamError, ensure_streams};
 use tidings_domain::subjects::StreamKind;
 use tidings_runtime::{ops, startup};
 use tidings_source::{HttpSource, SourceConfigError};
@@ -52,12 +52,8 @@ pub enum StartError {
     Results(#[from] results::ResultsError),
     #[error("DATABASE_URL: {0}")]
     DatabaseUrl(#[source] sqlx::Error),
-    #[error("NATS_URL {url}: {source}")]
-    NatsUrl {
-        url: String,
-        #[source]
-        source: async_nats::ConnectError,
-    },
+    #[error(transparent)]
+    NatsUrl(#[from] startup::NatsUrlError),
 }
 
 /// Runs the dispatcher as its binary does: serves the ops endpoint at once, waits for Postgres
@@ -69,28 +65,19 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
             .unwrap_or(16);
     let pool = tidings_store::postgres(&config.database_url, connections)
         .map_err(StartError::DatabaseUrl)?;
-    let url = &config.nats.nats_url;
-    let nats = startup::nats(url)
+    let url = config.nats.nats_url.clone();
+    let nats = startup::nats(&url).await?;
+    let (subjects, streams) = (settings.subjects.clone(), settings.streams.clone());
+    let dependencies = vec![
+        tidings_store::dependency(pool.clone()),
+        tidings_bus::streams::dependency(nats.clone(), url, subjects, streams),
+    ];
+    if startup::start(Some(config.ops.ops_listen), dependencies, &shutdown)
         .await
-        .map_err(|source| StartError::NatsUrl {
-            url: url.clone(),
-            source,
-        })?;
-    let probes = ops::Probes::default()
-        .with_check(tidings_store::readiness(pool.clone()))
-        .with_nats(nats.clone());
-    ops::spawn(config.ops.ops_listen, probes.clone(), shutdown.clone());
-    let starting = &probes.starting;
-    let ready = async {
-        tidings_store::wait_for_postgres(&pool, starting, &shutdown).await?;
-        let (subjects, streams) = (&settings.subjects, &settings.streams);
-        wait_for_streams(&nats, url, subjects, streams, starting, &shutdown).await
-    };
-    if ready.await.is_none() {
-        tracing::info!("stopped while starting");
+        .is_none()
+    {
         return Ok(());
     }
-    starting.done();
     let js = jetstream::new(nats);
     let subjects = &settings.subjects;
     tokio::spawn(ops::watch_consumers(

@@ -729,6 +729,45 @@ async fn an_expired_lease_whose_delivery_is_on_record_ends_sent_without_its_resu
 }
 
 #[tokio::test]
+async fn an_unconfirmed_publish_leaves_the_row_sending_until_its_outcome_is_known() {
+    let s = Scenario::new().await;
+    let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
+    s.ingested(&w, 1100).await;
+    // JetStream does not confirm the PushRequest (here: its stream is gone; in the chaos run the
+    // broker died after storing it, and the request was pushed all the same).
+    s.js.delete_stream(s.subjects.stream(StreamKind::Push))
+        .await
+        .unwrap();
+    let stats = s.dispatcher().dispatch_once().await.unwrap();
+    assert_eq!((stats.published, stats.unconfirmed), (0, 1));
+    let row = &s.rows(w.watch).await[0];
+    assert_eq!(
+        (row.status.as_str(), row.attempt),
+        ("sending", 1),
+        "not taken back: the request may be out there"
+    );
+
+    // It was delivered after all: once the lease runs out, the delivery log says so.
+    s.delivery_log()
+        .record(
+            row.id,
+            &Delivery {
+                attempt: 1,
+                message_id: None,
+            },
+        )
+        .await
+        .unwrap();
+    s.make_due().await;
+    assert_eq!(s.dispatcher().dispatch_once().await.unwrap().claimed, 0);
+    tokio::time::sleep(s.settings.sending_lease + Duration::from_millis(100)).await;
+    assert_eq!(s.sweep().await.delivered, 1);
+    assert_eq!(s.row(row.id).await.status, "sent");
+    assert_eq!(s.baseline_price(w.watch).await, Some(1100));
+    s.cleanup().await;
+}
+
+#[tokio::test]
 async fn a_sweeper_that_cannot_ask_the_delivery_log_leaves_the_row_sending() {
     let s = Scenario::new().await;
     let w = s.watcher("SKU-1", BELOW_1200, 1100).await;

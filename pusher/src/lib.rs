@@ -17,7 +17,6 @@ pub mod worker;
 pub use config::{Config, Settings};
 
 use std::time::Duration;
-use tidings_bus::streams::wait_for_streams;
 use tidings_domain::subjects::StreamKind;
 use tidings_runtime::{ops, startup};
 use tokio_util::sync::CancellationToken;
@@ -26,12 +25,8 @@ use tokio_util::sync::CancellationToken;
 pub enum StartError {
     #[error("invalid configuration: {0}")]
     Config(#[from] config::ConfigError),
-    #[error("NATS_URL {url}: {source}")]
-    NatsUrl {
-        url: String,
-        #[source]
-        source: async_nats::ConnectError,
-    },
+    #[error(transparent)]
+    NatsUrl(#[from] startup::NatsUrlError),
     #[error(transparent)]
     Pusher(#[from] worker::PusherError),
 }
@@ -40,29 +35,27 @@ pub enum StartError {
 /// (unready, saying why, until it answers), then delivers until `shutdown`.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), StartError> {
     let settings = config.settings()?;
-    let url = &config.nats.nats_url;
-    let nats = startup::nats(url)
-        .await
-        .map_err(|source| StartError::NatsUrl {
-            url: url.clone(),
-            source,
-        })?;
+    let url = config.nats.nats_url.clone();
+    let nats = startup::nats(&url).await?;
     let js = async_nats::jetstream::new(nats.clone());
-    let probes = ops::Probes::default().with_nats(nats.clone());
-    ops::spawn(config.ops.ops_listen, probes.clone(), shutdown.clone());
-    let starting = &probes.starting;
-    let ready = async {
-        let (subjects, streams) = (&settings.subjects, &settings.streams);
-        wait_for_streams(&nats, url, subjects, streams, starting, &shutdown).await?;
-        startup::retry(
-            "NATS: delivery log and consumer",
-            starting,
-            &shutdown,
-            || worker::Pusher::new(js.clone(), settings.clone()),
-        )
-        .await
+    let (subjects, streams) = (settings.subjects.clone(), settings.streams.clone());
+    let dependencies = vec![tidings_bus::streams::dependency(
+        nats, url, subjects, streams,
+    )];
+    let Some(probes) = startup::start(Some(config.ops.ops_listen), dependencies, &shutdown).await
+    else {
+        return Ok(());
     };
-    let Some(pusher) = ready.await else {
+    // The delivery log and the consumer: ready only once they exist too.
+    let starting = &probes.starting;
+    let pusher = startup::retry(
+        "NATS: delivery log and consumer",
+        starting,
+        &shutdown,
+        || worker::Pusher::new(js.clone(), settings.clone()),
+    )
+    .await;
+    let Some(pusher) = pusher else {
         tracing::info!("stopped while starting");
         return Ok(());
     };

@@ -15,8 +15,8 @@ use async_nats::jetstream::{self, stream};
 use std::time::Duration;
 use tidings_domain::duration::parse_duration;
 use tidings_domain::subjects::{InvalidPrefix, StreamKind, Subjects};
-use tidings_runtime::ops::Starting;
-use tidings_runtime::startup;
+use tidings_runtime::ops::{Starting, nats_check};
+use tidings_runtime::startup::{self, Dependency};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Clone, Debug)]
@@ -138,4 +138,22 @@ pub async fn wait_for_streams(
         ensure_streams(&js, subjects, settings)
     })
     .await
+}
+
+/// NATS and the streams as a start-up dependency: ready while connected; start-up waits until
+/// the connection is up and the streams exist.
+pub fn dependency(
+    client: async_nats::Client,
+    url: String,
+    subjects: Subjects,
+    settings: StreamSettings,
+) -> Dependency {
+    Dependency {
+        check: nats_check(client.clone()),
+        wait: Box::new(move |starting, shutdown| {
+            Box::pin(async move {
+                wait_for_streams(&client, &url, &subjects, &settings, &starting, &shutdown).await
+            })
+        }),
+    }
 }

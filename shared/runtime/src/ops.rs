@@ -15,8 +15,8 @@ use tokio_util::sync::CancellationToken;
 /// One readiness check: `Ok` while the dependency answers, else what is wrong.
 pub type Check = Arc<dyn Fn() -> BoxFuture<'static, Result<(), String>> + Send + Sync>;
 
-/// What readiness checks: the dependencies a service added ([`Probes::with_check`],
-/// [`Probes::with_nats`]) and whether start-up is done.
+/// What readiness checks: the dependencies a service added ([`Probes::with_check`]; see
+/// [`crate::startup::start`]) and whether start-up is done.
 #[derive(Clone, Default)]
 pub struct Probes {
     checks: Vec<Check>,
@@ -53,20 +53,6 @@ impl Probes {
         self
     }
 
-    /// Adds the check that the NATS connection is up.
-    pub fn with_nats(self, client: async_nats::Client) -> Self {
-        self.with_check(Arc::new(move || {
-            let connected = client.connection_state() == async_nats::connection::State::Connected;
-            Box::pin(async move {
-                if connected {
-                    Ok(())
-                } else {
-                    Err("NATS is not connected".into())
-                }
-            })
-        }))
-    }
-
     /// `Ok` when start-up is done and every dependency answers; otherwise what is missing.
     pub async fn ready(&self) -> Result<(), String> {
         if let Some(what) = self.starting.current() {
@@ -77,6 +63,20 @@ impl Probes {
         }
         Ok(())
     }
+}
+
+/// The readiness check that a NATS connection is up.
+pub fn nats_check(client: async_nats::Client) -> Check {
+    Arc::new(move || {
+        let connected = client.connection_state() == async_nats::connection::State::Connected;
+        Box::pin(async move {
+            if connected {
+                Ok(())
+            } else {
+                Err("NATS is not connected".into())
+            }
+        })
+    })
 }
 
 pub async fn metrics_text() -> impl IntoResponse {

@@ -3,16 +3,56 @@
 //! A service that exits because NATS or Postgres is not there yet is restarted by Kubernetes
 //! with a growing back-off (CrashLoopBackOff), which adds minutes to an outage that may have
 //! lasted seconds. Instead every service serves `/livez` and `/readyz` first, then connects and
-//! prepares (streams, consumers) with [`retry`] (Postgres: `tidings_store::wait_for_postgres`,
-//! the streams: `tidings_bus::streams::wait_for_streams`): each failure is logged with what is missing and
-//! why, `/readyz` answers 503 with the same text, and the next try comes after a back-off that
+//! prepares (streams, consumers) with [`retry`] — [`start`] does it for the [`Dependency`]s a
+//! service names (`tidings_store::dependency`, `tidings_bus::streams::dependency`): each failure
+//! is logged with what is missing and why, `/readyz` answers 503 with the same text, and the next try comes after a back-off that
 //! doubles up to [`MAX_DELAY`]. SIGTERM ends the wait.
 
-use crate::ops::Starting;
+use crate::ops::{self, Check, Probes, Starting};
+use futures::future::BoxFuture;
 use std::fmt::Display;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+
+/// Something a service needs before it can work (Postgres, NATS and its streams): how
+/// `/readyz` checks it, and how start-up waits for it. `tidings_store::dependency` and
+/// `tidings_bus::streams::dependency` make them.
+pub struct Dependency {
+    pub check: Check,
+    pub wait: Box<dyn FnOnce(Starting, CancellationToken) -> BoxFuture<'static, Option<()>> + Send>,
+}
+
+/// Serves the ops endpoint on `listen` (unless `None`) with a readiness check per dependency,
+/// then waits for each dependency in order. `None` if `shutdown` came first; otherwise the
+/// probes, now answering ready.
+pub async fn start(
+    listen: Option<SocketAddr>,
+    dependencies: Vec<Dependency>,
+    shutdown: &CancellationToken,
+) -> Option<Probes> {
+    let mut probes = Probes::default();
+    let mut waits = Vec::with_capacity(dependencies.len());
+    for d in dependencies {
+        probes = probes.with_check(d.check);
+        waits.push(d.wait);
+    }
+    if let Some(listen) = listen {
+        ops::spawn(listen, probes.clone(), shutdown.clone());
+    }
+    for wait in waits {
+        if wait(probes.starting.clone(), shutdown.clone())
+            .await
+            .is_none()
+        {
+            tracing::info!("stopped while starting");
+            return None;
+        }
+    }
+    probes.starting.done();
+    Some(probes)
+}
 
 pub const FIRST_DELAY: Duration = Duration::from_millis(200);
 pub const MAX_DELAY: Duration = Duration::from_secs(5);
@@ -90,11 +130,24 @@ pub async fn wait_for_nats(
     .await
 }
 
+/// A NATS URL that could not even be tried (malformed, say).
+#[derive(Debug, thiserror::Error)]
+#[error("NATS_URL {url}: {source}")]
+pub struct NatsUrlError {
+    pub url: String,
+    #[source]
+    pub source: async_nats::ConnectError,
+}
+
 /// A NATS client that keeps trying to connect in the background (and reconnects for ever after
-/// that): the caller waits for what it needs with [`retry`].
-pub async fn nats(url: &str) -> Result<async_nats::Client, async_nats::ConnectError> {
+/// that): the caller waits for what it needs with [`start`] or [`retry`].
+pub async fn nats(url: &str) -> Result<async_nats::Client, NatsUrlError> {
     async_nats::ConnectOptions::new()
         .retry_on_initial_connect()
         .connect(url)
         .await
+        .map_err(|source| NatsUrlError {
+            url: url.to_owned(),
+            source,
+        })
 }

@@ -14,7 +14,7 @@ use sqlx::{Connection, PgConnection, PgPool};
 use std::sync::Arc;
 use std::time::Duration;
 use tidings_runtime::ops::{Check, Starting};
-use tidings_runtime::startup;
+use tidings_runtime::startup::{self, Dependency};
 use tokio_util::sync::CancellationToken;
 
 /// A pool that connects on first use, so it can be built before Postgres is up (only a
@@ -54,4 +54,15 @@ pub fn readiness(pool: PgPool) -> Check {
             }
         })
     })
+}
+
+/// Postgres as a start-up dependency: ready while it answers; start-up waits until it accepts a
+/// connection.
+pub fn dependency(pool: PgPool) -> Dependency {
+    Dependency {
+        check: readiness(pool.clone()),
+        wait: Box::new(move |starting, shutdown| {
+            Box::pin(async move { wait_for_postgres(&pool, &starting, &shutdown).await })
+        }),
+    }
 }
