@@ -10,16 +10,14 @@ use futures::StreamExt;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 use tidings_bus::streams::{StreamSettings, ensure_streams};
-use tidings_domain::messages::{
-    Outcome, Payload, PushRequest, PushResult, Subscription, Urgency, VERSION, decode, encode,
-    topic_for,
-};
+use tidings_domain::OutboxId;
+use tidings_domain::messages::{Outcome, PushRequest, PushResult, Subscription, decode};
 use tidings_domain::outbox::FailReason;
 use tidings_domain::subjects::{StreamKind, Subjects};
-use tidings_domain::{Channel, OutboxId};
 use tidings_pusher::Settings;
 use tidings_pusher::worker::{Handled, Pusher};
 use tidings_tests::fake_push::{Answer, FakePushService, pusher_settings};
+use tidings_tests::fixtures;
 use tidings_tests::harness::{delete_streams, nats, test_subjects};
 use tidings_webpush::endpoint::EndpointPolicy;
 
@@ -71,38 +69,11 @@ impl World {
     }
 
     fn request(&self, sub: &Subscription) -> PushRequest {
-        let id = OutboxId::new();
-        PushRequest {
-            v: VERSION,
-            outbox_id: id,
-            attempt: 1,
-            deadline: Utc::now() + ChronoDuration::seconds(30),
-            subscription: sub.clone(),
-            payload: Payload {
-                title: "SKU-1 is below your price".into(),
-                body: "Now 10.50 EUR (your limit: 12.00 EUR).".into(),
-                url: Some("https://shop.example/i/SKU-1".into()),
-                data: serde_json::json!({"item": "SKU-1", "price": 1050}),
-            },
-            ttl: 3600,
-            urgency: Urgency::High,
-            topic: topic_for(id),
-        }
+        fixtures::push_request(sub)
     }
 
     async fn publish(&self, req: &PushRequest, msg_id: &str) {
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert("Nats-Msg-Id", msg_id);
-        self.js
-            .publish_with_headers(
-                self.subjects.subject(StreamKind::Push, Channel::WebPush),
-                headers,
-                encode(req).into(),
-            )
-            .await
-            .unwrap()
-            .await
-            .unwrap();
+        fixtures::publish_push(&self.js, &self.subjects, req, msg_id).await;
     }
 
     /// Every PushResult available now.

@@ -3,9 +3,12 @@
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use tidings_domain::dedup::{dedup_day, parse_time_zone};
-use tidings_domain::messages::{EnqueueRequest, VERSION};
+use tidings_domain::messages::{
+    EnqueueRequest, Payload, PushRequest, Subscription, Urgency, VERSION, encode, topic_for,
+};
+use tidings_domain::subjects::{StreamKind, Subjects};
 use tidings_domain::trigger::{Baseline, Observation, Trigger};
-use tidings_domain::{Channel, DeviceId, SubscriptionId, WatchId};
+use tidings_domain::{Channel, DeviceId, OutboxId, SubscriptionId, WatchId};
 
 pub struct Device {
     pub id: DeviceId,
@@ -124,4 +127,46 @@ pub async fn insert_outbox(pool: &PgPool, req: &EnqueueRequest) -> Result<Insert
     .fetch_one(pool)
     .await?;
     Ok(Inserted::New(id))
+}
+
+/// A PushRequest as the dispatcher publishes it for `sub`: attempt 1, a deadline 30 s away.
+pub fn push_request(sub: &Subscription) -> PushRequest {
+    let id = OutboxId::new();
+    PushRequest {
+        v: VERSION,
+        outbox_id: id,
+        attempt: 1,
+        deadline: Utc::now() + chrono::Duration::seconds(30),
+        subscription: sub.clone(),
+        payload: Payload {
+            title: "SKU-1 is below your price".into(),
+            body: "Now 10.50 EUR (your limit: 12.00 EUR).".into(),
+            url: Some("https://shop.example/i/SKU-1".into()),
+            data: serde_json::json!({"item": "SKU-1", "price": 1050}),
+        },
+        ttl: 3600,
+        urgency: Urgency::High,
+        topic: topic_for(id),
+    }
+}
+
+/// Publishes `req` on the push subject as the dispatcher does, with `msg_id` as its
+/// `Nats-Msg-Id`; panics unless JetStream stores it.
+pub async fn publish_push(
+    js: &async_nats::jetstream::Context,
+    subjects: &Subjects,
+    req: &PushRequest,
+    msg_id: &str,
+) {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Msg-Id", msg_id);
+    js.publish_with_headers(
+        subjects.subject(StreamKind::Push, Channel::WebPush),
+        headers,
+        encode(req).into(),
+    )
+    .await
+    .expect("publish PushRequest")
+    .await
+    .expect("PushRequest stored");
 }

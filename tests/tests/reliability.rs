@@ -13,6 +13,7 @@ use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
 use tidings_pusher::worker::{Handled, Pusher};
 use tidings_tests::fake_push::{Answer, FakePushService, pusher_settings};
+use tidings_tests::fixtures;
 use tidings_tests::harness::{PrivateNats, delete_streams, test_subjects};
 use tidings_tests::scenario::{Scenario, Watcher};
 
@@ -186,48 +187,12 @@ impl Broker {
             .unwrap();
         Broker { nats, js, subjects }
     }
-
-    async fn publish(&self, req: &PushRequest) {
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert("Nats-Msg-Id", req.msg_id().as_str());
-        self.js
-            .publish_with_headers(
-                self.subjects
-                    .subject(StreamKind::Push, tidings_domain::Channel::WebPush),
-                headers,
-                tidings_domain::messages::encode(req).into(),
-            )
-            .await
-            .unwrap()
-            .await
-            .unwrap();
-    }
-}
-
-fn request(sub: &tidings_domain::messages::Subscription) -> PushRequest {
-    let id = tidings_domain::OutboxId::new();
-    PushRequest {
-        v: tidings_domain::messages::VERSION,
-        outbox_id: id,
-        attempt: 1,
-        deadline: chrono::Utc::now() + chrono::Duration::seconds(30),
-        subscription: sub.clone(),
-        payload: tidings_domain::messages::Payload {
-            title: "SKU-1 is below your price".into(),
-            body: "Now 10.50 EUR.".into(),
-            url: None,
-            data: serde_json::json!({}),
-        },
-        ttl: 60,
-        urgency: tidings_domain::messages::Urgency::Normal,
-        topic: tidings_domain::messages::topic_for(id),
-    }
 }
 
 /// Delivers one request as a pusher that dies before its ack would, then lets the redelivery
 /// be handled; returns how the redelivery was handled.
 async fn deliver_then_redeliver(pusher: &Pusher, b: &Broker, req: &PushRequest) -> Vec<Handled> {
-    b.publish(req).await;
+    fixtures::publish_push(&b.js, &b.subjects, req, &req.msg_id()).await;
     let consumer: jetstream::consumer::PullConsumer =
         b.js.get_stream(b.subjects.stream(StreamKind::Push))
             .await
@@ -272,7 +237,7 @@ async fn after_a_broker_restart_a_running_pusher_still_sends_a_redelivered_push_
         assert!(started.elapsed() < Duration::from_secs(10), "no reconnect");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let req = request(&sub);
+    let req = fixtures::push_request(&sub);
     assert_eq!(
         deliver_then_redeliver(&pusher, &b, &req).await,
         [Handled::AlreadyDelivered]
@@ -287,7 +252,7 @@ async fn after_a_broker_restart_a_running_pusher_still_sends_a_redelivered_push_
     b.js.delete_key_value(b.subjects.bucket(tidings_bus::delivered::BUCKET))
         .await
         .unwrap();
-    let req = request(&sub);
+    let req = fixtures::push_request(&sub);
     assert_eq!(
         deliver_then_redeliver(&pusher, &b, &req).await,
         [Handled::AlreadyDelivered]
