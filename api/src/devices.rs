@@ -4,7 +4,7 @@
 use crate::AppState;
 use crate::auth::{Device, new_token};
 use crate::extract::JsonBody;
-use crate::problem::{ApiError, Problem, db};
+use crate::problem::{ApiError, BodyRejected, Problem, Unauthorized, db};
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -104,9 +104,7 @@ pub async fn validate_subscription(
     request_body = CreateDevice,
     responses(
         (status = 201, description = "Device registered; the token is shown only now", body = DeviceCreated),
-        (status = 400, description = "Body is not JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Body is not application/json", body = Problem, content_type = "application/problem+json"),
+        BodyRejected,
         (status = 422, description = "Invalid subscription or time zone", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -155,10 +153,8 @@ pub async fn create_device(
     security(("device_token" = [])),
     responses(
         (status = 200, description = "The new subscription replaced the old one", body = SubscriptionReplaced),
-        (status = 400, description = "Body is not JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or invalid device token", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Body is not application/json", body = Problem, content_type = "application/problem+json"),
+        BodyRejected,
+        Unauthorized,
         (status = 422, description = "Invalid subscription", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -210,7 +206,7 @@ pub async fn replace_subscription(
     security(("device_token" = [])),
     responses(
         (status = 204, description = "Device, its subscription and its watches removed; pending notifications will be dropped"),
-        (status = 401, description = "Missing or invalid device token", body = Problem, content_type = "application/problem+json"),
+        Unauthorized,
     )
 )]
 pub async fn delete_device(

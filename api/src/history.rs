@@ -4,7 +4,7 @@
 use crate::AppState;
 use crate::auth::Device;
 use crate::extract::{ApiQuery, cursor, limit, page};
-use crate::problem::{ApiError, Problem, db};
+use crate::problem::{ApiError, Problem, Unauthorized, db};
 use crate::watches::TriggerSpec;
 use axum::Json;
 use axum::extract::State;
@@ -154,7 +154,7 @@ pub fn status_filter(raw: Option<&str>) -> Result<Option<Status>, ApiError> {
     responses(
         (status = 200, description = "The device's notifications, newest first", body = NotificationList),
         (status = 400, description = "Bad status, cursor or limit", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or invalid device token", body = Problem, content_type = "application/problem+json"),
+        Unauthorized,
     )
 )]
 pub async fn list_notifications(

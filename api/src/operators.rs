@@ -6,7 +6,7 @@ use crate::AppState;
 use crate::auth::Operator;
 use crate::extract::{ApiQuery, cursor, limit, page, resource_id};
 use crate::history::{NOTIFICATION_COLUMNS, Notification, NotificationRow, status_filter};
-use crate::problem::{ApiError, Problem, db};
+use crate::problem::{ApiError, Problem, Unauthorized, db};
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -118,7 +118,7 @@ fn delivery_query(filter: &str) -> String {
     responses(
         (status = 200, description = "Outbox rows, newest first", body = OutboxList),
         (status = 400, description = "Bad filter, cursor or limit", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or invalid operator token", body = Problem, content_type = "application/problem+json"),
+        Unauthorized,
     )
 )]
 pub async fn list_outbox(
@@ -157,7 +157,7 @@ pub async fn list_outbox(
     security(("admin_token" = [])),
     responses(
         (status = 200, description = "The row with its delivery record", body = OutboxRow),
-        (status = 401, description = "Missing or invalid operator token", body = Problem, content_type = "application/problem+json"),
+        Unauthorized,
         (status = 404, description = "No such row", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -198,7 +198,7 @@ pub struct OutboxStats {
     security(("admin_token" = [])),
     responses(
         (status = 200, description = "Counts by state and reason", body = OutboxStats),
-        (status = 401, description = "Missing or invalid operator token", body = Problem, content_type = "application/problem+json"),
+        Unauthorized,
     )
 )]
 pub async fn outbox_stats(
@@ -248,7 +248,7 @@ pub struct Replayed {
     security(("admin_token" = [])),
     responses(
         (status = 201, description = "A new pending row linked to the old one; it goes through the re-check like any other", body = Replayed),
-        (status = 401, description = "Missing or invalid operator token", body = Problem, content_type = "application/problem+json"),
+        Unauthorized,
         (status = 404, description = "No such row", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The row is not failed or dropped, or was already replayed", body = Problem, content_type = "application/problem+json"),
     )

@@ -5,7 +5,7 @@
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
-use utoipa::ToSchema;
+use utoipa::{IntoResponses, ToSchema};
 
 /// An RFC 9457 problem document.
 #[derive(Debug, Serialize, ToSchema)]
@@ -27,6 +27,40 @@ pub struct FieldError {
     pub pointer: String,
     pub detail: String,
 }
+
+/// The answers every route with a JSON body can give before its handler runs, for the OpenAPI
+/// document (a route lists them as `BodyRejected` instead of spelling each one out).
+#[derive(IntoResponses)]
+pub enum BodyRejected {
+    #[response(
+        status = 400,
+        description = "Body is not JSON, or not the expected shape",
+        content_type = "application/problem+json"
+    )]
+    NotJson(Problem),
+    #[response(
+        status = 413,
+        description = "Body too large",
+        content_type = "application/problem+json"
+    )]
+    TooLarge(Problem),
+    #[response(
+        status = 415,
+        description = "Body is not application/json",
+        content_type = "application/problem+json"
+    )]
+    WrongType(Problem),
+}
+
+/// A route's answer to a missing or wrong bearer token (which token, the route's `security`
+/// says: a device's or the operator's).
+#[derive(IntoResponses)]
+#[response(
+    status = 401,
+    description = "Missing or invalid token",
+    content_type = "application/problem+json"
+)]
+pub struct Unauthorized(pub Problem);
 
 /// Everything a handler can fail with.
 #[derive(Debug, thiserror::Error)]

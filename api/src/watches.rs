@@ -8,7 +8,7 @@ use crate::AppState;
 use crate::auth::{Device, DeviceToken};
 use crate::coalesce::{Admission, NewWatch, one_create_statement};
 use crate::extract::{ApiQuery, JsonBody, cursor, limit, page, resource_id};
-use crate::problem::{ApiError, Problem, db};
+use crate::problem::{ApiError, BodyRejected, Problem, Unauthorized, db};
 use aws_lc_rs::digest::{SHA256, digest};
 use axum::Json;
 use axum::extract::{Path, State};
@@ -292,11 +292,10 @@ fn created(watch: &Watch) -> Result<Response, ApiError> {
     security(("device_token" = [])),
     responses(
         (status = 201, description = "Watch created (or, with a replayed Idempotency-Key, the first response; header `Idempotent-Replayed: true`)", body = Watch),
+        BodyRejected,
         (status = 400, description = "Body is not JSON, or a bad Idempotency-Key", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or invalid device token", body = Problem, content_type = "application/problem+json"),
+        Unauthorized,
         (status = 409, description = "Watch limit reached", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Body is not application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid item code, trigger or channel; or an Idempotency-Key reused with a different body", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -405,7 +404,7 @@ pub async fn expire_idempotency_keys(
     responses(
         (status = 200, description = "The device's watches, oldest first", body = WatchList),
         (status = 400, description = "Bad cursor or limit", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or invalid device token", body = Problem, content_type = "application/problem+json"),
+        Unauthorized,
     )
 )]
 pub async fn list_watches(
@@ -439,7 +438,7 @@ pub async fn list_watches(
     security(("device_token" = [])),
     responses(
         (status = 200, description = "The watch", body = Watch),
-        (status = 401, description = "Missing or invalid device token", body = Problem, content_type = "application/problem+json"),
+        Unauthorized,
         (status = 404, description = "No such watch for this device", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -468,11 +467,9 @@ pub async fn get_watch(
     security(("device_token" = [])),
     responses(
         (status = 200, description = "The updated watch", body = Watch),
-        (status = 400, description = "Body is not JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or invalid device token", body = Problem, content_type = "application/problem+json"),
+        BodyRejected,
+        Unauthorized,
         (status = 404, description = "No such watch for this device", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Body is not application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Unknown or invalid field (only `paused` can change)", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -505,7 +502,7 @@ pub async fn update_watch(
     security(("device_token" = [])),
     responses(
         (status = 204, description = "Watch removed; its pending notifications will be dropped"),
-        (status = 401, description = "Missing or invalid device token", body = Problem, content_type = "application/problem+json"),
+        Unauthorized,
         (status = 404, description = "No such watch for this device", body = Problem, content_type = "application/problem+json"),
     )
 )]

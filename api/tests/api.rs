@@ -49,6 +49,10 @@ fn pointer(p: &Value) -> &str {
     p["errors"][0]["pointer"].as_str().unwrap_or("")
 }
 
+fn below(threshold: i64) -> Value {
+    json!({"kind": "price_below", "threshold": threshold})
+}
+
 async fn count(db: &sqlx::PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(db).await.unwrap()
 }
@@ -72,6 +76,16 @@ async fn outbox_row(db: &sqlx::PgPool, device: &str, watch: &str, price: i64) ->
     }
 }
 
+/// Creates a watch for `item` with `triggers`; returns the watch as the api answered it.
+async fn create_watch(api: &ApiServer, token: &str, item: &str, triggers: Value) -> Value {
+    let body = json!({"item_code": item, "triggers": triggers});
+    let r = api
+        .send(Method::POST, "/v1/watches", Some(token), &body)
+        .await;
+    assert_eq!(r.status(), 201, "create {item}");
+    json(r).await
+}
+
 /// Moves a row along legal edges with SQL, as the dispatcher's loops would.
 async fn set_row(db: &sqlx::PgPool, id: Uuid, sql: &str) {
     sqlx::query(&format!("UPDATE outbox SET {sql} WHERE id = $1"))
@@ -88,13 +102,8 @@ async fn history_says_may_have_been_delivered_when_an_attempt_timed_out_before_a
     let (device, token) = api.register().await;
     let mut watches = Vec::new();
     for item in ["SKU-1", "SKU-2", "SKU-3"] {
-        let r = api
-            .req(Method::POST, "/v1/watches", Some(&token))
-            .json(&json!({"item_code": item, "triggers": [{"kind": "price_below", "threshold": 1200}]}))
-            .send()
-            .await
-            .unwrap();
-        watches.push(json(r).await["id"].as_str().unwrap().to_owned());
+        let w = create_watch(&api, &token, item, json!([below(1200)])).await;
+        watches.push(w["id"].as_str().unwrap().to_owned());
     }
     let db = &s.db.pool;
     let sending = "status = 'sending', attempt = 1, lease_until = now(), deadline = now()";
@@ -132,13 +141,7 @@ async fn history_says_may_have_been_delivered_when_an_attempt_timed_out_before_a
     )
     .await;
 
-    let history = json(
-        api.req(Method::GET, "/v1/notifications", Some(&token))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let history = json(api.get("/v1/notifications", Some(&token)).await).await;
     let delivery = |id: Uuid| {
         history["items"]
             .as_array()
@@ -169,13 +172,7 @@ async fn a_client_registers_watches_pauses_reads_history_and_leaves() {
     let s = Scenario::new().await;
     let api = ApiServer::start(s.db.pool.clone(), test_settings()).await;
 
-    let key = json(
-        api.req(Method::GET, "/v1/vapid-public-key", None)
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let key = json(api.get("/v1/vapid-public-key", None).await).await;
     assert_eq!(key["public_key"], VAPID_PUBLIC);
 
     let (device, token) = api.register().await;
@@ -193,11 +190,13 @@ async fn a_client_registers_watches_pauses_reads_history_and_leaves() {
         ("SKU-2", json!({"kind": "price_drop", "percent": 10})),
     ] {
         let r = api
-            .req(Method::POST, "/v1/watches", Some(&token))
-            .json(&json!({"item_code": item, "triggers": [trigger, {"kind": "back_in_stock"}]}))
-            .send()
-            .await
-            .unwrap();
+            .send(
+                Method::POST,
+                "/v1/watches",
+                Some(&token),
+                &json!({"item_code": item, "triggers": [trigger, {"kind": "back_in_stock"}]}),
+            )
+            .await;
         assert_eq!(r.status(), 201);
         let w = json(r).await;
         assert_eq!(w["item_code"], item);
@@ -207,51 +206,31 @@ async fn a_client_registers_watches_pauses_reads_history_and_leaves() {
     }
 
     // Paged listing, oldest first.
-    let page1 = json(
-        api.req(Method::GET, "/v1/watches?limit=1", Some(&token))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let page1 = json(api.get("/v1/watches?limit=1", Some(&token)).await).await;
     assert_eq!(page1["items"][0]["id"], ids[0].as_str());
     let next = page1["next_cursor"].as_str().unwrap();
     let page2 = json(
-        api.req(
-            Method::GET,
-            &format!("/v1/watches?limit=1&cursor={next}"),
-            Some(&token),
-        )
-        .send()
-        .await
-        .unwrap(),
+        api.get(&format!("/v1/watches?limit=1&cursor={next}"), Some(&token))
+            .await,
     )
     .await;
     assert_eq!(page2["items"][0]["id"], ids[1].as_str());
     assert!(page2["next_cursor"].is_null());
 
     let paused = json(
-        api.req(
+        api.send(
             Method::PATCH,
             &format!("/v1/watches/{}", ids[1]),
             Some(&token),
+            &json!({"paused": true}),
         )
-        .json(&json!({"paused": true}))
-        .send()
-        .await
-        .unwrap(),
+        .await,
     )
     .await;
     assert_eq!(paused["paused"], true);
     let read = json(
-        api.req(
-            Method::GET,
-            &format!("/v1/watches/{}", ids[1]),
-            Some(&token),
-        )
-        .send()
-        .await
-        .unwrap(),
+        api.get(&format!("/v1/watches/{}", ids[1]), Some(&token))
+            .await,
     )
     .await;
     assert_eq!(read["paused"], true);
@@ -267,13 +246,7 @@ async fn a_client_registers_watches_pauses_reads_history_and_leaves() {
     .await
     .unwrap();
     let pending = outbox_row(&s.db.pool, &device, &ids[1], 1000).await;
-    let history = json(
-        api.req(Method::GET, "/v1/notifications", Some(&token))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let history = json(api.get("/v1/notifications", Some(&token)).await).await;
     let items = history["items"].as_array().unwrap();
     assert_eq!(items.len(), 2);
     assert_eq!(items[0]["id"], pending.to_string());
@@ -285,14 +258,8 @@ async fn a_client_registers_watches_pauses_reads_history_and_leaves() {
     assert_eq!(items[1]["item_code"], "SKU-1");
     assert_eq!(items[1]["trigger"]["kind"], "price_below");
     let dropped_only = json(
-        api.req(
-            Method::GET,
-            "/v1/notifications?status=dropped",
-            Some(&token),
-        )
-        .send()
-        .await
-        .unwrap(),
+        api.get("/v1/notifications?status=dropped", Some(&token))
+            .await,
     )
     .await;
     assert_eq!(dropped_only["items"].as_array().unwrap().len(), 1);
@@ -300,19 +267,10 @@ async fn a_client_registers_watches_pauses_reads_history_and_leaves() {
     // Leaving: the token stops working, watches and subscription go, the pending row is dropped
     // by the dispatcher's pre-guard.
     let r = api
-        .req(Method::DELETE, "/v1/devices/me", Some(&token))
-        .send()
-        .await
-        .unwrap();
+        .call(Method::DELETE, "/v1/devices/me", Some(&token))
+        .await;
     assert_eq!(r.status(), 204);
-    problem(
-        api.req(Method::GET, "/v1/watches", Some(&token))
-            .send()
-            .await
-            .unwrap(),
-        401,
-    )
-    .await;
+    problem(api.get("/v1/watches", Some(&token)).await, 401).await;
     assert_eq!(
         count(
             &s.db.pool,
@@ -356,11 +314,13 @@ async fn replacing_the_subscription_keeps_exactly_one_active() {
     let api = ApiServer::start(db.pool.clone(), test_settings()).await;
     let (device, token) = api.register().await;
     let r = api
-        .req(Method::PUT, "/v1/devices/me/subscription", Some(&token))
-        .json(&browser_subscription("https://127.0.0.1:9/push/new"))
-        .send()
-        .await
-        .unwrap();
+        .send(
+            Method::PUT,
+            "/v1/devices/me/subscription",
+            Some(&token),
+            &browser_subscription("https://127.0.0.1:9/push/new"),
+        )
+        .await;
     assert_eq!(r.status(), 200);
     let new = json(r).await["subscription_id"]
         .as_str()
@@ -397,67 +357,27 @@ async fn another_devices_watch_answers_404_and_is_not_touched() {
     let api = ApiServer::start(db.pool.clone(), test_settings()).await;
     let (device_a, a) = api.register().await;
     let (_, b) = api.register().await;
-    let w = json(
-        api.req(Method::POST, "/v1/watches", Some(&a))
-            .json(&json!({"item_code": "SKU-1", "triggers": [{"kind": "back_in_stock"}]}))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let w = create_watch(&api, &a, "SKU-1", json!([{"kind": "back_in_stock"}])).await;
     let id = w["id"].as_str().unwrap();
     let path = format!("/v1/watches/{id}");
     outbox_row(&db.pool, &device_a, id, 1000).await;
 
+    problem(api.get(&path, Some(&b)).await, 404).await;
     problem(
-        api.req(Method::GET, &path, Some(&b)).send().await.unwrap(),
+        api.send(Method::PATCH, &path, Some(&b), &json!({"paused": true}))
+            .await,
         404,
     )
     .await;
-    problem(
-        api.req(Method::PATCH, &path, Some(&b))
-            .json(&json!({"paused": true}))
-            .send()
-            .await
-            .unwrap(),
-        404,
-    )
-    .await;
-    problem(
-        api.req(Method::DELETE, &path, Some(&b))
-            .send()
-            .await
-            .unwrap(),
-        404,
-    )
-    .await;
+    problem(api.call(Method::DELETE, &path, Some(&b)).await, 404).await;
     // A malformed id is the same answer as someone else's.
-    problem(
-        api.req(Method::GET, "/v1/watches/not-a-uuid", Some(&b))
-            .send()
-            .await
-            .unwrap(),
-        404,
-    )
-    .await;
-    let b_list = json(
-        api.req(Method::GET, "/v1/watches", Some(&b))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    problem(api.get("/v1/watches/not-a-uuid", Some(&b)).await, 404).await;
+    let b_list = json(api.get("/v1/watches", Some(&b)).await).await;
     assert_eq!(b_list["items"].as_array().unwrap().len(), 0);
-    let b_history = json(
-        api.req(Method::GET, "/v1/notifications", Some(&b))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let b_history = json(api.get("/v1/notifications", Some(&b)).await).await;
     assert_eq!(b_history["items"].as_array().unwrap().len(), 0);
 
-    let still = json(api.req(Method::GET, &path, Some(&a)).send().await.unwrap()).await;
+    let still = json(api.get(&path, Some(&a)).await).await;
     assert_eq!(still["paused"], false);
     assert_eq!(still["updated_at"], w["updated_at"]);
     assert_eq!(
@@ -482,30 +402,12 @@ async fn missing_or_invalid_tokens_get_401() {
     let wrong = format!("{}{last}", &token[..token.len() - 1]);
     assert_ne!(wrong, token);
     for t in [None, Some("garbage"), Some(wrong.as_str())] {
-        let p = problem(
-            api.req(Method::GET, "/v1/watches", t).send().await.unwrap(),
-            401,
-        )
-        .await;
+        let p = problem(api.get("/v1/watches", t).await, 401).await;
         assert_eq!(p["type"], "/problems/unauthorized");
     }
     // A device token is not an operator token, and vice versa.
-    problem(
-        api.req(Method::GET, "/v1/admin/outbox", Some(&token))
-            .send()
-            .await
-            .unwrap(),
-        401,
-    )
-    .await;
-    problem(
-        api.req(Method::GET, "/v1/watches", Some(ADMIN_TOKEN))
-            .send()
-            .await
-            .unwrap(),
-        401,
-    )
-    .await;
+    problem(api.get("/v1/admin/outbox", Some(&token)).await, 401).await;
+    problem(api.get("/v1/watches", Some(ADMIN_TOKEN)).await, 401).await;
     api.stop().await;
 }
 
@@ -582,11 +484,7 @@ async fn every_registration_rule_refuses_bad_input_with_a_problem() {
     ];
     for (body, at, says) in cases {
         let p = problem(
-            api.req(Method::POST, "/v1/devices", None)
-                .json(&body)
-                .send()
-                .await
-                .unwrap(),
+            api.send(Method::POST, "/v1/devices", None, &body).await,
             422,
         )
         .await;
@@ -614,7 +512,6 @@ async fn every_watch_rule_refuses_bad_input_with_a_problem() {
             .json(&body)
             .send()
     };
-    let below = |t: i64| json!({"kind": "price_below", "threshold": t});
     let cases = [
         (
             json!({"item_code": "", "triggers": [below(100)]}),
@@ -715,15 +612,13 @@ async fn every_watch_rule_refuses_bad_input_with_a_problem() {
     )
     .await;
     let p = problem(
-        api.req(
+        api.send(
             Method::PATCH,
             &format!("/v1/watches/{}", ok["id"].as_str().unwrap()),
             Some(&token),
+            &json!({"paused": true, "triggers": []}),
         )
-        .json(&json!({"paused": true, "triggers": []}))
-        .send()
-        .await
-        .unwrap(),
+        .await,
         422,
     )
     .await;
@@ -732,27 +627,10 @@ async fn every_watch_rule_refuses_bad_input_with_a_problem() {
         "{p}"
     );
     // Bad query parameters.
+    problem(api.get("/v1/watches?limit=0", Some(&token)).await, 400).await;
+    problem(api.get("/v1/watches?cursor=zzz", Some(&token)).await, 400).await;
     problem(
-        api.req(Method::GET, "/v1/watches?limit=0", Some(&token))
-            .send()
-            .await
-            .unwrap(),
-        400,
-    )
-    .await;
-    problem(
-        api.req(Method::GET, "/v1/watches?cursor=zzz", Some(&token))
-            .send()
-            .await
-            .unwrap(),
-        400,
-    )
-    .await;
-    problem(
-        api.req(Method::GET, "/v1/notifications?status=lost", Some(&token))
-            .send()
-            .await
-            .unwrap(),
+        api.get("/v1/notifications?status=lost", Some(&token)).await,
         400,
     )
     .await;
@@ -777,14 +655,12 @@ async fn every_watch_rule_refuses_bad_input_with_a_problem() {
     assert_eq!(p["type"], "/problems/watch-limit");
     // Deleting one frees a slot.
     let r = api
-        .req(
+        .call(
             Method::DELETE,
             &format!("/v1/watches/{}", ok["id"].as_str().unwrap()),
             Some(&token),
         )
-        .send()
-        .await
-        .unwrap();
+        .await;
     assert_eq!(r.status(), 204);
     assert_eq!(
         post(json!({"item_code": "SKU-4", "triggers": [below(100)]}))
@@ -860,21 +736,21 @@ async fn a_shared_create_statement_authenticates_each_create_and_keeps_every_lim
     let (b, token_b) = api.register().await;
     let (_, token_gone) = api.register().await;
     assert_eq!(
-        api.req(Method::DELETE, "/v1/devices/me", Some(&token_gone))
-            .send()
+        api.call(Method::DELETE, "/v1/devices/me", Some(&token_gone))
             .await
-            .unwrap()
             .status(),
         204
     );
     // Device A already has one watch: two more fit under the limit of 3.
     assert_eq!(
-        api.req(Method::POST, "/v1/watches", Some(&token_a))
-            .json(&json!({"item_code": "SKU-0", "triggers": [{"kind": "back_in_stock"}]}))
-            .send()
-            .await
-            .unwrap()
-            .status(),
+        api.send(
+            Method::POST,
+            "/v1/watches",
+            Some(&token_a),
+            &json!({"item_code": "SKU-0", "triggers": [{"kind": "back_in_stock"}]})
+        )
+        .await
+        .status(),
         201
     );
     let new = NewWatch {
@@ -1077,14 +953,7 @@ async fn operators_list_count_inspect_and_replay_terminal_rows() {
     let db = TestDb::new().await.unwrap();
     let api = ApiServer::start(db.pool.clone(), test_settings()).await;
     let (device, token) = api.register().await;
-    let w = json(
-        api.req(Method::POST, "/v1/watches", Some(&token))
-            .json(&json!({"item_code": "SKU-1", "triggers": [{"kind": "price_below", "threshold": 1200}]}))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let w = create_watch(&api, &token, "SKU-1", json!([below(1200)])).await;
     let failed = outbox_row(&db.pool, &device, w["id"].as_str().unwrap(), 1100).await;
     sqlx::query(
         "UPDATE outbox SET status = 'failed', reason = 'retries_exhausted', finished_at = now(),
@@ -1098,46 +967,33 @@ async fn operators_list_count_inspect_and_replay_terminal_rows() {
     let admin = Some(ADMIN_TOKEN);
 
     let listed = json(
-        api.req(
-            Method::GET,
+        api.get(
             "/v1/admin/outbox?status=failed&reason=retries_exhausted",
             admin,
         )
-        .send()
-        .await
-        .unwrap(),
+        .await,
     )
     .await;
     assert_eq!(listed["items"][0]["id"], failed.to_string());
     let none = json(
-        api.req(Method::GET, "/v1/admin/outbox?reason=condition_lost", admin)
-            .send()
-            .await
-            .unwrap(),
+        api.get("/v1/admin/outbox?reason=condition_lost", admin)
+            .await,
     )
     .await;
     assert_eq!(none["items"].as_array().unwrap().len(), 0);
 
-    let one = json(
-        api.req(Method::GET, &format!("/v1/admin/outbox/{failed}"), admin)
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let one = json(api.get(&format!("/v1/admin/outbox/{failed}"), admin).await).await;
     assert_eq!(one["attempt"], 5);
     assert_eq!(one["last_error"], "push service answered 503");
     assert_eq!(one["http_status"], 503);
 
     let r = api
-        .req(
+        .call(
             Method::POST,
             &format!("/v1/admin/outbox/{failed}/replay"),
             admin,
         )
-        .send()
-        .await
-        .unwrap();
+        .await;
     assert_eq!(r.status(), 201);
     let replay = json(r).await["id"].as_str().unwrap().to_owned();
     let (status, replay_of): (String, Uuid) =
@@ -1159,50 +1015,38 @@ async fn operators_list_count_inspect_and_replay_terminal_rows() {
         "the terminal row is untouched"
     );
     let again = problem(
-        api.req(
+        api.call(
             Method::POST,
             &format!("/v1/admin/outbox/{failed}/replay"),
             admin,
         )
-        .send()
-        .await
-        .unwrap(),
+        .await,
         409,
     )
     .await;
     assert_eq!(again["type"], "/problems/already-replayed");
     problem(
-        api.req(
+        api.call(
             Method::POST,
             &format!("/v1/admin/outbox/{replay}/replay"),
             admin,
         )
-        .send()
-        .await
-        .unwrap(),
+        .await,
         409,
     )
     .await;
     problem(
-        api.req(
+        api.call(
             Method::POST,
             &format!("/v1/admin/outbox/{}/replay", Uuid::nil()),
             admin,
         )
-        .send()
-        .await
-        .unwrap(),
+        .await,
         404,
     )
     .await;
 
-    let stats = json(
-        api.req(Method::GET, "/v1/admin/outbox/stats", admin)
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let stats = json(api.get("/v1/admin/outbox/stats", admin).await).await;
     let states = stats["states"].as_array().unwrap();
     assert!(
         states.contains(&json!({"status": "failed", "reason": "retries_exhausted", "count": 1})),
@@ -1214,13 +1058,7 @@ async fn operators_list_count_inspect_and_replay_terminal_rows() {
     );
     assert_eq!(stats["due"], 1);
     assert!(stats["oldest_due_age_seconds"].as_f64().unwrap() >= 0.0);
-    let one = json(
-        api.req(Method::GET, &format!("/v1/admin/outbox/{failed}"), admin)
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let one = json(api.get(&format!("/v1/admin/outbox/{failed}"), admin).await).await;
     assert_eq!(one["replays"], json!([replay]));
     api.stop().await;
 }
@@ -1230,34 +1068,13 @@ async fn health_probes_answer() {
     let db = TestDb::new().await.unwrap();
     let api = ApiServer::start(db.pool.clone(), Settings::default()).await;
     for path in ["/livez", "/readyz"] {
-        let r = api.req(Method::GET, path, None).send().await.unwrap();
+        let r = api.get(path, None).await;
         assert_eq!(r.status(), 200, "{path}");
     }
     // Without a configured key the browser gets a clear 503, not an empty key.
-    problem(
-        api.req(Method::GET, "/v1/vapid-public-key", None)
-            .send()
-            .await
-            .unwrap(),
-        503,
-    )
-    .await;
-    problem(
-        api.req(Method::GET, "/v1/admin/outbox", Some(ADMIN_TOKEN))
-            .send()
-            .await
-            .unwrap(),
-        401,
-    )
-    .await;
-    problem(
-        api.req(Method::GET, "/no/such/route", None)
-            .send()
-            .await
-            .unwrap(),
-        404,
-    )
-    .await;
+    problem(api.get("/v1/vapid-public-key", None).await, 503).await;
+    problem(api.get("/v1/admin/outbox", Some(ADMIN_TOKEN)).await, 401).await;
+    problem(api.get("/no/such/route", None).await, 404).await;
     api.stop().await;
 }
 
@@ -1265,13 +1082,7 @@ async fn health_probes_answer() {
 async fn the_openapi_document_is_valid_3_1_and_matches_the_router() {
     let db = TestDb::new().await.unwrap();
     let api = ApiServer::start(db.pool.clone(), test_settings()).await;
-    let doc = json(
-        api.req(Method::GET, "/openapi.json", None)
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let doc = json(api.get("/openapi.json", None).await).await;
     assert_eq!(doc["openapi"], "3.1.0");
 
     let file = std::env::temp_dir().join(format!("tidings-openapi-{}.json", Uuid::new_v4()));

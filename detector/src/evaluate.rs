@@ -72,11 +72,8 @@ mod tests {
 
     fn obs(price: i64, in_stock: bool) -> Observation {
         Observation {
-            price,
-            currency: "EUR".into(),
             in_stock,
-            paused: false,
-            observed_at: Utc::now(),
+            ..Observation::on_sale(price, "EUR", Utc::now())
         }
     }
 

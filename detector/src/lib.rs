@@ -19,6 +19,7 @@ pub mod watchlist;
 pub use config::{Config, Settings};
 
 use std::time::Duration;
+use tidings_bus::streams;
 use tidings_runtime::startup;
 use tidings_source::{HttpSource, SourceConfigError};
 use tokio_util::sync::CancellationToken;
@@ -44,13 +45,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
     let settings = config.settings()?;
     let source = HttpSource::new(settings.source.clone())?;
     let pool = tidings_store::postgres(&config.database_url, 4).map_err(StartError::DatabaseUrl)?;
-    let url = config.nats.nats_url.clone();
-    let nats = startup::nats(&url).await?;
-    let (subjects, streams) = (settings.subjects.clone(), settings.streams.clone());
-    let dependencies = vec![
-        tidings_store::dependency(pool.clone()),
-        tidings_bus::streams::dependency(nats.clone(), url, subjects, streams),
-    ];
+    let (nats, bus) =
+        streams::connect(&config.nats.nats_url, &settings.subjects, &settings.streams).await?;
+    let dependencies = vec![tidings_store::dependency(pool.clone()), bus];
     // `--once` is a command, not a service: no ops endpoint.
     let ops = (!config.once).then_some(config.ops.ops_listen);
     if startup::start(ops, dependencies, &shutdown).await.is_none() {

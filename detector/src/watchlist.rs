@@ -496,13 +496,8 @@ mod tests {
     }
 
     fn obs(price: i64) -> Observation {
-        Observation {
-            price,
-            currency: "EUR".into(),
-            in_stock: true,
-            paused: false,
-            observed_at: Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap(),
-        }
+        let at = Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap();
+        Observation::on_sale(price, "EUR", at)
     }
 
     fn sent(price: i64) -> LastSent {

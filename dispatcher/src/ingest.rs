@@ -11,6 +11,7 @@ use sqlx::PgPool;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
+use tidings_bus::consume::{self, ConsumerError, Durable, Shape};
 use tidings_bus::dlq::dead_letter;
 use tidings_domain::messages::EnqueueRequest;
 use tidings_domain::subjects::StreamKind;
@@ -20,9 +21,13 @@ use tidings_runtime::telemetry;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
-use crate::consume::{self, ConsumerError};
 
 pub const CONSUMER: &str = "dispatcher-ingest";
+
+/// How long an EnqueueRequest may stay unacknowledged before JetStream redelivers it. A batch
+/// commits in well under a second; this only matters when a consumer dies mid-batch. (Results
+/// use `TIDINGS_RESULT_ACK_WAIT`, which the sending lease must cover.)
+pub const ACK_WAIT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct IngestStats {
@@ -58,15 +63,14 @@ impl Ingest {
         settings: Arc<Settings>,
     ) -> Result<Self, IngestError> {
         let max_pending = i64::try_from(settings.ingest_batch * 20).unwrap_or(20_000);
-        let (consumer, purger) = consume::durable(
-            &js,
-            &settings.subjects,
-            StreamKind::Enqueue,
-            CONSUMER,
-            max_pending,
-            consume::INGEST_ACK_WAIT,
-        )
-        .await?;
+        let durable = Durable {
+            name: CONSUMER,
+            kind: StreamKind::Enqueue,
+            filter: None,
+            max_ack_pending: max_pending,
+            ack_wait: ACK_WAIT,
+        };
+        let (consumer, purger) = consume::durable(&js, &settings.subjects, durable).await?;
         Ok(Ingest {
             pool,
             js,
@@ -83,17 +87,14 @@ impl Ingest {
     }
 
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), IngestError> {
-        let consumer = self.consumer.clone();
-        let concurrency = self.settings.consumer_concurrency;
-        consume::run(
-            consumer,
-            &self.purger,
-            self.settings.ingest_batch,
-            concurrency,
-            shutdown,
-            |messages| self.process(messages),
-        )
-        .await?;
+        let this = Arc::new(self);
+        let settings = &this.settings;
+        let shape = Shape::batches(settings.ingest_batch, settings.consumer_concurrency);
+        let handle = |messages| {
+            let this = Arc::clone(&this);
+            async move { this.process(messages).await }
+        };
+        consume::run(&this.consumer, Some(&this.purger), shape, shutdown, handle).await?;
         Ok(())
     }
 

@@ -17,7 +17,6 @@
 pub mod backlog;
 pub mod claim;
 pub mod config;
-pub mod consume;
 pub mod dispatch;
 pub mod ingest;
 pub mod plan;
@@ -30,7 +29,7 @@ use sqlx::PgPool;
 use std::sync::Arc;
 use std::time::Duration;
 use tidings_bus::delivered::DeliveryLog;
-use tidings_bus::streams::{StreamError, ensure_streams};
+use tidings_bus::streams::{self, StreamError, ensure_streams};
 use tidings_domain::subjects::StreamKind;
 use tidings_runtime::{ops, startup};
 use tidings_source::{HttpSource, SourceConfigError};
@@ -65,13 +64,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
             .unwrap_or(16);
     let pool = tidings_store::postgres(&config.database_url, connections)
         .map_err(StartError::DatabaseUrl)?;
-    let url = config.nats.nats_url.clone();
-    let nats = startup::nats(&url).await?;
-    let (subjects, streams) = (settings.subjects.clone(), settings.streams.clone());
-    let dependencies = vec![
-        tidings_store::dependency(pool.clone()),
-        tidings_bus::streams::dependency(nats.clone(), url, subjects, streams),
-    ];
+    let (nats, bus) =
+        streams::connect(&config.nats.nats_url, &settings.subjects, &settings.streams).await?;
+    let dependencies = vec![tidings_store::dependency(pool.clone()), bus];
     if startup::start(Some(config.ops.ops_listen), dependencies, &shutdown)
         .await
         .is_none()

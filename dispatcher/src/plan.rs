@@ -258,13 +258,7 @@ mod tests {
 
     fn priced(price: i64) -> HashMap<ItemCode, Fetched> {
         let code = ItemCode::parse("SKU-1").unwrap_or_else(|e| unreachable!("{e}"));
-        let observation = Observation {
-            price,
-            currency: "EUR".into(),
-            in_stock: true,
-            paused: false,
-            observed_at: Utc::now(),
-        };
+        let observation = Observation::on_sale(price, "EUR", Utc::now());
         HashMap::from([(code, Ok(observation))])
     }
 

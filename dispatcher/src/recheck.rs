@@ -102,13 +102,7 @@ mod tests {
     use tidings_source::SourceError;
 
     fn obs(price: i64) -> Observation {
-        Observation {
-            price,
-            currency: "EUR".into(),
-            in_stock: true,
-            paused: false,
-            observed_at: Utc::now(),
-        }
+        Observation::on_sale(price, "EUR", Utc::now())
     }
 
     fn err(kind: SourceErrorKind) -> Fetched {

@@ -18,6 +18,7 @@ use sqlx::{PgConnection, PgPool};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
+use tidings_bus::consume::{self, ConsumerError, Durable, Shape};
 use tidings_domain::messages::{Outcome, PushResult};
 use tidings_domain::outbox::{self, Event, Row, Status};
 use tidings_domain::push;
@@ -28,10 +29,12 @@ use tidings_runtime::telemetry;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
-use crate::consume::{self, ConsumerError};
 use tidings_store::transition::{self, Change};
 
 pub const CONSUMER: &str = "dispatcher-results";
+
+/// Results per batch: one transaction locks, updates and advances baselines for all of them.
+const BATCH: usize = 1000;
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct ResultStats {
@@ -80,15 +83,14 @@ impl Results {
         js: jetstream::Context,
         settings: Arc<Settings>,
     ) -> Result<Self, ResultsError> {
-        let (consumer, purger) = consume::durable(
-            &js,
-            &settings.subjects,
-            StreamKind::Result,
-            CONSUMER,
-            20_000,
-            settings.result_ack_wait,
-        )
-        .await?;
+        let durable = Durable {
+            name: CONSUMER,
+            kind: StreamKind::Result,
+            filter: None,
+            max_ack_pending: 20_000,
+            ack_wait: settings.result_ack_wait,
+        };
+        let (consumer, purger) = consume::durable(&js, &settings.subjects, durable).await?;
         Ok(Results {
             pool,
             js,
@@ -99,22 +101,18 @@ impl Results {
     }
 
     pub async fn run_once(&self, wait: Duration) -> Result<ResultStats, ResultsError> {
-        let messages = consume::fetch(&self.consumer, 1000, wait).await?;
+        let messages = consume::fetch(&self.consumer, BATCH, wait).await?;
         self.process(messages).await
     }
 
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), ResultsError> {
-        let consumer = self.consumer.clone();
-        let concurrency = self.settings.consumer_concurrency;
-        consume::run(
-            consumer,
-            &self.purger,
-            1000,
-            concurrency,
-            shutdown,
-            |messages| self.process(messages),
-        )
-        .await?;
+        let this = Arc::new(self);
+        let shape = Shape::batches(BATCH, this.settings.consumer_concurrency);
+        let handle = |messages| {
+            let this = Arc::clone(&this);
+            async move { this.process(messages).await }
+        };
+        consume::run(&this.consumer, Some(&this.purger), shape, shutdown, handle).await?;
         Ok(())
     }
 

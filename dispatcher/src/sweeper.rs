@@ -24,7 +24,7 @@ use sqlx::PgPool;
 use std::sync::Arc;
 use tidings_bus::delivered::DeliveryLog;
 use tidings_domain::OutboxId;
-use tidings_domain::messages::{Outcome, PushResult, VERSION};
+use tidings_domain::messages::{Outcome, PushResult};
 use tidings_domain::outbox::{self, Event, Row, Status};
 use tokio_util::sync::CancellationToken;
 
@@ -92,20 +92,12 @@ pub async fn sweep_once(
             Ok(Some(done)) if done.attempt <= row.attempt => {
                 tracing::warn!(outbox_id = %id, attempt = row.attempt, delivered_by = done.attempt, "lease expired; the delivery log says it was delivered");
                 delivered.push(PushResult {
-                    v: VERSION,
-                    outbox_id: id,
-                    attempt: row.attempt,
-                    outcome: Outcome::Delivered,
-                    http_status: None,
-                    retry_after: None,
                     message_id: done.message_id,
                     error: Some(format!(
                         "result lost; attempt {} found in the delivery log",
                         done.attempt
                     )),
-                    latency_ms: 0,
-                    refused: None,
-                    maybe_delivered: false,
+                    ..PushResult::new(id, row.attempt, Outcome::Delivered)
                 });
             }
             Ok(_) => {

@@ -403,7 +403,7 @@ async fn ingest_purges_only_what_was_acked_and_the_duplicate_window_outlives_the
         .consumer(StreamKind::Enqueue, tidings_dispatcher::ingest::CONSUMER)
         .await
         .unwrap();
-    let held = tidings_dispatcher::consume::fetch(&consumer, 3, WAIT)
+    let held = tidings_bus::consume::fetch(&consumer, 3, WAIT)
         .await
         .unwrap();
     assert_eq!(held.len(), 3);
@@ -824,7 +824,7 @@ async fn a_running_dispatcher_picks_up_new_rows_by_itself() {
         "ingested and dispatched without being driven"
     );
     // Ingest purges what it acked from the enqueue stream by itself.
-    let purged_by = Instant::now() + 3 * tidings_dispatcher::consume::PURGE_EVERY;
+    let purged_by = Instant::now() + 3 * tidings_bus::consume::PURGE_EVERY;
     while s.stream_len(StreamKind::Enqueue).await > 0 && Instant::now() < purged_by {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -5,7 +5,7 @@
 use chrono::Utc;
 use std::sync::Arc;
 use std::time::Instant;
-use tidings_domain::messages::{Outcome, PushRequest, PushResult, VERSION};
+use tidings_domain::messages::{Outcome, PushRequest, PushResult};
 use tidings_domain::outbox::FailReason;
 use tidings_webpush::endpoint::{self, EndpointPolicy, GuardedResolver};
 use tidings_webpush::vapid::VapidSigner;
@@ -25,17 +25,8 @@ pub struct Deliverer {
 
 fn result(req: &PushRequest, outcome: Outcome, started: Instant) -> PushResult {
     PushResult {
-        v: VERSION,
-        outbox_id: req.outbox_id,
-        attempt: req.attempt,
-        outcome,
-        http_status: None,
-        retry_after: None,
-        message_id: None,
-        error: None,
         latency_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-        refused: None,
-        maybe_delivered: false,
+        ..PushResult::new(req.outbox_id, req.attempt, outcome)
     }
 }
 

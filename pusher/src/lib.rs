@@ -17,6 +17,7 @@ pub mod worker;
 pub use config::{Config, Settings};
 
 use std::time::Duration;
+use tidings_bus::streams;
 use tidings_domain::subjects::StreamKind;
 use tidings_runtime::{ops, startup};
 use tokio_util::sync::CancellationToken;
@@ -35,13 +36,10 @@ pub enum StartError {
 /// (unready, saying why, until it answers), then delivers until `shutdown`.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), StartError> {
     let settings = config.settings()?;
-    let url = config.nats.nats_url.clone();
-    let nats = startup::nats(&url).await?;
-    let js = async_nats::jetstream::new(nats.clone());
-    let (subjects, streams) = (settings.subjects.clone(), settings.streams.clone());
-    let dependencies = vec![tidings_bus::streams::dependency(
-        nats, url, subjects, streams,
-    )];
+    let (nats, bus) =
+        streams::connect(&config.nats.nats_url, &settings.subjects, &settings.streams).await?;
+    let js = async_nats::jetstream::new(nats);
+    let dependencies = vec![bus];
     let Some(probes) = startup::start(Some(config.ops.ops_listen), dependencies, &shutdown).await
     else {
         return Ok(());

@@ -12,15 +12,15 @@
 //! Shutdown: the loop stops pulling, hands back (NAKs) what it pulled but did not start, so
 //! another pusher sends it at once, and finishes what is in flight.
 
-use async_nats::jetstream::{self, AckKind, consumer::PullConsumer, consumer::pull};
+use async_nats::jetstream::{self, AckKind, consumer::PullConsumer};
 use futures::StreamExt;
 use std::sync::Arc;
 use std::time::Duration;
+use tidings_bus::consume::{self, ConsumerError, Durable, Shape};
 use tidings_bus::delivered::{Delivery, DeliveryLog, DeliveryLogError};
-use tidings_bus::dlq::dead_letter;
 use tidings_bus::streams::ensure_streams;
 use tidings_domain::Channel;
-use tidings_domain::messages::{Outcome, PushRequest, PushResult, VERSION, decode, encode};
+use tidings_domain::messages::{Outcome, PushRequest, PushResult, encode};
 use tidings_domain::subjects::StreamKind;
 use tidings_runtime::metrics::{PushLabels, StatusLabels, metrics, status_class};
 use tidings_runtime::telemetry;
@@ -37,8 +37,8 @@ pub enum PusherError {
     Streams(#[from] tidings_bus::streams::StreamError),
     #[error(transparent)]
     DeliveryLog(#[from] DeliveryLogError),
-    #[error("consumer {CONSUMER}: {0}")]
-    Consumer(String),
+    #[error(transparent)]
+    Consumer(#[from] ConsumerError),
     #[error("HTTP client: {0}")]
     Client(#[from] reqwest::Error),
 }
@@ -72,25 +72,20 @@ impl Pusher {
         ensure_streams(&js, &settings.subjects, &settings.streams).await?;
         let delivered = DeliveryLog::new(js.clone(), &settings.subjects, &settings.streams);
         delivered.ensure().await?;
-        let stream = js
-            .get_stream(settings.subjects.stream(StreamKind::Push))
-            .await
-            .map_err(|e| PusherError::Consumer(e.to_string()))?;
-        // Create or update: a changed ack wait (it follows the HTTP timeout) takes effect.
-        let consumer = stream
-            .create_consumer(pull::Config {
-                durable_name: Some(CONSUMER.to_owned()),
-                ack_policy: jetstream::consumer::AckPolicy::Explicit,
-                ack_wait: settings.ack_wait(),
-                max_ack_pending: i64::try_from(settings.concurrency * 2).unwrap_or(512),
-                max_deliver: -1,
-                filter_subject: settings
+        // Updated on start: a changed ack wait (it follows the HTTP timeout) takes effect.
+        let durable = Durable {
+            name: CONSUMER,
+            kind: StreamKind::Push,
+            filter: Some(
+                settings
                     .subjects
                     .subject(StreamKind::Push, Channel::WebPush),
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| PusherError::Consumer(e.to_string()))?;
+            ),
+            max_ack_pending: i64::try_from(settings.concurrency * 2).unwrap_or(512),
+            ack_wait: settings.ack_wait(),
+        };
+        // The push stream is a work queue: what is acked is gone, nothing to purge.
+        let (consumer, _) = consume::durable(&js, &settings.subjects, durable).await?;
         let deliverer = Deliverer::new(&settings)?;
         Ok(Pusher {
             inner: Arc::new(Inner {
@@ -106,44 +101,17 @@ impl Pusher {
     /// Delivers until `shutdown`, then hands back what was pulled but not started and finishes
     /// (and acks) what is in flight.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), PusherError> {
-        let concurrency = self.inner.settings.concurrency;
-        let permits = Arc::new(tokio::sync::Semaphore::new(concurrency));
-        let mut messages = self
-            .consumer
-            .stream()
-            .max_messages_per_batch(concurrency)
-            .heartbeat(Duration::from_secs(5))
-            .expires(Duration::from_secs(30))
-            .messages()
-            .await
-            .map_err(|e| PusherError::Consumer(e.to_string()))?;
-        let mut tasks = tokio::task::JoinSet::new();
-        loop {
-            // Wait for a free slot first, so no message sits acquired but unstarted.
-            let permit = tokio::select! {
-                _ = shutdown.cancelled() => break,
-                p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
-            };
-            let next = tokio::select! {
-                _ = shutdown.cancelled() => break,
-                next = messages.next() => next,
-            };
-            match next {
-                Some(Ok(msg)) => {
-                    let this = self.clone();
-                    tasks.spawn(async move {
-                        this.handle(msg).await;
-                        drop(permit);
-                    });
+        let shape = Shape::each(self.inner.settings.concurrency);
+        let handle = |messages: Vec<jetstream::Message>| {
+            let this = self.clone();
+            async move {
+                for msg in messages {
+                    this.handle(msg).await;
                 }
-                Some(Err(e)) => tracing::warn!(error = %e, "push consumer hiccup"),
-                None => return Err(PusherError::Consumer("message stream ended".into())),
+                Ok::<(), std::convert::Infallible>(())
             }
-            while tasks.try_join_next().is_some() {}
-        }
-        tidings_bus::pull::hand_back(&mut messages, concurrency * 2).await;
-        drop(messages);
-        while tasks.join_next().await.is_some() {}
+        };
+        consume::run(&self.consumer, None, shape, shutdown, handle).await?;
         Ok(())
     }
 
@@ -170,23 +138,10 @@ impl Pusher {
     /// Everything but the ack: decode, deliver (or recognise a redelivery), record, report.
     pub async fn process(&self, msg: &jetstream::Message) -> Handled {
         let inner = &self.inner;
-        let req: PushRequest = match decode(&msg.payload) {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(subject = %msg.subject, error = %e, "dead-lettering undecodable PushRequest");
-                if let Err(dlq) = dead_letter(
-                    &inner.js,
-                    &inner.settings.subjects,
-                    StreamKind::Push,
-                    msg,
-                    &e.to_string(),
-                )
-                .await
-                {
-                    tracing::error!(error = %dlq, "could not dead-letter PushRequest; it will be redelivered");
-                }
-                return Handled::DeadLettered;
-            }
+        let subjects = &inner.settings.subjects;
+        let decoded = consume::decode_or_dead_letter(&inner.js, subjects, StreamKind::Push, msg);
+        let Some(req): Option<PushRequest> = decoded.await else {
+            return Handled::DeadLettered;
         };
         let incoming = msg
             .headers
@@ -219,18 +174,10 @@ impl Pusher {
         let (result, handled) = match earlier {
             Some(done) => (
                 PushResult {
-                    v: VERSION,
-                    outbox_id: req.outbox_id,
-                    attempt: req.attempt,
-                    outcome: Outcome::Delivered,
-                    http_status: None,
-                    retry_after: None,
                     message_id: done.message_id,
                     error: (done.attempt != req.attempt)
                         .then(|| format!("not sent again: attempt {} was delivered", done.attempt)),
-                    latency_ms: 0,
-                    refused: None,
-                    maybe_delivered: false,
+                    ..PushResult::new(req.outbox_id, req.attempt, Outcome::Delivered)
                 },
                 Handled::AlreadyDelivered,
             ),
@@ -296,7 +243,12 @@ impl Pusher {
             .expires(wait)
             .messages()
             .await
-            .map_err(|e| PusherError::Consumer(e.to_string()))?;
+            .map_err(|e| ConsumerError::Consumer {
+                consumer: CONSUMER.to_owned(),
+                stream: self.consumer.cached_info().stream_name.clone(),
+                detail: e.to_string(),
+            })?;
+        // Each handled as it arrives, as the running loop would: not after the fetch ends.
         let mut handles = Vec::new();
         while let Some(Ok(msg)) = batch.next().await {
             let this = self.clone();

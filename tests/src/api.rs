@@ -3,7 +3,7 @@
 use aws_lc_rs::agreement::{ECDH_P256, PrivateKey};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use reqwest::{Method, RequestBuilder};
+use reqwest::{Method, RequestBuilder, Response};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use tidings_api::Settings;
@@ -94,6 +94,33 @@ impl ApiClient {
             Some(t) => r.bearer_auth(t),
             None => r,
         }
+    }
+
+    /// `GET path`, answered.
+    pub async fn get(&self, path: &str, token: Option<&str>) -> Response {
+        self.call(Method::GET, path, token).await
+    }
+
+    /// A request without a body, answered.
+    pub async fn call(&self, method: Method, path: &str, token: Option<&str>) -> Response {
+        let r = self.req(method.clone(), path, token).send().await;
+        r.unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+    }
+
+    /// A request with a JSON body, answered.
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: &impl serde::Serialize,
+    ) -> Response {
+        let r = self
+            .req(method.clone(), path, token)
+            .json(body)
+            .send()
+            .await;
+        r.unwrap_or_else(|e| panic!("{method} {path}: {e}"))
     }
 
     /// Registers a device with a fresh browser-like subscription; returns (device_id, token).

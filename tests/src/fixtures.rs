@@ -89,13 +89,7 @@ pub fn enqueue_request(
         trigger,
         channel: Channel::WebPush,
         detected_at,
-        detected: Observation {
-            price,
-            currency: "EUR".into(),
-            in_stock: true,
-            paused: false,
-            observed_at: detected_at,
-        },
+        detected: Observation::on_sale(price, "EUR", detected_at),
         baseline: Baseline::default(),
         dedup_day: dedup_day(detected_at, tz),
     }

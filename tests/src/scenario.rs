@@ -16,7 +16,7 @@ use tidings_dispatcher::ingest::Ingest;
 use tidings_dispatcher::results::Results;
 use tidings_dispatcher::sweeper::{self, SweepStats};
 use tidings_domain::messages::{
-    EnqueueRequest, Outcome, PushRequest, PushResult, Subscription, VERSION, decode, encode,
+    EnqueueRequest, Outcome, PushRequest, PushResult, Subscription, decode, encode,
 };
 use tidings_domain::subjects::{StreamKind, Subjects};
 use tidings_domain::trigger::Trigger;
@@ -326,17 +326,9 @@ impl Scenario {
         http_status: Option<u16>,
     ) -> PushResult {
         PushResult {
-            v: VERSION,
-            outbox_id: push.outbox_id,
-            attempt: push.attempt,
-            outcome,
             http_status,
-            retry_after: None,
-            message_id: None,
-            error: None,
             latency_ms: 5,
-            refused: None,
-            maybe_delivered: false,
+            ..PushResult::new(push.outbox_id, push.attempt, outcome)
         }
     }
 

@@ -1,7 +1,9 @@
 //! Tidings over NATS JetStream: the streams and the flags that name them ([`streams`]),
 //! pipelined publishing ([`publish`]), the delivery log ([`delivered`]), dead letters ([`dlq`]),
-//! and leaving a pull consumer without stranding what it pulled ([`pull`]).
+//! the one consume loop every consumer runs ([`consume`]), and leaving a pull consumer without
+//! stranding what it pulled ([`pull`]).
 
+pub mod consume;
 pub mod delivered;
 pub mod dlq;
 pub mod publish;

@@ -16,7 +16,7 @@ use std::time::Duration;
 use tidings_domain::duration::parse_duration;
 use tidings_domain::subjects::{InvalidPrefix, StreamKind, Subjects};
 use tidings_runtime::ops::{Starting, nats_check};
-use tidings_runtime::startup::{self, Dependency};
+use tidings_runtime::startup::{self, Dependency, NatsUrlError};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Clone, Debug)]
@@ -140,20 +140,24 @@ pub async fn wait_for_streams(
     .await
 }
 
-/// NATS and the streams as a start-up dependency: ready while connected; start-up waits until
-/// the connection is up and the streams exist.
-pub fn dependency(
-    client: async_nats::Client,
-    url: String,
-    subjects: Subjects,
-    settings: StreamSettings,
-) -> Dependency {
-    Dependency {
+/// Connects to NATS at `url` (the connection keeps trying in the background until the server
+/// answers) and returns the client with NATS and the streams as a start-up dependency: ready
+/// while connected; start-up waits until the connection is up and the streams exist.
+pub async fn connect(
+    url: &str,
+    subjects: &Subjects,
+    settings: &StreamSettings,
+) -> Result<(async_nats::Client, Dependency), NatsUrlError> {
+    let client = startup::nats(url).await?;
+    let (url, subjects, settings) = (url.to_owned(), subjects.clone(), settings.clone());
+    let waiting = client.clone();
+    let dependency = Dependency {
         check: nats_check(client.clone()),
         wait: Box::new(move |starting, shutdown| {
             Box::pin(async move {
-                wait_for_streams(&client, &url, &subjects, &settings, &starting, &shutdown).await
+                wait_for_streams(&waiting, &url, &subjects, &settings, &starting, &shutdown).await
             })
         }),
-    }
+    };
+    Ok((client, dependency))
 }

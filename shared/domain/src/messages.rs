@@ -250,6 +250,24 @@ pub struct PushResult {
 }
 
 impl PushResult {
+    /// How `attempt` of row `outbox_id` ended, with nothing more known; the pusher and the
+    /// sweeper add what they know (status, message id, error) with `..PushResult::new(..)`.
+    pub fn new(outbox_id: OutboxId, attempt: u32, outcome: Outcome) -> Self {
+        PushResult {
+            v: VERSION,
+            outbox_id,
+            attempt,
+            outcome,
+            http_status: None,
+            retry_after: None,
+            message_id: None,
+            error: None,
+            latency_ms: 0,
+            refused: None,
+            maybe_delivered: false,
+        }
+    }
+
     /// `Nats-Msg-Id`: a redelivered request yields the same result id, which JetStream drops.
     pub fn msg_id(&self) -> String {
         format!("{}:{}:result", self.outbox_id, self.attempt)
@@ -276,13 +294,7 @@ mod tests {
             trigger: Trigger::PriceBelow { threshold: 1200 },
             channel: Channel::WebPush,
             detected_at,
-            detected: Observation {
-                price: 1100,
-                currency: "EUR".into(),
-                in_stock: true,
-                paused: false,
-                observed_at: detected_at,
-            },
+            detected: Observation::on_sale(1100, "EUR", detected_at),
             baseline: Baseline::default(),
             dedup_day: NaiveDate::from_ymd_opt(2026, 12, 1).unwrap(),
         }

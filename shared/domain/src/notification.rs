@@ -74,13 +74,7 @@ mod tests {
     use chrono::Utc;
 
     fn obs(price: i64) -> Observation {
-        Observation {
-            price,
-            currency: "EUR".into(),
-            in_stock: true,
-            paused: false,
-            observed_at: Utc::now(),
-        }
+        Observation::on_sale(price, "EUR", Utc::now())
     }
 
     #[test]

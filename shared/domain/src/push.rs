@@ -81,17 +81,8 @@ mod tests {
 
     fn result(outcome: Outcome, http_status: Option<u16>) -> PushResult {
         PushResult {
-            v: crate::messages::VERSION,
-            outbox_id: crate::OutboxId::new(),
-            attempt: 1,
-            outcome,
             http_status,
-            retry_after: None,
-            message_id: None,
-            error: None,
-            latency_ms: 1,
-            refused: None,
-            maybe_delivered: false,
+            ..PushResult::new(crate::OutboxId::new(), 1, outcome)
         }
     }
 

@@ -108,6 +108,19 @@ pub struct Observation {
     pub observed_at: DateTime<Utc>,
 }
 
+impl Observation {
+    /// An item in stock and not paused, at `price` minor units of `currency`.
+    pub fn on_sale(price: i64, currency: &str, observed_at: DateTime<Utc>) -> Self {
+        Observation {
+            price,
+            currency: currency.to_owned(),
+            in_stock: true,
+            paused: false,
+            observed_at,
+        }
+    }
+}
+
 /// What a source can answer instead of an observation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -251,12 +264,10 @@ mod tests {
     use proptest::prelude::*;
 
     fn obs(price: i64, in_stock: bool) -> Observation {
+        let at = Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap();
         Observation {
-            price,
-            currency: "EUR".into(),
             in_stock,
-            paused: false,
-            observed_at: Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap(),
+            ..Observation::on_sale(price, "EUR", at)
         }
     }
 

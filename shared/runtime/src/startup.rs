@@ -4,7 +4,7 @@
 //! with a growing back-off (CrashLoopBackOff), which adds minutes to an outage that may have
 //! lasted seconds. Instead every service serves `/livez` and `/readyz` first, then connects and
 //! prepares (streams, consumers) with [`retry`] — [`start`] does it for the [`Dependency`]s a
-//! service names (`tidings_store::dependency`, `tidings_bus::streams::dependency`): each failure
+//! service names (`tidings_store::dependency`, `tidings_bus::streams::connect`): each failure
 //! is logged with what is missing and why, `/readyz` answers 503 with the same text, and the next try comes after a back-off that
 //! doubles up to [`MAX_DELAY`]. SIGTERM ends the wait.
 
@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 /// Something a service needs before it can work (Postgres, NATS and its streams): how
 /// `/readyz` checks it, and how start-up waits for it. `tidings_store::dependency` and
-/// `tidings_bus::streams::dependency` make them.
+/// `tidings_bus::streams::connect` make them.
 pub struct Dependency {
     pub check: Check,
     pub wait: Box<dyn FnOnce(Starting, CancellationToken) -> BoxFuture<'static, Option<()>> + Send>,

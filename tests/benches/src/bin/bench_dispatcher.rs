@@ -13,7 +13,7 @@ use tidings_dispatcher::dispatch::Dispatcher;
 use tidings_dispatcher::ingest::Ingest;
 use tidings_dispatcher::results::Results;
 use tidings_domain::Channel;
-use tidings_domain::messages::{Outcome, PushRequest, PushResult, VERSION, decode, encode};
+use tidings_domain::messages::{Outcome, PushRequest, PushResult, decode, encode};
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
 use tidings_source::HttpSource;
@@ -179,17 +179,9 @@ async fn round(rows: usize) -> Round {
         while let Some(Ok(m)) = msgs.next().await {
             let p: PushRequest = decode(&m.payload).expect("push request");
             results.push(PushResult {
-                v: VERSION,
-                outbox_id: p.outbox_id,
-                attempt: p.attempt,
-                outcome: Outcome::Delivered,
                 http_status: Some(201),
-                retry_after: None,
-                message_id: None,
-                error: None,
                 latency_ms: 1,
-                refused: None,
-                maybe_delivered: false,
+                ..PushResult::new(p.outbox_id, p.attempt, Outcome::Delivered)
             });
             let _ = m.ack().await;
         }

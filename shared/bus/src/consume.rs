@@ -1,24 +1,23 @@
-//! The consume loop shared by ingest and results: pull messages in batches from a durable
-//! JetStream consumer, decode them (dead-lettering what cannot be decoded), hand each batch to a
-//! handler, and ack only what the handler has committed.
+//! The one consume loop of every Tidings consumer (the dispatcher's ingest and results, the
+//! pusher): pull messages from a durable JetStream consumer, hand them to a handler in batches
+//! with a bounded number in flight, decode them (dead-lettering what cannot be decoded), and let
+//! the handler ack only what it has committed. On shutdown it hands back what it pulled but did
+//! not start.
 //!
-//! Both streams keep messages by limits (see `tidings_bus::streams`), and the loop purges what
-//! its consumer has acknowledged every [`PURGE_EVERY`], everything below the consumer's ack floor
-//! at once. Below the floor every message has been acked or terminated, by whichever replica
-//! received it, so a purge never removes work that is still to be committed.
+//! The enqueue and result streams keep messages by limits (see [`crate::streams`]), so their
+//! loops purge what the consumer has acknowledged every [`PURGE_EVERY`], everything below the
+//! consumer's ack floor at once. Below the floor every message has been acked or terminated, by
+//! whichever replica received it, so a purge never removes work that is still to be committed.
+//! The push stream is a work queue: JetStream removes what is acked, and its loop has no purger.
 
+use crate::dlq::dead_letter;
+use crate::pull::hand_back;
 use async_nats::jetstream::{self, AckKind, consumer::PullConsumer, consumer::pull};
 use futures::StreamExt;
 use std::time::Duration;
-use tidings_bus::dlq::dead_letter;
 use tidings_domain::messages::{Message, decode};
 use tidings_domain::subjects::{StreamKind, Subjects};
 use tokio_util::sync::CancellationToken;
-
-/// How long an EnqueueRequest may stay unacknowledged before JetStream redelivers it. A batch
-/// commits in well under a second; this only matters when a consumer dies mid-batch. (Results
-/// use `TIDINGS_RESULT_ACK_WAIT`, which the sending lease must cover.)
-pub const INGEST_ACK_WAIT: Duration = Duration::from_secs(30);
 
 /// Delay before a batch that failed to commit (e.g. Postgres unavailable) is redelivered.
 pub const RETRY_DELAY: Duration = Duration::from_secs(2);
@@ -88,17 +87,27 @@ impl Purger {
     }
 }
 
-/// Creates (or binds to, updating its settings) the durable pull consumer `name` on the stream
-/// of `kind`, and the purger of what it acknowledges. Every replica binds to the same consumer,
-/// so JetStream spreads messages across them.
+/// A durable pull consumer: its name, the stream it reads, which subjects of it, and how much it
+/// may hold unacknowledged, for how long.
+#[derive(Clone, Debug)]
+pub struct Durable {
+    pub name: &'static str,
+    pub kind: StreamKind,
+    /// `None`: every subject of the stream.
+    pub filter: Option<String>,
+    pub max_ack_pending: i64,
+    pub ack_wait: Duration,
+}
+
+/// Creates (or binds to, updating its settings) the durable pull consumer `d` on its stream,
+/// and the purger of what it acknowledges. Every replica binds to the same consumer, so
+/// JetStream spreads messages across them.
 pub async fn durable(
     js: &jetstream::Context,
     subjects: &Subjects,
-    kind: StreamKind,
-    name: &str,
-    max_ack_pending: i64,
-    ack_wait: Duration,
+    d: Durable,
 ) -> Result<(PullConsumer, Purger), ConsumerError> {
+    let (name, kind) = (d.name, d.kind);
     let stream_name = subjects.stream(kind);
     let stream = js
         .get_stream(&stream_name)
@@ -112,12 +121,12 @@ pub async fn durable(
         .create_consumer(pull::Config {
             durable_name: Some(name.to_owned()),
             ack_policy: jetstream::consumer::AckPolicy::Explicit,
-            ack_wait,
-            max_ack_pending,
+            ack_wait: d.ack_wait,
+            max_ack_pending: d.max_ack_pending,
             // Never give up on a message: what cannot be decoded is dead-lettered explicitly,
             // and everything else must eventually be committed.
             max_deliver: -1,
-            filter_subject: subjects.all(kind),
+            filter_subject: d.filter.unwrap_or_else(|| subjects.all(kind)),
             ..Default::default()
         })
         .await
@@ -133,6 +142,26 @@ pub async fn durable(
     Ok((consumer, purger))
 }
 
+/// Decodes a message; one that cannot be decoded is dead-lettered (and so acknowledged) and
+/// `None` returned. If dead-lettering fails too, the message is left for redelivery.
+pub async fn decode_or_dead_letter<M: Message>(
+    js: &jetstream::Context,
+    subjects: &Subjects,
+    kind: StreamKind,
+    msg: &jetstream::Message,
+) -> Option<M> {
+    match decode::<M>(&msg.payload) {
+        Ok(m) => Some(m),
+        Err(e) => {
+            tracing::warn!(subject = %msg.subject, error = %e, "dead-lettering undecodable message");
+            if let Err(dlq) = dead_letter(js, subjects, kind, msg, &e.to_string()).await {
+                tracing::error!(subject = %msg.subject, error = %dlq, "could not dead-letter message; it will be redelivered");
+            }
+            None
+        }
+    }
+}
+
 /// Decodes each message; those that fail are dead-lettered and left out.
 pub async fn decode_batch<M: Message>(
     js: &jetstream::Context,
@@ -142,14 +171,8 @@ pub async fn decode_batch<M: Message>(
 ) -> Vec<(jetstream::Message, M)> {
     let mut decoded = Vec::with_capacity(messages.len());
     for msg in messages {
-        match decode::<M>(&msg.payload) {
-            Ok(m) => decoded.push((msg, m)),
-            Err(e) => {
-                tracing::warn!(subject = %msg.subject, error = %e, "dead-lettering undecodable message");
-                if let Err(dlq) = dead_letter(js, subjects, kind, &msg, &e.to_string()).await {
-                    tracing::error!(subject = %msg.subject, error = %dlq, "could not dead-letter message; it will be redelivered");
-                }
-            }
+        if let Some(m) = decode_or_dead_letter(js, subjects, kind, &msg).await {
+            decoded.push((msg, m));
         }
     }
     decoded
@@ -177,24 +200,60 @@ pub async fn nak_all<'a>(messages: impl IntoIterator<Item = &'a jetstream::Messa
 /// costs are paid once per batch; at light load it adds at most this much latency.
 pub const LINGER: Duration = Duration::from_millis(5);
 
-/// Feeds batches of up to `batch` messages to `handle` until `shutdown`, with up to `concurrency`
-/// batches in flight (so JetStream delivery, decoding and Postgres overlap), while `purger`
-/// removes what was acked. On shutdown it stops pulling, hands back what it pulled but did not
-/// start (so another replica takes it at once), and finishes the batches in flight, acked by
-/// their handler, before it returns. A batch the handler fails on is logged; the handler has already nak'ed it for
-/// redelivery.
+/// How a loop takes its messages.
+#[derive(Clone, Copy, Debug)]
+pub struct Shape {
+    /// Messages asked for per pull request.
+    pub pull: usize,
+    /// Messages per handler call; a partial batch waits up to `linger` for more.
+    pub batch: usize,
+    pub linger: Duration,
+    /// Handler calls in flight, each its own task (so they use every core).
+    pub concurrency: usize,
+}
+
+impl Shape {
+    /// Batches of `batch` for a handler that commits many messages in one statement.
+    pub fn batches(batch: usize, concurrency: usize) -> Self {
+        Shape {
+            pull: batch,
+            batch,
+            linger: LINGER,
+            concurrency,
+        }
+    }
+
+    /// One message per handler call, `concurrency` at a time, for a handler that waits on
+    /// something slow per message (an HTTP exchange).
+    pub fn each(concurrency: usize) -> Self {
+        Shape {
+            pull: concurrency,
+            batch: 1,
+            linger: Duration::ZERO,
+            concurrency,
+        }
+    }
+}
+
+/// Feeds `consumer`'s messages to `handle` in batches of `shape` until `shutdown`, with up to
+/// `shape.concurrency` handler calls in flight (so JetStream delivery, decoding and the work
+/// overlap), while `purger`, if any, removes what was acked. A message is pulled from the
+/// subscription only when a handler slot is free, so none sits taken but unstarted. On shutdown
+/// it stops pulling, hands back what it pulled but did not start (so another replica takes it at
+/// once), and waits for the calls in flight, acked by their handler, before it returns. A call
+/// that fails is logged; the handler has already nak'ed its messages for redelivery.
 pub async fn run<F, Fut, T, E>(
-    consumer: PullConsumer,
-    purger: &Purger,
-    batch: usize,
-    concurrency: usize,
+    consumer: &PullConsumer,
+    purger: Option<&Purger>,
+    shape: Shape,
     shutdown: CancellationToken,
-    handle: F,
+    mut handle: F,
 ) -> Result<(), ConsumerError>
 where
-    F: Fn(Vec<jetstream::Message>) -> Fut,
-    Fut: std::future::Future<Output = Result<T, E>>,
-    E: std::fmt::Display,
+    F: FnMut(Vec<jetstream::Message>) -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>> + Send + 'static,
+    T: Send + 'static,
+    E: std::fmt::Display + Send + 'static,
 {
     let name = consumer.cached_info().name.clone();
     let stream_name = consumer.cached_info().stream_name.clone();
@@ -203,35 +262,47 @@ where
         stream: stream_name.clone(),
         detail,
     };
+    let batch = shape.batch.max(1);
     let messages = consumer
         .stream()
-        .max_messages_per_batch(batch)
+        .max_messages_per_batch(shape.pull.max(1))
         .heartbeat(Duration::from_secs(5))
         .expires(Duration::from_secs(30))
         .messages()
         .await
         .map_err(|e| err(e.to_string()))?;
     let mut chunks = messages.ready_chunks(batch);
-    let mut in_flight = futures::stream::FuturesUnordered::new();
+    let mut in_flight = tokio::task::JoinSet::new();
     let mut result = Ok(());
     // Never finishes; it ends with this loop, also when the loop ends in an error.
-    let purging = purger.run();
+    let purging = async {
+        match purger {
+            Some(p) => p.run().await,
+            None => std::future::pending().await,
+        }
+    };
     tokio::pin!(purging);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
             () = &mut purging => {}
-            Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
-            next = chunks.next(), if in_flight.len() < concurrency.max(1) => {
+            Some(joined) = in_flight.join_next(), if !in_flight.is_empty() => {
+                if let Err(e) = joined {
+                    tracing::error!(consumer = %name, error = %e, "batch handler panicked; its messages will be redelivered");
+                }
+            }
+            next = chunks.next(), if in_flight.len() < shape.concurrency.max(1) => {
                 let Some(mut chunk) = next else {
                     result = Err(err("message stream ended".into()));
                     break;
                 };
-                let deadline = tokio::time::Instant::now() + LINGER;
-                while chunk.len() < batch {
-                    match tokio::time::timeout_at(deadline, chunks.next()).await {
-                        Ok(Some(more)) => chunk.extend(more),
-                        _ => break,
+                if chunk.len() < batch && !shape.linger.is_zero() {
+                    let deadline = tokio::time::Instant::now() + shape.linger;
+                    while chunk.len() < batch {
+                        match tokio::time::timeout_at(deadline, chunks.next()).await {
+                            Ok(Some(more)) => chunk.extend(more),
+                            _ => break,
+                        }
                     }
                 }
                 let mut ok = Vec::with_capacity(chunk.len());
@@ -245,7 +316,7 @@ where
                 if !ok.is_empty() {
                     let consumer = name.clone();
                     let work = handle(ok);
-                    in_flight.push(async move {
+                    in_flight.spawn(async move {
                         if let Err(e) = work.await {
                             tracing::error!(consumer = %consumer, error = %e, "batch failed; it will be redelivered");
                         }
@@ -255,9 +326,9 @@ where
         }
     }
     let mut pulled = chunks.into_inner();
-    tidings_bus::pull::hand_back(&mut pulled, batch * 2).await;
+    hand_back(&mut pulled, shape.pull.max(batch) * 2).await;
     drop(pulled);
-    while in_flight.next().await.is_some() {}
+    while in_flight.join_next().await.is_some() {}
     result
 }
 
