@@ -6,19 +6,18 @@
 //! belongs to another device), is dead-lettered and terminated; it never blocks the stream.
 //! Acked messages are purged from the stream by the consume loop (`consume::Purger`).
 
-use async_nats::jetstream::{self, consumer::PullConsumer};
+use async_nats::jetstream;
 use sqlx::PgPool;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tidings_bus::consume::{self, ConsumerError, Durable, Shape};
+use tidings_bus::consume::{self, Consumer, ConsumerError, Durable, Shape};
 use tidings_bus::dlq::dead_letter;
 use tidings_domain::messages::EnqueueRequest;
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::{DeviceId, OutboxId, WatchId};
 use tidings_runtime::metrics::ResultLabels;
 use tidings_runtime::telemetry;
-use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
 
@@ -52,8 +51,7 @@ pub struct Ingest {
     pool: PgPool,
     js: jetstream::Context,
     settings: Arc<Settings>,
-    consumer: PullConsumer,
-    purger: consume::Purger,
+    consumer: Consumer,
 }
 
 impl Ingest {
@@ -69,46 +67,44 @@ impl Ingest {
             filter: None,
             max_ack_pending: max_pending,
             ack_wait: ACK_WAIT,
+            shape: Shape::batches(settings.ingest_batch, settings.consumer_concurrency),
         };
-        let (consumer, purger) = consume::durable(&js, &settings.subjects, durable).await?;
+        let consumer = Consumer::durable(&js, &settings.subjects, durable).await?;
         Ok(Ingest {
             pool,
             js,
             settings,
             consumer,
-            purger,
         })
     }
 
-    /// Ingests whatever is available now (waiting at most `wait` for the first message).
-    pub async fn run_once(&self, wait: Duration) -> Result<IngestStats, IngestError> {
-        let messages = consume::fetch(&self.consumer, self.settings.ingest_batch, wait).await?;
-        self.process(messages).await
+    async fn watch_owners(
+        &self,
+        decoded: &[(jetstream::Message, EnqueueRequest)],
+    ) -> Result<HashMap<WatchId, DeviceId>, sqlx::Error> {
+        let mut ids: Vec<WatchId> = decoded.iter().map(|(_, r)| r.watch_id).collect();
+        ids.sort();
+        ids.dedup();
+        let rows: Vec<(WatchId, DeviceId)> =
+            sqlx::query_as("SELECT id, device_id FROM watches WHERE id = ANY($1)")
+                .bind(ids)
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(rows.into_iter().collect())
     }
+}
 
-    pub async fn run(self, shutdown: CancellationToken) -> Result<(), IngestError> {
-        let this = Arc::new(self);
-        let settings = &this.settings;
-        let shape = Shape::batches(settings.ingest_batch, settings.consumer_concurrency);
-        let handle = |messages| {
-            let this = Arc::clone(&this);
-            async move { this.process(messages).await }
-        };
-        consume::run(&this.consumer, Some(&this.purger), shape, shutdown, handle).await?;
-        Ok(())
-    }
+impl consume::Handler for Ingest {
+    type Done = IngestStats;
+    type Error = IngestError;
 
-    /// What purges the stream (the running loop does it every `consume::PURGE_EVERY`).
-    pub fn purger(&self) -> &consume::Purger {
-        &self.purger
+    fn consumer(&self) -> &Consumer {
+        &self.consumer
     }
 
     /// Decodes, validates and inserts one batch, then acks it. On a database error the batch is
     /// nak'ed for redelivery and the error returned.
-    pub async fn process(
-        &self,
-        messages: Vec<jetstream::Message>,
-    ) -> Result<IngestStats, IngestError> {
+    async fn handle(&self, messages: Vec<jetstream::Message>) -> Result<IngestStats, IngestError> {
         let subjects = &self.settings.subjects;
         let total = messages.len();
         let decoded = consume::decode_batch::<EnqueueRequest>(
@@ -220,21 +216,6 @@ impl Ingest {
                 })
             }
         }
-    }
-
-    async fn watch_owners(
-        &self,
-        decoded: &[(jetstream::Message, EnqueueRequest)],
-    ) -> Result<HashMap<WatchId, DeviceId>, sqlx::Error> {
-        let mut ids: Vec<WatchId> = decoded.iter().map(|(_, r)| r.watch_id).collect();
-        ids.sort();
-        ids.dedup();
-        let rows: Vec<(WatchId, DeviceId)> =
-            sqlx::query_as("SELECT id, device_id FROM watches WHERE id = ANY($1)")
-                .bind(ids)
-                .fetch_all(&self.pool)
-                .await?;
-        Ok(rows.into_iter().collect())
     }
 }
 

@@ -28,6 +28,7 @@ use async_nats::jetstream;
 use sqlx::PgPool;
 use std::sync::Arc;
 use std::time::Duration;
+use tidings_bus::consume::Handler as _;
 use tidings_bus::delivered::DeliveryLog;
 use tidings_bus::streams::{self, StreamError, ensure_streams};
 use tidings_domain::subjects::StreamKind;

@@ -11,14 +11,14 @@
 //! back to `retry` still ends it `sent`. [`apply_in`] is also how the sweeper applies a delivery
 //! it found in the delivery log.
 
-use async_nats::jetstream::{self, consumer::PullConsumer};
+use async_nats::jetstream;
 use chrono::{DateTime, Utc};
 use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
-use tidings_bus::consume::{self, ConsumerError, Durable, Shape};
+use tidings_bus::consume::{self, Consumer, ConsumerError, Durable, Shape};
 use tidings_domain::messages::{Outcome, PushResult};
 use tidings_domain::outbox::{self, Event, Row, Status};
 use tidings_domain::push;
@@ -26,7 +26,6 @@ use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Observation;
 use tidings_domain::{OutboxId, SubscriptionId, WatchId};
 use tidings_runtime::telemetry;
-use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
 use tidings_store::transition::{self, Change};
@@ -73,8 +72,7 @@ pub struct Results {
     pool: PgPool,
     js: jetstream::Context,
     settings: Arc<Settings>,
-    consumer: PullConsumer,
-    purger: consume::Purger,
+    consumer: Consumer,
 }
 
 impl Results {
@@ -89,42 +87,36 @@ impl Results {
             filter: None,
             max_ack_pending: 20_000,
             ack_wait: settings.result_ack_wait,
+            shape: Shape::batches(BATCH, settings.consumer_concurrency),
         };
-        let (consumer, purger) = consume::durable(&js, &settings.subjects, durable).await?;
+        let consumer = Consumer::durable(&js, &settings.subjects, durable).await?;
         Ok(Results {
             pool,
             js,
             settings,
             consumer,
-            purger,
         })
     }
 
-    pub async fn run_once(&self, wait: Duration) -> Result<ResultStats, ResultsError> {
-        let messages = consume::fetch(&self.consumer, BATCH, wait).await?;
-        self.process(messages).await
+    /// Applies results in one transaction; returns how many changed a row.
+    pub async fn apply(&self, results: &[&PushResult]) -> Result<usize, sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        let applied = apply_in(&mut tx, &self.settings, results).await?;
+        tx.commit().await?;
+        applied.record();
+        Ok(applied.count())
+    }
+}
+
+impl consume::Handler for Results {
+    type Done = ResultStats;
+    type Error = ResultsError;
+
+    fn consumer(&self) -> &Consumer {
+        &self.consumer
     }
 
-    pub async fn run(self, shutdown: CancellationToken) -> Result<(), ResultsError> {
-        let this = Arc::new(self);
-        let shape = Shape::batches(BATCH, this.settings.consumer_concurrency);
-        let handle = |messages| {
-            let this = Arc::clone(&this);
-            async move { this.process(messages).await }
-        };
-        consume::run(&this.consumer, Some(&this.purger), shape, shutdown, handle).await?;
-        Ok(())
-    }
-
-    /// What purges the stream (the running loop does it every `consume::PURGE_EVERY`).
-    pub fn purger(&self) -> &consume::Purger {
-        &self.purger
-    }
-
-    pub async fn process(
-        &self,
-        messages: Vec<jetstream::Message>,
-    ) -> Result<ResultStats, ResultsError> {
+    async fn handle(&self, messages: Vec<jetstream::Message>) -> Result<ResultStats, ResultsError> {
         let total = messages.len();
         let decoded = consume::decode_batch::<PushResult>(
             &self.js,
@@ -178,15 +170,6 @@ impl Results {
                 })
             }
         }
-    }
-
-    /// Applies results in one transaction; returns how many changed a row.
-    pub async fn apply(&self, results: &[&PushResult]) -> Result<usize, sqlx::Error> {
-        let mut tx = self.pool.begin().await?;
-        let applied = apply_in(&mut tx, &self.settings, results).await?;
-        tx.commit().await?;
-        applied.record();
-        Ok(applied.count())
     }
 }
 

@@ -8,6 +8,7 @@
 use chrono::{Duration as ChronoDuration, Utc};
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
+use tidings_bus::consume::Handler as _;
 use tidings_bus::delivered::{Delivery, DeliveryLog};
 use tidings_dispatcher::ingest::IngestStats;
 use tidings_dispatcher::sweeper;
@@ -290,7 +291,7 @@ async fn results_are_applied_once_and_move_the_baseline_only_on_sent() {
 
     // All three results were acked, so a purge takes them (acks are not awaited: poll briefly).
     let deadline = Instant::now() + Duration::from_secs(2);
-    while results.purger().purge_acked(0).await.unwrap() < 4 && Instant::now() < deadline {
+    while results.consumer().purge_acked(0).await.unwrap() < 4 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(s.stream_len(StreamKind::Result).await, 0);
@@ -379,7 +380,7 @@ async fn a_malformed_enqueue_message_is_dead_lettered_and_the_next_valid_one_ing
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(ingest.run_once(WAIT).await.unwrap(), IngestStats::default());
     // Terminated messages count as done: the purge takes them with the committed one.
-    assert_eq!(ingest.purger().purge_acked(0).await.unwrap(), 4);
+    assert_eq!(ingest.consumer().purge_acked(0).await.unwrap(), 4);
     assert_eq!(s.stream_len(StreamKind::Enqueue).await, 0);
     s.cleanup().await;
 }
@@ -410,7 +411,7 @@ async fn ingest_purges_only_what_was_acked_and_the_duplicate_window_outlives_the
     held[0].double_ack().await.unwrap();
     held[2].double_ack().await.unwrap();
     assert_eq!(
-        ingest.purger().purge_acked(0).await.unwrap(),
+        ingest.consumer().purge_acked(0).await.unwrap(),
         2,
         "purged below seq 2"
     );
@@ -421,10 +422,10 @@ async fn ingest_purges_only_what_was_acked_and_the_duplicate_window_outlives_the
     );
 
     held[1].double_ack().await.unwrap();
-    assert_eq!(ingest.purger().purge_acked(2).await.unwrap(), 4);
+    assert_eq!(ingest.consumer().purge_acked(2).await.unwrap(), 4);
     assert_eq!(s.stream_len(StreamKind::Enqueue).await, 0);
     assert_eq!(
-        ingest.purger().purge_acked(4).await.unwrap(),
+        ingest.consumer().purge_acked(4).await.unwrap(),
         4,
         "nothing more to do"
     );

@@ -17,6 +17,7 @@ pub mod worker;
 pub use config::{Config, Settings};
 
 use std::time::Duration;
+use tidings_bus::consume::Handler as _;
 use tidings_bus::streams;
 use tidings_domain::subjects::StreamKind;
 use tidings_runtime::{ops, startup};

@@ -12,11 +12,11 @@
 //! Shutdown: the loop stops pulling, hands back (NAKs) what it pulled but did not start, so
 //! another pusher sends it at once, and finishes what is in flight.
 
-use async_nats::jetstream::{self, AckKind, consumer::PullConsumer};
+use async_nats::jetstream::{self, AckKind};
 use futures::StreamExt;
 use std::sync::Arc;
 use std::time::Duration;
-use tidings_bus::consume::{self, ConsumerError, Durable, Shape};
+use tidings_bus::consume::{self, Consumer, ConsumerError, Durable, Shape};
 use tidings_bus::delivered::{Delivery, DeliveryLog, DeliveryLogError};
 use tidings_bus::streams::ensure_streams;
 use tidings_domain::Channel;
@@ -24,7 +24,6 @@ use tidings_domain::messages::{Outcome, PushRequest, PushResult, encode};
 use tidings_domain::subjects::StreamKind;
 use tidings_runtime::metrics::{PushLabels, StatusLabels, metrics, status_class};
 use tidings_runtime::telemetry;
-use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
 use crate::deliver::Deliverer;
@@ -64,7 +63,7 @@ struct Inner {
 #[derive(Clone)]
 pub struct Pusher {
     inner: Arc<Inner>,
-    consumer: PullConsumer,
+    consumer: Arc<Consumer>,
 }
 
 impl Pusher {
@@ -83,9 +82,9 @@ impl Pusher {
             ),
             max_ack_pending: i64::try_from(settings.concurrency * 2).unwrap_or(512),
             ack_wait: settings.ack_wait(),
+            shape: Shape::each(settings.concurrency),
         };
-        // The push stream is a work queue: what is acked is gone, nothing to purge.
-        let (consumer, _) = consume::durable(&js, &settings.subjects, durable).await?;
+        let consumer = Arc::new(Consumer::durable(&js, &settings.subjects, durable).await?);
         let deliverer = Deliverer::new(&settings)?;
         Ok(Pusher {
             inner: Arc::new(Inner {
@@ -96,23 +95,6 @@ impl Pusher {
             }),
             consumer,
         })
-    }
-
-    /// Delivers until `shutdown`, then hands back what was pulled but not started and finishes
-    /// (and acks) what is in flight.
-    pub async fn run(self, shutdown: CancellationToken) -> Result<(), PusherError> {
-        let shape = Shape::each(self.inner.settings.concurrency);
-        let handle = |messages: Vec<jetstream::Message>| {
-            let this = self.clone();
-            async move {
-                for msg in messages {
-                    this.handle(msg).await;
-                }
-                Ok::<(), std::convert::Infallible>(())
-            }
-        };
-        consume::run(&self.consumer, None, shape, shutdown, handle).await?;
-        Ok(())
     }
 
     /// Handles one message: [`Pusher::process`], then ack (or nak for redelivery if the result
@@ -236,8 +218,8 @@ impl Pusher {
 
     /// One batch of whatever is available now, handled concurrently (tests).
     pub async fn run_once(&self, wait: Duration) -> Result<Vec<Handled>, PusherError> {
-        let mut batch = self
-            .consumer
+        let pull = self.consumer.pull();
+        let mut batch = pull
             .fetch()
             .max_messages(self.inner.settings.concurrency)
             .expires(wait)
@@ -245,7 +227,7 @@ impl Pusher {
             .await
             .map_err(|e| ConsumerError::Consumer {
                 consumer: CONSUMER.to_owned(),
-                stream: self.consumer.cached_info().stream_name.clone(),
+                stream: pull.cached_info().stream_name.clone(),
                 detail: e.to_string(),
             })?;
         // Each handled as it arrives, as the running loop would: not after the fetch ends.
@@ -261,6 +243,25 @@ impl Pusher {
             }
         }
         Ok(out)
+    }
+}
+
+/// The running loop ([`consume::Handler::run`]: deliver until shutdown, then hand back what was
+/// pulled but not started and finish what is in flight) hands the pusher one message per call,
+/// `concurrency` at a time.
+impl consume::Handler for Pusher {
+    type Done = ();
+    type Error = PusherError;
+
+    fn consumer(&self) -> &Consumer {
+        &self.consumer
+    }
+
+    async fn handle(&self, messages: Vec<jetstream::Message>) -> Result<(), Self::Error> {
+        for msg in messages {
+            Pusher::handle(self, msg).await;
+        }
+        Ok(())
     }
 }
 

@@ -9,6 +9,7 @@ use chrono::{Duration as ChronoDuration, Utc};
 use futures::StreamExt;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
+use tidings_bus::consume::Handler as _;
 use tidings_bus::streams::{StreamSettings, ensure_streams};
 use tidings_domain::OutboxId;
 use tidings_domain::messages::{Outcome, PushRequest, PushResult, Subscription, decode};

@@ -8,6 +8,7 @@ use futures::StreamExt;
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
+use tidings_bus::consume::Handler as _;
 use tidings_bus::delivered::DeliveryLog;
 use tidings_bus::streams::{StreamSettings, ensure_streams};
 use tidings_dispatcher::Settings;

@@ -6,6 +6,7 @@ use async_nats::jetstream::{self, AckKind};
 use futures::StreamExt;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
+use tidings_bus::consume::Handler as _;
 use tidings_bus::streams::ensure_streams;
 use tidings_dispatcher::results;
 use tidings_domain::messages::{Outcome, PushRequest};

@@ -12,8 +12,10 @@
 
 use crate::dlq::dead_letter;
 use crate::pull::hand_back;
-use async_nats::jetstream::{self, AckKind, consumer::PullConsumer, consumer::pull};
+use async_nats::jetstream::{self, AckKind, consumer::PullConsumer, consumer::pull, stream};
 use futures::StreamExt;
+use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 use tidings_domain::messages::{Message, decode};
 use tidings_domain::subjects::{StreamKind, Subjects};
@@ -40,7 +42,7 @@ pub enum ConsumerError {
     Purge { stream: String, detail: String },
 }
 
-/// Purges a stream below the ack floor of its durable consumer; made by [`durable`].
+/// Purges a stream below the ack floor of its durable consumer; made by [`Consumer::durable`].
 pub struct Purger {
     consumer: PullConsumer,
     stream: jetstream::stream::Stream,
@@ -97,16 +99,118 @@ pub struct Durable {
     pub filter: Option<String>,
     pub max_ack_pending: i64,
     pub ack_wait: Duration,
+    /// How the running loop takes its messages.
+    pub shape: Shape,
 }
 
-/// Creates (or binds to, updating its settings) the durable pull consumer `d` on its stream,
-/// and the purger of what it acknowledges. Every replica binds to the same consumer, so
-/// JetStream spreads messages across them.
-pub async fn durable(
+/// A durable pull consumer, with the purger of what it acknowledges when its stream keeps
+/// messages by limits (a work queue removes them itself).
+pub struct Consumer {
+    pull: PullConsumer,
+    purger: Option<Purger>,
+    shape: Shape,
+}
+
+/// What a consumer does with its messages: a batch at a time, acking (or nak'ing) each message
+/// itself once its work is committed (or failed). [`Handler::run`] is the service's loop,
+/// [`Handler::run_once`] one step of it for tests and benchmarks.
+pub trait Handler: Send + Sync + Sized + 'static {
+    type Done: Send + 'static;
+    type Error: std::fmt::Display + From<ConsumerError> + Send + 'static;
+
+    fn consumer(&self) -> &Consumer;
+
+    fn handle(
+        &self,
+        messages: Vec<jetstream::Message>,
+    ) -> impl Future<Output = Result<Self::Done, Self::Error>> + Send;
+
+    /// Handles whatever is available now (waiting at most `wait` for it) as one batch.
+    fn run_once(&self, wait: Duration) -> impl Future<Output = Result<Self::Done, Self::Error>> {
+        async move {
+            let messages = self.consumer().fetch(wait).await?;
+            self.handle(messages).await
+        }
+    }
+
+    /// Handles messages until `shutdown`; see [`Consumer::run`].
+    fn run(self, shutdown: CancellationToken) -> impl Future<Output = Result<(), Self::Error>> {
+        async move {
+            let this = Arc::new(self);
+            this.consumer().run(Arc::clone(&this), shutdown).await?;
+            Ok(())
+        }
+    }
+}
+
+impl Consumer {
+    /// Creates (or binds to, updating its settings) the durable pull consumer `d` on its
+    /// stream. Every replica binds to the same consumer, so JetStream spreads messages across
+    /// them.
+    pub async fn durable(
+        js: &jetstream::Context,
+        subjects: &Subjects,
+        d: Durable,
+    ) -> Result<Self, ConsumerError> {
+        let shape = d.shape;
+        let (pull, stream) = durable(js, subjects, d).await?;
+        let limits = stream.cached_info().config.retention == stream::RetentionPolicy::Limits;
+        let purger = limits.then(|| Purger {
+            consumer: pull.clone(),
+            stream,
+        });
+        Ok(Consumer {
+            pull,
+            purger,
+            shape,
+        })
+    }
+
+    /// The JetStream consumer itself.
+    pub fn pull(&self) -> &PullConsumer {
+        &self.pull
+    }
+
+    /// Purges what was acknowledged, as the running loop does every [`PURGE_EVERY`] (a work
+    /// queue needs none: `purged_below` is returned).
+    pub async fn purge_acked(&self, purged_below: u64) -> Result<u64, ConsumerError> {
+        match &self.purger {
+            Some(p) => p.purge_acked(purged_below).await,
+            None => Ok(purged_below),
+        }
+    }
+
+    /// One batch of whatever is available now (waiting at most `wait`), for step-by-step tests.
+    pub async fn fetch(&self, wait: Duration) -> Result<Vec<jetstream::Message>, ConsumerError> {
+        fetch(&self.pull, self.shape.batch, wait).await
+    }
+
+    /// Feeds the messages to `handler` in batches of its shape until `shutdown`, with up to
+    /// `concurrency` calls in flight, each its own task (so JetStream delivery, decoding
+    /// and the work overlap), while the purger, if any, removes what was acked. A message is
+    /// taken from the subscription only when a call can start, so none sits taken but unstarted.
+    /// On shutdown it stops, hands back what it pulled but did not start (so another replica
+    /// takes it at once), and waits for the calls in flight, acked by the handler, before it
+    /// returns. A call that fails is logged; the handler has already nak'ed its messages.
+    pub async fn run<H: Handler>(
+        &self,
+        handler: Arc<H>,
+        shutdown: CancellationToken,
+    ) -> Result<(), ConsumerError> {
+        let handle = |messages| {
+            let handler = Arc::clone(&handler);
+            async move { handler.handle(messages).await }
+        };
+        let purger = self.purger.as_ref();
+        run(&self.pull, purger, self.shape, shutdown, handle).await
+    }
+}
+
+async fn durable(
     js: &jetstream::Context,
     subjects: &Subjects,
     d: Durable,
-) -> Result<(PullConsumer, Purger), ConsumerError> {
+) -> Result<(PullConsumer, jetstream::stream::Stream), ConsumerError> {
     let (name, kind) = (d.name, d.kind);
     let stream_name = subjects.stream(kind);
     let stream = js
@@ -135,11 +239,7 @@ pub async fn durable(
             stream: stream_name,
             detail: e.to_string(),
         })?;
-    let purger = Purger {
-        consumer: consumer.clone(),
-        stream,
-    };
-    Ok((consumer, purger))
+    Ok((consumer, stream))
 }
 
 /// Decodes a message; one that cannot be decoded is dead-lettered (and so acknowledged) and
@@ -235,14 +335,8 @@ impl Shape {
     }
 }
 
-/// Feeds `consumer`'s messages to `handle` in batches of `shape` until `shutdown`, with up to
-/// `shape.concurrency` handler calls in flight (so JetStream delivery, decoding and the work
-/// overlap), while `purger`, if any, removes what was acked. A message is pulled from the
-/// subscription only when a handler slot is free, so none sits taken but unstarted. On shutdown
-/// it stops pulling, hands back what it pulled but did not start (so another replica takes it at
-/// once), and waits for the calls in flight, acked by their handler, before it returns. A call
-/// that fails is logged; the handler has already nak'ed its messages for redelivery.
-pub async fn run<F, Fut, T, E>(
+/// The loop behind [`Consumer::run`].
+async fn run<F, Fut, T, E>(
     consumer: &PullConsumer,
     purger: Option<&Purger>,
     shape: Shape,
@@ -251,7 +345,7 @@ pub async fn run<F, Fut, T, E>(
 ) -> Result<(), ConsumerError>
 where
     F: FnMut(Vec<jetstream::Message>) -> Fut,
-    Fut: std::future::Future<Output = Result<T, E>> + Send + 'static,
+    Fut: Future<Output = Result<T, E>> + Send + 'static,
     T: Send + 'static,
     E: std::fmt::Display + Send + 'static,
 {

@@ -8,6 +8,7 @@ use futures::StreamExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tidings_benches::procstat::CpuSplit;
+use tidings_bus::consume::Handler as _;
 use tidings_bus::publish::{Outgoing, publish_all};
 use tidings_dispatcher::dispatch::Dispatcher;
 use tidings_dispatcher::ingest::Ingest;

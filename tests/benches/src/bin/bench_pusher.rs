@@ -6,6 +6,7 @@ use aws_lc_rs::agreement::{self, ECDH_P256, PrivateKey, UnparsedPublicKey};
 use chrono::{Duration as ChronoDuration, Utc};
 use std::time::{Duration, Instant};
 use tidings_benches::procstat::CpuSplit;
+use tidings_bus::consume::Handler as _;
 use tidings_bus::publish::{Outgoing, publish_all};
 use tidings_bus::streams::{StreamSettings, ensure_streams};
 use tidings_domain::messages::{Payload, PushRequest, Urgency, VERSION, encode, topic_for};
