@@ -50,16 +50,18 @@ pub struct Settings {
     pub create_batch: usize,
 }
 
+/// What the flags give when none is set (no operator token, no VAPID key).
 impl Default for Settings {
     fn default() -> Self {
-        Settings {
-            policy: EndpointPolicy::default(),
-            vapid_public_key: None,
-            admin_token_hash: None,
-            max_watches_per_device: 100,
-            max_triggers_per_watch: 8,
-            max_body_bytes: 16 * 1024,
-            create_batch: 64,
+        let defaults = tidings_runtime::flags::defaults::<config::Config>(&[
+            "--database-url",
+            "postgres://unused",
+        ]);
+        match defaults.map(|c| c.settings()) {
+            Ok(Ok(settings)) => settings,
+            // Unreachable while the defaults parse and are valid, which a test checks.
+            Ok(Err(e)) => panic!("the api flags' defaults are not valid: {e}"),
+            Err(e) => panic!("the api flags' defaults do not parse: {e}"),
         }
     }
 }

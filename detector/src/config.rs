@@ -5,6 +5,7 @@ use tidings_bus::NatsArgs;
 use tidings_bus::streams::StreamSettings;
 use tidings_domain::duration::parse_duration;
 use tidings_domain::subjects::{InvalidPrefix, Subjects};
+use tidings_runtime::flags;
 use tidings_runtime::ops::OpsArgs;
 use tidings_source::SourceArgs;
 use tidings_source::SourceConfig;
@@ -75,19 +76,21 @@ pub struct Settings {
     pub dry_run: bool,
 }
 
+/// The flags without a default, with placeholders, when only the defaults are wanted.
+const REQUIRED: &[&str] = &[
+    "--database-url",
+    "postgres://unused",
+    "--source-url",
+    "http://unused/{item}",
+];
+
 impl Settings {
+    /// Every setting at its flag's default but where things are: for tests and benchmarks.
     pub fn new(subjects: Subjects, source: SourceConfig) -> Self {
-        Settings {
-            subjects,
-            streams: StreamSettings::default(),
-            source,
-            scan_interval: Duration::from_secs(60),
-            page_size: 5000,
-            shard_index: 0,
-            shard_count: 1,
-            memory_capacity: 1_000_000,
-            republish_after: Duration::from_secs(10 * 60),
-            dry_run: false,
+        match flags::defaults::<Config>(REQUIRED) {
+            Ok(config) => config.settings_with(subjects, source),
+            // Unreachable while the defaults parse, which a test checks.
+            Err(e) => panic!("the detector flags' defaults do not parse: {e}"),
         }
     }
 
@@ -112,22 +115,28 @@ pub fn ordinal(hostname: &str) -> Option<u32> {
 
 impl Config {
     pub fn settings(&self) -> Result<Settings, ConfigError> {
-        let mut s = Settings::new(self.nats.subjects()?, self.source.config());
-        s.streams = self.nats.streams();
-        s.scan_interval = self.scan_interval;
-        s.page_size = self.page_size;
-        s.shard_count = self.shard_count;
-        s.shard_index = if self.shard_from_hostname {
+        let mut s = self.settings_with(self.nats.subjects()?, self.source.config());
+        if self.shard_from_hostname {
             let host = std::env::var("HOSTNAME").unwrap_or_default();
-            ordinal(&host).ok_or(ConfigError::Hostname(host))?
-        } else {
-            self.shard_index
-        };
-        s.memory_capacity = self.memory_capacity;
-        s.republish_after = self.republish_after;
-        s.dry_run = self.dry_run;
+            s.shard_index = ordinal(&host).ok_or(ConfigError::Hostname(host))?;
+        }
         s.validate()?;
         Ok(s)
+    }
+
+    fn settings_with(&self, subjects: Subjects, source: SourceConfig) -> Settings {
+        Settings {
+            subjects,
+            streams: self.nats.streams(),
+            source,
+            scan_interval: self.scan_interval,
+            page_size: self.page_size,
+            shard_index: self.shard_index,
+            shard_count: self.shard_count,
+            memory_capacity: self.memory_capacity,
+            republish_after: self.republish_after,
+            dry_run: self.dry_run,
+        }
     }
 }
 

@@ -6,6 +6,7 @@ use tidings_bus::streams::StreamSettings;
 use tidings_domain::backoff::RetryPolicy;
 use tidings_domain::duration::parse_duration;
 use tidings_domain::subjects::{InvalidPrefix, Subjects};
+use tidings_runtime::flags;
 use tidings_runtime::ops::OpsArgs;
 use tidings_source::SourceArgs;
 use tidings_source::SourceConfig;
@@ -142,29 +143,21 @@ pub struct Settings {
     pub push_backlog_limit: u64,
 }
 
+/// The flags without a default, with placeholders, when only the defaults are wanted.
+const REQUIRED: &[&str] = &[
+    "--database-url",
+    "postgres://unused",
+    "--source-url",
+    "http://unused/{item}",
+];
+
 impl Settings {
-    /// Defaults for everything but where things are.
+    /// Every setting at its flag's default but where things are: for tests and benchmarks.
     pub fn new(subjects: Subjects, source: SourceConfig) -> Self {
-        Settings {
-            subjects,
-            streams: StreamSettings::default(),
-            source,
-            item_page_url: None,
-            ingest_batch: 1000,
-            consumer_concurrency: 4,
-            claim_batch: 500,
-            claim_lease: Duration::from_secs(30),
-            dispatch_workers: 2,
-            poll_interval: Duration::from_millis(50),
-            retry: RetryPolicy::default(),
-            push_deadline: Duration::from_secs(5),
-            push_http_timeout: Duration::from_secs(10),
-            result_ack_wait: Duration::from_secs(10),
-            sending_lease: Duration::from_secs(60),
-            lease_margin: LEASE_MARGIN,
-            sweep_interval: Duration::from_secs(5),
-            push_ttl: Duration::from_secs(3600),
-            push_backlog_limit: 2000,
+        match flags::defaults::<Config>(REQUIRED) {
+            Ok(config) => config.settings_with(subjects, source),
+            // Unreachable while the defaults parse, which a test checks.
+            Err(e) => panic!("the dispatcher flags' defaults do not parse: {e}"),
         }
     }
 
@@ -220,10 +213,16 @@ impl Settings {
 
 impl Config {
     pub fn settings(&self) -> Result<Settings, ConfigError> {
-        let s = Settings {
-            subjects: self.nats.subjects()?,
+        let s = self.settings_with(self.nats.subjects()?, self.source.config());
+        s.validate()?;
+        Ok(s)
+    }
+
+    fn settings_with(&self, subjects: Subjects, source: SourceConfig) -> Settings {
+        Settings {
+            subjects,
             streams: self.nats.streams(),
-            source: self.source.config(),
+            source,
             item_page_url: self.item_page_url.clone(),
             ingest_batch: self.ingest_batch,
             consumer_concurrency: self.consumer_concurrency,
@@ -231,11 +230,7 @@ impl Config {
             claim_lease: self.claim_lease,
             dispatch_workers: self.dispatch_workers,
             poll_interval: self.poll_interval,
-            retry: RetryPolicy {
-                max_retries: self.max_retries,
-                base: self.retry_base,
-                ..RetryPolicy::default()
-            },
+            retry: RetryPolicy::new(self.retry_base, self.max_retries),
             push_deadline: self.push_deadline,
             push_http_timeout: self.push_http_timeout,
             result_ack_wait: self.result_ack_wait,
@@ -244,9 +239,7 @@ impl Config {
             sweep_interval: self.sweep_interval,
             push_ttl: self.push_ttl,
             push_backlog_limit: self.push_backlog_limit,
-        };
-        s.validate()?;
-        Ok(s)
+        }
     }
 }
 

@@ -8,6 +8,7 @@ use tidings_bus::NatsArgs;
 use tidings_bus::streams::StreamSettings;
 use tidings_domain::duration::parse_duration;
 use tidings_domain::subjects::{InvalidPrefix, Subjects};
+use tidings_runtime::flags;
 use tidings_runtime::ops::OpsArgs;
 use tidings_webpush::EndpointArgs;
 use tidings_webpush::endpoint::EndpointPolicy;
@@ -80,16 +81,14 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// Every setting at its flag's default but where things are and the key: for tests and
+    /// benchmarks.
     pub fn new(subjects: Subjects, vapid: VapidSigner) -> Self {
-        Settings {
-            subjects,
-            streams: StreamSettings::default(),
-            vapid: Arc::new(vapid),
-            concurrency: 256,
-            http_timeout: Duration::from_secs(10),
-            connect_timeout: Duration::from_secs(3),
-            policy: EndpointPolicy::default(),
-            extra_roots: Vec::new(),
+        let required = ["--vapid-subject", "mailto:unused@example.com"];
+        match flags::defaults::<Config>(&required) {
+            Ok(config) => config.settings_with(subjects, vapid, Vec::new()),
+            // Unreachable while the defaults parse, which a test checks.
+            Err(e) => panic!("the pusher flags' defaults do not parse: {e}"),
         }
     }
 
@@ -124,14 +123,25 @@ impl Config {
             reqwest::Certificate::from_pem(&pem).map_err(|e| ConfigError::Ca(e.to_string()))?;
             extra_roots.push(pem);
         }
-        let mut s = Settings::new(self.nats.subjects()?, signer);
-        s.streams = self.nats.streams();
-        s.concurrency = self.concurrency;
-        s.http_timeout = self.http_timeout;
-        s.connect_timeout = self.connect_timeout;
-        s.policy = self.endpoints.policy();
-        s.extra_roots = extra_roots;
-        Ok(s)
+        Ok(self.settings_with(self.nats.subjects()?, signer, extra_roots))
+    }
+
+    fn settings_with(
+        &self,
+        subjects: Subjects,
+        vapid: VapidSigner,
+        extra_roots: Vec<Vec<u8>>,
+    ) -> Settings {
+        Settings {
+            subjects,
+            streams: self.nats.streams(),
+            vapid: Arc::new(vapid),
+            concurrency: self.concurrency,
+            http_timeout: self.http_timeout,
+            connect_timeout: self.connect_timeout,
+            policy: self.endpoints.policy(),
+            extra_roots,
+        }
     }
 }
 

@@ -15,6 +15,7 @@ use async_nats::jetstream::{self, stream};
 use std::time::Duration;
 use tidings_domain::duration::parse_duration;
 use tidings_domain::subjects::{InvalidPrefix, StreamKind, Subjects};
+use tidings_runtime::flags;
 use tidings_runtime::ops::{Starting, nats_check};
 use tidings_runtime::startup::{self, Dependency, NatsUrlError};
 use tokio_util::sync::CancellationToken;
@@ -33,14 +34,13 @@ pub struct StreamSettings {
     pub delivery_log_ttl: Duration,
 }
 
+/// What the flags give when none is set.
 impl Default for StreamSettings {
     fn default() -> Self {
-        StreamSettings {
-            replicas: 1,
-            duplicate_window: Duration::from_secs(2 * 60 * 60),
-            max_age: Duration::from_secs(7 * 24 * 60 * 60),
-            dlq_max_age: Duration::from_secs(14 * 24 * 60 * 60),
-            delivery_log_ttl: Duration::from_secs(10 * 60),
+        match flags::defaults::<NatsArgs>(&[]) {
+            Ok(args) => args.streams(),
+            // Unreachable while the defaults parse, which a test checks.
+            Err(e) => panic!("the NATS flags' defaults do not parse: {e}"),
         }
     }
 }
@@ -117,8 +117,10 @@ impl NatsArgs {
     pub fn streams(&self) -> StreamSettings {
         StreamSettings {
             replicas: self.stream_replicas,
+            duplicate_window: Duration::from_secs(2 * 60 * 60),
+            max_age: Duration::from_secs(7 * 24 * 60 * 60),
+            dlq_max_age: Duration::from_secs(14 * 24 * 60 * 60),
             delivery_log_ttl: self.delivery_log_ttl,
-            ..StreamSettings::default()
         }
     }
 }

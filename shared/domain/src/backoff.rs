@@ -15,19 +15,19 @@ pub struct RetryPolicy {
     pub max_retries: u32,
 }
 
-impl Default for RetryPolicy {
-    fn default() -> Self {
+impl RetryPolicy {
+    /// Retries from `base` (the dispatcher's TIDINGS_RETRY_BASE) up to `max_retries`
+    /// (TIDINGS_MAX_RETRIES), with the fixed cap, jitter and Retry-After clamp.
+    pub fn new(base: Duration, max_retries: u32) -> Self {
         RetryPolicy {
-            base: Duration::from_secs(30),
+            base,
             max_delay: Duration::from_secs(30 * 60),
             jitter: 0.10,
             max_retry_after: Duration::from_secs(60 * 60),
-            max_retries: 8,
+            max_retries,
         }
     }
-}
 
-impl RetryPolicy {
     /// The un-jittered delay before retry number `retry_count + 1`.
     pub fn backoff(&self, retry_count: u32) -> Duration {
         let factor = 2u32.saturating_pow(retry_count.min(31));

@@ -3,6 +3,7 @@
 //! registry ([`metrics`]), the ops endpoint (`/livez`, `/readyz`, `/metrics`: [`ops`]), start-up
 //! that waits for its dependencies ([`startup`]) and shutdown on a signal ([`signals`]).
 
+pub mod flags;
 pub mod metrics;
 pub mod ops;
 pub mod signals;

@@ -23,6 +23,7 @@ use std::time::Duration;
 use tidings_domain::duration::parse_duration;
 use tidings_domain::item::ItemCode;
 use tidings_domain::trigger::{Observation, SourceErrorKind};
+use tidings_runtime::flags;
 use tokio::sync::Semaphore;
 
 #[derive(Clone, Debug)]
@@ -40,14 +41,13 @@ pub struct SourceConfig {
 }
 
 impl SourceConfig {
+    /// The source at `item_url`, everything else at its flag's default.
     pub fn new(item_url: impl Into<String>) -> Self {
-        SourceConfig {
-            item_url: item_url.into(),
-            batch_url: None,
-            timeout: Duration::from_secs(5),
-            connect_timeout: Duration::from_secs(2),
-            max_concurrency_per_host: 16,
-            batch_size: 100,
+        let item_url = item_url.into();
+        match flags::defaults::<SourceArgs>(&["--source-url", &item_url]) {
+            Ok(args) => args.config(),
+            // Unreachable while the defaults parse, which a test checks.
+            Err(e) => panic!("the source flags' defaults do not parse: {e}"),
         }
     }
 }
@@ -322,12 +322,14 @@ pub struct SourceArgs {
 
 impl SourceArgs {
     pub fn config(&self) -> SourceConfig {
-        let mut source = SourceConfig::new(self.source_url.clone());
-        source.batch_url = self.source_batch_url.clone();
-        source.timeout = self.source_timeout;
-        source.max_concurrency_per_host = self.source_concurrency;
-        source.batch_size = self.source_batch_size;
-        source
+        SourceConfig {
+            item_url: self.source_url.clone(),
+            batch_url: self.source_batch_url.clone(),
+            timeout: self.source_timeout,
+            connect_timeout: Duration::from_secs(2),
+            max_concurrency_per_host: self.source_concurrency,
+            batch_size: self.source_batch_size,
+        }
     }
 }
 
