@@ -6,7 +6,7 @@
 //! token is compared as SHA-256 digests in constant time.
 
 use crate::AppState;
-use crate::problem::{ApiError, db};
+use crate::problem::ApiError;
 use aws_lc_rs::digest::{SHA256, digest};
 use axum::extract::FromRequestParts;
 use axum::http::header;
@@ -14,6 +14,7 @@ use axum::http::request::Parts;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use tidings_domain::DeviceId;
+use tidings_store::db;
 
 pub const TOKEN_BYTES: usize = 32;
 

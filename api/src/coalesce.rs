@@ -13,13 +13,14 @@
 //! id order, so two statements cannot deadlock) and counts from the locked, latest row; the
 //! one-create statement increments the counter only while it is under the limit.
 
-use crate::problem::{ApiError, db};
+use crate::problem::ApiError;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use sqlx::types::Json as SqlJson;
 use std::sync::Arc;
 use tidings_domain::trigger::Trigger;
 use tidings_domain::{Channel, DeviceId, ItemCode, WatchId};
+use tidings_store::db;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 /// A validated create, ready to insert.
@@ -116,9 +117,9 @@ impl CreateQueue {
     ) -> Result<Admission, ApiError> {
         let create = Create::new(token_hash, id, new);
         let Some(tx) = &self.tx else {
-            return insert_one(&self.pool, self.max_watches, &create)
+            return Ok(insert_one(&self.pool, self.max_watches, &create)
                 .await
-                .map_err(db("creating a watch"));
+                .map_err(db("creating a watch"))?);
         };
         let (reply, answer) = oneshot::channel();
         let gone = || ApiError::Internal(format!("watch {id}: the create queue has stopped"));
@@ -194,7 +195,7 @@ async fn run(pool: &PgPool, max_watches: i32, creates: Vec<Pending>) {
     for (create, reply) in batch.iter().zip(replies) {
         let result = insert_one(pool, max_watches, create)
             .await
-            .map_err(db("creating a watch"));
+            .map_err(|e| ApiError::from(db("creating a watch")(e)));
         let _ = reply.send(result);
     }
 }

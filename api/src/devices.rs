@@ -4,13 +4,14 @@
 use crate::AppState;
 use crate::auth::{Device, new_token};
 use crate::extract::JsonBody;
-use crate::problem::{ApiError, BodyRejected, Problem, Unauthorized, db};
+use crate::problem::{ApiError, BodyRejected, Problem, Unauthorized};
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use tidings_domain::dedup::parse_time_zone;
 use tidings_domain::{DeviceId, SubscriptionId};
+use tidings_store::db;
 use tidings_webpush::endpoint::{EndpointPolicy, check};
 use tidings_webpush::webpush::{KeyError, UaKeys};
 use utoipa::ToSchema;

@@ -4,7 +4,7 @@
 use crate::AppState;
 use crate::auth::Device;
 use crate::extract::{ApiQuery, cursor, limit, page};
-use crate::problem::{ApiError, Problem, Unauthorized, db};
+use crate::problem::{ApiError, Problem, Unauthorized};
 use crate::watches::TriggerSpec;
 use axum::Json;
 use axum::extract::State;
@@ -12,6 +12,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use tidings_domain::outbox::{Delivery, Reason, Status};
 use tidings_domain::trigger::Trigger;
+use tidings_store::db;
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 

@@ -53,16 +53,12 @@ pub struct Settings {
 /// What the flags give when none is set (no operator token, no VAPID key).
 impl Default for Settings {
     fn default() -> Self {
-        let defaults = tidings_runtime::flags::defaults::<config::Config>(&[
-            "--database-url",
-            "postgres://unused",
-        ]);
-        match defaults.map(|c| c.settings()) {
-            Ok(Ok(settings)) => settings,
-            // Unreachable while the defaults parse and are valid, which a test checks.
-            Ok(Err(e)) => panic!("the api flags' defaults are not valid: {e}"),
-            Err(e) => panic!("the api flags' defaults do not parse: {e}"),
-        }
+        let placeholders = ["--database-url", "-"];
+        let config = tidings_runtime::flags::parsed_defaults::<config::Config>(&placeholders);
+        // Unreachable while the defaults are valid, which the api's tests check.
+        config
+            .settings()
+            .unwrap_or_else(|e| panic!("the api flags' defaults are not valid: {e}"))
     }
 }
 
@@ -193,8 +189,8 @@ pub async fn run(command: Command, shutdown: CancellationToken) -> Result<(), St
         }
         Command::Migrate { database_url } => {
             let pool = tidings_store::postgres(&database_url, 1).map_err(StartError::Database)?;
-            tidings_store::db::MIGRATOR.run(&pool).await?;
-            let applied = tidings_store::db::MIGRATOR.iter().count();
+            tidings_store::schema::MIGRATOR.run(&pool).await?;
+            let applied = tidings_store::schema::MIGRATOR.iter().count();
             tracing::info!(migrations = applied, "schema is up to date");
         }
         Command::Openapi => {

@@ -3,8 +3,7 @@
 //! Everything else is `tidings_api::run`.
 
 use clap::Parser;
-use tidings_runtime::{signals, telemetry::Telemetry};
-use tokio_util::sync::CancellationToken;
+use tidings_runtime::signals;
 
 #[derive(Parser)]
 #[command(name = "tidings-api", version, about)]
@@ -16,9 +15,9 @@ struct Cli {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let command = Cli::parse().command;
-    let _telemetry = Telemetry::init("tidings-api");
-    let shutdown = CancellationToken::new();
-    tokio::spawn(signals::cancel_on_signal(shutdown.clone()));
-    tidings_api::run(command, shutdown).await?;
+    signals::serve("tidings-api", |shutdown| {
+        tidings_api::run(command, shutdown)
+    })
+    .await?;
     Ok(())
 }

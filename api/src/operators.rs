@@ -6,7 +6,7 @@ use crate::AppState;
 use crate::auth::Operator;
 use crate::extract::{ApiQuery, cursor, limit, page, resource_id};
 use crate::history::{NOTIFICATION_COLUMNS, Notification, NotificationRow, status_filter};
-use crate::problem::{ApiError, Problem, Unauthorized, db};
+use crate::problem::{ApiError, Problem, Unauthorized};
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -14,6 +14,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use tidings_domain::OutboxId;
 use tidings_domain::outbox::Status;
+use tidings_store::db;
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 

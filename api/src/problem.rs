@@ -5,6 +5,7 @@
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
+use tidings_store::DbError;
 use utoipa::{IntoResponses, ToSchema};
 
 /// An RFC 9457 problem document.
@@ -84,12 +85,8 @@ pub enum ApiError {
     Conflict { kind: &'static str, detail: String },
     #[error("{0}")]
     Unavailable(String),
-    #[error("database error while {what}: {source}")]
-    Db {
-        what: &'static str,
-        #[source]
-        source: sqlx::Error,
-    },
+    #[error(transparent)]
+    Db(#[from] DbError),
     #[error("{0}")]
     Internal(String),
 }
@@ -112,7 +109,7 @@ impl ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict { .. } => StatusCode::CONFLICT,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::Db { .. } | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Db(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -126,7 +123,7 @@ impl ApiError {
             ApiError::NotFound(_) => "not-found",
             ApiError::Conflict { kind, .. } => kind,
             ApiError::Unavailable(_) => "unavailable",
-            ApiError::Db { .. } | ApiError::Internal(_) => "internal",
+            ApiError::Db(_) | ApiError::Internal(_) => "internal",
         }
     }
 
@@ -134,7 +131,7 @@ impl ApiError {
         let status = self.status();
         let detail = match self {
             // Internals stay in the log.
-            ApiError::Db { .. } | ApiError::Internal(_) => {
+            ApiError::Db(_) | ApiError::Internal(_) => {
                 "the server could not complete the request; it was logged".to_owned()
             }
             other => other.to_string(),
@@ -154,11 +151,6 @@ impl ApiError {
             errors,
         }
     }
-}
-
-/// `.map_err(db("reading watches"))`: a database error that names what was being done.
-pub fn db(what: &'static str) -> impl FnOnce(sqlx::Error) -> ApiError {
-    move |source| ApiError::Db { what, source }
 }
 
 pub const PROBLEM_JSON: &str = "application/problem+json";

@@ -125,43 +125,17 @@ mod tests {
 
     #[test]
     fn back_in_stock_fires_on_the_transition_only() {
-        let t = vec![Trigger::BackInStock];
-        assert_eq!(
-            detect(
-                &watch(t.clone(), Some(false)),
-                &obs(1, true),
-                &HashMap::new(),
-                Utc::now()
-            )
-            .len(),
-            1
-        );
-        assert!(
-            detect(
-                &watch(t.clone(), Some(true)),
-                &obs(1, true),
-                &HashMap::new(),
-                Utc::now()
-            )
-            .is_empty()
-        );
-        assert!(
-            detect(
-                &watch(t.clone(), None),
-                &obs(1, true),
-                &HashMap::new(),
-                Utc::now()
-            )
-            .is_empty()
-        );
-        assert!(
-            detect(
-                &watch(t, Some(false)),
-                &obs(1, false),
-                &HashMap::new(),
-                Utc::now()
-            )
-            .is_empty()
-        );
+        // (last stock the watch saw, stock now, fires)
+        let cases = [
+            (Some(false), true, true),
+            (Some(true), true, false),
+            (None, true, false),
+            (Some(false), false, false),
+        ];
+        for (last, now, fires) in cases {
+            let w = watch(vec![Trigger::BackInStock], last);
+            let found = detect(&w, &obs(1, now), &HashMap::new(), Utc::now());
+            assert_eq!(found.len(), usize::from(fires), "{last:?} -> {now}");
+        }
     }
 }

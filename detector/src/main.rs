@@ -2,8 +2,7 @@
 //! or Ctrl-C (or once, with `--once`); everything else is `tidings_detector::run`.
 
 use clap::Parser;
-use tidings_runtime::{signals, telemetry::Telemetry};
-use tokio_util::sync::CancellationToken;
+use tidings_runtime::signals;
 
 #[derive(Parser)]
 #[command(name = "tidings-detector", version, about)]
@@ -14,10 +13,10 @@ struct Cli {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let _telemetry = Telemetry::init("tidings-detector");
     let config = Cli::parse().config;
-    let shutdown = CancellationToken::new();
-    tokio::spawn(signals::cancel_on_signal(shutdown.clone()));
-    tidings_detector::run(config, shutdown).await?;
+    signals::serve("tidings-detector", |shutdown| {
+        tidings_detector::run(config, shutdown)
+    })
+    .await?;
     Ok(())
 }

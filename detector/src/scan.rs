@@ -22,6 +22,7 @@ use crate::config::Settings;
 use crate::evaluate::detect;
 use crate::memory::Enqueued;
 use crate::watchlist::{Entry, Watchlist};
+use tidings_store::{DbError, db};
 
 /// What a scan did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -48,16 +49,8 @@ pub struct ScanStats {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ScanError {
-    #[error("scan: {what}: {source}")]
-    Db {
-        what: &'static str,
-        #[source]
-        source: sqlx::Error,
-    },
-}
-
-fn db(what: &'static str) -> impl FnOnce(sqlx::Error) -> ScanError {
-    move |source| ScanError::Db { what, source }
+    #[error("scan: {0}")]
+    Db(#[from] DbError),
 }
 
 pub struct Detector {

@@ -143,22 +143,11 @@ pub struct Settings {
     pub push_backlog_limit: u64,
 }
 
-/// The flags without a default, with placeholders, when only the defaults are wanted.
-const REQUIRED: &[&str] = &[
-    "--database-url",
-    "postgres://unused",
-    "--source-url",
-    "http://unused/{item}",
-];
-
 impl Settings {
     /// Every setting at its flag's default but where things are: for tests and benchmarks.
     pub fn new(subjects: Subjects, source: SourceConfig) -> Self {
-        match flags::defaults::<Config>(REQUIRED) {
-            Ok(config) => config.settings_with(subjects, source),
-            // Unreachable while the defaults parse, which a test checks.
-            Err(e) => panic!("the dispatcher flags' defaults do not parse: {e}"),
-        }
+        let placeholders = ["--database-url", "-", "--source-url", "-"];
+        flags::parsed_defaults::<Config>(&placeholders).settings_with(subjects, source)
     }
 
     /// The shortest lease that is safe: the last moment a push can still start (its deadline),

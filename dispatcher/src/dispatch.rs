@@ -27,6 +27,7 @@ use crate::claim;
 use crate::config::Settings;
 use crate::plan;
 use tidings_store::transition::{self, Change};
+use tidings_store::{DbError, db};
 
 /// PushRequests in flight at once per dispatch worker.
 const PUBLISH_WINDOW: usize = 512;
@@ -46,16 +47,8 @@ pub struct DispatchStats {
 
 #[derive(Debug, thiserror::Error)]
 pub enum DispatchError {
-    #[error("dispatch: {what}: {source}")]
-    Db {
-        what: &'static str,
-        #[source]
-        source: sqlx::Error,
-    },
-}
-
-fn db(what: &'static str) -> impl FnOnce(sqlx::Error) -> DispatchError {
-    move |source| DispatchError::Db { what, source }
+    #[error("dispatch: {0}")]
+    Db(#[from] DbError),
 }
 
 pub struct Dispatcher {

@@ -2,8 +2,7 @@
 
 use clap::Parser;
 use tidings_pusher::config::{KEYGEN_HELP, vapid_keygen};
-use tidings_runtime::{signals, telemetry::Telemetry};
-use tokio_util::sync::CancellationToken;
+use tidings_runtime::signals;
 
 #[derive(Parser)]
 #[command(name = "tidings-pusher", version, about, after_help = KEYGEN_HELP)]
@@ -18,8 +17,10 @@ async fn main() -> anyhow::Result<()> {
         print!("{}", vapid_keygen()?);
         return Ok(());
     }
-    let _telemetry = Telemetry::init("tidings-pusher");
-    let shutdown = CancellationToken::new();
-    tokio::spawn(signals::cancel_on_signal(shutdown.clone()));
-    Ok(tidings_pusher::run(Cli::parse().config, shutdown).await?)
+    let config = Cli::parse().config;
+    signals::serve("tidings-pusher", |shutdown| {
+        tidings_pusher::run(config, shutdown)
+    })
+    .await?;
+    Ok(())
 }

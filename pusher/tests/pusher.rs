@@ -253,35 +253,11 @@ async fn a_redelivered_request_that_was_delivered_is_not_sent_again() {
     let pusher = w.pusher().await;
     let sub = w.push.subscription();
     let req = w.request(&sub);
-    w.publish(&req, &req.msg_id()).await;
 
     // The pusher delivers and reports, then dies before its ack: JetStream redelivers (a NAK
     // stands in for the ack timeout, so the test does not wait it out).
-    let consumer: PullConsumer =
-        w.js.get_stream(w.subjects.stream(StreamKind::Push))
-            .await
-            .unwrap()
-            .get_consumer(tidings_pusher::worker::CONSUMER)
-            .await
-            .unwrap();
-    let mut batch = consumer
-        .fetch()
-        .max_messages(1)
-        .expires(WAIT)
-        .messages()
-        .await
-        .unwrap();
-    let msg = batch.next().await.unwrap().unwrap();
     assert_eq!(
-        pusher.process(&msg).await,
-        Handled::Reported(Outcome::Delivered)
-    );
-    msg.ack_with(async_nats::jetstream::AckKind::Nak(None))
-        .await
-        .unwrap();
-
-    assert_eq!(
-        pusher.run_once(WAIT).await.unwrap(),
+        fixtures::deliver_then_redeliver(&pusher, &w.js, &w.subjects, &req).await,
         [Handled::AlreadyDelivered]
     );
     assert_eq!(

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::OnceLock;
 use tidings_domain::subjects::Subjects;
-use tidings_store::db::MIGRATOR;
+use tidings_store::schema::MIGRATOR;
 use uuid::Uuid;
 
 #[derive(Debug, thiserror::Error)]

@@ -190,33 +190,6 @@ impl Broker {
     }
 }
 
-/// Delivers one request as a pusher that dies before its ack would, then lets the redelivery
-/// be handled; returns how the redelivery was handled.
-async fn deliver_then_redeliver(pusher: &Pusher, b: &Broker, req: &PushRequest) -> Vec<Handled> {
-    fixtures::publish_push(&b.js, &b.subjects, req, &req.msg_id()).await;
-    let consumer: jetstream::consumer::PullConsumer =
-        b.js.get_stream(b.subjects.stream(StreamKind::Push))
-            .await
-            .unwrap()
-            .get_consumer(tidings_pusher::worker::CONSUMER)
-            .await
-            .unwrap();
-    let mut batch = consumer
-        .fetch()
-        .max_messages(1)
-        .expires(Duration::from_secs(2))
-        .messages()
-        .await
-        .unwrap();
-    let msg = batch.next().await.unwrap().unwrap();
-    assert_eq!(
-        pusher.process(&msg).await,
-        Handled::Reported(Outcome::Delivered)
-    );
-    msg.ack_with(AckKind::Nak(None)).await.unwrap();
-    pusher.run_once(Duration::from_secs(2)).await.unwrap()
-}
-
 #[tokio::test]
 async fn after_a_broker_restart_a_running_pusher_still_sends_a_redelivered_push_once() {
     let mut b = Broker::start().await;
@@ -238,31 +211,20 @@ async fn after_a_broker_restart_a_running_pusher_still_sends_a_redelivered_push_
         assert!(started.elapsed() < Duration::from_secs(10), "no reconnect");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let req = fixtures::push_request(&sub);
-    assert_eq!(
-        deliver_then_redeliver(&pusher, &b, &req).await,
-        [Handled::AlreadyDelivered]
-    );
-    assert_eq!(
-        push.received_by(&sub).len(),
-        1,
-        "the redelivery was not sent"
-    );
-
-    // Even a delivery log lost outright is recreated on the next delivery.
-    b.js.delete_key_value(b.subjects.bucket(tidings_bus::delivered::BUCKET))
-        .await
-        .unwrap();
-    let req = fixtures::push_request(&sub);
-    assert_eq!(
-        deliver_then_redeliver(&pusher, &b, &req).await,
-        [Handled::AlreadyDelivered]
-    );
-    assert_eq!(
-        push.received_by(&sub).len(),
-        2,
-        "each request reached it once"
-    );
+    // Then even a delivery log lost outright is recreated on the next delivery.
+    for (sent, lose_the_log) in [(1, false), (2, true)] {
+        if lose_the_log {
+            let bucket = b.subjects.bucket(tidings_bus::delivered::BUCKET);
+            b.js.delete_key_value(bucket).await.unwrap();
+        }
+        let req = fixtures::push_request(&sub);
+        assert_eq!(
+            fixtures::deliver_then_redeliver(&pusher, &b.js, &b.subjects, &req).await,
+            [Handled::AlreadyDelivered]
+        );
+        let received = push.received_by(&sub).len();
+        assert_eq!(received, sent, "each request reached it once");
+    }
     delete_streams(&b.js, &b.subjects).await;
 }
 

@@ -37,11 +37,7 @@ pub struct StreamSettings {
 /// What the flags give when none is set.
 impl Default for StreamSettings {
     fn default() -> Self {
-        match flags::defaults::<NatsArgs>(&[]) {
-            Ok(args) => args.streams(),
-            // Unreachable while the defaults parse, which a test checks.
-            Err(e) => panic!("the NATS flags' defaults do not parse: {e}"),
-        }
+        flags::parsed_defaults::<NatsArgs>(&[]).streams()
     }
 }
 

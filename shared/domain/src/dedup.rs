@@ -69,47 +69,47 @@ mod tests {
         assert_eq!(dedup_day(at(2026, 12, 1, 0, 0), Tz::UTC), day(2026, 12, 1));
     }
 
+    /// Each case: a UTC instant and the local day it falls on in `zone`.
+    fn assert_days(zone: &str, cases: &[(DateTime<Utc>, NaiveDate)]) {
+        let tz = parse_time_zone(zone).unwrap();
+        for &(instant, local) in cases {
+            assert_eq!(dedup_day(instant, tz), local, "{instant} in {zone}");
+        }
+    }
+
     #[test]
     fn a_time_zone_moves_the_day_boundary() {
-        let berlin = parse_time_zone("Europe/Berlin").unwrap();
-        let new_york = parse_time_zone("America/New_York").unwrap();
         // 23:30 UTC is already tomorrow in Berlin (UTC+1 in winter)...
-        assert_eq!(
-            dedup_day(at(2026, 11, 30, 23, 30), berlin),
-            day(2026, 12, 1)
+        assert_days(
+            "Europe/Berlin",
+            &[(at(2026, 11, 30, 23, 30), day(2026, 12, 1))],
         );
         // ...and 03:00 UTC is still yesterday in New York (UTC-5).
-        assert_eq!(
-            dedup_day(at(2026, 12, 1, 3, 0), new_york),
-            day(2026, 11, 30)
+        assert_days(
+            "America/New_York",
+            &[(at(2026, 12, 1, 3, 0), day(2026, 11, 30))],
         );
-        let auckland = parse_time_zone("Pacific/Auckland").unwrap();
-        assert_eq!(
-            dedup_day(at(2026, 11, 30, 11, 0), auckland),
-            day(2026, 12, 1)
+        assert_days(
+            "Pacific/Auckland",
+            &[(at(2026, 11, 30, 11, 0), day(2026, 12, 1))],
         );
     }
 
     #[test]
     fn dst_changes_keep_local_midnight() {
-        let berlin = parse_time_zone("Europe/Berlin").unwrap();
-        // Spring forward on 2026-03-29: local midnight is 23:00 UTC before, 22:00 UTC after.
-        assert_eq!(dedup_day(at(2026, 3, 28, 22, 59), berlin), day(2026, 3, 28));
-        assert_eq!(dedup_day(at(2026, 3, 28, 23, 0), berlin), day(2026, 3, 29));
-        assert_eq!(dedup_day(at(2026, 3, 29, 21, 59), berlin), day(2026, 3, 29));
-        assert_eq!(dedup_day(at(2026, 3, 29, 22, 0), berlin), day(2026, 3, 30));
-        // Fall back on 2026-10-25: the local day is 25 hours long.
-        assert_eq!(
-            dedup_day(at(2026, 10, 24, 22, 0), berlin),
-            day(2026, 10, 25)
-        );
-        assert_eq!(
-            dedup_day(at(2026, 10, 25, 22, 59), berlin),
-            day(2026, 10, 25)
-        );
-        assert_eq!(
-            dedup_day(at(2026, 10, 25, 23, 0), berlin),
-            day(2026, 10, 26)
+        assert_days(
+            "Europe/Berlin",
+            &[
+                // Spring forward on 2026-03-29: local midnight is 23:00 UTC before, 22:00 after.
+                (at(2026, 3, 28, 22, 59), day(2026, 3, 28)),
+                (at(2026, 3, 28, 23, 0), day(2026, 3, 29)),
+                (at(2026, 3, 29, 21, 59), day(2026, 3, 29)),
+                (at(2026, 3, 29, 22, 0), day(2026, 3, 30)),
+                // Fall back on 2026-10-25: the local day is 25 hours long.
+                (at(2026, 10, 24, 22, 0), day(2026, 10, 25)),
+                (at(2026, 10, 25, 22, 59), day(2026, 10, 25)),
+                (at(2026, 10, 25, 23, 0), day(2026, 10, 26)),
+            ],
         );
     }
 

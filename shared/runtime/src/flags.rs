@@ -13,6 +13,18 @@ where
     A::from_arg_matches(&command.try_get_matches_from(args)?)
 }
 
+/// [`defaults`] where a default that does not parse is a bug, not input: settings for tests and
+/// tools (each service's tests build them, so such a bug fails them).
+pub fn parsed_defaults<A>(required: &[&str]) -> A
+where
+    A: clap::Args + clap::FromArgMatches,
+{
+    defaults(required).unwrap_or_else(|e| {
+        let flags = std::any::type_name::<A>();
+        panic!("the defaults of {flags} do not parse: {e}")
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -44,11 +44,7 @@ impl SourceConfig {
     /// The source at `item_url`, everything else at its flag's default.
     pub fn new(item_url: impl Into<String>) -> Self {
         let item_url = item_url.into();
-        match flags::defaults::<SourceArgs>(&["--source-url", &item_url]) {
-            Ok(args) => args.config(),
-            // Unreachable while the defaults parse, which a test checks.
-            Err(e) => panic!("the source flags' defaults do not parse: {e}"),
-        }
+        flags::parsed_defaults::<SourceArgs>(&["--source-url", &item_url]).config()
     }
 }
 

@@ -1,12 +1,12 @@
-//! Tidings in Postgres: the schema ([`db`], the embedded migrations), the outbox's shared SQL
+//! Tidings in Postgres: the schema ([`schema`], the embedded migrations), the outbox's shared SQL
 //! ([`outbox`]: the snapshot columns and status sets written once; [`transition`]: every state
 //! change, as batches of compare-and-sets), row types several services read ([`baselines`]), and
 //! connecting: a pool that can be built before the database is up, waiting for it at start-up,
 //! and the readiness check.
 
 pub mod baselines;
-pub mod db;
 pub mod outbox;
+pub mod schema;
 pub mod transition;
 
 use sqlx::postgres::PgPoolOptions;
@@ -16,6 +16,20 @@ use std::time::Duration;
 use tidings_runtime::ops::{Check, Starting};
 use tidings_runtime::startup::{self, Dependency};
 use tokio_util::sync::CancellationToken;
+
+/// A statement that failed, named by what it was doing, e.g. `.map_err(db("claiming rows"))`.
+#[derive(Debug, thiserror::Error)]
+#[error("database error while {what}: {source}")]
+pub struct DbError {
+    pub what: &'static str,
+    #[source]
+    pub source: sqlx::Error,
+}
+
+/// `.map_err(db("reading watches"))`: a [`DbError`] that says what was being done.
+pub fn db(what: &'static str) -> impl FnOnce(sqlx::Error) -> DbError {
+    move |source| DbError { what, source }
+}
 
 /// A pool that connects on first use, so it can be built before Postgres is up (only a
 /// malformed URL fails here).
