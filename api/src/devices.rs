@@ -26,6 +26,8 @@ pub struct SubscriptionIn {
     /// The push service URL (https, on an allowed push-service host).
     pub endpoint: String,
     /// Ignored: push services expire subscriptions by answering 404/410, which Tidings handles.
+    /// Accepted (and documented) because `PushSubscription.toJSON()` sends it.
+    #[allow(dead_code)]
     #[serde(rename = "expirationTime", default)]
     #[schema(value_type = Option<f64>)]
     pub expiration_time: Option<serde_json::Value>,

@@ -10,15 +10,15 @@
 
 pub mod auth;
 pub mod coalesce;
-pub mod config;
-pub mod devices;
-pub mod extract;
-pub mod health;
-pub mod history;
-pub mod openapi;
-pub mod operators;
+mod config;
+mod devices;
+mod extract;
+mod health;
+mod history;
+mod openapi;
+mod operators;
 pub mod problem;
-pub mod watches;
+mod watches;
 
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
 use axum::middleware::Next;

@@ -10,11 +10,11 @@
 //! Scaling out: N replicas split the watches by a hash of the watch id (`TIDINGS_SHARD_COUNT`,
 //! `TIDINGS_SHARD_INDEX` or the StatefulSet pod ordinal); each watch belongs to exactly one shard.
 
-pub mod config;
-pub mod evaluate;
-pub mod memory;
+mod config;
+mod evaluate;
+mod memory;
 pub mod scan;
-pub mod watchlist;
+mod watchlist;
 
 pub use config::{Config, Settings};
 

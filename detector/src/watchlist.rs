@@ -110,15 +110,12 @@ impl Watchlist {
         self.item_of.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.item_of.is_empty()
-    }
-
     /// Items in code order, each with its number of watches.
     pub fn items(&self) -> impl Iterator<Item = (&ItemCode, usize)> {
         self.items.iter().map(|(c, i)| (c, i.watches.len()))
     }
 
+    #[cfg(test)]
     pub fn item(&self, code: &ItemCode) -> Option<&Item> {
         self.items.get(code)
     }

@@ -14,13 +14,13 @@
 //! Every state change goes through `tidings_store::transition::apply`, a batch of
 //! compare-and-sets.
 
-pub mod backlog;
+mod backlog;
 pub mod claim;
-pub mod config;
+mod config;
 pub mod dispatch;
 pub mod ingest;
-pub mod plan;
-pub mod recheck;
+mod plan;
+mod recheck;
 pub mod results;
 pub mod sweeper;
 

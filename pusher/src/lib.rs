@@ -11,7 +11,7 @@
 //! are `tidings_webpush`, where the api uses them too.
 
 pub mod config;
-pub mod deliver;
+mod deliver;
 pub mod worker;
 
 pub use config::{Config, Settings};

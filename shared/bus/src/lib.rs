@@ -7,7 +7,7 @@ pub mod consume;
 pub mod delivered;
 pub mod dlq;
 pub mod publish;
-pub mod pull;
+mod pull;
 pub mod streams;
 
 pub use streams::NatsArgs;

@@ -17,10 +17,10 @@
 //! database; nothing here uses it.
 
 pub mod backoff;
-pub mod channel;
+mod channel;
 pub mod dedup;
 pub mod duration;
-pub mod ids;
+mod ids;
 pub mod item;
 pub mod messages;
 pub mod notification;

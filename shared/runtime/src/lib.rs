@@ -9,4 +9,4 @@ pub mod ops;
 pub mod signals;
 pub mod startup;
 pub mod telemetry;
-pub mod trace_context;
+mod trace_context;

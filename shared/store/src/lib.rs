@@ -5,7 +5,7 @@
 //! and the readiness check.
 
 pub mod baselines;
-pub mod outbox;
+mod outbox;
 pub mod schema;
 pub mod transition;
 
