@@ -134,7 +134,8 @@ async fn trace_request(request: Request, next: Next) -> Response {
 }
 
 /// What `tidings-api` does, by subcommand.
-#[derive(clap::Subcommand)]
+#[derive(clap::Parser)]
+#[command(name = "tidings-api", version, about)]
 pub enum Command {
     /// Serve the HTTP API.
     Serve(Box<Config>),

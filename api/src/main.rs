@@ -5,19 +5,8 @@
 use clap::Parser;
 use tidings_runtime::signals;
 
-#[derive(Parser)]
-#[command(name = "tidings-api", version, about)]
-struct Cli {
-    #[command(subcommand)]
-    command: tidings_api::Command,
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let command = Cli::parse().command;
-    signals::serve("tidings-api", |shutdown| {
-        tidings_api::run(command, shutdown)
-    })
-    .await?;
-    Ok(())
+    let command = tidings_api::Command::parse();
+    Ok(signals::serve("tidings-api", |s| tidings_api::run(command, s)).await?)
 }

@@ -10,7 +10,8 @@ use tidings_runtime::ops::OpsArgs;
 use tidings_source::SourceArgs;
 use tidings_source::SourceConfig;
 
-#[derive(clap::Args, Clone, Debug)]
+#[derive(clap::Parser, Clone, Debug)]
+#[command(name = "tidings-detector", version, about)]
 pub struct Config {
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,

@@ -4,19 +4,8 @@
 use clap::Parser;
 use tidings_runtime::signals;
 
-#[derive(Parser)]
-#[command(name = "tidings-detector", version, about)]
-struct Cli {
-    #[command(flatten)]
-    config: tidings_detector::Config,
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let config = Cli::parse().config;
-    signals::serve("tidings-detector", |shutdown| {
-        tidings_detector::run(config, shutdown)
-    })
-    .await?;
-    Ok(())
+    let config = tidings_detector::Config::parse();
+    Ok(signals::serve("tidings-detector", |s| tidings_detector::run(config, s)).await?)
 }

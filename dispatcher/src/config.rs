@@ -15,7 +15,8 @@ use tidings_source::SourceConfig;
 /// timeout) and the moment the sweeper may take the row back.
 pub const LEASE_MARGIN: Duration = Duration::from_secs(5);
 
-#[derive(clap::Args, Clone, Debug)]
+#[derive(clap::Parser, Clone, Debug)]
+#[command(name = "tidings-dispatcher", version, about)]
 pub struct Config {
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,

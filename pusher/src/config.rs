@@ -14,7 +14,8 @@ use tidings_webpush::EndpointArgs;
 use tidings_webpush::endpoint::EndpointPolicy;
 use tidings_webpush::vapid::{VapidError, VapidKey, VapidSigner};
 
-#[derive(clap::Args, Clone, Debug)]
+#[derive(clap::Parser, Clone, Debug)]
+#[command(name = "tidings-pusher", version, about, after_help = KEYGEN_HELP)]
 pub struct Config {
     #[command(flatten)]
     pub nats: NatsArgs,

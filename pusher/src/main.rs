@@ -1,15 +1,8 @@
 //! `tidings-pusher` delivers until SIGTERM (`tidings_pusher::run`); `vapid-keygen`: a key pair.
 
 use clap::Parser;
-use tidings_pusher::config::{KEYGEN_HELP, vapid_keygen};
+use tidings_pusher::config::vapid_keygen;
 use tidings_runtime::signals;
-
-#[derive(Parser)]
-#[command(name = "tidings-pusher", version, about, after_help = KEYGEN_HELP)]
-struct Cli {
-    #[command(flatten)]
-    config: tidings_pusher::Config,
-}
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -17,10 +10,6 @@ async fn main() -> anyhow::Result<()> {
         print!("{}", vapid_keygen()?);
         return Ok(());
     }
-    let config = Cli::parse().config;
-    signals::serve("tidings-pusher", |shutdown| {
-        tidings_pusher::run(config, shutdown)
-    })
-    .await?;
-    Ok(())
+    let config = tidings_pusher::Config::parse();
+    Ok(signals::serve("tidings-pusher", |s| tidings_pusher::run(config, s)).await?)
 }
