@@ -13,6 +13,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tidings_source::SourceConfig;
+use tokio_util::task::AbortOnDropHandle;
 
 /// How the catalog answers for an item.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -142,13 +143,8 @@ impl Inner {
 pub struct FakeCatalog {
     pub addr: SocketAddr,
     inner: Arc<Inner>,
-    server: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for FakeCatalog {
-    fn drop(&mut self) {
-        self.server.abort();
-    }
+    /// The server task, stopped when this is dropped.
+    _server: AbortOnDropHandle<()>,
 }
 
 fn body(item: &Item) -> serde_json::Value {
@@ -258,7 +254,7 @@ impl FakeCatalog {
         Ok(FakeCatalog {
             addr,
             inner,
-            server,
+            _server: AbortOnDropHandle::new(server),
         })
     }
 

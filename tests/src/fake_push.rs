@@ -26,6 +26,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::ServerConfig;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_util::task::AbortOnDropHandle;
 
 pub const CERT_PEM: &[u8] = include_bytes!("../fixtures/tls/cert.pem");
 const KEY_PEM: &[u8] = include_bytes!("../fixtures/tls/key.pem");
@@ -150,13 +151,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct FakePushService {
     pub addr: SocketAddr,
     inner: Arc<Inner>,
-    server: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for FakePushService {
-    fn drop(&mut self) {
-        self.server.abort();
-    }
+    /// The server task, stopped when this is dropped.
+    _server: AbortOnDropHandle<()>,
 }
 
 fn verify_vapid(headers: &HeaderMap, origin: &str) -> Result<(serde_json::Value, String), String> {
@@ -380,7 +376,7 @@ impl FakePushService {
         Ok(FakePushService {
             addr,
             inner,
-            server,
+            _server: AbortOnDropHandle::new(server),
         })
     }
 

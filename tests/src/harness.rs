@@ -258,6 +258,16 @@ pub async fn delete_streams(js: &async_nats::jetstream::Context, subjects: &Subj
         .await;
 }
 
+/// Number of messages stored in a stream of a test prefix.
+pub async fn stream_len(
+    js: &async_nats::jetstream::Context,
+    subjects: &Subjects,
+    kind: tidings_domain::subjects::StreamKind,
+) -> u64 {
+    let mut stream = js.get_stream(subjects.stream(kind)).await.expect("stream");
+    stream.info().await.expect("stream info").state.messages
+}
+
 /// A nats-server of one test's own (JetStream on, its own port and storage), for tests that
 /// kill or restart the broker without disturbing the tests that share the stack's server.
 pub struct PrivateNats {

@@ -294,12 +294,7 @@ impl Scenario {
 
     /// Number of messages stored in a stream of this scenario.
     pub async fn stream_len(&self, kind: StreamKind) -> u64 {
-        let mut s = self
-            .js
-            .get_stream(self.subjects.stream(kind))
-            .await
-            .expect("stream");
-        s.info().await.expect("stream info").state.messages
+        harness::stream_len(&self.js, &self.subjects, kind).await
     }
 
     /// The EnqueueRequests stored in this scenario's enqueue stream, oldest first.

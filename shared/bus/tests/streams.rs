@@ -7,7 +7,7 @@ use async_nats::jetstream;
 use tidings_bus::streams::{StreamSettings, ensure_streams};
 use tidings_domain::Channel;
 use tidings_domain::subjects::StreamKind;
-use tidings_tests::harness::{delete_streams, nats, test_subjects};
+use tidings_tests::harness::{delete_streams, nats, stream_len, test_subjects};
 
 #[tokio::test]
 async fn the_enqueue_stream_drops_a_republished_dedup_key() {
@@ -51,11 +51,7 @@ async fn the_enqueue_stream_drops_a_republished_dedup_key() {
             .duplicate
     );
 
-    let mut stream = js
-        .get_stream(subjects.stream(StreamKind::Enqueue))
-        .await
-        .unwrap();
-    assert_eq!(stream.info().await.unwrap().state.messages, 2);
+    assert_eq!(stream_len(&js, &subjects, StreamKind::Enqueue).await, 2);
     delete_streams(&js, &subjects).await;
 }
 
@@ -74,10 +70,8 @@ async fn two_prefixes_do_not_see_each_other() {
         .unwrap()
         .await
         .unwrap();
-    let mut sa = js.get_stream(a.stream(StreamKind::Push)).await.unwrap();
-    let mut sb = js.get_stream(b.stream(StreamKind::Push)).await.unwrap();
-    assert_eq!(sa.info().await.unwrap().state.messages, 1);
-    assert_eq!(sb.info().await.unwrap().state.messages, 0);
+    assert_eq!(stream_len(&js, &a, StreamKind::Push).await, 1);
+    assert_eq!(stream_len(&js, &b, StreamKind::Push).await, 0);
     for s in [&a, &b] {
         delete_streams(&js, s).await;
     }
@@ -115,10 +109,6 @@ async fn pipelined_publishing_never_waits_on_itself() {
     .await
     .expect("publish_all finished");
     assert_eq!(acks.iter().filter(|a| a.is_ok()).count(), 200);
-    let mut stream = js
-        .get_stream(subjects.stream(StreamKind::Push))
-        .await
-        .unwrap();
-    assert_eq!(stream.info().await.unwrap().state.messages, 200);
+    assert_eq!(stream_len(&js, &subjects, StreamKind::Push).await, 200);
     delete_streams(&js, &subjects).await;
 }

@@ -9,10 +9,17 @@
 use chrono::Utc;
 use std::time::Instant;
 use tidings_detector::Settings;
-use tidings_detector::scan::Detector;
+use tidings_detector::scan::{Detector, ScanStats};
 use tidings_domain::trigger::Trigger;
 use tidings_source::HttpSource;
 use tidings_tests::scenario::Scenario;
+
+/// One scan; its wall-clock seconds and what it did.
+async fn timed_scan(d: &Detector) -> (f64, ScanStats) {
+    let started = Instant::now();
+    let stats = d.scan_once(Utc::now()).await.expect("scan");
+    (started.elapsed().as_secs_f64(), stats)
+}
 
 fn peak_rss_mib() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -73,9 +80,7 @@ async fn main() {
         // A fresh detector each round: no memory, so holding triggers are published every round
         // (JetStream's duplicate window answers the repeats).
         let d = Detector::new(s.db.pool.clone(), s.js.clone(), source, settings);
-        let started = Instant::now();
-        let stats = d.scan_once(Utc::now()).await.expect("scan");
-        let took = started.elapsed().as_secs_f64();
+        let (took, stats) = timed_scan(&d).await;
         let (_, batches) = s.catalog.requests();
         println!(
             "  round {round}: {:.2} s, {:>7.0} watches/s; {} items fetched, {} holding, {} published, {} duplicates; {} batch requests so far",
@@ -103,9 +108,7 @@ async fn main() {
     let d = last.expect("at least one round");
     let (mut idle, mut changed) = (Vec::new(), Vec::new());
     for round in 1..=rounds {
-        let started = Instant::now();
-        let stats = d.scan_once(Utc::now()).await.expect("scan");
-        let took = started.elapsed().as_secs_f64();
+        let (took, stats) = timed_scan(&d).await;
         println!(
             "  steady round {round}, nothing changed: {took:.2} s; {} rows read, {} items fetched, {} watches evaluated",
             stats.rows_read, stats.items, stats.evaluated
@@ -129,9 +132,7 @@ async fn main() {
         .execute(&s.db.pool)
         .await
         .expect("touch watches");
-        let started = Instant::now();
-        let stats = d.scan_once(Utc::now()).await.expect("scan");
-        let took = started.elapsed().as_secs_f64();
+        let (took, stats) = timed_scan(&d).await;
         println!(
             "  steady round {round}, 1 % of items and watches changed: {took:.2} s; {} rows read, {} watches evaluated, {} published",
             stats.rows_read, stats.evaluated, stats.published
