@@ -164,7 +164,13 @@ impl Pusher {
                 Handled::AlreadyDelivered,
             ),
             None => {
-                let r = inner.deliverer.deliver(&req).await;
+                let mut r = inner.deliverer.deliver(&req).await;
+                // A redelivered request the log does not know may still have reached the push
+                // service: the pusher that held it before can have died after the service
+                // accepted it and before recording it. Not sending now proves nothing then.
+                if redelivered && matches!(r.outcome, Outcome::Transient | Outcome::Expired) {
+                    r.maybe_delivered = true;
+                }
                 if r.outcome == Outcome::Delivered {
                     let delivery = Delivery {
                         attempt: req.attempt,

@@ -4,12 +4,13 @@
 // Test code: a failed unwrap is a failed test, which is what we want.
 #![allow(clippy::unwrap_used)]
 
+use async_nats::jetstream::AckKind;
 use async_nats::jetstream::{self, consumer::PullConsumer, consumer::pull};
 use chrono::{Duration as ChronoDuration, Utc};
 use futures::StreamExt;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
-use tidings_bus::consume::Handler as _;
+use tidings_bus::consume::{self, Handler as _};
 use tidings_bus::streams::{StreamSettings, ensure_streams};
 use tidings_domain::OutboxId;
 use tidings_domain::messages::{Outcome, PushRequest, PushResult, Subscription, decode};
@@ -212,6 +213,39 @@ async fn a_request_past_its_deadline_is_never_sent() {
     let r = w.push_one(&pusher, &req).await;
     assert_eq!(r.outcome, Outcome::Expired);
     assert_eq!(w.push.hits(), 0, "no request reached the push service");
+    w.cleanup().await;
+}
+
+/// Regression (found by the CI chaos run): a pusher killed after the push service accepted a
+/// request and before recording it leaves the request to be redelivered past its deadline; the
+/// `expired` result of that redelivery must say the push may have arrived, or the row is taken
+/// for not delivered.
+#[tokio::test]
+async fn a_redelivery_past_its_deadline_may_have_been_delivered_a_first_delivery_not() {
+    let w = World::new().await;
+    let pusher = w.pusher().await;
+    let sub = w.push.subscription();
+    let mut first = w.request(&sub);
+    first.deadline = Utc::now() - ChronoDuration::seconds(1);
+    let r = w.push_one(&pusher, &first).await;
+    assert_eq!((r.outcome, r.maybe_delivered), (Outcome::Expired, false));
+
+    // Another pusher took the request and died holding it (a NAK stands in for its ack wait).
+    let mut held = w.request(&sub);
+    held.deadline = Utc::now() - ChronoDuration::seconds(1);
+    w.publish(&held, &held.msg_id()).await;
+    let consumer = fixtures::pusher_consumer(&w.js, &w.subjects).await;
+    let taken = consume::fetch(&consumer, 1, WAIT).await.unwrap();
+    assert_eq!(taken.len(), 1);
+    taken[0].ack_with(AckKind::Nak(None)).await.unwrap();
+    assert_eq!(
+        pusher.run_once(WAIT).await.unwrap(),
+        [Handled::Reported(Outcome::Expired)]
+    );
+    let results = w.results().await;
+    assert_eq!(results.len(), 1);
+    assert!(results[0].maybe_delivered, "{:?}", results[0]);
+    assert_eq!(w.push.hits(), 0, "nothing was sent past its deadline");
     w.cleanup().await;
 }
 

@@ -170,6 +170,19 @@ pub async fn publish_push(
     .expect("PushRequest stored");
 }
 
+/// The pushers' durable consumer (it exists once a `Pusher` was made).
+pub async fn pusher_consumer(
+    js: &async_nats::jetstream::Context,
+    subjects: &Subjects,
+) -> PullConsumer {
+    js.get_stream(subjects.stream(StreamKind::Push))
+        .await
+        .expect("push stream")
+        .get_consumer(tidings_pusher::worker::CONSUMER)
+        .await
+        .expect("pusher consumer")
+}
+
 /// Publishes `req`; a pusher delivers it and dies before its ack would (a NAK stands in for the
 /// ack timeout, so the test does not wait it out); returns how the redelivery is handled.
 pub async fn deliver_then_redeliver(
@@ -180,14 +193,8 @@ pub async fn deliver_then_redeliver(
 ) -> Vec<Handled> {
     publish_push(js, subjects, req, &req.msg_id()).await;
     let wait = std::time::Duration::from_secs(2);
-    let consumer: PullConsumer = js
-        .get_stream(subjects.stream(StreamKind::Push))
+    let mut batch = pusher_consumer(js, subjects)
         .await
-        .expect("push stream")
-        .get_consumer(tidings_pusher::worker::CONSUMER)
-        .await
-        .expect("pusher consumer");
-    let mut batch = consumer
         .fetch()
         .max_messages(1)
         .expires(wait)

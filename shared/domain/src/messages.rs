@@ -243,8 +243,10 @@ pub struct PushResult {
     /// invalid subscription keys, payload too large): the failure reason to record.
     #[serde(default)]
     pub refused: Option<crate::outbox::FailReason>,
-    /// On a `transient` outcome: the request was sent but no answer came (a timeout after the
-    /// connection was open), so the push service may have accepted it. Older pushers omit it.
+    /// On a `transient` or `expired` outcome: the push service may have accepted the request —
+    /// it was sent but no answer came (a timeout after the connection was open), or it is a
+    /// redelivery the delivery log does not know, whose earlier holder may have sent it before
+    /// it died. Older pushers omit it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub maybe_delivered: bool,
 }

@@ -34,7 +34,7 @@ pub fn retry_after(value: &str, now: DateTime<Utc>) -> Option<u64> {
 pub fn event(result: &PushResult) -> Event {
     match result.outcome {
         Outcome::Delivered => Event::Delivered,
-        Outcome::Transient if result.maybe_delivered => Event::Unknown,
+        Outcome::Transient | Outcome::Expired if result.maybe_delivered => Event::Unknown,
         Outcome::Transient | Outcome::Expired => Event::Transient,
         Outcome::Gone => Event::Gone,
         Outcome::Permanent => Event::Rejected(match (result.refused, result.http_status) {
@@ -97,6 +97,14 @@ mod tests {
                 PushResult {
                     maybe_delivered: true,
                     ..result(Outcome::Transient, None)
+                },
+                Event::Unknown,
+            ),
+            // A redelivery past its deadline whose first delivery may have been accepted.
+            (
+                PushResult {
+                    maybe_delivered: true,
+                    ..result(Outcome::Expired, None)
                 },
                 Event::Unknown,
             ),

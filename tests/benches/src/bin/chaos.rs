@@ -110,20 +110,22 @@ async fn count(s: &Scenario, sql: &str) -> i64 {
         .unwrap_or(-1)
 }
 
+/// The local stack's script, which the chaos run calls to crash Postgres.
+const STACK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/local/stack");
+
+/// Runs a stack command; a disruption that did not happen fails the run, so a report never
+/// claims one it did not make.
 fn stack(args: &[&str]) {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/local/stack");
-    match std::process::Command::new("bash")
-        .arg(script)
+    let out = std::process::Command::new("bash")
+        .arg(STACK)
         .args(args)
         .output()
-    {
-        Ok(out) if out.status.success() => {}
-        Ok(out) => eprintln!(
-            "chaos: stack {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ),
-        Err(e) => eprintln!("chaos: stack {args:?}: {e}"),
-    }
+        .unwrap_or_else(|e| panic!("chaos: stack {args:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "chaos: stack {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[tokio::main]
@@ -459,4 +461,18 @@ async fn main() {
         std::process::exit(1);
     }
     println!("\nchaos: the audit passed");
+}
+
+#[cfg(test)]
+mod tests {
+    /// Regression: when the benchmarks moved to tests/benches this path still climbed one level,
+    /// every `pg-crash` failed with "No such file or directory", and the run went on without it.
+    #[test]
+    fn the_stack_script_is_where_the_chaos_run_calls_it() {
+        assert!(
+            std::path::Path::new(super::STACK).is_file(),
+            "{}",
+            super::STACK
+        );
+    }
 }
