@@ -74,6 +74,14 @@ impl World {
         fixtures::push_request(sub)
     }
 
+    /// A request whose deadline (its re-check plus the freshness bound) passed a second ago.
+    fn expired_request(&self, sub: &Subscription) -> PushRequest {
+        PushRequest {
+            deadline: Utc::now() - ChronoDuration::seconds(1),
+            ..self.request(sub)
+        }
+    }
+
     async fn publish(&self, req: &PushRequest, msg_id: &str) {
         fixtures::publish_push(&self.js, &self.subjects, req, msg_id).await;
     }
@@ -207,11 +215,14 @@ async fn a_hung_endpoint_is_transient_after_the_timeout() {
 async fn a_request_past_its_deadline_is_never_sent() {
     let w = World::new().await;
     let pusher = w.pusher().await;
-    let sub = w.push.subscription();
-    let mut req = w.request(&sub);
-    req.deadline = Utc::now() - ChronoDuration::seconds(1);
-    let r = w.push_one(&pusher, &req).await;
+    let r = w
+        .push_one(&pusher, &w.expired_request(&w.push.subscription()))
+        .await;
     assert_eq!(r.outcome, Outcome::Expired);
+    assert!(
+        !r.maybe_delivered,
+        "a first delivery: nothing was sent before"
+    );
     assert_eq!(w.push.hits(), 0, "no request reached the push service");
     w.cleanup().await;
 }
@@ -221,18 +232,11 @@ async fn a_request_past_its_deadline_is_never_sent() {
 /// `expired` result of that redelivery must say the push may have arrived, or the row is taken
 /// for not delivered.
 #[tokio::test]
-async fn a_redelivery_past_its_deadline_may_have_been_delivered_a_first_delivery_not() {
+async fn a_redelivery_past_its_deadline_may_have_been_delivered() {
     let w = World::new().await;
     let pusher = w.pusher().await;
-    let sub = w.push.subscription();
-    let mut first = w.request(&sub);
-    first.deadline = Utc::now() - ChronoDuration::seconds(1);
-    let r = w.push_one(&pusher, &first).await;
-    assert_eq!((r.outcome, r.maybe_delivered), (Outcome::Expired, false));
-
     // Another pusher took the request and died holding it (a NAK stands in for its ack wait).
-    let mut held = w.request(&sub);
-    held.deadline = Utc::now() - ChronoDuration::seconds(1);
+    let held = w.expired_request(&w.push.subscription());
     w.publish(&held, &held.msg_id()).await;
     let consumer = fixtures::pusher_consumer(&w.js, &w.subjects).await;
     let taken = consume::fetch(&consumer, 1, WAIT).await.unwrap();
