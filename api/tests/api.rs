@@ -53,10 +53,6 @@ fn below(threshold: i64) -> Value {
     json!({"kind": "price_below", "threshold": threshold})
 }
 
-async fn count(db: &sqlx::PgPool, sql: &str) -> i64 {
-    sqlx::query_scalar(sql).fetch_one(db).await.unwrap()
-}
-
 /// An outbox row for a watch made through the api, as ingest would insert it.
 async fn outbox_row(db: &sqlx::PgPool, device: &str, watch: &str, price: i64) -> Uuid {
     let device = Device {
@@ -272,19 +268,13 @@ async fn a_client_registers_watches_pauses_reads_history_and_leaves() {
     assert_eq!(r.status(), 204);
     problem(api.get("/v1/watches", Some(&token)).await, 401).await;
     assert_eq!(
-        count(
-            &s.db.pool,
-            "SELECT count(*) FROM watches WHERE removed_at IS NULL"
-        )
-        .await,
+        s.db.count("SELECT count(*) FROM watches WHERE removed_at IS NULL")
+            .await,
         0
     );
     assert_eq!(
-        count(
-            &s.db.pool,
-            "SELECT count(*) FROM push_subscriptions WHERE active"
-        )
-        .await,
+        s.db.count("SELECT count(*) FROM push_subscriptions WHERE active")
+            .await,
         0
     );
     sqlx::query("UPDATE watches SET paused = false")
@@ -341,11 +331,8 @@ async fn replacing_the_subscription_keeps_exactly_one_active() {
         )]
     );
     assert_eq!(
-        count(
-            &db.pool,
-            "SELECT count(*) FROM push_subscriptions WHERE deactivation_reason = 'replaced'"
-        )
-        .await,
+        db.count("SELECT count(*) FROM push_subscriptions WHERE deactivation_reason = 'replaced'")
+            .await,
         1
     );
     api.stop().await;
@@ -381,11 +368,8 @@ async fn another_devices_watch_answers_404_and_is_not_touched() {
     assert_eq!(still["paused"], false);
     assert_eq!(still["updated_at"], w["updated_at"]);
     assert_eq!(
-        count(
-            &db.pool,
-            "SELECT count(*) FROM watches WHERE removed_at IS NULL AND NOT paused"
-        )
-        .await,
+        db.count("SELECT count(*) FROM watches WHERE removed_at IS NULL AND NOT paused")
+            .await,
         1
     );
     api.stop().await;
@@ -494,11 +478,8 @@ async fn every_registration_rule_refuses_bad_input_with_a_problem() {
             "{p} should say {says}"
         );
     }
-    assert_eq!(count(&db.pool, "SELECT count(*) FROM devices").await, 0);
-    assert_eq!(
-        count(&db.pool, "SELECT count(*) FROM push_subscriptions").await,
-        0
-    );
+    assert_eq!(db.count("SELECT count(*) FROM devices").await, 0);
+    assert_eq!(db.count("SELECT count(*) FROM push_subscriptions").await, 0);
     api.stop().await;
 }
 
@@ -682,10 +663,7 @@ async fn every_watch_rule_refuses_bad_input_with_a_problem() {
         ["SKU-2", "SKU-3", "SKU-4"],
         "nothing invalid was stored"
     );
-    assert_eq!(
-        count(&db.pool, "SELECT watch_count::bigint FROM devices").await,
-        3
-    );
+    assert_eq!(db.count("SELECT watch_count::bigint FROM devices").await, 3);
     api.stop().await;
 }
 
@@ -716,7 +694,7 @@ async fn concurrent_creates_never_exceed_the_watch_limit() {
         9,
         "{statuses:?}"
     );
-    assert_eq!(count(&db.pool, "SELECT count(*) FROM watches").await, 3);
+    assert_eq!(db.count("SELECT count(*) FROM watches").await, 3);
     api.stop().await;
 }
 
@@ -893,9 +871,9 @@ async fn a_create_postgres_refuses_fails_alone_and_its_neighbours_are_created() 
             }
         }
     }
-    assert_eq!(count(&db.pool, "SELECT count(*) FROM watches").await, 70);
+    assert_eq!(db.count("SELECT count(*) FROM watches").await, 70);
     assert_eq!(
-        count(&db.pool, "SELECT watch_count::bigint FROM devices").await,
+        db.count("SELECT watch_count::bigint FROM devices").await,
         70
     );
     api.stop().await;
@@ -944,7 +922,7 @@ async fn a_retried_create_with_the_same_idempotency_key_creates_one_watch() {
     )
     .await;
     assert_eq!(pointer(&p), "Idempotency-Key");
-    assert_eq!(count(&db.pool, "SELECT count(*) FROM watches").await, 2);
+    assert_eq!(db.count("SELECT count(*) FROM watches").await, 2);
     api.stop().await;
 }
 

@@ -105,10 +105,7 @@ async fn a_price_that_reverted_before_send_is_dropped_and_nothing_is_published()
     assert_eq!(rows[0].detected_price, 1100);
     assert_eq!(rows[0].checked.as_ref().unwrap()["price"], 1300);
     assert_eq!(s.stream_len(StreamKind::Push).await, 0);
-    let baselines: i64 = sqlx::query_scalar("SELECT count(*) FROM baselines")
-        .fetch_one(&s.db.pool)
-        .await
-        .unwrap();
+    let baselines = s.db.count("SELECT count(*) FROM baselines").await;
     assert_eq!(baselines, 0, "a dropped row never moves the baseline");
     s.cleanup().await;
 }
@@ -536,11 +533,9 @@ async fn two_dispatchers_never_claim_the_same_row() {
         (10_000, 10_000),
         "one push per row, none twice"
     );
-    let sending: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status = 'sending' AND attempt = 1")
-            .fetch_one(&s.db.pool)
-            .await
-            .unwrap();
+    let sending =
+        s.db.count("SELECT count(*) FROM outbox WHERE status = 'sending' AND attempt = 1")
+            .await;
     assert_eq!(sending, 10_000);
     s.cleanup().await;
 }
@@ -610,17 +605,15 @@ async fn a_dispatcher_killed_mid_batch_loses_nothing() {
     stop.cancel();
     dispatcher.await.unwrap().unwrap();
 
-    let sent: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status = 'sent'")
-        .fetch_one(&s.db.pool)
-        .await
-        .unwrap();
+    let sent =
+        s.db.count("SELECT count(*) FROM outbox WHERE status = 'sent'")
+            .await;
     assert_eq!(sent, 2_000, "every row reached sent");
     let rows_pushed: HashSet<_> = delivered.iter().map(|(id, _)| *id).collect();
     assert_eq!(rows_pushed.len(), 2_000);
-    let recovered: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE attempt >= 2")
-        .fetch_one(&s.db.pool)
-        .await
-        .unwrap();
+    let recovered =
+        s.db.count("SELECT count(*) FROM outbox WHERE attempt >= 2")
+            .await;
     assert!(
         recovered as u64 >= published_by_a,
         "{recovered} rows recovered by the sweeper, {published_by_a} pushes were lost"
@@ -858,10 +851,9 @@ async fn a_full_push_stream_pauses_dispatch_and_the_backlog_waits_in_the_outbox(
         4,
         "no more than the limit queued"
     );
-    let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status = 'pending'")
-        .fetch_one(&s.db.pool)
-        .await
-        .unwrap();
+    let pending =
+        s.db.count("SELECT count(*) FROM outbox WHERE status = 'pending'")
+            .await;
     assert_eq!(pending, 6, "the rest wait in the outbox");
 
     // The pusher takes the queued requests; dispatch resumes with the rest.

@@ -183,6 +183,14 @@ pub struct TestDb {
 }
 
 impl TestDb {
+    /// The single number `sql` selects, e.g. `SELECT count(*) FROM baselines`.
+    pub async fn count(&self, sql: &str) -> i64 {
+        sqlx::query_scalar(sql)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
     pub async fn new() -> Result<Self, HarnessError> {
         let admin_url = stack()?.admin_database_url.clone();
         let mut admin = PgConnection::connect(&admin_url).await?;

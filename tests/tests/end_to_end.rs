@@ -145,10 +145,7 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
         ("sent", 2, 1),
         "one 429, then sent"
     );
-    let baselines: i64 = sqlx::query_scalar("SELECT count(*) FROM baselines")
-        .fetch_one(&s.db.pool)
-        .await
-        .unwrap();
+    let baselines = s.db.count("SELECT count(*) FROM baselines").await;
     assert_eq!(baselines, 2, "A and C moved their baselines; B did not");
 
     // From what the push service decrypted.

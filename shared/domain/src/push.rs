@@ -56,22 +56,16 @@ mod tests {
     #[test]
     fn status_classes() {
         let h = "fcm.googleapis.com";
-        for (s, o) in [
-            (201, Outcome::Delivered),
-            (200, Outcome::Delivered),
-            (404, Outcome::Gone),
-            (410, Outcome::Gone),
-            (429, Outcome::Transient),
-            (500, Outcome::Transient),
-            (503, Outcome::Transient),
-            (400, Outcome::Permanent),
-            (401, Outcome::Permanent),
-            (403, Outcome::Permanent),
-            (413, Outcome::Permanent),
-            (406, Outcome::Permanent),
-            (301, Outcome::Permanent),
-        ] {
-            assert_eq!(classify(s, h), o, "{s}");
+        let classes: [(&[u16], Outcome); 4] = [
+            (&[200, 201], Outcome::Delivered),
+            (&[404, 410], Outcome::Gone),
+            (&[429, 500, 503], Outcome::Transient),
+            (&[301, 400, 401, 403, 406, 413], Outcome::Permanent),
+        ];
+        for (statuses, outcome) in classes {
+            for &s in statuses {
+                assert_eq!(classify(s, h), outcome, "{s}");
+            }
         }
         assert_eq!(
             classify(406, "wns2-by3p.notify.windows.com"),

@@ -40,13 +40,6 @@ struct Round {
     results_cores: f64,
 }
 
-async fn count(s: &Scenario, sql: &str) -> i64 {
-    sqlx::query_scalar(sql)
-        .fetch_one(&s.db.pool)
-        .await
-        .unwrap_or(0)
-}
-
 /// Time until the consumer `name` has acked everything: ingest and results ack only after
 /// committing, so nothing unacked means everything is in Postgres. Asking NATS costs Postgres
 /// nothing, unlike polling a count, which on this 2-core machine would slow the very thing being
@@ -129,7 +122,7 @@ async fn round(rows: usize) -> Round {
     stop.cancel();
     let _ = task.await;
     assert_eq!(
-        count(&s, "SELECT count(*) FROM outbox").await,
+        s.db.count("SELECT count(*) FROM outbox").await,
         rows as i64,
         "every row ingested"
     );
@@ -215,7 +208,8 @@ async fn round(rows: usize) -> Round {
     stop.cancel();
     let _ = task.await;
     assert_eq!(
-        count(&s, "SELECT count(*) FROM outbox WHERE status = 'sent'").await,
+        s.db.count("SELECT count(*) FROM outbox WHERE status = 'sent'")
+            .await,
         rows as i64,
         "every row sent"
     );
