@@ -284,20 +284,20 @@ impl FakeCatalog {
         self.set(code, Item::priced(price));
     }
 
-    pub fn set_behavior(&self, code: &str, behavior: Behavior) {
-        self.inner
-            .items()
+    /// Changes one thing of an item (one priced 0 if it is new).
+    fn change(&self, code: &str, f: impl FnOnce(&mut Item)) {
+        let mut items = self.inner.items();
+        f(items
             .entry(code.to_owned())
-            .or_insert_with(|| Item::priced(0))
-            .behavior = behavior;
+            .or_insert_with(|| Item::priced(0)));
+    }
+
+    pub fn set_behavior(&self, code: &str, behavior: Behavior) {
+        self.change(code, |item| item.behavior = behavior);
     }
 
     pub fn set_in_stock(&self, code: &str, in_stock: bool) {
-        self.inner
-            .items()
-            .entry(code.to_owned())
-            .or_insert_with(|| Item::priced(0))
-            .in_stock = in_stock;
+        self.change(code, |item| item.in_stock = in_stock);
     }
 
     /// Answer `prices` to the next requests for `code`, one each, then its price again.

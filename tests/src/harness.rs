@@ -266,6 +266,14 @@ pub async fn delete_streams(js: &async_nats::jetstream::Context, subjects: &Subj
         .await;
 }
 
+/// One turn of a polling loop: fails the test with `why` once `limit_secs` have passed since
+/// `started`, else waits 50 ms.
+pub async fn poll_wait(started: std::time::Instant, limit_secs: u64, why: impl FnOnce() -> String) {
+    let limit = std::time::Duration::from_secs(limit_secs);
+    assert!(started.elapsed() < limit, "{}", why());
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+}
+
 /// Number of messages stored in a stream of a test prefix.
 pub async fn stream_len(
     js: &async_nats::jetstream::Context,

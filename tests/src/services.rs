@@ -3,6 +3,7 @@
 //! runs the current code.
 
 use crate::fake_push::CERT_PEM;
+use crate::harness::poll_wait;
 use crate::scenario::Scenario;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -189,12 +190,10 @@ impl Pipeline {
             {
                 panic!("{name} exited ({status}):\n{}", self.log(name));
             }
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "{name} not ready within 30 s:\n{}",
-                self.log(name)
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            poll_wait(started, 30, || {
+                format!("{name} not ready within 30 s:\n{}", self.log(name))
+            })
+            .await;
         }
     }
 

@@ -12,7 +12,7 @@ use tidings_domain::trigger::Trigger;
 use tidings_tests::demo::{self, Endpoints};
 use tidings_tests::fake_push::FakePushService;
 use tidings_tests::fixtures;
-use tidings_tests::harness::{PrivateNats, tool};
+use tidings_tests::harness::{PrivateNats, poll_wait, tool};
 use tidings_tests::scenario::Scenario;
 use tidings_tests::services::{ADMIN_TOKEN, Pipeline, SERVICES};
 
@@ -337,13 +337,14 @@ async fn one_notification_is_one_trace_across_every_service() {
         if names.iter().all(|n| got.contains_key(*n)) {
             break got;
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "spans so far: {:?}\ndispatcher log:\n{}",
-            got.keys().collect::<Vec<_>>(),
-            p.log("dispatcher")
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        poll_wait(started, 30, || {
+            format!(
+                "spans so far: {:?}\ndispatcher log:\n{}",
+                got.keys().collect::<Vec<_>>(),
+                p.log("dispatcher")
+            )
+        })
+        .await;
     };
     let status: String = sqlx::query_scalar("SELECT status FROM outbox WHERE watch_id = $1")
         .bind(w.watch)
@@ -449,12 +450,10 @@ async fn sigterm_during_a_burst_loses_nothing_and_delivers_nothing_twice() {
     };
     let started = Instant::now();
     while count("SELECT count(*) FROM outbox WHERE status = 'sent'").await < 50 {
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "nothing sent:\n{}",
-            p.log("dispatcher")
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        poll_wait(started, 60, || {
+            format!("nothing sent:\n{}", p.log("dispatcher"))
+        })
+        .await;
     }
     for name in ["detector", "dispatcher", "pusher"] {
         let status = p.terminate(name, Duration::from_secs(20)).await;
@@ -485,12 +484,10 @@ async fn sigterm_during_a_burst_loses_nothing_and_delivers_nothing_twice() {
         if terminal == N as i64 {
             break;
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "{terminal} of {N} terminal:\n{}",
-            p.log("dispatcher")
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        poll_wait(started, 120, || {
+            format!("{terminal} of {N} terminal:\n{}", p.log("dispatcher"))
+        })
+        .await;
     }
     assert_eq!(
         count("SELECT count(*) FROM outbox").await,
@@ -537,12 +534,10 @@ async fn services_started_before_nats_wait_unready_and_start_when_it_comes() {
             {
                 break;
             }
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "{name} never served /livez:\n{}",
-                p.log(name)
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            poll_wait(started, 20, || {
+                format!("{name} never served /livez:\n{}", p.log(name))
+            })
+            .await;
         }
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -588,12 +583,10 @@ async fn a_service_without_postgres_stays_up_and_says_so() {
             assert!(d.text().await.unwrap().contains("Postgres"));
             break;
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "not serving:\n{}",
-            p.log("dispatcher")
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        poll_wait(started, 20, || {
+            format!("not serving:\n{}", p.log("dispatcher"))
+        })
+        .await;
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let (status, _) = readyz(&p, "dispatcher").await;

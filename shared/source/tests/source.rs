@@ -58,27 +58,15 @@ async fn every_answer_is_classified_the_same_with_and_without_the_batch_endpoint
         );
         let out = got[&ItemCode::parse("OUT").unwrap()].as_ref().unwrap();
         assert!(!out.in_stock);
-        assert_eq!(
-            kind("GONE"),
-            Some(SourceErrorKind::NotFound),
-            "batch={batch}"
-        );
-        assert_eq!(
-            kind("NEVER-HEARD-OF"),
-            Some(SourceErrorKind::NotFound),
-            "batch={batch}"
-        );
-        assert_eq!(kind("EMPTY"), Some(SourceErrorKind::Empty), "batch={batch}");
-        assert_eq!(
-            kind("SLOW-DOWN"),
-            Some(SourceErrorKind::RateLimited),
-            "batch={batch}"
-        );
-        assert_eq!(
-            kind("BROKEN"),
-            Some(SourceErrorKind::Unavailable),
-            "batch={batch}"
-        );
+        for (code, expected) in [
+            ("GONE", SourceErrorKind::NotFound),
+            ("NEVER-HEARD-OF", SourceErrorKind::NotFound),
+            ("EMPTY", SourceErrorKind::Empty),
+            ("SLOW-DOWN", SourceErrorKind::RateLimited),
+            ("BROKEN", SourceErrorKind::Unavailable),
+        ] {
+            assert_eq!(kind(code), Some(expected), "{code}, batch={batch}");
+        }
     }
 }
 
