@@ -8,7 +8,7 @@
 use async_nats::jetstream;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use tidings_bus::publish::{Outgoing, publish_all};
 use tidings_domain::messages::{EnqueueRequest, encode};
 use tidings_domain::subjects::StreamKind;
@@ -292,39 +292,41 @@ impl Detector {
         drop(spans);
 
         // The stock state moves on only where nothing failed to publish, so a back_in_stock that
-        // could not be enqueued is detected again next scan.
-        let (ids, states): (Vec<WatchId>, Vec<bool>) = stock_changes
-            .into_iter()
-            .filter(|(id, _)| !failed.contains(id))
-            .unzip();
-        if !ids.is_empty() {
+        // could not be enqueued is detected again next scan. One statement for both kinds of
+        // write, one entry per watch (an UPDATE … FROM applies one joined row per watch).
+        let mut writes: HashMap<WatchId, (Option<bool>, Option<i64>)> = HashMap::new();
+        for (id, state) in stock_changes {
+            if !failed.contains(&id) {
+                writes.entry(id).or_default().0 = Some(state);
+            }
+        }
+        for (id, price) in references {
+            writes.entry(id).or_default().1 = Some(price);
+        }
+        if !writes.is_empty() {
+            let ids: Vec<WatchId> = writes.keys().copied().collect();
+            let states: Vec<Option<bool>> = ids.iter().map(|id| writes[id].0).collect();
+            let prices: Vec<Option<i64>> = ids.iter().map(|id| writes[id].1).collect();
             sqlx::query(
-                "UPDATE watches w SET last_in_stock = u.s
-                 FROM UNNEST($1::uuid[], $2::bool[]) AS u(id, s) WHERE w.id = u.id",
+                "UPDATE watches w
+                 SET last_in_stock = COALESCE(u.s, w.last_in_stock),
+                     reference_price = COALESCE(w.reference_price, u.p)
+                 FROM UNNEST($1::uuid[], $2::bool[], $3::bigint[]) AS u(id, s, p)
+                 WHERE w.id = u.id",
             )
             .bind(&ids)
             .bind(&states)
-            .execute(&self.pool)
-            .await
-            .map_err(db("recording stock states"))?;
-            for (id, state) in ids.into_iter().zip(states) {
-                list.set_last_in_stock(id, state);
-            }
-        }
-        if !references.is_empty() {
-            let (ids, prices): (Vec<WatchId>, Vec<i64>) = references.into_iter().unzip();
-            sqlx::query(
-                "UPDATE watches w SET reference_price = u.p
-                 FROM UNNEST($1::uuid[], $2::bigint[]) AS u(id, p)
-                 WHERE w.id = u.id AND w.reference_price IS NULL",
-            )
-            .bind(&ids)
             .bind(&prices)
             .execute(&self.pool)
             .await
-            .map_err(db("recording reference prices"))?;
-            for (id, price) in ids.into_iter().zip(prices) {
-                list.set_reference_price(id, price);
+            .map_err(db("recording stock states and reference prices"))?;
+            for (id, (state, price)) in writes {
+                if let Some(state) = state {
+                    list.set_last_in_stock(id, state);
+                }
+                if let Some(price) = price {
+                    list.set_reference_price(id, price);
+                }
             }
         }
         Ok(())

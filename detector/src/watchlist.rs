@@ -505,6 +505,11 @@ mod tests {
         }
     }
 
+    /// How many of `item`'s watches are due at `price`, `hour`:00 UTC.
+    fn due_at(l: &Watchlist, item: &str, price: i64, hour: u32) -> usize {
+        l.to_evaluate(&code(item), &obs(price), at(hour)).len()
+    }
+
     fn evaluating(l: &Watchlist, item: &str, price: i64) -> Vec<WatchId> {
         l.to_evaluate(&code(item), &obs(price), at(12))
             .iter()
@@ -616,11 +621,7 @@ mod tests {
         assert_eq!(due(12), 0, "enqueued today: nothing to do");
         assert_eq!(due(14), 0, "23:00 in Tokyo");
         assert_eq!(due(15), 1, "midnight in Tokyo: a new dedup day there");
-        assert_eq!(
-            l.to_evaluate(&code("A"), &obs(950), at(12)).len(),
-            1,
-            "the value moved"
-        );
+        assert_eq!(due_at(&l, "A", 950, 12), 1, "the value moved");
     }
 
     #[test]
@@ -636,13 +637,13 @@ mod tests {
         );
         assert_eq!(evaluating(&l, "A", 900).len(), 0, "12:00: trusted");
         assert_eq!(
-            l.to_evaluate(&code("A"), &obs(900), at(13)).len(),
+            due_at(&l, "A", 900, 13),
             1,
             "13:00: published again if it still holds, in case JetStream lost it"
         );
         l.evaluated(&code("A"), &obs(1200), Some(vec![]), at(13));
         assert_eq!(
-            l.to_evaluate(&code("A"), &obs(1200), at(14)).len(),
+            due_at(&l, "A", 1200, 14),
             0,
             "nothing held: nothing to publish again"
         );

@@ -154,6 +154,47 @@ async fn price_drop_without_a_reference_measures_from_the_first_price_seen() {
     s.cleanup().await;
 }
 
+/// Both of a scan's watch writes in one statement: a watch that needs its stock state and its
+/// reference price recorded in the same scan gets both, and a reference already set stays.
+#[tokio::test]
+async fn one_scan_records_a_watch_s_stock_state_and_first_price_together() {
+    let s = Scenario::new().await;
+    let w = s.watcher("SKU-1", Trigger::BackInStock, 1000).await;
+    let kept = s
+        .watcher("SKU-1", Trigger::PriceDrop { percent: 10 }, 1000)
+        .await;
+    sqlx::query(
+        "UPDATE watches SET reference_price = NULL,
+                triggers = '[{\"kind\":\"back_in_stock\"},{\"kind\":\"price_drop\",\"percent\":10}]'
+         WHERE id = $1",
+    )
+    .bind(w.watch)
+    .execute(&s.db.pool)
+    .await
+    .unwrap();
+    s.catalog.set_price("SKU-1", 1250);
+    detector(&s, 0, 1).scan_once(Utc::now()).await.unwrap();
+    let row = |id| {
+        let pool = s.db.pool.clone();
+        async move {
+            sqlx::query_as::<_, (Option<bool>, Option<i64>)>(
+                "SELECT last_in_stock, reference_price FROM watches WHERE id = $1",
+            )
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    assert_eq!(row(w.watch).await, (Some(true), Some(1250)));
+    assert_eq!(
+        row(kept.watch).await,
+        (None, Some(1000)),
+        "set before: kept"
+    );
+    s.cleanup().await;
+}
+
 #[tokio::test]
 async fn back_in_stock_fires_on_the_out_to_in_transition_only() {
     let s = Scenario::new().await;

@@ -279,47 +279,43 @@ mod tests {
         }
     }
 
+    const LOST: Verdict = Verdict::Lost(LostReason::ConditionLost);
+
+    /// Each case: the baseline, a price (in stock), the verdict `t` gives.
+    fn verdicts(t: Trigger, cases: &[(Baseline, i64, Verdict)]) {
+        for &(b, price, expected) in cases {
+            let got = evaluate(&t, &obs(price, true), &b);
+            assert_eq!(got, expected, "{t:?} at {price} after {b:?}");
+        }
+    }
+
     #[test]
     fn price_below_holds_strictly_below_the_threshold() {
-        let t = Trigger::PriceBelow { threshold: 1200 };
-        assert_eq!(
-            evaluate(&t, &obs(1199, true), &base(None, None)),
-            Verdict::Holds
-        );
-        assert_eq!(
-            evaluate(&t, &obs(1200, true), &base(None, None)),
-            Verdict::Lost(LostReason::ConditionLost)
-        );
+        let none = base(None, None);
+        let cases = [(none, 1199, Verdict::Holds), (none, 1200, LOST)];
+        verdicts(Trigger::PriceBelow { threshold: 1200 }, &cases);
     }
 
     #[test]
     fn price_below_does_not_fire_again_for_the_same_baseline() {
-        let t = Trigger::PriceBelow { threshold: 1200 };
         // We told the user about 1100; 1100 again is not news, 1099 is.
-        let notified = base(Some(1100), Some(true));
-        assert_eq!(
-            evaluate(&t, &obs(1100, true), &notified),
-            Verdict::Lost(LostReason::ConditionLost)
-        );
-        assert_eq!(evaluate(&t, &obs(1099, true), &notified), Verdict::Holds);
+        let told = base(Some(1100), Some(true));
+        let cases = [(told, 1100, LOST), (told, 1099, Verdict::Holds)];
+        verdicts(Trigger::PriceBelow { threshold: 1200 }, &cases);
     }
 
     #[test]
     fn price_drop_fires_at_ten_percent_not_at_nine() {
-        let t = Trigger::PriceDrop { percent: 10 };
-        let b = base(Some(1000), None);
-        assert_eq!(evaluate(&t, &obs(900, true), &b), Verdict::Holds);
-        assert_eq!(
-            evaluate(&t, &obs(910, true), &b),
-            Verdict::Lost(LostReason::ConditionLost)
-        );
+        let first = base(Some(1000), None);
         // After a sent notification at 900 the baseline is 900: 810 is the next 10 % drop.
-        let b = base(Some(900), Some(true));
-        assert_eq!(
-            evaluate(&t, &obs(850, true), &b),
-            Verdict::Lost(LostReason::ConditionLost)
-        );
-        assert_eq!(evaluate(&t, &obs(810, true), &b), Verdict::Holds);
+        let after_900 = base(Some(900), Some(true));
+        let cases = [
+            (first, 900, Verdict::Holds),
+            (first, 910, LOST),
+            (after_900, 850, LOST),
+            (after_900, 810, Verdict::Holds),
+        ];
+        verdicts(Trigger::PriceDrop { percent: 10 }, &cases);
     }
 
     /// Regression: the price when the watch was created is price_drop's reference only; it is
