@@ -84,6 +84,20 @@ impl Client {
         Ok(serde_json::from_str(&text).unwrap_or(Value::Null))
     }
 
+    async fn get(&self, what: &str, url: String, token: Option<&str>) -> Result<Value, DemoError> {
+        self.call(what, Method::GET, url, token, None).await
+    }
+
+    async fn post(
+        &self,
+        what: &str,
+        url: String,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> Result<Value, DemoError> {
+        self.call(what, Method::POST, url, token, body).await
+    }
+
     async fn set_item(&self, code: &str, item: Value) -> Result<(), DemoError> {
         self.call(
             &format!("setting {code} in the catalog"),
@@ -98,12 +112,10 @@ impl Client {
 
     async fn history(&self, token: &str) -> Result<Vec<Value>, DemoError> {
         let v = self
-            .call(
+            .get(
                 "reading the history",
-                Method::GET,
                 format!("{}/v1/notifications", self.e.api),
                 Some(token),
-                None,
             )
             .await?;
         Ok(v["items"].as_array().cloned().unwrap_or_default())
@@ -148,9 +160,8 @@ pub async fn run(e: Endpoints, mut say: impl FnMut(String)) -> Result<Report, De
         c.set_item(code, json!({"price": 1500})).await?;
     }
     let sub = c
-        .call(
+        .post(
             "making a push subscription",
-            Method::POST,
             format!("{}/subscriptions", c.e.push_admin),
             None,
             None,
@@ -162,9 +173,8 @@ pub async fn run(e: Endpoints, mut say: impl FnMut(String)) -> Result<Report, De
         .unwrap_or_default()
         .to_owned();
     let device = c
-        .call(
+        .post(
             "registering the device",
-            Method::POST,
             format!("{}/v1/devices", c.e.api),
             None,
             Some(json!({"subscription": sub, "time_zone": "Europe/Berlin"})),
@@ -177,14 +187,11 @@ pub async fn run(e: Endpoints, mut say: impl FnMut(String)) -> Result<Report, De
     ));
     let mut watches = Vec::new();
     for code in ["SKU-A", "SKU-B", "SKU-C"] {
+        let trigger = json!({"kind": "price_below", "threshold": 1200});
+        let body = json!({"item_code": code, "triggers": [trigger]});
+        let url = format!("{}/v1/watches", c.e.api);
         let w = c
-            .call(
-                &format!("watching {code}"),
-                Method::POST,
-                format!("{}/v1/watches", c.e.api),
-                Some(&token),
-                Some(json!({"item_code": code, "triggers": [{"kind": "price_below", "threshold": 1200}]})),
-            )
+            .post(&format!("watching {code}"), url, Some(&token), Some(body))
             .await?;
         watches.push((
             code.to_owned(),
@@ -219,9 +226,8 @@ pub async fn run(e: Endpoints, mut say: impl FnMut(String)) -> Result<Report, De
     ));
 
     // C: the push service is briefly overloaded.
-    c.call(
+    c.post(
         "queueing a 429",
-        Method::POST,
         format!("{}/subscriptions/{sub_id}/answers", c.e.push_admin),
         None,
         Some(json!(["429:1"])),
@@ -233,11 +239,9 @@ pub async fn run(e: Endpoints, mut say: impl FnMut(String)) -> Result<Report, De
     say("  → retry, then sent".into());
 
     let received = c
-        .call(
+        .get(
             "reading what the push service received",
-            Method::GET,
             format!("{}/received", c.e.push_admin),
-            None,
             None,
         )
         .await?
@@ -253,12 +257,10 @@ pub async fn run(e: Endpoints, mut say: impl FnMut(String)) -> Result<Report, De
     }
     let history = c.history(&token).await?;
     let outbox = c
-        .call(
+        .get(
             "reading the outbox (operator)",
-            Method::GET,
             format!("{}/v1/admin/outbox?device_id={device_id}", c.e.api),
             Some(&c.e.admin_token),
-            None,
         )
         .await?["items"]
         .as_array()

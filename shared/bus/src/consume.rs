@@ -134,7 +134,10 @@ pub trait Handler: Send + Sync + Sized + 'static {
     }
 
     /// Handles messages until `shutdown`; see [`Consumer::run`].
-    fn run(self, shutdown: CancellationToken) -> impl Future<Output = Result<(), Self::Error>> {
+    fn run(
+        self,
+        shutdown: CancellationToken,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
         async move {
             let this = Arc::new(self);
             this.consumer().run(Arc::clone(&this), shutdown).await?;

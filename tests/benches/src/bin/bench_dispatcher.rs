@@ -8,7 +8,7 @@ use futures::StreamExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tidings_benches::procstat::CpuSplit;
-use tidings_bus::consume::Handler as _;
+use tidings_bus::consume::Handler;
 use tidings_bus::publish::{Outgoing, publish_all};
 use tidings_dispatcher::dispatch::Dispatcher;
 use tidings_dispatcher::ingest::Ingest;
@@ -44,12 +44,33 @@ struct Round {
 /// committing, so nothing unacked means everything is in Postgres. Asking NATS costs Postgres
 /// nothing, unlike polling a count, which on this 2-core machine would slow the very thing being
 /// measured.
-async fn drained(s: &Scenario, kind: StreamKind, name: &str) -> Duration {
+/// Publishes every message, pipelined; panics unless JetStream stores each.
+async fn publish_every(js: &async_nats::jetstream::Context, outgoing: Vec<Outgoing>, what: &str) {
+    for ack in publish_all(js, outgoing, 1024).await {
+        ack.unwrap_or_else(|e| panic!("{what}: {e}"));
+    }
+}
+
+/// Runs `handler`'s consume loop until its consumer `name` has nothing left unacknowledged;
+/// returns how long that took and the CPU it cost.
+async fn run_until_drained<H: Handler>(
+    s: &Scenario,
+    handler: H,
+    kind: StreamKind,
+    name: &str,
+) -> (Duration, CpuSplit) {
+    let stop = CancellationToken::new();
+    let cpu = CpuSplit::now();
     let started = Instant::now();
+    let task = tokio::spawn(handler.run(stop.clone()));
     while s.unacked(kind, name).await > 0 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    started.elapsed()
+    let took = started.elapsed();
+    let cpu = CpuSplit::since(cpu);
+    stop.cancel();
+    let _ = task.await;
+    (took, cpu)
 }
 
 fn rate(n: usize, d: Duration) -> f64 {
@@ -101,26 +122,15 @@ async fn round(rows: usize) -> Round {
             }
         })
         .collect();
-    for ack in publish_all(&s.js, outgoing, 1024).await {
-        ack.expect("publish");
-    }
+    publish_every(&s.js, outgoing, "publish").await;
 
     // Ingest: the real consume loop, until every row is in the outbox.
     let ingest = Ingest::new(s.db.pool.clone(), s.js.clone(), settings.clone())
         .await
         .expect("ingest");
-    let stop = CancellationToken::new();
-    let cpu = CpuSplit::now();
-    let task = tokio::spawn(ingest.run(stop.clone()));
-    let ingest_took = drained(
-        &s,
-        StreamKind::Enqueue,
-        tidings_dispatcher::ingest::CONSUMER,
-    )
-    .await;
-    let ingest_cpu = CpuSplit::since(cpu);
-    stop.cancel();
-    let _ = task.await;
+    let consumer = tidings_dispatcher::ingest::CONSUMER;
+    let (ingest_took, ingest_cpu) =
+        run_until_drained(&s, ingest, StreamKind::Enqueue, consumer).await;
     assert_eq!(
         s.db.count("SELECT count(*) FROM outbox").await,
         rows as i64,
@@ -189,24 +199,13 @@ async fn round(rows: usize) -> Round {
             payload: encode(r),
         })
         .collect();
-    for ack in publish_all(&s.js, outgoing, 1024).await {
-        ack.expect("publish result");
-    }
+    publish_every(&s.js, outgoing, "publish result").await;
     let res = Results::new(s.db.pool.clone(), s.js.clone(), settings.clone())
         .await
         .expect("results");
-    let stop = CancellationToken::new();
-    let cpu = CpuSplit::now();
-    let task = tokio::spawn(res.run(stop.clone()));
-    let results_took = drained(
-        &s,
-        StreamKind::Result,
-        tidings_dispatcher::results::CONSUMER,
-    )
-    .await;
-    let results_cpu = CpuSplit::since(cpu);
-    stop.cancel();
-    let _ = task.await;
+    let consumer = tidings_dispatcher::results::CONSUMER;
+    let (results_took, results_cpu) =
+        run_until_drained(&s, res, StreamKind::Result, consumer).await;
     assert_eq!(
         s.db.count("SELECT count(*) FROM outbox WHERE status = 'sent'")
             .await,
