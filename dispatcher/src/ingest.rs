@@ -20,6 +20,7 @@ use tidings_runtime::metrics::ResultLabels;
 use tidings_runtime::telemetry;
 
 use crate::config::Settings;
+use crate::stage::Stage;
 
 pub const CONSUMER: &str = "dispatcher-ingest";
 
@@ -48,10 +49,7 @@ pub enum IngestError {
 }
 
 pub struct Ingest {
-    pool: PgPool,
-    js: jetstream::Context,
-    settings: Arc<Settings>,
-    consumer: Consumer,
+    stage: Stage,
 }
 
 impl Ingest {
@@ -69,13 +67,8 @@ impl Ingest {
             ack_wait: ACK_WAIT,
             shape: Shape::batches(settings.ingest_batch, settings.consumer_concurrency),
         };
-        let consumer = Consumer::durable(&js, &settings.subjects, durable).await?;
-        Ok(Ingest {
-            pool,
-            js,
-            settings,
-            consumer,
-        })
+        let stage = Stage::new(pool, js, settings, durable).await?;
+        Ok(Ingest { stage })
     }
 
     async fn watch_owners(
@@ -88,7 +81,7 @@ impl Ingest {
         let rows: Vec<(WatchId, DeviceId)> =
             sqlx::query_as("SELECT id, device_id FROM watches WHERE id = ANY($1)")
                 .bind(ids)
-                .fetch_all(&self.pool)
+                .fetch_all(&self.stage.pool)
                 .await?;
         Ok(rows.into_iter().collect())
     }
@@ -99,16 +92,16 @@ impl consume::Handler for Ingest {
     type Error = IngestError;
 
     fn consumer(&self) -> &Consumer {
-        &self.consumer
+        &self.stage.consumer
     }
 
     /// Decodes, validates and inserts one batch, then acks it. On a database error the batch is
     /// nak'ed for redelivery and the error returned.
     async fn handle(&self, messages: Vec<jetstream::Message>) -> Result<IngestStats, IngestError> {
-        let subjects = &self.settings.subjects;
+        let subjects = &self.stage.settings.subjects;
         let total = messages.len();
         let decoded = consume::decode_batch::<EnqueueRequest>(
-            &self.js,
+            &self.stage.js,
             subjects,
             StreamKind::Enqueue,
             messages,
@@ -144,7 +137,9 @@ impl consume::Handler for Ingest {
                         ),
                     };
                     tracing::warn!(watch_id = %req.watch_id, reason = %why, "dead-lettering enqueue request");
-                    match dead_letter(&self.js, subjects, StreamKind::Enqueue, &msg, &why).await {
+                    match dead_letter(&self.stage.js, subjects, StreamKind::Enqueue, &msg, &why)
+                        .await
+                    {
                         Ok(()) => stats.dead_lettered += 1,
                         Err(e) => {
                             tracing::error!(watch_id = %req.watch_id, error = %e, "could not dead-letter")
@@ -182,7 +177,7 @@ impl consume::Handler for Ingest {
                 (req, traceparent)
             })
             .collect();
-        let result = insert(&self.pool, &requests).await;
+        let result = insert(&self.stage.pool, &requests).await;
         drop(spans);
         match result {
             Ok(inserted) => {

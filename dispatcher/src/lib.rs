@@ -22,6 +22,7 @@ pub mod ingest;
 mod plan;
 mod recheck;
 pub mod results;
+mod stage;
 pub mod sweeper;
 
 use async_nats::jetstream;

@@ -28,12 +28,10 @@ use tidings_domain::{OutboxId, SubscriptionId, WatchId};
 use tidings_runtime::telemetry;
 
 use crate::config::Settings;
+use crate::stage::Stage;
 use tidings_store::transition::{self, Change};
 
 pub const CONSUMER: &str = "dispatcher-results";
-
-/// Results per batch: one transaction locks, updates and advances baselines for all of them.
-const BATCH: usize = 1000;
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct ResultStats {
@@ -69,10 +67,7 @@ struct Locked {
 }
 
 pub struct Results {
-    pool: PgPool,
-    js: jetstream::Context,
-    settings: Arc<Settings>,
-    consumer: Consumer,
+    stage: Stage,
 }
 
 impl Results {
@@ -87,21 +82,18 @@ impl Results {
             filter: None,
             max_ack_pending: 20_000,
             ack_wait: settings.result_ack_wait,
-            shape: Shape::batches(BATCH, settings.consumer_concurrency),
+            // 1,000 results a batch: one transaction locks, updates and advances baselines for
+            // all of them.
+            shape: Shape::batches(1000, settings.consumer_concurrency),
         };
-        let consumer = Consumer::durable(&js, &settings.subjects, durable).await?;
-        Ok(Results {
-            pool,
-            js,
-            settings,
-            consumer,
-        })
+        let stage = Stage::new(pool, js, settings, durable).await?;
+        Ok(Results { stage })
     }
 
     /// Applies results in one transaction; returns how many changed a row.
     pub async fn apply(&self, results: &[&PushResult]) -> Result<usize, sqlx::Error> {
-        let mut tx = self.pool.begin().await?;
-        let applied = apply_in(&mut tx, &self.settings, results).await?;
+        let mut tx = self.stage.pool.begin().await?;
+        let applied = apply_in(&mut tx, &self.stage.settings, results).await?;
         tx.commit().await?;
         applied.record();
         Ok(applied.count())
@@ -113,14 +105,14 @@ impl consume::Handler for Results {
     type Error = ResultsError;
 
     fn consumer(&self) -> &Consumer {
-        &self.consumer
+        &self.stage.consumer
     }
 
     async fn handle(&self, messages: Vec<jetstream::Message>) -> Result<ResultStats, ResultsError> {
         let total = messages.len();
         let decoded = consume::decode_batch::<PushResult>(
-            &self.js,
-            &self.settings.subjects,
+            &self.stage.js,
+            &self.stage.settings.subjects,
             StreamKind::Result,
             messages,
         )

@@ -64,6 +64,13 @@ impl World {
         }
     }
 
+    /// A world and a pusher on it with the default test settings.
+    async fn with_pusher() -> (Self, Pusher) {
+        let w = World::new().await;
+        let pusher = w.pusher().await;
+        (w, pusher)
+    }
+
     async fn pusher(&self) -> Pusher {
         Pusher::new(self.js.clone(), self.settings.clone())
             .await
@@ -125,8 +132,7 @@ impl World {
 
 #[tokio::test]
 async fn the_push_service_decrypts_exactly_the_body_with_a_valid_vapid_token() {
-    let w = World::new().await;
-    let pusher = w.pusher().await;
+    let (w, pusher) = World::with_pusher().await;
     let sub = w.push.subscription();
     let req = w.request(&sub);
 
@@ -160,8 +166,7 @@ async fn the_push_service_decrypts_exactly_the_body_with_a_valid_vapid_token() {
 
 #[tokio::test]
 async fn each_answer_of_the_push_service_becomes_the_right_outcome() {
-    let w = World::new().await;
-    let pusher = w.pusher().await;
+    let (w, pusher) = World::with_pusher().await;
     let cases = [
         (Answer::NotFound, Outcome::Gone, Some(404), None),
         (Answer::Gone, Outcome::Gone, Some(410), None),
@@ -195,8 +200,7 @@ async fn each_answer_of_the_push_service_becomes_the_right_outcome() {
 
 #[tokio::test]
 async fn a_hung_endpoint_is_transient_after_the_timeout() {
-    let w = World::new().await;
-    let pusher = w.pusher().await;
+    let (w, pusher) = World::with_pusher().await;
     let sub = w.push.subscription();
     w.push.answer_always(&sub, Answer::Hang);
     let started = Instant::now();
@@ -213,8 +217,7 @@ async fn a_hung_endpoint_is_transient_after_the_timeout() {
 
 #[tokio::test]
 async fn a_request_past_its_deadline_is_never_sent() {
-    let w = World::new().await;
-    let pusher = w.pusher().await;
+    let (w, pusher) = World::with_pusher().await;
     let r = w
         .push_one(&pusher, &w.expired_request(&w.push.subscription()))
         .await;
@@ -233,8 +236,7 @@ async fn a_request_past_its_deadline_is_never_sent() {
 /// for not delivered.
 #[tokio::test]
 async fn a_redelivery_past_its_deadline_may_have_been_delivered() {
-    let w = World::new().await;
-    let pusher = w.pusher().await;
+    let (w, pusher) = World::with_pusher().await;
     // Another pusher took the request and died holding it (a NAK stands in for its ack wait).
     let held = w.expired_request(&w.push.subscription());
     w.publish(&held, &held.msg_id()).await;
@@ -287,8 +289,7 @@ async fn endpoints_that_fail_the_guard_are_refused_without_a_connection() {
 
 #[tokio::test]
 async fn a_redelivered_request_that_was_delivered_is_not_sent_again() {
-    let w = World::new().await;
-    let pusher = w.pusher().await;
+    let (w, pusher) = World::with_pusher().await;
     let sub = w.push.subscription();
     let req = w.request(&sub);
 

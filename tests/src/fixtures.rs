@@ -36,24 +36,18 @@ pub async fn device(pool: &PgPool, time_zone: &str) -> Result<Device, sqlx::Erro
     })
 }
 
+/// `sub` as the device's active push subscription.
 pub async fn subscription(
     pool: &PgPool,
     device: DeviceId,
-    endpoint: &str,
-    p256dh: &str,
-    auth: &str,
+    sub: &Subscription,
 ) -> Result<SubscriptionId, sqlx::Error> {
     let id = SubscriptionId::new();
-    sqlx::query(
-        "INSERT INTO push_subscriptions (id, device_id, endpoint, p256dh, auth) VALUES ($1, $2, $3, $4, $5)",
-    )
-    .bind(id)
-    .bind(device)
-    .bind(endpoint)
-    .bind(p256dh)
-    .bind(auth)
-    .execute(pool)
-    .await?;
+    let sql = "INSERT INTO push_subscriptions (id, device_id, endpoint, p256dh, auth)
+               VALUES ($1, $2, $3, $4, $5)";
+    let query = sqlx::query(sql).bind(id).bind(device);
+    let query = query.bind(&sub.endpoint).bind(&sub.p256dh).bind(&sub.auth);
+    query.execute(pool).await?;
     Ok(id)
 }
 

@@ -151,7 +151,7 @@ impl Scenario {
     ) -> Watcher {
         let pool = &self.db.pool;
         let device = fixtures::device(pool, "UTC").await.expect("device");
-        fixtures::subscription(pool, device.id, &sub.endpoint, &sub.p256dh, &sub.auth)
+        fixtures::subscription(pool, device.id, sub)
             .await
             .expect("subscription");
         let watch = fixtures::watch(

@@ -422,7 +422,7 @@ async fn sigterm_during_a_burst_loses_nothing_and_delivers_nothing_twice() {
     let trigger = Trigger::PriceBelow { threshold: 1200 };
     for _ in 0..10 {
         let device = fixtures::device(&s.db.pool, "UTC").await.unwrap();
-        fixtures::subscription(&s.db.pool, device.id, &sub.endpoint, &sub.p256dh, &sub.auth)
+        fixtures::subscription(&s.db.pool, device.id, &sub)
             .await
             .unwrap();
         sqlx::query(

@@ -323,6 +323,17 @@ pub struct Row {
     pub attempt: u32,
 }
 
+impl Transition {
+    /// The row as this transition leaves it, to apply the next event to.
+    pub fn row(&self) -> Row {
+        Row {
+            status: self.to,
+            retry_count: self.retry_count,
+            attempt: self.attempt,
+        }
+    }
+}
+
 /// Applies `event` to `row`. `max_retries` is the number of retries allowed before a transient
 /// failure becomes `failed/retries_exhausted` (0: the first transient failure is final).
 pub fn apply(row: Row, event: Event, max_retries: u32) -> Result<Transition, IllegalTransition> {
@@ -401,21 +412,12 @@ mod tests {
 
     #[test]
     fn the_happy_path() {
-        let t = apply(row(Status::Pending), Event::Dispatched, 5).unwrap();
-        assert_eq!(
-            (t.to, t.attempt, t.advances_baseline),
-            (Status::Sending, 1, false)
-        );
-        let r = Row {
-            status: t.to,
-            retry_count: t.retry_count,
-            attempt: t.attempt,
-        };
-        let t = apply(r, Event::Delivered, 5).unwrap();
-        assert_eq!(
-            (t.to, t.reason, t.advances_baseline),
-            (Status::Sent, None, true)
-        );
+        let sending = apply(row(Status::Pending), Event::Dispatched, 5).unwrap();
+        let sent = apply(sending.row(), Event::Delivered, 5).unwrap();
+        let (to, attempt, advances) = (sending.to, sending.attempt, sending.advances_baseline);
+        assert_eq!((to, attempt, advances), (Status::Sending, 1, false));
+        let (to, reason, advances) = (sent.to, sent.reason, sent.advances_baseline);
+        assert_eq!((to, reason, advances), (Status::Sent, None, true));
     }
 
     #[test]
@@ -424,11 +426,7 @@ mod tests {
         for expected in 1..=3 {
             let t = apply(r, Event::Transient, 3).unwrap();
             assert_eq!((t.to, t.retry_count), (Status::Retry, expected));
-            r = Row {
-                status: t.to,
-                retry_count: t.retry_count,
-                attempt: t.attempt,
-            };
+            r = t.row();
         }
         let t = apply(r, Event::Transient, 3).unwrap();
         assert_eq!(t.to, Status::Failed);
@@ -499,9 +497,8 @@ mod tests {
             (Status::Retry, 1, true)
         );
         let retrying = Row {
-            status: t.to,
-            retry_count: t.retry_count,
             attempt: 1,
+            ..t.row()
         };
         let t = apply(retrying, Event::Delivered, 5).unwrap();
         assert_eq!(
@@ -621,7 +618,7 @@ mod tests {
                             prop_assert!(!sent_once, "baseline advanced twice");
                             sent_once = true;
                         }
-                        r = Row { status: t.to, retry_count: t.retry_count, attempt: t.attempt };
+                        r = t.row();
                     }
                 }
             }

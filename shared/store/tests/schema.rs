@@ -3,7 +3,7 @@
 // Test code: a failed unwrap is a failed test, which is what we want.
 #![allow(clippy::unwrap_used)]
 
-use chrono::{TimeZone, Utc};
+use chrono::{NaiveDate, TimeZone, Utc};
 use tidings_domain::outbox::Status;
 use tidings_domain::trigger::Trigger;
 use tidings_domain::{OutboxId, WatchId};
@@ -32,10 +32,12 @@ async fn one_row(db: &TestDb) -> (WatchId, OutboxId) {
     (watch, id)
 }
 
-async fn count_rows(db: &TestDb, watch: WatchId) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM outbox WHERE watch_id = $1")
+/// A watch's outbox rows by dedup day: (dedup day, detected price).
+async fn rows_of(db: &TestDb, watch: WatchId) -> Vec<(NaiveDate, i64)> {
+    let sql = "SELECT dedup_day, detected_price FROM outbox WHERE watch_id = $1 ORDER BY 1";
+    sqlx::query_as(sql)
         .bind(watch)
-        .fetch_one(&db.pool)
+        .fetch_all(&db.pool)
         .await
         .unwrap()
 }
@@ -63,18 +65,9 @@ async fn the_same_dedup_key_twice_is_one_row_and_a_reported_duplicate() {
         fixtures::insert_outbox(&db.pool, &again).await.unwrap(),
         Inserted::Duplicate
     );
-    assert_eq!(count_rows(&db, watch).await, 1);
-
-    let detected_price: i64 =
-        sqlx::query_scalar("SELECT detected_price FROM outbox WHERE watch_id = $1")
-            .bind(watch)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-    assert_eq!(
-        detected_price, 1100,
-        "the first detection's snapshot is kept"
-    );
+    let rows = rows_of(&db, watch).await;
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].1, 1100, "the first detection's snapshot is kept");
 }
 
 #[tokio::test]
@@ -90,7 +83,7 @@ async fn the_next_days_detection_is_a_new_row() {
             Inserted::New(_)
         ));
     }
-    assert_eq!(count_rows(&db, watch).await, 2);
+    assert_eq!(rows_of(&db, watch).await.len(), 2);
 }
 
 #[tokio::test]
@@ -108,18 +101,13 @@ async fn the_devices_time_zone_moves_the_day_boundary() {
             fixtures::insert_outbox(&db.pool, &req).await.unwrap();
         }
     }
-    assert_eq!(count_rows(&db, utc_watch).await, 1);
-    assert_eq!(count_rows(&db, berlin_watch).await, 2);
-    let days: Vec<chrono::NaiveDate> =
-        sqlx::query_scalar("SELECT dedup_day FROM outbox WHERE watch_id = $1 ORDER BY dedup_day")
-            .bind(berlin_watch)
-            .fetch_all(&db.pool)
-            .await
-            .unwrap();
-    assert_eq!(
-        days.iter().map(ToString::to_string).collect::<Vec<_>>(),
-        ["2026-11-30", "2026-12-01"]
-    );
+    assert_eq!(rows_of(&db, utc_watch).await.len(), 1);
+    let days: Vec<String> = rows_of(&db, berlin_watch)
+        .await
+        .iter()
+        .map(|(day, _)| day.to_string())
+        .collect();
+    assert_eq!(days, ["2026-11-30", "2026-12-01"]);
 }
 
 /// Moves a row to `to`, filling the columns that state requires. Errors are the database's.
@@ -209,7 +197,7 @@ async fn terminal_rows_and_detection_snapshots_never_change_and_rows_are_never_d
         .execute(&db.pool)
         .await;
     assert!(delete.is_err(), "an outbox row was deleted");
-    assert_eq!(count_rows(&db, watch).await, 1);
+    assert_eq!(rows_of(&db, watch).await.len(), 1);
 }
 
 #[tokio::test]
@@ -266,7 +254,7 @@ async fn a_replay_must_name_an_existing_row_without_a_foreign_key_on_every_inser
         moved.as_ref().is_err_and(foreign_key_violation),
         "a replay was pointed at a row that does not exist: {moved:?}"
     );
-    assert_eq!(count_rows(&db, watch).await, 2);
+    assert_eq!(rows_of(&db, watch).await.len(), 2);
 
     // The check is a trigger that runs only for replays: a foreign key would queue a check event
     // for every ingested row (9 % of ingest's Postgres work, migration 0006).

@@ -51,19 +51,19 @@ async fn publish_every(js: &async_nats::jetstream::Context, outgoing: Vec<Outgoi
     }
 }
 
-/// Runs `handler`'s consume loop until its consumer `name` has nothing left unacknowledged;
-/// returns how long that took and the CPU it cost.
-async fn run_until_drained<H: Handler>(
-    s: &Scenario,
-    handler: H,
-    kind: StreamKind,
-    name: &str,
-) -> (Duration, CpuSplit) {
+/// Runs `handler`'s consume loop until its consumer has nothing left unacknowledged; returns
+/// how long that took and the CPU it cost.
+async fn run_until_drained<H: Handler>(handler: H) -> (Duration, CpuSplit) {
+    let mut pull = handler.consumer().pull().clone();
     let stop = CancellationToken::new();
     let cpu = CpuSplit::now();
     let started = Instant::now();
     let task = tokio::spawn(handler.run(stop.clone()));
-    while s.unacked(kind, name).await > 0 {
+    loop {
+        let info = pull.info().await.expect("consumer info");
+        if info.num_pending + info.num_ack_pending as u64 == 0 {
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let took = started.elapsed();
@@ -128,9 +128,7 @@ async fn round(rows: usize) -> Round {
     let ingest = Ingest::new(s.db.pool.clone(), s.js.clone(), settings.clone())
         .await
         .expect("ingest");
-    let consumer = tidings_dispatcher::ingest::CONSUMER;
-    let (ingest_took, ingest_cpu) =
-        run_until_drained(&s, ingest, StreamKind::Enqueue, consumer).await;
+    let (ingest_took, ingest_cpu) = run_until_drained(ingest).await;
     assert_eq!(
         s.db.count("SELECT count(*) FROM outbox").await,
         rows as i64,
@@ -203,9 +201,7 @@ async fn round(rows: usize) -> Round {
     let res = Results::new(s.db.pool.clone(), s.js.clone(), settings.clone())
         .await
         .expect("results");
-    let consumer = tidings_dispatcher::results::CONSUMER;
-    let (results_took, results_cpu) =
-        run_until_drained(&s, res, StreamKind::Result, consumer).await;
+    let (results_took, results_cpu) = run_until_drained(res).await;
     assert_eq!(
         s.db.count("SELECT count(*) FROM outbox WHERE status = 'sent'")
             .await,
