@@ -91,14 +91,19 @@ pub fn limit(raw: Option<u32>) -> Result<i64, ApiError> {
     }
 }
 
-/// Splits `limit + 1` fetched rows into a page and the cursor of the next one.
-pub fn page<T>(mut rows: Vec<T>, limit: i64, id: impl Fn(&T) -> Uuid) -> (Vec<T>, Option<String>) {
+/// Splits `limit + 1` fetched rows into a page, each row as the api shows it, and the cursor of
+/// the next page.
+pub fn page<T, U>(
+    mut rows: Vec<T>,
+    limit: i64,
+    id: impl Fn(&T) -> Uuid,
+    show: impl Fn(T) -> U,
+) -> (Vec<U>, Option<String>) {
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    let mut next = None;
     if rows.len() > limit {
         rows.truncate(limit);
-        let next = rows.last().map(|r| id(r).to_string());
-        (rows, next)
-    } else {
-        (rows, None)
+        next = rows.last().map(|r| id(r).to_string());
     }
+    (rows.into_iter().map(show).collect(), next)
 }

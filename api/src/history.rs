@@ -181,9 +181,6 @@ pub async fn list_notifications(
     .fetch_all(&app.pool)
     .await
     .map_err(db("listing notifications"))?;
-    let (items, next_cursor) = page(rows, limit, |r| r.id);
-    Ok(Json(NotificationList {
-        items: items.into_iter().map(Notification::from).collect(),
-        next_cursor,
-    }))
+    let (items, next_cursor) = page(rows, limit, |r| r.id, Notification::from);
+    Ok(Json(NotificationList { items, next_cursor }))
 }

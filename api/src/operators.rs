@@ -145,11 +145,8 @@ pub async fn list_outbox(
     .fetch_all(&app.pool)
     .await
     .map_err(db("listing outbox rows"))?;
-    let (items, next_cursor) = page(rows, limit, |r| r.notification.id());
-    Ok(Json(OutboxList {
-        items: items.into_iter().map(OutboxRow::from).collect(),
-        next_cursor,
-    }))
+    let (items, next_cursor) = page(rows, limit, |r| r.notification.id(), OutboxRow::from);
+    Ok(Json(OutboxList { items, next_cursor }))
 }
 
 #[utoipa::path(

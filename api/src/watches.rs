@@ -426,11 +426,8 @@ pub async fn list_watches(
     .fetch_all(&app.pool)
     .await
     .map_err(db("listing watches"))?;
-    let (items, next_cursor) = page(rows, limit, |r| r.id);
-    Ok(Json(WatchList {
-        items: items.into_iter().map(Watch::from).collect(),
-        next_cursor,
-    }))
+    let (items, next_cursor) = page(rows, limit, |r| r.id, Watch::from);
+    Ok(Json(WatchList { items, next_cursor }))
 }
 
 #[utoipa::path(
