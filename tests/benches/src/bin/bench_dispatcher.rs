@@ -19,6 +19,7 @@ use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
 use tidings_source::HttpSource;
 use tidings_tests::fixtures;
+use tidings_tests::harness::TestDb;
 use tidings_tests::scenario::Scenario;
 use tokio_util::sync::CancellationToken;
 
@@ -40,10 +41,6 @@ struct Round {
     results_cores: f64,
 }
 
-/// Time until the consumer `name` has acked everything: ingest and results ack only after
-/// committing, so nothing unacked means everything is in Postgres. Asking NATS costs Postgres
-/// nothing, unlike polling a count, which on this 2-core machine would slow the very thing being
-/// measured.
 /// Publishes every message, pipelined; panics unless JetStream stores each.
 async fn publish_every(js: &async_nats::jetstream::Context, outgoing: Vec<Outgoing>, what: &str) {
     for ack in publish_all(js, outgoing, 1024).await {
@@ -51,9 +48,18 @@ async fn publish_every(js: &async_nats::jetstream::Context, outgoing: Vec<Outgoi
     }
 }
 
-/// Runs `handler`'s consume loop until its consumer has nothing left unacknowledged; returns
-/// how long that took and the CPU it cost.
-async fn run_until_drained<H: Handler>(handler: H) -> (Duration, CpuSplit) {
+/// Runs `handler`'s consume loop until its consumer has nothing left unacknowledged, then checks
+/// that `count_sql` finds `rows`; returns how long the draining took and the CPU it cost.
+///
+/// Ingest and results ack only after committing, so nothing unacked means everything is in
+/// Postgres. Asking NATS costs Postgres nothing, unlike polling a count, which on this 2-core
+/// machine would slow the very thing being measured.
+async fn run_until_drained<H: Handler>(
+    handler: H,
+    db: &TestDb,
+    count_sql: &str,
+    rows: usize,
+) -> (Duration, CpuSplit) {
     let mut pull = handler.consumer().pull().clone();
     let stop = CancellationToken::new();
     let cpu = CpuSplit::now();
@@ -70,6 +76,7 @@ async fn run_until_drained<H: Handler>(handler: H) -> (Duration, CpuSplit) {
     let cpu = CpuSplit::since(cpu);
     stop.cancel();
     let _ = task.await;
+    assert_eq!(db.count(count_sql).await, rows as i64, "{count_sql}");
     (took, cpu)
 }
 
@@ -128,12 +135,8 @@ async fn round(rows: usize) -> Round {
     let ingest = Ingest::new(s.db.pool.clone(), s.js.clone(), settings.clone())
         .await
         .expect("ingest");
-    let (ingest_took, ingest_cpu) = run_until_drained(ingest).await;
-    assert_eq!(
-        s.db.count("SELECT count(*) FROM outbox").await,
-        rows as i64,
-        "every row ingested"
-    );
+    let (ingest_took, ingest_cpu) =
+        run_until_drained(ingest, &s.db, "SELECT count(*) FROM outbox", rows).await;
 
     // Dispatch: claim → re-fetch (batch endpoint) → re-check → sending → publish.
     let source = Arc::new(HttpSource::new(s.settings.source.clone()).expect("source"));
@@ -201,13 +204,8 @@ async fn round(rows: usize) -> Round {
     let res = Results::new(s.db.pool.clone(), s.js.clone(), settings.clone())
         .await
         .expect("results");
-    let (results_took, results_cpu) = run_until_drained(res).await;
-    assert_eq!(
-        s.db.count("SELECT count(*) FROM outbox WHERE status = 'sent'")
-            .await,
-        rows as i64,
-        "every row sent"
-    );
+    let sent = "SELECT count(*) FROM outbox WHERE status = 'sent'";
+    let (results_took, results_cpu) = run_until_drained(res, &s.db, sent, rows).await;
 
     // Pick-up latency: a full idle dispatcher, one new row at a time.
     let stop = CancellationToken::new();
