@@ -33,7 +33,7 @@ pub enum StartError {
     #[error("DATABASE_URL: {0}")]
     DatabaseUrl(#[source] sqlx::Error),
     #[error(transparent)]
-    NatsUrl(#[from] startup::NatsUrlError),
+    Nats(#[from] tidings_bus::connection::ConnectionError),
     #[error(transparent)]
     Scan(#[from] scan::ScanError),
 }
@@ -45,8 +45,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
     let settings = config.settings()?;
     let source = HttpSource::new(settings.source.clone())?;
     let pool = tidings_store::postgres(&config.database_url, 4).map_err(StartError::DatabaseUrl)?;
-    let (nats, bus) =
-        streams::connect(&config.nats.nats_url, &settings.subjects, &settings.streams).await?;
+    let (nats, bus) = streams::connect(
+        &config.nats.connection,
+        &settings.subjects,
+        &settings.streams,
+    )
+    .await?;
     let dependencies = vec![tidings_store::dependency(pool.clone()), bus];
     // `--once` is a command, not a service: no ops endpoint.
     let ops = (!config.once).then_some(config.ops.ops_listen);

@@ -54,7 +54,7 @@ pub enum StartError {
     #[error("DATABASE_URL: {0}")]
     DatabaseUrl(#[source] sqlx::Error),
     #[error(transparent)]
-    NatsUrl(#[from] startup::NatsUrlError),
+    Nats(#[from] tidings_bus::connection::ConnectionError),
 }
 
 /// Runs the dispatcher as its binary does: serves the ops endpoint at once, waits for Postgres
@@ -66,8 +66,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
             .unwrap_or(16);
     let pool = tidings_store::postgres(&config.database_url, connections)
         .map_err(StartError::DatabaseUrl)?;
-    let (nats, bus) =
-        streams::connect(&config.nats.nats_url, &settings.subjects, &settings.streams).await?;
+    let (nats, bus) = streams::connect(
+        &config.nats.connection,
+        &settings.subjects,
+        &settings.streams,
+    )
+    .await?;
     let dependencies = vec![tidings_store::dependency(pool.clone()), bus];
     if startup::start(Some(config.ops.ops_listen), dependencies, &shutdown)
         .await

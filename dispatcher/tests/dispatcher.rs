@@ -15,8 +15,8 @@ use tidings_dispatcher::sweeper;
 use tidings_domain::messages::{Outcome, decode};
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
+use tidings_tests::brokers::PrivateNats;
 use tidings_tests::fake_catalog::Behavior;
-use tidings_tests::harness::PrivateNats;
 use tidings_tests::scenario::Scenario;
 
 const BELOW_1200: Trigger = Trigger::PriceBelow { threshold: 1200 };

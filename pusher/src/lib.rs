@@ -28,7 +28,7 @@ pub enum StartError {
     #[error("invalid configuration: {0}")]
     Config(#[from] config::ConfigError),
     #[error(transparent)]
-    NatsUrl(#[from] startup::NatsUrlError),
+    Nats(#[from] tidings_bus::connection::ConnectionError),
     #[error(transparent)]
     Pusher(#[from] worker::PusherError),
 }
@@ -37,8 +37,12 @@ pub enum StartError {
 /// (unready, saying why, until it answers), then delivers until `shutdown`.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), StartError> {
     let settings = config.settings()?;
-    let (nats, bus) =
-        streams::connect(&config.nats.nats_url, &settings.subjects, &settings.streams).await?;
+    let (nats, bus) = streams::connect(
+        &config.nats.connection,
+        &settings.subjects,
+        &settings.streams,
+    )
+    .await?;
     let js = async_nats::jetstream::new(nats);
     let dependencies = vec![bus];
     let Some(probes) = startup::start(Some(config.ops.ops_listen), dependencies, &shutdown).await

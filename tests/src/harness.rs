@@ -33,7 +33,7 @@ pub enum HarnessError {
 pub struct Stack {
     pub admin_database_url: String,
     pub nats_url: String,
-    /// The nats-server binary, for tests that run a broker of their own ([`PrivateNats`]).
+    /// The nats-server binary, for tests that run a broker of their own (`crate::brokers`).
     pub nats_server: String,
 }
 
@@ -282,105 +282,4 @@ pub async fn stream_len(
 ) -> u64 {
     let mut stream = js.get_stream(subjects.stream(kind)).await.expect("stream");
     stream.info().await.expect("stream info").state.messages
-}
-
-/// A nats-server of one test's own (JetStream on, its own port and storage), for tests that
-/// kill or restart the broker without disturbing the tests that share the stack's server.
-pub struct PrivateNats {
-    pub url: String,
-    port: u16,
-    monitor: u16,
-    dir: PathBuf,
-    child: Option<std::process::Child>,
-}
-
-fn free_port() -> Result<u16, HarnessError> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| HarnessError::Nats(format!("no free port: {e}")))
-}
-
-impl PrivateNats {
-    /// A port and storage folder for a server that is not running yet ([`PrivateNats::start`]).
-    pub fn reserve() -> Result<Self, HarnessError> {
-        let port = free_port()?;
-        let dir = std::env::temp_dir().join(format!("tidings-nats-{}", Uuid::new_v4().simple()));
-        Ok(PrivateNats {
-            url: format!("nats://127.0.0.1:{port}"),
-            port,
-            monitor: free_port()?,
-            dir,
-            child: None,
-        })
-    }
-
-    /// Reserves and starts a server.
-    pub async fn started() -> Result<Self, HarnessError> {
-        let mut n = Self::reserve()?;
-        n.start().await?;
-        Ok(n)
-    }
-
-    /// Starts the server (again, on the same port and storage) and waits until JetStream is up.
-    pub async fn start(&mut self) -> Result<(), HarnessError> {
-        let bin = stack()?.nats_server.clone();
-        let child = std::process::Command::new(&bin)
-            .args(["-js", "-a", "127.0.0.1"])
-            .args([
-                "-p",
-                &self.port.to_string(),
-                "-m",
-                &self.monitor.to_string(),
-            ])
-            .arg("-sd")
-            .arg(&self.dir)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .map_err(|e| HarnessError::Nats(format!("starting {bin}: {e}")))?;
-        self.child = Some(child);
-        let health = format!(
-            "http://127.0.0.1:{}/healthz?js-enabled-only=true",
-            self.monitor
-        );
-        for _ in 0..200 {
-            if let Ok(r) = reqwest::get(&health).await
-                && r.status().is_success()
-            {
-                return Ok(());
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-        }
-        Err(HarnessError::Nats(format!(
-            "private nats-server on port {} did not become healthy",
-            self.port
-        )))
-    }
-
-    /// `kill -9`: JetStream loses what it had not written to disk yet, as in a real crash.
-    pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    pub async fn restart(&mut self) -> Result<(), HarnessError> {
-        self.kill();
-        self.start().await
-    }
-
-    pub async fn client(&self) -> Result<async_nats::Client, HarnessError> {
-        async_nats::connect(&self.url)
-            .await
-            .map_err(|e| HarnessError::Nats(e.to_string()))
-    }
-}
-
-impl Drop for PrivateNats {
-    fn drop(&mut self) {
-        self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }

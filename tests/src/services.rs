@@ -58,13 +58,6 @@ pub fn binary(name: &str) -> PathBuf {
     bin_dir().join(format!("tidings-{name}"))
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port()
-}
-
 /// The four services, running.
 pub struct Pipeline {
     env: Vec<(String, String)>,
@@ -122,7 +115,10 @@ impl Pipeline {
             env.retain(|(key, _)| key != k);
             env.push(((*k).to_owned(), (*v).to_owned()));
         }
-        let ports = SERVICES.iter().map(|s| (*s, free_port())).collect();
+        let ports = SERVICES
+            .iter()
+            .map(|s| (*s, crate::brokers::free_port().expect("free port")))
+            .collect();
         let mut p = Pipeline {
             env,
             children: HashMap::new(),

@@ -9,10 +9,11 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tidings_domain::trigger::Trigger;
+use tidings_tests::brokers::PrivateNats;
 use tidings_tests::demo::{self, Endpoints};
 use tidings_tests::fake_push::FakePushService;
 use tidings_tests::fixtures;
-use tidings_tests::harness::{PrivateNats, poll_wait, tool};
+use tidings_tests::harness::{poll_wait, tool};
 use tidings_tests::scenario::Scenario;
 use tidings_tests::services::{ADMIN_TOKEN, Pipeline, SERVICES};
 

@@ -13,9 +13,10 @@ use tidings_domain::messages::{Outcome, PushRequest};
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
 use tidings_pusher::worker::{Handled, Pusher};
+use tidings_tests::brokers::PrivateNats;
 use tidings_tests::fake_push::{Answer, FakePushService, pusher_settings};
 use tidings_tests::fixtures;
-use tidings_tests::harness::{PrivateNats, delete_streams, poll_wait, test_subjects};
+use tidings_tests::harness::{delete_streams, poll_wait, test_subjects};
 use tidings_tests::scenario::{Scenario, Watcher};
 
 const BELOW_1200: Trigger = Trigger::PriceBelow { threshold: 1200 };

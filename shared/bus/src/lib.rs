@@ -1,8 +1,9 @@
-//! Tidings over NATS JetStream: the streams and the flags that name them ([`streams`]),
+//! Tidings over NATS JetStream: reaching the servers ([`connection`]), the streams and the flags that name them ([`streams`]),
 //! pipelined publishing ([`publish`]), the delivery log ([`delivered`]), dead letters ([`dlq`]),
 //! the one consume loop every consumer runs ([`consume`]), and leaving a pull consumer without
 //! stranding what it pulled ([`pull`]).
 
+pub mod connection;
 pub mod consume;
 pub mod delivered;
 pub mod dlq;

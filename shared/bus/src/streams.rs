@@ -11,13 +11,14 @@
 //! that re-publishes the same dedup key within the window is answered `duplicate` and nothing is
 //! stored. A purge by sequence leaves the window as it is (tested).
 
+use crate::connection::{ConnectionArgs, ConnectionError};
 use async_nats::jetstream::{self, stream};
 use std::time::Duration;
 use tidings_domain::duration::parse_duration;
 use tidings_domain::subjects::{InvalidPrefix, StreamKind, Subjects};
 use tidings_runtime::flags;
 use tidings_runtime::ops::{Starting, nats_check};
-use tidings_runtime::startup::{self, Dependency, NatsUrlError};
+use tidings_runtime::startup::{self, Dependency};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Clone, Debug)]
@@ -91,8 +92,8 @@ pub async fn ensure_streams(
 /// Where NATS is and how the streams are named and replicated.
 #[derive(clap::Args, Clone, Debug)]
 pub struct NatsArgs {
-    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
-    pub nats_url: String,
+    #[command(flatten)]
+    pub connection: ConnectionArgs,
     /// Prefix of every subject and stream.
     #[arg(long, env = "TIDINGS_PREFIX", default_value = Subjects::DEFAULT_PREFIX)]
     pub prefix: String,
@@ -138,16 +139,20 @@ pub async fn wait_for_streams(
     .await
 }
 
-/// Connects to NATS at `url` (the connection keeps trying in the background until the server
-/// answers) and returns the client with NATS and the streams as a start-up dependency: ready
-/// while connected; start-up waits until the connection is up and the streams exist.
+/// Connects to NATS as `connection` says (the connection keeps trying in the background until a
+/// server answers) and returns the client with NATS and the streams as a start-up dependency:
+/// ready while connected; start-up waits until the connection is up and the streams exist.
 pub async fn connect(
-    url: &str,
+    connection: &ConnectionArgs,
     subjects: &Subjects,
     settings: &StreamSettings,
-) -> Result<(async_nats::Client, Dependency), NatsUrlError> {
-    let client = startup::nats(url).await?;
-    let (url, subjects, settings) = (url.to_owned(), subjects.clone(), settings.clone());
+) -> Result<(async_nats::Client, Dependency), ConnectionError> {
+    let client = connection.connect().await?;
+    let (url, subjects, settings) = (
+        connection.nats_url.clone(),
+        subjects.clone(),
+        settings.clone(),
+    );
     let waiting = client.clone();
     let dependency = Dependency {
         check: nats_check(client.clone()),

@@ -113,7 +113,8 @@ where
     }
 }
 
-/// Waits until the client is connected (it connects in the background, see [`nats`]).
+/// Waits until the client is connected (it connects in the background:
+/// `tidings_bus::connection`).
 pub async fn wait_for_nats(
     client: &async_nats::Client,
     url: &str,
@@ -128,26 +129,4 @@ pub async fn wait_for_nats(
         }
     })
     .await
-}
-
-/// A NATS URL that could not even be tried (malformed, say).
-#[derive(Debug, thiserror::Error)]
-#[error("NATS_URL {url}: {source}")]
-pub struct NatsUrlError {
-    pub url: String,
-    #[source]
-    pub source: async_nats::ConnectError,
-}
-
-/// A NATS client that keeps trying to connect in the background (and reconnects for ever after
-/// that): the caller waits for what it needs with [`start`] or [`retry`].
-pub async fn nats(url: &str) -> Result<async_nats::Client, NatsUrlError> {
-    async_nats::ConnectOptions::new()
-        .retry_on_initial_connect()
-        .connect(url)
-        .await
-        .map_err(|source| NatsUrlError {
-            url: url.to_owned(),
-            source,
-        })
 }

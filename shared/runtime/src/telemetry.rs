@@ -22,6 +22,15 @@ pub fn exporting() -> bool {
     EXPORTING.load(Ordering::Relaxed)
 }
 
+static SERVICE: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+
+/// The name this process logs and traces as (`tidings-dispatcher`, …), also what it calls its
+/// connections (NATS shows it in `nats server report connections`); `tidings` in a process
+/// that never called [`Telemetry::init`] (tests).
+pub fn service_name() -> &'static str {
+    SERVICE.get().copied().unwrap_or("tidings")
+}
+
 /// Flushes and stops the trace exporter when dropped (end of `main`).
 #[must_use = "dropping the guard flushes traces; keep it until main returns"]
 pub struct Telemetry {
@@ -31,6 +40,7 @@ pub struct Telemetry {
 impl Telemetry {
     /// Installs the global subscriber for `service` (e.g. `tidings-dispatcher`).
     pub fn init(service: &'static str) -> Telemetry {
+        let _ = SERVICE.set(service);
         let filter = tracing_subscriber::EnvFilter::try_from_default_env()
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
         let fmt = tracing_subscriber::fmt::layer()

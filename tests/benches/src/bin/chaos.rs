@@ -26,9 +26,9 @@ use std::time::{Duration, Instant};
 use tidings_benches::rng::Rng;
 use tidings_domain::messages::Subscription;
 use tidings_domain::subjects::StreamKind;
+use tidings_tests::brokers::PrivateNats;
 use tidings_tests::fake_catalog::Item;
 use tidings_tests::fake_push::{Answer, FakePushService, Faults};
-use tidings_tests::harness::PrivateNats;
 use tidings_tests::scenario::Scenario;
 use tidings_tests::services::Pipeline;
 

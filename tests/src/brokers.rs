@@ -1,0 +1,223 @@
+//! nats-servers of a test's own: one ([`PrivateNats`]), optionally with a configuration file
+//! (authentication, TLS), or a JetStream cluster of three on 127.0.0.1 ([`NatsCluster`]), for
+//! tests that kill, restart or lock down the broker without disturbing the tests that share the
+//! stack's server.
+
+use crate::harness::{HarnessError, stack};
+use std::path::PathBuf;
+use std::time::Duration;
+use tidings_bus::connection::ConnectionArgs;
+use uuid::Uuid;
+
+/// A nats-server of one test's own (JetStream on, its own port and storage).
+pub struct PrivateNats {
+    pub url: String,
+    port: u16,
+    monitor: u16,
+    dir: PathBuf,
+    /// Server configuration (the `-c` file): authorization, TLS, a cluster block.
+    config: Option<String>,
+    /// Flags after the common ones (a cluster node's name, routes).
+    args: Vec<String>,
+    child: Option<std::process::Child>,
+}
+
+pub fn free_port() -> Result<u16, HarnessError> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| HarnessError::Nats(format!("no free port: {e}")))
+}
+
+impl PrivateNats {
+    /// A port and storage folder for a server that is not running yet ([`PrivateNats::start`]).
+    pub fn reserve() -> Result<Self, HarnessError> {
+        let port = free_port()?;
+        let dir = std::env::temp_dir().join(format!("tidings-nats-{}", Uuid::new_v4().simple()));
+        Ok(PrivateNats {
+            url: format!("nats://127.0.0.1:{port}"),
+            port,
+            monitor: free_port()?,
+            dir,
+            config: None,
+            args: Vec::new(),
+            child: None,
+        })
+    }
+
+    /// Reserves and starts a server.
+    pub async fn started() -> Result<Self, HarnessError> {
+        let mut n = Self::reserve()?;
+        n.start().await?;
+        Ok(n)
+    }
+
+    /// Reserves and starts a server with this configuration file (its `listen`, `jetstream` and
+    /// monitoring settings are set by flags, which take precedence).
+    pub async fn with_config(config: &str) -> Result<Self, HarnessError> {
+        let mut n = Self::reserve()?;
+        n.config = Some(config.to_owned());
+        n.start().await?;
+        Ok(n)
+    }
+
+    /// Starts the server (again, on the same port and storage) and waits until JetStream is up.
+    pub async fn start(&mut self) -> Result<(), HarnessError> {
+        let bin = stack()?.nats_server.clone();
+        let mut command = std::process::Command::new(&bin);
+        if let Some(config) = &self.config {
+            std::fs::create_dir_all(&self.dir)
+                .map_err(|e| HarnessError::Nats(format!("{}: {e}", self.dir.display())))?;
+            let file = self.dir.join("nats.conf");
+            std::fs::write(&file, config)
+                .map_err(|e| HarnessError::Nats(format!("{}: {e}", file.display())))?;
+            command.arg("-c").arg(file);
+        }
+        let child = command
+            .args(["-js", "-a", "127.0.0.1"])
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-m",
+                &self.monitor.to_string(),
+            ])
+            .arg("-sd")
+            .arg(&self.dir)
+            .args(&self.args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| HarnessError::Nats(format!("starting {bin}: {e}")))?;
+        self.child = Some(child);
+        let health = format!(
+            "http://127.0.0.1:{}/healthz?js-enabled-only=true",
+            self.monitor
+        );
+        for _ in 0..200 {
+            if let Ok(r) = reqwest::get(&health).await
+                && r.status().is_success()
+            {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        Err(HarnessError::Nats(format!(
+            "private nats-server on port {} did not become healthy",
+            self.port
+        )))
+    }
+
+    /// `kill -9`: JetStream loses what it had not written to disk yet, as in a real crash.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub async fn restart(&mut self) -> Result<(), HarnessError> {
+        self.kill();
+        self.start().await
+    }
+
+    pub async fn client(&self) -> Result<async_nats::Client, HarnessError> {
+        async_nats::connect(&self.url)
+            .await
+            .map_err(|e| HarnessError::Nats(e.to_string()))
+    }
+}
+
+impl Drop for PrivateNats {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Three nats-servers routed to each other as one JetStream cluster, as production runs it.
+pub struct NatsCluster {
+    pub nodes: Vec<PrivateNats>,
+}
+
+impl NatsCluster {
+    /// Starts three nodes and waits until the cluster has a JetStream meta leader (streams can
+    /// be created).
+    pub async fn started() -> Result<Self, HarnessError> {
+        let mut nodes = Vec::new();
+        let mut cluster_ports = Vec::new();
+        for _ in 0..3 {
+            nodes.push(PrivateNats::reserve()?);
+            cluster_ports.push(free_port()?);
+        }
+        let name = format!("tidings-{}", &Uuid::new_v4().simple().to_string()[..8]);
+        for (i, node) in nodes.iter_mut().enumerate() {
+            let routes: Vec<String> = cluster_ports
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, p)| format!("nats://127.0.0.1:{p}"))
+                .collect();
+            node.args = vec![
+                "-n".into(),
+                format!("{name}-n{i}"),
+                "--cluster_name".into(),
+                name.clone(),
+                "--cluster".into(),
+                format!("nats://127.0.0.1:{}", cluster_ports[i]),
+                "--routes".into(),
+                routes.join(","),
+            ];
+        }
+        // Each node waits for its routes before JetStream reports healthy, so start them together.
+        let starts = nodes.iter_mut().map(PrivateNats::start);
+        for r in futures::future::join_all(starts).await {
+            r?;
+        }
+        let cluster = NatsCluster { nodes };
+        cluster.wait_for_meta_leader().await?;
+        Ok(cluster)
+    }
+
+    /// Every node's URL, comma-separated: what `NATS_URL` is given in production.
+    pub fn url(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| n.url.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// A client of the whole cluster, connected the way the services connect.
+    pub async fn client(&self) -> Result<async_nats::Client, HarnessError> {
+        let client = ConnectionArgs::url(self.url())
+            .connect()
+            .await
+            .map_err(|e| HarnessError::Nats(e.to_string()))?;
+        for _ in 0..200 {
+            if client.connection_state() == async_nats::connection::State::Connected {
+                return Ok(client);
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        Err(HarnessError::Nats(format!(
+            "no node of {} answered",
+            self.url()
+        )))
+    }
+
+    async fn wait_for_meta_leader(&self) -> Result<(), HarnessError> {
+        let js = async_nats::jetstream::new(self.client().await?);
+        let mut last = String::new();
+        for _ in 0..200 {
+            match js.query_account().await {
+                Ok(_) => return Ok(()),
+                Err(e) => last = e.to_string(),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(HarnessError::Nats(format!(
+            "the cluster at {} elected no JetStream leader: {last}",
+            self.url()
+        )))
+    }
+}
