@@ -137,6 +137,8 @@ impl Drop for PrivateNats {
 /// Three nats-servers routed to each other as one JetStream cluster, as production runs it.
 pub struct NatsCluster {
     pub nodes: Vec<PrivateNats>,
+    /// Each node's server name, as JetStream reports leaders and replicas.
+    pub names: Vec<String>,
 }
 
 impl NatsCluster {
@@ -150,6 +152,7 @@ impl NatsCluster {
             cluster_ports.push(free_port()?);
         }
         let name = format!("tidings-{}", &Uuid::new_v4().simple().to_string()[..8]);
+        let names: Vec<String> = (0..nodes.len()).map(|i| format!("{name}-n{i}")).collect();
         for (i, node) in nodes.iter_mut().enumerate() {
             let routes: Vec<String> = cluster_ports
                 .iter()
@@ -159,7 +162,7 @@ impl NatsCluster {
                 .collect();
             node.args = vec![
                 "-n".into(),
-                format!("{name}-n{i}"),
+                names[i].clone(),
                 "--cluster_name".into(),
                 name.clone(),
                 "--cluster".into(),
@@ -173,7 +176,7 @@ impl NatsCluster {
         for r in futures::future::join_all(starts).await {
             r?;
         }
-        let cluster = NatsCluster { nodes };
+        let cluster = NatsCluster { nodes, names };
         cluster.wait_for_meta_leader().await?;
         Ok(cluster)
     }
@@ -185,6 +188,12 @@ impl NatsCluster {
             .map(|n| n.url.as_str())
             .collect::<Vec<_>>()
             .join(",")
+    }
+
+    /// The node whose server name JetStream reported (a stream's leader, say).
+    pub fn node(&mut self, server_name: &str) -> Option<&mut PrivateNats> {
+        let i = self.names.iter().position(|n| n == server_name)?;
+        self.nodes.get_mut(i)
     }
 
     /// A client of the whole cluster, connected the way the services connect.

@@ -72,6 +72,32 @@ pub async fn watch(
     Ok(id)
 }
 
+/// `n` watches of `item` below 1200 (reference 1500), spread over ten devices in UTC that all
+/// push to `sub`: a burst of `n` notifications once the item's price drops.
+pub async fn crowd(
+    pool: &PgPool,
+    item: &str,
+    sub: &Subscription,
+    n: usize,
+) -> Result<(), sqlx::Error> {
+    let trigger = Trigger::PriceBelow { threshold: 1200 };
+    for _ in 0..10 {
+        let device = device(pool, "UTC").await?;
+        subscription(pool, device.id, sub).await?;
+        sqlx::query(
+            "INSERT INTO watches (id, device_id, item_code, triggers, reference_price)
+             SELECT gen_random_uuid(), $1, $2, $3, 1500 FROM generate_series(1, $4)",
+        )
+        .bind(device.id)
+        .bind(item)
+        .bind(sqlx::types::Json(vec![trigger.clone()]))
+        .bind(i32::try_from(n / 10).unwrap_or(i32::MAX))
+        .execute(pool)
+        .await?;
+    }
+    Ok(())
+}
+
 /// An EnqueueRequest as the detector would build it, with the dedup day in the device's zone.
 pub fn enqueue_request(
     device: &Device,

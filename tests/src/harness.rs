@@ -250,7 +250,9 @@ pub fn test_subjects() -> Subjects {
 }
 
 pub async fn nats() -> Result<async_nats::Client, HarnessError> {
-    async_nats::connect(&stack()?.nats_url)
+    let servers = tidings_bus::connection::servers(&stack()?.nats_url)
+        .map_err(|e| HarnessError::Nats(e.to_string()))?;
+    async_nats::connect(servers)
         .await
         .map_err(|e| HarnessError::Nats(e.to_string()))
 }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tidings_bus::consume::Handler as _;
 use tidings_bus::delivered::DeliveryLog;
+use tidings_bus::publish::Outgoing;
 use tidings_bus::streams::{StreamSettings, ensure_streams};
 use tidings_dispatcher::Settings;
 use tidings_dispatcher::dispatch::Dispatcher;
@@ -42,6 +43,26 @@ pub struct Watcher {
     pub watch: WatchId,
     pub item: String,
     pub trigger: Trigger,
+}
+
+impl Watcher {
+    /// Detection number `i` of this watcher as the detector publishes it (with its
+    /// `Nats-Msg-Id`), each with its own trigger threshold (1200 + i) and so its own dedup key:
+    /// for tests and benchmarks that need many distinct requests from few watches.
+    pub fn numbered_request(&self, subject: &str, i: usize, at: DateTime<Utc>) -> Outgoing {
+        let mut r =
+            fixtures::enqueue_request(&self.device, self.watch, self.trigger.clone(), 1100, at);
+        r.trigger = Trigger::PriceBelow {
+            threshold: 1200 + i64::try_from(i).unwrap_or(i64::MAX - 1200),
+        };
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", r.dedup_key().to_string().as_str());
+        Outgoing {
+            subject: subject.to_owned(),
+            headers,
+            payload: encode(&r),
+        }
+    }
 }
 
 /// An outbox row as tests look at it.

@@ -420,23 +420,7 @@ async fn sigterm_during_a_burst_loses_nothing_and_delivers_nothing_twice() {
     let sub = push.subscription();
     let mut p = Pipeline::start(&s, &[("TIDINGS_SCAN_INTERVAL", "1s")]).await;
 
-    let trigger = Trigger::PriceBelow { threshold: 1200 };
-    for _ in 0..10 {
-        let device = fixtures::device(&s.db.pool, "UTC").await.unwrap();
-        fixtures::subscription(&s.db.pool, device.id, &sub)
-            .await
-            .unwrap();
-        sqlx::query(
-            "INSERT INTO watches (id, device_id, item_code, triggers, reference_price)
-             SELECT gen_random_uuid(), $1, 'SKU-1', $2, 1500 FROM generate_series(1, $3)",
-        )
-        .bind(device.id)
-        .bind(sqlx::types::Json(vec![trigger.clone()]))
-        .bind(i32::try_from(N / 10).unwrap())
-        .execute(&s.db.pool)
-        .await
-        .unwrap();
-    }
+    fixtures::crowd(&s.db.pool, "SKU-1", &sub, N).await.unwrap();
     s.catalog.set_price("SKU-1", 1000);
 
     // Mid-burst: some sent, not all.

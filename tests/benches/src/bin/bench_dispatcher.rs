@@ -114,20 +114,7 @@ async fn round(rows: usize) -> Round {
     let now = Utc::now();
     let subject = s.subjects.subject(StreamKind::Enqueue, Channel::WebPush);
     let outgoing: Vec<Outgoing> = (0..rows)
-        .map(|i| {
-            let w = &watchers[i % ITEMS];
-            let mut r = fixtures::enqueue_request(&w.device, w.watch, w.trigger.clone(), 1100, now);
-            r.trigger = Trigger::PriceBelow {
-                threshold: 1200 + i as i64,
-            };
-            let mut headers = async_nats::HeaderMap::new();
-            headers.insert("Nats-Msg-Id", r.dedup_key().to_string().as_str());
-            Outgoing {
-                subject: subject.clone(),
-                headers,
-                payload: encode(&r),
-            }
-        })
+        .map(|i| watchers[i % ITEMS].numbered_request(&subject, i, now))
         .collect();
     publish_every(&s.js, outgoing, "publish").await;
 
