@@ -67,6 +67,8 @@ pub struct AppState {
     pub pool: PgPool,
     pub settings: Arc<Settings>,
     pub creates: coalesce::CreateQueue,
+    /// Whether the database has the schema this build needs (see [`require_schema`]).
+    pub schema: tidings_store::schema::Gate,
 }
 
 /// Create statements that may run at once: enough to keep two cores' worth of Postgres busy
@@ -84,15 +86,37 @@ pub fn app(pool: PgPool, settings: Settings) -> axum::Router {
         CREATE_STATEMENTS,
     );
     let state = AppState {
+        schema: tidings_store::schema::Gate::new(pool.clone()),
         pool,
         settings: Arc::new(settings),
         creates,
     };
     openapi::router()
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_schema,
+        ))
         .with_state(state)
         .fallback(no_route)
         .layer(DefaultBodyLimit::max(max_body))
         .layer(axum::middleware::from_fn(trace_request))
+}
+
+/// The `/v1` routes answer 503 until the database has the schema this build needs (before
+/// the migration Job has run, say), rather than 500 on a missing table; health, metrics and the
+/// OpenAPI document answer regardless.
+async fn require_schema(
+    axum::extract::State(app): axum::extract::State<AppState>,
+    request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    if request.uri().path().starts_with("/v1/") {
+        app.schema
+            .pass()
+            .await
+            .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    }
+    Ok(next.run(request).await)
 }
 
 async fn no_route() -> ApiError {

@@ -192,13 +192,25 @@ impl TestDb {
     }
 
     pub async fn new() -> Result<Self, HarnessError> {
+        Self::create(true).await
+    }
+
+    /// A database with nothing in it, as before the migration Job has run.
+    pub async fn empty() -> Result<Self, HarnessError> {
+        Self::create(false).await
+    }
+
+    async fn create(migrated: bool) -> Result<Self, HarnessError> {
         let admin_url = stack()?.admin_database_url.clone();
         let mut admin = PgConnection::connect(&admin_url).await?;
-        let template = ensure_template(&mut admin, &admin_url).await?;
         let name = format!("t_{}", Uuid::new_v4().simple());
-        admin
-            .execute(format!("CREATE DATABASE {name} TEMPLATE {template}").as_str())
-            .await?;
+        let create = if migrated {
+            let template = ensure_template(&mut admin, &admin_url).await?;
+            format!("CREATE DATABASE {name} TEMPLATE {template}")
+        } else {
+            format!("CREATE DATABASE {name}")
+        };
+        admin.execute(create.as_str()).await?;
         admin.close().await?;
         let url = database_url(&admin_url, &name)?;
         let pool = PgPoolOptions::new()

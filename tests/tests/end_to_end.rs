@@ -8,14 +8,15 @@ use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tidings_domain::messages::Subscription;
 use tidings_domain::trigger::Trigger;
 use tidings_tests::brokers::PrivateNats;
 use tidings_tests::demo::{self, Endpoints};
 use tidings_tests::fake_push::FakePushService;
 use tidings_tests::fixtures;
-use tidings_tests::harness::{poll_wait, tool};
+use tidings_tests::harness::{TestDb, poll_wait, tool};
 use tidings_tests::scenario::Scenario;
-use tidings_tests::services::{ADMIN_TOKEN, Pipeline, SERVICES};
+use tidings_tests::services::{ADMIN_TOKEN, Pipeline, SERVICES, binary};
 
 async fn serve(router: Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -576,5 +577,70 @@ async fn a_service_without_postgres_stays_up_and_says_so() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let (status, _) = readyz(&p, "dispatcher").await;
     assert_eq!(status, 503, "still waiting, still running");
+    p.stop().await;
+}
+
+async fn register(p: &Pipeline, sub: &Subscription) -> reqwest::Response {
+    let subscription = serde_json::json!({"endpoint": sub.endpoint,
+        "keys": {"p256dh": sub.p256dh, "auth": sub.auth}});
+    reqwest::Client::new()
+        .post(format!("{}/v1/devices", p.url("api")))
+        .json(&serde_json::json!({"subscription": subscription, "time_zone": "UTC"}))
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn against_an_empty_database_every_service_is_unready_until_migrate_has_run() {
+    let s = Scenario::new().await;
+    let sub = FakePushService::start().await.unwrap().subscription();
+    let empty = TestDb::empty().await.unwrap();
+    let mut p = Pipeline::start_only(&s, &[], &[("DATABASE_URL", &empty.url)]).await;
+    for name in ["api", "dispatcher", "detector"] {
+        p.spawn(name);
+    }
+    // Each answers, unready, and says what to do.
+    for name in ["api", "dispatcher", "detector"] {
+        let started = Instant::now();
+        loop {
+            if let Ok(r) = reqwest::get(format!("{}/readyz", p.url(name))).await {
+                assert_eq!(r.status(), 503, "{name}");
+                let body = r.text().await.unwrap();
+                if body.contains("run `tidings-api migrate`") {
+                    break;
+                }
+            }
+            poll_wait(started, 20, || format!("{name}:\n{}", p.log(name))).await;
+        }
+    }
+    // The api's routes answer 503 with a problem, not 500 on a missing table.
+    let r = register(&p, &sub).await;
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["content-type"], "application/problem+json");
+    assert_eq!(r.headers()["retry-after"], "5");
+
+    let migrated = Instant::now();
+    let out = std::process::Command::new(binary("api"))
+        .arg("migrate")
+        .env("DATABASE_URL", &empty.url)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for name in ["api", "dispatcher", "detector"] {
+        p.wait_ready(name).await;
+    }
+    let took = migrated.elapsed();
+    eprintln!("every service ready {took:?} after `tidings-api migrate` started");
+    assert!(
+        took < Duration::from_secs(10),
+        "ready {took:?} after migrate"
+    );
+    let r = register(&p, &sub).await;
+    assert_eq!(r.status(), 201, "served once migrated");
     p.stop().await;
 }

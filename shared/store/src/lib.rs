@@ -1,8 +1,8 @@
 //! Tidings in Postgres: the schema ([`schema`], the embedded migrations), the outbox's shared SQL
 //! ([`outbox`]: the snapshot columns and status sets written once; [`transition`]: every state
 //! change, as batches of compare-and-sets), row types several services read ([`baselines`]), and
-//! connecting: a pool that can be built before the database is up, waiting for it at start-up,
-//! and the readiness check.
+//! connecting: a pool that can be built before the database is up, waiting for it (and for the
+//! schema this build needs) at start-up, and the readiness check.
 
 pub mod baselines;
 mod outbox;
@@ -55,28 +55,34 @@ pub async fn wait_for_postgres(
     .await
 }
 
-/// The readiness check: Postgres answers a query within 2 s.
+/// The readiness check: Postgres answers within 2 s and has the schema this build needs.
 pub fn readiness(pool: PgPool) -> Check {
     Arc::new(move || {
         let pool = pool.clone();
         Box::pin(async move {
-            let ping = sqlx::query("SELECT 1").execute(&pool);
-            match tokio::time::timeout(Duration::from_secs(2), ping).await {
+            match tokio::time::timeout(Duration::from_secs(2), schema::check(&pool)).await {
                 Ok(Ok(_)) => Ok(()),
-                Ok(Err(e)) => Err(format!("Postgres: {e}")),
+                Ok(Err(e)) => Err(e.to_string()),
                 Err(_) => Err("Postgres did not answer within 2 s".into()),
             }
         })
     })
 }
 
-/// Postgres as a start-up dependency: ready while it answers; start-up waits until it accepts a
-/// connection.
+/// Postgres as a start-up dependency: ready while it answers with the schema this build needs;
+/// start-up waits until it accepts a connection, then until the schema is there.
 pub fn dependency(pool: PgPool) -> Dependency {
     Dependency {
         check: readiness(pool.clone()),
         wait: Box::new(move |starting, shutdown| {
-            Box::pin(async move { wait_for_postgres(&pool, &starting, &shutdown).await })
+            Box::pin(async move {
+                wait_for_postgres(&pool, &starting, &shutdown).await?;
+                startup::retry("the database schema", &starting, &shutdown, || {
+                    schema::check(&pool)
+                })
+                .await
+                .map(|_| ())
+            })
         }),
     }
 }

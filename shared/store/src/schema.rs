@@ -1,5 +1,82 @@
-//! The schema, embedded from `migrations/` so every binary (and the migration Job) carries it.
+//! The schema, embedded from `migrations/` so every binary (and the migration Job) carries it,
+//! and the check that the database has it.
+//!
+//! A build needs the highest migration it carries ([`needed`]). Until the database has it (the
+//! migration Job has not run yet, or runs right now) a service is not ready: its `/readyz`
+//! answers 503 with the reason, the workers' start-up waits, and the api answers its routes
+//! with 503 instead of failing on a missing table. A database ahead of the build (a newer
+//! release migrated first, during a rolling update) is fine: migrations only add.
+
+use sqlx::PgPool;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Apply with `MIGRATOR.run(&pool)`; sqlx takes an advisory lock, so concurrent runs are safe,
 /// but deployments run it once from `tidings-api migrate` rather than from every replica.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
+
+/// The schema version this build needs: its highest migration.
+pub fn needed() -> i64 {
+    MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SchemaError {
+    #[error(
+        "the database has no Tidings schema (this build needs migration {needed}): run `tidings-api migrate`"
+    )]
+    Missing { needed: i64 },
+    #[error(
+        "the database schema is at migration {found}, this build needs {needed}: run `tidings-api migrate`"
+    )]
+    Behind { found: i64, needed: i64 },
+    #[error("Postgres: {0}")]
+    Db(#[from] sqlx::Error),
+}
+
+/// The database's schema version if it is at least [`needed`].
+pub async fn check(pool: &PgPool) -> Result<i64, SchemaError> {
+    let needed = needed();
+    let found: Option<i64> =
+        sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
+            .fetch_one(pool)
+            .await
+            .map_err(|e| match &e {
+                // undefined_table: nothing was ever migrated here.
+                sqlx::Error::Database(d) if d.code().as_deref() == Some("42P01") => {
+                    SchemaError::Missing { needed }
+                }
+                _ => SchemaError::Db(e),
+            })?;
+    match found {
+        None => Err(SchemaError::Missing { needed }),
+        Some(found) if found < needed => Err(SchemaError::Behind { found, needed }),
+        Some(found) => Ok(found),
+    }
+}
+
+/// [`check`] until it passes once, then nothing: the schema does not go back. For the api,
+/// which asks on each request while it is not ready.
+#[derive(Clone)]
+pub struct Gate {
+    pool: PgPool,
+    open: Arc<AtomicBool>,
+}
+
+impl Gate {
+    pub fn new(pool: PgPool) -> Self {
+        Gate {
+            pool,
+            open: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    pub async fn pass(&self) -> Result<(), SchemaError> {
+        if self.open.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        check(&self.pool).await?;
+        self.open.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+}

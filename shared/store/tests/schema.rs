@@ -266,3 +266,43 @@ async fn a_replay_must_name_an_existing_row_without_a_foreign_key_on_every_inser
     .unwrap();
     assert_eq!(foreign_keys, 0);
 }
+
+#[tokio::test]
+async fn readiness_needs_the_schema_this_build_carries() {
+    use tidings_store::schema::{self, SchemaError};
+    let ready = |db: &TestDb| {
+        let check = tidings_store::readiness(db.pool.clone());
+        async move { check().await }
+    };
+
+    let empty = TestDb::empty().await.unwrap();
+    let err = schema::check(&empty.pool).await.unwrap_err();
+    assert!(
+        matches!(err, SchemaError::Missing { needed } if needed == schema::needed()),
+        "{err}"
+    );
+    let said = ready(&empty).await.unwrap_err();
+    assert!(said.contains("run `tidings-api migrate`"), "{said}");
+
+    // A database one migration behind this build (the Job of the new release has not run).
+    let db = TestDb::new().await.unwrap();
+    assert_eq!(schema::check(&db.pool).await.unwrap(), schema::needed());
+    assert_eq!(ready(&db).await, Ok(()));
+    sqlx::query("DELETE FROM _sqlx_migrations WHERE version = $1")
+        .bind(schema::needed())
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let err = schema::check(&db.pool).await.unwrap_err();
+    assert!(
+        matches!(err, SchemaError::Behind { found, needed } if found < needed),
+        "{err}"
+    );
+
+    // The api's gate opens once migrated, and stays open.
+    let gate = schema::Gate::new(empty.pool.clone());
+    assert!(gate.pass().await.is_err());
+    schema::MIGRATOR.run(&empty.pool).await.unwrap();
+    gate.pass().await.unwrap();
+    assert_eq!(ready(&empty).await, Ok(()));
+}
