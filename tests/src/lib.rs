@@ -14,5 +14,6 @@ pub mod fake_catalog;
 pub mod fake_push;
 pub mod fixtures;
 pub mod harness;
+pub mod manifests;
 pub mod scenario;
 pub mod services;

@@ -25,8 +25,13 @@ fn bin_dir() -> PathBuf {
     }
 }
 
-/// The service binary `tidings-<name>`, built once per test process.
+/// The service binary `tidings-<name>`, built once per test process; or, when
+/// `TIDINGS_SERVICE_BIN_DIR` is set, the one in that folder (to run a test against another
+/// build, e.g. to show a new test fails on the code before a fix).
 pub fn binary(name: &str) -> PathBuf {
+    if let Some(dir) = std::env::var_os("TIDINGS_SERVICE_BIN_DIR") {
+        return PathBuf::from(dir).join(format!("tidings-{name}"));
+    }
     static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
     let built = BUILT.get_or_init(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());

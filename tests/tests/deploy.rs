@@ -2,9 +2,15 @@
 //! validate, YAML lints, the Dockerfile lints, dashboards are JSON whose queries name only metrics
 //! Tidings exports. And the check has teeth: deliberately broken copies fail it.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use tidings_tests::harness::tool;
+use std::time::Instant;
+use tidings_tests::brokers::{NatsCluster, free_port};
+use tidings_tests::fake_catalog::FakeCatalog;
+use tidings_tests::harness::{TestDb, poll_wait, tool};
+use tidings_tests::manifests::{Local, Overlay, localize, mount_secrets};
+use tidings_tests::services::binary;
 
 fn repo() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
@@ -200,4 +206,132 @@ fn the_dockerfile_covers_the_workspace_and_every_service() {
         }
         assert!(repo().join(service).join("src/main.rs").exists());
     }
+}
+
+/// Starts what `overlay` describes, as rendered (see `tidings_tests::manifests`): the migration
+/// Job must finish, then every service must answer its readiness probe with 200.
+async fn smoke(overlay: &str) {
+    let cluster = NatsCluster::started().await.unwrap();
+    let db = TestDb::empty().await.unwrap();
+    let catalog = FakeCatalog::start().await.unwrap();
+    let (vapid_private, vapid_public) = tidings_webpush::vapid::VapidKey::generate().unwrap();
+    // The Secrets prod leaves to the operator, with test values.
+    let secrets: HashMap<(String, String), String> = [
+        ("tidings-db", "url", db.url.clone()),
+        ("tidings-vapid", "private-key", vapid_private),
+        ("tidings-vapid", "public-key", vapid_public),
+        (
+            "tidings-admin",
+            "token",
+            "smoke-test-operator-token-0123456789abcdef".into(),
+        ),
+    ]
+    .into_iter()
+    .map(|(s, k, v)| ((s.to_owned(), k.to_owned()), v))
+    .collect();
+    let local = Local {
+        nats: cluster
+            .nodes
+            .iter()
+            .map(|n| n.url.trim_start_matches("nats://").to_owned())
+            .collect(),
+        database_url: db.url.clone(),
+        catalog: catalog.addr.to_string(),
+        nowhere: format!("127.0.0.1:{}", free_port().unwrap()),
+    };
+    let rendered = Overlay::render(overlay);
+    let mut containers = rendered.containers(&secrets);
+    let workloads: Vec<&str> = containers.iter().map(|c| c.workload.as_str()).collect();
+    for expected in ["api", "dispatcher", "pusher", "detector"] {
+        assert!(
+            workloads
+                .iter()
+                .any(|w| w.ends_with(&format!("/{expected}"))),
+            "{overlay}: no {expected} in {workloads:?}"
+        );
+    }
+    assert!(
+        containers
+            .iter()
+            .any(|c| c.to_completion && c.argv.ends_with(&["migrate".to_owned()])),
+        "{overlay}: nothing applies the schema in {workloads:?}"
+    );
+    let dir = tempdir();
+    let mut running = Vec::new();
+    // Init containers and Jobs first: the services' readiness waits for the schema they apply.
+    containers.sort_by_key(|c| !c.to_completion);
+    for c in &mut containers {
+        let ports = localize(c, &local);
+        mount_secrets(c, &rendered, &secrets, &dir);
+        let program = c.argv[0].rsplit('/').next().unwrap().to_owned();
+        let service = program.trim_start_matches("tidings-").to_owned();
+        let mut command = Command::new(binary(&service));
+        command
+            .args(&c.argv[1..])
+            .env_clear()
+            .envs(c.env.iter().map(|(k, v)| (k, v)))
+            .env("HOSTNAME", &c.pod_name);
+        if c.to_completion {
+            let out = command.output().unwrap();
+            assert!(
+                out.status.success(),
+                "{overlay}: {} ({:?}) failed:\n{}",
+                c.workload,
+                c.argv,
+                String::from_utf8_lossy(&out.stderr)
+            );
+            continue;
+        }
+        let log_path = dir.join(format!("{}.log", c.workload.replace('/', "-")));
+        let log = std::fs::File::create(&log_path).unwrap();
+        let child = command
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let (path, port) = c.readiness.clone().expect("a readiness probe");
+        let local_port = *ports
+            .get(&port)
+            .unwrap_or_else(|| panic!("{}: probe port {port} is no *_LISTEN port", c.workload));
+        running.push((
+            c.workload.clone(),
+            child,
+            log_path,
+            format!("http://127.0.0.1:{local_port}{path}"),
+        ));
+    }
+    for (workload, child, log_path, url) in &mut running {
+        let started = Instant::now();
+        loop {
+            if let Ok(r) = reqwest::get(url.as_str()).await
+                && r.status() == 200
+            {
+                break;
+            }
+            let log = || std::fs::read_to_string(&*log_path).unwrap_or_default();
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("{overlay}: {workload} exited ({status}):\n{}", log());
+            }
+            poll_wait(started, 60, || {
+                format!("{overlay}: {workload} not ready at {url}:\n{}", log())
+            })
+            .await;
+        }
+        eprintln!("{overlay}: {workload} ready in {:?}", started.elapsed());
+    }
+    for (_, mut child, _, _) in running {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn the_rendered_dev_overlay_starts_to_ready() {
+    smoke("dev").await;
+}
+
+#[tokio::test]
+async fn the_rendered_prod_overlay_starts_to_ready() {
+    smoke("prod").await;
 }
