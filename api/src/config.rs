@@ -3,6 +3,8 @@
 use crate::Settings;
 use crate::auth::token_hash;
 use std::net::SocketAddr;
+use std::time::Duration;
+use tidings_domain::duration::parse_duration;
 use tidings_webpush::EndpointArgs;
 
 #[derive(clap::Args, Clone, Debug)]
@@ -11,6 +13,14 @@ pub struct Config {
     pub database_url: String,
     #[arg(long, env = "TIDINGS_API_LISTEN", default_value = "0.0.0.0:8080")]
     pub listen: SocketAddr,
+    /// The operator routes (`/v1/admin/*`) and `/metrics`, apart from the public port (the
+    /// workers serve their metrics on the same variable).
+    #[arg(long, env = "TIDINGS_OPS_LISTEN", default_value = "0.0.0.0:9090")]
+    pub ops_listen: SocketAddr,
+    /// After SIGTERM, how long the api keeps serving (unready) before it closes its listeners,
+    /// so load balancers stop sending it requests first.
+    #[arg(long, env = "TIDINGS_API_DRAIN", default_value = "5s", value_parser = parse_duration)]
+    pub drain: Duration,
     /// Postgres connections (each replica).
     #[arg(long, env = "TIDINGS_API_DB_POOL", default_value_t = 16)]
     pub db_pool: u32,

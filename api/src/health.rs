@@ -23,9 +23,14 @@ pub async fn livez() -> Json<Health> {
 #[utoipa::path(get, path = "/readyz", tag = "health",
     responses(
         (status = 200, description = "Postgres answers", body = Health),
-        (status = 503, description = "Postgres does not answer", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Postgres does not answer, the schema this build needs is not there yet, or the api is shutting down", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn readyz(State(app): State<AppState>) -> Result<Json<Health>, ApiError> {
+    if app.stopping.is_cancelled() {
+        return Err(ApiError::Unavailable(
+            "shutting down: draining before the listener closes".into(),
+        ));
+    }
     let probes = tidings_runtime::ops::Probes::default()
         .with_check(tidings_store::readiness(app.pool.clone()));
     probes.ready().await.map_err(ApiError::Unavailable)?;

@@ -69,16 +69,44 @@ pub struct AppState {
     pub creates: coalesce::CreateQueue,
     /// Whether the database has the schema this build needs (see [`require_schema`]).
     pub schema: tidings_store::schema::Gate,
+    /// Cancelled at SIGTERM: `/readyz` answers 503 while the api drains (see [`serve`]).
+    pub stopping: CancellationToken,
 }
 
 /// Create statements that may run at once: enough to keep two cores' worth of Postgres busy
 /// while others are on the wire; creates arriving meanwhile wait and go together.
 const CREATE_STATEMENTS: usize = 4;
 
-/// The router and the OpenAPI document describing exactly the routes it serves. Starts the
-/// create queue's task, so it must be called within a Tokio runtime.
+/// Every route on one router (what tests serve); see [`routers`].
 pub fn app(pool: PgPool, settings: Settings) -> axum::Router {
-    let max_body = settings.max_body_bytes;
+    one_router(pool, settings, CancellationToken::new())
+}
+
+fn one_router(pool: PgPool, settings: Settings, stopping: CancellationToken) -> axum::Router {
+    let (public, ops, state) = parts(pool, settings, stopping);
+    finish(public.merge(ops), state)
+}
+
+/// The public router and the operator router (`/v1/admin/*`, `/metrics`, and the probes), which
+/// [`serve`] puts on separate ports. Starts the create queue's task, so it must be called
+/// within a Tokio runtime. `stopping` makes `/readyz` answer 503 once cancelled.
+pub fn routers(
+    pool: PgPool,
+    settings: Settings,
+    stopping: CancellationToken,
+) -> (axum::Router, axum::Router) {
+    let (public, ops, state) = parts(pool, settings, stopping);
+    let ops = ops
+        .route("/livez", axum::routing::get(health::livez))
+        .route("/readyz", axum::routing::get(health::readyz));
+    (finish(public, state.clone()), finish(ops, state))
+}
+
+fn parts(
+    pool: PgPool,
+    settings: Settings,
+    stopping: CancellationToken,
+) -> (axum::Router<AppState>, axum::Router<AppState>, AppState) {
     let creates = coalesce::CreateQueue::start(
         pool.clone(),
         settings.max_watches_per_device,
@@ -90,8 +118,15 @@ pub fn app(pool: PgPool, settings: Settings) -> axum::Router {
         pool,
         settings: Arc::new(settings),
         creates,
+        stopping,
     };
-    openapi::router()
+    let (public, ops) = openapi::routers();
+    (public, ops, state)
+}
+
+fn finish(router: axum::Router<AppState>, state: AppState) -> axum::Router {
+    let max_body = state.settings.max_body_bytes;
+    router
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             require_schema,
@@ -190,6 +225,12 @@ pub enum StartError {
     Migrate(#[from] sqlx::migrate::MigrateError),
 }
 
+async fn bind(listen: std::net::SocketAddr) -> Result<tokio::net::TcpListener, StartError> {
+    tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|source| StartError::Listen { listen, source })
+}
+
 /// Runs one subcommand until it is done or `shutdown`.
 pub async fn run(command: Command, shutdown: CancellationToken) -> Result<(), StartError> {
     match command {
@@ -199,15 +240,12 @@ pub async fn run(command: Command, shutdown: CancellationToken) -> Result<(), St
             // is not there yet, instead of exiting into a crash loop.
             let pool = tidings_store::postgres(&config.database_url, config.db_pool)
                 .map_err(StartError::Database)?;
-            let listener =
-                tokio::net::TcpListener::bind(config.listen)
-                    .await
-                    .map_err(|source| StartError::Listen {
-                        listen: config.listen,
-                        source,
-                    })?;
-            tracing::info!(listen = %config.listen, "api serving");
-            serve(listener, pool, settings, shutdown)
+            let listeners = Listeners {
+                public: bind(config.listen).await?,
+                ops: Some(bind(config.ops_listen).await?),
+            };
+            tracing::info!(listen = %config.listen, ops_listen = %config.ops_listen, "api serving");
+            serve(listeners, pool, settings, config.drain, shutdown)
                 .await
                 .map_err(StartError::Serve)?;
             tracing::info!("api stopped");
@@ -226,12 +264,22 @@ pub async fn run(command: Command, shutdown: CancellationToken) -> Result<(), St
     Ok(())
 }
 
-/// Serves until `shutdown`, then lets in-flight requests finish. Also expires old idempotency
-/// records.
+/// Where [`serve`] listens.
+pub struct Listeners {
+    pub public: tokio::net::TcpListener,
+    /// The operator routes and `/metrics`; `None` serves them on `public` too (tests).
+    pub ops: Option<tokio::net::TcpListener>,
+}
+
+/// Serves until `shutdown`, then drains: `/readyz` answers 503 at once while requests are
+/// still served for `drain` (load balancers and Kubernetes endpoints take a few seconds to stop
+/// routing to a pod that is going away; closing at once would refuse what they still send),
+/// then the listeners close and in-flight requests finish. Also expires old idempotency records.
 pub async fn serve(
-    listener: tokio::net::TcpListener,
+    listeners: Listeners,
     pool: PgPool,
     settings: Settings,
+    drain: Duration,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let sweeper = tokio::spawn(watches::expire_idempotency_keys(
@@ -239,11 +287,40 @@ pub async fn serve(
         Duration::from_secs(600),
         shutdown.clone(),
     ));
-    let router = app(pool, settings);
-    let result = axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-        .await;
+    let stopping = CancellationToken::new();
+    let closing = CancellationToken::new();
+    let drainer = {
+        let (shutdown, stopping, closing) = (shutdown.clone(), stopping.clone(), closing.clone());
+        tokio::spawn(async move {
+            shutdown.cancelled().await;
+            stopping.cancel();
+            tracing::info!(
+                drain_ms = drain.as_millis() as u64,
+                "draining before closing the listeners"
+            );
+            tokio::time::sleep(drain).await;
+            closing.cancel();
+        })
+    };
+    let result = match listeners.ops {
+        Some(ops_listener) => {
+            let (public, ops) = routers(pool, settings, stopping);
+            let public = axum::serve(listeners.public, public)
+                .with_graceful_shutdown(closing.clone().cancelled_owned());
+            let ops = axum::serve(ops_listener, ops)
+                .with_graceful_shutdown(closing.clone().cancelled_owned());
+            let (a, b) = tokio::join!(async { public.await }, async { ops.await });
+            a.and(b)
+        }
+        None => {
+            axum::serve(listeners.public, one_router(pool, settings, stopping))
+                .with_graceful_shutdown(closing.clone().cancelled_owned())
+                .await
+        }
+    };
     shutdown.cancel();
+    closing.cancel();
+    let _ = drainer.await;
     let _ = sweeper.await;
     result
 }

@@ -24,7 +24,7 @@ use utoipa_axum::routes;
         (name = "devices", description = "Anonymous devices and their push subscription"),
         (name = "watches", description = "What a device watches"),
         (name = "history", description = "A device's notifications"),
-        (name = "operators", description = "Outbox inspection and replay (admin token)"),
+        (name = "operators", description = "Outbox inspection and replay (admin token), served on the ops port (TIDINGS_OPS_LISTEN, 9090), not the public one"),
         (name = "health", description = "Probes"),
     )
 )]
@@ -46,7 +46,8 @@ impl Modify for Security {
     }
 }
 
-fn parts() -> (axum::Router<AppState>, Document) {
+/// The public routes: devices, their watches and history, probes, this document.
+fn public() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(devices::create_device))
         .routes(routes!(devices::delete_device))
@@ -59,25 +60,35 @@ fn parts() -> (axum::Router<AppState>, Document) {
             watches::delete_watch
         ))
         .routes(routes!(history::list_notifications))
+        .routes(routes!(health::livez))
+        .routes(routes!(health::readyz))
+        .routes(routes!(openapi_json))
+}
+
+/// The operator routes and `/metrics`, served on the ops port (`TIDINGS_OPS_LISTEN`).
+fn operators() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
         .routes(routes!(operators::list_outbox))
         .routes(routes!(operators::outbox_stats))
         .routes(routes!(operators::get_outbox_row))
         .routes(routes!(operators::replay))
-        .routes(routes!(health::livez))
-        .routes(routes!(health::readyz))
         .routes(routes!(health::metrics))
-        .routes(routes!(openapi_json))
-        .split_for_parts()
 }
 
-/// The OpenAPI document of this build.
+/// The OpenAPI document of this build: every route, public and operator.
 pub fn document() -> &'static serde_json::Value {
     static DOC: OnceLock<serde_json::Value> = OnceLock::new();
-    DOC.get_or_init(|| serde_json::to_value(parts().1).unwrap_or_default())
+    DOC.get_or_init(|| {
+        let (_, doc) = public().merge(operators()).split_for_parts();
+        serde_json::to_value(doc).unwrap_or_default()
+    })
 }
 
-pub fn router() -> axum::Router<AppState> {
-    parts().0
+/// The public router and the operator router (without probes; see `crate::routers`).
+pub fn routers() -> (axum::Router<AppState>, axum::Router<AppState>) {
+    let (public, _) = public().split_for_parts();
+    let (ops, _) = operators().split_for_parts();
+    (public, ops)
 }
 
 #[utoipa::path(get, path = "/openapi.json", tag = "health",

@@ -61,10 +61,16 @@ impl ApiServer {
             .expect("bind");
         let base = format!("http://{}", listener.local_addr().expect("addr"));
         let shutdown = CancellationToken::new();
+        // One port for every route, and no drain: tests stop at once.
+        let listeners = tidings_api::Listeners {
+            public: listener,
+            ops: None,
+        };
         let task = tokio::spawn(tidings_api::serve(
-            listener,
+            listeners,
             pool,
             settings,
+            std::time::Duration::ZERO,
             shutdown.clone(),
         ));
         ApiServer {

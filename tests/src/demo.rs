@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 pub struct Endpoints {
     /// e.g. `http://127.0.0.1:8080`
     pub api: String,
+    /// The api's ops port (operator routes), e.g. `http://127.0.0.1:9090`.
+    pub operators: String,
     /// e.g. `http://127.0.0.1:9000/admin/items`
     pub catalog_admin: String,
     /// e.g. `http://127.0.0.1:9002/admin/push`
@@ -259,7 +261,7 @@ pub async fn run(e: Endpoints, mut say: impl FnMut(String)) -> Result<Report, De
     let outbox = c
         .get(
             "reading the outbox (operator)",
-            format!("{}/v1/admin/outbox?device_id={device_id}", c.e.api),
+            format!("{}/v1/admin/outbox?device_id={device_id}", c.e.operators),
             Some(&c.e.admin_token),
         )
         .await?["items"]

@@ -68,6 +68,8 @@ pub struct Pipeline {
     env: Vec<(String, String)>,
     children: HashMap<&'static str, Child>,
     ports: HashMap<&'static str, u16>,
+    /// The api's ops port (operator routes, `/metrics`).
+    api_ops: u16,
     logs: PathBuf,
 }
 
@@ -107,6 +109,8 @@ impl Pipeline {
             ("TIDINGS_VAPID_PUBLIC_KEY", vapid_public),
             ("TIDINGS_VAPID_SUBJECT", "mailto:e2e@tidings.invalid".into()),
             ("TIDINGS_ADMIN_TOKEN", ADMIN_TOKEN.into()),
+            // Tests stop the api at once; the drain has a test of its own.
+            ("TIDINGS_API_DRAIN", "0s".into()),
             ("TIDINGS_SCAN_INTERVAL", "500ms".into()),
             ("TIDINGS_RETRY_BASE", "500ms".into()),
             ("TIDINGS_POLL_INTERVAL", "20ms".into()),
@@ -128,6 +132,7 @@ impl Pipeline {
             env,
             children: HashMap::new(),
             ports,
+            api_ops: crate::brokers::free_port().expect("free port"),
             logs,
         };
         for name in services {
@@ -155,7 +160,8 @@ impl Pipeline {
         let mut cmd = Command::new(binary(name));
         if name == "api" {
             cmd.arg("serve")
-                .env("TIDINGS_API_LISTEN", format!("127.0.0.1:{port}"));
+                .env("TIDINGS_API_LISTEN", format!("127.0.0.1:{port}"))
+                .env("TIDINGS_OPS_LISTEN", format!("127.0.0.1:{}", self.api_ops));
         } else {
             cmd.env("TIDINGS_OPS_LISTEN", format!("127.0.0.1:{port}"));
         }
@@ -166,6 +172,15 @@ impl Pipeline {
             .stderr(log.try_clone().map(Stdio::from).unwrap_or(Stdio::null()));
         let child = cmd.spawn().expect("spawn service");
         self.children.insert(name, child);
+    }
+
+    /// Where a service serves `/metrics` (and the api its operator routes).
+    pub fn ops_url(&self, name: &str) -> String {
+        if name == "api" {
+            format!("http://127.0.0.1:{}", self.api_ops)
+        } else {
+            self.url(name)
+        }
     }
 
     /// `http://127.0.0.1:<port>`: the api, or a worker's ops endpoint.

@@ -26,7 +26,7 @@ async fn serve(router: Router) -> String {
 }
 
 async fn metrics(p: &Pipeline, name: &str) -> String {
-    reqwest::get(format!("{}/metrics", p.url(name)))
+    reqwest::get(format!("{}/metrics", p.ops_url(name)))
         .await
         .unwrap()
         .text()
@@ -95,6 +95,7 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
     let report = demo::run(
         Endpoints {
             api: p.url("api"),
+            operators: p.ops_url("api"),
             catalog_admin: format!("http://{}/admin/items", s.catalog.addr),
             push_admin: format!("{push_admin}/admin/push"),
             admin_token: ADMIN_TOKEN.into(),

@@ -16,6 +16,7 @@ fn env(key: &str) -> String {
 async fn main() {
     let endpoints = Endpoints {
         api: env("TIDINGS_DEMO_API"),
+        operators: env("TIDINGS_DEMO_OPERATORS"),
         catalog_admin: env("TIDINGS_DEMO_CATALOG_ADMIN"),
         push_admin: env("TIDINGS_DEMO_PUSH_ADMIN"),
         admin_token: env("TIDINGS_ADMIN_TOKEN"),

@@ -1,0 +1,85 @@
+//! How the api binary serves: public routes and operator routes on separate ports, and a drain
+//! after SIGTERM during which it still answers but says it is not ready.
+
+// Test code: a failed unwrap is a failed test, which is what we want.
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+use tidings_api::Listeners;
+use tidings_tests::api::{ADMIN_TOKEN, ApiClient, test_settings};
+use tidings_tests::harness::TestDb;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+async fn status(client: &ApiClient, path: &str, token: Option<&str>) -> u16 {
+    client.get(path, token).await.status().as_u16()
+}
+
+#[tokio::test]
+async fn operator_routes_and_metrics_answer_on_the_ops_port_only_and_the_api_drains_before_closing()
+{
+    let db = TestDb::new().await.unwrap();
+    let public = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let ops = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (public_addr, ops_addr) = (public.local_addr().unwrap(), ops.local_addr().unwrap());
+    let shutdown = CancellationToken::new();
+    const DRAIN: Duration = Duration::from_millis(1500);
+    let task = tokio::spawn(tidings_api::serve(
+        Listeners {
+            public,
+            ops: Some(ops),
+        },
+        db.pool.clone(),
+        test_settings(),
+        DRAIN,
+        shutdown.clone(),
+    ));
+    let public = ApiClient::new(format!("http://{public_addr}"));
+    let ops = ApiClient::new(format!("http://{ops_addr}"));
+
+    let admin = Some(ADMIN_TOKEN);
+    assert_eq!(status(&public, "/v1/admin/outbox/stats", admin).await, 404);
+    assert_eq!(status(&public, "/metrics", None).await, 404);
+    assert_eq!(status(&public, "/v1/vapid-public-key", None).await, 200);
+    assert_eq!(status(&public, "/readyz", None).await, 200);
+    let doc: serde_json::Value = public
+        .get("/openapi.json", None)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        doc["paths"]["/v1/admin/outbox/stats"].is_object(),
+        "documented"
+    );
+
+    assert_eq!(status(&ops, "/v1/admin/outbox/stats", admin).await, 200);
+    assert_eq!(status(&ops, "/v1/admin/outbox/stats", None).await, 401);
+    assert_eq!(status(&ops, "/metrics", None).await, 200);
+    assert_eq!(status(&ops, "/readyz", None).await, 200);
+    assert_eq!(status(&ops, "/v1/vapid-public-key", None).await, 404);
+
+    // SIGTERM: unready at once, still serving for the drain, then closed.
+    let stopped = Instant::now();
+    shutdown.cancel();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(status(&public, "/readyz", None).await, 503);
+    assert_eq!(status(&ops, "/readyz", None).await, 503);
+    assert_eq!(status(&public, "/v1/vapid-public-key", None).await, 200);
+    task.await.unwrap().unwrap();
+    let took = stopped.elapsed();
+    assert!(took >= DRAIN, "closed after {took:?}, before the drain");
+    assert!(
+        took < DRAIN + Duration::from_secs(2),
+        "closed only after {took:?}"
+    );
+    let fresh = reqwest::Client::new();
+    assert!(
+        fresh
+            .get(format!("http://{public_addr}/livez"))
+            .send()
+            .await
+            .is_err(),
+        "the listener is closed"
+    );
+}
