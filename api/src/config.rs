@@ -22,7 +22,8 @@ pub struct Config {
     #[arg(long, env = "TIDINGS_API_DRAIN", default_value = "5s", value_parser = parse_duration)]
     pub drain: Duration,
     /// Postgres connections (each replica).
-    #[arg(long, env = "TIDINGS_API_DB_POOL", default_value_t = 16)]
+    #[arg(long, env = "TIDINGS_API_DB_POOL", default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(1..))]
     pub db_pool: u32,
     /// Bearer token for the operator endpoints (at least 32 characters); unset disables them.
     #[arg(long, env = "TIDINGS_ADMIN_TOKEN", hide_env_values = true)]

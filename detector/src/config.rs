@@ -21,6 +21,11 @@ pub struct Config {
     pub source: SourceArgs,
     #[command(flatten)]
     pub ops: OpsArgs,
+    /// Postgres connections of each replica (a scan reads a page and writes its findings; the
+    /// readiness check takes one).
+    #[arg(long, env = "TIDINGS_DETECTOR_DB_POOL", default_value_t = 4,
+          value_parser = clap::value_parser!(u32).range(2..))]
+    pub db_pool: u32,
     /// Time between the starts of two scans.
     #[arg(long, env = "TIDINGS_SCAN_INTERVAL", default_value = "60s", value_parser = parse_duration)]
     pub scan_interval: Duration,

@@ -44,7 +44,8 @@ pub enum StartError {
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), StartError> {
     let settings = config.settings()?;
     let source = HttpSource::new(settings.source.clone())?;
-    let pool = tidings_store::postgres(&config.database_url, 4).map_err(StartError::DatabaseUrl)?;
+    let pool = tidings_store::postgres(&config.database_url, config.db_pool)
+        .map_err(StartError::DatabaseUrl)?;
     let (nats, bus) = streams::connect(
         &config.nats.connection,
         &settings.subjects,

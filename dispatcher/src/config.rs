@@ -78,6 +78,10 @@ pub struct Config {
     /// slow pusher leaves the backlog in the outbox, where rows are re-checked before sending.
     #[arg(long, env = "TIDINGS_PUSH_BACKLOG_LIMIT", default_value_t = 2000)]
     pub push_backlog_limit: u64,
+    /// Postgres connections of each replica; at least what its loops hold at once
+    /// (dispatch workers + 2 × consumer concurrency + 2: 12 with the defaults).
+    #[arg(long, env = "TIDINGS_DISPATCHER_DB_POOL", default_value_t = 12)]
+    pub db_pool: u32,
     /// Web Push TTL: how long a push service keeps a message for an offline device.
     #[arg(long, env = "TIDINGS_PUSH_TTL", default_value = "1h", value_parser = parse_duration)]
     pub push_ttl: Duration,
@@ -116,6 +120,12 @@ pub enum ConfigError {
     },
     #[error("{name} must be at least 1")]
     Zero { name: &'static str },
+    #[error(
+        "TIDINGS_DISPATCHER_DB_POOL ({pool}) is below the {need} connections the loops hold at \
+         once (TIDINGS_DISPATCH_WORKERS + 2 × TIDINGS_CONSUMER_CONCURRENCY + 2): they would wait \
+         on each other for connections"
+    )]
+    DbPool { pool: u32, need: u32 },
     #[error(transparent)]
     Prefix(#[from] InvalidPrefix),
 }
@@ -142,6 +152,7 @@ pub struct Settings {
     pub sweep_interval: Duration,
     pub push_ttl: Duration,
     pub push_backlog_limit: u64,
+    pub db_pool: u32,
 }
 
 impl Settings {
@@ -156,6 +167,13 @@ impl Settings {
     /// margin. A result produced within that time decides the row, not the sweeper.
     pub fn min_sending_lease(&self) -> Duration {
         self.push_deadline + self.push_http_timeout + self.result_ack_wait + self.lease_margin
+    }
+
+    /// Connections the loops hold at once: one per dispatch worker, one per ingest and per
+    /// results batch in flight, the sweeper's, and one for the idle pick-up.
+    pub fn db_connections_needed(&self) -> u32 {
+        let need = self.dispatch_workers + 2 * self.consumer_concurrency + 2;
+        u32::try_from(need).unwrap_or(u32::MAX)
     }
 
     /// The rules a configuration must satisfy before the dispatcher starts.
@@ -197,6 +215,12 @@ impl Settings {
                 return Err(ConfigError::Zero { name });
             }
         }
+        if self.db_pool < self.db_connections_needed() {
+            return Err(ConfigError::DbPool {
+                pool: self.db_pool,
+                need: self.db_connections_needed(),
+            });
+        }
         Ok(())
     }
 }
@@ -229,6 +253,7 @@ impl Config {
             sweep_interval: self.sweep_interval,
             push_ttl: self.push_ttl,
             push_backlog_limit: self.push_backlog_limit,
+            db_pool: self.db_pool,
         }
     }
 }
@@ -275,6 +300,23 @@ mod tests {
             s.validate(),
             Err(ConfigError::DeliveryLogTooShort { .. })
         ));
+    }
+
+    #[test]
+    fn a_pool_smaller_than_what_the_loops_hold_refuses_to_start() {
+        let mut s = settings();
+        assert_eq!(
+            s.db_connections_needed(),
+            s.db_pool,
+            "the default is what the loops hold"
+        );
+        s.consumer_concurrency += 1;
+        assert!(matches!(
+            s.validate(),
+            Err(ConfigError::DbPool { pool: 12, need: 14 })
+        ));
+        s.db_pool = 14;
+        s.validate().unwrap();
     }
 
     #[test]

@@ -61,10 +61,7 @@ pub enum StartError {
 /// and NATS (unready, saying why, until they answer), then runs every loop until `shutdown`.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), StartError> {
     let settings = config.settings()?;
-    let connections =
-        u32::try_from(settings.dispatch_workers + 2 * settings.consumer_concurrency + 2)
-            .unwrap_or(16);
-    let pool = tidings_store::postgres(&config.database_url, connections)
+    let pool = tidings_store::postgres(&config.database_url, settings.db_pool)
         .map_err(StartError::DatabaseUrl)?;
     let (nats, bus) = streams::connect(
         &config.nats.connection,

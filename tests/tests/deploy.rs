@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
+use tidings_runtime::flags::parsed_defaults;
 use tidings_tests::brokers::{NatsCluster, free_port};
 use tidings_tests::fake_catalog::FakeCatalog;
 use tidings_tests::harness::{TestDb, poll_wait, tool};
@@ -334,4 +335,112 @@ async fn the_rendered_dev_overlay_starts_to_ready() {
 #[tokio::test]
 async fn the_rendered_prod_overlay_starts_to_ready() {
     smoke("prod").await;
+}
+
+/// The most replicas a workload of `overlay` runs: its HPA's maximum, else its `replicas`, plus
+/// the pods a rolling update adds (a Deployment's default surge of 25 %, rounded up).
+fn max_pods(overlay: &Overlay, kind: &str, name: &str) -> u32 {
+    let docs = overlay.docs();
+    let workload = docs
+        .iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap();
+    let replicas = docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "HorizontalPodAutoscaler" && d["spec"]["scaleTargetRef"]["name"] == name
+        })
+        .map(|hpa| &hpa["spec"]["maxReplicas"])
+        .unwrap_or(&workload["spec"]["replicas"])
+        .as_u64()
+        .unwrap_or(1);
+    let replicas = u32::try_from(replicas).unwrap();
+    let surge = &workload["spec"]["strategy"]["rollingUpdate"]["maxSurge"];
+    match (kind, surge.as_u64()) {
+        ("Deployment", Some(n)) => replicas + u32::try_from(n).unwrap(),
+        ("Deployment", None) => {
+            assert!(
+                surge.is_null(),
+                "{name}: a maxSurge this test does not read: {surge}"
+            );
+            replicas + replicas.div_ceil(4)
+        }
+        _ => replicas,
+    }
+}
+
+fn strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
+/// Postgres' default `max_connections` is 100, 3 of them reserved for superusers; the rest of
+/// this room is left for operators and the schema's init containers.
+const CONNECTION_BUDGET: u32 = 90;
+
+#[test]
+fn the_prod_overlay_at_its_autoscaling_maximum_fits_postgres_default_connection_limit() {
+    let rendered = Overlay::render("prod");
+    // Only the pool sizes matter here; the Secrets the operator creates get placeholders.
+    let secrets: HashMap<(String, String), String> = [
+        ("tidings-db", "url"),
+        ("tidings-vapid", "private-key"),
+        ("tidings-vapid", "public-key"),
+        ("tidings-admin", "token"),
+    ]
+    .into_iter()
+    .map(|(s, k)| ((s.to_owned(), k.to_owned()), "placeholder".to_owned()))
+    .collect();
+    let mut total = 0;
+    let mut table = Vec::new();
+    for c in rendered
+        .containers(&secrets)
+        .iter()
+        .filter(|c| !c.to_completion)
+    {
+        let (kind, rest) = c.workload.split_once('/').unwrap();
+        let name = rest.split('/').next().unwrap();
+        let env = |key: &str| {
+            c.env
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.as_str())
+        };
+        // The service's own flags read the pool size: the rendered value, else its default.
+        let args = |required: &[&str], key: &str| -> Vec<String> {
+            let mut args: Vec<String> = required.iter().map(|a| (*a).to_owned()).collect();
+            if let Some(v) = env(key) {
+                args.extend(["--db-pool".to_owned(), v.to_owned()]);
+            }
+            args
+        };
+        const WORKER: [&str; 4] = ["--database-url", "-", "--source-url", "-"];
+        let pool = match name {
+            "api" => {
+                let args = args(&["--database-url", "-"], "TIDINGS_API_DB_POOL");
+                parsed_defaults::<tidings_api::Config>(&strs(&args)).db_pool
+            }
+            "dispatcher" => {
+                let args = args(&WORKER, "TIDINGS_DISPATCHER_DB_POOL");
+                parsed_defaults::<tidings_dispatcher::Config>(&strs(&args)).db_pool
+            }
+            "detector" => {
+                let args = args(&WORKER, "TIDINGS_DETECTOR_DB_POOL");
+                parsed_defaults::<tidings_detector::Config>(&strs(&args)).db_pool
+            }
+            "pusher" => {
+                assert!(env("DATABASE_URL").is_none(), "the pusher has no database");
+                0
+            }
+            other => panic!("a workload this test does not know: {other}"),
+        };
+        let pods = max_pods(&rendered, kind, name);
+        total += pods * pool;
+        table.push(format!("{name}: {pods} pods × {pool} = {}", pods * pool));
+    }
+    eprintln!("{}\ntotal {total} of {CONNECTION_BUDGET}", table.join("\n"));
+    assert!(
+        total <= CONNECTION_BUDGET,
+        "at its maximum the prod overlay opens {total} Postgres connections:\n{}",
+        table.join("\n")
+    );
 }
