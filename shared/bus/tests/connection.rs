@@ -25,7 +25,7 @@ async fn connects(args: &ConnectionArgs, wait: Duration) -> bool {
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/nats-tls")
+        .join("../../tests/fixtures/test-ca")
         .join(name)
 }
 
