@@ -106,3 +106,105 @@ async fn tls_with_a_private_ca_and_a_client_certificate() {
     args.nats_key = Some(fixture("client-key.pem"));
     assert!(connects(&args, ACCEPTED).await, "mutual TLS: accepted");
 }
+
+/// A JWT as NATS signs them: the claims signed with an NKEY (`ed25519-nkey`).
+fn jwt(signer: &nkeys::KeyPair, subject: &str, name: &str, nats: serde_json::Value) -> String {
+    use base64::Engine as _;
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+    let header = b64(br#"{"typ":"JWT","alg":"ed25519-nkey"}"#);
+    let claims = serde_json::json!({
+        "jti": uuid::Uuid::new_v4().simple().to_string().to_uppercase(),
+        "iat": 1_700_000_000,
+        "iss": signer.public_key(),
+        "name": name,
+        "sub": subject,
+        "nats": nats,
+    });
+    let payload = b64(claims.to_string().as_bytes());
+    let signature = signer
+        .sign(format!("{header}.{payload}").as_bytes())
+        .unwrap();
+    format!("{header}.{payload}.{}", b64(&signature))
+}
+
+#[tokio::test]
+async fn a_credentials_file_logs_in_to_a_server_in_operator_mode() {
+    // An operator, an account it signed, a user the account signed: decentralized auth as
+    // `nsc` sets it up.
+    let operator = nkeys::KeyPair::new_operator();
+    let account = nkeys::KeyPair::new_account();
+    let user = nkeys::KeyPair::new_user();
+    let unlimited = serde_json::json!({"subs": -1, "data": -1, "payload": -1});
+    let operator_jwt = jwt(
+        &operator,
+        &operator.public_key(),
+        "tidings-test",
+        serde_json::json!({"type": "operator", "version": 2}),
+    );
+    let mut account_limits = unlimited.clone();
+    for key in ["imports", "exports", "conn", "leaf"] {
+        account_limits[key] = (-1).into();
+    }
+    account_limits["wildcards"] = true.into();
+    let account_jwt = jwt(
+        &operator,
+        &account.public_key(),
+        "tidings",
+        serde_json::json!({"limits": account_limits, "type": "account", "version": 2}),
+    );
+    let mut user_claims = unlimited;
+    user_claims["pub"] = serde_json::json!({});
+    user_claims["sub"] = serde_json::json!({});
+    user_claims["type"] = "user".into();
+    user_claims["version"] = 2.into();
+    let user_jwt = jwt(
+        &account,
+        &user.public_key(),
+        "tidings-services",
+        user_claims,
+    );
+
+    // JetStream needs the server's own system account.
+    let system = nkeys::KeyPair::new_account();
+    let system_jwt = jwt(
+        &operator,
+        &system.public_key(),
+        "SYS",
+        serde_json::json!({"limits": account_limits, "type": "account", "version": 2}),
+    );
+    let server = PrivateNats::with_config(&format!(
+        "operator: {operator_jwt}\nsystem_account: {sys}\nresolver: MEMORY\n\
+         resolver_preload: {{ {sys}: {system_jwt}, {account}: {account_jwt} }}\n",
+        sys = system.public_key(),
+        account = account.public_key(),
+    ))
+    .await
+    .unwrap();
+    let dir = std::env::temp_dir().join(format!("tidings-creds-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let creds = |jwt: &str, seed: &str| {
+        let path = dir.join(format!("{}.creds", uuid::Uuid::new_v4()));
+        std::fs::write(
+            &path,
+            format!(
+                "-----BEGIN NATS USER JWT-----\n{jwt}\n------END NATS USER JWT------\n\n\
+                 ************************* IMPORTANT *************************\n\
+                 NKEY Seed printed below can be used to sign and prove identity.\n\n\
+                 -----BEGIN USER NKEY SEED-----\n{seed}\n------END USER NKEY SEED------\n"
+            ),
+        )
+        .unwrap();
+        path
+    };
+    let mut args = ConnectionArgs::url(&server.url);
+    assert!(!connects(&args, REFUSED).await, "no credentials: refused");
+    // The user's JWT with another key's seed cannot answer the server's challenge.
+    let stranger = nkeys::KeyPair::new_user();
+    args.nats_creds = Some(creds(&user_jwt, &stranger.seed().unwrap()));
+    let forged = connects(&args, REFUSED).await;
+    args.nats_creds = Some(creds(&user_jwt, &user.seed().unwrap()));
+    let genuine = connects(&args, ACCEPTED).await;
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(!forged, "a seed that does not match the JWT: refused");
+    assert!(genuine, "the credentials file: accepted");
+}
