@@ -124,6 +124,12 @@ impl Pipeline {
             env.retain(|(key, _)| key != k);
             env.push(((*k).to_owned(), (*v).to_owned()));
         }
+        // A test's own NATS is one server unless the test says otherwise, whatever replica
+        // count the stack's (`stack test --nats-cluster`) asks for.
+        let named = |key: &str| extra.iter().any(|(k, _)| *k == key);
+        if named("NATS_URL") && !named("TIDINGS_STREAM_REPLICAS") {
+            env.push(("TIDINGS_STREAM_REPLICAS".to_owned(), "1".to_owned()));
+        }
         let ports = SERVICES
             .iter()
             .map(|s| (*s, crate::brokers::free_port().expect("free port")))
