@@ -220,13 +220,18 @@ impl Scenario {
         let req = self.detection(w, price, Utc::now());
         self.publish_enqueue(&req, &req.dedup_key().to_string())
             .await;
-        let stats = self
-            .ingest()
-            .await
-            .run_once(Duration::from_millis(300))
-            .await
-            .expect("ingest");
-        assert_eq!(stats.inserted, 1, "one outbox row for the detection");
+        // Fetch until it is there: on a loaded cluster one short fetch can come back empty.
+        let ingest = self.ingest().await;
+        let started = std::time::Instant::now();
+        let mut inserted = 0;
+        while inserted == 0 && started.elapsed() < Duration::from_secs(10) {
+            let stats = ingest
+                .run_once(Duration::from_millis(300))
+                .await
+                .expect("ingest");
+            inserted += stats.inserted;
+        }
+        assert_eq!(inserted, 1, "one outbox row for the detection");
     }
 
     /// The usual preamble: `w` detected at `price`, ingested, dispatched; returns the PushRequest
