@@ -19,7 +19,6 @@ mod watchlist;
 pub use config::{Config, Settings};
 
 use std::time::Duration;
-use tidings_bus::streams;
 use tidings_runtime::startup;
 use tidings_source::{HttpSource, SourceConfigError};
 use tokio_util::sync::CancellationToken;
@@ -46,12 +45,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
     let source = HttpSource::new(settings.source.clone())?;
     let pool = tidings_store::postgres(&config.database_url, config.db_pool)
         .map_err(StartError::DatabaseUrl)?;
-    let (nats, bus) = streams::connect(
-        &config.nats.connection,
-        &settings.subjects,
-        &settings.streams,
-    )
-    .await?;
+    let (nats, bus) = config.nats.connect(&settings.subjects).await?;
     let dependencies = vec![tidings_store::dependency(pool.clone()), bus];
     // `--once` is a command, not a service: no ops endpoint.
     let ops = (!config.once).then_some(config.ops.ops_listen);

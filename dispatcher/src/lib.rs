@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tidings_bus::consume::Handler as _;
 use tidings_bus::delivered::DeliveryLog;
-use tidings_bus::streams::{self, StreamError, ensure_streams};
+use tidings_bus::streams::{StreamError, ensure_streams};
 use tidings_domain::subjects::StreamKind;
 use tidings_runtime::{ops, startup};
 use tidings_source::{HttpSource, SourceConfigError};
@@ -63,12 +63,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
     let settings = config.settings()?;
     let pool = tidings_store::postgres(&config.database_url, settings.db_pool)
         .map_err(StartError::DatabaseUrl)?;
-    let (nats, bus) = streams::connect(
-        &config.nats.connection,
-        &settings.subjects,
-        &settings.streams,
-    )
-    .await?;
+    let (nats, bus) = config.nats.connect(&settings.subjects).await?;
     let dependencies = vec![tidings_store::dependency(pool.clone()), bus];
     if startup::start(Some(config.ops.ops_listen), dependencies, &shutdown)
         .await

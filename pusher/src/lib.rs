@@ -18,7 +18,6 @@ pub use config::{Config, Settings};
 
 use std::time::Duration;
 use tidings_bus::consume::Handler as _;
-use tidings_bus::streams;
 use tidings_domain::subjects::StreamKind;
 use tidings_runtime::{ops, startup};
 use tokio_util::sync::CancellationToken;
@@ -37,12 +36,7 @@ pub enum StartError {
 /// (unready, saying why, until it answers), then delivers until `shutdown`.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), StartError> {
     let settings = config.settings()?;
-    let (nats, bus) = streams::connect(
-        &config.nats.connection,
-        &settings.subjects,
-        &settings.streams,
-    )
-    .await?;
+    let (nats, bus) = config.nats.connect(&settings.subjects).await?;
     let js = async_nats::jetstream::new(nats);
     let dependencies = vec![bus];
     let Some(probes) = startup::start(Some(config.ops.ops_listen), dependencies, &shutdown).await

@@ -111,6 +111,14 @@ impl NatsArgs {
         Subjects::new(&self.prefix)
     }
 
+    /// [`connect`] with these flags' connection and stream settings.
+    pub async fn connect(
+        &self,
+        subjects: &Subjects,
+    ) -> Result<(async_nats::Client, Dependency), ConnectionError> {
+        connect(&self.connection, subjects, &self.streams()).await
+    }
+
     pub fn streams(&self) -> StreamSettings {
         StreamSettings {
             replicas: self.stream_replicas,
