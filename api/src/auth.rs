@@ -42,8 +42,10 @@ fn bearer(parts: &Parts) -> Result<&str, ApiError> {
     value
         .to_str()
         .ok()
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
+        .and_then(|v| v.split_once(' '))
+        // RFC 9110 §11.1: the scheme is case-insensitive.
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim())
         .filter(|t| !t.is_empty())
         .ok_or(ApiError::Unauthorized(
             "Authorization must be `Bearer <token>`",

@@ -29,8 +29,8 @@ pub struct SubscriptionIn {
     /// Accepted (and documented) because `PushSubscription.toJSON()` sends it.
     #[allow(dead_code)]
     #[serde(rename = "expirationTime", default)]
-    #[schema(value_type = Option<f64>)]
-    pub expiration_time: Option<serde_json::Value>,
+    /// Milliseconds since the epoch, or null: a string, object or boolean is refused.
+    pub expiration_time: Option<f64>,
     pub keys: KeysIn,
 }
 

@@ -68,7 +68,12 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
 
 /// A resource id from the path. Something that is not a UUID names no resource: 404, the same
 /// answer as an id that exists but belongs to someone else.
-pub fn resource_id(raw: &str, what: &'static str) -> Result<Uuid, ApiError> {
+pub fn resource_id(
+    raw: Result<axum::extract::Path<String>, axum::extract::rejection::PathRejection>,
+    what: &'static str,
+) -> Result<Uuid, ApiError> {
+    // A segment that is not even UTF-8 (`%ff`) names nothing either: 404 like any other.
+    let axum::extract::Path(raw) = raw.map_err(|_| ApiError::NotFound(what))?;
     raw.parse().map_err(|_| ApiError::NotFound(what))
 }
 

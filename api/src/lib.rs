@@ -134,6 +134,7 @@ fn finish(router: axum::Router<AppState>, state: AppState) -> axum::Router {
         .with_state(state)
         .fallback(no_route)
         .layer(DefaultBodyLimit::max(max_body))
+        .layer(axum::middleware::from_fn(problem::problems_everywhere))
         .layer(axum::middleware::from_fn(trace_request))
 }
 

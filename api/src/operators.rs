@@ -8,6 +8,7 @@ use crate::extract::{ApiQuery, cursor, limit, page, resource_id};
 use crate::history::{NOTIFICATION_COLUMNS, Notification, NotificationRow, status_filter};
 use crate::problem::{ApiError, Problem, Unauthorized};
 use axum::Json;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
@@ -162,9 +163,9 @@ pub async fn list_outbox(
 pub async fn get_outbox_row(
     State(app): State<AppState>,
     _: Operator,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<OutboxRow>, ApiError> {
-    let id = resource_id(&id, "outbox row")?;
+    let id = resource_id(id, "outbox row")?;
     let row: Option<DeliveryRow> = sqlx::query_as(&delivery_query("WHERE o.id = $1"))
         .bind(id)
         .fetch_optional(&app.pool)
@@ -248,15 +249,15 @@ pub struct Replayed {
         (status = 201, description = "A new pending row linked to the old one; it goes through the re-check like any other", body = Replayed),
         Unauthorized,
         (status = 404, description = "No such row", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The row is not failed or dropped, or was already replayed", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The row is not failed or dropped, was already replayed, or is itself a replay", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn replay(
     State(app): State<AppState>,
     _: Operator,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
 ) -> Result<(StatusCode, Json<Replayed>), ApiError> {
-    let original = resource_id(&id, "outbox row")?;
+    let original = resource_id(id, "outbox row")?;
     let new = OutboxId::new();
     // The copy keeps the detection snapshot; the dispatcher re-checks it against the current
     // value and baseline as usual, so a replay never sends something that is no longer true.
@@ -267,7 +268,7 @@ pub async fn replay(
          SELECT $1, watch_id, device_id, trigger, channel, dedup_day, ",
         tidings_store::snapshot_columns!(),
         ", id
-         FROM outbox WHERE id = $2 AND status IN ",
+         FROM outbox WHERE id = $2 AND replay_of IS NULL AND status IN ",
         tidings_store::status_sql!(replayable),
         " ON CONFLICT DO NOTHING",
     ))
@@ -287,8 +288,9 @@ pub async fn replay(
             }),
         ));
     }
-    let found: Option<(String, Option<Uuid>)> = sqlx::query_as(
-        "SELECT status, (SELECT r.id FROM outbox r WHERE r.replay_of = o.id) FROM outbox o WHERE id = $1",
+    let found: Option<(String, Option<Uuid>, Option<Uuid>)> = sqlx::query_as(
+        "SELECT status, (SELECT r.id FROM outbox r WHERE r.replay_of = o.id), replay_of
+         FROM outbox o WHERE id = $1",
     )
     .bind(original)
     .fetch_optional(&app.pool)
@@ -296,11 +298,18 @@ pub async fn replay(
     .map_err(db("reading an outbox row"))?;
     match found {
         None => Err(ApiError::NotFound("outbox row")),
-        Some((_, Some(replay))) => Err(ApiError::Conflict {
+        // One replay per notification: a replay of a replay would chain without end.
+        Some((_, _, Some(first))) => Err(ApiError::Conflict {
+            kind: "is-a-replay",
+            detail: format!(
+                "row {original} is itself a replay of {first}; a notification is replayed once"
+            ),
+        }),
+        Some((_, Some(replay), None)) => Err(ApiError::Conflict {
             kind: "already-replayed",
             detail: format!("row {original} was already replayed as {replay}"),
         }),
-        Some((status, None)) => Err(ApiError::Conflict {
+        Some((status, None, None)) => Err(ApiError::Conflict {
             kind: "not-replayable",
             detail: format!(
                 "row {original} is {status}; only failed or dropped rows can be replayed"

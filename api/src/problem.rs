@@ -178,3 +178,69 @@ impl IntoResponse for ApiError {
         response
     }
 }
+
+/// The longest request target the api reads; longer ones answer 414.
+pub const MAX_URI_BYTES: usize = 8 * 1024;
+
+/// Every failure is a problem document, including the answers the router gives on its own (405
+/// for a method a route does not have, which keeps its `Allow` header) and the 414 for a
+/// request target over [`MAX_URI_BYTES`].
+pub async fn problems_everywhere(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let uri_len = request.uri().to_string().len();
+    if uri_len > MAX_URI_BYTES {
+        let status = StatusCode::URI_TOO_LONG;
+        let detail = format!("the request target is {uri_len} bytes; at most {MAX_URI_BYTES}");
+        return bare(
+            status,
+            "uri-too-long",
+            detail,
+            Response::new(Default::default()),
+        );
+    }
+    let response = next.run(request).await;
+    let status = response.status();
+    if status.is_success()
+        || status.is_redirection()
+        || response.headers().contains_key(header::CONTENT_TYPE)
+    {
+        return response;
+    }
+    let (kind, detail) = match status {
+        StatusCode::METHOD_NOT_ALLOWED => {
+            let allow = response
+                .headers()
+                .get(header::ALLOW)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            ("method-not-allowed", format!("this route answers {allow}"))
+        }
+        other => (
+            "http",
+            other.canonical_reason().unwrap_or("error").to_owned(),
+        ),
+    };
+    bare(status, kind, detail, response)
+}
+
+/// `response`'s status and headers with a problem body in place of its own.
+fn bare(status: StatusCode, kind: &str, detail: String, response: Response) -> Response {
+    let problem = Problem {
+        kind: format!("/problems/{kind}"),
+        title: status.canonical_reason().unwrap_or("Error").to_owned(),
+        status: status.as_u16(),
+        detail,
+        errors: Vec::new(),
+    };
+    let (mut parts, _) = response.into_parts();
+    parts.status = status;
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let mut answer = (parts, axum::Json(problem)).into_response();
+    answer
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    answer
+}

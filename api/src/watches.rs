@@ -11,6 +11,7 @@ use crate::extract::{ApiQuery, JsonBody, cursor, limit, page, resource_id};
 use crate::problem::{ApiError, BodyRejected, Problem, Unauthorized};
 use aws_lc_rs::digest::{SHA256, digest};
 use axum::Json;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -46,7 +47,9 @@ pub enum TriggerSpec {
         percent: i64,
     },
     /// The item went from out of stock to in stock.
-    BackInStock,
+    // A struct variant, not a unit one: serde ignores unknown fields next to the tag of a unit
+    // variant even under `deny_unknown_fields`.
+    BackInStock {},
 }
 
 impl TriggerSpec {
@@ -61,7 +64,7 @@ impl TriggerSpec {
                     )
                 })?,
             },
-            TriggerSpec::BackInStock => Trigger::BackInStock,
+            TriggerSpec::BackInStock {} => Trigger::BackInStock,
         };
         trigger.validate().map_err(|e| {
             let field = match self {
@@ -79,7 +82,7 @@ impl TriggerSpec {
             Trigger::PriceDrop { percent } => TriggerSpec::PriceDrop {
                 percent: i64::from(percent),
             },
-            Trigger::BackInStock => TriggerSpec::BackInStock,
+            Trigger::BackInStock => TriggerSpec::BackInStock {},
         }
     }
 }
@@ -304,10 +307,22 @@ pub async fn create_watch(
     State(app): State<AppState>,
     token: DeviceToken,
     headers: HeaderMap,
-    body: JsonBody<CreateWatch>,
+    body: Result<JsonBody<CreateWatch>, ApiError>,
 ) -> Result<Response, ApiError> {
-    let key = idempotency_key(&headers)?;
-    let new = validate(&body.value, app.settings.max_triggers_per_watch)?;
+    let checked = body.and_then(|body| {
+        let key = idempotency_key(&headers)?;
+        let new = validate(&body.value, app.settings.max_triggers_per_watch)?;
+        Ok((body, key, new))
+    });
+    // Authentication answers before the body does: an unknown token is 401 whatever it sent.
+    // A good request checks its token inside the insert; only a refused one pays a lookup.
+    let (body, key, new) = match checked {
+        Ok(checked) => checked,
+        Err(refused) => {
+            token.device(&app).await?;
+            return Err(refused);
+        }
+    };
     let Some(key) = key else {
         return created(&create_queued(&app, &token, &new).await?);
     };
@@ -443,9 +458,9 @@ pub async fn list_watches(
 pub async fn get_watch(
     State(app): State<AppState>,
     device: Device,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Watch>, ApiError> {
-    let id = resource_id(&id, "watch")?;
+    let id = resource_id(id, "watch")?;
     let row: Option<WatchRow> = sqlx::query_as(&format!(
         "SELECT {WATCH_COLUMNS} FROM watches WHERE id = $1 AND device_id = $2 AND removed_at IS NULL"
     ))
@@ -474,10 +489,10 @@ pub async fn get_watch(
 pub async fn update_watch(
     State(app): State<AppState>,
     device: Device,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
     body: JsonBody<UpdateWatch>,
 ) -> Result<Json<Watch>, ApiError> {
-    let id = resource_id(&id, "watch")?;
+    let id = resource_id(id, "watch")?;
     let row: Option<WatchRow> = sqlx::query_as(&format!(
         "UPDATE watches SET paused = $3, updated_at = now()
          WHERE id = $1 AND device_id = $2 AND removed_at IS NULL
@@ -507,9 +522,9 @@ pub async fn update_watch(
 pub async fn delete_watch(
     State(app): State<AppState>,
     device: Device,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
 ) -> Result<StatusCode, ApiError> {
-    let id = resource_id(&id, "watch")?;
+    let id = resource_id(id, "watch")?;
     let removed: Option<i64> = sqlx::query_scalar(
         "WITH w AS (UPDATE watches SET removed_at = now(), updated_at = now()
                     WHERE id = $1 AND device_id = $2 AND removed_at IS NULL RETURNING device_id),

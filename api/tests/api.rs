@@ -83,6 +83,12 @@ async fn create_watch(api: &ApiServer, token: &str, item: &str, triggers: Value)
 }
 
 /// Moves a row along legal edges with SQL, as the dispatcher's loops would.
+/// `POST /v1/admin/outbox/{id}/replay` as the operator.
+async fn replay_row(api: &ApiServer, id: impl std::fmt::Display) -> Response {
+    let path = format!("/v1/admin/outbox/{id}/replay");
+    api.call(Method::POST, &path, Some(ADMIN_TOKEN)).await
+}
+
 async fn set_row(db: &sqlx::PgPool, id: Uuid, sql: &str) {
     sqlx::query(&format!("UPDATE outbox SET {sql} WHERE id = $1"))
         .bind(id)
@@ -401,7 +407,7 @@ async fn every_registration_rule_refuses_bad_input_with_a_problem() {
     let mut strict = test_settings();
     // Allowlisted by name but private: the address rule must still refuse it.
     strict.policy = EndpointPolicy {
-        allowed_hosts: vec!["127.0.0.1".into(), "fcm.googleapis.com".into()],
+        allowed_hosts: vec!["127.0.0.1:*".into(), "fcm.googleapis.com".into()],
         allow_private: false,
         allow_http: false,
     };
@@ -438,21 +444,6 @@ async fn every_registration_rule_refuses_bad_input_with_a_problem() {
             "16 bytes",
         ),
         (
-            with("/endpoint", json!("http://fcm.googleapis.com/fcm/send/x")),
-            "/subscription/endpoint",
-            "https",
-        ),
-        (
-            with("/endpoint", json!("https://evil.example.com/push")),
-            "/subscription/endpoint",
-            "not an allowed",
-        ),
-        (
-            with("/endpoint", json!("https://127.0.0.1:9/push/x")),
-            "/subscription/endpoint",
-            "private",
-        ),
-        (
             with(
                 "/endpoint",
                 json!(format!("https://fcm.googleapis.com/{}", "a".repeat(2100))),
@@ -466,7 +457,28 @@ async fn every_registration_rule_refuses_bad_input_with_a_problem() {
             "Mars/Olympus",
         ),
     ];
-    for (body, at, says) in cases {
+    // The endpoint guard's refusals (credentials would be forwarded as Basic auth beside VAPID,
+    // and the push service's 401 blamed on the key).
+    let endpoints = [
+        ("http://fcm.googleapis.com/fcm/send/x", "https"),
+        ("https://evil.example.com/push", "not an allowed"),
+        ("https://127.0.0.1:9/push/x", "private"),
+        (
+            "https://user:secretpw@fcm.googleapis.com/x",
+            "user name or password",
+        ),
+        ("https://fcm.googleapis.com/x#frag", "fragment"),
+        ("https://fcm.googleapis.com:0/x", "port 0"),
+        ("https://fcm.googleapis.com:1/x", "port 1"),
+    ]
+    .map(|(endpoint, says)| {
+        (
+            with("/endpoint", json!(endpoint)),
+            "/subscription/endpoint",
+            says,
+        )
+    });
+    for (body, at, says) in cases.into_iter().chain(endpoints) {
         let p = problem(
             api.send(Method::POST, "/v1/devices", None, &body).await,
             422,
@@ -965,13 +977,7 @@ async fn operators_list_count_inspect_and_replay_terminal_rows() {
     assert_eq!(one["last_error"], "push service answered 503");
     assert_eq!(one["http_status"], 503);
 
-    let r = api
-        .call(
-            Method::POST,
-            &format!("/v1/admin/outbox/{failed}/replay"),
-            admin,
-        )
-        .await;
+    let r = replay_row(&api, failed).await;
     assert_eq!(r.status(), 201);
     let replay = json(r).await["id"].as_str().unwrap().to_owned();
     let (status, replay_of): (String, Uuid) =
@@ -992,27 +998,20 @@ async fn operators_list_count_inspect_and_replay_terminal_rows() {
         ("failed".to_owned(), 5),
         "the terminal row is untouched"
     );
-    let again = problem(
-        api.call(
-            Method::POST,
-            &format!("/v1/admin/outbox/{failed}/replay"),
-            admin,
-        )
-        .await,
-        409,
-    )
-    .await;
+    let again = problem(replay_row(&api, failed).await, 409).await;
     assert_eq!(again["type"], "/problems/already-replayed");
-    problem(
-        api.call(
-            Method::POST,
-            &format!("/v1/admin/outbox/{replay}/replay"),
-            admin,
-        )
-        .await,
-        409,
+    problem(replay_row(&api, &replay).await, 409).await;
+    // Even once the replay has ended unsent, it is not replayed again: no chains.
+    sqlx::query(
+        "UPDATE outbox SET status = 'dropped', reason = 'condition_lost', finished_at = now()
+         WHERE id = $1::uuid",
     )
-    .await;
+    .bind(&replay)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let chained = problem(replay_row(&api, &replay).await, 409).await;
+    assert_eq!(chained["type"], "/problems/is-a-replay", "{chained}");
     problem(
         api.call(
             Method::POST,
@@ -1031,11 +1030,10 @@ async fn operators_list_count_inspect_and_replay_terminal_rows() {
         "{stats}"
     );
     assert!(
-        states.contains(&json!({"status": "pending", "reason": null, "count": 1})),
+        states.contains(&json!({"status": "dropped", "reason": "condition_lost", "count": 1})),
         "{stats}"
     );
-    assert_eq!(stats["due"], 1);
-    assert!(stats["oldest_due_age_seconds"].as_f64().unwrap() >= 0.0);
+    assert_eq!(stats["due"], 0);
     let one = json(api.get(&format!("/v1/admin/outbox/{failed}"), admin).await).await;
     assert_eq!(one["replays"], json!([replay]));
     api.stop().await;
@@ -1142,6 +1140,108 @@ async fn the_openapi_document_is_valid_3_1_and_matches_the_router() {
             responses.as_object().is_some_and(|r| !r.is_empty()),
             "{method} {path}"
         );
+    }
+    api.stop().await;
+}
+
+/// Regressions for what a contract fuzzer and an attacker found: every answer is the documented
+/// one, as a problem document.
+#[tokio::test]
+async fn probed_edges_answer_as_documented() {
+    let db = TestDb::new().await.unwrap();
+    let api = ApiServer::start(db.pool.clone(), test_settings()).await;
+    let (_, token) = api.register().await;
+    let device = Some(token.as_str());
+    let admin = Some(ADMIN_TOKEN);
+
+    // A path id that is not UTF-8 names nothing: 404, not axum's 400 text/plain.
+    for (path, token) in [("/v1/watches/%ff", device), ("/v1/admin/outbox/%ff", admin)] {
+        problem(api.get(path, token).await, 404).await;
+    }
+    problem(
+        api.call(Method::POST, "/v1/admin/outbox/%ff/replay", admin)
+            .await,
+        404,
+    )
+    .await;
+
+    // The router's own refusals are problems too: 405 keeps `Allow`, 414 for a huge target.
+    let r = api.call(Method::PUT, "/v1/watches", device).await;
+    let allow = r.headers()["allow"].to_str().unwrap().to_owned();
+    assert!(allow.contains("GET") && allow.contains("POST"), "{allow}");
+    problem(r, 405).await;
+    let long = format!("/v1/watches?cursor={}", "a".repeat(9000));
+    problem(api.get(&long, device).await, 414).await;
+
+    // The scheme is case-insensitive (RFC 9110).
+    for scheme in ["bearer", "BEARER", "Bearer"] {
+        let r = api
+            .req(Method::GET, "/v1/watches", None)
+            .header("authorization", format!("{scheme} {token}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{scheme}");
+    }
+
+    // back_in_stock refuses unknown fields like the other triggers; `.` and `..` are no codes.
+    let bad_watches = [
+        json!({"item_code": "SKU-1", "triggers": [{"kind": "back_in_stock", "threshold": 5}]}),
+        json!({"item_code": ".", "triggers": [{"kind": "back_in_stock"}]}),
+        json!({"item_code": "..", "triggers": [{"kind": "back_in_stock"}]}),
+    ];
+    for body in &bad_watches {
+        problem(
+            api.send(Method::POST, "/v1/watches", device, body).await,
+            422,
+        )
+        .await;
+    }
+    let ok = json!({"item_code": "SKU-1", "triggers": [{"kind": "back_in_stock"}]});
+    assert_eq!(
+        api.send(Method::POST, "/v1/watches", device, &ok)
+            .await
+            .status(),
+        201
+    );
+
+    // Authentication answers first: an unknown token is 401 whatever the body is.
+    let stranger = Some("not-a-token-anyone-was-given-0123456789");
+    for body in &bad_watches {
+        problem(
+            api.send(Method::POST, "/v1/watches", stranger, body).await,
+            401,
+        )
+        .await;
+    }
+    let not_json = api
+        .req(Method::POST, "/v1/watches", stranger)
+        .header("content-type", "application/json")
+        .body("{")
+        .send()
+        .await
+        .unwrap();
+    problem(not_json, 401).await;
+
+    // expirationTime is a number or null.
+    for (expiration, status) in [
+        (json!("soon"), 422),
+        (json!({}), 422),
+        (json!(true), 422),
+        (json!(1_700_000_000_000.0), 201),
+        (Value::Null, 201),
+    ] {
+        let mut sub = browser_subscription("https://127.0.0.1:9/push/x");
+        sub["expirationTime"] = expiration.clone();
+        let r = api
+            .send(
+                Method::POST,
+                "/v1/devices",
+                None,
+                &json!({"subscription": sub}),
+            )
+            .await;
+        assert_eq!(r.status(), status, "expirationTime {expiration}");
     }
     api.stop().await;
 }

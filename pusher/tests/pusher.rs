@@ -260,7 +260,7 @@ async fn endpoints_that_fail_the_guard_are_refused_without_a_connection() {
     let mut w = World::new().await;
     // Production policy, plus "localhost" on the allowlist: it resolves to 127.0.0.1.
     w.settings.policy = EndpointPolicy::default();
-    w.settings.policy.allowed_hosts.push("localhost".into());
+    w.settings.policy.allowed_hosts.push("localhost:*".into());
     let pusher = w.pusher().await;
     let port = w.push.addr.port();
     let good = w.push.subscription();

@@ -21,7 +21,7 @@ pub const VAPID_PUBLIC: &str =
 pub fn test_settings() -> Settings {
     Settings {
         policy: EndpointPolicy {
-            allowed_hosts: vec!["127.0.0.1".into()],
+            allowed_hosts: vec!["127.0.0.1:*".into()],
             allow_private: true,
             allow_http: false,
         },

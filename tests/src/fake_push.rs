@@ -584,7 +584,7 @@ pub fn pusher_settings(subjects: tidings_domain::subjects::Subjects) -> tidings_
     settings.connect_timeout = std::time::Duration::from_secs(1);
     settings.concurrency = 64;
     settings.policy = tidings_webpush::endpoint::EndpointPolicy {
-        allowed_hosts: vec!["127.0.0.1".into()],
+        allowed_hosts: vec!["127.0.0.1:*".into()],
         allow_private: true,
         allow_http: false,
     };

@@ -102,7 +102,7 @@ impl Pipeline {
             ("TIDINGS_SOURCE_URL", s.catalog.item_url()),
             ("TIDINGS_SOURCE_BATCH_URL", s.catalog.batch_url()),
             ("TIDINGS_SOURCE_TIMEOUT", "2s".into()),
-            ("TIDINGS_PUSH_ALLOWED_HOSTS", "127.0.0.1".into()),
+            ("TIDINGS_PUSH_ALLOWED_HOSTS", "127.0.0.1:*".into()),
             ("TIDINGS_PUSH_ALLOW_PRIVATE", "true".into()),
             ("TIDINGS_PUSH_EXTRA_CA_FILE", ca.display().to_string()),
             ("TIDINGS_VAPID_PRIVATE_KEY", vapid_private),

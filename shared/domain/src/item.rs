@@ -3,14 +3,17 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-/// An item code: 1 to 128 characters from `A-Z a-z 0-9 . _ - :`. Restricting the alphabet keeps
-/// codes safe in URLs, subjects, logs and metrics without escaping surprises.
+/// An item code: 1 to 128 characters from `A-Z a-z 0-9 . _ - :`, not only dots. Restricting the
+/// alphabet keeps codes safe in URLs, subjects, logs and metrics without escaping surprises;
+/// `.` and `..` would be path segments that move a source request to another path.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct ItemCode(String);
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid item code {0:?}: use 1 to 128 characters from A-Z, a-z, 0-9, '.', '_', '-', ':'")]
+#[error(
+    "invalid item code {0:?}: use 1 to 128 characters from A-Z, a-z, 0-9, '.', '_', '-', ':', not only dots"
+)]
 pub struct InvalidItemCode(pub String);
 
 impl ItemCode {
@@ -20,7 +23,8 @@ impl ItemCode {
         let ok = !s.is_empty()
             && s.len() <= Self::MAX_LEN
             && s.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':'));
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':'))
+            && !s.bytes().all(|b| b == b'.');
         if ok {
             Ok(ItemCode(s.to_owned()))
         } else {
@@ -59,7 +63,18 @@ mod tests {
     #[test]
     fn accepts_url_safe_codes_only() {
         assert!(ItemCode::parse("SKU-12_3.a:b").is_ok());
-        for bad in ["", "a b", "a/b", "a?b", "ä", &"x".repeat(129)] {
+        assert!(ItemCode::parse(".a").is_ok() && ItemCode::parse("a..b").is_ok());
+        for bad in [
+            "",
+            "a b",
+            "a/b",
+            "a?b",
+            "ä",
+            ".",
+            "..",
+            "...",
+            &"x".repeat(129),
+        ] {
             assert!(ItemCode::parse(bad).is_err(), "{bad:?} accepted");
         }
         assert!(serde_json::from_str::<ItemCode>("\"a/b\"").is_err());

@@ -23,7 +23,9 @@ pub const DEFAULT_ALLOWED_HOSTS: &[&str] = &[
 
 #[derive(Clone, Debug)]
 pub struct EndpointPolicy {
-    /// Exact host names, or `*.suffix` for any subdomain of `suffix`.
+    /// Exact host names, or `*.suffix` for any subdomain of `suffix`; each on port 443 unless
+    /// the entry names another (`host:8443`) or any (`host:*`). An IPv6 address with a port is
+    /// written in brackets (`[::1]:*`).
     pub allowed_hosts: Vec<String>,
     /// Allow private, loopback and link-local addresses (tests, local demos). Never in production.
     pub allow_private: bool,
@@ -56,6 +58,12 @@ pub enum Refused {
     Private { host: String, addr: IpAddr },
     #[error("endpoint host {0} does not resolve")]
     Unresolvable(String),
+    #[error("endpoint must not carry a user name or password")]
+    Credentials,
+    #[error("endpoint must not carry a fragment")]
+    Fragment,
+    #[error("endpoint port {port} is not allowed for {host} (push services use 443)")]
+    Port { host: String, port: u16 },
 }
 
 /// Loopback, private, link-local (incl. 169.254.169.254 metadata), CGNAT, unspecified,
@@ -90,17 +98,56 @@ pub fn is_internal(ip: IpAddr) -> bool {
     }
 }
 
+/// An allowlist entry split into its host pattern and the port it allows: `None` for any
+/// (`:*`), else the port it names, 443 when it names none.
+fn pattern_port(entry: &str) -> (&str, Option<u16>) {
+    let split = match entry.strip_prefix('[') {
+        // `[v6]` or `[v6]:port`
+        Some(rest) => rest
+            .split_once(']')
+            .map(|(host, port)| (host, port.strip_prefix(':'))),
+        // A bare IPv6 address has colons of its own and no port.
+        None if entry.matches(':').count() > 1 => Some((entry, None)),
+        None => Some(match entry.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (entry, None),
+        }),
+    };
+    match split {
+        Some((host, Some("*"))) => (host, None),
+        Some((host, Some(port))) => (host, Some(port.parse().unwrap_or(0))),
+        Some((host, None)) => (host, Some(443)),
+        None => (entry, Some(443)),
+    }
+}
+
 impl EndpointPolicy {
     fn host_allowed(&self, host: &str) -> bool {
-        let host = host.trim_end_matches('.').to_ascii_lowercase();
-        self.allowed_hosts
-            .iter()
-            .any(|pattern| match pattern.strip_prefix("*.") {
+        self.entries_for(host).next().is_some()
+    }
+
+    /// The allowlist entries whose host pattern matches `host`, with the port each allows.
+    fn entries_for<'a>(&'a self, host: &str) -> impl Iterator<Item = Option<u16>> + 'a {
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .trim_end_matches('.')
+            .to_ascii_lowercase();
+        self.allowed_hosts.iter().filter_map(move |entry| {
+            let (pattern, port) = pattern_port(entry);
+            let matches = match pattern.strip_prefix("*.") {
                 Some(suffix) => {
                     host.len() > suffix.len() + 1 && host.ends_with(&format!(".{suffix}"))
                 }
                 None => host == pattern.to_ascii_lowercase(),
-            })
+            };
+            matches.then_some(port)
+        })
+    }
+
+    fn port_allowed(&self, host: &str, port: u16) -> bool {
+        self.entries_for(host)
+            .any(|allowed| allowed.is_none_or(|p| p == port))
     }
 
     fn address_allowed(&self, ip: IpAddr) -> bool {
@@ -115,6 +162,13 @@ pub async fn check(endpoint: &str, policy: &EndpointPolicy) -> Result<reqwest::U
         "https" => {}
         "http" if policy.allow_http => {}
         other => return Err(Refused::Scheme(other.to_owned())),
+    }
+    // Credentials in the URL would be sent to the push service as Basic auth beside VAPID.
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(Refused::Credentials);
+    }
+    if url.fragment().is_some() {
+        return Err(Refused::Fragment);
     }
     let host = url.host_str().ok_or(Refused::NotAUrl)?.to_owned();
     // An IP literal is judged by its address first: "https://10.0.0.1/" is refused as private
@@ -132,8 +186,11 @@ pub async fn check(endpoint: &str, policy: &EndpointPolicy) -> Result<reqwest::U
     if !policy.host_allowed(&host) {
         return Err(Refused::Host(host));
     }
+    let port = url.port_or_known_default().unwrap_or(443);
+    if !policy.port_allowed(&host, port) {
+        return Err(Refused::Port { host, port });
+    }
     if literal.is_none() {
-        let port = url.port_or_known_default().unwrap_or(443);
         resolve(&host, port, policy).await?;
     }
     Ok(url)
@@ -256,6 +313,56 @@ mod tests {
             ..allow(&["localhost"])
         };
         check("https://localhost/x", &open).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn credentials_fragments_and_other_ports_are_refused() {
+        let p = allow(&[
+            "fcm.googleapis.com",
+            "push.example:8443",
+            "[2a00:1450::1]:*",
+        ]);
+        let credentials = [
+            "https://user:pw@fcm.googleapis.com/x",
+            "https://user@fcm.googleapis.com/x",
+            "https://:pw@fcm.googleapis.com/x",
+        ];
+        for endpoint in credentials {
+            assert_eq!(
+                check(endpoint, &p).await.unwrap_err(),
+                Refused::Credentials,
+                "{endpoint}"
+            );
+        }
+        for endpoint in [
+            "https://fcm.googleapis.com/x#frag",
+            "https://fcm.googleapis.com/x#",
+        ] {
+            assert_eq!(
+                check(endpoint, &p).await.unwrap_err(),
+                Refused::Fragment,
+                "{endpoint}"
+            );
+        }
+        for port in [0u16, 1, 80, 8443, 65535] {
+            let endpoint = format!("https://fcm.googleapis.com:{port}/x");
+            assert_eq!(
+                check(&endpoint, &p).await.unwrap_err(),
+                Refused::Port {
+                    host: "fcm.googleapis.com".into(),
+                    port
+                },
+                "{endpoint}"
+            );
+        }
+        // 443 written out is 443; an entry may allow another port, or any.
+        assert!(p.port_allowed("fcm.googleapis.com", 443));
+        assert!(p.port_allowed("push.example", 8443));
+        assert!(!p.port_allowed("push.example", 443));
+        assert!(p.port_allowed("[2a00:1450::1]", 9));
+        assert_eq!(pattern_port("127.0.0.1:*"), ("127.0.0.1", None));
+        assert_eq!(pattern_port("::1"), ("::1", Some(443)));
+        assert_eq!(pattern_port("[::1]:8443"), ("::1", Some(8443)));
     }
 
     #[test]

@@ -91,7 +91,7 @@ fn start_api(database_url: &str, port: u16, create_batch: usize) -> Child {
         .arg("serve")
         .env("DATABASE_URL", database_url)
         .env("TIDINGS_API_LISTEN", format!("127.0.0.1:{port}"))
-        .env("TIDINGS_PUSH_ALLOWED_HOSTS", "127.0.0.1")
+        .env("TIDINGS_PUSH_ALLOWED_HOSTS", "127.0.0.1:*")
         .env("TIDINGS_PUSH_ALLOW_PRIVATE", "true")
         .env("TIDINGS_MAX_WATCHES_PER_DEVICE", "1000000")
         .env("TIDINGS_API_CREATE_BATCH", create_batch.to_string())
