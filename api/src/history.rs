@@ -65,10 +65,14 @@ pub struct NotificationList {
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ListNotifications {
-    /// Only rows in this state: pending, retry, sending, sent, dropped, failed.
+    /// Only rows in this state.
+    #[param(value_type = Option<crate::openapi::OutboxStatus>)]
     pub status: Option<String>,
+    /// `next_cursor` of the previous page.
+    #[param(value_type = Option<Uuid>)]
     pub cursor: Option<String>,
-    /// Page size, 1–200 (default 50).
+    /// Page size (default 50).
+    #[param(minimum = 1, maximum = 200)]
     pub limit: Option<u32>,
 }
 

@@ -22,14 +22,17 @@ use uuid::Uuid;
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ListOutbox {
-    /// pending, retry, sending, sent, dropped or failed.
+    #[param(value_type = Option<crate::openapi::OutboxStatus>)]
     pub status: Option<String>,
     /// A drop or failure reason, e.g. `condition_lost`.
     pub reason: Option<String>,
     pub device_id: Option<Uuid>,
     pub watch_id: Option<Uuid>,
+    /// `next_cursor` of the previous page.
+    #[param(value_type = Option<Uuid>)]
     pub cursor: Option<String>,
-    /// Page size, 1–200 (default 50).
+    /// Page size (default 50).
+    #[param(minimum = 1, maximum = 200)]
     pub limit: Option<u32>,
 }
 

@@ -90,12 +90,21 @@ impl TriggerSpec {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateWatch {
-    /// The item's code in the catalog: 1–128 characters of letters, digits, `-`, `_`, `.`, `:`.
+    /// The item's code in the catalog: 1–128 characters of letters, digits, `-`, `_`, `.`, `:`,
+    /// not only dots.
+    #[schema(
+        min_length = 1,
+        max_length = 128,
+        pattern = r"^[A-Za-z0-9._:-]*[A-Za-z0-9_:-][A-Za-z0-9._:-]*$"
+    )]
     pub item_code: String,
-    /// One or more triggers; each (kind, parameters) at most once.
+    /// One or more triggers (at most `TIDINGS_MAX_TRIGGERS_PER_WATCH`, 8 by default); each
+    /// (kind, parameters) at most once.
+    #[schema(min_items = 1, max_items = 8)]
     pub triggers: Vec<TriggerSpec>,
     /// Delivery channel; `web_push` (the default) is the only one today.
     #[serde(default)]
+    #[schema(value_type = Option<crate::openapi::ChannelName>)]
     pub channel: Option<String>,
 }
 
@@ -131,8 +140,10 @@ pub struct WatchList {
 #[into_params(parameter_in = Query)]
 pub struct ListWatches {
     /// `next_cursor` of the previous page.
+    #[param(value_type = Option<Uuid>)]
     pub cursor: Option<String>,
-    /// Page size, 1–200 (default 50).
+    /// Page size (default 50).
+    #[param(minimum = 1, maximum = 200)]
     pub limit: Option<u32>,
 }
 
@@ -291,11 +302,12 @@ fn created(watch: &Watch) -> Result<Response, ApiError> {
 #[utoipa::path(
     post, path = "/v1/watches", tag = "watches",
     request_body = CreateWatch,
-    params(("Idempotency-Key" = Option<String>, Header,
+    params(("Idempotency-Key" = Option<String>, Header, min_length = 1, max_length = 255,
             description = "Retrying with the same key (within 24 h) returns the first response and creates nothing new")),
     security(("device_token" = [])),
     responses(
-        (status = 201, description = "Watch created (or, with a replayed Idempotency-Key, the first response; header `Idempotent-Replayed: true`)", body = Watch),
+        (status = 201, description = "Watch created (or, with a replayed Idempotency-Key, the first response)", body = Watch,
+            headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored response of an earlier request with the same Idempotency-Key"))),
         BodyRejected,
         (status = 400, description = "Body is not JSON, or a bad Idempotency-Key", body = Problem, content_type = "application/problem+json"),
         Unauthorized,
