@@ -66,7 +66,7 @@ pub struct NotificationList {
 #[into_params(parameter_in = Query)]
 pub struct ListNotifications {
     /// Only rows in this state.
-    #[param(value_type = Option<crate::openapi::OutboxStatus>)]
+    #[param(value_type = Option<tidings_domain::outbox::Status>)]
     pub status: Option<String>,
     /// `next_cursor` of the previous page.
     #[param(value_type = Option<Uuid>)]

@@ -5,6 +5,7 @@ use crate::problem::{ApiError, FieldError, Problem};
 use crate::{AppState, devices, health, history, operators, watches};
 use axum::Json;
 use std::sync::OnceLock;
+use tidings_domain::outbox::Status;
 use utoipa::openapi::OpenApi as Document;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
@@ -18,7 +19,7 @@ use utoipa_axum::routes;
         description = "Register a device and its Web Push subscription, watch items, and read the history of every notification: sent, withheld because it stopped being true, or failed.",
         license(name = "Apache-2.0", identifier = "Apache-2.0")
     ),
-    components(schemas(Problem, FieldError, OutboxStatus)),
+    components(schemas(Problem, FieldError, Status)),
     modifiers(&Security),
     tags(
         (name = "devices", description = "Anonymous devices and their push subscription"),
@@ -44,20 +45,6 @@ impl Modify for Security {
             SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
         );
     }
-}
-
-/// The outbox states, as the `status` filters take them (the schema only: the filters parse
-/// the text themselves, to answer a wrong value with a problem naming the parameter).
-#[derive(utoipa::ToSchema)]
-#[schema(rename_all = "snake_case")]
-#[allow(dead_code)] // Never built; it exists for its schema.
-pub enum OutboxStatus {
-    Pending,
-    Retry,
-    Sending,
-    Sent,
-    Dropped,
-    Failed,
 }
 
 /// Delivery channels (only Web Push today).

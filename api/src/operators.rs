@@ -22,7 +22,7 @@ use uuid::Uuid;
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ListOutbox {
-    #[param(value_type = Option<crate::openapi::OutboxStatus>)]
+    #[param(value_type = Option<tidings_domain::outbox::Status>)]
     pub status: Option<String>,
     /// A drop or failure reason, e.g. `condition_lost`.
     pub reason: Option<String>,
