@@ -23,7 +23,9 @@ pub const MAX_ENDPOINT_LEN: usize = 2048;
 /// A push subscription exactly as the browser's `PushSubscription.toJSON()` gives it.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct SubscriptionIn {
-    /// The push service URL (https, on an allowed push-service host).
+    /// The push service URL: https, an allowed push-service host on port 443, no user name,
+    /// password or fragment.
+    #[schema(min_length = 9, max_length = 2048, pattern = r"^https://[^@#\s]+$")]
     pub endpoint: String,
     /// Ignored: push services expire subscriptions by answering 404/410, which Tidings handles.
     /// Accepted (and documented) because `PushSubscription.toJSON()` sends it.
@@ -36,9 +38,11 @@ pub struct SubscriptionIn {
 
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct KeysIn {
-    /// Base64url uncompressed P-256 public key (65 bytes).
+    /// Base64url uncompressed P-256 public key (65 bytes, a point on the curve).
+    #[schema(pattern = r"^[A-Za-z0-9_-]{87}=?$")]
     pub p256dh: String,
     /// Base64url authentication secret (16 bytes).
+    #[schema(pattern = r"^[A-Za-z0-9_-]{22}(==)?$")]
     pub auth: String,
 }
 

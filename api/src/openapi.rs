@@ -5,7 +5,7 @@ use crate::problem::{ApiError, FieldError, Problem};
 use crate::{AppState, devices, health, history, operators, watches};
 use axum::Json;
 use std::sync::OnceLock;
-use tidings_domain::outbox::Status;
+use tidings_domain::outbox::{Reason, Status};
 use utoipa::openapi::OpenApi as Document;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
@@ -89,7 +89,21 @@ pub fn document() -> &'static serde_json::Value {
     static DOC: OnceLock<serde_json::Value> = OnceLock::new();
     DOC.get_or_init(|| {
         let (_, doc) = public().merge(operators()).split_for_parts();
-        serde_json::to_value(doc).unwrap_or_default()
+        let mut doc = serde_json::to_value(doc).unwrap_or_default();
+        // Each (kind, parameters) at most once; utoipa has no attribute for `uniqueItems`.
+        let triggers = &mut doc["components"]["schemas"]["CreateWatch"]["properties"]["triggers"];
+        if triggers.is_object() {
+            triggers["uniqueItems"] = true.into();
+        }
+        // The reasons a row can record, from the domain's own list.
+        let reasons: Vec<&str> = Reason::all().map(Reason::as_str).collect();
+        let parameters = &mut doc["paths"]["/v1/admin/outbox"]["get"]["parameters"];
+        for p in parameters.as_array_mut().into_iter().flatten() {
+            if p["name"] == "reason" {
+                p["schema"] = serde_json::json!({"type": "string", "enum": reasons});
+            }
+        }
+        doc
     })
 }
 

@@ -14,7 +14,7 @@ use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use tidings_domain::OutboxId;
-use tidings_domain::outbox::Status;
+use tidings_domain::outbox::{Reason, Status};
 use tidings_store::db;
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
@@ -132,6 +132,19 @@ pub async fn list_outbox(
     ApiQuery(q): ApiQuery<ListOutbox>,
 ) -> Result<Json<OutboxList>, ApiError> {
     let status = status_filter(q.status.as_deref())?;
+    let reason = q
+        .reason
+        .as_deref()
+        .map(|name| {
+            Reason::parse(name).ok_or_else(|| {
+                let known: Vec<&str> = Reason::all().map(Reason::as_str).collect();
+                ApiError::BadRequest(format!(
+                    "reason `{name}` is not one of {}",
+                    known.join(", ")
+                ))
+            })
+        })
+        .transpose()?;
     let before = cursor(q.cursor.as_deref())?;
     let limit = limit(q.limit)?;
     let rows: Vec<DeliveryRow> = sqlx::query_as(&delivery_query(
@@ -141,7 +154,7 @@ pub async fn list_outbox(
          ORDER BY o.id DESC LIMIT $6",
     ))
     .bind(status.map(Status::as_str))
-    .bind(q.reason.as_deref())
+    .bind(reason.map(Reason::as_str))
     .bind(q.device_id)
     .bind(q.watch_id)
     .bind(before)

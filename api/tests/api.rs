@@ -1165,6 +1165,32 @@ async fn probed_edges_answer_as_documented() {
     )
     .await;
 
+    // A reason filter names a known reason (found by the fuzzer: a NUL byte made Postgres
+    // refuse the text, a 500).
+    for reason in ["%00", "condition_lost%00", "nonsense"] {
+        let path = format!("/v1/admin/outbox?reason={reason}");
+        problem(api.get(&path, admin).await, 400).await;
+    }
+    let known = api
+        .get("/v1/admin/outbox?reason=condition_lost", admin)
+        .await;
+    assert_eq!(known.status(), 200);
+    // The document lists the reasons, so a client (or a fuzzer) sends only those.
+    let doc = json(api.get("/openapi.json", None).await).await;
+    let parameters = doc["paths"]["/v1/admin/outbox"]["get"]["parameters"].clone();
+    let reason = parameters
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "reason");
+    let names = reason.unwrap()["schema"]["enum"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(
+        names.contains(&json!("condition_lost")) && names.contains(&json!("retries_exhausted"))
+    );
+
     // The router's own refusals are problems too: 405 keeps `Allow`, 414 for a huge target.
     let r = api.call(Method::PUT, "/v1/watches", device).await;
     let allow = r.headers()["allow"].to_str().unwrap().to_owned();

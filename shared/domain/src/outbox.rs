@@ -223,6 +223,12 @@ impl Reason {
             Reason::Failed(r) => r.as_str(),
         }
     }
+
+    /// Every reason a row can record: the drop reasons, then the failure reasons.
+    pub fn all() -> impl Iterator<Item = Reason> {
+        let dropped = DropReason::ALL.into_iter().map(Reason::Dropped);
+        dropped.chain(FailReason::ALL.into_iter().map(Reason::Failed))
+    }
 }
 
 /// What a row means to the person it was for: what a device's history shows.
@@ -259,16 +265,7 @@ impl Delivery {
 impl Reason {
     /// The reason named `s`, dropped or failed.
     pub fn parse(s: &str) -> Option<Reason> {
-        DropReason::ALL
-            .into_iter()
-            .find(|r| r.as_str() == s)
-            .map(Reason::Dropped)
-            .or_else(|| {
-                FailReason::ALL
-                    .into_iter()
-                    .find(|r| r.as_str() == s)
-                    .map(Reason::Failed)
-            })
+        Reason::all().find(|r| r.as_str() == s)
     }
 }
 
@@ -557,6 +554,11 @@ mod tests {
             assert_eq!(Reason::parse(r.as_str()), Some(Reason::Failed(r)));
         }
         assert_eq!(Reason::parse("bogus"), None);
+        assert_eq!(Reason::parse("condition_lost\0"), None);
+        assert_eq!(
+            Reason::all().count(),
+            DropReason::ALL.len() + FailReason::ALL.len()
+        );
     }
 
     #[test]
