@@ -2,6 +2,7 @@
 
 use crate::Settings;
 use crate::auth::token_hash;
+use crate::limits::{Rate, parse_rate};
 use std::net::SocketAddr;
 use std::time::Duration;
 use tidings_domain::duration::parse_duration;
@@ -40,6 +41,21 @@ pub struct Config {
     /// Largest accepted request body, bytes.
     #[arg(long, env = "TIDINGS_API_MAX_BODY", default_value_t = 16 * 1024)]
     pub max_body_bytes: usize,
+    // The limits are spelled `std::option::Option` so clap takes the parser's `None` (`off`) as a
+    // value rather than treating the flag as optional.
+    /// Device registrations per client address (`COUNT/UNIT`, UNIT s, m, h or d; `off`).
+    #[arg(long, env = "TIDINGS_API_REGISTER_RATE", default_value = "100/h", value_parser = parse_rate)]
+    pub register_rate: std::option::Option<Rate>,
+    /// Watch creations per client address.
+    #[arg(long, env = "TIDINGS_API_WATCH_RATE_PER_ADDRESS", default_value = "600/m", value_parser = parse_rate)]
+    pub watch_rate_per_address: std::option::Option<Rate>,
+    /// Watch creations per device.
+    #[arg(long, env = "TIDINGS_API_WATCH_RATE_PER_DEVICE", default_value = "60/m", value_parser = parse_rate)]
+    pub watch_rate_per_device: std::option::Option<Rate>,
+    /// Proxies (load balancer, ingress) in front of the api whose `X-Forwarded-For` entries are
+    /// believed when limits look up the client's address; 0 uses the TCP peer.
+    #[arg(long, env = "TIDINGS_API_TRUSTED_PROXIES", default_value_t = 0)]
+    pub trusted_proxies: usize,
     /// Most concurrent watch creates inserted by one statement; 1 inserts each alone.
     #[arg(long, env = "TIDINGS_API_CREATE_BATCH", default_value_t = 64)]
     pub create_batch: usize,
@@ -87,6 +103,10 @@ impl Config {
             max_triggers_per_watch: self.max_triggers_per_watch,
             max_body_bytes: self.max_body_bytes,
             create_batch: self.create_batch,
+            register_rate: self.register_rate,
+            watch_rate_per_address: self.watch_rate_per_address,
+            watch_rate_per_device: self.watch_rate_per_device,
+            trusted_proxies: self.trusted_proxies,
         })
     }
 }

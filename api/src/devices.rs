@@ -3,7 +3,7 @@
 
 use crate::AppState;
 use crate::auth::{Device, new_token};
-use crate::extract::JsonBody;
+use crate::extract::{ClientAddr, JsonBody, within};
 use crate::problem::{ApiError, BodyRejected, Problem, Unauthorized};
 use axum::Json;
 use axum::extract::State;
@@ -113,12 +113,15 @@ pub async fn validate_subscription(
         (status = 201, description = "Device registered; the token is shown only now", body = DeviceCreated),
         BodyRejected,
         (status = 422, description = "Invalid subscription or time zone", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Too many registrations from this address (`Retry-After` says when to try again)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn create_device(
     State(app): State<AppState>,
+    ClientAddr(client): ClientAddr,
     body: JsonBody<CreateDevice>,
 ) -> Result<(StatusCode, Json<DeviceCreated>), ApiError> {
+    within(&app.limits.register, &client, "register")?;
     let req = body.value;
     let time_zone = req.time_zone.unwrap_or_else(|| "UTC".to_owned());
     parse_time_zone(&time_zone).map_err(|e| ApiError::invalid("/time_zone", e))?;

@@ -112,3 +112,37 @@ pub fn page<T, U>(
     }
     (rows.into_iter().map(show).collect(), next)
 }
+
+/// The client's address as the abuse limits see it (`crate::limits::Limits::client`).
+pub struct ClientAddr(pub std::net::IpAddr);
+
+impl FromRequestParts<AppState> for ClientAddr {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let peer = parts
+            .extensions
+            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+            .map(|c| c.0);
+        Ok(ClientAddr(state.limits.client(peer, &parts.headers)))
+    }
+}
+
+/// One token from `limit` for `key`, or 429 naming the limit (and counting it).
+pub fn within<K: std::hash::Hash + Eq + Clone>(
+    limit: &crate::limits::Limit<K>,
+    key: &K,
+    what: &'static str,
+) -> Result<(), ApiError> {
+    limit
+        .take(key, std::time::Instant::now())
+        .map_err(|retry_after| {
+            tidings_runtime::metrics::metrics()
+                .rate_limited
+                .get_or_create(&tidings_runtime::metrics::KindLabels {
+                    kind: what.to_owned(),
+                })
+                .inc();
+            ApiError::RateLimited { what, retry_after }
+        })
+}

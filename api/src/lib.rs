@@ -15,6 +15,7 @@ mod devices;
 mod extract;
 mod health;
 mod history;
+pub mod limits;
 mod openapi;
 mod operators;
 pub mod problem;
@@ -48,6 +49,11 @@ pub struct Settings {
     pub max_body_bytes: usize,
     /// Most watch creates inserted by one statement (see [`coalesce`]); 1 sends each alone.
     pub create_batch: usize,
+    /// Abuse limits (see [`limits`]); `None` is no limit.
+    pub register_rate: Option<limits::Rate>,
+    pub watch_rate_per_address: Option<limits::Rate>,
+    pub watch_rate_per_device: Option<limits::Rate>,
+    pub trusted_proxies: usize,
 }
 
 /// What the flags give when none is set (no operator token, no VAPID key).
@@ -71,6 +77,7 @@ pub struct AppState {
     pub schema: tidings_store::schema::Gate,
     /// Cancelled at SIGTERM: `/readyz` answers 503 while the api drains (see [`serve`]).
     pub stopping: CancellationToken,
+    pub limits: Arc<limits::Limits>,
 }
 
 /// Create statements that may run at once: enough to keep two cores' worth of Postgres busy
@@ -114,6 +121,7 @@ fn parts(
         CREATE_STATEMENTS,
     );
     let state = AppState {
+        limits: Arc::new(limits::Limits::new(&settings)),
         schema: tidings_store::schema::Gate::new(pool.clone()),
         pool,
         settings: Arc::new(settings),
@@ -265,6 +273,14 @@ pub async fn run(command: Command, shutdown: CancellationToken) -> Result<(), St
     Ok(())
 }
 
+/// The router with each connection's peer address, which the abuse limits key on.
+fn with_peer(
+    router: axum::Router,
+) -> axum::extract::connect_info::IntoMakeServiceWithConnectInfo<axum::Router, std::net::SocketAddr>
+{
+    router.into_make_service_with_connect_info::<std::net::SocketAddr>()
+}
+
 /// Where [`serve`] listens.
 pub struct Listeners {
     pub public: tokio::net::TcpListener,
@@ -306,7 +322,7 @@ pub async fn serve(
     let result = match listeners.ops {
         Some(ops_listener) => {
             let (public, ops) = routers(pool, settings, stopping);
-            let public = axum::serve(listeners.public, public)
+            let public = axum::serve(listeners.public, with_peer(public))
                 .with_graceful_shutdown(closing.clone().cancelled_owned());
             let ops = axum::serve(ops_listener, ops)
                 .with_graceful_shutdown(closing.clone().cancelled_owned());
@@ -314,9 +330,12 @@ pub async fn serve(
             a.and(b)
         }
         None => {
-            axum::serve(listeners.public, one_router(pool, settings, stopping))
-                .with_graceful_shutdown(closing.clone().cancelled_owned())
-                .await
+            axum::serve(
+                listeners.public,
+                with_peer(one_router(pool, settings, stopping)),
+            )
+            .with_graceful_shutdown(closing.clone().cancelled_owned())
+            .await
         }
     };
     shutdown.cancel();

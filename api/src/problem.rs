@@ -85,6 +85,12 @@ pub enum ApiError {
     Conflict { kind: &'static str, detail: String },
     #[error("{0}")]
     Unavailable(String),
+    /// An abuse limit: try again after `retry_after`.
+    #[error("too many requests ({what}); retry in {} s", retry_secs(*retry_after))]
+    RateLimited {
+        what: &'static str,
+        retry_after: std::time::Duration,
+    },
     #[error(transparent)]
     Db(#[from] DbError),
     #[error("{0}")]
@@ -109,6 +115,7 @@ impl ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict { .. } => StatusCode::CONFLICT,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Db(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -123,6 +130,7 @@ impl ApiError {
             ApiError::NotFound(_) => "not-found",
             ApiError::Conflict { kind, .. } => kind,
             ApiError::Unavailable(_) => "unavailable",
+            ApiError::RateLimited { .. } => "rate-limited",
             ApiError::Db(_) | ApiError::Internal(_) => "internal",
         }
     }
@@ -155,6 +163,11 @@ impl ApiError {
 
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
+/// Whole seconds to wait, at least 1 (`Retry-After` has no fractions).
+fn retry_secs(wait: std::time::Duration) -> u64 {
+    wait.as_secs() + u64::from(wait.subsec_nanos() > 0).max(u64::from(wait.is_zero()))
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         if self.status().is_server_error() {
@@ -169,6 +182,12 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+        }
+        if let ApiError::RateLimited { retry_after, .. } = &self {
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(retry_secs(*retry_after)),
+            );
         }
         if matches!(self, ApiError::Unauthorized(_)) {
             response

@@ -7,7 +7,7 @@
 use crate::AppState;
 use crate::auth::{Device, DeviceToken};
 use crate::coalesce::{Admission, NewWatch, one_create_statement};
-use crate::extract::{ApiQuery, JsonBody, cursor, limit, page, resource_id};
+use crate::extract::{ApiQuery, ClientAddr, JsonBody, cursor, limit, page, resource_id, within};
 use crate::problem::{ApiError, BodyRejected, Problem, Unauthorized};
 use aws_lc_rs::digest::{SHA256, digest};
 use axum::Json;
@@ -312,15 +312,27 @@ fn created(watch: &Watch) -> Result<Response, ApiError> {
         (status = 400, description = "Body is not JSON, or a bad Idempotency-Key", body = Problem, content_type = "application/problem+json"),
         Unauthorized,
         (status = 409, description = "Watch limit reached", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Too many watch creations from this device or address (`Retry-After` says when to try again)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid item code, trigger or channel; or an Idempotency-Key reused with a different body", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn create_watch(
     State(app): State<AppState>,
     token: DeviceToken,
+    ClientAddr(client): ClientAddr,
     headers: HeaderMap,
     body: Result<JsonBody<CreateWatch>, ApiError>,
 ) -> Result<Response, ApiError> {
+    within(
+        &app.limits.watches_per_address,
+        &client,
+        "watches_per_address",
+    )?;
+    within(
+        &app.limits.watches_per_device,
+        &token.hash,
+        "watches_per_device",
+    )?;
     let checked = body.and_then(|body| {
         let key = idempotency_key(&headers)?;
         let new = validate(&body.value, app.settings.max_triggers_per_watch)?;

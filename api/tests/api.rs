@@ -1271,3 +1271,82 @@ async fn probed_edges_answer_as_documented() {
     }
     api.stop().await;
 }
+
+/// The abuse limits: registrations per address, creates per device, behind a trusted proxy the
+/// forwarded address; 429 problems with Retry-After, counted.
+#[tokio::test]
+async fn registrations_and_creates_beyond_their_rate_get_429_with_retry_after() {
+    use std::time::Duration;
+    use tidings_api::limits::Rate;
+    let per = |count, secs| {
+        Some(Rate {
+            count,
+            per: Duration::from_secs(secs),
+        })
+    };
+    let db = TestDb::new().await.unwrap();
+    let settings = Settings {
+        register_rate: per(2, 3600),
+        watch_rate_per_device: per(3, 60),
+        max_watches_per_device: 100,
+        ..test_settings()
+    };
+    let api = ApiServer::start(db.pool.clone(), settings.clone()).await;
+    let refused = |kind: &str| {
+        let labels = tidings_runtime::metrics::KindLabels {
+            kind: kind.to_owned(),
+        };
+        tidings_runtime::metrics::metrics()
+            .rate_limited
+            .get_or_create(&labels)
+            .get()
+    };
+    let before = refused("register");
+    let (_, a) = api.register().await;
+    let (_, b) = api.register().await;
+    let body = json!({"subscription": browser_subscription("https://127.0.0.1:9/push/x")});
+    let third = api.send(Method::POST, "/v1/devices", None, &body).await;
+    assert_eq!(third.headers()["retry-after"], "1800", "a token per 30 min");
+    let p = problem(third, 429).await;
+    assert_eq!(p["type"], "/problems/rate-limited");
+    assert_eq!(refused("register"), before + 1);
+
+    for i in 0..3 {
+        create_watch(&api, &a, &format!("SKU-{i}"), json!([below(1200)])).await;
+    }
+    let watch = json!({"item_code": "SKU-9", "triggers": [below(1200)]});
+    let fourth = api
+        .send(Method::POST, "/v1/watches", Some(&a), &watch)
+        .await;
+    assert_eq!(fourth.headers()["retry-after"], "20");
+    problem(fourth, 429).await;
+    let other = api
+        .send(Method::POST, "/v1/watches", Some(&b), &watch)
+        .await;
+    assert_eq!(other.status(), 201, "another device has its own bucket");
+    api.stop().await;
+
+    // Behind one trusted proxy the limit keys on the address it forwarded.
+    let behind_proxy = Settings {
+        register_rate: per(1, 3600),
+        trusted_proxies: 1,
+        ..settings
+    };
+    let api = ApiServer::start(db.pool.clone(), behind_proxy).await;
+    let register_from = |address: &'static str| {
+        api.req(Method::POST, "/v1/devices", None)
+            .header("x-forwarded-for", address)
+            .json(&body)
+            .send()
+    };
+    assert_eq!(register_from("198.51.100.1").await.unwrap().status(), 201);
+    assert_eq!(register_from("198.51.100.1").await.unwrap().status(), 429);
+    let spoofed = register_from("10.9.9.9, 198.51.100.1").await.unwrap();
+    assert_eq!(
+        spoofed.status(),
+        429,
+        "what the client wrote before the proxy's entry is ignored"
+    );
+    assert_eq!(register_from("198.51.100.2").await.unwrap().status(), 201);
+    api.stop().await;
+}

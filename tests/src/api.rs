@@ -28,6 +28,10 @@ pub fn test_settings() -> Settings {
         vapid_public_key: Some(VAPID_PUBLIC.into()),
         admin_token_hash: Some(token_hash(ADMIN_TOKEN)),
         max_watches_per_device: 3,
+        // Every client of a test is 127.0.0.1; the limits have a test of their own.
+        register_rate: None,
+        watch_rate_per_address: None,
+        watch_rate_per_device: None,
         ..Settings::default()
     }
 }

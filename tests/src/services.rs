@@ -111,6 +111,10 @@ impl Pipeline {
             ("TIDINGS_ADMIN_TOKEN", ADMIN_TOKEN.into()),
             // Tests stop the api at once; the drain has a test of its own.
             ("TIDINGS_API_DRAIN", "0s".into()),
+            // Every client of a test is 127.0.0.1; the limits have a test of their own.
+            ("TIDINGS_API_REGISTER_RATE", "off".into()),
+            ("TIDINGS_API_WATCH_RATE_PER_ADDRESS", "off".into()),
+            ("TIDINGS_API_WATCH_RATE_PER_DEVICE", "off".into()),
             ("TIDINGS_SCAN_INTERVAL", "500ms".into()),
             ("TIDINGS_RETRY_BASE", "500ms".into()),
             ("TIDINGS_POLL_INTERVAL", "20ms".into()),

@@ -89,6 +89,7 @@ pub const FAMILIES: &[(&str, &str)] = &[
     ("tidings_http_request_duration_seconds", "histogram"),
     ("tidings_api_create_batch_size", "histogram"),
     ("tidings_delivery_log_errors", "counter"),
+    ("tidings_api_rate_limited", "counter"),
 ];
 
 /// The names samples appear under in the exposition (`_total` for counters; `_bucket`, `_sum`,
@@ -141,6 +142,9 @@ pub struct Metrics {
     pub http_duration: Hist<RouteLabels>,
     pub create_batch_size: Histogram,
     pub delivery_log_errors: Family<OperationLabels, Counter>,
+    /// Requests refused by an abuse limit, by which (`register`, `watches_per_address`,
+    /// `watches_per_device`).
+    pub rate_limited: Family<KindLabels, Counter>,
 }
 
 impl Metrics {
@@ -168,6 +172,7 @@ impl Metrics {
             // 1 … 128 creates per statement.
             create_batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 8)),
             delivery_log_errors: Family::default(),
+            rate_limited: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -271,6 +276,11 @@ impl Metrics {
              while this moves, a redelivered push may be sent twice",
             m.delivery_log_errors.clone(),
         );
+        registry.register(
+            "tidings_api_rate_limited",
+            "API requests refused by an abuse limit (429), by limit",
+            m.rate_limited.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -331,7 +341,8 @@ mod tests {
             detections,
             http_requests,
             http_duration,
-            delivery_log_errors
+            delivery_log_errors,
+            rate_limited
         );
         let mut registered: Vec<(String, String)> = m
             .encode()

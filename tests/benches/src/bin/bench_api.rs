@@ -95,6 +95,11 @@ fn start_api(database_url: &str, port: u16, create_batch: usize) -> Child {
         .env("TIDINGS_PUSH_ALLOW_PRIVATE", "true")
         .env("TIDINGS_MAX_WATCHES_PER_DEVICE", "1000000")
         .env("TIDINGS_API_CREATE_BATCH", create_batch.to_string())
+        // The benchmark is one client hammering on purpose, and it reads no metrics.
+        .env("TIDINGS_API_REGISTER_RATE", "off")
+        .env("TIDINGS_API_WATCH_RATE_PER_ADDRESS", "off")
+        .env("TIDINGS_API_WATCH_RATE_PER_DEVICE", "off")
+        .env("TIDINGS_OPS_LISTEN", "127.0.0.1:0")
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .spawn()

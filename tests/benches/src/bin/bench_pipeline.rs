@@ -116,7 +116,7 @@ fn parse_metrics(text: &str) -> HashMap<String, f64> {
 }
 
 async fn scrape(p: &Pipeline, name: &str) -> HashMap<String, f64> {
-    match reqwest::get(format!("{}/metrics", p.url(name))).await {
+    match reqwest::get(format!("{}/metrics", p.ops_url(name))).await {
         Ok(r) => parse_metrics(&r.text().await.unwrap_or_default()),
         Err(_) => HashMap::new(),
     }
