@@ -306,3 +306,91 @@ async fn readiness_needs_the_schema_this_build_carries() {
     gate.pass().await.unwrap();
     assert_eq!(ready(&empty).await, Ok(()));
 }
+
+/// Runs `sql` as `role` (in a transaction that is rolled back); the error code if refused.
+async fn as_role(db: &TestDb, role: &str, sql: &str) -> Result<(), String> {
+    let mut tx = db.pool.begin().await.unwrap();
+    sqlx::query(&format!("SET LOCAL ROLE {role}"))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let done = sqlx::query(sql).execute(&mut *tx).await;
+    tx.rollback().await.unwrap();
+    done.map(|_| ()).map_err(|e| match e {
+        sqlx::Error::Database(d) => d.code().unwrap_or_default().into_owned(),
+        other => other.to_string(),
+    })
+}
+
+#[tokio::test]
+async fn each_service_role_may_do_its_job_and_is_refused_the_rest() {
+    let db = TestDb::new().await.unwrap();
+    let (_, outbox) = one_row(&db).await;
+    let move_row = format!(
+        "UPDATE outbox SET next_attempt_at = now() WHERE id = '{}'",
+        outbox.0
+    );
+    let move_row = move_row.as_str();
+    let device_columns = "SELECT id, time_zone, removed_at FROM devices";
+    let tokens = "SELECT token_hash FROM devices";
+    let allowed = [
+        (
+            "tidings_api",
+            vec![
+                tokens,
+                "UPDATE watches SET paused = paused",
+                "SELECT * FROM outbox",
+            ],
+        ),
+        (
+            "tidings_dispatcher",
+            vec![move_row, "SELECT * FROM push_subscriptions", device_columns],
+        ),
+        (
+            "tidings_detector",
+            vec![
+                "UPDATE watches SET paused = paused",
+                "SELECT * FROM baselines",
+                device_columns,
+            ],
+        ),
+    ];
+    // 42501 (insufficient_privilege). The api reads the history and inserts replays but never
+    // moves a row; the dispatcher never sees a token hash nor changes a device or a watch; the
+    // detector enqueues only through NATS: no outbox, no subscriptions, no tokens.
+    let refused = [
+        (
+            "tidings_api",
+            vec![move_row, "DELETE FROM devices", "SELECT * FROM baselines"],
+        ),
+        (
+            "tidings_dispatcher",
+            vec![
+                tokens,
+                "UPDATE watches SET paused = true",
+                "UPDATE devices SET time_zone = 'UTC'",
+            ],
+        ),
+        (
+            "tidings_detector",
+            vec![
+                "SELECT * FROM outbox",
+                move_row,
+                "SELECT endpoint FROM push_subscriptions",
+                tokens,
+                "UPDATE baselines SET price = price",
+            ],
+        ),
+    ];
+    for (role, statements) in allowed {
+        for sql in statements {
+            assert_eq!(as_role(&db, role, sql).await, Ok(()), "{role}: {sql}");
+        }
+    }
+    for (role, statements) in refused {
+        for sql in statements {
+            let refused = as_role(&db, role, sql).await;
+            assert_eq!(refused, Err("42501".to_owned()), "{role}: {sql}");
+        }
+    }
+}
