@@ -147,7 +147,7 @@ fn finish(router: axum::Router<AppState>, state: AppState) -> axum::Router {
 }
 
 /// The `/v1` routes answer 503 until the database has the schema this build needs (before
-/// the migration Job has run, say), rather than 500 on a missing table; health, metrics and the
+/// `tidings-api migrate` has run, say), rather than 500 on a missing table; health, metrics and the
 /// OpenAPI document answer regardless.
 async fn require_schema(
     axum::extract::State(app): axum::extract::State<AppState>,
@@ -304,13 +304,13 @@ pub async fn serve(
         Duration::from_secs(600),
         shutdown.clone(),
     ));
-    let stopping = CancellationToken::new();
+    // `/readyz` answers 503 once `shutdown` is cancelled; the listeners close `drain` later.
+    let stopping = shutdown.clone();
     let closing = CancellationToken::new();
     let drainer = {
-        let (shutdown, stopping, closing) = (shutdown.clone(), stopping.clone(), closing.clone());
+        let (shutdown, closing) = (shutdown.clone(), closing.clone());
         tokio::spawn(async move {
             shutdown.cancelled().await;
-            stopping.cancel();
             tracing::info!(
                 drain_ms = drain.as_millis() as u64,
                 "draining before closing the listeners"

@@ -208,7 +208,9 @@ pub async fn problems_everywhere(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let uri_len = request.uri().to_string().len();
+    // The target as the client sent it (origin form), measured without building a string.
+    let uri = request.uri();
+    let uri_len = uri.path().len() + uri.query().map_or(0, |q| q.len() + 1);
     if uri_len > MAX_URI_BYTES {
         let status = StatusCode::URI_TOO_LONG;
         let detail = format!("the request target is {uri_len} bytes; at most {MAX_URI_BYTES}");

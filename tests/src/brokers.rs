@@ -6,8 +6,17 @@
 use crate::harness::{HarnessError, stack};
 use std::path::PathBuf;
 use std::time::Duration;
-use tidings_bus::connection::ConnectionArgs;
+use tidings_bus::connection::servers;
 use uuid::Uuid;
+
+/// A client connected to `url` (one server or a comma-separated list), or the reason none
+/// answered.
+pub async fn client_of(url: &str) -> Result<async_nats::Client, HarnessError> {
+    let servers = servers(url).map_err(|e| HarnessError::Nats(e.to_string()))?;
+    async_nats::connect(servers)
+        .await
+        .map_err(|e| HarnessError::Nats(format!("{url}: {e}")))
+}
 
 /// A nats-server of one test's own (JetStream on, its own port and storage).
 pub struct PrivateNats {
@@ -121,9 +130,7 @@ impl PrivateNats {
     }
 
     pub async fn client(&self) -> Result<async_nats::Client, HarnessError> {
-        async_nats::connect(&self.url)
-            .await
-            .map_err(|e| HarnessError::Nats(e.to_string()))
+        client_of(&self.url).await
     }
 }
 
@@ -198,20 +205,7 @@ impl NatsCluster {
 
     /// A client of the whole cluster, connected the way the services connect.
     pub async fn client(&self) -> Result<async_nats::Client, HarnessError> {
-        let client = ConnectionArgs::url(self.url())
-            .connect()
-            .await
-            .map_err(|e| HarnessError::Nats(e.to_string()))?;
-        for _ in 0..200 {
-            if client.connection_state() == async_nats::connection::State::Connected {
-                return Ok(client);
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        Err(HarnessError::Nats(format!(
-            "no node of {} answered",
-            self.url()
-        )))
+        client_of(&self.url()).await
     }
 
     async fn wait_for_meta_leader(&self) -> Result<(), HarnessError> {

@@ -262,11 +262,7 @@ pub fn test_subjects() -> Subjects {
 }
 
 pub async fn nats() -> Result<async_nats::Client, HarnessError> {
-    let servers = tidings_bus::connection::servers(&stack()?.nats_url)
-        .map_err(|e| HarnessError::Nats(e.to_string()))?;
-    async_nats::connect(servers)
-        .await
-        .map_err(|e| HarnessError::Nats(e.to_string()))
+    crate::brokers::client_of(&stack()?.nats_url).await
 }
 
 /// Deletes every stream (and the delivery log) of a test prefix (best effort), so a long test run does not fill the
