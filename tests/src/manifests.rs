@@ -114,7 +114,8 @@ impl Overlay {
         &self.docs
     }
 
-    fn find(&self, kind: &str, name: &str) -> Option<&Value> {
+    /// The rendered object of this kind and name.
+    pub fn find(&self, kind: &str, name: &str) -> Option<&Value> {
         self.docs
             .iter()
             .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
@@ -282,7 +283,7 @@ impl Overlay {
     }
 
     /// The data of a Secret, rendered or given.
-    pub fn secret_files(
+    fn secret_files(
         &self,
         name: &str,
         secrets: &HashMap<(String, String), String>,

@@ -340,12 +340,9 @@ async fn the_rendered_prod_overlay_starts_to_ready() {
 /// The most replicas a workload of `overlay` runs: its HPA's maximum, else its `replicas`, plus
 /// the pods a rolling update adds (a Deployment's default surge of 25 %, rounded up).
 fn max_pods(overlay: &Overlay, kind: &str, name: &str) -> u32 {
-    let docs = overlay.docs();
-    let workload = docs
-        .iter()
-        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
-        .unwrap();
-    let replicas = docs
+    let workload = overlay.find(kind, name).unwrap();
+    let replicas = overlay
+        .docs()
         .iter()
         .find(|d| {
             d["kind"] == "HorizontalPodAutoscaler" && d["spec"]["scaleTargetRef"]["name"] == name
