@@ -152,10 +152,18 @@ impl NatsCluster {
     /// Starts three nodes and waits until the cluster has a JetStream meta leader (streams can
     /// be created).
     pub async fn started() -> Result<Self, HarnessError> {
+        Self::with_config(None).await
+    }
+
+    /// [`NatsCluster::started`], each node with `config` (e.g. users and their permissions; a
+    /// `no_auth_user` lets this harness's own client in).
+    pub async fn with_config(config: Option<&str>) -> Result<Self, HarnessError> {
         let mut nodes = Vec::new();
         let mut cluster_ports = Vec::new();
         for _ in 0..3 {
-            nodes.push(PrivateNats::reserve()?);
+            let mut node = PrivateNats::reserve()?;
+            node.config = config.map(str::to_owned);
+            nodes.push(node);
             cluster_ports.push(free_port()?);
         }
         let name = format!("tidings-{}", &Uuid::new_v4().simple().to_string()[..8]);

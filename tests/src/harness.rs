@@ -35,6 +35,20 @@ pub struct Stack {
     pub nats_url: String,
     /// The nats-server binary, for tests that run a broker of their own (`crate::brokers`).
     pub nats_server: String,
+    /// The password of each service's NATS user on the stack's server, by service name
+    /// (`deploy/local/nats-users.conf`); clients without credentials are its admin.
+    pub nats_passwords: Vec<(String, String)>,
+}
+
+/// `TIDINGS_NATS_<SERVICE>_PASSWORD` of each service that uses NATS, from `get`.
+fn nats_passwords(get: impl Fn(&str) -> Option<String>) -> Vec<(String, String)> {
+    tidings_bus::permissions::Service::ALL
+        .iter()
+        .filter_map(|s| {
+            let key = format!("TIDINGS_NATS_{}_PASSWORD", s.name().to_uppercase());
+            Some((s.name().to_owned(), get(&key)?))
+        })
+        .collect()
 }
 
 fn stack_script() -> PathBuf {
@@ -51,6 +65,7 @@ fn discover() -> Result<Stack, HarnessError> {
             nats_url: nats,
             nats_server: std::env::var("TIDINGS_NATS_SERVER")
                 .unwrap_or_else(|_| "nats-server".into()),
+            nats_passwords: nats_passwords(|key| std::env::var(key).ok()),
         });
     }
     let script = stack_script();
@@ -77,6 +92,7 @@ fn discover() -> Result<Stack, HarnessError> {
         admin_database_url: get("TIDINGS_ADMIN_DATABASE_URL")?,
         nats_url: get("NATS_URL")?,
         nats_server: get("TIDINGS_NATS_SERVER")?,
+        nats_passwords: nats_passwords(|key| get(key).ok()),
     })
 }
 
@@ -123,6 +139,51 @@ fn database_url(admin_url: &str, name: &str) -> Result<String, HarnessError> {
     Ok(opts.to_url_lossy().to_string())
 }
 
+/// The Postgres user each service logs in as, and the role (migration 0008) it is a member of.
+/// The pusher has no database.
+pub const DB_LOGINS: [(&str, &str, &str); 3] = [
+    ("api", "tidings_api_login", "tidings_api"),
+    (
+        "dispatcher",
+        "tidings_dispatcher_login",
+        "tidings_dispatcher",
+    ),
+    ("detector", "tidings_detector_login", "tidings_detector"),
+];
+
+/// `url` with its user replaced by the one `service` logs in as; `url` unchanged for a service
+/// without a database.
+pub fn login_url(url: &str, service: &str) -> String {
+    let Some((_, login, _)) = DB_LOGINS.iter().find(|(s, _, _)| *s == service) else {
+        return url.to_owned();
+    };
+    match PgConnectOptions::from_str(url) {
+        Ok(opts) => opts.username(login).to_url_lossy().to_string(),
+        Err(_) => url.to_owned(),
+    }
+}
+
+/// Creates the services' login users (as a DBA would, docs/security.md) once the migrations
+/// have created their roles. Roles belong to the whole server, so this runs under the
+/// template's lock and skips users that exist. Without a password: the stack trusts 127.0.0.1.
+async fn ensure_logins(admin: &mut PgConnection) -> Result<(), HarnessError> {
+    for (_, login, role) in DB_LOGINS {
+        admin
+            .execute(
+                format!(
+                    "DO $$ BEGIN
+                        IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{login}') THEN
+                            CREATE ROLE {login} LOGIN IN ROLE {role};
+                        END IF;
+                    END $$"
+                )
+                .as_str(),
+            )
+            .await?;
+    }
+    Ok(())
+}
+
 /// Template name from the migrations' checksums: a changed migration gets a new template.
 fn template_name() -> String {
     // FNV-1a: stable across builds, unlike std's hasher.
@@ -166,6 +227,7 @@ async fn ensure_template(
                 .execute(format!("ALTER DATABASE {building} RENAME TO {name}").as_str())
                 .await?;
         }
+        ensure_logins(admin).await?;
         Ok::<_, HarnessError>(())
     }
     .await;
@@ -204,8 +266,10 @@ impl TestDb {
         let admin_url = stack()?.admin_database_url.clone();
         let mut admin = PgConnection::connect(&admin_url).await?;
         let name = format!("t_{}", Uuid::new_v4().simple());
+        // Also for an empty database: the template's migrations create the services' roles,
+        // which their login users (used by every test that starts a service) need.
+        let template = ensure_template(&mut admin, &admin_url).await?;
         let create = if migrated {
-            let template = ensure_template(&mut admin, &admin_url).await?;
             format!("CREATE DATABASE {name} TEMPLATE {template}")
         } else {
             format!("CREATE DATABASE {name}")

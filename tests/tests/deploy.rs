@@ -6,10 +6,11 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
+use tidings_bus::permissions::{Service, server_config};
 use tidings_runtime::flags::parsed_defaults;
 use tidings_tests::brokers::{NatsCluster, free_port};
 use tidings_tests::fake_catalog::FakeCatalog;
-use tidings_tests::harness::{TestDb, poll_wait, tool};
+use tidings_tests::harness::{DB_LOGINS, TestDb, login_url, poll_wait, stack, tool};
 use tidings_tests::manifests::{Local, Overlay, localize, mount_secrets};
 use tidings_tests::services::binary;
 
@@ -212,15 +213,32 @@ fn the_dockerfile_covers_the_workspace_and_every_service() {
 /// Starts what `overlay` describes, as rendered (see `tidings_tests::manifests`): the migration
 /// Job must finish, then every service must answer its readiness probe with 200.
 async fn smoke(overlay: &str) {
-    let cluster = NatsCluster::started().await.unwrap();
     let db = TestDb::empty().await.unwrap();
     let catalog = FakeCatalog::start().await.unwrap();
     let (vapid_private, vapid_public) = tidings_webpush::vapid::VapidKey::generate().unwrap();
     // The Secrets prod leaves to the operator, with test values.
+    // Each service with its own user, as docs/security.md tells an operator to create them.
     let secrets: HashMap<(String, String), String> = [
-        ("tidings-db", "url", db.url.clone()),
+        ("tidings-db-migrate", "url", db.url.clone()),
+        ("tidings-db-api", "url", login_url(&db.url, "api")),
+        (
+            "tidings-db-dispatcher",
+            "url",
+            login_url(&db.url, "dispatcher"),
+        ),
+        ("tidings-db-detector", "url", login_url(&db.url, "detector")),
         ("tidings-vapid", "private-key", vapid_private),
         ("tidings-vapid", "public-key", vapid_public),
+        ("tidings-nats-detector", "user", "detector".into()),
+        ("tidings-nats-detector", "password", "smoke-detector".into()),
+        ("tidings-nats-dispatcher", "user", "dispatcher".into()),
+        (
+            "tidings-nats-dispatcher",
+            "password",
+            "smoke-dispatcher".into(),
+        ),
+        ("tidings-nats-pusher", "user", "pusher".into()),
+        ("tidings-nats-pusher", "password", "smoke-pusher".into()),
         (
             "tidings-admin",
             "token",
@@ -230,6 +248,33 @@ async fn smoke(overlay: &str) {
     .into_iter()
     .map(|(s, k, v)| ((s.to_owned(), k.to_owned()), v))
     .collect();
+    let rendered = Overlay::render(overlay);
+    let mut containers = rendered.containers(&secrets);
+    // The brokers know each service's user, as rendered, with its permissions for the
+    // rendered prefix: a service missing its credentials, or needing a subject it is not
+    // allowed, does not get ready.
+    let env = |c: &tidings_tests::manifests::Container, key: &str| {
+        c.env.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
+    };
+    let mut users: Vec<(Service, String, String)> = Vec::new();
+    let mut prefix = "tidings".to_owned();
+    for c in containers.iter().filter(|c| !c.to_completion) {
+        let program = c.argv[0].rsplit('/').next().unwrap();
+        if let Some(service) = Service::of_binary(program) {
+            let user =
+                env(c, "NATS_USER").unwrap_or_else(|| panic!("{}: no NATS_USER", c.workload));
+            let password = env(c, "NATS_PASSWORD")
+                .unwrap_or_else(|| panic!("{}: no NATS_PASSWORD", c.workload));
+            prefix = env(c, "TIDINGS_PREFIX").unwrap_or(prefix);
+            users.push((service, user, format!("\"{password}\"")));
+        }
+    }
+    let users: Vec<(Service, &str, &str)> = users
+        .iter()
+        .map(|(s, u, p)| (*s, u.as_str(), p.as_str()))
+        .collect();
+    let config = server_config(&prefix, &users, Some(("admin", "\"smoke-admin\"")));
+    let cluster = NatsCluster::with_config(Some(&config)).await.unwrap();
     let local = Local {
         nats: cluster
             .nodes
@@ -240,8 +285,6 @@ async fn smoke(overlay: &str) {
         catalog: catalog.addr.to_string(),
         nowhere: format!("127.0.0.1:{}", free_port().unwrap()),
     };
-    let rendered = Overlay::render(overlay);
-    let mut containers = rendered.containers(&secrets);
     let workloads: Vec<&str> = containers.iter().map(|c| c.workload.as_str()).collect();
     for expected in ["api", "dispatcher", "pusher", "detector"] {
         assert!(
@@ -379,7 +422,16 @@ fn the_prod_overlay_at_its_autoscaling_maximum_fits_postgres_default_connection_
     let rendered = Overlay::render("prod");
     // Only the pool sizes matter here; the Secrets the operator creates get placeholders.
     let secrets: HashMap<(String, String), String> = [
-        ("tidings-db", "url"),
+        ("tidings-db-migrate", "url"),
+        ("tidings-db-api", "url"),
+        ("tidings-db-dispatcher", "url"),
+        ("tidings-db-detector", "url"),
+        ("tidings-nats-detector", "user"),
+        ("tidings-nats-detector", "password"),
+        ("tidings-nats-dispatcher", "user"),
+        ("tidings-nats-dispatcher", "password"),
+        ("tidings-nats-pusher", "user"),
+        ("tidings-nats-pusher", "password"),
         ("tidings-vapid", "private-key"),
         ("tidings-vapid", "public-key"),
         ("tidings-admin", "token"),
@@ -440,4 +492,53 @@ fn the_prod_overlay_at_its_autoscaling_maximum_fits_postgres_default_connection_
         "at its maximum the prod overlay opens {total} Postgres connections:\n{}",
         table.join("\n")
     );
+}
+
+/// The dev overlay's Postgres creates the services' users on first start with a script of its
+/// own; run here against the stack's server (twice: a restart must not fail), each login must
+/// then be a member of its service's role.
+#[tokio::test]
+async fn the_dev_postgres_init_script_creates_each_service_user_in_its_role() {
+    let rendered = Overlay::render("dev");
+    let script = rendered
+        .find("ConfigMap", "postgres-init")
+        .expect("the dev overlay has postgres-init")["data"]["tidings-users.sh"]
+        .as_str()
+        .expect("the script")
+        .to_owned();
+    let db = TestDb::empty().await.unwrap();
+    let admin: sqlx::postgres::PgConnectOptions =
+        stack().unwrap().admin_database_url.parse().unwrap();
+    for _ in 0..2 {
+        let out = Command::new("sh")
+            .args(["-c", &script])
+            .env("PGHOST", admin.get_host())
+            .env("PGPORT", admin.get_port().to_string())
+            .env("POSTGRES_USER", admin.get_username())
+            .env("POSTGRES_DB", &db.name)
+            .env("TIDINGS_API_PASSWORD", "a")
+            .env("TIDINGS_DISPATCHER_PASSWORD", "b")
+            .env("TIDINGS_DETECTOR_PASSWORD", "c")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "postgres-init failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    for (_, login, role) in DB_LOGINS {
+        let (can_login, member): (bool, bool) = sqlx::query_as(
+            "SELECT rolcanlogin, pg_has_role(rolname, $2, 'MEMBER') FROM pg_roles WHERE rolname = $1",
+        )
+        .bind(login)
+        .bind(role)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert!(
+            can_login && member,
+            "{login}: login {can_login}, member of {role} {member}"
+        );
+    }
 }

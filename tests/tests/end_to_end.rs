@@ -8,14 +8,17 @@ use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tidings_bus::permissions::{Service, server_config};
+use tidings_domain::Channel;
 use tidings_domain::messages::Subscription;
+use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
 use tidings_tests::brokers::PrivateNats;
 use tidings_tests::demo::{self, Endpoints};
 use tidings_tests::fake_push::FakePushService;
 use tidings_tests::fixtures;
-use tidings_tests::harness::{TestDb, poll_wait, tool};
-use tidings_tests::scenario::Scenario;
+use tidings_tests::harness::{self, DB_LOGINS, TestDb, poll_wait, tool};
+use tidings_tests::scenario::{Scenario, Watcher};
 use tidings_tests::services::{ADMIN_TOKEN, Pipeline, SERVICES, binary};
 
 async fn serve(router: Router) -> String {
@@ -104,6 +107,19 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
     )
     .await
     .unwrap_or_else(|e| panic!("{e}\ndispatcher:\n{}", p.log("dispatcher")));
+
+    // Every service did its part logged in as its own user (docs/security.md), not the owner.
+    let users: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT usename::text FROM pg_stat_activity
+          WHERE datname = current_database() AND pid <> pg_backend_pid() AND usename <> current_user
+          ORDER BY 1",
+    )
+    .fetch_all(&s.db.pool)
+    .await
+    .unwrap();
+    let mut logins: Vec<&str> = DB_LOGINS.iter().map(|(_, login, _)| *login).collect();
+    logins.sort_unstable();
+    assert_eq!(users, logins, "the users connected to the test's database");
 
     // From the database.
     let watch = |code: &str| {
@@ -300,6 +316,24 @@ fn attr(span: &Value, key: &str) -> Option<String> {
         })
 }
 
+/// A watcher of SKU-1 below 1200 (at 1500) whose subscription is `push`'s, then the price
+/// drops to 1000: one notification to come.
+async fn watch_sku1_pushing_to(s: &Scenario, push: &FakePushService) -> Watcher {
+    let sub = push.subscription();
+    let w = s
+        .watcher("SKU-1", Trigger::PriceBelow { threshold: 1200 }, 1500)
+        .await;
+    sqlx::query("UPDATE push_subscriptions SET endpoint = $1, p256dh = $2, auth = $3")
+        .bind(&sub.endpoint)
+        .bind(&sub.p256dh)
+        .bind(&sub.auth)
+        .execute(&s.db.pool)
+        .await
+        .unwrap();
+    s.catalog.set_price("SKU-1", 1000);
+    w
+}
+
 #[tokio::test]
 async fn one_notification_is_one_trace_across_every_service() {
     let s = Scenario::new().await;
@@ -314,18 +348,7 @@ async fn one_notification_is_one_trace_across_every_service() {
         ],
     )
     .await;
-    let sub = push.subscription();
-    let w = s
-        .watcher("SKU-1", Trigger::PriceBelow { threshold: 1200 }, 1500)
-        .await;
-    sqlx::query("UPDATE push_subscriptions SET endpoint = $1, p256dh = $2, auth = $3")
-        .bind(&sub.endpoint)
-        .bind(&sub.p256dh)
-        .bind(&sub.auth)
-        .execute(&s.db.pool)
-        .await
-        .unwrap();
-    s.catalog.set_price("SKU-1", 1000);
+    let w = watch_sku1_pushing_to(&s, &push).await;
 
     // Wait for the row to be sent and the result span to arrive.
     let started = Instant::now();
@@ -644,4 +667,105 @@ async fn against_an_empty_database_every_service_is_unready_until_migrate_has_ru
     let r = register(&p, &sub).await;
     assert_eq!(r.status(), 201, "served once migrated");
     p.stop().await;
+}
+
+/// On a server configured as `tidings_bus::permissions` says for one prefix, every service does
+/// its part as its own NATS user, and none may publish another's messages: the pusher cannot
+/// publish an enqueue request, the detector cannot publish a push request.
+#[tokio::test]
+async fn each_service_works_as_its_own_nats_user_and_cannot_publish_the_others_messages() {
+    let s = Scenario::new().await;
+    let stack = harness::stack().unwrap();
+    let password = |service: Service| {
+        let (_, pw) = stack
+            .nats_passwords
+            .iter()
+            .find(|(name, _)| name == service.name())
+            .expect("the stack gives each service a NATS password");
+        format!("\"{pw}\"")
+    };
+    let passwords: Vec<(Service, String)> =
+        Service::ALL.iter().map(|s| (*s, password(*s))).collect();
+    let users: Vec<(Service, &str, &str)> = passwords
+        .iter()
+        .map(|(service, pw)| (*service, service.name(), pw.as_str()))
+        .collect();
+    let config = server_config(
+        s.subjects.prefix(),
+        &users,
+        Some(("admin", "\"admin-of-this-test\"")),
+    );
+    let nats = PrivateNats::with_config(&config).await.unwrap();
+    let push = FakePushService::start().await.unwrap();
+    let p = Pipeline::start(&s, &[("NATS_URL", &nats.url)]).await;
+    let w = watch_sku1_pushing_to(&s, &push).await;
+    let started = Instant::now();
+    loop {
+        let status: Option<String> =
+            sqlx::query_scalar("SELECT status FROM outbox WHERE watch_id = $1")
+                .bind(w.watch)
+                .fetch_optional(&s.db.pool)
+                .await
+                .unwrap();
+        if status.as_deref() == Some("sent") {
+            break;
+        }
+        poll_wait(started, 30, || {
+            format!(
+                "row {status:?}\ndetector:\n{}\ndispatcher:\n{}\npusher:\n{}",
+                p.log("detector"),
+                p.log("dispatcher"),
+                p.log("pusher")
+            )
+        })
+        .await;
+    }
+    assert_eq!(push.received().len(), 1, "one push delivered");
+
+    // What a stream has ever stored (the dispatcher purges what it has ingested).
+    let admin = async_nats::jetstream::new(nats.client().await.unwrap());
+    let last = |kind: StreamKind| {
+        let (admin, name) = (admin.clone(), s.subjects.stream(kind));
+        async move {
+            let mut stream = admin.get_stream(name).await.unwrap();
+            stream.info().await.unwrap().state.last_sequence
+        }
+    };
+    let (enqueued, pushes) = (
+        last(StreamKind::Enqueue).await,
+        last(StreamKind::Push).await,
+    );
+    assert!(enqueued >= 1 && pushes >= 1, "the pipeline published");
+    let as_user = |service: Service| {
+        let (_, pw) = passwords.iter().find(|(s, _)| *s == service).unwrap();
+        let pw = pw.trim_matches('"').to_owned();
+        let url = nats.url.clone();
+        async move {
+            let client =
+                async_nats::ConnectOptions::with_user_and_password(service.name().to_owned(), pw)
+                    .custom_inbox_prefix(format!("_INBOX_{}", service.name()))
+                    .connect(url.as_str())
+                    .await
+                    .unwrap();
+            let mut js = async_nats::jetstream::new(client);
+            js.set_timeout(Duration::from_secs(2));
+            js
+        }
+    };
+    for (service, kind) in [
+        (Service::Pusher, StreamKind::Enqueue),
+        (Service::Detector, StreamKind::Push),
+    ] {
+        let js = as_user(service).await;
+        let refused = match js
+            .publish(s.subjects.subject(kind, Channel::WebPush), "forged".into())
+            .await
+        {
+            Ok(ack) => ack.await.is_err(),
+            Err(_) => true,
+        };
+        assert!(refused, "{service:?} published a {kind:?} message");
+    }
+    assert_eq!(last(StreamKind::Enqueue).await, enqueued);
+    assert_eq!(last(StreamKind::Push).await, pushes);
 }

@@ -135,6 +135,12 @@ impl ConnectionArgs {
         let mut options = ConnectOptions::new()
             .retry_on_initial_connect()
             .reconnect_delay_callback(reconnect_delay);
+        // Replies on an inbox of the service's own, which its NATS user alone may read.
+        if let Some(prefix) =
+            crate::permissions::inbox_prefix(tidings_runtime::telemetry::service_name())
+        {
+            options = options.custom_inbox_prefix(prefix);
+        }
         if let Some(path) = &self.nats_creds {
             let creds = tokio::fs::read_to_string(path)
                 .await

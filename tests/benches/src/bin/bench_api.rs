@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tidings_benches::procstat::{cpu_seconds, cpu_seconds_named};
 use tidings_tests::api::ApiClient;
-use tidings_tests::harness::TestDb;
+use tidings_tests::harness::{TestDb, login_url};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -89,7 +89,7 @@ fn start_api(database_url: &str, port: u16, create_batch: usize) -> Child {
     let bin = exe.with_file_name("tidings-api");
     Command::new(&bin)
         .arg("serve")
-        .env("DATABASE_URL", database_url)
+        .env("DATABASE_URL", login_url(database_url, "api"))
         .env("TIDINGS_API_LISTEN", format!("127.0.0.1:{port}"))
         .env("TIDINGS_PUSH_ALLOWED_HOSTS", "127.0.0.1:*")
         .env("TIDINGS_PUSH_ALLOW_PRIVATE", "true")

@@ -1,0 +1,375 @@
+//! What each service may publish and subscribe to on NATS, and the nats-server `authorization`
+//! block that grants exactly that (docs/security.md).
+//!
+//! A service needs its own subjects (the detector publishes enqueue requests; the dispatcher
+//! consumes enqueue requests and results and publishes push requests; the pusher consumes push
+//! requests and publishes results), dead letters for what it consumes, the JetStream API calls
+//! behind those (stream and consumer info, pulling, acknowledging; every service creates the
+//! streams it finds missing at start-up), and the replies to its requests, which arrive on an
+//! inbox of its own ([`inbox_prefix`]) so one service cannot read another's replies.
+//!
+//! The prefix may be `*` (any prefix): the local stack's server is shared by tests that each
+//! use a prefix of their own. A deployment names its prefix.
+
+use std::fmt::Write as _;
+use tidings_domain::subjects::StreamKind;
+
+/// A service that talks to NATS (the api does not).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Service {
+    Detector,
+    Dispatcher,
+    Pusher,
+}
+
+impl Service {
+    pub const ALL: [Service; 3] = [Service::Detector, Service::Dispatcher, Service::Pusher];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Service::Detector => "detector",
+            Service::Dispatcher => "dispatcher",
+            Service::Pusher => "pusher",
+        }
+    }
+
+    /// The service a binary name such as `tidings-pusher` runs, if any.
+    pub fn of_binary(binary: &str) -> Option<Service> {
+        let name = binary.strip_prefix("tidings-").unwrap_or(binary);
+        Service::ALL.into_iter().find(|s| s.name() == name)
+    }
+}
+
+/// Where replies to a service's requests arrive: `_INBOX_<service>.<id>`. Any other binary
+/// (a test, a tool) keeps the default `_INBOX`.
+pub fn inbox_prefix(binary: &str) -> Option<String> {
+    Service::of_binary(binary).map(|s| format!("_INBOX_{}", s.name()))
+}
+
+/// Subjects a user may publish to and subscribe to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Permissions {
+    pub publish: Vec<String>,
+    pub subscribe: Vec<String>,
+}
+
+fn stream(prefix: &str, kind: StreamKind) -> String {
+    if prefix == "*" {
+        "*".to_owned()
+    } else {
+        format!("{prefix}_{}", kind.as_str())
+    }
+}
+
+/// The JetStream API calls of a durable pull consumer on `kind`'s stream.
+fn consume(prefix: &str, kind: StreamKind, publish: &mut Vec<String>) {
+    let s = stream(prefix, kind);
+    for call in ["CREATE", "DURABLE.CREATE", "INFO", "MSG.NEXT"] {
+        publish.push(format!("$JS.API.CONSUMER.{call}.{s}.>"));
+    }
+    publish.push(format!("$JS.ACK.{s}.>"));
+}
+
+/// The delivery log's bucket (`crate::delivered`): created, read and written by the pusher,
+/// read by the dispatcher.
+fn delivery_log(prefix: &str, write: bool, publish: &mut Vec<String>) {
+    let bucket = if prefix == "*" {
+        "*".to_owned()
+    } else {
+        format!("{prefix}_{}", crate::delivered::BUCKET)
+    };
+    let stream = if prefix == "*" {
+        "*".to_owned()
+    } else {
+        format!("KV_{bucket}")
+    };
+    for call in ["INFO", "CREATE", "UPDATE", "MSG.GET"] {
+        publish.push(format!("$JS.API.STREAM.{call}.{stream}"));
+    }
+    publish.push(format!("$JS.API.DIRECT.GET.{stream}.>"));
+    if write {
+        publish.push(format!("$KV.{bucket}.>"));
+    }
+}
+
+/// What `service` needs under `prefix` (`*`: any prefix).
+pub fn permissions(service: Service, prefix: &str) -> Permissions {
+    let mut publish = vec!["$JS.API.INFO".to_owned()];
+    for kind in StreamKind::ALL {
+        let s = stream(prefix, kind);
+        publish.push(format!("$JS.API.STREAM.INFO.{s}"));
+        publish.push(format!("$JS.API.STREAM.CREATE.{s}"));
+    }
+    let subject = |kind: StreamKind| format!("{prefix}.{}.>", kind.as_str());
+    match service {
+        Service::Detector => publish.push(subject(StreamKind::Enqueue)),
+        Service::Dispatcher => {
+            publish.push(subject(StreamKind::Push));
+            publish.push(subject(StreamKind::Dlq));
+            for kind in [StreamKind::Enqueue, StreamKind::Result] {
+                consume(prefix, kind, &mut publish);
+                // Acknowledged messages are purged in bulk (`crate::consume`).
+                publish.push(format!("$JS.API.STREAM.PURGE.{}", stream(prefix, kind)));
+            }
+            delivery_log(prefix, false, &mut publish);
+        }
+        Service::Pusher => {
+            publish.push(subject(StreamKind::Result));
+            publish.push(subject(StreamKind::Dlq));
+            consume(prefix, StreamKind::Push, &mut publish);
+            delivery_log(prefix, true, &mut publish);
+        }
+    }
+    // With the prefix `*` several entries become one.
+    let mut seen = std::collections::HashSet::new();
+    publish.retain(|p| seen.insert(p.clone()));
+    Permissions {
+        publish,
+        subscribe: vec![format!("_INBOX_{}.>", service.name())],
+    }
+}
+
+fn quoted(list: &[String]) -> String {
+    list.iter()
+        .map(|s| format!("\n        \"{s}\""))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// A nats-server configuration that grants each service's user (name, password) only
+/// [`permissions`] under `prefix`. A password is written as given: a quoted string, or a
+/// `$VARIABLE` nats-server reads from its environment. `admin`, if given (user, password), may do
+/// anything and is the user of a client that sends no credentials: the local stack's tests and
+/// tools.
+pub fn server_config(
+    prefix: &str,
+    users: &[(Service, &str, &str)],
+    admin: Option<(&str, &str)>,
+) -> String {
+    let mut out = String::from("authorization {\n  users = [\n");
+    for (service, user, password) in users {
+        let p = permissions(*service, prefix);
+        let _ = writeln!(
+            out,
+            "    {{ user: \"{user}\", password: {password}, permissions: {{"
+        );
+        let _ = writeln!(
+            out,
+            "      publish: {{ allow: [{}\n      ] }}",
+            quoted(&p.publish)
+        );
+        let _ = writeln!(
+            out,
+            "      subscribe: {{ allow: [{}\n      ] }}",
+            quoted(&p.subscribe)
+        );
+        out.push_str("    } }\n");
+    }
+    if let Some((user, password)) = admin {
+        let _ = writeln!(out, "    {{ user: \"{user}\", password: {password} }}");
+    }
+    out.push_str("  ]\n}\n");
+    if let Some((user, _)) = admin {
+        let _ = writeln!(out, "no_auth_user: \"{user}\"");
+    }
+    out
+}
+
+/// The configurations checked in under `deploy/`, from [`server_config`]: (path from the
+/// repository's root, prefix, whether the stack's admin user is in it). Each service's password
+/// is `$TIDINGS_NATS_<SERVICE>_PASSWORD` from the server's environment.
+pub const CHECKED_IN: [(&str, &str, bool); 2] = [
+    ("deploy/local/nats-users.conf", "*", true),
+    ("deploy/k8s/overlays/dev/nats-users.conf", "tidings", false),
+];
+
+/// The text of a checked-in configuration (see [`CHECKED_IN`]).
+pub fn checked_in_config(prefix: &str, admin: bool) -> String {
+    let vars: Vec<(Service, String)> = Service::ALL
+        .iter()
+        .map(|s| {
+            (
+                *s,
+                format!("$TIDINGS_NATS_{}_PASSWORD", s.name().to_uppercase()),
+            )
+        })
+        .collect();
+    let users: Vec<(Service, &str, &str)> = vars
+        .iter()
+        .map(|(s, v)| (*s, s.name(), v.as_str()))
+        .collect();
+    let header = format!(
+        "# Generated from tidings_bus::permissions (its tests check this file; TIDINGS_BLESS=1\n\
+         # rewrites it). Each service's user may publish and subscribe only to what it needs under\n\
+         # the prefix {prefix:?}; the passwords come from the server's environment.\n"
+    );
+    header
+        + &server_config(
+            prefix,
+            &users,
+            admin.then_some(("admin", "$TIDINGS_NATS_ADMIN_PASSWORD")),
+        )
+}
+
+/// Whether `subject` matches the NATS subject pattern `pattern` (`*` one token, `>` the rest).
+pub fn matches(pattern: &str, subject: &str) -> bool {
+    let mut p = pattern.split('.');
+    let mut s = subject.split('.');
+    loop {
+        match (p.next(), s.next()) {
+            (Some(">"), Some(_)) => return true,
+            (Some("*"), Some(_)) => {}
+            (Some(a), Some(b)) if a == b => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidings_domain::Channel;
+    use tidings_domain::subjects::Subjects;
+
+    fn may_publish(service: Service, prefix: &str, subject: &str) -> bool {
+        permissions(service, prefix)
+            .publish
+            .iter()
+            .any(|p| matches(p, subject))
+    }
+
+    #[test]
+    fn subject_patterns_match_whole_tokens() {
+        assert!(matches("a.*.c", "a.b.c"));
+        assert!(matches("a.>", "a.b.c"));
+        assert!(!matches("a.>", "a"));
+        assert!(!matches("a.*", "a.b.c"));
+        assert!(!matches("a.b", "a.bc"));
+    }
+
+    #[test]
+    fn each_service_publishes_only_its_own_messages() {
+        for prefix in ["tidings", "*"] {
+            let s = Subjects::new("tidings").unwrap();
+            let enqueue = s.subject(StreamKind::Enqueue, Channel::WebPush);
+            let push = s.subject(StreamKind::Push, Channel::WebPush);
+            let result = s.subject(StreamKind::Result, Channel::WebPush);
+            let dlq = s.dlq(StreamKind::Push);
+            use Service::*;
+            let table = [
+                (Detector, [true, false, false, false]),
+                (Dispatcher, [false, true, false, true]),
+                (Pusher, [false, false, true, true]),
+            ];
+            for (service, allowed) in table {
+                for (subject, allowed) in [&enqueue, &push, &result, &dlq].into_iter().zip(allowed)
+                {
+                    assert_eq!(
+                        may_publish(service, prefix, subject),
+                        allowed,
+                        "{service:?} (prefix {prefix}) publishing {subject}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn only_the_consumer_of_a_stream_may_pull_ack_or_purge_it() {
+        let s = Subjects::new("tidings").unwrap();
+        let next = |kind| format!("$JS.API.CONSUMER.MSG.NEXT.{}.c", s.stream(kind));
+        let ack = |kind| format!("$JS.ACK.{}.c.1.1.1.1.0", s.stream(kind));
+        let purge = |kind| format!("$JS.API.STREAM.PURGE.{}", s.stream(kind));
+        use Service::*;
+        for (service, consumes) in [
+            (Detector, vec![]),
+            (Dispatcher, vec![StreamKind::Enqueue, StreamKind::Result]),
+            (Pusher, vec![StreamKind::Push]),
+        ] {
+            for kind in StreamKind::ALL {
+                let own = consumes.contains(&kind);
+                assert_eq!(
+                    may_publish(service, "tidings", &next(kind)),
+                    own,
+                    "{service:?} {kind:?}"
+                );
+                assert_eq!(
+                    may_publish(service, "tidings", &ack(kind)),
+                    own,
+                    "{service:?} {kind:?}"
+                );
+                let purges = own && kind != StreamKind::Push;
+                assert_eq!(may_publish(service, "tidings", &purge(kind)), purges);
+            }
+            // Nobody deletes a stream.
+            assert!(!may_publish(
+                service,
+                "*",
+                "$JS.API.STREAM.DELETE.tidings_enqueue"
+            ));
+        }
+    }
+
+    #[test]
+    fn only_the_pusher_writes_the_delivery_log() {
+        let key = "$KV.tidings_delivered.0192";
+        assert!(may_publish(Service::Pusher, "tidings", key));
+        assert!(!may_publish(Service::Dispatcher, "tidings", key));
+        assert!(!may_publish(Service::Detector, "tidings", key));
+    }
+
+    #[test]
+    fn replies_arrive_on_each_services_own_inbox() {
+        for service in Service::ALL {
+            let binary = format!("tidings-{}", service.name());
+            let inbox = format!("{}.abc", inbox_prefix(&binary).unwrap());
+            for other in Service::ALL {
+                let sub = permissions(other, "tidings").subscribe;
+                assert_eq!(
+                    sub.iter().any(|p| matches(p, &inbox)),
+                    other == service,
+                    "{other:?} reading {service:?}'s replies"
+                );
+            }
+        }
+        assert_eq!(inbox_prefix("tidings-api"), None);
+    }
+
+    #[test]
+    fn the_server_config_names_every_user_and_its_permissions() {
+        let config = server_config(
+            "tidings",
+            &[(Service::Pusher, "pusher", "\"pw\"")],
+            Some(("admin", "$ADMIN")),
+        );
+        assert!(
+            config.contains("user: \"pusher\", password: \"pw\""),
+            "{config}"
+        );
+        assert!(config.contains("\"tidings.result.>\","), "{config}");
+        assert!(!config.contains("\"tidings.enqueue.>\""), "{config}");
+        assert!(
+            config.contains("{ user: \"admin\", password: $ADMIN }"),
+            "{config}"
+        );
+        assert!(config.contains("\nno_auth_user: \"admin\""), "{config}");
+    }
+
+    #[test]
+    fn the_checked_in_configurations_are_the_generated_ones() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        for (path, prefix, admin) in CHECKED_IN {
+            let expected = checked_in_config(prefix, admin);
+            let file = root.join(path);
+            if std::env::var_os("TIDINGS_BLESS").is_some() {
+                std::fs::write(&file, &expected).unwrap();
+            }
+            let actual = std::fs::read_to_string(&file).unwrap_or_default();
+            assert!(
+                actual == expected,
+                "{path} is not what tidings_bus::permissions generates; run this test with TIDINGS_BLESS=1"
+            );
+        }
+    }
+}
