@@ -344,20 +344,26 @@ async fn each_service_role_may_do_its_job_and_is_refused_the_rest() {
         ),
         (
             "tidings_dispatcher",
-            vec![move_row, "SELECT * FROM push_subscriptions", device_columns],
+            vec![
+                move_row,
+                "SELECT * FROM push_subscriptions",
+                "UPDATE push_subscriptions SET active = false, deactivated_at = now(), deactivation_reason = 'gone'",
+                device_columns,
+            ],
         ),
         (
             "tidings_detector",
             vec![
-                "UPDATE watches SET paused = paused",
+                "UPDATE watches SET last_in_stock = true, reference_price = 1",
                 "SELECT * FROM baselines",
                 device_columns,
             ],
         ),
     ];
     // 42501 (insufficient_privilege). The api reads the history and inserts replays but never
-    // moves a row; the dispatcher never sees a token hash nor changes a device or a watch; the
-    // detector enqueues only through NATS: no outbox, no subscriptions, no tokens.
+    // moves a row; the dispatcher never sees a token hash nor changes a device or a watch, and
+    // of a subscription only marks it gone; the detector enqueues only through NATS (no outbox,
+    // no subscriptions, no tokens) and of a watch records only what a scan saw.
     let refused = [
         (
             "tidings_api",
@@ -369,6 +375,7 @@ async fn each_service_role_may_do_its_job_and_is_refused_the_rest() {
                 tokens,
                 "UPDATE watches SET paused = true",
                 "UPDATE devices SET time_zone = 'UTC'",
+                "UPDATE push_subscriptions SET endpoint = 'https://attacker.example/'",
             ],
         ),
         (
@@ -379,6 +386,7 @@ async fn each_service_role_may_do_its_job_and_is_refused_the_rest() {
                 "SELECT endpoint FROM push_subscriptions",
                 tokens,
                 "UPDATE baselines SET price = price",
+                "UPDATE watches SET paused = true",
             ],
         ),
     ];
