@@ -26,21 +26,34 @@ pub async fn livez() -> Json<Health> {
         (status = 503, description = "Postgres does not answer, the schema this build needs is not there yet, or the api is shutting down", body = Problem, content_type = "application/problem+json"),
     ))]
 pub async fn readyz(State(app): State<AppState>) -> Result<Json<Health>, ApiError> {
-    if app.stopping.is_cancelled() {
-        return Err(ApiError::Unavailable(
-            "shutting down: draining before the listener closes".into(),
-        ));
-    }
-    let probes = tidings_runtime::ops::Probes::default()
-        .with_check(tidings_store::readiness(app.pool.clone()));
-    probes.ready().await.map_err(ApiError::Unavailable)?;
+    ready(&app).await.map_err(ApiError::Unavailable)?;
     Ok(Json(Health {
         status: "ok".into(),
     }))
 }
 
+/// What `/readyz` answers; also sets `tidings_ready`.
+async fn ready(app: &AppState) -> Result<(), String> {
+    let draining = app.stopping.clone();
+    let probes = tidings_runtime::ops::Probes::default()
+        .with_check(std::sync::Arc::new(move || {
+            let draining = draining.is_cancelled();
+            Box::pin(async move {
+                if draining {
+                    Err("shutting down: draining before the listener closes".to_owned())
+                } else {
+                    Ok(())
+                }
+            })
+        }))
+        .with_check(tidings_store::readiness(app.pool.clone()));
+    probes.ready().await
+}
+
 #[utoipa::path(get, path = "/metrics", tag = "health",
     responses((status = 200, description = "Prometheus metrics (OpenMetrics text)", content_type = "application/openmetrics-text")))]
-pub async fn metrics() -> impl axum::response::IntoResponse {
+pub async fn metrics(State(app): State<AppState>) -> impl axum::response::IntoResponse {
+    // A scrape sees readiness as a probe would (`tidings_ready`).
+    let _ = ready(&app).await;
     tidings_runtime::ops::metrics_text().await
 }

@@ -1,4 +1,5 @@
-//! The outbox backlog as gauges: non-terminal rows by state and the age of the oldest due row.
+//! The outbox backlog as gauges: non-terminal rows by state, the age of the oldest due row and
+//! how long the oldest `sending` row has been past its lease.
 //! Terminal states are counted by `tidings_outbox_transitions_total` instead: counting them
 //! here would scan the whole history.
 
@@ -30,6 +31,14 @@ pub async fn measure(pool: &PgPool) -> Result<(), sqlx::Error> {
     ))
     .fetch_one(pool)
     .await?;
+    let overdue: f64 = sqlx::query_scalar(concat!(
+        "SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(lease_until))::float8, 0)
+         FROM outbox WHERE status = ",
+        tidings_store::status_sql!(sending),
+        " AND lease_until < now()",
+    ))
+    .fetch_one(pool)
+    .await?;
     let m = metrics();
     for status in [Status::Pending, Status::Retry, Status::Sending] {
         let n = counts
@@ -43,6 +52,7 @@ pub async fn measure(pool: &PgPool) -> Result<(), sqlx::Error> {
             .set(n);
     }
     m.oldest_due_seconds.set(oldest);
+    m.lease_overdue_seconds.set(overdue);
     Ok(())
 }
 

@@ -14,7 +14,7 @@
 //! Every state change goes through `tidings_store::transition::apply`, a batch of
 //! compare-and-sets.
 
-mod backlog;
+pub mod backlog;
 pub mod claim;
 mod config;
 pub mod dispatch;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tidings_bus::consume::Handler as _;
 use tidings_bus::delivered::{Delivery, DeliveryLog};
 use tidings_dispatcher::ingest::IngestStats;
-use tidings_dispatcher::sweeper;
+use tidings_dispatcher::{backlog, sweeper};
 use tidings_domain::messages::{Outcome, decode};
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
@@ -784,12 +784,22 @@ async fn a_sweeper_that_cannot_ask_the_delivery_log_leaves_the_row_sending() {
         .unwrap();
     assert_eq!((stats.deferred, stats.moved()), (1, 0));
     assert_eq!(s.row(push.outbox_id).await.status, "sending");
+    // What TidingsSendingPastLease watches.
+    let overdue = || {
+        tidings_runtime::metrics::metrics()
+            .lease_overdue_seconds
+            .get()
+    };
+    backlog::measure(&s.db.pool).await.unwrap();
+    assert!(overdue() > 0.0, "{}", overdue());
 
     // Once the log answers (nothing on record), the row is retried, marked maybe delivered.
     assert_eq!(s.sweep().await.expired, 1);
     let row = s.row(push.outbox_id).await;
     assert_eq!(row.status, "retry");
     assert!(row.maybe_delivered);
+    backlog::measure(&s.db.pool).await.unwrap();
+    assert_eq!(overdue(), 0.0);
     s.cleanup().await;
 }
 

@@ -151,6 +151,20 @@ fn an_alert_on_an_unknown_metric_fails_the_checks() {
 }
 
 #[test]
+fn an_alert_that_no_longer_fires_when_its_test_says_fails_the_checks() {
+    let dir = copy();
+    edit(
+        &dir.join("deploy/telemetry/alerts.yaml"),
+        "max(tidings_outbox_oldest_due_seconds) > 300",
+        "max(tidings_outbox_oldest_due_seconds) > 3000",
+    );
+    let (ok, out) = check(&dir);
+    assert!(!ok, "{out}");
+    assert!(out.contains("a rule test fails"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn a_dashboard_that_is_not_json_fails_the_checks() {
     let dir = copy();
     edit(

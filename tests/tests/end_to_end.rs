@@ -94,6 +94,10 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
         }
         m
     };
+    // A ready service says so to a scrape too (the TidingsNotReady alert reads it).
+    for name in SERVICES {
+        assert_eq!(before[name].get("tidings_ready{}"), Some(&1.0), "{name}");
+    }
 
     let report = demo::run(
         Endpoints {
@@ -601,6 +605,10 @@ async fn a_service_without_postgres_stays_up_and_says_so() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let (status, _) = readyz(&p, "dispatcher").await;
     assert_eq!(status, 503, "still waiting, still running");
+    for name in ["dispatcher", "api"] {
+        let text = metrics(&p, name).await;
+        assert!(text.contains("\ntidings_ready 0\n"), "{name}:\n{text}");
+    }
     p.stop().await;
 }
 

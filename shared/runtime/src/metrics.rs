@@ -72,6 +72,7 @@ pub const FAMILIES: &[(&str, &str)] = &[
     ("tidings_outbox_transitions", "counter"),
     ("tidings_outbox_rows", "gauge"),
     ("tidings_outbox_oldest_due_seconds", "gauge"),
+    ("tidings_outbox_lease_overdue_seconds", "gauge"),
     ("tidings_ingested", "counter"),
     ("tidings_dead_lettered", "counter"),
     ("tidings_source_errors", "counter"),
@@ -90,6 +91,7 @@ pub const FAMILIES: &[(&str, &str)] = &[
     ("tidings_api_create_batch_size", "histogram"),
     ("tidings_delivery_log_errors", "counter"),
     ("tidings_api_rate_limited", "counter"),
+    ("tidings_ready", "gauge"),
 ];
 
 /// The names samples appear under in the exposition (`_total` for counters; `_bucket`, `_sum`,
@@ -125,6 +127,8 @@ pub struct Metrics {
     pub transitions: Family<TransitionLabels, Counter>,
     pub outbox_rows: Family<StatusLabels, Gauge>,
     pub oldest_due_seconds: Gauge<f64, AtomicU64>,
+    /// How long the oldest `sending` row has been past its lease (0: none is).
+    pub lease_overdue_seconds: Gauge<f64, AtomicU64>,
     pub ingested: Family<ResultLabels, Counter>,
     pub dead_lettered: Family<KindLabels, Counter>,
     pub source_errors: Family<KindLabels, Counter>,
@@ -145,6 +149,8 @@ pub struct Metrics {
     /// Requests refused by an abuse limit, by which (`register`, `watches_per_address`,
     /// `watches_per_device`).
     pub rate_limited: Family<KindLabels, Counter>,
+    /// 1 while the service is ready (what `/readyz` answers), else 0.
+    pub ready: Gauge,
 }
 
 impl Metrics {
@@ -154,6 +160,7 @@ impl Metrics {
             transitions: Family::default(),
             outbox_rows: Family::default(),
             oldest_due_seconds: Gauge::default(),
+            lease_overdue_seconds: Gauge::default(),
             ingested: Family::default(),
             dead_lettered: Family::default(),
             source_errors: Family::default(),
@@ -173,6 +180,7 @@ impl Metrics {
             create_batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 8)),
             delivery_log_errors: Family::default(),
             rate_limited: Family::default(),
+            ready: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -189,6 +197,12 @@ impl Metrics {
             "tidings_outbox_oldest_due_seconds",
             "Age of the oldest due outbox row",
             m.oldest_due_seconds.clone(),
+        );
+        registry.register(
+            "tidings_outbox_lease_overdue_seconds",
+            "How long the oldest sending row has been past its lease (0: none is); the lease \
+             sweeper takes such rows back, so this stays near 0 while it works",
+            m.lease_overdue_seconds.clone(),
         );
         registry.register(
             "tidings_ingested",
@@ -280,6 +294,12 @@ impl Metrics {
             "tidings_api_rate_limited",
             "API requests refused by an abuse limit (429), by limit",
             m.rate_limited.clone(),
+        );
+        registry.register(
+            "tidings_ready",
+            "1 while the service is ready (what /readyz answers), else 0; evaluated on every \
+             scrape",
+            m.ready.clone(),
         );
         Metrics { registry, ..m }
     }

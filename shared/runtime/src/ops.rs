@@ -54,7 +54,16 @@ impl Probes {
     }
 
     /// `Ok` when start-up is done and every dependency answers; otherwise what is missing.
+    /// Also sets `tidings_ready`.
     pub async fn ready(&self) -> Result<(), String> {
+        let result = self.evaluate().await;
+        crate::metrics::metrics()
+            .ready
+            .set(i64::from(result.is_ok()));
+        result
+    }
+
+    async fn evaluate(&self) -> Result<(), String> {
         if let Some(what) = self.starting.current() {
             return Err(format!("starting: {what}"));
         }
@@ -91,6 +100,7 @@ pub async fn metrics_text() -> impl IntoResponse {
 
 /// The ops router (also merged into services that have their own HTTP server).
 pub fn router(probes: Probes) -> Router {
+    let probes_for_metrics = probes.clone();
     Router::new()
         .route("/livez", get(|| async { "ok\n" }))
         .route(
@@ -105,7 +115,17 @@ pub fn router(probes: Probes) -> Router {
                 }
             }),
         )
-        .route("/metrics", get(metrics_text))
+        .route(
+            "/metrics",
+            get(move || {
+                let probes = probes_for_metrics.clone();
+                async move {
+                    // A scrape sees readiness as a probe would (`tidings_ready`).
+                    let _ = probes.ready().await;
+                    metrics_text().await
+                }
+            }),
+        )
 }
 
 /// Where a worker service serves `/livez`, `/readyz` and `/metrics`.
