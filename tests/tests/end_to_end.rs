@@ -306,6 +306,77 @@ async fn otlp_receiver() -> (String, Arc<Mutex<Vec<Value>>>) {
     (serve(router).await, spans)
 }
 
+/// Without `OTEL_EXPORTER_OTLP_PROTOCOL` a service exports protobuf, as documented, under the
+/// name `OTEL_SERVICE_NAME` gives, with an instance id that tells replicas apart.
+#[tokio::test]
+async fn traces_are_protobuf_by_default_under_otel_service_name() {
+    let s = Scenario::new().await;
+    let bodies: Arc<Mutex<Vec<(String, Bytes)>>> = Arc::default();
+    let store = bodies.clone();
+    let router = Router::new().route(
+        "/v1/traces",
+        post(move |headers: axum::http::HeaderMap, body: Bytes| {
+            let store = store.clone();
+            async move {
+                let content_type = headers
+                    .get("content-type")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_owned();
+                store.lock().unwrap().push((content_type, body));
+                ""
+            }
+        }),
+    );
+    let otlp = serve(router).await;
+    let _p = Pipeline::start_only(
+        &s,
+        &["detector"],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ("OTEL_SERVICE_NAME", "detector-eu-1"),
+            ("K8S_POD_NAME", "detector-0"),
+        ],
+    )
+    .await;
+    s.watcher("SKU-1", Trigger::PriceBelow { threshold: 1200 }, 1500)
+        .await;
+    s.catalog.set_price("SKU-1", 1000);
+    let started = Instant::now();
+    let contains = |body: &[u8], text: &str| body.windows(text.len()).any(|w| w == text.as_bytes());
+    loop {
+        let got = bodies.lock().unwrap().clone();
+        if let Some((content_type, body)) = got.iter().find(|(_, b)| contains(b, "detect")) {
+            assert_eq!(content_type, "application/x-protobuf");
+            for text in [
+                "detector-eu-1",
+                "service.instance.id",
+                "detector-0",
+                "k8s.pod.name",
+            ] {
+                assert!(contains(body, text), "{text} not in the exported resource");
+            }
+            // service.name's value follows its key (a few bytes of protobuf framing between).
+            let at = body
+                .windows(12)
+                .position(|w| w == b"service.name")
+                .expect("service.name");
+            let value = &body[at..(at + 12 + 8 + "detector-eu-1".len()).min(body.len())];
+            assert!(
+                contains(value, "detector-eu-1"),
+                "OTEL_SERVICE_NAME ignored: {:?}",
+                String::from_utf8_lossy(value)
+            );
+            break;
+        }
+        poll_wait(started, 20, || {
+            format!("{} exports, none with a detect span", got.len())
+        })
+        .await;
+    }
+}
+
 fn attr(span: &Value, key: &str) -> Option<String> {
     span["attributes"]
         .as_array()?

@@ -2,11 +2,13 @@
 //!
 //! Logs are JSON on stderr, always. Traces are exported over OTLP/HTTP when
 //! `OTEL_EXPORTER_OTLP_ENDPOINT` is set (protocol from `OTEL_EXPORTER_OTLP_PROTOCOL`:
-//! `http/protobuf`, the default, or `http/json`). A notification is one trace: each service
+//! `http/protobuf`, the default, or `http/json`), with the resource [`resource`] describes. A notification is one trace: each service
 //! starts its span as a child of the span context that came with the message (`traceparent` in
 //! NATS headers, or stored on the outbox row), and passes its own on.
 
+use opentelemetry::KeyValue;
 use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+use opentelemetry_otlp::{Protocol, WithExportConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -49,17 +51,19 @@ impl Telemetry {
         let endpoint = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT")
             .ok()
             .filter(|e| !e.trim().is_empty());
+        let env = |key: &str| std::env::var(key).ok().filter(|v| !v.trim().is_empty());
         let (provider, build_error) = match endpoint {
             None => (None, None),
             Some(_) => match opentelemetry_otlp::SpanExporter::builder()
                 .with_http()
+                .with_protocol(protocol(env))
                 .build()
             {
                 Ok(exporter) => (
                     Some(
                         SdkTracerProvider::builder()
                             .with_batch_exporter(exporter)
-                            .with_resource(Resource::builder().with_service_name(service).build())
+                            .with_resource(resource(service, env))
                             .build(),
                     ),
                     None,
@@ -81,6 +85,47 @@ impl Telemetry {
         EXPORTING.store(provider.is_some(), Ordering::Relaxed);
         Telemetry { provider }
     }
+}
+
+/// The OTLP encoding: `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`, else `OTEL_EXPORTER_OTLP_PROTOCOL`,
+/// else protobuf (the OpenTelemetry default; the exporter's own default with both encodings
+/// built in would be JSON). Only the HTTP encodings are built in; anything else is protobuf.
+fn protocol(env: impl Fn(&str) -> Option<String>) -> Protocol {
+    let chosen =
+        env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL").or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL"));
+    match chosen.as_deref().map(str::trim) {
+        Some("http/json") => Protocol::HttpJson,
+        _ => Protocol::HttpBinary,
+    }
+}
+
+/// Who emits the spans: `service.name` (`OTEL_SERVICE_NAME` if set, else the binary's name),
+/// `service.version`, `service.instance.id` (the pod's name, else the host's and the process id,
+/// so replicas can be told apart), `k8s.pod.name` when the downward API gives `K8S_POD_NAME`,
+/// and whatever `OTEL_RESOURCE_ATTRIBUTES` adds.
+fn resource(service: &'static str, env: impl Fn(&str) -> Option<String>) -> Resource {
+    // The builder reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES itself.
+    let mut builder = Resource::builder();
+    if env("OTEL_SERVICE_NAME").is_none() {
+        builder = builder.with_service_name(service);
+    }
+    builder.with_attributes(resource_attributes(env)).build()
+}
+
+fn resource_attributes(env: impl Fn(&str) -> Option<String>) -> Vec<KeyValue> {
+    let pod = env("K8S_POD_NAME");
+    let instance = pod.clone().or_else(|| env("HOSTNAME")).unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
+    });
+    let mut attributes = vec![
+        KeyValue::new("service.version", env!("CARGO_PKG_VERSION")),
+        KeyValue::new("service.instance.id", instance),
+    ];
+    if let Some(pod) = pod {
+        attributes.push(KeyValue::new("k8s.pod.name", pod));
+    }
+    attributes
 }
 
 impl Drop for Telemetry {
@@ -117,5 +162,60 @@ pub fn forward(span: &tracing::Span, incoming: Option<&str>) -> Option<String> {
         traceparent(span).or_else(|| incoming.map(str::to_owned))
     } else {
         incoming.map(str::to_owned)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        move |key| pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
+    }
+
+    #[test]
+    fn protobuf_unless_json_is_asked_for() {
+        assert_eq!(protocol(env_of(&[])), Protocol::HttpBinary);
+        let json = [("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")];
+        assert_eq!(protocol(env_of(&json)), Protocol::HttpJson);
+        let traces_wins = [
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf"),
+        ];
+        assert_eq!(protocol(env_of(&traces_wins)), Protocol::HttpBinary);
+    }
+
+    fn attribute(attributes: &[KeyValue], key: &str) -> Option<String> {
+        attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == key)
+            .map(|kv| kv.value.to_string())
+    }
+
+    #[test]
+    fn replicas_are_told_apart_by_their_pod_or_host() {
+        let pod = resource_attributes(env_of(&[("K8S_POD_NAME", "pusher-7d9f-x2x4z")]));
+        assert_eq!(
+            attribute(&pod, "service.instance.id").as_deref(),
+            Some("pusher-7d9f-x2x4z")
+        );
+        assert_eq!(
+            attribute(&pod, "k8s.pod.name").as_deref(),
+            Some("pusher-7d9f-x2x4z")
+        );
+        assert!(attribute(&pod, "service.version").is_some());
+        let host = resource_attributes(env_of(&[("HOSTNAME", "box-1")]));
+        assert_eq!(
+            attribute(&host, "service.instance.id").as_deref(),
+            Some("box-1")
+        );
+        assert_eq!(attribute(&host, "k8s.pod.name"), None);
+        let bare = resource_attributes(env_of(&[]));
+        let id = attribute(&bare, "service.instance.id").unwrap();
+        assert!(id.ends_with(&format!("-{}", std::process::id())), "{id}");
     }
 }
