@@ -206,7 +206,8 @@ impl Dispatcher {
             // and then pushed. Taking the row back now would re-check and maybe withhold or
             // resend a notification that arrives all the same. So it stays `sending`: its result,
             // the delivery log or, failing both, the lease sweeper decides.
-            tracing::warn!(outbox_id = %id, %error, "PushRequest not confirmed by JetStream; the row waits for its result or its lease");
+            let span = spans.get(&id).cloned().unwrap_or_else(tracing::Span::none);
+            tracing::warn!(parent: &span, outbox_id = %id, %error, "PushRequest not confirmed by JetStream; the row waits for its result or its lease");
         }
         Ok(stats)
     }

@@ -184,7 +184,9 @@ impl Pusher {
                 (r, handled)
             }
         };
+        // In the push span, so the line carries its notification's trace id.
         tracing::info!(
+            parent: &span,
             outbox_id = %req.outbox_id,
             attempt = req.attempt,
             outcome = result.outcome.as_str(),

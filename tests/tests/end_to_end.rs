@@ -475,6 +475,15 @@ async fn one_notification_is_one_trace_across_every_service() {
             "{child} should be a child of {parent}"
         );
     }
+    // The pusher's log line of this push is in its span: it names the trace and the span.
+    let line = p
+        .log("pusher")
+        .lines()
+        .find(|l| l.contains("push attempt finished"))
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .expect("the pusher logged the push");
+    assert_eq!(line["trace_id"].as_str(), Some(trace.as_str()), "{line}");
+    assert_eq!(line["span_id"], by_name["push"]["spanId"], "{line}");
     let services: HashSet<&str> = names
         .iter()
         .filter_map(|n| by_name[*n]["service"].as_str())

@@ -13,7 +13,10 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::fmt::format::{Format, Json, Writer};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 
 static EXPORTING: AtomicBool = AtomicBool::new(false);
@@ -47,6 +50,7 @@ impl Telemetry {
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
         let fmt = tracing_subscriber::fmt::layer()
             .json()
+            .event_format(JsonWithTraceIds(tracing_subscriber::fmt::format().json()))
             .with_writer(std::io::stderr);
         let endpoint = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT")
             .ok()
@@ -79,11 +83,55 @@ impl Telemetry {
             .with(fmt)
             .with(otel)
             .init();
+        let _ = DISPATCH.set(tracing::dispatcher::get_default(|d| d.downgrade()));
         if let Some(e) = build_error {
             tracing::error!(error = %e, "OTLP trace exporter could not be built; traces are not exported");
         }
         EXPORTING.store(provider.is_some(), Ordering::Relaxed);
         Telemetry { provider }
+    }
+}
+
+/// The subscriber [`Telemetry::init`] installed, for the log formatter to ask the OpenTelemetry
+/// layer for a span's ids.
+static DISPATCH: std::sync::OnceLock<tracing::dispatcher::WeakDispatch> =
+    std::sync::OnceLock::new();
+
+/// The JSON log line with `trace_id` and `span_id` first when the event happens inside an
+/// exported span (its explicit parent or the current one), so a log line leads to its notification's trace (and a trace to its logs).
+struct JsonWithTraceIds(Format<Json>);
+
+impl<S, N> FormatEvent<S, N> for JsonWithTraceIds
+where
+    S: tracing::Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'w> FormatFields<'w> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let ids = ctx.parent_span().and_then(|span| {
+            let dispatch = DISPATCH.get()?.upgrade()?;
+            let cx = tracing_opentelemetry::get_otel_context(&span.id(), &dispatch)?;
+            let span = cx.span();
+            let sc = span.span_context();
+            sc.is_valid()
+                .then(|| (sc.trace_id().to_string(), sc.span_id().to_string()))
+        });
+        let Some((trace_id, span_id)) = ids else {
+            return self.0.format_event(ctx, writer, event);
+        };
+        let mut line = String::new();
+        self.0.format_event(ctx, Writer::new(&mut line), event)?;
+        match line.strip_prefix('{') {
+            Some(rest) => write!(
+                writer,
+                "{{\"trace_id\":\"{trace_id}\",\"span_id\":\"{span_id}\",{rest}"
+            ),
+            None => writer.write_str(&line),
+        }
     }
 }
 
