@@ -175,11 +175,29 @@ async fn trace_request(request: Request, next: Next) -> Response {
         .map(|p| p.as_str().to_owned())
         .unwrap_or_else(|| "unmatched".to_owned());
     let method = request.method().clone();
-    let span = tracing::info_span!("http.request", http.method = %method, http.route = %route, http.status = tracing::field::Empty);
+    let span = tracing::info_span!(
+        "http.request",
+        otel.name = %format_args!("{method} {route}"),
+        otel.kind = "server",
+        otel.status_code = tracing::field::Empty,
+        http.request.method = %method,
+        http.route = %route,
+        http.response.status_code = tracing::field::Empty,
+    );
+    // A client's W3C traceparent makes this request part of its trace.
+    let incoming = request
+        .headers()
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok());
+    tidings_runtime::telemetry::set_parent(&span, incoming);
     let started = Instant::now();
     let response = next.run(request).instrument(span.clone()).await;
     let status = response.status().as_u16();
-    span.record("http.status", status);
+    // i64: tracing-opentelemetry exports unsigned fields as strings.
+    span.record("http.response.status_code", i64::from(status));
+    if status >= 500 {
+        span.record("otel.status_code", "ERROR");
+    }
     let elapsed = started.elapsed().as_secs_f64();
     let m = tidings_runtime::metrics::metrics();
     m.http_requests

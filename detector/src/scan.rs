@@ -222,9 +222,15 @@ impl Detector {
         let spans: Vec<tracing::Span> = if telemetry::exporting() {
             fresh
                 .iter()
-                .map(|(d, _)| {
+                .map(|(d, key)| {
                     tracing::info_span!(
                         "detect",
+                        otel.kind = "producer",
+                        messaging.system = "nats",
+                        messaging.operation.type = "publish",
+                        messaging.destination.name =
+                            %self.settings.subjects.subject(StreamKind::Enqueue, d.channel),
+                        messaging.message.id = key.as_str(),
                         watch_id = %d.watch_id,
                         trigger = %d.trigger,
                         channel = d.channel.as_str(),

@@ -132,10 +132,15 @@ impl Dispatcher {
         // One span per row, a child of its ingest span, covering pre-guards, re-fetch, re-check
         // and publish; the PushRequest carries it on.
         let spans: HashMap<OutboxId, tracing::Span> = if telemetry::exporting() {
+            let push_subject = s.subjects.subject(StreamKind::Push, Channel::WebPush);
             rows.iter()
                 .map(|r| {
                     let span = tracing::info_span!(
                         "recheck",
+                        otel.kind = "producer",
+                        messaging.system = "nats",
+                        messaging.operation.type = "publish",
+                        messaging.destination.name = push_subject.as_str(),
                         outbox_id = %r.id,
                         watch_id = %r.watch_id,
                         trigger = r.trigger.as_str(),

@@ -167,6 +167,11 @@ impl consume::Handler for Ingest {
                 }
                 let span = tracing::info_span!(
                     "ingest",
+                    otel.kind = "consumer",
+                    messaging.system = "nats",
+                    messaging.operation.type = "process",
+                    messaging.destination.name = msg.subject.as_str(),
+                    messaging.message.id = consume::message_id(msg),
                     watch_id = %req.watch_id,
                     trigger = %req.trigger,
                     channel = req.channel.as_str(),

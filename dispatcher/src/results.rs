@@ -132,10 +132,16 @@ impl consume::Handler for Results {
                 .map(|(msg, r)| {
                     let span = tracing::info_span!(
                         "result",
+                        otel.kind = "consumer",
+                        messaging.system = "nats",
+                        messaging.operation.type = "process",
+                        messaging.destination.name = msg.subject.as_str(),
+                        messaging.message.id = consume::message_id(msg),
                         outbox_id = %r.outbox_id,
-                        attempt = r.attempt,
+                        // i64: tracing-opentelemetry exports unsigned fields as strings.
+                        attempt = i64::from(r.attempt),
                         outcome = r.outcome.as_str(),
-                        http_status = r.http_status,
+                        http.response.status_code = r.http_status.map(i64::from),
                     );
                     let incoming = msg.headers.as_ref().and_then(|h| h.get("traceparent"));
                     telemetry::set_parent(&span, incoming.map(|v| v.as_str()));

@@ -131,13 +131,26 @@ impl Pusher {
             .and_then(|h| h.get("traceparent"))
             .map(|v| v.as_str().to_owned());
         let span = if telemetry::exporting() {
+            // An HTTP client span (the push service's request), carrying the message it came in.
+            let host = reqwest::Url::parse(&req.subscription.endpoint)
+                .ok()
+                .and_then(|u| u.host_str().map(str::to_owned))
+                .unwrap_or_default();
             let span = tracing::info_span!(
                 "push",
+                otel.kind = "client",
+                otel.status_code = tracing::field::Empty,
+                otel.status_message = tracing::field::Empty,
+                http.request.method = "POST",
+                server.address = host.as_str(),
+                http.response.status_code = tracing::field::Empty,
+                messaging.system = "nats",
+                messaging.destination.name = msg.subject.as_str(),
                 outbox_id = %req.outbox_id,
-                attempt = req.attempt,
+                // i64: tracing-opentelemetry exports unsigned fields as strings.
+                attempt = i64::from(req.attempt),
                 channel = "web_push",
                 outcome = tracing::field::Empty,
-                http_status = tracing::field::Empty,
             );
             telemetry::set_parent(&span, incoming.as_deref());
             span
@@ -197,7 +210,14 @@ impl Pusher {
         );
         span.record("outcome", result.outcome.as_str());
         if let Some(status) = result.http_status {
-            span.record("http_status", status);
+            span.record("http.response.status_code", i64::from(status));
+        }
+        if !matches!(result.outcome, Outcome::Delivered | Outcome::Gone) {
+            span.record("otel.status_code", "ERROR");
+            span.record(
+                "otel.status_message",
+                result.error.as_deref().unwrap_or(result.outcome.as_str()),
+            );
         }
         record_metrics(&req, &result, &handled);
         let mut headers = async_nats::HeaderMap::new();

@@ -516,9 +516,84 @@ async fn one_notification_is_one_trace_across_every_service() {
         attr(&by_name["detect"], "watch_id"),
         Some(w.watch.to_string())
     );
+    // Kinds (OTLP: 2 server, 3 client, 4 producer, 5 consumer) and the semantic conventions'
+    // attributes, numbers as numbers.
+    for (name, kind) in [
+        ("detect", 4),
+        ("ingest", 5),
+        ("recheck", 4),
+        ("push", 3),
+        ("result", 5),
+    ] {
+        assert_eq!(by_name[name]["kind"], serde_json::json!(kind), "{name}");
+        assert_eq!(
+            attr(&by_name[name], "messaging.system").as_deref(),
+            Some("nats"),
+            "{name}"
+        );
+    }
+    let enqueue = s.subjects.subject(StreamKind::Enqueue, Channel::WebPush);
+    for name in ["detect", "ingest"] {
+        assert_eq!(
+            attr(&by_name[name], "messaging.destination.name").as_deref(),
+            Some(enqueue.as_str())
+        );
+        assert!(
+            attr(&by_name[name], "messaging.message.id").is_some(),
+            "{name}"
+        );
+    }
+    let push = &by_name["push"];
+    assert_eq!(int_attr(push, "http.response.status_code"), Some(201));
+    assert_eq!(int_attr(push, "attempt"), Some(1));
+    assert_eq!(int_attr(&by_name["result"], "attempt"), Some(1));
+    assert_eq!(attr(push, "server.address").as_deref(), Some("127.0.0.1"));
+    assert_eq!(
+        int_attr(&by_name["result"], "http.response.status_code"),
+        Some(201)
+    );
+    // A delivered push is not an error (OTLP status code 2 is ERROR).
+    assert_ne!(push["status"]["code"], serde_json::json!(2), "{push}");
+
+    // The api continues a client's trace with a server span.
+    let (client_trace, client_span) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
+    let answer = reqwest::Client::new()
+        .get(format!("{}/v1/vapid-public-key", p.url("api")))
+        .header("traceparent", format!("00-{client_trace}-{client_span}-01"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    let started = Instant::now();
+    let server = loop {
+        let found = spans
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|sp| sp["traceId"] == client_trace)
+            .cloned();
+        if let Some(span) = found {
+            break span;
+        }
+        poll_wait(started, 10, || "no api span in the client's trace".into()).await;
+    };
+    assert_eq!(server["parentSpanId"], client_span, "{server}");
+    assert_eq!(server["kind"], serde_json::json!(2), "{server}");
+    assert_eq!(server["name"], "GET /v1/vapid-public-key", "{server}");
+    assert_eq!(int_attr(&server, "http.response.status_code"), Some(200));
 
     p.stop().await;
     s.cleanup().await;
+}
+
+/// An integer attribute (OTLP/JSON writes int64 as a number or a string); `None` if it is
+/// missing or not an integer.
+fn int_attr(span: &Value, key: &str) -> Option<i64> {
+    let v = &span["attributes"]
+        .as_array()?
+        .iter()
+        .find(|a| a["key"] == key)?["value"]["intValue"];
+    v.as_i64().or_else(|| v.as_str()?.parse().ok())
 }
 
 #[tokio::test]

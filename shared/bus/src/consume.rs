@@ -245,6 +245,11 @@ async fn durable(
     Ok((consumer, stream))
 }
 
+/// A message's `Nats-Msg-Id` (the id JetStream deduplicates it by), for its consumer's span.
+pub fn message_id(msg: &jetstream::Message) -> Option<&str> {
+    Some(msg.headers.as_ref()?.get("Nats-Msg-Id")?.as_str())
+}
+
 /// Decodes a message; one that cannot be decoded is dead-lettered (and so acknowledged) and
 /// `None` returned. If dead-lettering fails too, the message is left for redelivery.
 pub async fn decode_or_dead_letter<M: Message>(
