@@ -15,6 +15,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use tidings_domain::OutboxId;
 use tidings_domain::outbox::{Reason, Status};
+use tidings_runtime::telemetry;
 use tidings_store::db;
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
@@ -275,21 +276,34 @@ pub async fn replay(
 ) -> Result<(StatusCode, Json<Replayed>), ApiError> {
     let original = resource_id(id, "outbox row")?;
     let new = OutboxId::new();
+    // The replay's trace is the operator's request (this span), linked to the notification it
+    // replays: the new row carries this span's traceparent on through the pipeline.
+    let request = tracing::Span::current();
+    if telemetry::exporting() {
+        let replayed: Option<Option<String>> =
+            sqlx::query_scalar("SELECT traceparent FROM outbox WHERE id = $1")
+                .bind(original)
+                .fetch_optional(&app.pool)
+                .await
+                .map_err(db("reading an outbox row"))?;
+        telemetry::add_link(&request, replayed.flatten().as_deref());
+    }
     // The copy keeps the detection snapshot; the dispatcher re-checks it against the current
     // value and baseline as usual, so a replay never sends something that is no longer true.
     let inserted = sqlx::query(concat!(
         "INSERT INTO outbox (id, watch_id, device_id, trigger, channel, dedup_day, ",
         tidings_store::snapshot_columns!(),
-        ", replay_of)
+        ", replay_of, traceparent)
          SELECT $1, watch_id, device_id, trigger, channel, dedup_day, ",
         tidings_store::snapshot_columns!(),
-        ", id
+        ", id, $3
          FROM outbox WHERE id = $2 AND replay_of IS NULL AND status IN ",
         tidings_store::status_sql!(replayable),
         " ON CONFLICT DO NOTHING",
     ))
     .bind(new)
     .bind(original)
+    .bind(telemetry::forward(&request, None))
     .execute(&app.pool)
     .await
     .map_err(db("replaying an outbox row"))?

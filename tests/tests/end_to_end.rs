@@ -394,6 +394,13 @@ fn attr(span: &Value, key: &str) -> Option<String> {
 /// A watcher of SKU-1 below 1200 (at 1500) whose subscription is `push`'s, then the price
 /// drops to 1000: one notification to come.
 async fn watch_sku1_pushing_to(s: &Scenario, push: &FakePushService) -> Watcher {
+    let w = watch_sku1_subscribed_to(s, push).await;
+    s.catalog.set_price("SKU-1", 1000);
+    w
+}
+
+/// A watcher of SKU-1 below 1200, the price at 1500, whose subscription is `push`'s.
+async fn watch_sku1_subscribed_to(s: &Scenario, push: &FakePushService) -> Watcher {
     let sub = push.subscription();
     let w = s
         .watcher("SKU-1", Trigger::PriceBelow { threshold: 1200 }, 1500)
@@ -405,17 +412,14 @@ async fn watch_sku1_pushing_to(s: &Scenario, push: &FakePushService) -> Watcher 
         .execute(&s.db.pool)
         .await
         .unwrap();
-    s.catalog.set_price("SKU-1", 1000);
     w
 }
 
-#[tokio::test]
-async fn one_notification_is_one_trace_across_every_service() {
-    let s = Scenario::new().await;
-    let push = FakePushService::start().await.unwrap();
+/// Every service, exporting its spans (as JSON, to read them) to a receiver of the test's.
+async fn traced_pipeline(s: &Scenario) -> (Pipeline, Arc<Mutex<Vec<Value>>>) {
     let (otlp, spans) = otlp_receiver().await;
     let p = Pipeline::start(
-        &s,
+        s,
         &[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()),
             ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
@@ -423,6 +427,14 @@ async fn one_notification_is_one_trace_across_every_service() {
         ],
     )
     .await;
+    (p, spans)
+}
+
+#[tokio::test]
+async fn one_notification_is_one_trace_across_every_service() {
+    let s = Scenario::new().await;
+    let push = FakePushService::start().await.unwrap();
+    let (p, spans) = traced_pipeline(&s).await;
     let w = watch_sku1_pushing_to(&s, &push).await;
 
     // Wait for the row to be sent and the result span to arrive.
@@ -582,6 +594,141 @@ async fn one_notification_is_one_trace_across_every_service() {
     assert_eq!(server["name"], "GET /v1/vapid-public-key", "{server}");
     assert_eq!(int_attr(&server, "http.response.status_code"), Some(200));
 
+    p.stop().await;
+    s.cleanup().await;
+}
+
+/// A withheld notification is one trace from the detection (ingest consumes it, the re-check
+/// drops it); replaying it starts a trace at the operator's request, linked to the original,
+/// which the re-check, the push and the result continue.
+#[tokio::test]
+async fn a_withheld_notification_and_its_replay_are_linked_traces() {
+    let s = Scenario::new().await;
+    let push = FakePushService::start().await.unwrap();
+    let (p, spans) = traced_pipeline(&s).await;
+    let w = watch_sku1_subscribed_to(&s, &push).await;
+    // A detection (as a detector would publish it, in a trace of its own) of a price the
+    // catalog no longer shows: the re-check withholds it.
+    let (detected_trace, detect_span) = ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331");
+    let request = fixtures::enqueue_request(
+        &w.device,
+        w.watch,
+        w.trigger.clone(),
+        1100,
+        chrono::Utc::now(),
+    );
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Msg-Id", request.dedup_key().to_string().as_str());
+    headers.insert(
+        "traceparent",
+        format!("00-{detected_trace}-{detect_span}-01").as_str(),
+    );
+    s.js.publish_with_headers(
+        s.subjects.subject(StreamKind::Enqueue, Channel::WebPush),
+        headers,
+        tidings_domain::messages::encode(&request).into(),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+    let row = |sql: &'static str| {
+        let pool = s.db.pool.clone();
+        async move {
+            sqlx::query_as::<_, (uuid::Uuid, String, Option<String>)>(sql)
+                .bind(w.watch)
+                .fetch_optional(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let started = Instant::now();
+    let withheld = loop {
+        let found =
+            row("SELECT id, status, reason FROM outbox WHERE watch_id = $1 AND replay_of IS NULL")
+                .await;
+        if let Some((id, status, reason)) = &found
+            && status == "dropped"
+        {
+            assert_eq!(reason.as_deref(), Some("condition_lost"));
+            break *id;
+        }
+        poll_wait(started, 20, || {
+            format!("row {found:?}\n{}", p.log("dispatcher"))
+        })
+        .await;
+    };
+    let span_of = |name: &str, outbox_id: Option<uuid::Uuid>| {
+        spans
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|sp| {
+                sp["name"] == name
+                    && outbox_id.is_none_or(|id| attr(sp, "outbox_id") == Some(id.to_string()))
+            })
+            .cloned()
+    };
+    let started = Instant::now();
+    let (ingest, recheck) = loop {
+        if let (Some(i), Some(r)) = (span_of("ingest", None), span_of("recheck", Some(withheld))) {
+            break (i, r);
+        }
+        poll_wait(started, 10, || "no ingest and recheck spans".into()).await;
+    };
+    assert_eq!(ingest["traceId"], detected_trace);
+    assert_eq!(ingest["parentSpanId"], detect_span);
+    assert_eq!(recheck["traceId"], detected_trace);
+    assert_eq!(recheck["parentSpanId"], ingest["spanId"]);
+    assert_eq!(attr(&recheck, "outcome").as_deref(), Some("dropped"));
+    assert_eq!(attr(&recheck, "reason").as_deref(), Some("condition_lost"));
+
+    // The price is down now: the replay is sent.
+    s.catalog.set_price("SKU-1", 1000);
+    let replayed = reqwest::Client::new()
+        .post(format!(
+            "{}/v1/admin/outbox/{withheld}/replay",
+            p.ops_url("api")
+        ))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(replayed.status(), 201);
+    let replay: uuid::Uuid = replayed.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let started = Instant::now();
+    let (operator, recheck, pushed) = loop {
+        let operator = span_of("POST /v1/admin/outbox/{id}/replay", None);
+        if let (Some(o), Some(r), Some(p)) = (
+            operator,
+            span_of("recheck", Some(replay)),
+            span_of("push", Some(replay)),
+        ) {
+            break (o, r, p);
+        }
+        poll_wait(started, 20, || {
+            format!("replay spans missing\n{}", p.log("dispatcher"))
+        })
+        .await;
+    };
+    assert_eq!(operator["kind"], serde_json::json!(2));
+    let trace = operator["traceId"].as_str().unwrap();
+    assert_ne!(trace, detected_trace, "the replay is a trace of its own");
+    let links = operator["links"].as_array().cloned().unwrap_or_default();
+    assert!(
+        links
+            .iter()
+            .any(|l| l["traceId"] == detected_trace && l["spanId"] == ingest["spanId"]),
+        "the operator's request links to the replayed notification: {links:?}"
+    );
+    assert_eq!(recheck["traceId"], trace);
+    assert_eq!(recheck["parentSpanId"], operator["spanId"]);
+    assert_eq!(pushed["traceId"], trace);
+    assert_eq!(attr(&pushed, "outcome").as_deref(), Some("delivered"));
     p.stop().await;
     s.cleanup().await;
 }

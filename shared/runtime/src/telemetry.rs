@@ -197,6 +197,19 @@ pub fn set_parent(span: &tracing::Span, traceparent: Option<&str>) {
     }
 }
 
+/// Links `span` to the span a W3C `traceparent` names (another trace this one follows from,
+/// e.g. the notification a replay repeats).
+pub fn add_link(span: &tracing::Span, traceparent: Option<&str>) {
+    let Some(tp) = traceparent else { return };
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("traceparent", tp);
+    let cx = crate::trace_context::extract(Some(&headers));
+    let linked = cx.span().span_context().clone();
+    if linked.is_valid() {
+        span.add_link(linked);
+    }
+}
+
 /// `span`'s own W3C `traceparent`, when it is being exported.
 pub fn traceparent(span: &tracing::Span) -> Option<String> {
     let mut headers = async_nats::HeaderMap::new();
