@@ -117,6 +117,14 @@ pub struct Limits {
 
 impl Limits {
     pub fn new(settings: &crate::Settings) -> Self {
+        tidings_runtime::metrics::at_zero(
+            &tidings_runtime::metrics::metrics().rate_limited,
+            tidings_runtime::metrics::kinds([
+                "register",
+                "watches_per_address",
+                "watches_per_device",
+            ]),
+        );
         Limits {
             register: Limit::new(settings.register_rate),
             watches_per_address: Limit::new(settings.watch_rate_per_address),

@@ -53,6 +53,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
         return Ok(());
     }
     let interval = settings.scan_interval;
+    tidings_runtime::metrics::at_zero(
+        &tidings_runtime::metrics::metrics().detections,
+        ["published", "duplicate", "publish_error", "remembered"].map(|result| {
+            tidings_runtime::metrics::ResultLabels {
+                result: result.to_owned(),
+            }
+        }),
+    );
     let js = async_nats::jetstream::new(nats);
     let detector = scan::Detector::new(pool, js, source, settings);
     if config.once {

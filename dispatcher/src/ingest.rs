@@ -68,6 +68,12 @@ impl Ingest {
             shape: Shape::batches(settings.ingest_batch, settings.consumer_concurrency),
         };
         let stage = Stage::new(pool, js, settings, durable).await?;
+        tidings_runtime::metrics::at_zero(
+            &tidings_runtime::metrics::metrics().ingested,
+            ["new", "duplicate"].map(|result| tidings_runtime::metrics::ResultLabels {
+                result: result.to_owned(),
+            }),
+        );
         Ok(Ingest { stage })
     }
 

@@ -103,6 +103,7 @@ pub async fn run_with(
 ) -> Result<(), StartError> {
     settings.validate()?;
     let settings = Arc::new(settings);
+    tidings_store::transition::init_metrics();
     ensure_streams(&js, &settings.subjects, &settings.streams).await?;
     let source = Arc::new(HttpSource::new(settings.source.clone())?);
     let ingest = ingest::Ingest::new(pool.clone(), js.clone(), settings.clone()).await?;

@@ -98,6 +98,49 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
     for name in SERVICES {
         assert_eq!(before[name].get("tidings_ready{}"), Some(&1.0), "{name}");
     }
+    // Series that alerts take the increase() of exist at 0 from the start, on the services that
+    // feed them; a service exports only the families it feeds.
+    for (name, series) in [
+        (
+            "dispatcher",
+            r#"tidings_dead_lettered_total{kind="enqueue"}"#,
+        ),
+        (
+            "dispatcher",
+            r#"tidings_dead_lettered_total{kind="result"}"#,
+        ),
+        ("pusher", r#"tidings_dead_lettered_total{kind="push"}"#),
+        (
+            "dispatcher",
+            r#"tidings_outbox_transitions_total{reason="vapid_rejected",to="failed"}"#,
+        ),
+        (
+            "dispatcher",
+            r#"tidings_delivery_log_errors_total{operation="lookup"}"#,
+        ),
+        (
+            "pusher",
+            r#"tidings_delivery_log_errors_total{operation="record"}"#,
+        ),
+        (
+            "detector",
+            r#"tidings_detections_total{result="published"}"#,
+        ),
+        ("api", r#"tidings_api_rate_limited_total{kind="register"}"#),
+    ] {
+        assert_eq!(before[name].get(series), Some(&0.0), "{name}: {series}");
+    }
+    for (name, prefix) in [
+        ("api", "tidings_outbox_rows"),
+        ("pusher", "tidings_detector_scans_total"),
+        ("detector", "tidings_http_requests_total"),
+        ("dispatcher", "tidings_push_requests_total"),
+    ] {
+        assert!(
+            !before[name].keys().any(|k| k.starts_with(prefix)),
+            "{name} exports {prefix}"
+        );
+    }
 
     let report = demo::run(
         Endpoints {

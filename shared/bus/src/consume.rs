@@ -215,6 +215,11 @@ async fn durable(
     d: Durable,
 ) -> Result<(PullConsumer, jetstream::stream::Stream), ConsumerError> {
     let (name, kind) = (d.name, d.kind);
+    // What this consumer may dead-letter, counted from 0.
+    tidings_runtime::metrics::at_zero(
+        &tidings_runtime::metrics::metrics().dead_lettered,
+        tidings_runtime::metrics::kinds([kind.as_str()]),
+    );
     let stream_name = subjects.stream(kind);
     let stream = js
         .get_stream(&stream_name)

@@ -56,6 +56,12 @@ impl DeliveryLog {
     /// The log for `subjects`' prefix. The bucket is created on first use, so this never fails
     /// and a service can start while NATS is still coming up.
     pub fn new(js: jetstream::Context, subjects: &Subjects, streams: &StreamSettings) -> Self {
+        tidings_runtime::metrics::at_zero(
+            &tidings_runtime::metrics::metrics().delivery_log_errors,
+            ["record", "lookup"].map(|operation| tidings_runtime::metrics::OperationLabels {
+                operation: operation.to_owned(),
+            }),
+        );
         DeliveryLog {
             js,
             config: kv::Config {

@@ -138,6 +138,14 @@ pub enum SourceErrorKind {
 }
 
 impl SourceErrorKind {
+    pub const ALL: [SourceErrorKind; 5] = [
+        SourceErrorKind::NotFound,
+        SourceErrorKind::Empty,
+        SourceErrorKind::RateLimited,
+        SourceErrorKind::Unavailable,
+        SourceErrorKind::BadData,
+    ];
+
     /// Worth asking again later. `bad_data` counts as transient: it is more often a passing
     /// upstream fault than a permanent state of the item, and the retry cap bounds it.
     pub fn is_transient(self) -> bool {

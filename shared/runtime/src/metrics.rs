@@ -1,15 +1,15 @@
 //! Prometheus metrics, one registry per process, served at `/metrics` by [`crate::ops`].
 //!
-//! Every service registers the whole set (a family with no samples costs nothing), so one list
-//! of names describes Tidings; `tidings-api metrics-names` style checks and the Grafana
-//! dashboards can be compared against any service's `/metrics`.
+//! [`FAMILIES`] lists every family with the services that feed it; each service registers only
+//! those ([`exports`]), so a panel never shows a service at a 0 it never moves. The dashboards
+//! and alerts are checked against the list.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 use std::sync::LazyLock;
 use std::sync::atomic::AtomicU64;
 
@@ -66,40 +66,108 @@ pub struct RouteLabels {
     pub route: String,
 }
 
-/// Every metric family Tidings registers, with its type. Dashboards and alerts may use exactly
-/// the sample names [`sample_names`] derives from this (a test checks it matches the registry).
-pub const FAMILIES: &[(&str, &str)] = &[
-    ("tidings_outbox_transitions", "counter"),
-    ("tidings_outbox_rows", "gauge"),
-    ("tidings_outbox_oldest_due_seconds", "gauge"),
-    ("tidings_outbox_lease_overdue_seconds", "gauge"),
-    ("tidings_ingested", "counter"),
-    ("tidings_dead_lettered", "counter"),
-    ("tidings_source_errors", "counter"),
-    ("tidings_push_requests", "counter"),
-    ("tidings_push_duration_seconds", "histogram"),
-    ("tidings_detection_to_delivery_seconds", "histogram"),
-    ("tidings_consumer_pending_messages", "gauge"),
-    ("tidings_consumer_ack_pending_messages", "gauge"),
-    ("tidings_detector_scans", "counter"),
-    ("tidings_detector_scan_duration_seconds", "histogram"),
-    ("tidings_detections", "counter"),
-    ("tidings_detector_watches", "gauge"),
-    ("tidings_detector_evaluated_watches", "counter"),
-    ("tidings_http_requests", "counter"),
-    ("tidings_http_request_duration_seconds", "histogram"),
-    ("tidings_api_create_batch_size", "histogram"),
-    ("tidings_delivery_log_errors", "counter"),
-    ("tidings_api_rate_limited", "counter"),
-    ("tidings_ready", "gauge"),
+/// The services, by the names their metrics' owners are given in.
+pub const SERVICES: &[&str] = &["api", "dispatcher", "pusher", "detector"];
+
+/// Every metric family Tidings registers, with its type and the services that export it (only
+/// those that feed it, so a dashboard never plots a service at a 0 it never moves). Dashboards
+/// and alerts may use exactly the sample names [`sample_names`] derives from this (a test
+/// checks it matches the registry).
+pub const FAMILIES: &[(&str, &str, &[&str])] = &[
+    ("tidings_outbox_transitions", "counter", &["dispatcher"]),
+    ("tidings_outbox_rows", "gauge", &["dispatcher"]),
+    (
+        "tidings_outbox_oldest_due_seconds",
+        "gauge",
+        &["dispatcher"],
+    ),
+    (
+        "tidings_outbox_lease_overdue_seconds",
+        "gauge",
+        &["dispatcher"],
+    ),
+    ("tidings_ingested", "counter", &["dispatcher"]),
+    (
+        "tidings_dead_lettered",
+        "counter",
+        &["dispatcher", "pusher"],
+    ),
+    (
+        "tidings_source_errors",
+        "counter",
+        &["dispatcher", "detector"],
+    ),
+    ("tidings_push_requests", "counter", &["pusher"]),
+    ("tidings_push_duration_seconds", "histogram", &["pusher"]),
+    (
+        "tidings_detection_to_delivery_seconds",
+        "histogram",
+        &["dispatcher"],
+    ),
+    (
+        "tidings_consumer_pending_messages",
+        "gauge",
+        &["dispatcher", "pusher"],
+    ),
+    (
+        "tidings_consumer_ack_pending_messages",
+        "gauge",
+        &["dispatcher", "pusher"],
+    ),
+    ("tidings_detector_scans", "counter", &["detector"]),
+    (
+        "tidings_detector_scan_duration_seconds",
+        "histogram",
+        &["detector"],
+    ),
+    ("tidings_detections", "counter", &["detector"]),
+    ("tidings_detector_watches", "gauge", &["detector"]),
+    (
+        "tidings_detector_evaluated_watches",
+        "counter",
+        &["detector"],
+    ),
+    ("tidings_http_requests", "counter", &["api"]),
+    (
+        "tidings_http_request_duration_seconds",
+        "histogram",
+        &["api"],
+    ),
+    ("tidings_api_create_batch_size", "histogram", &["api"]),
+    (
+        "tidings_delivery_log_errors",
+        "counter",
+        &["dispatcher", "pusher"],
+    ),
+    ("tidings_api_rate_limited", "counter", &["api"]),
+    ("tidings_ready", "gauge", SERVICES),
 ];
+
+/// Whether `service` (a binary's name, e.g. `tidings-pusher`) exports `family`. A process that
+/// is none of the services (a test, a tool) exports every family.
+pub fn exports(service: &str, family: &str) -> bool {
+    let name = service.strip_prefix("tidings-").unwrap_or(service);
+    if !SERVICES.contains(&name) {
+        return true;
+    }
+    FAMILIES
+        .iter()
+        .any(|(f, _, owners)| *f == family && owners.contains(&name))
+}
+
+/// Registers `metric` if this process's service exports `name` ([`exports`]).
+fn register(registry: &mut Registry, name: &str, help: &str, metric: impl Metric) {
+    if exports(crate::telemetry::service_name(), name) {
+        registry.register(name, help, metric);
+    }
+}
 
 /// The names samples appear under in the exposition (`_total` for counters; `_bucket`, `_sum`,
 /// `_count` for histograms).
 pub fn sample_names() -> Vec<String> {
     FAMILIES
         .iter()
-        .flat_map(|(name, kind)| match *kind {
+        .flat_map(|(name, kind, _)| match *kind {
             "counter" => vec![format!("{name}_total")],
             "histogram" => ["_bucket", "_sum", "_count"]
                 .iter()
@@ -183,119 +251,142 @@ impl Metrics {
             ready: Gauge::default(),
             registry: Registry::default(),
         };
-        registry.register(
+        register(
+            &mut registry,
             "tidings_outbox_transitions",
             "Outbox state changes by target state and reason (dropped = correctly withheld)",
             m.transitions.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
             "tidings_outbox_rows",
             "Non-terminal outbox rows by state (pending, retry, sending)",
             m.outbox_rows.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
             "tidings_outbox_oldest_due_seconds",
             "Age of the oldest due outbox row",
             m.oldest_due_seconds.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
             "tidings_outbox_lease_overdue_seconds",
             "How long the oldest sending row has been past its lease (0: none is); the lease \
              sweeper takes such rows back, so this stays near 0 while it works",
             m.lease_overdue_seconds.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
             "tidings_ingested",
             "EnqueueRequests ingested by result (new, duplicate, invalid)",
             m.ingested.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
             "tidings_dead_lettered",
             "Messages sent to the dead-letter stream, by stream kind",
             m.dead_lettered.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
             "tidings_source_errors",
             "Source (catalog) errors by kind",
             m.source_errors.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
             "tidings_push_requests",
             "Push requests by outcome, HTTP status class and push-service host",
             m.pushes.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
             "tidings_push_duration_seconds",
             "Push request latency by HTTP status class",
             m.push_duration.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
             "tidings_detection_to_delivery_seconds",
             "Time from detection to the push service accepting the notification",
             m.detection_to_delivery.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
             "tidings_consumer_pending_messages",
             "JetStream messages not yet delivered to the consumer (lag)",
             m.consumer_pending.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
             "tidings_consumer_ack_pending_messages",
             "JetStream messages delivered and not yet acknowledged",
             m.consumer_ack_pending.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
             "tidings_detector_scans",
             "Completed detector scans",
             m.scans.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
             "tidings_detector_scan_duration_seconds",
             "Duration of a full detector scan",
             m.scan_duration.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
             "tidings_detections",
             "Detections by result (published, duplicate, remembered, publish_error)",
             m.detections.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
             "tidings_detector_watches",
             "Active watches this detector holds in memory (its shard)",
             m.detector_watches.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
             "tidings_detector_evaluated_watches",
             "Watches evaluated by scans (those whose item value, watch or baseline changed)",
             m.evaluated_watches.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
             "tidings_http_requests",
             "API requests by route template, method and status",
             m.http_requests.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
             "tidings_http_request_duration_seconds",
             "API request latency by route template",
             m.http_duration.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
             "tidings_api_create_batch_size",
             "Watch creates per insert statement (the api shares statements under load)",
             m.create_batch_size.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
             "tidings_delivery_log_errors",
             "Delivery-log operations (record, lookup) that failed even after recreating the bucket: \
              while this moves, a redelivered push may be sent twice",
             m.delivery_log_errors.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
             "tidings_api_rate_limited",
             "API requests refused by an abuse limit (429), by limit",
             m.rate_limited.clone(),
         );
-        registry.register(
+        register(
+            &mut registry,
             "tidings_ready",
             "1 while the service is ready (what /readyz answers), else 0; evaluated on every \
              scrape",
@@ -321,6 +412,22 @@ impl Metrics {
             })
             .inc_by(n);
     }
+}
+
+/// Creates each series of `family` at 0, so that `increase()` sees the first event after a
+/// start (a series that appears with its first event has no earlier sample to rise from).
+pub fn at_zero<L>(family: &Family<L, Counter>, labels: impl IntoIterator<Item = L>)
+where
+    L: Clone + std::hash::Hash + Eq,
+{
+    for l in labels {
+        let _ = family.get_or_create(&l);
+    }
+}
+
+/// [`KindLabels`] of each kind.
+pub fn kinds<'a>(kinds: impl IntoIterator<Item = &'a str>) -> impl Iterator<Item = KindLabels> {
+    kinds.into_iter().map(|k| KindLabels { kind: k.to_owned() })
 }
 
 /// This process's metrics.
@@ -375,12 +482,33 @@ mod tests {
         registered.sort();
         let mut listed: Vec<(String, String)> = FAMILIES
             .iter()
-            .map(|(n, k)| ((*n).to_owned(), (*k).to_owned()))
+            .map(|(n, k, _)| ((*n).to_owned(), (*k).to_owned()))
             .collect();
         listed.sort();
         assert_eq!(registered, listed);
         assert!(sample_names().contains(&"tidings_outbox_transitions_total".to_owned()));
         assert!(sample_names().contains(&"tidings_push_duration_seconds_bucket".to_owned()));
+    }
+
+    #[test]
+    fn each_service_exports_the_families_it_feeds() {
+        assert!(exports("tidings-dispatcher", "tidings_outbox_rows"));
+        assert!(!exports("tidings-api", "tidings_outbox_rows"));
+        assert!(exports("tidings-api", "tidings_http_requests"));
+        assert!(!exports("tidings-pusher", "tidings_http_requests"));
+        assert!(exports("tidings-pusher", "tidings_dead_lettered"));
+        for service in SERVICES {
+            assert!(exports(&format!("tidings-{service}"), "tidings_ready"));
+        }
+        // Tests and tools see everything.
+        assert!(exports("tidings", "tidings_outbox_rows"));
+        for (family, _, owners) in FAMILIES {
+            assert!(!owners.is_empty(), "{family} has no owner");
+            assert!(
+                owners.iter().all(|o| SERVICES.contains(o)),
+                "{family}: {owners:?}"
+            );
+        }
     }
 
     #[test]

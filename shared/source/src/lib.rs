@@ -164,6 +164,11 @@ fn host_of(template: &str, placeholder: &'static str) -> Result<String, SourceCo
 
 impl HttpSource {
     pub fn new(config: SourceConfig) -> Result<Self, SourceConfigError> {
+        let m = tidings_runtime::metrics::metrics();
+        tidings_runtime::metrics::at_zero(
+            &m.source_errors,
+            tidings_runtime::metrics::kinds(SourceErrorKind::ALL.map(SourceErrorKind::as_str)),
+        );
         let mut limits = HashMap::new();
         let permits = config.max_concurrency_per_host.max(1);
         let mut hosts = vec![host_of(&config.item_url, "{item}")?];

@@ -157,6 +157,22 @@ pub async fn apply(
     Ok(won.into_iter().collect())
 }
 
+/// Creates every (state, reason) series of `tidings_outbox_transitions_total` at 0 (a service
+/// that moves rows calls it at start).
+pub fn init_metrics() {
+    use tidings_domain::outbox::{DropReason, FailReason, Status};
+    let m = tidings_runtime::metrics::metrics();
+    for to in [Status::Sending, Status::Sent, Status::Retry] {
+        m.transition(to.as_str(), "", 0);
+    }
+    for r in DropReason::ALL {
+        m.transition(Status::Dropped.as_str(), r.as_str(), 0);
+    }
+    for r in FailReason::ALL {
+        m.transition(Status::Failed.as_str(), r.as_str(), 0);
+    }
+}
+
 /// Counts the changes that won in the metrics, by target state and reason. Call after commit.
 pub fn record(changes: &[Change], won: &HashSet<OutboxId>) {
     let mut counts: HashMap<(&'static str, &'static str), u64> = HashMap::new();
