@@ -141,6 +141,7 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
     ),
     ("tidings_api_rate_limited", "counter", &["api"]),
     ("tidings_ready", "gauge", SERVICES),
+    ("tidings_build_info", "gauge", SERVICES),
 ];
 
 /// Whether `service` (a binary's name, e.g. `tidings-pusher`) exports `family`. A process that
@@ -219,6 +220,13 @@ pub struct Metrics {
     pub rate_limited: Family<KindLabels, Counter>,
     /// 1 while the service is ready (what `/readyz` answers), else 0.
     pub ready: Gauge,
+    /// 1, labelled with the build's version.
+    pub build_info: Family<VersionLabels, Gauge>,
+}
+
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VersionLabels {
+    pub version: String,
 }
 
 impl Metrics {
@@ -234,7 +242,9 @@ impl Metrics {
             source_errors: Family::default(),
             pushes: Family::default(),
             push_duration: Family::new_with_constructor(fast_latency as fn() -> Histogram),
-            detection_to_delivery: latency(),
+            // 10 ms … ~2.9 h: a notification retried on the longest schedule (8 retries from
+            // 30 s, capped at 30 min, ~1.5 h) still lands in a bucket, so p99 does not clip.
+            detection_to_delivery: Histogram::new(exponential_buckets(0.01, 2.0, 21)),
             consumer_pending: Family::default(),
             consumer_ack_pending: Family::default(),
             scans: Counter::default(),
@@ -249,6 +259,7 @@ impl Metrics {
             delivery_log_errors: Family::default(),
             rate_limited: Family::default(),
             ready: Gauge::default(),
+            build_info: Family::default(),
             registry: Registry::default(),
         };
         register(
@@ -392,6 +403,17 @@ impl Metrics {
              scrape",
             m.ready.clone(),
         );
+        register(
+            &mut registry,
+            "tidings_build_info",
+            "1, labelled with the version of the running build",
+            m.build_info.clone(),
+        );
+        m.build_info
+            .get_or_create(&VersionLabels {
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+            })
+            .set(1);
         Metrics { registry, ..m }
     }
 
@@ -523,6 +545,23 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("# TYPE tidings_detection_to_delivery_seconds histogram"));
+        // The longest retry schedule (~1.5 h) fits below the last finite bucket.
+        let buckets: Vec<f64> = text
+            .lines()
+            .filter_map(|l| {
+                l.strip_prefix("tidings_detection_to_delivery_seconds_bucket{le=\"")?
+                    .split('"')
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        let last = buckets.iter().copied().filter(|b| b.is_finite()).fold(0.0, f64::max);
+        assert!(last >= 2.0 * 3600.0, "{buckets:?}");
+        assert!(text.contains(&format!(
+            "tidings_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        )));
         assert!(text.ends_with("# EOF\n"));
     }
 }
