@@ -88,6 +88,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
         Duration::from_secs(10),
         shutdown.clone(),
     ));
+    tokio::spawn(ops::watch_dlq(
+        js.clone(),
+        subjects.stream(StreamKind::Dlq),
+        Duration::from_secs(10),
+        shutdown.clone(),
+    ));
     run_with(pool, js, settings, shutdown).await?;
     tracing::info!("dispatcher stopped");
     Ok(())

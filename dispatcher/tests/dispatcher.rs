@@ -359,6 +359,15 @@ async fn a_malformed_enqueue_message_is_dead_lettered_and_the_next_valid_one_ing
     assert_eq!((stats.inserted, stats.dead_lettered), (1, 2));
     assert_eq!(s.rows(w.watch).await.len(), 1);
     assert_eq!(s.stream_len(StreamKind::Dlq).await, 2);
+    // What an operator's dashboard shows.
+    let dlq = s.subjects.stream(StreamKind::Dlq);
+    assert_eq!(
+        tidings_runtime::ops::measure_dlq(&s.js, &dlq)
+            .await
+            .unwrap(),
+        2
+    );
+    assert_eq!(tidings_runtime::metrics::metrics().dlq_messages.get(), 2);
 
     // The DLQ copy says why, and the consumer moved on: nothing is redelivered.
     let dlq =

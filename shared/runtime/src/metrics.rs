@@ -142,6 +142,7 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
     ("tidings_api_rate_limited", "counter", &["api"]),
     ("tidings_ready", "gauge", SERVICES),
     ("tidings_build_info", "gauge", SERVICES),
+    ("tidings_dlq_messages", "gauge", &["dispatcher"]),
 ];
 
 /// Whether `service` (a binary's name, e.g. `tidings-pusher`) exports `family`. A process that
@@ -222,6 +223,8 @@ pub struct Metrics {
     pub ready: Gauge,
     /// 1, labelled with the build's version.
     pub build_info: Family<VersionLabels, Gauge>,
+    /// Messages in the dead-letter stream.
+    pub dlq_messages: Gauge,
 }
 
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -260,6 +263,7 @@ impl Metrics {
             rate_limited: Family::default(),
             ready: Gauge::default(),
             build_info: Family::default(),
+            dlq_messages: Gauge::default(),
             registry: Registry::default(),
         };
         register(
@@ -409,6 +413,12 @@ impl Metrics {
             "1, labelled with the version of the running build",
             m.build_info.clone(),
         );
+        register(
+            &mut registry,
+            "tidings_dlq_messages",
+            "Messages in the dead-letter stream (kept 14 days), for an operator to read",
+            m.dlq_messages.clone(),
+        );
         m.build_info
             .get_or_create(&VersionLabels {
                 version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -556,7 +566,11 @@ mod tests {
                     .ok()
             })
             .collect();
-        let last = buckets.iter().copied().filter(|b| b.is_finite()).fold(0.0, f64::max);
+        let last = buckets
+            .iter()
+            .copied()
+            .filter(|b| b.is_finite())
+            .fold(0.0, f64::max);
         assert!(last >= 2.0 * 3600.0, "{buckets:?}");
         assert!(text.contains(&format!(
             "tidings_build_info{{version=\"{}\"}} 1",

@@ -190,6 +190,37 @@ pub async fn watch_consumers(
     }
 }
 
+/// Sets `tidings_dlq_messages` from the dead-letter stream `stream`, once.
+pub async fn measure_dlq(
+    js: &async_nats::jetstream::Context,
+    stream: &str,
+) -> Result<u64, async_nats::jetstream::context::GetStreamError> {
+    let stream = js.get_stream(stream).await?;
+    let messages = stream.cached_info().state.messages;
+    crate::metrics::metrics()
+        .dlq_messages
+        .set(i64::try_from(messages).unwrap_or(i64::MAX));
+    Ok(messages)
+}
+
+/// [`measure_dlq`] every `every` until `shutdown`.
+pub async fn watch_dlq(
+    js: async_nats::jetstream::Context,
+    stream: String,
+    every: Duration,
+    shutdown: CancellationToken,
+) {
+    loop {
+        if let Err(e) = measure_dlq(&js, &stream).await {
+            tracing::debug!(stream, error = %e, "dead-letter stream info unavailable");
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
 /// Serves the ops endpoints in the background until `shutdown`; a failure to serve is logged
 /// with the address (the service goes on: probes failing is how Kubernetes will notice).
 pub fn spawn(listen: SocketAddr, probes: Probes, shutdown: CancellationToken) {
