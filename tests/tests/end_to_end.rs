@@ -130,7 +130,20 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
     ] {
         assert_eq!(before[name].get(series), Some(&0.0), "{name}: {series}");
     }
+    // Read at scrape: the process and, where there is one, the Postgres pool.
+    for name in SERVICES {
+        let rss = before[name].get("process_resident_memory_bytes{}").copied();
+        assert!(rss.is_some_and(|b| b > 1e6), "{name}: {rss:?}");
+    }
+    for name in ["api", "dispatcher", "detector"] {
+        let max = before[name]
+            .get("tidings_db_pool_max_connections{}")
+            .copied();
+        assert!(max.is_some_and(|n| n >= 1.0), "{name}: {max:?}");
+        assert!(before[name].contains_key(r#"tidings_db_pool_connections{state="idle"}"#));
+    }
     for (name, prefix) in [
+        ("pusher", "tidings_db_pool"),
         ("api", "tidings_outbox_rows"),
         ("pusher", "tidings_detector_scans_total"),
         ("detector", "tidings_http_requests_total"),

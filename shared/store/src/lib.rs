@@ -34,9 +34,26 @@ pub fn db(what: &'static str) -> impl FnOnce(sqlx::Error) -> DbError {
 /// A pool that connects on first use, so it can be built before Postgres is up (only a
 /// malformed URL fails here).
 pub fn postgres(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Error> {
-    PgPoolOptions::new()
+    let pool = PgPoolOptions::new()
         .max_connections(max_connections)
-        .connect_lazy(url)
+        .connect_lazy(url)?;
+    // What the pool holds, read at every scrape (`tidings_db_pool_*`).
+    let watched = pool.clone();
+    tidings_runtime::metrics::on_scrape(move || {
+        let m = tidings_runtime::metrics::metrics();
+        let open = i64::from(watched.size());
+        let idle = i64::try_from(watched.num_idle()).unwrap_or(open);
+        for (state, n) in [("in_use", open - idle), ("idle", idle)] {
+            m.db_pool_connections
+                .get_or_create(&tidings_runtime::metrics::StateLabels {
+                    state: state.to_owned(),
+                })
+                .set(n);
+        }
+        m.db_pool_max
+            .set(i64::from(watched.options().get_max_connections()));
+    });
+    Ok(pool)
 }
 
 /// Waits until Postgres accepts a connection with the pool's settings. A connection of its own,
