@@ -53,6 +53,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
         return Ok(());
     }
     let interval = settings.scan_interval;
+    tidings_runtime::metrics::metrics().may_fail(&["scan"]);
     tidings_runtime::metrics::at_zero(
         &tidings_runtime::metrics::metrics().detections,
         ["published", "duplicate", "publish_error", "remembered"].map(|result| {
@@ -96,7 +97,10 @@ impl scan::Detector {
                         "scan finished"
                     )
                 }
-                Err(e) => tracing::error!(error = %e, "scan failed"),
+                Err(e) => {
+                    tidings_runtime::metrics::metrics().failed("scan");
+                    tracing::error!(error = %e, "scan failed");
+                }
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return,

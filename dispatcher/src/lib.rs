@@ -110,6 +110,7 @@ pub async fn run_with(
     settings.validate()?;
     let settings = Arc::new(settings);
     tidings_store::transition::init_metrics();
+    tidings_runtime::metrics::metrics().may_fail(&["dispatch", "publish_push", "sweep"]);
     ensure_streams(&js, &settings.subjects, &settings.streams).await?;
     let source = Arc::new(HttpSource::new(settings.source.clone())?);
     let ingest = ingest::Ingest::new(pool.clone(), js.clone(), settings.clone()).await?;

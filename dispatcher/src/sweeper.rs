@@ -144,7 +144,10 @@ pub async fn run(
                 )
             }
             Ok(_) => {}
-            Err(e) => tracing::error!(error = %e, "sweep failed"),
+            Err(e) => {
+                tidings_runtime::metrics::metrics().failed("sweep");
+                tracing::error!(error = %e, "sweep failed");
+            }
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,

@@ -812,6 +812,43 @@ async fn a_sweeper_that_cannot_ask_the_delivery_log_leaves_the_row_sending() {
     s.cleanup().await;
 }
 
+/// While Postgres is away the dispatch loop keeps trying, and says so in a metric an alert
+/// reads (not only in its log).
+#[tokio::test]
+async fn failed_dispatch_batches_are_counted() {
+    let s = Scenario::new().await;
+    let gone = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(Duration::from_millis(100))
+        .connect_lazy("postgres://tidings@127.0.0.1:1/nowhere")
+        .unwrap();
+    let source = tidings_source::HttpSource::new(s.settings.source.clone()).unwrap();
+    let dispatcher = tidings_dispatcher::dispatch::Dispatcher::new(
+        gone,
+        s.js.clone(),
+        std::sync::Arc::new(source),
+        s.settings(),
+    );
+    let failures = || {
+        tidings_runtime::metrics::metrics()
+            .failures
+            .get_or_create(&tidings_runtime::metrics::OperationLabels {
+                operation: "dispatch".into(),
+            })
+            .get()
+    };
+    assert_eq!(failures(), 0);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn({
+        let stop = stop.clone();
+        async move { dispatcher.run(stop).await }
+    });
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    stop.cancel();
+    running.await.unwrap();
+    assert!(failures() >= 2, "{}", failures());
+    s.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_running_dispatcher_picks_up_new_rows_by_itself() {
     let s = Scenario::new().await;

@@ -69,6 +69,7 @@ pub struct Pusher {
 impl Pusher {
     pub async fn new(js: jetstream::Context, settings: Settings) -> Result<Self, PusherError> {
         ensure_streams(&js, &settings.subjects, &settings.streams).await?;
+        metrics().may_fail(&["publish_result"]);
         let delivered = DeliveryLog::new(js.clone(), &settings.subjects, &settings.streams);
         delivered.ensure().await?;
         // Updated on start: a changed ack wait (it follows the HTTP timeout) takes effect.
@@ -238,6 +239,7 @@ impl Pusher {
             Err(e) => Err(e.to_string()),
         };
         if let Err(e) = published {
+            metrics().failed("publish_result");
             tracing::error!(outbox_id = %req.outbox_id, attempt = req.attempt, error = %e, "could not publish PushResult; request will be redelivered");
             return Handled::Retried;
         }

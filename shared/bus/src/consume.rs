@@ -215,11 +215,13 @@ async fn durable(
     d: Durable,
 ) -> Result<(PullConsumer, jetstream::stream::Stream), ConsumerError> {
     let (name, kind) = (d.name, d.kind);
-    // What this consumer may dead-letter, counted from 0.
+    // What this consumer may dead-letter, and its failed batches, counted from 0.
+    let m = tidings_runtime::metrics::metrics();
     tidings_runtime::metrics::at_zero(
-        &tidings_runtime::metrics::metrics().dead_lettered,
+        &m.dead_lettered,
         tidings_runtime::metrics::kinds([kind.as_str()]),
     );
+    m.may_fail(&[name]);
     let stream_name = subjects.stream(kind);
     let stream = js
         .get_stream(&stream_name)
@@ -425,6 +427,7 @@ where
                     let work = handle(ok);
                     in_flight.spawn(async move {
                         if let Err(e) = work.await {
+                            tidings_runtime::metrics::metrics().failed(&consumer);
                             tracing::error!(consumer = %consumer, error = %e, "batch failed; it will be redelivered");
                         }
                     });

@@ -144,6 +144,11 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
     ("tidings_build_info", "gauge", SERVICES),
     ("tidings_dlq_messages", "gauge", &["dispatcher"]),
     (
+        "tidings_failures",
+        "counter",
+        &["dispatcher", "pusher", "detector"],
+    ),
+    (
         "tidings_db_pool_connections",
         "gauge",
         &["api", "dispatcher", "detector"],
@@ -238,6 +243,8 @@ pub struct Metrics {
     pub build_info: Family<VersionLabels, Gauge>,
     /// Messages in the dead-letter stream.
     pub dlq_messages: Gauge,
+    /// Operations that failed and will be tried again, by `operation`.
+    pub failures: Family<OperationLabels, Counter>,
     /// The Postgres pool's open connections by `state` (`in_use`, `idle`), and its maximum.
     pub db_pool_connections: Family<StateLabels, Gauge>,
     pub db_pool_max: Gauge,
@@ -288,6 +295,7 @@ impl Metrics {
             ready: Gauge::default(),
             build_info: Family::default(),
             dlq_messages: Gauge::default(),
+            failures: Family::default(),
             db_pool_connections: Family::default(),
             db_pool_max: Gauge::default(),
             process_cpu_seconds: Counter::default(),
@@ -450,6 +458,13 @@ impl Metrics {
         );
         register(
             &mut registry,
+            "tidings_failures",
+            "Operations that failed and are tried again (a scan, a dispatch batch, a consumer's \
+             batch, the sweep, a publish), by operation: while one keeps moving, work waits",
+            m.failures.clone(),
+        );
+        register(
+            &mut registry,
             "tidings_db_pool_connections",
             "Postgres connections the service's pool holds, by state (in_use, idle)",
             m.db_pool_connections.clone(),
@@ -536,6 +551,25 @@ impl Metrics {
         }
     }
 
+    /// Counts a failed `operation` (see `tidings_failures_total`).
+    pub fn failed(&self, operation: &str) {
+        self.failures
+            .get_or_create(&OperationLabels {
+                operation: operation.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Creates the `tidings_failures_total` series of `operations` at 0.
+    pub fn may_fail(&self, operations: &[&str]) {
+        at_zero(
+            &self.failures,
+            operations.iter().map(|o| OperationLabels {
+                operation: (*o).to_owned(),
+            }),
+        );
+    }
+
     pub fn transition(&self, to: &str, reason: &str, n: u64) {
         self.transitions
             .get_or_create(&TransitionLabels {
@@ -613,7 +647,8 @@ mod tests {
             http_duration,
             delivery_log_errors,
             rate_limited,
-            db_pool_connections
+            db_pool_connections,
+            failures
         );
         let mut registered: Vec<(String, String)> = m
             .encode()
