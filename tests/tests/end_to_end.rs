@@ -127,9 +127,18 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
             r#"tidings_detections_total{result="published"}"#,
         ),
         ("api", r#"tidings_api_rate_limited_total{kind="register"}"#),
-        ("dispatcher", r#"tidings_failures_total{operation="dispatch"}"#),
-        ("dispatcher", r#"tidings_failures_total{operation="dispatcher-ingest"}"#),
-        ("pusher", r#"tidings_failures_total{operation="publish_result"}"#),
+        (
+            "dispatcher",
+            r#"tidings_failures_total{operation="dispatch"}"#,
+        ),
+        (
+            "dispatcher",
+            r#"tidings_failures_total{operation="dispatcher-ingest"}"#,
+        ),
+        (
+            "pusher",
+            r#"tidings_failures_total{operation="publish_result"}"#,
+        ),
         ("detector", r#"tidings_failures_total{operation="scan"}"#),
     ] {
         assert_eq!(before[name].get(series), Some(&0.0), "{name}: {series}");
