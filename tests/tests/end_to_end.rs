@@ -15,7 +15,7 @@ use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
 use tidings_tests::brokers::PrivateNats;
 use tidings_tests::demo::{self, Endpoints};
-use tidings_tests::fake_push::FakePushService;
+use tidings_tests::fake_push::{Answer, FakePushService};
 use tidings_tests::fixtures;
 use tidings_tests::harness::{self, DB_LOGINS, TestDb, poll_wait, tool};
 use tidings_tests::scenario::{Scenario, Watcher};
@@ -463,13 +463,13 @@ fn attr(span: &Value, key: &str) -> Option<String> {
 /// A watcher of SKU-1 below 1200 (at 1500) whose subscription is `push`'s, then the price
 /// drops to 1000: one notification to come.
 async fn watch_sku1_pushing_to(s: &Scenario, push: &FakePushService) -> Watcher {
-    let w = watch_sku1_subscribed_to(s, push).await;
+    let (w, _) = watch_sku1_subscribed_to(s, push).await;
     s.catalog.set_price("SKU-1", 1000);
     w
 }
 
-/// A watcher of SKU-1 below 1200, the price at 1500, whose subscription is `push`'s.
-async fn watch_sku1_subscribed_to(s: &Scenario, push: &FakePushService) -> Watcher {
+/// A watcher of SKU-1 below 1200, the price at 1500, and its subscription on `push`.
+async fn watch_sku1_subscribed_to(s: &Scenario, push: &FakePushService) -> (Watcher, Subscription) {
     let sub = push.subscription();
     let w = s
         .watcher("SKU-1", Trigger::PriceBelow { threshold: 1200 }, 1500)
@@ -481,7 +481,33 @@ async fn watch_sku1_subscribed_to(s: &Scenario, push: &FakePushService) -> Watch
         .execute(&s.db.pool)
         .await
         .unwrap();
-    w
+    (w, sub)
+}
+
+/// Every service exporting its spans to the test, and a watcher of SKU-1 (below 1200, the price
+/// at 1500) subscribed on a fake push service.
+struct Traced {
+    s: Scenario,
+    push: FakePushService,
+    p: Pipeline,
+    spans: Arc<Mutex<Vec<Value>>>,
+    w: Watcher,
+    sub: Subscription,
+}
+
+async fn traced() -> Traced {
+    let s = Scenario::new().await;
+    let push = FakePushService::start().await.unwrap();
+    let (p, spans) = traced_pipeline(&s).await;
+    let (w, sub) = watch_sku1_subscribed_to(&s, &push).await;
+    Traced {
+        s,
+        push,
+        p,
+        spans,
+        w,
+        sub,
+    }
 }
 
 /// Every service, exporting its spans (as JSON, to read them) to a receiver of the test's.
@@ -501,10 +527,16 @@ async fn traced_pipeline(s: &Scenario) -> (Pipeline, Arc<Mutex<Vec<Value>>>) {
 
 #[tokio::test]
 async fn one_notification_is_one_trace_across_every_service() {
-    let s = Scenario::new().await;
-    let push = FakePushService::start().await.unwrap();
-    let (p, spans) = traced_pipeline(&s).await;
-    let w = watch_sku1_pushing_to(&s, &push).await;
+    // `_push` keeps the fake push service running to the end.
+    let Traced {
+        s,
+        push: _push,
+        p,
+        spans,
+        w,
+        ..
+    } = traced().await;
+    s.catalog.set_price("SKU-1", 1000);
 
     // Wait for the row to be sent and the result span to arrive.
     let started = Instant::now();
@@ -667,15 +699,94 @@ async fn one_notification_is_one_trace_across_every_service() {
     s.cleanup().await;
 }
 
+/// A push the push service fails (500) and its retry stay in the notification's trace: two
+/// re-checks under the one ingest, a first push span with status ERROR and the 500, then the
+/// delivered one.
+#[tokio::test]
+async fn a_retried_notification_is_one_trace_with_a_failed_push_then_a_delivered_one() {
+    let Traced {
+        s,
+        push,
+        p,
+        spans,
+        w,
+        sub,
+    } = traced().await;
+    push.answer_next(&sub, &[Answer::ServerError]);
+    s.catalog.set_price("SKU-1", 1000);
+    let started = Instant::now();
+    let (pushes, rechecks, ingest, detect) = loop {
+        let got = spans.lock().unwrap().clone();
+        let named = |name: &str| -> Vec<Value> {
+            let mut v: Vec<Value> = got
+                .iter()
+                .filter(|sp| sp["name"] == name)
+                .cloned()
+                .collect();
+            v.sort_by_key(|sp| sp["startTimeUnixNano"].as_str().unwrap_or("").to_owned());
+            v
+        };
+        let (pushes, rechecks) = (named("push"), named("recheck"));
+        let delivered = pushes
+            .iter()
+            .any(|sp| attr(sp, "outcome").as_deref() == Some("delivered"));
+        if delivered && rechecks.len() >= 2 {
+            let one = |name: &str| named(name).first().cloned().expect(name);
+            break (pushes, rechecks, one("ingest"), one("detect"));
+        }
+        poll_wait(started, 30, || {
+            format!(
+                "{} push spans so far\n{}",
+                pushes.len(),
+                p.log("dispatcher")
+            )
+        })
+        .await;
+    };
+    assert_eq!(pushes.len(), 2, "{pushes:?}");
+    let trace = detect["traceId"].as_str().unwrap();
+    for sp in pushes.iter().chain(&rechecks).chain([&ingest]) {
+        assert_eq!(sp["traceId"], trace, "{sp}");
+    }
+    for recheck in &rechecks {
+        assert_eq!(recheck["parentSpanId"], ingest["spanId"], "{recheck}");
+    }
+    // (attempt, HTTP status, ERROR status): the failed attempt, then the delivered one.
+    for (push, (attempt, http, error)) in pushes.iter().zip([(1, 500, true), (2, 201, false)]) {
+        assert_eq!(int_attr(push, "attempt"), Some(attempt), "{push}");
+        assert_eq!(
+            int_attr(push, "http.response.status_code"),
+            Some(http),
+            "{push}"
+        );
+        assert_eq!(
+            push["status"]["code"] == serde_json::json!(2),
+            error,
+            "{push}"
+        );
+    }
+    assert_eq!(attr(&pushes[0], "outcome").as_deref(), Some("transient"));
+    let rows = s.rows(w.watch).await;
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].status, "sent");
+    p.stop().await;
+    s.cleanup().await;
+}
+
 /// A withheld notification is one trace from the detection (ingest consumes it, the re-check
 /// drops it); replaying it starts a trace at the operator's request, linked to the original,
 /// which the re-check, the push and the result continue.
 #[tokio::test]
 async fn a_withheld_notification_and_its_replay_are_linked_traces() {
-    let s = Scenario::new().await;
-    let push = FakePushService::start().await.unwrap();
-    let (p, spans) = traced_pipeline(&s).await;
-    let w = watch_sku1_subscribed_to(&s, &push).await;
+    // `_push` keeps the fake push service running to the end.
+    let Traced {
+        s,
+        push: _push,
+        p,
+        spans,
+        w,
+        ..
+    } = traced().await;
     // A detection (as a detector would publish it, in a trace of its own) of a price the
     // catalog no longer shows: the re-check withholds it.
     let (detected_trace, detect_span) = ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331");
