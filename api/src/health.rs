@@ -34,20 +34,14 @@ pub async fn readyz(State(app): State<AppState>) -> Result<Json<Health>, ApiErro
 
 /// What `/readyz` answers; also sets `tidings_ready`.
 async fn ready(app: &AppState) -> Result<(), String> {
-    let draining = app.stopping.clone();
-    let probes = tidings_runtime::ops::Probes::default()
-        .with_check(std::sync::Arc::new(move || {
-            let draining = draining.is_cancelled();
-            Box::pin(async move {
-                if draining {
-                    Err("shutting down: draining before the listener closes".to_owned())
-                } else {
-                    Ok(())
-                }
-            })
-        }))
-        .with_check(tidings_store::readiness(app.pool.clone()));
-    probes.ready().await
+    if app.stopping.is_cancelled() {
+        tidings_runtime::metrics::metrics().ready.set(0);
+        return Err("shutting down: draining before the listener closes".to_owned());
+    }
+    tidings_runtime::ops::Probes::default()
+        .with_check(tidings_store::readiness(app.pool.clone()))
+        .ready()
+        .await
 }
 
 #[utoipa::path(get, path = "/metrics", tag = "health",

@@ -85,12 +85,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
                 results::CONSUMER.to_owned(),
             ),
         ],
-        Duration::from_secs(10),
-        shutdown.clone(),
-    ));
-    tokio::spawn(ops::watch_dlq(
-        js.clone(),
-        subjects.stream(StreamKind::Dlq),
+        Some(subjects.stream(StreamKind::Dlq)),
         Duration::from_secs(10),
         shutdown.clone(),
     ));

@@ -63,6 +63,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
             settings.subjects.stream(StreamKind::Push),
             worker::CONSUMER.to_owned(),
         )],
+        None,
         Duration::from_secs(10),
         shutdown.clone(),
     ));

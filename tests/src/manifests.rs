@@ -39,6 +39,16 @@ pub struct Container {
     pub pod_name: String,
 }
 
+impl Container {
+    /// The value the container's environment gives `key`, as rendered.
+    pub fn var(&self, key: &str) -> Option<&str> {
+        self.env
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
 fn repo() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
 }

@@ -200,8 +200,22 @@ impl Scenario {
 
     /// Publishes as the detector does; returns whether JetStream called it a duplicate.
     pub async fn publish_enqueue(&self, req: &EnqueueRequest, msg_id: &str) -> bool {
+        self.publish_enqueue_traced(req, msg_id, None).await
+    }
+
+    /// [`Scenario::publish_enqueue`] within the trace `traceparent` names, as a detector's span
+    /// would send it.
+    pub async fn publish_enqueue_traced(
+        &self,
+        req: &EnqueueRequest,
+        msg_id: &str,
+        traceparent: Option<&str>,
+    ) -> bool {
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Nats-Msg-Id", msg_id);
+        if let Some(tp) = traceparent {
+            headers.insert("traceparent", tp);
+        }
         self.js
             .publish_with_headers(
                 self.subjects.subject(StreamKind::Enqueue, req.channel),

@@ -66,8 +66,6 @@ pub fn binary(name: &str) -> PathBuf {
 /// The four services, running.
 pub struct Pipeline {
     env: Vec<(String, String)>,
-    /// (service, password) of the services' NATS users.
-    nats_logins: Vec<(String, String)>,
     children: HashMap<&'static str, Child>,
     ports: HashMap<&'static str, u16>,
     /// The api's ops port (operator routes, `/metrics`).
@@ -136,19 +134,12 @@ impl Pipeline {
         if named("NATS_URL") && !named("TIDINGS_STREAM_REPLICAS") {
             env.push(("TIDINGS_STREAM_REPLICAS".to_owned(), "1".to_owned()));
         }
-        // On the stack's server each service is its own NATS user, with only its permissions.
-        // A test's own server ignores the login unless it is configured with these users.
-        let nats_logins = crate::harness::stack()
-            .expect("stack")
-            .nats_passwords
-            .clone();
         let ports = SERVICES
             .iter()
             .map(|s| (*s, crate::brokers::free_port().expect("free port")))
             .collect();
         let mut p = Pipeline {
             env,
-            nats_logins,
             children: HashMap::new(),
             ports,
             api_ops: crate::brokers::free_port().expect("free port"),
@@ -194,7 +185,10 @@ impl Pipeline {
                     .filter(|(k, _)| k == "DATABASE_URL")
                     .map(|(k, url)| (k, crate::harness::login_url(url, name))),
             );
-        if let Some((user, password)) = self.nats_logins.iter().find(|(s, _)| s == name) {
+        // On the stack's server each service is its own NATS user, with only its permissions;
+        // a test's own server ignores the login unless it is configured with these users.
+        let logins = &crate::harness::stack().expect("stack").nats_passwords;
+        if let Some((user, password)) = logins.iter().find(|(s, _)| s == name) {
             cmd.env("NATS_USER", user).env("NATS_PASSWORD", password);
         }
         cmd.stdout(Stdio::null())

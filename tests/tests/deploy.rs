@@ -267,27 +267,26 @@ async fn smoke(overlay: &str) {
     // The brokers know each service's user, as rendered, with its permissions for the
     // rendered prefix: a service missing its credentials, or needing a subject it is not
     // allowed, does not get ready.
-    let env = |c: &tidings_tests::manifests::Container, key: &str| {
-        c.env.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
-    };
-    let mut users: Vec<(Service, String, String)> = Vec::new();
-    let mut prefix = "tidings".to_owned();
+    let mut users: Vec<(Service, &str, String)> = Vec::new();
+    let mut prefix = "tidings";
     for c in containers.iter().filter(|c| !c.to_completion) {
         let program = c.argv[0].rsplit('/').next().unwrap();
         if let Some(service) = Service::of_binary(program) {
-            let user =
-                env(c, "NATS_USER").unwrap_or_else(|| panic!("{}: no NATS_USER", c.workload));
-            let password = env(c, "NATS_PASSWORD")
-                .unwrap_or_else(|| panic!("{}: no NATS_PASSWORD", c.workload));
-            prefix = env(c, "TIDINGS_PREFIX").unwrap_or(prefix);
-            users.push((service, user, format!("\"{password}\"")));
+            let var = |key| {
+                c.var(key)
+                    .unwrap_or_else(|| panic!("{}: no {key}", c.workload))
+            };
+            prefix = c.var("TIDINGS_PREFIX").unwrap_or(prefix);
+            users.push((
+                service,
+                var("NATS_USER"),
+                format!("\"{}\"", var("NATS_PASSWORD")),
+            ));
         }
     }
-    let users: Vec<(Service, &str, &str)> = users
-        .iter()
-        .map(|(s, u, p)| (*s, u.as_str(), p.as_str()))
-        .collect();
-    let config = server_config(&prefix, &users, Some(("admin", "\"smoke-admin\"")));
+    let users: Vec<(Service, &str, &str)> =
+        users.iter().map(|(s, u, p)| (*s, *u, p.as_str())).collect();
+    let config = server_config(prefix, &users, Some(("admin", "\"smoke-admin\"")));
     let cluster = NatsCluster::with_config(Some(&config)).await.unwrap();
     let local = Local {
         nats: cluster
@@ -462,16 +461,10 @@ fn the_prod_overlay_at_its_autoscaling_maximum_fits_postgres_default_connection_
     {
         let (kind, rest) = c.workload.split_once('/').unwrap();
         let name = rest.split('/').next().unwrap();
-        let env = |key: &str| {
-            c.env
-                .iter()
-                .find(|(k, _)| k == key)
-                .map(|(_, v)| v.as_str())
-        };
         // The service's own flags read the pool size: the rendered value, else its default.
         let args = |required: &[&str], key: &str| -> Vec<String> {
             let mut args: Vec<String> = required.iter().map(|a| (*a).to_owned()).collect();
-            if let Some(v) = env(key) {
+            if let Some(v) = c.var(key) {
                 args.extend(["--db-pool".to_owned(), v.to_owned()]);
             }
             args
@@ -491,7 +484,10 @@ fn the_prod_overlay_at_its_autoscaling_maximum_fits_postgres_default_connection_
                 parsed_defaults::<tidings_detector::Config>(&strs(&args)).db_pool
             }
             "pusher" => {
-                assert!(env("DATABASE_URL").is_none(), "the pusher has no database");
+                assert!(
+                    c.var("DATABASE_URL").is_none(),
+                    "the pusher has no database"
+                );
                 0
             }
             other => panic!("a workload this test does not know: {other}"),

@@ -790,48 +790,22 @@ async fn a_withheld_notification_and_its_replay_are_linked_traces() {
     // A detection (as a detector would publish it, in a trace of its own) of a price the
     // catalog no longer shows: the re-check withholds it.
     let (detected_trace, detect_span) = ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331");
-    let request = fixtures::enqueue_request(
-        &w.device,
-        w.watch,
-        w.trigger.clone(),
-        1100,
-        chrono::Utc::now(),
-    );
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert("Nats-Msg-Id", request.dedup_key().to_string().as_str());
-    headers.insert(
-        "traceparent",
-        format!("00-{detected_trace}-{detect_span}-01").as_str(),
-    );
-    s.js.publish_with_headers(
-        s.subjects.subject(StreamKind::Enqueue, Channel::WebPush),
-        headers,
-        tidings_domain::messages::encode(&request).into(),
+    let request = s.detection(&w, 1100, chrono::Utc::now());
+    let traceparent = format!("00-{detected_trace}-{detect_span}-01");
+    s.publish_enqueue_traced(
+        &request,
+        &request.dedup_key().to_string(),
+        Some(&traceparent),
     )
-    .await
-    .unwrap()
-    .await
-    .unwrap();
-    let row = |sql: &'static str| {
-        let pool = s.db.pool.clone();
-        async move {
-            sqlx::query_as::<_, (uuid::Uuid, String, Option<String>)>(sql)
-                .bind(w.watch)
-                .fetch_optional(&pool)
-                .await
-                .unwrap()
-        }
-    };
+    .await;
     let started = Instant::now();
     let withheld = loop {
-        let found =
-            row("SELECT id, status, reason FROM outbox WHERE watch_id = $1 AND replay_of IS NULL")
-                .await;
-        if let Some((id, status, reason)) = &found
-            && status == "dropped"
+        let found = s.rows(w.watch).await.into_iter().next();
+        if let Some(row) = &found
+            && row.status == "dropped"
         {
-            assert_eq!(reason.as_deref(), Some("condition_lost"));
-            break *id;
+            assert_eq!(row.reason.as_deref(), Some("condition_lost"));
+            break row.id.0;
         }
         poll_wait(started, 20, || {
             format!("row {found:?}\n{}", p.log("dispatcher"))

@@ -175,62 +175,62 @@ pub fn server_config(
     out
 }
 
-/// The configurations checked in under `deploy/`, from [`server_config`]: (path from the
-/// repository's root, prefix, whether the stack's admin user is in it). Each service's password
-/// is `$TIDINGS_NATS_<SERVICE>_PASSWORD` from the server's environment.
-pub const CHECKED_IN: [(&str, &str, bool); 2] = [
-    ("deploy/local/nats-users.conf", "*", true),
-    ("deploy/k8s/overlays/dev/nats-users.conf", "tidings", false),
-];
-
-/// The text of a checked-in configuration (see [`CHECKED_IN`]).
-pub fn checked_in_config(prefix: &str, admin: bool) -> String {
-    let vars: Vec<(Service, String)> = Service::ALL
-        .iter()
-        .map(|s| {
-            (
-                *s,
-                format!("$TIDINGS_NATS_{}_PASSWORD", s.name().to_uppercase()),
-            )
-        })
-        .collect();
-    let users: Vec<(Service, &str, &str)> = vars
-        .iter()
-        .map(|(s, v)| (*s, s.name(), v.as_str()))
-        .collect();
-    let header = format!(
-        "# Generated from tidings_bus::permissions (its tests check this file; TIDINGS_BLESS=1\n\
-         # rewrites it). Each service's user may publish and subscribe only to what it needs under\n\
-         # the prefix {prefix:?}; the passwords come from the server's environment.\n"
-    );
-    header
-        + &server_config(
-            prefix,
-            &users,
-            admin.then_some(("admin", "$TIDINGS_NATS_ADMIN_PASSWORD")),
-        )
-}
-
-/// Whether `subject` matches the NATS subject pattern `pattern` (`*` one token, `>` the rest).
-pub fn matches(pattern: &str, subject: &str) -> bool {
-    let mut p = pattern.split('.');
-    let mut s = subject.split('.');
-    loop {
-        match (p.next(), s.next()) {
-            (Some(">"), Some(_)) => return true,
-            (Some("*"), Some(_)) => {}
-            (Some(a), Some(b)) if a == b => {}
-            (None, None) => return true,
-            _ => return false,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use tidings_domain::Channel;
     use tidings_domain::subjects::Subjects;
+
+    /// The configurations checked in under `deploy/`, from [`server_config`]: (path from the
+    /// repository's root, prefix, whether the stack's admin user is in it). Each service's password
+    /// is `$TIDINGS_NATS_<SERVICE>_PASSWORD` from the server's environment.
+    const CHECKED_IN: [(&str, &str, bool); 2] = [
+        ("deploy/local/nats-users.conf", "*", true),
+        ("deploy/k8s/overlays/dev/nats-users.conf", "tidings", false),
+    ];
+
+    /// The text of a checked-in configuration (see [`CHECKED_IN`]).
+    fn checked_in_config(prefix: &str, admin: bool) -> String {
+        let vars: Vec<(Service, String)> = Service::ALL
+            .iter()
+            .map(|s| {
+                (
+                    *s,
+                    format!("$TIDINGS_NATS_{}_PASSWORD", s.name().to_uppercase()),
+                )
+            })
+            .collect();
+        let users: Vec<(Service, &str, &str)> = vars
+            .iter()
+            .map(|(s, v)| (*s, s.name(), v.as_str()))
+            .collect();
+        let header = format!(
+            "# Generated from tidings_bus::permissions (its tests check this file; TIDINGS_BLESS=1\n\
+             # rewrites it). Each service's user may publish and subscribe only to what it needs under\n\
+             # the prefix {prefix:?}; the passwords come from the server's environment.\n"
+        );
+        header
+            + &server_config(
+                prefix,
+                &users,
+                admin.then_some(("admin", "$TIDINGS_NATS_ADMIN_PASSWORD")),
+            )
+    }
+
+    /// Whether `subject` matches the NATS subject pattern `pattern` (`*` one token, `>` the rest).
+    fn matches(pattern: &str, subject: &str) -> bool {
+        let mut p = pattern.split('.');
+        let mut s = subject.split('.');
+        loop {
+            match (p.next(), s.next()) {
+                (Some(">"), Some(_)) => return true,
+                (Some("*"), Some(_)) => {}
+                (Some(a), Some(b)) if a == b => {}
+                (None, None) => return true,
+                _ => return false,
+            }
+        }
+    }
 
     fn may_publish(service: Service, prefix: &str, subject: &str) -> bool {
         permissions(service, prefix)

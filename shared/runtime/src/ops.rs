@@ -149,15 +149,22 @@ pub async fn serve(
 }
 
 /// Polls JetStream for each `(stream, consumer)`'s backlog every `every` until `shutdown`:
-/// `tidings_consumer_pending_messages` (lag) and `tidings_consumer_ack_pending_messages`.
+/// `tidings_consumer_pending_messages` (lag) and `tidings_consumer_ack_pending_messages`; and,
+/// when `dlq` names the dead-letter stream, its depth ([`measure_dlq`]).
 pub async fn watch_consumers(
     js: async_nats::jetstream::Context,
     consumers: Vec<(String, String)>,
+    dlq: Option<String>,
     every: Duration,
     shutdown: CancellationToken,
 ) {
     let m = crate::metrics::metrics();
     loop {
+        if let Some(stream) = &dlq
+            && let Err(e) = measure_dlq(&js, stream).await
+        {
+            tracing::debug!(stream, error = %e, "dead-letter stream info unavailable");
+        }
         for (stream, name) in &consumers {
             // One request: looking the consumer up returns its current info.
             let consumer = js
@@ -201,24 +208,6 @@ pub async fn measure_dlq(
         .dlq_messages
         .set(i64::try_from(messages).unwrap_or(i64::MAX));
     Ok(messages)
-}
-
-/// [`measure_dlq`] every `every` until `shutdown`.
-pub async fn watch_dlq(
-    js: async_nats::jetstream::Context,
-    stream: String,
-    every: Duration,
-    shutdown: CancellationToken,
-) {
-    loop {
-        if let Err(e) = measure_dlq(&js, &stream).await {
-            tracing::debug!(stream, error = %e, "dead-letter stream info unavailable");
-        }
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(every) => {}
-        }
-    }
 }
 
 /// Serves the ops endpoints in the background until `shutdown`; a failure to serve is logged

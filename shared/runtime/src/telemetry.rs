@@ -112,14 +112,18 @@ where
         mut writer: Writer<'_>,
         event: &tracing::Event<'_>,
     ) -> std::fmt::Result {
-        let ids = ctx.parent_span().and_then(|span| {
-            let dispatch = DISPATCH.get()?.upgrade()?;
-            let cx = tracing_opentelemetry::get_otel_context(&span.id(), &dispatch)?;
-            let span = cx.span();
-            let sc = span.span_context();
-            sc.is_valid()
-                .then(|| (sc.trace_id().to_string(), sc.span_id().to_string()))
-        });
+        // Without an exporter there are no trace ids to give.
+        let ids = exporting()
+            .then(|| ctx.parent_span())
+            .flatten()
+            .and_then(|span| {
+                let dispatch = DISPATCH.get()?.upgrade()?;
+                let cx = tracing_opentelemetry::get_otel_context(&span.id(), &dispatch)?;
+                let span = cx.span();
+                let sc = span.span_context();
+                sc.is_valid()
+                    .then(|| (sc.trace_id().to_string(), sc.span_id().to_string()))
+            });
         let Some((trace_id, span_id)) = ids else {
             return self.0.format_event(ctx, writer, event);
         };
@@ -188,11 +192,7 @@ impl Drop for Telemetry {
 
 /// Makes `span` a child of the W3C `traceparent` (when there is one and it parses).
 pub fn set_parent(span: &tracing::Span, traceparent: Option<&str>) {
-    let Some(tp) = traceparent else { return };
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert("traceparent", tp);
-    let cx = crate::trace_context::extract(Some(&headers));
-    if cx.span().span_context().is_valid() {
+    if let Some(cx) = remote(traceparent) {
         let _ = span.set_parent(cx);
     }
 }
@@ -200,14 +200,17 @@ pub fn set_parent(span: &tracing::Span, traceparent: Option<&str>) {
 /// Links `span` to the span a W3C `traceparent` names (another trace this one follows from,
 /// e.g. the notification a replay repeats).
 pub fn add_link(span: &tracing::Span, traceparent: Option<&str>) {
-    let Some(tp) = traceparent else { return };
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert("traceparent", tp);
-    let cx = crate::trace_context::extract(Some(&headers));
-    let linked = cx.span().span_context().clone();
-    if linked.is_valid() {
-        span.add_link(linked);
+    if let Some(cx) = remote(traceparent) {
+        span.add_link(cx.span().span_context().clone());
     }
+}
+
+/// The span context a W3C `traceparent` names, when there is one and it parses.
+fn remote(traceparent: Option<&str>) -> Option<opentelemetry::Context> {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("traceparent", traceparent?);
+    let cx = crate::trace_context::extract(Some(&headers));
+    cx.span().span_context().is_valid().then_some(cx)
 }
 
 /// `span`'s own W3C `traceparent`, when it is being exported.
