@@ -175,7 +175,12 @@ async fn trace_request(request: Request, next: Next) -> Response {
         .map(|p| p.as_str().to_owned())
         .unwrap_or_else(|| "unmatched".to_owned());
     let method = request.method().clone();
-    let span = tracing::info_span!(
+    // Probes come every few seconds from the kubelet: counted, but no trace of their own.
+    let probe = matches!(route.as_str(), "/livez" | "/readyz");
+    let span = if probe {
+        tracing::Span::none()
+    } else {
+        tracing::info_span!(
         "http.request",
         otel.name = %format_args!("{method} {route}"),
         otel.kind = "server",
@@ -183,7 +188,8 @@ async fn trace_request(request: Request, next: Next) -> Response {
         http.request.method = %method,
         http.route = %route,
         http.response.status_code = tracing::field::Empty,
-    );
+        )
+    };
     // A client's W3C traceparent makes this request part of its trace.
     let incoming = request
         .headers()
@@ -209,7 +215,11 @@ async fn trace_request(request: Request, next: Next) -> Response {
         .inc();
     m.http_duration
         .get_or_create(&RouteLabels { route })
-        .observe(elapsed);
+        .observe(
+            elapsed,
+            tidings_runtime::metrics::exemplar(tidings_runtime::telemetry::trace_id(&span)),
+            None,
+        );
     let elapsed_ms = elapsed * 1000.0;
     if status >= 500 {
         tracing::warn!(parent: &span, status, elapsed_ms, "request failed");

@@ -261,9 +261,10 @@ impl Detector {
             })
             .collect();
         let mut failed: HashSet<WatchId> = HashSet::new();
-        for ((d, key), ack) in fresh
+        for (i, ((d, key), ack)) in fresh
             .iter()
             .zip(publish_all(&self.js, outgoing, 1024).await)
+            .enumerate()
         {
             match ack {
                 Ok(ack) => {
@@ -277,6 +278,9 @@ impl Detector {
                 Err(e) => {
                     stats.publish_errors += 1;
                     failed.insert(d.watch_id);
+                    if let Some(span) = spans.get(i) {
+                        telemetry::fail(span, &format!("publishing EnqueueRequest failed: {e}"));
+                    }
                     tracing::error!(watch_id = %d.watch_id, trigger = %d.trigger, error = %e, "publishing EnqueueRequest failed; the next scan tries again");
                 }
             }

@@ -165,7 +165,16 @@ impl Dispatcher {
         changes.extend(decided.changes);
         let requests = decided.requests;
 
-        let won = self.write(&changes, "writing dispatch transitions").await?;
+        let won = match self.write(&changes, "writing dispatch transitions").await {
+            Ok(won) => won,
+            Err(e) => {
+                let message = e.to_string();
+                spans
+                    .values()
+                    .for_each(|span| telemetry::fail(span, &message));
+                return Err(e);
+            }
+        };
         for c in &changes {
             if !won.contains(&c.id) {
                 stats.lost_races += 1;
@@ -213,6 +222,7 @@ impl Dispatcher {
             // resend a notification that arrives all the same. So it stays `sending`: its result,
             // the delivery log or, failing both, the lease sweeper decides.
             let span = spans.get(&id).cloned().unwrap_or_else(tracing::Span::none);
+            telemetry::fail(&span, &format!("PushRequest not confirmed: {error}"));
             tracing::warn!(parent: &span, outbox_id = %id, %error, "PushRequest not confirmed by JetStream; the row waits for its result or its lease");
         }
         Ok(stats)

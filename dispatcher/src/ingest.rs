@@ -189,6 +189,12 @@ impl consume::Handler for Ingest {
             })
             .collect();
         let result = insert(&self.stage.pool, &requests).await;
+        if let Err(e) = &result {
+            let message = format!("inserting outbox rows failed: {e}");
+            spans
+                .iter()
+                .for_each(|span| telemetry::fail(span, &message));
+        }
         drop(spans);
         match result {
             Ok(inserted) => {

@@ -64,6 +64,7 @@ struct Locked {
     sent_value: Option<Json<Observation>>,
     subscription_id: Option<SubscriptionId>,
     detected_at: DateTime<Utc>,
+    traceparent: Option<String>,
 }
 
 pub struct Results {
@@ -152,6 +153,12 @@ impl consume::Handler for Results {
             Vec::new()
         };
         let applied = self.apply(&results).await;
+        if let Err(e) = &applied {
+            let message = format!("applying push results failed: {e}");
+            spans
+                .iter()
+                .for_each(|span| telemetry::fail(span, &message));
+        }
         drop(spans);
         match applied {
             Ok(applied) => {
@@ -176,8 +183,8 @@ impl consume::Handler for Results {
 pub struct Applied {
     changes: Vec<Change>,
     won: HashSet<OutboxId>,
-    /// Detection times of the rows that became `sent`.
-    sent_detected_at: Vec<DateTime<Utc>>,
+    /// Detection times of the rows that became `sent`, with their notification's trace id.
+    sent_detected_at: Vec<(DateTime<Utc>, Option<String>)>,
 }
 
 impl Applied {
@@ -190,8 +197,12 @@ impl Applied {
         transition::record(&self.changes, &self.won);
         let now = Utc::now();
         let latency = &tidings_runtime::metrics::metrics().detection_to_delivery;
-        for detected_at in &self.sent_detected_at {
-            latency.observe((now - *detected_at).as_seconds_f64().max(0.0));
+        for (detected_at, trace_id) in &self.sent_detected_at {
+            latency.observe(
+                (now - *detected_at).as_seconds_f64().max(0.0),
+                tidings_runtime::metrics::exemplar(trace_id.clone()),
+                None,
+            );
         }
     }
 }
@@ -208,7 +219,7 @@ pub async fn apply_in(
     ids.dedup();
     let locked: Vec<Locked> = sqlx::query_as(
         "SELECT id, status, attempt, retry_count, watch_id, trigger, sent_value, subscription_id,
-                detected_at
+                detected_at, traceparent
          FROM outbox WHERE id = ANY($1) ORDER BY id FOR UPDATE",
     )
     .bind(&ids)
@@ -282,7 +293,8 @@ pub async fn apply_in(
     for c in changes.iter().filter(|c| won.contains(&c.id)) {
         let Some(row) = rows.get(&c.id) else { continue };
         if c.transition.to == Status::Sent {
-            sent_detected_at.push(row.detected_at);
+            let trace_id = row.traceparent.as_deref().and_then(telemetry::trace_id_of);
+            sent_detected_at.push((row.detected_at, trace_id.map(str::to_owned)));
         }
         if c.transition.advances_baseline
             && let Some(Json(sent)) = &row.sent_value

@@ -70,6 +70,13 @@ impl Pusher {
     pub async fn new(js: jetstream::Context, settings: Settings) -> Result<Self, PusherError> {
         ensure_streams(&js, &settings.subjects, &settings.streams).await?;
         metrics().may_fail(&["publish_result"]);
+        // The latency by status class exists from the start; the request counts get their
+        // series with their first push (a push host is not known before).
+        for class in ["2xx", "4xx", "5xx"] {
+            let _ = metrics().push_duration.get_or_create(&StatusLabels {
+                status: class.to_owned(),
+            });
+        }
         let delivered = DeliveryLog::new(js.clone(), &settings.subjects, &settings.streams);
         delivered.ensure().await?;
         // Updated on start: a changed ack wait (it follows the HTTP timeout) takes effect.
@@ -220,7 +227,7 @@ impl Pusher {
                 result.error.as_deref().unwrap_or(result.outcome.as_str()),
             );
         }
-        record_metrics(&req, &result, &handled);
+        record_metrics(&req, &result, &handled, telemetry::trace_id(&span));
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Nats-Msg-Id", result.msg_id().as_str());
         if let Some(tp) = telemetry::forward(&span, incoming.as_deref()) {
@@ -297,7 +304,12 @@ impl consume::Handler for Pusher {
 
 /// Push metrics by outcome, status class and push-service host (a handful of hosts: the
 /// allowlist). A redelivery recognised as already delivered made no request and is not counted.
-fn record_metrics(req: &PushRequest, result: &PushResult, handled: &Handled) {
+fn record_metrics(
+    req: &PushRequest,
+    result: &PushResult,
+    handled: &Handled,
+    trace_id: Option<String>,
+) {
     if matches!(handled, Handled::AlreadyDelivered) {
         return;
     }
@@ -317,6 +329,10 @@ fn record_metrics(req: &PushRequest, result: &PushResult, handled: &Handled) {
     if result.http_status.is_some() {
         m.push_duration
             .get_or_create(&StatusLabels { status: class })
-            .observe(result.latency_ms as f64 / 1000.0);
+            .observe(
+                result.latency_ms as f64 / 1000.0,
+                tidings_runtime::metrics::exemplar(trace_id),
+                None,
+            );
     }
 }

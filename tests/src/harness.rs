@@ -348,6 +348,14 @@ pub async fn poll_wait(started: std::time::Instant, limit_secs: u64, why: impl F
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
 }
 
+/// Serves `router` on a free local port; returns its base URL.
+pub async fn serve(router: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    format!("http://{addr}")
+}
+
 /// Number of messages stored in a stream of a test prefix.
 pub async fn stream_len(
     js: &async_nats::jetstream::Context,

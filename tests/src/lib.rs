@@ -15,5 +15,6 @@ pub mod fake_push;
 pub mod fixtures;
 pub mod harness;
 pub mod manifests;
+pub mod otlp;
 pub mod scenario;
 pub mod services;

@@ -17,16 +17,10 @@ use tidings_tests::brokers::PrivateNats;
 use tidings_tests::demo::{self, Endpoints};
 use tidings_tests::fake_push::{Answer, FakePushService};
 use tidings_tests::fixtures;
-use tidings_tests::harness::{self, DB_LOGINS, TestDb, poll_wait, tool};
+use tidings_tests::harness::{self, DB_LOGINS, TestDb, poll_wait, serve, tool};
+use tidings_tests::otlp::{Spans, attr, int_attr, traced_pipeline};
 use tidings_tests::scenario::{Scenario, Watcher};
 use tidings_tests::services::{ADMIN_TOKEN, Pipeline, SERVICES, binary};
-
-async fn serve(router: Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, router).await });
-    format!("http://{addr}")
-}
 
 async fn metrics(p: &Pipeline, name: &str) -> String {
     reqwest::get(format!("{}/metrics", p.ops_url(name)))
@@ -335,44 +329,17 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
     );
     // The three creates went through the create queue, each counted in one statement.
     assert_eq!(moved("api", "tidings_api_create_batch_size_sum{}"), 3.0);
+    // Every service with a pool timed its acquires (the dispatcher's loops take many).
+    for svc in ["api", "dispatcher", "detector"] {
+        assert!(
+            moved(svc, "tidings_db_pool_acquire_seconds_count{}") >= 1.0,
+            "{svc}"
+        );
+    }
+    assert!(!after["pusher"].contains_key("tidings_db_pool_acquire_seconds_count{}"));
 
     p.stop().await;
     s.cleanup().await;
-}
-
-/// A minimal OTLP/HTTP (JSON) trace receiver.
-async fn otlp_receiver() -> (String, Arc<Mutex<Vec<Value>>>) {
-    let spans: Arc<Mutex<Vec<Value>>> = Arc::default();
-    let store = spans.clone();
-    let router = Router::new().route(
-        "/v1/traces",
-        post(move |body: Bytes| {
-            let store = store.clone();
-            async move {
-                if let Ok(v) = serde_json::from_slice::<Value>(&body) {
-                    for rs in v["resourceSpans"].as_array().into_iter().flatten() {
-                        let service = rs["resource"]["attributes"]
-                            .as_array()
-                            .into_iter()
-                            .flatten()
-                            .find(|a| a["key"] == "service.name")
-                            .and_then(|a| a["value"]["stringValue"].as_str())
-                            .unwrap_or("?")
-                            .to_owned();
-                        for ss in rs["scopeSpans"].as_array().into_iter().flatten() {
-                            for span in ss["spans"].as_array().into_iter().flatten() {
-                                let mut span = span.clone();
-                                span["service"] = Value::String(service.clone());
-                                store.lock().unwrap().push(span);
-                            }
-                        }
-                    }
-                }
-                "{}"
-            }
-        }),
-    );
-    (serve(router).await, spans)
 }
 
 /// Without `OTEL_EXPORTER_OTLP_PROTOCOL` a service exports protobuf, as documented, under the
@@ -446,20 +413,6 @@ async fn traces_are_protobuf_by_default_under_otel_service_name() {
     }
 }
 
-fn attr(span: &Value, key: &str) -> Option<String> {
-    span["attributes"]
-        .as_array()?
-        .iter()
-        .find(|a| a["key"] == key)
-        .map(|a| {
-            let v = &a["value"];
-            v["stringValue"]
-                .as_str()
-                .map(str::to_owned)
-                .unwrap_or_else(|| v.to_string())
-        })
-}
-
 /// A watcher of SKU-1 below 1200 (at 1500) whose subscription is `push`'s, then the price
 /// drops to 1000: one notification to come.
 async fn watch_sku1_pushing_to(s: &Scenario, push: &FakePushService) -> Watcher {
@@ -472,15 +425,8 @@ async fn watch_sku1_pushing_to(s: &Scenario, push: &FakePushService) -> Watcher 
 async fn watch_sku1_subscribed_to(s: &Scenario, push: &FakePushService) -> (Watcher, Subscription) {
     let sub = push.subscription();
     let w = s
-        .watcher("SKU-1", Trigger::PriceBelow { threshold: 1200 }, 1500)
+        .watcher_at("SKU-1", Trigger::PriceBelow { threshold: 1200 }, 1500, &sub)
         .await;
-    sqlx::query("UPDATE push_subscriptions SET endpoint = $1, p256dh = $2, auth = $3")
-        .bind(&sub.endpoint)
-        .bind(&sub.p256dh)
-        .bind(&sub.auth)
-        .execute(&s.db.pool)
-        .await
-        .unwrap();
     (w, sub)
 }
 
@@ -490,7 +436,7 @@ struct Traced {
     s: Scenario,
     push: FakePushService,
     p: Pipeline,
-    spans: Arc<Mutex<Vec<Value>>>,
+    spans: Spans,
     w: Watcher,
     sub: Subscription,
 }
@@ -508,21 +454,6 @@ async fn traced() -> Traced {
         w,
         sub,
     }
-}
-
-/// Every service, exporting its spans (as JSON, to read them) to a receiver of the test's.
-async fn traced_pipeline(s: &Scenario) -> (Pipeline, Arc<Mutex<Vec<Value>>>) {
-    let (otlp, spans) = otlp_receiver().await;
-    let p = Pipeline::start(
-        s,
-        &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()),
-            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
-            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
-        ],
-    )
-    .await;
-    (p, spans)
 }
 
 #[tokio::test]
@@ -695,8 +626,39 @@ async fn one_notification_is_one_trace_across_every_service() {
     assert_eq!(server["name"], "GET /v1/vapid-public-key", "{server}");
     assert_eq!(int_attr(&server, "http.response.status_code"), Some(200));
 
+    // The latency histograms point at these traces (OpenMetrics exemplars), in text the
+    // Prometheus project's parser accepts.
+    for (service, family, trace) in [
+        (
+            "dispatcher",
+            "tidings_detection_to_delivery_seconds",
+            trace.as_str(),
+        ),
+        ("pusher", "tidings_push_duration_seconds", trace.as_str()),
+        ("api", "tidings_http_request_duration_seconds", client_trace),
+    ] {
+        let text = metrics(&p, service).await;
+        parse_metrics(&text);
+        assert!(
+            exemplar_traces(&text, family).contains(&trace.to_owned()),
+            "{family} has no exemplar of trace {trace}:\n{text}"
+        );
+    }
+
     p.stop().await;
     s.cleanup().await;
+}
+
+/// The trace ids of the exemplars on `family`'s buckets.
+fn exemplar_traces(text: &str, family: &str) -> Vec<String> {
+    let bucket = format!("{family}_bucket{{");
+    text.lines()
+        .filter(|l| l.starts_with(&bucket))
+        .filter_map(|l| {
+            let (_, exemplar) = l.split_once(" # {trace_id=\"")?;
+            Some(exemplar.split('"').next()?.to_owned())
+        })
+        .collect()
 }
 
 /// A push the push service fails (500) and its retry stay in the notification's trace: two
@@ -769,6 +731,76 @@ async fn a_retried_notification_is_one_trace_with_a_failed_push_then_a_delivered
     let rows = s.rows(w.watch).await;
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].status, "sent");
+    p.stop().await;
+    s.cleanup().await;
+}
+
+/// An outbox write that fails marks its ingest span ERROR with what failed; the message comes
+/// back (nak) and its next ingest, once the write succeeds, carries the notification on in the
+/// same trace.
+#[tokio::test]
+async fn a_failed_outbox_write_is_an_error_span_and_the_redelivery_carries_on() {
+    let Traced {
+        s,
+        push: _push,
+        p,
+        spans,
+        w,
+        sub: _sub,
+    } = traced().await;
+    // Every new row is refused until the constraint goes.
+    sqlx::query("ALTER TABLE outbox ADD CONSTRAINT refused_by_the_test CHECK (false) NOT VALID")
+        .execute(&s.db.pool)
+        .await
+        .unwrap();
+    s.catalog.set_price("SKU-1", 1000);
+    let ingests = |got: &[Value]| -> Vec<Value> {
+        let mut v: Vec<Value> = got
+            .iter()
+            .filter(|sp| sp["name"] == "ingest")
+            .cloned()
+            .collect();
+        v.sort_by_key(|sp| sp["startTimeUnixNano"].as_str().unwrap_or("").to_owned());
+        v
+    };
+    let started = Instant::now();
+    let failed = loop {
+        let got = spans.lock().unwrap().clone();
+        if let Some(sp) = ingests(&got).first() {
+            break sp.clone();
+        }
+        poll_wait(started, 20, || p.log("dispatcher")).await;
+    };
+    assert_eq!(failed["status"]["code"], 2, "{failed}");
+    let message = failed["status"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("inserting outbox rows failed") && message.contains("refused_by_the_test"),
+        "{failed}"
+    );
+    assert!(s.rows(w.watch).await.is_empty());
+    sqlx::query("ALTER TABLE outbox DROP CONSTRAINT refused_by_the_test")
+        .execute(&s.db.pool)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let (ingested, recheck) = loop {
+        let got = spans.lock().unwrap().clone();
+        let ok = ingests(&got)
+            .into_iter()
+            .find(|sp| sp["status"]["code"] != 2);
+        let recheck = got.iter().find(|sp| sp["name"] == "recheck").cloned();
+        if let (Some(ok), Some(recheck)) = (ok, recheck) {
+            break (ok, recheck);
+        }
+        poll_wait(started, 30, || p.log("dispatcher")).await;
+    };
+    assert_eq!(ingested["traceId"], failed["traceId"], "{ingested}");
+    assert_eq!(recheck["parentSpanId"], ingested["spanId"], "{recheck}");
+    assert_ne!(recheck["status"]["code"], 2, "{recheck}");
+    let started = Instant::now();
+    while s.rows(w.watch).await.first().map(|r| r.status.as_str()) != Some("sent") {
+        poll_wait(started, 30, || p.log("dispatcher")).await;
+    }
     p.stop().await;
     s.cleanup().await;
 }
@@ -885,16 +917,6 @@ async fn a_withheld_notification_and_its_replay_are_linked_traces() {
     assert_eq!(attr(&pushed, "outcome").as_deref(), Some("delivered"));
     p.stop().await;
     s.cleanup().await;
-}
-
-/// An integer attribute (OTLP/JSON writes int64 as a number or a string); `None` if it is
-/// missing or not an integer.
-fn int_attr(span: &Value, key: &str) -> Option<i64> {
-    let v = &span["attributes"]
-        .as_array()?
-        .iter()
-        .find(|a| a["key"] == key)?["value"]["intValue"];
-    v.as_i64().or_else(|| v.as_str()?.parse().ok())
 }
 
 #[tokio::test]

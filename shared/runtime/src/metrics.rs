@@ -6,6 +6,7 @@
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::exemplar::HistogramWithExemplars;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
@@ -158,6 +159,11 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
         "gauge",
         &["api", "dispatcher", "detector"],
     ),
+    (
+        "tidings_db_pool_acquire_seconds",
+        "histogram",
+        &["api", "dispatcher", "detector"],
+    ),
     ("process_cpu_seconds", "counter", SERVICES),
     ("process_resident_memory_bytes", "gauge", SERVICES),
     ("process_open_fds", "gauge", SERVICES),
@@ -198,16 +204,32 @@ pub fn sample_names() -> Vec<String> {
         .collect()
 }
 
-type Hist<L> = Family<L, Histogram, fn() -> Histogram>;
+/// A latency histogram whose buckets each keep the trace id of their last observation, so a
+/// Grafana latency panel links a slow bucket to a trace that landed in it (OpenMetrics
+/// exemplars).
+pub type Traced = HistogramWithExemplars<TraceLabels>;
+
+type TracedHist<L> = Family<L, Traced, fn() -> Traced>;
+
+/// An exemplar's labels: the trace the observation belongs to.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TraceLabels {
+    pub trace_id: String,
+}
+
+/// The exemplar for an observation in the trace `trace_id` (none without a trace).
+pub fn exemplar(trace_id: Option<String>) -> Option<TraceLabels> {
+    trace_id.map(|trace_id| TraceLabels { trace_id })
+}
 
 fn latency() -> Histogram {
     // 5 ms … ~82 s.
     Histogram::new(exponential_buckets(0.005, 2.0, 15))
 }
 
-fn fast_latency() -> Histogram {
+fn fast_latency() -> Traced {
     // 0.5 ms … ~4 s.
-    Histogram::new(exponential_buckets(0.0005, 2.0, 14))
+    Traced::new(exponential_buckets(0.0005, 2.0, 14))
 }
 
 pub struct Metrics {
@@ -221,8 +243,8 @@ pub struct Metrics {
     pub dead_lettered: Family<KindLabels, Counter>,
     pub source_errors: Family<KindLabels, Counter>,
     pub pushes: Family<PushLabels, Counter>,
-    pub push_duration: Hist<StatusLabels>,
-    pub detection_to_delivery: Histogram,
+    pub push_duration: TracedHist<StatusLabels>,
+    pub detection_to_delivery: Traced,
     pub consumer_pending: Family<ConsumerLabels, Gauge>,
     pub consumer_ack_pending: Family<ConsumerLabels, Gauge>,
     pub scans: Counter,
@@ -231,7 +253,7 @@ pub struct Metrics {
     pub detector_watches: Gauge,
     pub evaluated_watches: Counter,
     pub http_requests: Family<HttpLabels, Counter>,
-    pub http_duration: Hist<RouteLabels>,
+    pub http_duration: TracedHist<RouteLabels>,
     pub create_batch_size: Histogram,
     pub delivery_log_errors: Family<OperationLabels, Counter>,
     /// Requests refused by an abuse limit, by which (`register`, `watches_per_address`,
@@ -248,6 +270,9 @@ pub struct Metrics {
     /// The Postgres pool's open connections by `state` (`in_use`, `idle`), and its maximum.
     pub db_pool_connections: Family<StateLabels, Gauge>,
     pub db_pool_max: Gauge,
+    /// How long each connection took to get from the pool: above a millisecond, a query waited
+    /// for a connection (the pool was full) or for a new one to be opened.
+    pub db_pool_acquire: Histogram,
     pub process_cpu_seconds: Counter<f64, AtomicU64>,
     pub process_rss_bytes: Gauge,
     pub process_open_fds: Gauge,
@@ -275,10 +300,10 @@ impl Metrics {
             dead_lettered: Family::default(),
             source_errors: Family::default(),
             pushes: Family::default(),
-            push_duration: Family::new_with_constructor(fast_latency as fn() -> Histogram),
+            push_duration: Family::new_with_constructor(fast_latency as fn() -> Traced),
             // 10 ms … ~2.9 h: a notification retried on the longest schedule (8 retries from
             // 30 s, capped at 30 min, ~1.5 h) still lands in a bucket, so p99 does not clip.
-            detection_to_delivery: Histogram::new(exponential_buckets(0.01, 2.0, 21)),
+            detection_to_delivery: Traced::new(exponential_buckets(0.01, 2.0, 21)),
             consumer_pending: Family::default(),
             consumer_ack_pending: Family::default(),
             scans: Counter::default(),
@@ -287,7 +312,7 @@ impl Metrics {
             detector_watches: Gauge::default(),
             evaluated_watches: Counter::default(),
             http_requests: Family::default(),
-            http_duration: Family::new_with_constructor(fast_latency as fn() -> Histogram),
+            http_duration: Family::new_with_constructor(fast_latency as fn() -> Traced),
             // 1 … 128 creates per statement.
             create_batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 8)),
             delivery_log_errors: Family::default(),
@@ -298,6 +323,8 @@ impl Metrics {
             failures: Family::default(),
             db_pool_connections: Family::default(),
             db_pool_max: Gauge::default(),
+            // 0.1 ms … ~26 s (the pool gives up after 30 s).
+            db_pool_acquire: Histogram::new(exponential_buckets(0.0001, 4.0, 10)),
             process_cpu_seconds: Counter::default(),
             process_rss_bytes: Gauge::default(),
             process_open_fds: Gauge::default(),
@@ -474,6 +501,13 @@ impl Metrics {
             "tidings_db_pool_max_connections",
             "The most Postgres connections the service's pool opens",
             m.db_pool_max.clone(),
+        );
+        register(
+            &mut registry,
+            "tidings_db_pool_acquire_seconds",
+            "Time to get a connection from the Postgres pool (waits: the pool was full or \
+             opening one)",
+            m.db_pool_acquire.clone(),
         );
         register(
             &mut registry,

@@ -13,6 +13,8 @@ use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::Layer as _;
+use tracing_subscriber::filter::Targets;
 use tracing_subscriber::fmt::format::{Format, Json, Writer};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::layer::SubscriberExt;
@@ -46,8 +48,12 @@ impl Telemetry {
     /// Installs the global subscriber for `service` (e.g. `tidings-dispatcher`).
     pub fn init(service: &'static str) -> Telemetry {
         let _ = SERVICE.set(service);
-        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // One filter per layer (RUST_LOG, default info) rather than one for all: the pool-wait
+        // layer needs sqlx's per-acquire events, which the logs and traces do not want.
+        let filter = || {
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+        };
         let fmt = tracing_subscriber::fmt::layer()
             .json()
             .event_format(JsonWithTraceIds(tracing_subscriber::fmt::format().json()))
@@ -79,9 +85,11 @@ impl Telemetry {
             .as_ref()
             .map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer(service)));
         tracing_subscriber::registry()
-            .with(filter)
-            .with(fmt)
-            .with(otel)
+            .with(fmt.with_filter(filter()))
+            .with(otel.map(|otel| otel.with_filter(filter())))
+            .with(PoolWaits.with_filter(
+                Targets::new().with_target(POOL_ACQUIRE_TARGET, tracing::Level::TRACE),
+            ))
             .init();
         let _ = DISPATCH.set(tracing::dispatcher::get_default(|d| d.downgrade()));
         if let Some(e) = build_error {
@@ -89,6 +97,33 @@ impl Telemetry {
         }
         EXPORTING.store(provider.is_some(), Ordering::Relaxed);
         Telemetry { provider }
+    }
+}
+
+/// Where sqlx reports each pool acquire, with `aquired_after_secs` (sic) (the pool's
+/// `acquire_time_level`, set by the store).
+const POOL_ACQUIRE_TARGET: &str = "sqlx::pool::acquire";
+
+/// Feeds `tidings_db_pool_acquire_seconds` from sqlx's acquire events: sqlx counts no waits
+/// itself, and timing every call site would miss the acquires inside `execute(&pool)`.
+struct PoolWaits;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PoolWaits {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Waited(Option<f64>);
+        impl tracing::field::Visit for Waited {
+            fn record_f64(&mut self, field: &tracing::field::Field, value: f64) {
+                if field.name() == "aquired_after_secs" {
+                    self.0 = Some(value);
+                }
+            }
+            fn record_debug(&mut self, _: &tracing::field::Field, _: &dyn std::fmt::Debug) {}
+        }
+        let mut waited = Waited(None);
+        event.record(&mut waited);
+        if let Some(secs) = waited.0 {
+            crate::metrics::metrics().db_pool_acquire.observe(secs);
+        }
     }
 }
 
@@ -211,6 +246,34 @@ fn remote(traceparent: Option<&str>) -> Option<opentelemetry::Context> {
     headers.insert("traceparent", traceparent?);
     let cx = crate::trace_context::extract(Some(&headers));
     cx.span().span_context().is_valid().then_some(cx)
+}
+
+/// Marks `span` failed (status ERROR with `message`), so a trace shows where its notification's
+/// step failed and span-error panels count it.
+pub fn fail(span: &tracing::Span, message: &str) {
+    span.set_status(opentelemetry::trace::Status::error(message.to_owned()));
+}
+
+/// The trace id `span` belongs to (32 hex digits), when it is being exported.
+pub fn trace_id(span: &tracing::Span) -> Option<String> {
+    if !exporting() {
+        return None;
+    }
+    let cx = span.context();
+    let sc = cx.span().span_context().clone();
+    sc.is_valid().then(|| sc.trace_id().to_string())
+}
+
+/// The trace id a W3C `traceparent` names, when it is well formed.
+pub fn trace_id_of(traceparent: &str) -> Option<&str> {
+    let mut parts = traceparent.split('-');
+    let (_version, id) = (parts.next()?, parts.next()?);
+    let valid = id.len() == 32
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        && id.bytes().any(|b| b != b'0');
+    valid.then_some(id)
 }
 
 /// `span`'s own W3C `traceparent`, when it is being exported.

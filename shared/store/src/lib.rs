@@ -36,6 +36,9 @@ pub fn db(what: &'static str) -> impl FnOnce(sqlx::Error) -> DbError {
 pub fn postgres(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Error> {
     let pool = PgPoolOptions::new()
         .max_connections(max_connections)
+        // Every acquire is reported (at trace level, which no log shows by default) so the
+        // runtime can time pool waits (`tidings_db_pool_acquire_seconds`).
+        .acquire_time_level(log::LevelFilter::Trace)
         .connect_lazy(url)?;
     // What the pool holds, read at every scrape (`tidings_db_pool_*`).
     let watched = pool.clone();
