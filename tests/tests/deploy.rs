@@ -80,6 +80,7 @@ fn the_manifests_dashboards_and_dockerfile_pass_the_checks() {
     for expected in [
         "overlay dev: renders, valid for Kubernetes",
         "overlay prod: renders, valid for Kubernetes",
+        "and its 2 prometheus-operator resources valid",
         "yamllint: clean",
         "hadolint: Dockerfile clean",
         "dashboards and alerts: valid, every metric exported",
@@ -100,6 +101,25 @@ fn an_invalid_manifest_fails_the_checks() {
     assert!(!ok, "{out}");
     assert!(
         out.contains("deployment/api") && out.contains("containerPort"),
+        "{out}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_invalid_service_monitor_fails_the_checks() {
+    let dir = copy();
+    edit(
+        &dir.join("deploy/k8s/components/prometheus-operator/servicemonitor.yaml"),
+        "interval: 15s",
+        "interval: 15",
+    );
+    let (ok, out) = check(&dir);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("a prometheus-operator resource is not valid")
+            && out.contains("ServiceMonitor/tidings")
+            && out.contains("interval"),
         "{out}"
     );
     let _ = std::fs::remove_dir_all(&dir);
@@ -176,6 +196,52 @@ fn a_dashboard_that_is_not_json_fails_the_checks() {
     assert!(!ok, "{out}");
     assert!(out.contains("push-services.json: not valid JSON"), "{out}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The PrometheusRule the prometheus-operator component ships: the alerting rules file's groups,
+/// as they are, in the operator's wrapper.
+fn prometheus_rule(alerts: &str) -> String {
+    let groups = alerts
+        .find("\ngroups:")
+        .map(|at| &alerts[at + 1..])
+        .expect("alerts.yaml has a top-level `groups:`");
+    let body: String = groups
+        .lines()
+        .map(|l| {
+            if l.is_empty() {
+                "\n".to_owned()
+            } else {
+                format!("  {l}\n")
+            }
+        })
+        .collect();
+    format!(
+        "# Generated from deploy/telemetry/alerts.yaml (tests/tests/deploy.rs checks it; run that\n\
+         # test with TIDINGS_BLESS=1 to rewrite it): the same groups, for the prometheus-operator.\n\
+         # Each alert's runbook: docs/runbooks.md.\n\
+         apiVersion: monitoring.coreos.com/v1\n\
+         kind: PrometheusRule\n\
+         metadata:\n  name: tidings\n  labels:\n    app.kubernetes.io/part-of: tidings\n\
+         spec:\n{body}"
+    )
+}
+
+#[test]
+fn the_prometheus_rule_holds_the_alerting_rules_file() {
+    let alerts = std::fs::read_to_string(repo().join("deploy/telemetry/alerts.yaml")).unwrap();
+    let expected = prometheus_rule(&alerts);
+    let file = repo().join("deploy/k8s/components/prometheus-operator/prometheusrule.yaml");
+    if std::env::var_os("TIDINGS_BLESS").is_some() {
+        std::fs::write(&file, &expected).unwrap();
+    }
+    let actual = std::fs::read_to_string(&file).unwrap_or_default();
+    assert!(
+        actual == expected,
+        "{} is not generated from alerts.yaml; run this test with TIDINGS_BLESS=1",
+        file.display()
+    );
+    assert!(expected.contains("    - name: tidings-delivery\n"));
+    assert!(expected.contains("      - alert: TidingsOutboxBacklogOld\n"));
 }
 
 /// No container engine here, so the image build is checked for what breaks it silently: every
