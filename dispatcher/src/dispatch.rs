@@ -18,7 +18,7 @@ use tidings_bus::publish::{Outgoing, publish_all};
 use tidings_domain::messages::{PushRequest, encode};
 use tidings_domain::outbox::Status;
 use tidings_domain::subjects::StreamKind;
-use tidings_domain::{Channel, OutboxId};
+use tidings_domain::{Channel, ItemCode, OutboxId};
 use tidings_runtime::telemetry;
 use tidings_source::HttpSource;
 use tokio_util::sync::CancellationToken;
@@ -157,10 +157,39 @@ impl Dispatcher {
         };
 
         let (guarded, mut changes) = plan::guard(&rows, &watches, s, Utc::now());
-        let fetched = self
-            .source
-            .fetch_many(&plan::items(&guarded, &watches))
-            .await;
+        let items = plan::items(&guarded, &watches);
+        // A row's re-fetch, as a CLIENT span under its re-check: the catalog's answer (or the
+        // error) for this notification's item, timed by the request that carried it.
+        let fetch_spans: Vec<(tracing::Span, ItemCode)> = guarded
+            .iter()
+            .filter(|_| !spans.is_empty())
+            .filter_map(|g| {
+                let parent = spans.get(&g.row.id)?;
+                let item = ItemCode::parse(&watches.get(&g.row.watch_id)?.item_code).ok()?;
+                let span = tracing::info_span!(
+                    parent: parent,
+                    "fetch",
+                    otel.kind = "client",
+                    server.address = self.source.host(),
+                    item = item.as_str(),
+                    outcome = tracing::field::Empty,
+                );
+                Some((span, item))
+            })
+            .collect();
+        let fetched = self.source.fetch_many(&items).await;
+        for (span, item) in fetch_spans {
+            match fetched.get(&item) {
+                Some(Ok(_)) => {
+                    span.record("outcome", "ok");
+                }
+                Some(Err(e)) => {
+                    span.record("outcome", e.kind.as_str());
+                    telemetry::fail(&span, &e.to_string());
+                }
+                None => {}
+            }
+        }
         let decided = plan::decide(&guarded, &watches, &last_sent, &fetched, s, Utc::now());
         changes.extend(decided.changes);
         let requests = decided.requests;

@@ -15,6 +15,7 @@ use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
 use tidings_tests::brokers::PrivateNats;
 use tidings_tests::demo::{self, Endpoints};
+use tidings_tests::fake_catalog::Behavior;
 use tidings_tests::fake_push::{Answer, FakePushService};
 use tidings_tests::fixtures;
 use tidings_tests::harness::{self, DB_LOGINS, TestDb, poll_wait, serve, tool};
@@ -471,7 +472,7 @@ async fn one_notification_is_one_trace_across_every_service() {
 
     // Wait for the row to be sent and the result span to arrive.
     let started = Instant::now();
-    let names = ["detect", "ingest", "recheck", "push", "result"];
+    let names = ["detect", "ingest", "recheck", "fetch", "push", "result"];
     let by_name = loop {
         let got: HashMap<String, Value> = spans
             .lock()
@@ -511,6 +512,7 @@ async fn one_notification_is_one_trace_across_every_service() {
     for (child, parent) in [
         ("ingest", "detect"),
         ("recheck", "ingest"),
+        ("fetch", "recheck"),
         ("push", "recheck"),
         ("result", "push"),
     ] {
@@ -576,6 +578,13 @@ async fn one_notification_is_one_trace_across_every_service() {
             "{name}"
         );
     }
+    // The re-check's re-fetch of the item from the catalog: an HTTP CLIENT span.
+    let fetch = &by_name["fetch"];
+    assert_eq!(fetch["kind"], serde_json::json!(3), "{fetch}");
+    assert_eq!(attr(fetch, "item").as_deref(), Some("SKU-1"));
+    assert_eq!(attr(fetch, "outcome").as_deref(), Some("ok"));
+    assert_eq!(attr(fetch, "server.address").as_deref(), Some("127.0.0.1"));
+    assert_ne!(fetch["status"]["code"], serde_json::json!(2), "{fetch}");
     let enqueue = s.subjects.subject(StreamKind::Enqueue, Channel::WebPush);
     for name in ["detect", "ingest"] {
         assert_eq!(
@@ -731,6 +740,48 @@ async fn a_retried_notification_is_one_trace_with_a_failed_push_then_a_delivered
     let rows = s.rows(w.watch).await;
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].status, "sent");
+    p.stop().await;
+    s.cleanup().await;
+}
+
+/// A catalog that fails the re-check's re-fetch: the `fetch` span under the re-check has status
+/// ERROR with the source's error, and the row waits to be tried again.
+#[tokio::test]
+async fn a_catalog_error_at_recheck_is_an_error_fetch_span() {
+    let Traced {
+        s,
+        push: _push,
+        p,
+        spans,
+        w,
+        sub: _sub,
+    } = traced().await;
+    s.catalog.set_behavior("SKU-1", Behavior::ServerError);
+    let request = s.detection(&w, 1000, chrono::Utc::now());
+    s.publish_enqueue_traced(&request, &request.dedup_key().to_string(), None)
+        .await;
+    let started = Instant::now();
+    let (fetch, recheck) = loop {
+        let got = spans.lock().unwrap().clone();
+        let fetch = got.iter().find(|sp| sp["name"] == "fetch").cloned();
+        let recheck = got.iter().find(|sp| sp["name"] == "recheck").cloned();
+        if let (Some(f), Some(r)) = (fetch, recheck) {
+            break (f, r);
+        }
+        poll_wait(started, 20, || p.log("dispatcher")).await;
+    };
+    assert_eq!(fetch["parentSpanId"], recheck["spanId"], "{fetch}");
+    assert_eq!(fetch["kind"], serde_json::json!(3), "{fetch}");
+    assert_eq!(fetch["status"]["code"], serde_json::json!(2), "{fetch}");
+    assert_eq!(
+        attr(&fetch, "outcome").as_deref(),
+        Some("unavailable"),
+        "{fetch}"
+    );
+    let message = fetch["status"]["message"].as_str().unwrap_or("");
+    assert!(message.starts_with("unavailable"), "{fetch}");
+    let row = s.rows(w.watch).await.into_iter().next().expect("the row");
+    assert_eq!(row.status, "retry", "{row:?}");
     p.stop().await;
     s.cleanup().await;
 }

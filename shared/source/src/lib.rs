@@ -135,6 +135,7 @@ impl ItemBody {
 pub struct HttpSource {
     client: reqwest::Client,
     config: SourceConfig,
+    host: String,
     limits: HashMap<String, Arc<Semaphore>>,
 }
 
@@ -175,6 +176,11 @@ impl HttpSource {
         if let Some(batch) = &config.batch_url {
             hosts.push(host_of(batch, "{items}")?);
         }
+        // hosts[0] is "host:port" of the item URL.
+        let host = hosts[0]
+            .rsplit_once(':')
+            .map_or(hosts[0].as_str(), |(h, _)| h)
+            .to_owned();
         for host in hosts {
             limits
                 .entry(host)
@@ -189,8 +195,14 @@ impl HttpSource {
         Ok(HttpSource {
             client,
             config,
+            host,
             limits,
         })
+    }
+
+    /// The catalog's host (`server.address` of a fetch span).
+    pub fn host(&self) -> &str {
+        &self.host
     }
 
     pub fn config(&self) -> &SourceConfig {
