@@ -8,7 +8,7 @@ use crate::problem::{ApiError, Problem, Unauthorized};
 use crate::watches::TriggerSpec;
 use axum::Json;
 use axum::extract::State;
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 use tidings_domain::outbox::{Delivery, Reason, Status};
 use tidings_domain::trigger::Trigger;
@@ -60,6 +60,9 @@ pub struct Notification {
 pub struct NotificationList {
     pub items: Vec<Notification>,
     pub next_cursor: Option<String>,
+    /// How far back history reaches: notifications detected before this day have left with
+    /// the retention (TIDINGS_RETENTION, at least 8 days).
+    pub kept_from: Option<NaiveDate>,
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -186,5 +189,12 @@ pub async fn list_notifications(
     .await
     .map_err(db("listing notifications"))?;
     let (items, next_cursor) = page(rows, limit, |r| r.id, Notification::from);
-    Ok(Json(NotificationList { items, next_cursor }))
+    let kept_from = tidings_store::partitions::kept_from(&app.pool)
+        .await
+        .map_err(db("reading how far the outbox reaches back"))?;
+    Ok(Json(NotificationList {
+        items,
+        next_cursor,
+        kept_from,
+    }))
 }

@@ -11,7 +11,7 @@ use axum::Json;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 use tidings_domain::OutboxId;
 use tidings_domain::outbox::{Reason, Status};
@@ -41,6 +41,9 @@ pub struct ListOutbox {
 pub struct OutboxList {
     pub items: Vec<OutboxRow>,
     pub next_cursor: Option<String>,
+    /// How far back the outbox reaches: rows of earlier dedup days have been dropped with
+    /// their week (TIDINGS_RETENTION).
+    pub kept_from: Option<NaiveDate>,
 }
 
 /// An outbox row as operators see it: the notification plus its delivery record.
@@ -164,7 +167,14 @@ pub async fn list_outbox(
     .await
     .map_err(db("listing outbox rows"))?;
     let (items, next_cursor) = page(rows, limit, |r| r.notification.id(), OutboxRow::from);
-    Ok(Json(OutboxList { items, next_cursor }))
+    let kept_from = tidings_store::partitions::kept_from(&app.pool)
+        .await
+        .map_err(db("reading how far the outbox reaches back"))?;
+    Ok(Json(OutboxList {
+        items,
+        next_cursor,
+        kept_from,
+    }))
 }
 
 #[utoipa::path(

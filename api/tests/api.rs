@@ -259,6 +259,15 @@ async fn a_client_registers_watches_pauses_reads_history_and_leaves() {
     assert_eq!(items[1]["checked"]["price"], 1300);
     assert_eq!(items[1]["item_code"], "SKU-1");
     assert_eq!(items[1]["trigger"]["kind"], "price_below");
+    // How far back history reaches: the oldest week the outbox holds.
+    let oldest: chrono::NaiveDate = sqlx::query_scalar(
+        "SELECT min(to_date(substr(c.relname, 8), 'YYYYMMDD')) FROM pg_inherits i
+         JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'outbox'::regclass",
+    )
+    .fetch_one(&s.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(history["kept_from"], oldest.to_string());
     let dropped_only = json(
         api.get("/v1/notifications?status=dropped", Some(&token))
             .await,
@@ -965,6 +974,7 @@ async fn operators_list_count_inspect_and_replay_terminal_rows() {
     )
     .await;
     assert_eq!(listed["items"][0]["id"], failed.to_string());
+    assert!(listed["kept_from"].is_string(), "{listed}");
     let none = json(
         api.get("/v1/admin/outbox?reason=condition_lost", admin)
             .await,

@@ -7,7 +7,7 @@
 //! claim lease runs out. `claimed_until` is not indexed and the outbox leaves half of each page
 //! free (migration 0003), so a claim is a HOT update; every state transition clears it.
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, NaiveDate, Utc};
 use sqlx::PgPool;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -22,6 +22,7 @@ use crate::recheck::WatchState;
 #[derive(Debug, sqlx::FromRow)]
 pub struct Claimed {
     pub id: OutboxId,
+    pub dedup_day: NaiveDate,
     pub watch_id: WatchId,
     pub device_id: DeviceId,
     pub status: String,
@@ -78,9 +79,10 @@ impl Claimed {
 }
 
 /// Takes up to `$1` due rows, oldest first, and hides them from other claims for `$2` seconds.
+/// The update finds each row by its whole key, dedup day included, so it reads one partition.
 pub const CLAIM: &str = concat!(
     "WITH due AS (
-         SELECT id FROM outbox
+         SELECT id, dedup_day FROM outbox
          WHERE status IN ",
     tidings_store::status_sql!(due),
     " AND next_attempt_at <= now()
@@ -90,8 +92,8 @@ pub const CLAIM: &str = concat!(
          FOR UPDATE SKIP LOCKED
      )
      UPDATE outbox o SET claimed_until = now() + make_interval(secs => $2)
-     FROM due WHERE o.id = due.id
-     RETURNING o.id, o.watch_id, o.device_id, o.status, o.trigger, ",
+     FROM due WHERE o.id = due.id AND o.dedup_day = due.dedup_day
+     RETURNING o.id, o.dedup_day, o.watch_id, o.device_id, o.status, o.trigger, ",
     tidings_store::snapshot_columns!(),
     ", o.attempt, o.retry_count, o.traceparent"
 );

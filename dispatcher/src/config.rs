@@ -5,6 +5,7 @@ use tidings_bus::NatsArgs;
 use tidings_bus::streams::StreamSettings;
 use tidings_domain::backoff::RetryPolicy;
 use tidings_domain::duration::parse_duration;
+use tidings_domain::retention::{Retention, parse_retention};
 use tidings_domain::subjects::{InvalidPrefix, Subjects};
 use tidings_runtime::flags;
 use tidings_runtime::ops::OpsArgs;
@@ -85,6 +86,10 @@ pub struct Config {
     /// Web Push TTL: how long a push service keeps a message for an offline device.
     #[arg(long, env = "TIDINGS_PUSH_TTL", default_value = "1h", value_parser = parse_duration)]
     pub push_ttl: Duration,
+    /// How long outbox rows are kept, in whole days (at least 8d): a week whose every day is
+    /// older is dropped once all its rows are decided, so rows stay between this and 7 days more.
+    #[arg(long, env = "TIDINGS_RETENTION", default_value = "30d", value_parser = parse_retention)]
+    pub retention: Retention,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -153,6 +158,7 @@ pub struct Settings {
     pub push_ttl: Duration,
     pub push_backlog_limit: u64,
     pub db_pool: u32,
+    pub retention: Retention,
 }
 
 impl Settings {
@@ -254,6 +260,7 @@ impl Config {
             push_ttl: self.push_ttl,
             push_backlog_limit: self.push_backlog_limit,
             db_pool: self.db_pool,
+            retention: self.retention,
         }
     }
 }

@@ -20,6 +20,7 @@ use tidings_runtime::metrics::ResultLabels;
 use tidings_runtime::telemetry;
 
 use crate::config::Settings;
+use crate::retention::Partitions;
 use crate::stage::Stage;
 
 pub const CONSUMER: &str = "dispatcher-ingest";
@@ -50,6 +51,7 @@ pub enum IngestError {
 
 pub struct Ingest {
     stage: Stage,
+    partitions: Partitions,
 }
 
 impl Ingest {
@@ -74,7 +76,10 @@ impl Ingest {
                 result: result.to_owned(),
             }),
         );
-        Ok(Ingest { stage })
+        Ok(Ingest {
+            stage,
+            partitions: Partitions::default(),
+        })
     }
 
     async fn watch_owners(
@@ -188,7 +193,18 @@ impl consume::Handler for Ingest {
                 (req, traceparent)
             })
             .collect();
-        let result = insert(&self.stage.pool, &requests).await;
+        let pool = &self.stage.pool;
+        let days = requests.iter().map(|(r, _)| r.dedup_day);
+        let result = match self.partitions.ensure(pool, days).await {
+            Ok(()) => insert(pool, &requests).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = &result
+            && e.to_string().contains("no partition of relation")
+        {
+            // A week this process thought was there has been dropped: ask again next time.
+            self.partitions.forget();
+        }
         if let Err(e) = &result {
             let message = format!("inserting outbox rows failed: {e}");
             spans

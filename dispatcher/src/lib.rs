@@ -22,6 +22,7 @@ pub mod ingest;
 mod plan;
 mod recheck;
 pub mod results;
+pub mod retention;
 mod stage;
 pub mod sweeper;
 
@@ -94,6 +95,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
     Ok(())
 }
 
+/// How often a dispatcher makes the coming weeks' partitions and drops expired ones.
+const RETENTION_INTERVAL: Duration = Duration::from_secs(3600);
+
 /// Runs every loop on connections made elsewhere (tests and benchmarks make their own) until
 /// `shutdown`, then lets each finish (and ack) its batch in flight.
 pub async fn run_with(
@@ -105,7 +109,12 @@ pub async fn run_with(
     settings.validate()?;
     let settings = Arc::new(settings);
     tidings_store::transition::init_metrics();
-    tidings_runtime::metrics::metrics().may_fail(&["dispatch", "publish_push", "sweep"]);
+    tidings_runtime::metrics::metrics().may_fail(&[
+        "dispatch",
+        "publish_push",
+        "sweep",
+        "retention",
+    ]);
     ensure_streams(&js, &settings.subjects, &settings.streams).await?;
     let source = Arc::new(HttpSource::new(settings.source.clone())?);
     let ingest = ingest::Ingest::new(pool.clone(), js.clone(), settings.clone()).await?;
@@ -143,6 +152,12 @@ pub async fn run_with(
         js.clone(),
         &settings.subjects,
         &settings.streams,
+    ));
+    tasks.spawn(retention::run(
+        pool.clone(),
+        settings.retention,
+        RETENTION_INTERVAL,
+        shutdown.clone(),
     ));
     tasks.spawn(sweeper::run(
         pool.clone(),

@@ -149,6 +149,7 @@ pub fn decide(
                         ttl: u32::try_from(settings.push_ttl.as_secs()).unwrap_or(u32::MAX),
                         urgency: urgency(&trigger),
                         topic: topic_for(row.id),
+                        dedup_day: Some(row.dedup_day),
                     },
                 );
                 plan.changes.push(c);
@@ -185,7 +186,7 @@ pub fn change(
             }
         }
     };
-    let mut c = Change::new(row.id, r, t);
+    let mut c = Change::new(row.id, row.dedup_day, r, t);
     if t.to == Status::Retry {
         c.next_attempt_at = Some(now + settings.retry.delay(r.retry_count, None));
     }
@@ -221,6 +222,7 @@ mod tests {
         let at = Utc::now();
         Claimed {
             id: OutboxId::new(),
+            dedup_day: at.date_naive(),
             watch_id,
             device_id: DeviceId::new(),
             status: "pending".into(),

@@ -12,7 +12,7 @@
 //! it found in the delivery log.
 
 use async_nats::jetstream;
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, NaiveDate, Utc};
 use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool};
 use std::collections::{HashMap, HashSet};
@@ -56,6 +56,7 @@ pub enum ResultsError {
 #[derive(sqlx::FromRow)]
 struct Locked {
     id: OutboxId,
+    dedup_day: NaiveDate,
     status: String,
     attempt: i32,
     retry_count: i32,
@@ -207,6 +208,15 @@ impl Applied {
     }
 }
 
+/// The rows a batch of results is about (`$1`: their ids).
+macro_rules! lock_rows {
+    () => {
+        "SELECT id, dedup_day, status, attempt, retry_count, watch_id, trigger, sent_value,
+                subscription_id, detected_at, traceparent
+         FROM outbox WHERE id = ANY($1)"
+    };
+}
+
 /// Applies results inside `tx`: rows locked in id order, transitions by compare-and-set, and
 /// for rows that became `sent` the baseline advanced to the value that was sent.
 pub async fn apply_in(
@@ -217,14 +227,32 @@ pub async fn apply_in(
     let mut ids: Vec<OutboxId> = results.iter().map(|r| r.outbox_id).collect();
     ids.sort();
     ids.dedup();
-    let locked: Vec<Locked> = sqlx::query_as(
-        "SELECT id, status, attempt, retry_count, watch_id, trigger, sent_value, subscription_id,
-                detected_at, traceparent
-         FROM outbox WHERE id = ANY($1) ORDER BY id FOR UPDATE",
-    )
-    .bind(&ids)
-    .fetch_all(&mut *tx)
-    .await?;
+    // The rows' dedup days, when every result carries its own (older pushers' do not): then the
+    // lookup reads only those days' partitions instead of every one.
+    let mut days: Option<Vec<NaiveDate>> = results.iter().map(|r| r.dedup_day).collect();
+    if let Some(days) = &mut days {
+        days.sort();
+        days.dedup();
+    }
+    // Two statements rather than one with `$2 IS NULL OR …`, which Postgres cannot prune by.
+    let locked: Vec<Locked> = match days {
+        Some(days) => {
+            sqlx::query_as(concat!(
+                lock_rows!(),
+                " AND dedup_day = ANY($2) ORDER BY id FOR UPDATE"
+            ))
+            .bind(&ids)
+            .bind(days)
+            .fetch_all(&mut *tx)
+            .await?
+        }
+        None => {
+            sqlx::query_as(concat!(lock_rows!(), " ORDER BY id FOR UPDATE"))
+                .bind(&ids)
+                .fetch_all(&mut *tx)
+                .await?
+        }
+    };
     let rows: HashMap<OutboxId, &Locked> = locked.iter().map(|l| (l.id, l)).collect();
 
     let mut changes = Vec::new();
@@ -258,7 +286,7 @@ pub async fn apply_in(
             continue;
         };
         seen.insert(result.outbox_id);
-        let mut c = Change::new(row.id, current, t);
+        let mut c = Change::new(row.id, row.dedup_day, current, t);
         c.http_status = result.http_status;
         c.push_message_id = result.message_id.clone();
         if let Some(e) = &result.error {

@@ -19,7 +19,7 @@
 //! transaction, so a result that is being applied right now wins and the sweeper leaves that
 //! row alone.
 
-use chrono::Utc;
+use chrono::{NaiveDate, Utc};
 use sqlx::PgPool;
 use std::sync::Arc;
 use tidings_bus::delivered::DeliveryLog;
@@ -61,8 +61,8 @@ pub async fn sweep_once(
     log: &DeliveryLog,
 ) -> Result<SweepStats, sqlx::Error> {
     let mut tx = pool.begin().await?;
-    let expired: Vec<(OutboxId, i32, i32)> = sqlx::query_as(concat!(
-        "SELECT id, attempt, retry_count FROM outbox
+    let expired: Vec<(OutboxId, NaiveDate, i32, i32)> = sqlx::query_as(concat!(
+        "SELECT id, dedup_day, attempt, retry_count FROM outbox
          WHERE status = ",
         tidings_store::status_sql!(sending),
         " AND lease_until < now()
@@ -76,12 +76,12 @@ pub async fn sweep_once(
     if expired.is_empty() {
         return Ok(SweepStats::default());
     }
-    let lookups = futures::future::join_all(expired.iter().map(|(id, _, _)| log.lookup(*id))).await;
+    let lookups = futures::future::join_all(expired.iter().map(|(id, ..)| log.lookup(*id))).await;
 
     let mut stats = SweepStats::default();
     let mut delivered = Vec::new();
     let mut changes = Vec::new();
-    for ((id, attempt, retry_count), lookup) in expired.into_iter().zip(lookups) {
+    for ((id, day, attempt, retry_count), lookup) in expired.into_iter().zip(lookups) {
         let row = Row {
             status: Status::Sending,
             retry_count: u32::try_from(retry_count).unwrap_or(0),
@@ -97,12 +97,13 @@ pub async fn sweep_once(
                         "result lost; attempt {} found in the delivery log",
                         done.attempt
                     )),
+                    dedup_day: Some(day),
                     ..PushResult::new(id, row.attempt, Outcome::Delivered)
                 });
             }
             Ok(_) => {
                 if let Ok(t) = outbox::apply(row, Event::Unknown, settings.retry.max_retries) {
-                    let mut c = Change::new(id, row, t);
+                    let mut c = Change::new(id, day, row, t);
                     c.last_error = Some(LEASE_EXPIRED.to_owned());
                     if t.to == Status::Retry {
                         c.next_attempt_at =

@@ -174,7 +174,7 @@ impl Pusher {
         } else {
             None
         };
-        let (result, handled) = match earlier {
+        let (mut result, handled) = match earlier {
             Some(done) => (
                 PushResult {
                     message_id: done.message_id,
@@ -205,6 +205,8 @@ impl Pusher {
                 (r, handled)
             }
         };
+        // Back to the row's partition (absent from an older dispatcher's request).
+        result.dedup_day = req.dedup_day;
         // In the push span, so the line carries its notification's trace id.
         tracing::info!(
             parent: &span,

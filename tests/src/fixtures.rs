@@ -131,8 +131,12 @@ pub enum Inserted {
     Duplicate,
 }
 
-/// One outbox row, written by ingest's own insert; a duplicate of the dedup key inserts nothing.
+/// One outbox row, written by ingest's own insert (its week's partition made first, as ingest
+/// does); a duplicate of the dedup key inserts nothing.
 pub async fn insert_outbox(pool: &PgPool, req: &EnqueueRequest) -> Result<Inserted, sqlx::Error> {
+    tidings_dispatcher::retention::Partitions::default()
+        .ensure(pool, [req.dedup_day])
+        .await?;
     if tidings_dispatcher::ingest::insert(pool, &[(req, None)]).await? == 0 {
         return Ok(Inserted::Duplicate);
     }
@@ -166,6 +170,7 @@ pub fn push_request(sub: &Subscription) -> PushRequest {
         ttl: 3600,
         urgency: Urgency::High,
         topic: topic_for(id),
+        dedup_day: None,
     }
 }
 

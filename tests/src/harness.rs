@@ -281,6 +281,16 @@ impl TestDb {
             .max_connections(16)
             .connect(&url)
             .await?;
+        if migrated {
+            // The template was migrated on the day it was made, with that day's weeks: make
+            // today's, as the dispatcher's retention loop would.
+            sqlx::query(
+                "SELECT outbox_ensure_partition(d::date)
+                 FROM generate_series(current_date - 7, current_date + 35, interval '7 days') d",
+            )
+            .execute(&pool)
+            .await?;
+        }
         Ok(TestDb {
             pool,
             name,

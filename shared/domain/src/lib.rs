@@ -26,6 +26,7 @@ pub mod messages;
 pub mod notification;
 pub mod outbox;
 pub mod push;
+pub mod retention;
 pub mod subjects;
 pub mod trigger;
 

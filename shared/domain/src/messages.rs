@@ -157,6 +157,10 @@ pub struct PushRequest {
     pub ttl: u32,
     pub urgency: Urgency,
     pub topic: String,
+    /// The row's dedup day (its outbox partition's key), carried back in the result so the
+    /// result finds its row in one partition. Older dispatchers omit it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedup_day: Option<NaiveDate>,
 }
 
 impl PushRequest {
@@ -249,6 +253,9 @@ pub struct PushResult {
     /// it died. Older pushers omit it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub maybe_delivered: bool,
+    /// The request's `dedup_day`, when it had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedup_day: Option<NaiveDate>,
 }
 
 impl PushResult {
@@ -267,6 +274,7 @@ impl PushResult {
             latency_ms: 0,
             refused: None,
             maybe_delivered: false,
+            dedup_day: None,
         }
     }
 

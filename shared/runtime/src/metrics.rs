@@ -145,6 +145,11 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
     ("tidings_build_info", "gauge", SERVICES),
     ("tidings_dlq_messages", "gauge", &["dispatcher"]),
     (
+        "tidings_outbox_expired_partitions_kept",
+        "gauge",
+        &["dispatcher"],
+    ),
+    (
         "tidings_failures",
         "counter",
         &["dispatcher", "pusher", "detector"],
@@ -265,6 +270,8 @@ pub struct Metrics {
     pub build_info: Family<VersionLabels, Gauge>,
     /// Messages in the dead-letter stream.
     pub dlq_messages: Gauge,
+    /// Outbox weeks past the retention kept because a row in them is still to be decided.
+    pub expired_partitions_kept: Gauge,
     /// Operations that failed and will be tried again, by `operation`.
     pub failures: Family<OperationLabels, Counter>,
     /// The Postgres pool's open connections by `state` (`in_use`, `idle`), and its maximum.
@@ -320,6 +327,7 @@ impl Metrics {
             ready: Gauge::default(),
             build_info: Family::default(),
             dlq_messages: Gauge::default(),
+            expired_partitions_kept: Gauge::default(),
             failures: Family::default(),
             db_pool_connections: Family::default(),
             db_pool_max: Gauge::default(),
@@ -482,6 +490,13 @@ impl Metrics {
             "tidings_dlq_messages",
             "Messages in the dead-letter stream (kept 14 days), for an operator to read",
             m.dlq_messages.clone(),
+        );
+        register(
+            &mut registry,
+            "tidings_outbox_expired_partitions_kept",
+            "Outbox weeks wholly older than TIDINGS_RETENTION that are kept because a row in \
+             them is still pending, retrying or sending (0 normally)",
+            m.expired_partitions_kept.clone(),
         );
         register(
             &mut registry,

@@ -6,6 +6,7 @@
 
 pub mod baselines;
 mod outbox;
+pub mod partitions;
 pub mod schema;
 pub mod transition;
 

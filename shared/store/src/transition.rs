@@ -5,7 +5,7 @@
 //! got there first) matches no row and changes nothing. Callers learn which changes won and act
 //! only on those (publish, advance a baseline, deactivate a subscription).
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, NaiveDate, Utc};
 use serde_json::Value;
 use sqlx::PgConnection;
 use std::collections::{HashMap, HashSet};
@@ -16,6 +16,8 @@ use tidings_domain::{OutboxId, SubscriptionId};
 #[derive(Clone, Debug)]
 pub struct Change {
     pub id: OutboxId,
+    /// The row's dedup day: with the id, its whole key, so the update reads one partition.
+    pub day: NaiveDate,
     pub from: Status,
     pub from_attempt: u32,
     pub transition: Transition,
@@ -33,9 +35,10 @@ pub struct Change {
 }
 
 impl Change {
-    pub fn new(id: OutboxId, row: Row, transition: Transition) -> Self {
+    pub fn new(id: OutboxId, day: NaiveDate, row: Row, transition: Transition) -> Self {
         Change {
             id,
+            day,
             from: row.status,
             from_attempt: row.attempt,
             transition,
@@ -67,6 +70,7 @@ pub async fn apply(
     }
     let col = |f: &dyn Fn(&Change) -> Option<Value>| changes.iter().map(f).collect::<Vec<_>>();
     let ids: Vec<OutboxId> = changes.iter().map(|c| c.id).collect();
+    let days: Vec<NaiveDate> = changes.iter().map(|c| c.day).collect();
     let from: Vec<&str> = changes.iter().map(|c| c.from.as_str()).collect();
     let from_attempt: Vec<i32> = changes.iter().map(|c| int(c.from_attempt)).collect();
     let to: Vec<&str> = changes.iter().map(|c| c.transition.to.as_str()).collect();
@@ -126,12 +130,13 @@ pub async fn apply(
          FROM UNNEST($1::uuid[], $2::text[], $3::int[], $4::text[], $5::text[], $6::int[], $7::int[],
                      $8::timestamptz[], $9::text[], $10::jsonb[], $11::jsonb[], $12::jsonb[],
                      $13::uuid[], $14::timestamptz[], $15::timestamptz[], $16::int[], $17::text[],
-                     $18::bool[])
+                     $18::bool[], $19::date[])
               AS u(id, from_status, from_attempt, to_status, reason, retry_count, attempt,
                    next_attempt_at, last_error, checked, sent_value, payload,
                    subscription_id, lease_until, deadline, http_status, push_message_id,
-                   maybe_delivered)
-         WHERE o.id = u.id AND o.status = u.from_status AND o.attempt = u.from_attempt
+                   maybe_delivered, day)
+         WHERE o.id = u.id AND o.dedup_day = u.day
+           AND o.status = u.from_status AND o.attempt = u.from_attempt
          RETURNING o.id"#
     ))
     .bind(ids)
@@ -152,6 +157,7 @@ pub async fn apply(
     .bind(http_status)
     .bind(message_id)
     .bind(maybe_delivered)
+    .bind(days)
     .fetch_all(conn)
     .await?;
     Ok(won.into_iter().collect())

@@ -402,3 +402,109 @@ async fn each_service_role_may_do_its_job_and_is_refused_the_rest() {
         }
     }
 }
+
+/// An outbox written under the schema before partitioning (migrations up to 0009) keeps every
+/// row, column for column, when 0010 partitions it by week; its dedup key and its
+/// one-replay-per-row rule hold after.
+#[tokio::test]
+async fn an_unpartitioned_outbox_is_partitioned_with_every_row_and_its_keys() {
+    let db = TestDb::empty().await.unwrap();
+    let before = std::env::temp_dir().join(format!("tidings-migrations-{}", Uuid::new_v4()));
+    std::fs::create_dir_all(&before).unwrap();
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../migrations");
+    for entry in std::fs::read_dir(&source).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.as_str() < "0010" {
+            std::fs::copy(&path, before.join(&name)).unwrap();
+        }
+    }
+    sqlx::migrate::Migrator::new(before.as_path())
+        .await
+        .unwrap()
+        .run(&db.pool)
+        .await
+        .unwrap();
+    std::fs::remove_dir_all(&before).unwrap();
+
+    // Rows over several months, some decided, one replayed.
+    let (device, watch) = watched(&db, "Europe/Paris").await;
+    let now = Utc::now();
+    let mut ids = Vec::new();
+    for back in [0, 1, 6, 13, 45, 120] {
+        let req = fixtures::enqueue_request(
+            &device,
+            watch,
+            BELOW_1200,
+            1000 + back,
+            now - chrono::Duration::days(back),
+        );
+        assert_eq!(
+            tidings_dispatcher::ingest::insert(&db.pool, &[(&req, None)])
+                .await
+                .unwrap(),
+            1
+        );
+        ids.push(req);
+    }
+    sqlx::query(
+        "UPDATE outbox SET status = 'dropped', reason = 'condition_lost', finished_at = now()
+         WHERE detected_price > 1010",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let replayed: OutboxId =
+        sqlx::query_scalar("SELECT id FROM outbox WHERE detected_price = 1045")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    insert_replay(&db, replayed, replayed.0).await.unwrap();
+    let all = "SELECT to_jsonb(o) FROM outbox o ORDER BY id";
+    let old: Vec<serde_json::Value> = sqlx::query_scalar(all).fetch_all(&db.pool).await.unwrap();
+    assert_eq!(old.len(), 7);
+
+    tidings_store::schema::MIGRATOR.run(&db.pool).await.unwrap();
+
+    let kind: String =
+        sqlx::query_scalar("SELECT relkind::text FROM pg_class WHERE relname = 'outbox'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(kind, "p", "the outbox is partitioned");
+    let new: Vec<serde_json::Value> = sqlx::query_scalar(all).fetch_all(&db.pool).await.unwrap();
+    assert_eq!(new, old, "every row, column for column");
+    // Each row sits in its week's partition.
+    let misplaced = db
+        .count(
+            "SELECT count(*) FROM outbox o
+             WHERE o.tableoid::regclass::text <> 'outbox_' || to_char(date_trunc('week', o.dedup_day), 'YYYYMMDD')",
+        )
+        .await;
+    assert_eq!(misplaced, 0);
+    // The dedup key refuses a detection of a migrated day; a second replay of the row is refused.
+    assert_eq!(
+        tidings_dispatcher::ingest::insert(&db.pool, &[(&ids[4], None)])
+            .await
+            .unwrap(),
+        0
+    );
+    let second = insert_replay(&db, replayed, replayed.0).await.unwrap_err();
+    assert!(
+        matches!(&second, sqlx::Error::Database(d) if d.code().as_deref() == Some("23505")),
+        "{second}"
+    );
+    // The rules that came with the table: terminal rows never change, rows are never deleted.
+    assert!(
+        sqlx::query("UPDATE outbox SET status = 'pending' WHERE detected_price = 1120")
+            .execute(&db.pool)
+            .await
+            .is_err()
+    );
+    assert!(
+        sqlx::query("DELETE FROM outbox")
+            .execute(&db.pool)
+            .await
+            .is_err()
+    );
+}

@@ -585,6 +585,7 @@ async fn naive_forwarder(
                             ttl: 3600,
                             urgency: Urgency::Normal,
                             topic: topic_for(id),
+                            dedup_day: None,
                         };
                         topics
                             .lock()

@@ -71,6 +71,7 @@ async fn round(pushes: usize) -> (f64, CpuSplit) {
                 ttl: 3600,
                 urgency: Urgency::Normal,
                 topic: topic_for(id),
+                dedup_day: None,
             };
             let mut headers = async_nats::HeaderMap::new();
             headers.insert("Nats-Msg-Id", req.msg_id().as_str());

@@ -1,0 +1,30 @@
+//! The outbox's weekly partitions (migration 0010), as the services read them: the dispatcher's
+//! retention round lists them; the api says how far back history reaches.
+
+use chrono::NaiveDate;
+
+/// The Monday of every week the outbox has a partition for, oldest first.
+pub async fn weeks<'c, E: sqlx::PgExecutor<'c>>(e: E) -> Result<Vec<NaiveDate>, sqlx::Error> {
+    sqlx::query_scalar(
+        r"SELECT to_date(substr(c.relname, 8), 'YYYYMMDD')
+          FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+          WHERE i.inhparent = 'outbox'::regclass AND c.relname ~ '^outbox_[0-9]{8}$'
+          ORDER BY 1",
+    )
+    .fetch_all(e)
+    .await
+}
+
+/// The first dedup day the outbox still holds rows of (the oldest partition's Monday): older
+/// notifications have left with their week. `None` before any partition exists.
+pub async fn kept_from<'c, E: sqlx::PgExecutor<'c>>(
+    e: E,
+) -> Result<Option<NaiveDate>, sqlx::Error> {
+    sqlx::query_scalar(
+        r"SELECT min(to_date(substr(c.relname, 8), 'YYYYMMDD'))
+          FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+          WHERE i.inhparent = 'outbox'::regclass AND c.relname ~ '^outbox_[0-9]{8}$'",
+    )
+    .fetch_one(e)
+    .await
+}
