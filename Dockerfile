@@ -40,7 +40,7 @@ RUN for c in shared/domain shared/runtime shared/bus shared/webpush shared/sourc
     done \
  && mkdir -p tests/benches/src/bin && touch tests/benches/src/lib.rs \
  && for b in tidings_fakes tidings_demo; do echo "fn main() {}" > "tests/src/bin/$b.rs"; done \
- && for b in bench_dispatcher bench_pusher bench_detector bench_api bench_pipeline chaos; do \
+ && for b in bench_dispatcher bench_pusher bench_detector bench_api bench_pipeline bench_dedup chaos; do \
       echo "fn main() {}" > "tests/benches/src/bin/$b.rs"; \
     done \
  && mkdir -p migrations \

@@ -64,6 +64,15 @@ pub enum ConfigError {
     Hostname(String),
     #[error("TIDINGS_SCAN_PAGE must be at least 1")]
     Page,
+    #[error(
+        "TIDINGS_REPUBLISH_AFTER ({republish:?}) must be shorter than TIDINGS_DUPLICATE_WINDOW \
+         ({window:?}): otherwise every re-publish of a trigger that keeps holding is stored and \
+         ingested again instead of being answered `duplicate`"
+    )]
+    RepublishOutsideWindow {
+        republish: Duration,
+        window: Duration,
+    },
     #[error(transparent)]
     Prefix(#[from] InvalidPrefix),
 }
@@ -98,6 +107,12 @@ impl Settings {
         }
         if self.page_size < 1 {
             return Err(ConfigError::Page);
+        }
+        if self.republish_after >= self.streams.duplicate_window {
+            return Err(ConfigError::RepublishOutsideWindow {
+                republish: self.republish_after,
+                window: self.streams.duplicate_window,
+            });
         }
         Ok(())
     }
@@ -156,5 +171,17 @@ mod tests {
         assert!(s.validate().is_err());
         s.shard_index = 1;
         s.validate().unwrap();
+    }
+
+    #[test]
+    fn a_republish_outside_the_duplicate_window_is_refused() {
+        let mut s = Settings::new(
+            Subjects::new("t").unwrap(),
+            SourceConfig::new("http://x/{item}"),
+        );
+        s.validate().unwrap();
+        s.republish_after = s.streams.duplicate_window;
+        let e = s.validate().unwrap_err();
+        assert!(e.to_string().contains("TIDINGS_DUPLICATE_WINDOW"), "{e}");
     }
 }

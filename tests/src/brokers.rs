@@ -132,6 +132,11 @@ impl PrivateNats {
     pub async fn client(&self) -> Result<async_nats::Client, HarnessError> {
         client_of(&self.url).await
     }
+
+    /// The server's process id while it runs (benchmarks read its memory).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(std::process::Child::id)
+    }
 }
 
 impl Drop for PrivateNats {

@@ -79,12 +79,23 @@ pub async fn ensure_streams(
     for kind in StreamKind::ALL {
         let config = stream_config(subjects, kind, settings);
         let name = config.name.clone();
-        js.get_or_create_stream(config)
+        let error = |source| StreamError {
+            stream: name.clone(),
+            source,
+        };
+        let stream = js
+            .get_or_create_stream(config.clone())
             .await
-            .map_err(|source| StreamError {
-                stream: name,
-                source,
-            })?;
+            .map_err(error)?;
+        // A stream made by an earlier release keeps its settings, but for the duplicate window,
+        // which every service reads from the same configuration: it follows the setting.
+        let current = stream.cached_info().config.duplicate_window;
+        if current != config.duplicate_window {
+            let mut updated = stream.cached_info().config.clone();
+            updated.duplicate_window = config.duplicate_window;
+            js.update_stream(updated).await.map_err(error)?;
+            tracing::info!(stream = %name, from = ?current, to = ?config.duplicate_window, "duplicate window changed");
+        }
     }
     Ok(())
 }
@@ -104,6 +115,12 @@ pub struct NatsArgs {
     /// not sent again (pusher and dispatcher read the same setting).
     #[arg(long, env = "TIDINGS_DELIVERY_LOG_TTL", default_value = "10m", value_parser = parse_duration)]
     pub delivery_log_ttl: Duration,
+    /// How long the enqueue stream remembers a dedup key, answering a re-publish `duplicate`
+    /// without storing it. Longer than the detector's TIDINGS_REPUBLISH_AFTER, so a trigger that
+    /// keeps holding is re-published into the window; the outbox's unique key is the real
+    /// dedup. nats-server holds ~300 bytes per key for this long (docs/scaling.md).
+    #[arg(long, env = "TIDINGS_DUPLICATE_WINDOW", default_value = "15m", value_parser = parse_duration)]
+    pub duplicate_window: Duration,
 }
 
 impl NatsArgs {
@@ -122,7 +139,7 @@ impl NatsArgs {
     pub fn streams(&self) -> StreamSettings {
         StreamSettings {
             replicas: self.stream_replicas,
-            duplicate_window: Duration::from_secs(2 * 60 * 60),
+            duplicate_window: self.duplicate_window,
             max_age: Duration::from_secs(7 * 24 * 60 * 60),
             dlq_max_age: Duration::from_secs(14 * 24 * 60 * 60),
             delivery_log_ttl: self.delivery_log_ttl,

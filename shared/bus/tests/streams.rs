@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 use async_nats::jetstream;
+use std::time::Duration;
 use tidings_bus::streams::{StreamSettings, ensure_streams};
 use tidings_domain::Channel;
 use tidings_domain::subjects::StreamKind;
@@ -52,6 +53,37 @@ async fn the_enqueue_stream_drops_a_republished_dedup_key() {
     );
 
     assert_eq!(stream_len(&js, &subjects, StreamKind::Enqueue).await, 2);
+    delete_streams(&js, &subjects).await;
+}
+
+/// The duplicate window follows the setting, also on a stream an earlier release made with
+/// another (2 h before): the streams' other settings stay as they were made.
+#[tokio::test]
+async fn an_existing_enqueue_stream_takes_the_configured_duplicate_window() {
+    let js = jetstream::new(nats().await.unwrap());
+    let subjects = test_subjects();
+    let old = StreamSettings {
+        duplicate_window: Duration::from_secs(2 * 60 * 60),
+        ..StreamSettings::default()
+    };
+    ensure_streams(&js, &subjects, &old).await.unwrap();
+    let window = |js: jetstream::Context, name: String| async move {
+        js.get_stream(name)
+            .await
+            .unwrap()
+            .cached_info()
+            .config
+            .duplicate_window
+    };
+    let enqueue = subjects.stream(StreamKind::Enqueue);
+    assert_eq!(
+        window(js.clone(), enqueue.clone()).await,
+        old.duplicate_window
+    );
+    let now = StreamSettings::default();
+    assert_eq!(now.duplicate_window, Duration::from_secs(15 * 60));
+    ensure_streams(&js, &subjects, &now).await.unwrap();
+    assert_eq!(window(js.clone(), enqueue).await, now.duplicate_window);
     delete_streams(&js, &subjects).await;
 }
 
