@@ -540,3 +540,49 @@ async fn a_trigger_whose_enqueue_request_was_lost_is_published_again() {
     assert_eq!(s.stream_len(StreamKind::Enqueue).await, 1);
     s.cleanup().await;
 }
+
+/// A watch removed long ago and then purged for good (the dispatcher's retention round deletes
+/// it once no retained outbox row can refer to it) leaves a running detector as it was: the
+/// removal already took it out of the watchlist, and the scans after the purge go on.
+#[tokio::test]
+async fn a_purged_watch_leaves_the_detector_running() {
+    let s = Scenario::new().await;
+    let kept = s
+        .watcher("SKU-1", Trigger::PriceBelow { threshold: 1200 }, 1500)
+        .await;
+    let removed = s
+        .watcher("SKU-2", Trigger::PriceBelow { threshold: 1200 }, 1500)
+        .await;
+    let d = detector(&s, 0, 1);
+    let t0 = Utc::now();
+    assert_eq!(d.scan_once(t0).await.unwrap().watches, 2);
+    sqlx::query("UPDATE watches SET removed_at = now() - interval '60 days' WHERE id = $1")
+        .bind(removed.watch)
+        .execute(&s.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        d.scan_once(t0 + ChronoDuration::seconds(1))
+            .await
+            .unwrap()
+            .watches,
+        1
+    );
+    let purged: i64 = sqlx::query_scalar("SELECT watches FROM tidings_purge_removed(100)")
+        .fetch_one(&s.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(purged, 1);
+    assert_eq!(
+        s.db.count("SELECT count(*) FROM watches").await,
+        1,
+        "only the removed watch went"
+    );
+    let after = d.scan_once(t0 + ChronoDuration::seconds(2)).await.unwrap();
+    assert_eq!((after.watches, after.published), (1, 0));
+    // The watch that stays still notifies.
+    s.catalog.set_price(&kept.item, 1000);
+    let dropped = d.scan_once(t0 + ChronoDuration::seconds(3)).await.unwrap();
+    assert_eq!((dropped.watches, dropped.published), (1, 1));
+    s.cleanup().await;
+}
