@@ -1,7 +1,8 @@
 //! Dispatcher benchmark: prints ingest rows/s, dispatch rows/s, results rows/s and the pick-up
 //! latency of a new row, measured against the local stack (real Postgres and NATS, the fake
 //! catalog's batch endpoint). Each round uses a fresh database and prefix; the summary line gives
-//! the median of the rounds. Run with `deploy/local/stack bench dispatcher [ROWS] [ROUNDS]`.
+//! the median of the rounds. Run with `deploy/local/stack bench dispatcher [ROWS] [ROUNDS]`;
+//! `TIDINGS_BENCH_EXTRA_PARTITIONS=N` adds N empty weekly outbox partitions first.
 
 use chrono::Utc;
 use futures::StreamExt;
@@ -98,6 +99,21 @@ async fn round(rows: usize) -> Round {
         ..defaults
     };
     let settings = s.settings();
+    // More (empty) weekly partitions than the test database's: what daily partitions, or a longer
+    // retention, would cost the hot path. TIDINGS_BENCH_EXTRA_PARTITIONS=31 gives ~38.
+    let extra: i64 = std::env::var("TIDINGS_BENCH_EXTRA_PARTITIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    if extra > 0 {
+        sqlx::query(
+            "SELECT outbox_ensure_partition(current_date + 42 + 7 * g) FROM generate_series(0, $1::int - 1) g",
+        )
+        .bind(extra)
+        .execute(&s.db.pool)
+        .await
+        .expect("extra partitions");
+    }
 
     // 200 items, one watch each, and `rows` detections with distinct trigger keys.
     let mut watchers = Vec::with_capacity(ITEMS);
