@@ -8,6 +8,7 @@
 
 use chrono::{Duration, NaiveDate, TimeZone, Utc};
 use serde_json::Value;
+use tidings_bus::consume::Handler as _;
 use tidings_dispatcher::retention::{self, Partitions};
 use tidings_domain::WatchId;
 use tidings_domain::retention::{Retention, week_of};
@@ -358,4 +359,46 @@ async fn what_was_removed_before_the_oldest_week_is_purged_and_the_rest_stays() 
     let again = retention::purge_removed(&db.pool).await.unwrap();
     assert_eq!(again, retention::Purged::default());
     api.stop().await;
+}
+
+/// Ingest makes the week a detection falls in when no partition holds it (a detection dated
+/// far from today), and a week dropped under a running ingest is made again.
+#[tokio::test]
+async fn ingest_inserts_a_detection_whose_week_has_no_partition_yet() {
+    use tidings_tests::scenario::Scenario;
+    let s = Scenario::new().await;
+    let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
+    let ingest = s.ingest().await;
+    let far = Utc::now() + Duration::days(300);
+    for (i, threshold) in [1200, 1300].into_iter().enumerate() {
+        // The same day, another dedup key: the second lands in the first one's week.
+        let mut req = s.detection(&w, 1100, far);
+        req.trigger = Trigger::PriceBelow { threshold };
+        let week = format!("outbox_{}", week_of(req.dedup_day).format("%Y%m%d"));
+        if i == 1 {
+            // Dropped under the running ingest, which still thinks it is there.
+            sqlx::query(&format!("DROP TABLE {week}"))
+                .execute(&s.db.pool)
+                .await
+                .unwrap();
+        }
+        assert!(!s.publish_enqueue(&req, &req.dedup_key().to_string()).await);
+        let started = std::time::Instant::now();
+        loop {
+            let got = ingest.run_once(std::time::Duration::from_millis(300)).await;
+            if matches!(got, Ok(stats) if stats.inserted == 1) {
+                break;
+            }
+            assert!(started.elapsed().as_secs() < 20, "not inserted: {got:?}");
+        }
+        let days: Vec<NaiveDate> =
+            sqlx::query_scalar("SELECT dedup_day FROM outbox WHERE watch_id = $1 ORDER BY 1")
+                .bind(w.watch)
+                .fetch_all(&s.db.pool)
+                .await
+                .unwrap();
+        // The first row left with its dropped week; the second made the week again.
+        assert_eq!(days, vec![req.dedup_day], "{week}");
+    }
+    s.cleanup().await;
 }
