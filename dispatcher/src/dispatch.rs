@@ -165,7 +165,7 @@ impl Dispatcher {
             .filter(|_| !spans.is_empty())
             .filter_map(|g| {
                 let parent = spans.get(&g.row.id)?;
-                let item = ItemCode::parse(&watches.get(&g.row.watch_id)?.item_code).ok()?;
+                let item = plan::item_of(g, &watches)?;
                 let span = tracing::info_span!(
                     parent: parent,
                     "fetch",
@@ -197,10 +197,7 @@ impl Dispatcher {
         let won = match self.write(&changes, "writing dispatch transitions").await {
             Ok(won) => won,
             Err(e) => {
-                let message = e.to_string();
-                spans
-                    .values()
-                    .for_each(|span| telemetry::fail(span, &message));
+                telemetry::fail_all(spans.values(), &e.to_string());
                 return Err(e);
             }
         };

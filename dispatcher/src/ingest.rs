@@ -199,17 +199,12 @@ impl consume::Handler for Ingest {
             Ok(()) => insert(pool, &requests).await,
             Err(e) => Err(e),
         };
-        if let Err(e) = &result
-            && e.to_string().contains("no partition of relation")
-        {
-            // A week this process thought was there has been dropped: ask again next time.
-            self.partitions.forget();
-        }
         if let Err(e) = &result {
-            let message = format!("inserting outbox rows failed: {e}");
-            spans
-                .iter()
-                .for_each(|span| telemetry::fail(span, &message));
+            if e.to_string().contains("no partition of relation") {
+                // A week this process thought was there has been dropped: ask again next time.
+                self.partitions.forget();
+            }
+            telemetry::fail_all(&spans, &format!("inserting outbox rows failed: {e}"));
         }
         drop(spans);
         match result {

@@ -57,12 +57,15 @@ pub fn guard<'r>(
     (guarded, withheld)
 }
 
+/// The item a guarded row needs re-fetched (none when its code does not parse: `decide`
+/// withholds it as not found).
+pub fn item_of(g: &Guarded<'_>, watches: &HashMap<WatchId, WatchState>) -> Option<ItemCode> {
+    ItemCode::parse(&watches.get(&g.row.watch_id)?.item_code).ok()
+}
+
 /// The items the guarded rows need re-fetched.
 pub fn items(guarded: &[Guarded<'_>], watches: &HashMap<WatchId, WatchState>) -> Vec<ItemCode> {
-    guarded
-        .iter()
-        .filter_map(|g| ItemCode::parse(&watches.get(&g.row.watch_id)?.item_code).ok())
-        .collect()
+    guarded.iter().filter_map(|g| item_of(g, watches)).collect()
 }
 
 /// Re-checks each guarded row against its re-fetched value (`now`: when the source answered,

@@ -155,10 +155,7 @@ impl consume::Handler for Results {
         };
         let applied = self.apply(&results).await;
         if let Err(e) = &applied {
-            let message = format!("applying push results failed: {e}");
-            spans
-                .iter()
-                .for_each(|span| telemetry::fail(span, &message));
+            telemetry::fail_all(&spans, &format!("applying push results failed: {e}"));
         }
         drop(spans);
         match applied {
@@ -322,7 +319,7 @@ pub async fn apply_in(
         let Some(row) = rows.get(&c.id) else { continue };
         if c.transition.to == Status::Sent {
             let trace_id = row.traceparent.as_deref().and_then(telemetry::trace_id_of);
-            sent_detected_at.push((row.detected_at, trace_id.map(str::to_owned)));
+            sent_detected_at.push((row.detected_at, trace_id));
         }
         if c.transition.advances_baseline
             && let Some(Json(sent)) = &row.sent_value

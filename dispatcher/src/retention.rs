@@ -1,8 +1,9 @@
 //! Retention: the outbox is partitioned by week of its dedup day (migration 0010). Once an hour
 //! one dispatcher (an advisory lock) makes the coming weeks' partitions and drops the weeks that
 //! have wholly left `TIDINGS_RETENTION` once every row in them is decided; then whatever was
-//! soft-deleted long enough ago that no retained row refers to it is purged (migration 0011). Ingest makes a week on
-//! demand when a detection falls outside what exists ([`Partitions::ensure`]). What to make and
+//! soft-deleted long enough ago that no retained row refers to it is purged (migration 0011).
+//! Ingest makes a week on demand when a detection falls outside what exists
+//! ([`Partitions::ensure`]). What to make and
 //! drop is decided by [`tidings_domain::retention::plan`]; the database functions re-check every
 //! drop, so a wrong plan cannot drop a week inside the window or with a row still to decide.
 

@@ -358,6 +358,20 @@ pub async fn poll_wait(started: std::time::Instant, limit_secs: u64, why: impl F
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
 }
 
+/// Asserts that the checked-in `file` is `expected`, the text `source` generates; with
+/// `TIDINGS_BLESS` set it rewrites the file first.
+pub fn assert_generated(file: &std::path::Path, expected: &str, source: &str) {
+    if std::env::var_os("TIDINGS_BLESS").is_some() {
+        std::fs::write(file, expected).unwrap();
+    }
+    let actual = std::fs::read_to_string(file).unwrap_or_default();
+    assert!(
+        actual == expected,
+        "{} is not what {source} generates; run this test with TIDINGS_BLESS=1",
+        file.display()
+    );
+}
+
 /// Serves `router` on a free local port; returns its base URL.
 pub async fn serve(router: axum::Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

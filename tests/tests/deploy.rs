@@ -10,7 +10,9 @@ use tidings_bus::permissions::{Service, server_config};
 use tidings_runtime::flags::parsed_defaults;
 use tidings_tests::brokers::{NatsCluster, free_port};
 use tidings_tests::fake_catalog::FakeCatalog;
-use tidings_tests::harness::{DB_LOGINS, TestDb, login_url, poll_wait, stack, tool};
+use tidings_tests::harness::{
+    DB_LOGINS, TestDb, assert_generated, login_url, poll_wait, stack, tool,
+};
 use tidings_tests::manifests::{Local, Overlay, localize, mount_secrets};
 use tidings_tests::services::binary;
 
@@ -230,15 +232,10 @@ fn prometheus_rule(alerts: &str) -> String {
 fn the_prometheus_rule_holds_the_alerting_rules_file() {
     let alerts = std::fs::read_to_string(repo().join("deploy/telemetry/alerts.yaml")).unwrap();
     let expected = prometheus_rule(&alerts);
-    let file = repo().join("deploy/k8s/components/prometheus-operator/prometheusrule.yaml");
-    if std::env::var_os("TIDINGS_BLESS").is_some() {
-        std::fs::write(&file, &expected).unwrap();
-    }
-    let actual = std::fs::read_to_string(&file).unwrap_or_default();
-    assert!(
-        actual == expected,
-        "{} is not generated from alerts.yaml; run this test with TIDINGS_BLESS=1",
-        file.display()
+    assert_generated(
+        &repo().join("deploy/k8s/components/prometheus-operator/prometheusrule.yaml"),
+        &expected,
+        "alerts.yaml, wrapped by prometheus_rule",
     );
     assert!(expected.contains("    - name: tidings-delivery\n"));
     assert!(expected.contains("      - alert: TidingsOutboxBacklogOld\n"));

@@ -360,15 +360,10 @@ mod tests {
     fn the_checked_in_configurations_are_the_generated_ones() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         for (path, prefix, admin) in CHECKED_IN {
-            let expected = checked_in_config(prefix, admin);
-            let file = root.join(path);
-            if std::env::var_os("TIDINGS_BLESS").is_some() {
-                std::fs::write(&file, &expected).unwrap();
-            }
-            let actual = std::fs::read_to_string(&file).unwrap_or_default();
-            assert!(
-                actual == expected,
-                "{path} is not what tidings_bus::permissions generates; run this test with TIDINGS_BLESS=1"
+            tidings_tests::harness::assert_generated(
+                &root.join(path),
+                &checked_in_config(prefix, admin),
+                "tidings_bus::permissions",
             );
         }
     }

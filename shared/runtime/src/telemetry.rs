@@ -254,6 +254,11 @@ pub fn fail(span: &tracing::Span, message: &str) {
     span.set_status(opentelemetry::trace::Status::error(message.to_owned()));
 }
 
+/// [`fail`] for every span of a batch that failed as a whole.
+pub fn fail_all<'a>(spans: impl IntoIterator<Item = &'a tracing::Span>, message: &str) {
+    spans.into_iter().for_each(|span| fail(span, message));
+}
+
 /// The trace id `span` belongs to (32 hex digits), when it is being exported.
 pub fn trace_id(span: &tracing::Span) -> Option<String> {
     if !exporting() {
@@ -265,15 +270,8 @@ pub fn trace_id(span: &tracing::Span) -> Option<String> {
 }
 
 /// The trace id a W3C `traceparent` names, when it is well formed.
-pub fn trace_id_of(traceparent: &str) -> Option<&str> {
-    let mut parts = traceparent.split('-');
-    let (_version, id) = (parts.next()?, parts.next()?);
-    let valid = id.len() == 32
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        && id.bytes().any(|b| b != b'0');
-    valid.then_some(id)
+pub fn trace_id_of(traceparent: &str) -> Option<String> {
+    remote(Some(traceparent)).map(|cx| cx.span().span_context().trace_id().to_string())
 }
 
 /// `span`'s own W3C `traceparent`, when it is being exported.

@@ -20,11 +20,5 @@ pub async fn weeks<'c, E: sqlx::PgExecutor<'c>>(e: E) -> Result<Vec<NaiveDate>, 
 pub async fn kept_from<'c, E: sqlx::PgExecutor<'c>>(
     e: E,
 ) -> Result<Option<NaiveDate>, sqlx::Error> {
-    sqlx::query_scalar(
-        r"SELECT min(to_date(substr(c.relname, 8), 'YYYYMMDD'))
-          FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-          WHERE i.inhparent = 'outbox'::regclass AND c.relname ~ '^outbox_[0-9]{8}$'",
-    )
-    .fetch_one(e)
-    .await
+    Ok(weeks(e).await?.first().copied())
 }
