@@ -2,6 +2,7 @@
 //! Tidings withheld and why ("the price went back up before we sent it").
 
 use crate::AppState;
+use crate::attempts::{self, AttemptSummary};
 use crate::auth::Device;
 use crate::extract::{ApiQuery, cursor, limit, page};
 use crate::problem::{ApiError, Problem, Unauthorized};
@@ -54,6 +55,11 @@ pub struct Notification {
     pub finished_at: Option<DateTime<Utc>>,
     /// Set on an operator replay: the row it replays.
     pub replay_of: Option<Uuid>,
+    /// The day its dedup key counts (one notification per watch, trigger and day).
+    pub dedup_day: NaiveDate,
+    /// Its delivery attempts, first to last.
+    #[serde(default)]
+    pub attempts: Vec<AttemptSummary>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -99,6 +105,7 @@ pub(crate) struct NotificationRow {
     finished_at: Option<DateTime<Utc>>,
     replay_of: Option<Uuid>,
     maybe_delivered: bool,
+    dedup_day: NaiveDate,
 }
 
 impl NotificationRow {
@@ -110,7 +117,8 @@ impl NotificationRow {
 pub(crate) const NOTIFICATION_COLUMNS: &str =
     "o.id, o.watch_id, w.item_code, o.trigger, o.channel, o.status, o.reason,
      o.detected_price, o.detected_currency, o.detected_in_stock, o.detected_at, o.checked,
-     o.sent_value, o.created_at, o.updated_at, o.finished_at, o.replay_of, o.maybe_delivered";
+     o.sent_value, o.created_at, o.updated_at, o.finished_at, o.replay_of, o.maybe_delivered,
+     o.dedup_day";
 
 impl From<NotificationRow> for Notification {
     fn from(r: NotificationRow) -> Self {
@@ -140,8 +148,24 @@ impl From<NotificationRow> for Notification {
             updated_at: r.updated_at,
             finished_at: r.finished_at,
             replay_of: r.replay_of,
+            dedup_day: r.dedup_day,
+            attempts: Vec::new(),
         }
     }
+}
+
+/// Fills in the attempts of a page of notifications.
+pub(crate) async fn with_attempts<'a>(
+    app: &AppState,
+    notifications: impl Iterator<Item = &'a mut Notification>,
+) -> Result<(), ApiError> {
+    let mut page: Vec<&mut Notification> = notifications.collect();
+    let keys: Vec<(Uuid, NaiveDate)> = page.iter().map(|n| (n.id, n.dedup_day)).collect();
+    let mut found = attempts::summaries(app, &keys).await?;
+    for n in &mut page {
+        n.attempts = found.remove(&n.id).unwrap_or_default();
+    }
+    Ok(())
 }
 
 pub fn status_filter(raw: Option<&str>) -> Result<Option<Status>, ApiError> {
@@ -188,7 +212,8 @@ pub async fn list_notifications(
     .fetch_all(&app.pool)
     .await
     .map_err(db("listing notifications"))?;
-    let (items, next_cursor) = page(rows, limit, |r| r.id, Notification::from);
+    let (mut items, next_cursor) = page(rows, limit, |r| r.id, Notification::from);
+    with_attempts(&app, items.iter_mut()).await?;
     let kept_from = tidings_store::partitions::kept_from(&app.pool)
         .await
         .map_err(db("reading how far the outbox reaches back"))?;

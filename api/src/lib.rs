@@ -8,7 +8,9 @@
 //! - [`operators`]: outbox rows by state and reason, counts, replay of a terminal row.
 //! - [`health`]: `/livez`, `/readyz`. [`openapi`]: the OpenAPI 3.1 document, from this code.
 
+mod attempts;
 pub mod auth;
+mod bulk;
 pub mod coalesce;
 mod config;
 mod devices;
@@ -18,6 +20,7 @@ mod history;
 pub mod limits;
 mod openapi;
 mod operators;
+mod pause;
 pub mod problem;
 mod watches;
 

@@ -2,7 +2,7 @@
 //! is registered here, and registering it documents it.
 
 use crate::problem::{ApiError, FieldError, Problem};
-use crate::{AppState, devices, health, history, operators, watches};
+use crate::{AppState, attempts, bulk, devices, health, history, operators, pause, watches};
 use axum::Json;
 use std::sync::OnceLock;
 use tidings_domain::outbox::{Reason, Status};
@@ -81,6 +81,16 @@ fn operators() -> OpenApiRouter<AppState> {
         .routes(routes!(operators::outbox_stats))
         .routes(routes!(operators::get_outbox_row))
         .routes(routes!(operators::replay))
+        .routes(routes!(attempts::list_attempts))
+        .routes(routes!(bulk::bulk_replay))
+        .routes(routes!(bulk::bulk_cancel))
+        .routes(routes!(bulk::cancel))
+        .routes(routes!(pause::admin_get_device))
+        .routes(routes!(pause::admin_pause_device))
+        .routes(routes!(pause::admin_resume_device))
+        .routes(routes!(pause::admin_get_watch))
+        .routes(routes!(pause::admin_pause_watch))
+        .routes(routes!(pause::admin_resume_watch))
         .routes(routes!(health::metrics))
 }
 

@@ -4,8 +4,9 @@
 
 use crate::AppState;
 use crate::auth::Operator;
+use crate::bulk::OutboxFilter;
 use crate::extract::{ApiQuery, cursor, limit, page, resource_id};
-use crate::history::{NOTIFICATION_COLUMNS, Notification, NotificationRow, status_filter};
+use crate::history::{NOTIFICATION_COLUMNS, Notification, NotificationRow, with_attempts};
 use crate::problem::{ApiError, Problem, Unauthorized};
 use axum::Json;
 use axum::extract::rejection::PathRejection;
@@ -14,7 +15,6 @@ use axum::http::StatusCode;
 use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 use tidings_domain::OutboxId;
-use tidings_domain::outbox::{Reason, Status};
 use tidings_runtime::telemetry;
 use tidings_store::db;
 use utoipa::{IntoParams, ToSchema};
@@ -29,12 +29,38 @@ pub struct ListOutbox {
     pub reason: Option<String>,
     pub device_id: Option<Uuid>,
     pub watch_id: Option<Uuid>,
+    /// The watched item's code.
+    pub item: Option<String>,
+    /// Rows with an attempt through this push service host.
+    pub push_host: Option<String>,
+    /// Rows whose last push answer had this HTTP status.
+    pub http_status: Option<u16>,
+    /// Rows detected at or after this instant (RFC 3339).
+    pub from: Option<DateTime<Utc>>,
+    /// Rows detected before this instant (RFC 3339).
+    pub to: Option<DateTime<Utc>>,
     /// `next_cursor` of the previous page.
     #[param(value_type = Option<Uuid>)]
     pub cursor: Option<String>,
     /// Page size (default 50).
     #[param(minimum = 1, maximum = 200)]
     pub limit: Option<u32>,
+}
+
+impl ListOutbox {
+    fn filter(&self) -> OutboxFilter {
+        OutboxFilter {
+            status: self.status.clone(),
+            reason: self.reason.clone(),
+            device_id: self.device_id,
+            watch_id: self.watch_id,
+            item: self.item.clone(),
+            push_host: self.push_host.clone(),
+            http_status: self.http_status,
+            from: self.from,
+            to: self.to,
+        }
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -135,38 +161,24 @@ pub async fn list_outbox(
     _: Operator,
     ApiQuery(q): ApiQuery<ListOutbox>,
 ) -> Result<Json<OutboxList>, ApiError> {
-    let status = status_filter(q.status.as_deref())?;
-    let reason = q
-        .reason
-        .as_deref()
-        .map(|name| {
-            Reason::parse(name).ok_or_else(|| {
-                let known: Vec<&str> = Reason::all().map(Reason::as_str).collect();
-                ApiError::BadRequest(format!(
-                    "reason `{name}` is not one of {}",
-                    known.join(", ")
-                ))
-            })
-        })
-        .transpose()?;
+    let filter = q.filter().check()?;
     let before = cursor(q.cursor.as_deref())?;
     let limit = limit(q.limit)?;
-    let rows: Vec<DeliveryRow> = sqlx::query_as(&delivery_query(
-        "WHERE ($1::text IS NULL OR o.status = $1) AND ($2::text IS NULL OR o.reason = $2)
-           AND ($3::uuid IS NULL OR o.device_id = $3) AND ($4::uuid IS NULL OR o.watch_id = $4)
-           AND ($5::uuid IS NULL OR o.id < $5)
-         ORDER BY o.id DESC LIMIT $6",
-    ))
-    .bind(status.map(Status::as_str))
-    .bind(reason.map(Reason::as_str))
-    .bind(q.device_id)
-    .bind(q.watch_id)
-    .bind(before)
-    .bind(limit + 1)
-    .fetch_all(&app.pool)
-    .await
-    .map_err(db("listing outbox rows"))?;
-    let (items, next_cursor) = page(rows, limit, |r| r.notification.id(), OutboxRow::from);
+    let mut query = sqlx::QueryBuilder::new(delivery_query("WHERE TRUE"));
+    filter.push(&mut query);
+    if let Some(before) = before {
+        query.push(" AND o.id < ").push_bind(before);
+    }
+    query
+        .push(" ORDER BY o.id DESC LIMIT ")
+        .push_bind(limit + 1);
+    let rows: Vec<DeliveryRow> = query
+        .build_query_as()
+        .fetch_all(&app.pool)
+        .await
+        .map_err(db("listing outbox rows"))?;
+    let (mut items, next_cursor) = page(rows, limit, |r| r.notification.id(), OutboxRow::from);
+    with_attempts(&app, items.iter_mut().map(|r| &mut r.notification)).await?;
     let kept_from = tidings_store::partitions::kept_from(&app.pool)
         .await
         .map_err(db("reading how far the outbox reaches back"))?;
@@ -198,8 +210,9 @@ pub async fn get_outbox_row(
         .fetch_optional(&app.pool)
         .await
         .map_err(db("reading an outbox row"))?;
-    row.map(|r| Json(r.into()))
-        .ok_or(ApiError::NotFound("outbox row"))
+    let mut row: OutboxRow = row.ok_or(ApiError::NotFound("outbox row"))?.into();
+    with_attempts(&app, std::iter::once(&mut row.notification)).await?;
+    Ok(Json(row))
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

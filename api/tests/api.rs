@@ -7,7 +7,7 @@
 use chrono::Utc;
 use reqwest::{Method, Response};
 use serde_json::{Value, json};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use tidings_api::Settings;
 use tidings_domain::trigger::Trigger;
 use tidings_domain::{DeviceId, WatchId};
@@ -1049,6 +1049,446 @@ async fn operators_list_count_inspect_and_replay_terminal_rows() {
     api.stop().await;
 }
 
+/// `POST path` with a JSON body as the operator; the answer's JSON after checking its status.
+async fn admin_post(api: &ApiServer, path: &str, body: &Value, status: u16) -> Value {
+    let r = api.send(Method::POST, path, Some(ADMIN_TOKEN), body).await;
+    assert_eq!(r.status(), status, "POST {path} {body}");
+    json(r).await
+}
+
+#[tokio::test]
+async fn bulk_replay_takes_only_matching_rows_once_each_in_resumable_batches() {
+    let db = TestDb::new().await.unwrap();
+    let api = ApiServer::start(db.pool.clone(), test_settings()).await;
+    // One watch per device and item: each row on SKU-1 is another device's.
+    let row_on = |item: &'static str, price: i64| {
+        let (api, db) = (&api, &db);
+        async move {
+            let (device, token) = api.register().await;
+            let w = create_watch(api, &token, item, json!([below(1200)])).await;
+            outbox_row(&db.pool, &device, w["id"].as_str().unwrap(), price).await
+        }
+    };
+    // Five failed rows on SKU-1 (503 from the push service), one failed on SKU-2, one dropped
+    // on SKU-1 for another reason, one still pending.
+    let mut matching = Vec::new();
+    for _ in 0..5 {
+        let id = row_on("SKU-1", 1100).await;
+        set_row(&db.pool, id, "status = 'failed', reason = 'retries_exhausted', finished_at = now(), http_status = 503").await;
+        matching.push(id);
+    }
+    let other = row_on("SKU-2", 1100).await;
+    set_row(
+        &db.pool,
+        other,
+        "status = 'failed', reason = 'retries_exhausted', finished_at = now(), http_status = 503",
+    )
+    .await;
+    let lost = row_on("SKU-1", 1000).await;
+    set_row(
+        &db.pool,
+        lost,
+        "status = 'dropped', reason = 'condition_lost', finished_at = now()",
+    )
+    .await;
+    let pending = row_on("SKU-1", 900).await;
+    // One of the five was replayed before: it is not replayed again.
+    let earlier = json(replay_row(&api, matching[0]).await).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let filter = json!({"status": "failed", "item": "SKU-1", "http_status": 503});
+    let dry = admin_post(
+        &api,
+        "/v1/admin/outbox/replay",
+        &json!({"filter": filter, "dry_run": true}),
+        200,
+    )
+    .await;
+    assert_eq!(
+        (dry["matched"].as_i64(), dry["would_change"].as_i64()),
+        (Some(5), Some(4)),
+        "{dry}"
+    );
+    let sampled: BTreeSet<Uuid> = dry["sample"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(sampled, matching[1..].iter().copied().collect(), "{dry}");
+    assert_eq!(
+        db.count("SELECT count(*) FROM outbox").await,
+        9,
+        "a dry run changes nothing"
+    );
+
+    // Batches of two: the client goes on from each cursor until there is none.
+    let mut body = json!({"filter": filter, "batch": 2});
+    let mut calls = 0;
+    let (mut examined, mut changed) = (0, 0);
+    let mut skipped = BTreeMap::new();
+    loop {
+        let report = admin_post(&api, "/v1/admin/outbox/replay", &body, 200).await;
+        calls += 1;
+        examined += report["examined"].as_u64().unwrap();
+        changed += report["changed"].as_u64().unwrap();
+        for (why, n) in report["skipped"].as_object().unwrap() {
+            *skipped.entry(why.clone()).or_insert(0) += n.as_u64().unwrap();
+        }
+        let Some(next) = report["next_cursor"].as_str() else {
+            break;
+        };
+        body["cursor"] = next.into();
+        body["up_to"] = report["up_to"].clone();
+    }
+    assert_eq!((calls, examined, changed), (3, 5, 4));
+    assert_eq!(
+        skipped,
+        BTreeMap::from([("already_replayed".to_owned(), 1)])
+    );
+    let replayed: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT replay_of FROM outbox WHERE replay_of IS NOT NULL ORDER BY replay_of",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(replayed, matching, "each matching row once, nothing else");
+    assert_eq!(
+        db.count(&format!(
+            "SELECT count(*) FROM outbox WHERE replay_of IN ('{other}', '{lost}', '{pending}')"
+        ))
+        .await,
+        0
+    );
+
+    // Again, over everything failed or dropped: the replays are pending, the originals were
+    // replayed; nothing new, and no replay of a replay.
+    let again = admin_post(&api, "/v1/admin/outbox/replay", &json!({}), 200).await;
+    assert_eq!(
+        again["changed"], 2,
+        "only SKU-2's row and the condition_lost row: {again}"
+    );
+    let twice = admin_post(&api, "/v1/admin/outbox/replay", &json!({}), 200).await;
+    assert_eq!(twice["changed"], 0, "{twice}");
+    assert_eq!(twice["skipped"]["is_a_replay"], 7, "{twice}");
+    assert_eq!(twice["skipped"]["already_replayed"], 7, "{twice}");
+    set_row(
+        &db.pool,
+        earlier.parse().unwrap(),
+        "status = 'dropped', reason = 'condition_lost', finished_at = now()",
+    )
+    .await;
+    let chained = admin_post(
+        &api,
+        "/v1/admin/outbox/replay",
+        &json!({"filter": {"status": "dropped"}}),
+        200,
+    )
+    .await;
+    assert_eq!(
+        (
+            chained["changed"].as_u64(),
+            chained["skipped"]["is_a_replay"].as_u64()
+        ),
+        (Some(0), Some(1)),
+        "{chained}"
+    );
+
+    // Bad input: a clear error, nothing changed.
+    let before = db.count("SELECT count(*) FROM outbox").await;
+    let p = problem(
+        api.send(
+            Method::POST,
+            "/v1/admin/outbox/replay",
+            Some(ADMIN_TOKEN),
+            &json!({"filter": {"reason": "bogus"}}),
+        )
+        .await,
+        400,
+    )
+    .await;
+    assert!(p["detail"].as_str().unwrap().contains("bogus"), "{p}");
+    problem(
+        api.send(
+            Method::POST,
+            "/v1/admin/outbox/replay",
+            Some(ADMIN_TOKEN),
+            &json!({"filter": {"colour": "red"}}),
+        )
+        .await,
+        422,
+    )
+    .await;
+    problem(
+        api.send(
+            Method::POST,
+            "/v1/admin/outbox/replay",
+            Some(ADMIN_TOKEN),
+            &json!({"batch": 0}),
+        )
+        .await,
+        400,
+    )
+    .await;
+    problem(
+        api.send(
+            Method::POST,
+            "/v1/admin/outbox/replay",
+            Some(ADMIN_TOKEN),
+            &json!({"filter": {"from": "2026-02-01T00:00:00Z", "to": "2026-01-01T00:00:00Z"}}),
+        )
+        .await,
+        400,
+    )
+    .await;
+    problem(
+        api.send(Method::POST, "/v1/admin/outbox/replay", None, &json!({}))
+            .await,
+        401,
+    )
+    .await;
+    assert_eq!(db.count("SELECT count(*) FROM outbox").await, before);
+    // The list takes the same filter.
+    let listed = json(
+        api.get(
+            "/v1/admin/outbox?status=failed&item=SKU-1&http_status=503",
+            Some(ADMIN_TOKEN),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(listed["items"].as_array().unwrap().len(), 5, "{listed}");
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn operators_cancel_due_rows_only_and_pause_devices_and_watches() {
+    let db = TestDb::new().await.unwrap();
+    let api = ApiServer::start(
+        db.pool.clone(),
+        Settings {
+            max_watches_per_device: 4,
+            ..test_settings()
+        },
+    )
+    .await;
+    let (device, token) = api.register().await;
+    let mut rows = Vec::new();
+    for item in ["SKU-1", "SKU-2", "SKU-3", "SKU-4"] {
+        let w = create_watch(&api, &token, item, json!([below(1200)])).await;
+        rows.push(outbox_row(&db.pool, &device, w["id"].as_str().unwrap(), 1100).await);
+    }
+    set_row(&db.pool, rows[1], "status = 'retry', retry_count = 1").await;
+    set_row(&db.pool, rows[2], "status = 'sending', attempt = 1, lease_until = now() + interval '1 hour', deadline = now()").await;
+    set_row(
+        &db.pool,
+        rows[3],
+        "status = 'dropped', reason = 'condition_lost', finished_at = now()",
+    )
+    .await;
+
+    // One row: pending → cancelled; a row with a push out, or one that ended, is refused.
+    let done = admin_post(
+        &api,
+        &format!("/v1/admin/outbox/{}/cancel", rows[0]),
+        &json!(null),
+        200,
+    )
+    .await;
+    assert_eq!(
+        (done["status"].as_str(), done["reason"].as_str()),
+        (Some("dropped"), Some("cancelled"))
+    );
+    for id in [rows[2], rows[3], rows[0]] {
+        let p = problem(
+            api.call(
+                Method::POST,
+                &format!("/v1/admin/outbox/{id}/cancel"),
+                Some(ADMIN_TOKEN),
+            )
+            .await,
+            409,
+        )
+        .await;
+        assert_eq!(p["type"], "/problems/not-cancellable", "{p}");
+    }
+    problem(
+        api.call(
+            Method::POST,
+            &format!("/v1/admin/outbox/{}/cancel", Uuid::nil()),
+            Some(ADMIN_TOKEN),
+        )
+        .await,
+        404,
+    )
+    .await;
+
+    // In bulk: the dry run counts the one due row left; the run cancels it and skips the rest.
+    let dry = admin_post(
+        &api,
+        "/v1/admin/outbox/cancel",
+        &json!({"filter": {"device_id": device}, "dry_run": true}),
+        200,
+    )
+    .await;
+    assert_eq!(
+        (dry["matched"].as_i64(), dry["would_change"].as_i64()),
+        (Some(4), Some(1)),
+        "{dry}"
+    );
+    assert_eq!(dry["sample"][0]["id"], rows[1].to_string());
+    let run = admin_post(
+        &api,
+        "/v1/admin/outbox/cancel",
+        &json!({"filter": {"device_id": device}}),
+        200,
+    )
+    .await;
+    assert_eq!(
+        (
+            run["changed"].as_u64(),
+            run["skipped"]["not_cancellable"].as_u64()
+        ),
+        (Some(1), Some(3)),
+        "{run}"
+    );
+    let states: Vec<(String, Option<String>)> =
+        sqlx::query_as("SELECT status, reason FROM outbox ORDER BY id")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    let states: Vec<(&str, Option<&str>)> = states
+        .iter()
+        .map(|(s, r)| (s.as_str(), r.as_deref()))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            ("dropped", Some("cancelled")),
+            ("dropped", Some("cancelled")),
+            ("sending", None),
+            ("dropped", Some("condition_lost"))
+        ]
+    );
+    // The device sees them as not delivered, not as withheld.
+    let history = json(api.get("/v1/notifications", Some(&token)).await).await;
+    let cancelled: Vec<&Value> = history["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["reason"] == "cancelled")
+        .collect();
+    assert_eq!(cancelled.len(), 2);
+    assert!(
+        cancelled.iter().all(|n| n["delivery"] == "not_delivered"),
+        "{history}"
+    );
+    // Nobody but an operator's cancel may record the reason, and not on a row in flight.
+    let refused = sqlx::query("UPDATE outbox SET status = 'dropped', reason = 'cancelled', finished_at = now() WHERE id = $1")
+        .bind(rows[2]).execute(&db.pool).await.unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("only a pending or retrying row can be cancelled"),
+        "{refused}"
+    );
+
+    // Pause and resume a device.
+    let view = json(
+        api.get(&format!("/v1/admin/devices/{device}"), Some(ADMIN_TOKEN))
+            .await,
+    )
+    .await;
+    assert!(view["paused_at"].is_null(), "{view}");
+    assert_eq!(view["watch_count"], 4);
+    assert_eq!(view["outbox"]["dropped"], 3, "{view}");
+    let paused = admin_post(
+        &api,
+        &format!("/v1/admin/devices/{device}/pause"),
+        &json!(null),
+        200,
+    )
+    .await;
+    let at = paused["paused_at"].as_str().unwrap().to_owned();
+    let again = admin_post(
+        &api,
+        &format!("/v1/admin/devices/{device}/pause"),
+        &json!(null),
+        200,
+    )
+    .await;
+    assert_eq!(again["paused_at"], at, "pausing twice keeps the first time");
+    let resumed = admin_post(
+        &api,
+        &format!("/v1/admin/devices/{device}/resume"),
+        &json!(null),
+        200,
+    )
+    .await;
+    assert!(resumed["paused_at"].is_null());
+    problem(
+        api.call(
+            Method::POST,
+            &format!("/v1/admin/devices/{}/pause", Uuid::nil()),
+            Some(ADMIN_TOKEN),
+        )
+        .await,
+        404,
+    )
+    .await;
+
+    // And a watch.
+    let watch: Uuid = sqlx::query_scalar("SELECT watch_id FROM outbox WHERE id = $1")
+        .bind(rows[0])
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let paused = admin_post(
+        &api,
+        &format!("/v1/admin/watches/{watch}/pause"),
+        &json!(null),
+        200,
+    )
+    .await;
+    assert_eq!(
+        (paused["paused"].as_bool(), paused["item_code"].as_str()),
+        (Some(true), Some("SKU-1")),
+        "{paused}"
+    );
+    let own = json(api.get(&format!("/v1/watches/{watch}"), Some(&token)).await).await;
+    assert_eq!(own["paused"], true, "the device sees its watch paused");
+    let resumed = admin_post(
+        &api,
+        &format!("/v1/admin/watches/{watch}/resume"),
+        &json!(null),
+        200,
+    )
+    .await;
+    assert_eq!(resumed["paused"], false);
+    problem(
+        api.get(
+            &format!("/v1/admin/watches/{}", Uuid::nil()),
+            Some(ADMIN_TOKEN),
+        )
+        .await,
+        404,
+    )
+    .await;
+    problem(
+        api.call(
+            Method::POST,
+            &format!("/v1/admin/watches/{watch}/pause"),
+            Some(&token),
+        )
+        .await,
+        401,
+    )
+    .await;
+    api.stop().await;
+}
+
 #[tokio::test]
 async fn health_probes_answer() {
     let db = TestDb::new().await.unwrap();
@@ -1113,6 +1553,16 @@ async fn the_openapi_document_is_valid_3_1_and_matches_the_router() {
         ("GET", "/v1/admin/outbox/{id}"),
         ("GET", "/v1/admin/outbox/stats"),
         ("POST", "/v1/admin/outbox/{id}/replay"),
+        ("GET", "/v1/admin/outbox/{id}/attempts"),
+        ("POST", "/v1/admin/outbox/{id}/cancel"),
+        ("POST", "/v1/admin/outbox/replay"),
+        ("POST", "/v1/admin/outbox/cancel"),
+        ("GET", "/v1/admin/devices/{id}"),
+        ("POST", "/v1/admin/devices/{id}/pause"),
+        ("POST", "/v1/admin/devices/{id}/resume"),
+        ("GET", "/v1/admin/watches/{id}"),
+        ("POST", "/v1/admin/watches/{id}/pause"),
+        ("POST", "/v1/admin/watches/{id}/resume"),
         ("GET", "/livez"),
         ("GET", "/readyz"),
         ("GET", "/metrics"),

@@ -127,6 +127,7 @@ struct WatchRow {
     watch_id: WatchId,
     item_code: String,
     paused: bool,
+    device_paused: bool,
     removed: bool,
     subscription_id: Option<SubscriptionId>,
     endpoint: Option<String>,
@@ -143,7 +144,7 @@ pub async fn watches(
     ids.sort();
     ids.dedup();
     let found: Vec<WatchRow> = sqlx::query_as(
-        "SELECT w.id AS watch_id, w.item_code, w.paused,
+        "SELECT w.id AS watch_id, w.item_code, w.paused, d.paused_at IS NOT NULL AS device_paused,
                 (w.removed_at IS NOT NULL OR d.removed_at IS NOT NULL) AS removed,
                 s.id AS subscription_id, s.endpoint, s.p256dh, s.auth
          FROM watches w
@@ -173,6 +174,7 @@ pub async fn watches(
                 WatchState {
                     item_code: w.item_code,
                     paused: w.paused,
+                    device_paused: w.device_paused,
                     removed: w.removed,
                     subscription,
                 },

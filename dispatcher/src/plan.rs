@@ -249,6 +249,7 @@ mod tests {
         WatchState {
             item_code: "SKU-1".into(),
             paused,
+            device_paused: false,
             removed: false,
             subscription: Some((
                 SubscriptionId::new(),

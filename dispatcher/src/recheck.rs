@@ -15,6 +15,8 @@ use tidings_source::Fetched;
 pub struct WatchState {
     pub item_code: String,
     pub paused: bool,
+    /// An operator paused the watch's device.
+    pub device_paused: bool,
     /// The watch or its device was removed.
     pub removed: bool,
     pub subscription: Option<(SubscriptionId, Subscription)>,
@@ -30,6 +32,9 @@ pub fn pre_guard(
     }
     if w.paused {
         return Err(DropReason::WatchPaused);
+    }
+    if w.device_paused {
+        return Err(DropReason::DevicePaused);
     }
     w.subscription
         .as_ref()
@@ -124,6 +129,7 @@ mod tests {
         let mut w = WatchState {
             item_code: "A".into(),
             paused: true,
+            device_paused: true,
             removed: true,
             subscription: None,
         };
@@ -132,6 +138,8 @@ mod tests {
         w.removed = false;
         assert_eq!(pre_guard(Some(&w)).unwrap_err(), DropReason::WatchPaused);
         w.paused = false;
+        assert_eq!(pre_guard(Some(&w)).unwrap_err(), DropReason::DevicePaused);
+        w.device_paused = false;
         assert_eq!(
             pre_guard(Some(&w)).unwrap_err(),
             DropReason::SubscriptionInactive

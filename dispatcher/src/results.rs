@@ -29,6 +29,7 @@ use tidings_runtime::telemetry;
 
 use crate::config::Settings;
 use crate::stage::Stage;
+use tidings_store::attempts::{self, Attempt};
 use tidings_store::transition::{self, Change};
 
 pub const CONSUMER: &str = "dispatcher-results";
@@ -205,6 +206,27 @@ impl Applied {
     }
 }
 
+/// The record of the attempt `result` reports.
+fn attempt_of(row: &Locked, result: &PushResult) -> Attempt {
+    Attempt {
+        outbox_id: row.id,
+        dedup_day: row.dedup_day,
+        attempt: i32::try_from(result.attempt).unwrap_or(i32::MAX),
+        started_at: result.started_at,
+        subscription_id: row.subscription_id,
+        push_host: result.push_host.clone(),
+        outcome: result.outcome.as_str().to_owned(),
+        http_status: result.http_status.map(i32::from),
+        error: result.error.clone(),
+        // A result the pusher did not time (the sweeper's, an older pusher's) has no duration.
+        duration_ms: result
+            .started_at
+            .map(|_| i64::try_from(result.latency_ms).unwrap_or(i64::MAX)),
+        push_message_id: result.message_id.clone(),
+        trace_id: row.traceparent.as_deref().and_then(telemetry::trace_id_of),
+    }
+}
+
 /// The rows a batch of results is about (`$1`: their ids).
 macro_rules! lock_rows {
     () => {
@@ -254,11 +276,21 @@ pub async fn apply_in(
 
     let mut changes = Vec::new();
     let mut seen = HashSet::new();
+    let mut attempts = Vec::new();
+    let mut recorded = HashSet::new();
     for result in results {
         let Some(row) = rows.get(&result.outbox_id) else {
             tracing::warn!(outbox_id = %result.outbox_id, "result for an unknown outbox row");
             continue;
         };
+        // Every attempt the row has made is recorded once, a stale one's result included: the
+        // record is history, whatever the result does to the row.
+        if result.attempt >= 1
+            && i64::from(result.attempt) <= i64::from(row.attempt)
+            && recorded.insert((result.outbox_id, result.attempt))
+        {
+            attempts.push(attempt_of(row, result));
+        }
         let current = Row {
             status: row.status.parse().unwrap_or(Status::Failed),
             retry_count: u32::try_from(row.retry_count).unwrap_or(0),
@@ -306,6 +338,7 @@ pub async fn apply_in(
         changes.push(c);
     }
     let won = transition::apply(&mut *tx, &changes).await?;
+    attempts::record(&mut *tx, &attempts).await?;
 
     // Baselines advance only for rows that became `sent` here.
     let mut b_watch = Vec::new();

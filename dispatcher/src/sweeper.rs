@@ -30,6 +30,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
 use crate::results;
+use tidings_domain::SubscriptionId;
+use tidings_runtime::telemetry;
+use tidings_store::attempts::{self, Attempt};
 use tidings_store::transition::{self, Change};
 
 pub const LEASE_EXPIRED: &str = "lease_expired: no push result before the lease ran out";
@@ -54,6 +57,16 @@ impl SweepStats {
     }
 }
 
+#[derive(sqlx::FromRow)]
+struct Expired {
+    id: OutboxId,
+    dedup_day: NaiveDate,
+    attempt: i32,
+    retry_count: i32,
+    subscription_id: Option<SubscriptionId>,
+    traceparent: Option<String>,
+}
+
 /// Sweeps one batch.
 pub async fn sweep_once(
     pool: &PgPool,
@@ -61,8 +74,8 @@ pub async fn sweep_once(
     log: &DeliveryLog,
 ) -> Result<SweepStats, sqlx::Error> {
     let mut tx = pool.begin().await?;
-    let expired: Vec<(OutboxId, NaiveDate, i32, i32)> = sqlx::query_as(concat!(
-        "SELECT id, dedup_day, attempt, retry_count FROM outbox
+    let expired: Vec<Expired> = sqlx::query_as(concat!(
+        "SELECT id, dedup_day, attempt, retry_count, subscription_id, traceparent FROM outbox
          WHERE status = ",
         tidings_store::status_sql!(sending),
         " AND lease_until < now()
@@ -76,16 +89,18 @@ pub async fn sweep_once(
     if expired.is_empty() {
         return Ok(SweepStats::default());
     }
-    let lookups = futures::future::join_all(expired.iter().map(|(id, ..)| log.lookup(*id))).await;
+    let lookups = futures::future::join_all(expired.iter().map(|e| log.lookup(e.id))).await;
 
     let mut stats = SweepStats::default();
     let mut delivered = Vec::new();
     let mut changes = Vec::new();
-    for ((id, day, attempt, retry_count), lookup) in expired.into_iter().zip(lookups) {
+    let mut unknown = Vec::new();
+    for (expired, lookup) in expired.into_iter().zip(lookups) {
+        let (id, day) = (expired.id, expired.dedup_day);
         let row = Row {
             status: Status::Sending,
-            retry_count: u32::try_from(retry_count).unwrap_or(0),
-            attempt: u32::try_from(attempt).unwrap_or(0),
+            retry_count: u32::try_from(expired.retry_count).unwrap_or(0),
+            attempt: u32::try_from(expired.attempt).unwrap_or(0),
         };
         match lookup {
             // Delivered by this attempt (or an earlier one, whose push reached the user).
@@ -111,6 +126,23 @@ pub async fn sweep_once(
                     }
                     tracing::warn!(outbox_id = %id, attempt = row.attempt, to = %t.to, "lease expired without a push result or a delivery on record");
                     changes.push(c);
+                    unknown.push(Attempt {
+                        outbox_id: id,
+                        dedup_day: day,
+                        attempt: expired.attempt,
+                        started_at: None,
+                        subscription_id: expired.subscription_id,
+                        push_host: None,
+                        outcome: attempts::LEASE_EXPIRED.to_owned(),
+                        http_status: None,
+                        error: Some(LEASE_EXPIRED.to_owned()),
+                        duration_ms: None,
+                        push_message_id: None,
+                        trace_id: expired
+                            .traceparent
+                            .as_deref()
+                            .and_then(telemetry::trace_id_of),
+                    });
                 }
             }
             // Logged and counted by the log.
@@ -120,6 +152,9 @@ pub async fn sweep_once(
     let refs: Vec<&PushResult> = delivered.iter().collect();
     let applied = results::apply_in(&mut tx, settings, &refs).await?;
     let won = transition::apply(&mut tx, &changes).await?;
+    // The attempt is on record as `lease_expired` until (unless) its result turns up.
+    unknown.retain(|a| won.contains(&a.outbox_id));
+    attempts::record(&mut tx, &unknown).await?;
     tx.commit().await?;
     applied.record();
     transition::record(&changes, &won);

@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 use chrono::{Duration as ChronoDuration, Utc};
+use reqwest::Method;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 use tidings_bus::consume::Handler as _;
@@ -15,6 +16,7 @@ use tidings_dispatcher::{backlog, sweeper};
 use tidings_domain::messages::{Outcome, decode};
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
+use tidings_tests::api::{ADMIN_TOKEN, ApiServer, test_settings};
 use tidings_tests::brokers::PrivateNats;
 use tidings_tests::fake_catalog::Behavior;
 use tidings_tests::scenario::Scenario;
@@ -235,6 +237,54 @@ async fn pre_guards_drop_paused_and_removed_watches_and_inactive_subscriptions()
     s.cleanup().await;
 }
 
+/// An operator pauses a device through the api: its due rows are withheld at the re-check, as
+/// a paused watch's are, and once it is resumed its next notification is sent.
+#[tokio::test]
+async fn a_paused_device_is_withheld_at_the_recheck_until_resumed() {
+    let s = Scenario::new().await;
+    let api = ApiServer::start(s.db.pool.clone(), test_settings()).await;
+    let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
+    let other = s.watcher("SKU-2", BELOW_1200, 1100).await;
+    let pause = |verb: &'static str| {
+        let path = format!("/v1/admin/devices/{}/{verb}", w.device.id);
+        let api = &api;
+        async move {
+            let r = api.call(Method::POST, &path, Some(ADMIN_TOKEN)).await;
+            assert_eq!(r.status(), 200, "{verb}");
+        }
+    };
+    pause("pause").await;
+    s.ingested(&w, 1100).await;
+    s.ingested(&other, 1100).await;
+    let dispatched = s.dispatcher().dispatch_once().await.unwrap();
+    assert_eq!((dispatched.dropped, dispatched.published), (1, 1));
+    let row = &s.rows(w.watch).await[0];
+    assert_eq!(
+        (row.status.as_str(), row.reason.as_deref()),
+        ("dropped", Some("device_paused"))
+    );
+    assert_eq!(
+        s.rows(other.watch).await[0].status,
+        "sending",
+        "another device is not paused"
+    );
+
+    pause("resume").await;
+    // The next day's detection of the same watch goes out.
+    s.publish_enqueue(
+        &s.detection(&w, 1050, Utc::now() + ChronoDuration::days(1)),
+        "next-day",
+    )
+    .await;
+    s.ingest().await.run_once(WAIT).await.unwrap();
+    assert_eq!(s.dispatcher().dispatch_once().await.unwrap().published, 1);
+    let rows = s.rows(w.watch).await;
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[1].status, "sending");
+    api.stop().await;
+    s.cleanup().await;
+}
+
 #[tokio::test]
 async fn results_are_applied_once_and_move_the_baseline_only_on_sent() {
     let s = Scenario::new().await;
@@ -268,6 +318,11 @@ async fn results_are_applied_once_and_move_the_baseline_only_on_sent() {
 
     let row = s.row(push.outbox_id).await;
     assert_eq!((row.status.as_str(), row.http_status), ("sent", Some(201)));
+    assert_eq!(
+        s.attempts(push.outbox_id).await,
+        [(1, "delivered".to_owned(), Some(201))],
+        "one attempt on record, however often its result came"
+    );
     let baseline: (i64, bool, uuid::Uuid) =
         sqlx::query_as("SELECT price, in_stock, outbox_id FROM baselines WHERE watch_id = $1")
             .bind(w.watch)
@@ -661,6 +716,10 @@ async fn a_late_delivered_result_ends_an_expired_row_sent_and_it_is_not_pushed_a
         row.maybe_delivered,
         "nobody knows whether attempt 1 arrived"
     );
+    assert_eq!(
+        s.attempts(push.outbox_id).await,
+        [(1, "lease_expired".to_owned(), None)]
+    );
 
     // The attempt-1 result turns up late (a dispatcher died holding it): the user did get the
     // notification, so the row is sent, with its baseline, and never dispatched again.
@@ -669,6 +728,11 @@ async fn a_late_delivered_result_ends_an_expired_row_sent_and_it_is_not_pushed_a
     assert_eq!(s.results().await.run_once(WAIT).await.unwrap().applied, 1);
     let row = s.row(push.outbox_id).await;
     assert_eq!((row.status.as_str(), row.attempt), ("sent", 1));
+    assert_eq!(
+        s.attempts(push.outbox_id).await,
+        [(1, "delivered".to_owned(), Some(201))],
+        "the late result replaced the sweeper's placeholder"
+    );
     assert_eq!(
         s.baseline_price(w.watch).await,
         Some(1100),
@@ -710,6 +774,11 @@ async fn a_late_transient_result_changes_nothing_and_a_stale_attempt_is_ignored(
         .await;
     assert_eq!(s.results().await.run_once(WAIT).await.unwrap().applied, 0);
     assert_eq!(s.row(first.outbox_id).await.status, "sending");
+    // Attempt 1 is on record with its first real result; attempt 2 has none yet.
+    assert_eq!(
+        s.attempts(first.outbox_id).await,
+        [(1, "transient".to_owned(), Some(503))]
+    );
     s.cleanup().await;
 }
 

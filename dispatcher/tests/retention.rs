@@ -63,6 +63,14 @@ async fn forty_days_of_notifications_leave_only_the_retention_window() {
         assert!(matches!(inserted, Inserted::New(_)));
     }
     decide_all(&db).await;
+    // Each row's attempt, which must leave with its week.
+    sqlx::query(
+        "INSERT INTO outbox_attempts (outbox_id, dedup_day, attempt, outcome)
+         SELECT id, dedup_day, 1, 'transient' FROM outbox",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
     let retention = Retention::days(30).unwrap();
     let first_kept_week = week_of(retention.kept_from(today));
     let inside = rows_from(&db, first_kept_week).await;
@@ -93,6 +101,27 @@ async fn forty_days_of_notifications_leave_only_the_retention_window() {
         .take_while(|d| *d <= today)
         .collect();
     assert_eq!(days, window);
+    let attempt_days: Vec<NaiveDate> =
+        sqlx::query_scalar("SELECT dedup_day FROM outbox_attempts ORDER BY dedup_day")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(attempt_days, window, "the attempts left with their weeks");
+    let attempt_weeks: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_inherits WHERE inhparent = 'outbox_attempts'::regclass",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let outbox_weeks: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pg_inherits WHERE inhparent = 'outbox'::regclass")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        attempt_weeks, outbox_weeks,
+        "one attempts partition per week"
+    );
     assert!(retention.kept_from(today) >= first_kept_week);
     // Untouched, column for column.
     assert_eq!(rows_from(&db, first_kept_week).await, inside);

@@ -138,19 +138,21 @@ impl Pusher {
             .as_ref()
             .and_then(|h| h.get("traceparent"))
             .map(|v| v.as_str().to_owned());
+        // The push service's host: a span attribute, a metrics label, and part of the attempt's
+        // record.
+        let host = reqwest::Url::parse(&req.subscription.endpoint)
+            .ok()
+            .and_then(|u| u.host_str().map(str::to_owned));
+        let started_at = chrono::Utc::now();
         let span = if telemetry::exporting() {
             // An HTTP client span (the push service's request), carrying the message it came in.
-            let host = reqwest::Url::parse(&req.subscription.endpoint)
-                .ok()
-                .and_then(|u| u.host_str().map(str::to_owned))
-                .unwrap_or_default();
             let span = tracing::info_span!(
                 "push",
                 otel.kind = "client",
                 otel.status_code = tracing::field::Empty,
                 otel.status_message = tracing::field::Empty,
                 http.request.method = "POST",
-                server.address = host.as_str(),
+                server.address = host.as_deref().unwrap_or_default(),
                 http.response.status_code = tracing::field::Empty,
                 messaging.system = "nats",
                 messaging.destination.name = msg.subject.as_str(),
@@ -207,6 +209,8 @@ impl Pusher {
         };
         // Back to the row's partition (absent from an older dispatcher's request).
         result.dedup_day = req.dedup_day;
+        result.started_at = Some(started_at);
+        result.push_host = host.clone();
         // In the push span, so the line carries its notification's trace id.
         tracing::info!(
             parent: &span,
@@ -229,7 +233,7 @@ impl Pusher {
                 result.error.as_deref().unwrap_or(result.outcome.as_str()),
             );
         }
-        record_metrics(&req, &result, &handled, telemetry::trace_id(&span));
+        record_metrics(&result, host, &handled, telemetry::trace_id(&span));
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Nats-Msg-Id", result.msg_id().as_str());
         if let Some(tp) = telemetry::forward(&span, incoming.as_deref()) {
@@ -307,8 +311,8 @@ impl consume::Handler for Pusher {
 /// Push metrics by outcome, status class and push-service host (a handful of hosts: the
 /// allowlist). A redelivery recognised as already delivered made no request and is not counted.
 fn record_metrics(
-    req: &PushRequest,
     result: &PushResult,
+    host: Option<String>,
     handled: &Handled,
     trace_id: Option<String>,
 ) {
@@ -316,10 +320,7 @@ fn record_metrics(
         return;
     }
     let class = status_class(result.http_status);
-    let host = reqwest::Url::parse(&req.subscription.endpoint)
-        .ok()
-        .and_then(|u| u.host_str().map(str::to_owned))
-        .unwrap_or_else(|| "invalid".to_owned());
+    let host = host.unwrap_or_else(|| "invalid".to_owned());
     let m = metrics();
     m.pushes
         .get_or_create(&PushLabels {

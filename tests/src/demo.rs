@@ -6,7 +6,8 @@
 //! - A drops to 9.99: delivered, and the fake push service shows the decrypted text;
 //! - B drops to 11.00 and is back at 15.00 by the time the dispatcher re-checks: withheld
 //!   (`dropped`/`condition_lost`), nothing is sent;
-//! - C drops to 10.00 while the push service answers 429 once: `retry`, then `sent`.
+//! - C drops to 10.00 while the push service answers 429, then 500: `retry` twice, then `sent`,
+//!   and the operator api shows its three attempts.
 
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -36,6 +37,8 @@ pub struct Report {
     pub received: Vec<Value>,
     /// The operator view of every outbox row (`GET /v1/admin/outbox`).
     pub outbox: Vec<Value>,
+    /// C's delivery attempts (`GET /v1/admin/outbox/{id}/attempts`), first to last.
+    pub attempts: Vec<Value>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -227,18 +230,41 @@ pub async fn run(e: Endpoints, mut say: impl FnMut(String)) -> Result<Report, De
         money(&b["checked"]["price"])
     ));
 
-    // C: the push service is briefly overloaded.
+    // C: the push service is briefly overloaded, then fails.
     c.post(
-        "queueing a 429",
+        "queueing a 429 and a 500",
         format!("{}/subscriptions/{sub_id}/answers", c.e.push_admin),
         None,
-        Some(json!(["429:1"])),
+        Some(json!(["429:1", "server_error"])),
     )
     .await?;
     c.set_item("SKU-C", json!({"price": 1000})).await?;
-    say("SKU-C drops to 10.00; the push service answers 429 (Retry-After: 1) once".into());
-    c.wait_for(&token, &watch("SKU-C"), "sent").await?;
-    say("  → retry, then sent".into());
+    say("SKU-C drops to 10.00; the push service answers 429 (Retry-After: 1), then 500".into());
+    let sent_c = c.wait_for(&token, &watch("SKU-C"), "sent").await?;
+    say("  → retry, retry, then sent".into());
+    let attempts = c
+        .get(
+            "reading C's attempts (operator)",
+            format!(
+                "{}/v1/admin/outbox/{}/attempts",
+                c.e.operators,
+                sent_c["id"].as_str().unwrap_or_default()
+            ),
+            Some(&c.e.admin_token),
+        )
+        .await?["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for a in &attempts {
+        say(format!(
+            "  attempt {}: {} {} {}",
+            a["attempt"],
+            a["outcome"].as_str().unwrap_or("?"),
+            a["http_status"],
+            a["push_host"].as_str().unwrap_or("?"),
+        ));
+    }
 
     let received = c
         .get(
@@ -274,6 +300,7 @@ pub async fn run(e: Endpoints, mut say: impl FnMut(String)) -> Result<Report, De
         history,
         received,
         outbox,
+        attempts,
     })
 }
 

@@ -404,6 +404,16 @@ impl Scenario {
         .expect("outbox row")
     }
 
+    /// The row's recorded attempts: (attempt, outcome, HTTP status), first to last.
+    pub async fn attempts(&self, id: OutboxId) -> Vec<(i32, String, Option<i32>)> {
+        tidings_store::attempts::of_row(&self.db.pool, id)
+            .await
+            .expect("attempts")
+            .into_iter()
+            .map(|(a, _)| (a.attempt, a.outcome, a.http_status))
+            .collect()
+    }
+
     /// The price the baseline of `watch` holds (what was last sent), if one was sent.
     pub async fn baseline_price(&self, watch: WatchId) -> Option<i64> {
         sqlx::query_scalar("SELECT price FROM baselines WHERE watch_id = $1")

@@ -229,8 +229,81 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
     assert_eq!(c.len(), 1);
     assert_eq!(
         (c[0].0.as_str(), c[0].2, c[0].3),
-        ("sent", 2, 1),
-        "one 429, then sent"
+        ("sent", 3, 2),
+        "a 429, a 500, then sent"
+    );
+    // Its three attempts, as the operator api reports them.
+    let attempts: Vec<(i64, &str, Option<i64>)> = report
+        .attempts
+        .iter()
+        .map(|a| {
+            (
+                a["attempt"].as_i64().unwrap(),
+                a["outcome"].as_str().unwrap(),
+                a["http_status"].as_i64(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        attempts,
+        [
+            (1, "transient", Some(429)),
+            (2, "transient", Some(500)),
+            (3, "delivered", Some(201))
+        ]
+    );
+    let c_row = &report
+        .outbox
+        .iter()
+        .find(|r| r["item_code"] == "SKU-C")
+        .unwrap();
+    for a in &report.attempts {
+        assert_eq!(a["push_host"], "127.0.0.1", "{a}");
+        assert_eq!(a["subscription_id"], c_row["subscription_id"], "{a}");
+        assert!(
+            a["started_at"].is_string() && a["duration_ms"].is_i64(),
+            "{a}"
+        );
+        assert_eq!(
+            a["trace_id"].as_str(),
+            c_row["traceparent"]
+                .as_str()
+                .and_then(|t| t.split('-').nth(1)),
+            "{a}"
+        );
+    }
+    assert!(
+        report.attempts[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("429")
+    );
+    assert_eq!(
+        report.attempts[2]["push_message_id"], c_row["push_message_id"],
+        "the delivering attempt names the push service's message"
+    );
+    // The device's own history has the same three, without the internals.
+    let c_history = report
+        .history
+        .iter()
+        .find(|n| n["item_code"] == "SKU-C")
+        .unwrap();
+    let summary: Vec<(i64, &str)> = c_history["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            let keys: Vec<&String> = a.as_object().unwrap().keys().collect();
+            assert_eq!(keys, ["at", "attempt", "outcome"], "{a}");
+            (
+                a["attempt"].as_i64().unwrap(),
+                a["outcome"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [(1, "transient"), (2, "transient"), (3, "delivered")]
     );
     let baselines = s.db.count("SELECT count(*) FROM baselines").await;
     assert_eq!(baselines, 2, "A and C moved their baselines; B did not");
@@ -247,7 +320,7 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
         "{bodies:?}"
     );
     assert!(push.rejected().is_empty(), "{:?}", push.rejected());
-    assert_eq!(push.hits(), 3, "A, C's 429, C");
+    assert_eq!(push.hits(), 4, "A, C's 429 and 500, C");
 
     // The metrics moved as the scenario ran.
     let after: HashMap<&str, HashMap<String, f64>> = {
@@ -277,7 +350,7 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
             "dispatcher",
             r#"tidings_outbox_transitions_total{reason="",to="retry"}"#
         ),
-        1.0
+        2.0
     );
     assert_eq!(
         moved("dispatcher", r#"tidings_ingested_total{result="new"}"#),
@@ -301,6 +374,13 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
         moved(
             "pusher",
             r#"tidings_push_requests_total{host="127.0.0.1",outcome="transient",status_class="4xx"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        moved(
+            "pusher",
+            r#"tidings_push_requests_total{host="127.0.0.1",outcome="transient",status_class="5xx"}"#
         ),
         1.0
     );

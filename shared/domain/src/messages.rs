@@ -256,6 +256,12 @@ pub struct PushResult {
     /// The request's `dedup_day`, when it had one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dedup_day: Option<NaiveDate>,
+    /// When the pusher started the attempt, for its record. Older pushers omit it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<DateTime<Utc>>,
+    /// The push service's host, when the endpoint passed the guard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub push_host: Option<String>,
 }
 
 impl PushResult {
@@ -275,6 +281,8 @@ impl PushResult {
             refused: None,
             maybe_delivered: false,
             dedup_day: None,
+            started_at: None,
+            push_host: None,
         }
     }
 

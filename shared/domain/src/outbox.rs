@@ -15,6 +15,7 @@
 //! | from            | event                         | to                          |
 //! |-----------------|-------------------------------|-----------------------------|
 //! | pending / retry | `Withheld(reason)`            | dropped                     |
+//! | pending / retry | `Cancelled` (an operator)     | dropped (cancelled)         |
 //! | pending / retry | `Transient` (source)          | retry, or failed at the cap |
 //! | pending / retry | `Dispatched` (re-check holds) | sending (attempt + 1)       |
 //! | sending         | `Delivered`                   | sent (baseline advances)    |
@@ -145,10 +146,14 @@ pub enum DropReason {
     NotFound,
     ConditionLost,
     SubscriptionGone,
+    /// An operator paused the device.
+    DevicePaused,
+    /// An operator cancelled the notification before it was sent.
+    Cancelled,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 8] = [
+    pub const ALL: [DropReason; 10] = [
         DropReason::WatchRemoved,
         DropReason::WatchPaused,
         DropReason::SubscriptionInactive,
@@ -157,6 +162,8 @@ impl DropReason {
         DropReason::NotFound,
         DropReason::ConditionLost,
         DropReason::SubscriptionGone,
+        DropReason::DevicePaused,
+        DropReason::Cancelled,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -169,6 +176,8 @@ impl DropReason {
             DropReason::NotFound => "not_found",
             DropReason::ConditionLost => "condition_lost",
             DropReason::SubscriptionGone => "subscription_gone",
+            DropReason::DevicePaused => "device_paused",
+            DropReason::Cancelled => "cancelled",
         }
     }
 }
@@ -254,7 +263,14 @@ impl Delivery {
             Status::Pending | Status::Retry | Status::Sending => Delivery::InProgress,
             Status::Sent => Delivery::Delivered,
             Status::Dropped | Status::Failed if maybe_delivered => Delivery::MayHaveBeenDelivered,
-            Status::Dropped if reason != Some(Reason::Dropped(DropReason::SubscriptionGone)) => {
+            Status::Dropped
+                if !matches!(
+                    reason,
+                    Some(Reason::Dropped(
+                        DropReason::SubscriptionGone | DropReason::Cancelled
+                    ))
+                ) =>
+            {
                 Delivery::Withheld
             }
             Status::Dropped | Status::Failed => Delivery::NotDelivered,
@@ -288,6 +304,9 @@ pub enum Event {
     Gone,
     /// The push service (or our endpoint guard) refused the message for good.
     Rejected(FailReason),
+    /// An operator cancelled it. Only a row no push is out for can be cancelled: once `sending`,
+    /// the push may already have reached the user.
+    Cancelled,
 }
 
 /// The outcome of applying an [`Event`].
@@ -349,10 +368,14 @@ pub fn apply(row: Row, event: Event, max_retries: u32) -> Result<Transition, Ill
     };
     let t = match (row.status, event) {
         (Status::Pending | Status::Retry, Event::Withheld(reason))
-            if reason != DropReason::SubscriptionGone =>
+            if !matches!(reason, DropReason::SubscriptionGone | DropReason::Cancelled) =>
         {
             stay(Status::Dropped, Some(Reason::Dropped(reason)))
         }
+        (Status::Pending | Status::Retry, Event::Cancelled) => stay(
+            Status::Dropped,
+            Some(Reason::Dropped(DropReason::Cancelled)),
+        ),
         (Status::Pending | Status::Retry, Event::Dispatched) => Transition {
             attempt: row.attempt + 1,
             ..stay(Status::Sending, None)
@@ -487,6 +510,41 @@ mod tests {
     }
 
     #[test]
+    fn only_a_row_with_no_push_out_can_be_cancelled() {
+        for status in Status::ALL {
+            let t = apply(row(status), Event::Cancelled, 5);
+            if status.is_due_state() {
+                let t = t.unwrap();
+                assert_eq!(
+                    (t.to, t.reason.map(Reason::as_str)),
+                    (Status::Dropped, Some("cancelled"))
+                );
+            } else {
+                assert!(t.is_err(), "{status}");
+            }
+        }
+        // No service can withhold a row as `cancelled`: that is the operator's word.
+        assert!(
+            apply(
+                row(Status::Pending),
+                Event::Withheld(DropReason::Cancelled),
+                5
+            )
+            .is_err()
+        );
+        let cancelled = Some(Reason::Dropped(DropReason::Cancelled));
+        assert_eq!(
+            Delivery::of(Status::Dropped, cancelled, false),
+            Delivery::NotDelivered
+        );
+        let paused = Some(Reason::Dropped(DropReason::DevicePaused));
+        assert_eq!(
+            Delivery::of(Status::Dropped, paused, false),
+            Delivery::Withheld
+        );
+    }
+
+    #[test]
     fn a_late_result_of_the_last_attempt_ends_a_retrying_row() {
         // The sweeper gave up waiting for attempt 1 (outcome unknown), then its result arrived.
         let t = apply(row(Status::Sending), Event::Unknown, 5).unwrap();
@@ -578,6 +636,7 @@ mod tests {
             Just(Event::Delivered),
             Just(Event::Gone),
             proptest::sample::select(FailReason::ALL.to_vec()).prop_map(Event::Rejected),
+            Just(Event::Cancelled),
         ]
     }
 
@@ -617,6 +676,14 @@ mod tests {
                         prop_assert_eq!(t.advances_baseline, t.to == Status::Sent);
                         prop_assert_eq!(t.reason.is_some(), matches!(t.to, Status::Dropped | Status::Failed));
                         prop_assert_eq!(t.maybe_delivered, event == Event::Unknown);
+                        // Only an operator's cancel records `cancelled`, and only before a push.
+                        prop_assert_eq!(
+                            t.reason == Some(Reason::Dropped(DropReason::Cancelled)),
+                            event == Event::Cancelled
+                        );
+                        if event == Event::Cancelled {
+                            prop_assert!(r.status.is_due_state());
+                        }
                         if t.advances_baseline {
                             prop_assert!(!sent_once, "baseline advanced twice");
                             sent_once = true;

@@ -4,6 +4,7 @@
 //! connecting: a pool that can be built before the database is up, waiting for it (and for the
 //! schema this build needs) at start-up, and the readiness check.
 
+pub mod attempts;
 pub mod baselines;
 mod outbox;
 pub mod partitions;

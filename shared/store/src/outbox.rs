@@ -30,6 +30,9 @@ macro_rules! status_sql {
     (replayable) => {
         "('dropped', 'failed')"
     };
+    (cancellable) => {
+        "('pending', 'retry')"
+    };
 }
 
 #[cfg(test)]
@@ -62,6 +65,16 @@ mod tests {
             listed(status_sql!(replayable)),
             all(|s| s.is_terminal() && s != Status::Sent)
         );
+        // An operator cancels what the state machine lets `Cancelled` end.
+        let cancellable = all(|s| {
+            let row = tidings_domain::outbox::Row {
+                status: s,
+                retry_count: 0,
+                attempt: 0,
+            };
+            tidings_domain::outbox::apply(row, tidings_domain::outbox::Event::Cancelled, 5).is_ok()
+        });
+        assert_eq!(listed(status_sql!(cancellable)), cancellable);
     }
 
     #[test]

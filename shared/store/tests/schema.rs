@@ -331,6 +331,18 @@ async fn each_service_role_may_do_its_job_and_is_refused_the_rest() {
         outbox.0
     );
     let move_row = move_row.as_str();
+    let cancel = format!(
+        "UPDATE outbox SET status = 'dropped', reason = 'cancelled', finished_at = now(),
+                last_error = 'cancelled' WHERE id = '{}'",
+        outbox.0
+    );
+    let cancel = cancel.as_str();
+    let attempt = format!(
+        "INSERT INTO outbox_attempts (outbox_id, dedup_day, attempt, outcome)
+         SELECT id, dedup_day, 1, 'delivered' FROM outbox WHERE id = '{}'",
+        outbox.0
+    );
+    let attempt = attempt.as_str();
     let device_columns = "SELECT id, time_zone, removed_at FROM devices";
     let tokens = "SELECT token_hash FROM devices";
     let allowed = [
@@ -340,12 +352,17 @@ async fn each_service_role_may_do_its_job_and_is_refused_the_rest() {
                 tokens,
                 "UPDATE watches SET paused = paused",
                 "SELECT * FROM outbox",
+                "SELECT * FROM outbox_attempts",
+                cancel,
+                "UPDATE devices SET paused_at = now()",
             ],
         ),
         (
             "tidings_dispatcher",
             vec![
                 move_row,
+                attempt,
+                "SELECT paused_at FROM devices",
                 "SELECT * FROM push_subscriptions",
                 "UPDATE push_subscriptions SET active = false, deactivated_at = now(), deactivation_reason = 'gone'",
                 device_columns,
@@ -360,14 +377,20 @@ async fn each_service_role_may_do_its_job_and_is_refused_the_rest() {
             ],
         ),
     ];
-    // 42501 (insufficient_privilege). The api reads the history and inserts replays but never
-    // moves a row; the dispatcher never sees a token hash nor changes a device or a watch, and
+    // 42501 (insufficient_privilege). The api reads the history and attempts, inserts replays
+    // and cancels a due row (status, reason, error, end time: nothing else); the dispatcher never sees a token hash nor changes a device or a watch, and
     // of a subscription only marks it gone; the detector enqueues only through NATS (no outbox,
     // no subscriptions, no tokens) and of a watch records only what a scan saw.
     let refused = [
         (
             "tidings_api",
-            vec![move_row, "DELETE FROM devices", "SELECT * FROM baselines"],
+            vec![
+                move_row,
+                attempt,
+                "UPDATE outbox SET attempt = attempt + 1",
+                "DELETE FROM devices",
+                "SELECT * FROM baselines",
+            ],
         ),
         (
             "tidings_dispatcher",
@@ -382,6 +405,7 @@ async fn each_service_role_may_do_its_job_and_is_refused_the_rest() {
             "tidings_detector",
             vec![
                 "SELECT * FROM outbox",
+                "SELECT * FROM outbox_attempts",
                 move_row,
                 "SELECT endpoint FROM push_subscriptions",
                 tokens,

@@ -186,9 +186,14 @@ async fn round(rows: usize) -> Round {
             .expect("fetch");
         while let Some(Ok(m)) = msgs.next().await {
             let p: PushRequest = decode(&m.payload).expect("push request");
+            // As the pusher reports a delivery.
             results.push(PushResult {
                 http_status: Some(201),
                 latency_ms: 1,
+                message_id: Some(format!("https://push.example/m/{}", p.outbox_id)),
+                dedup_day: p.dedup_day,
+                started_at: Some(Utc::now()),
+                push_host: Some("push.example".into()),
                 ..PushResult::new(p.outbox_id, p.attempt, Outcome::Delivered)
             });
             let _ = m.ack().await;

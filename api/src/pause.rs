@@ -1,0 +1,312 @@
+//! Operators pausing and resuming a device or a watch, and looking at one.
+//!
+//! Pausing withholds instead of sending: a due notification of a paused device or watch is
+//! dropped at the re-check (`device_paused`, `watch_paused`), just before it would have been
+//! pushed, and the history says so. A paused watch is also left out of the detector's scans; a
+//! paused device's watches are still scanned, so resuming it needs no catching up.
+
+use crate::AppState;
+use crate::auth::Operator;
+use crate::extract::resource_id;
+use crate::problem::{ApiError, Problem, Unauthorized};
+use crate::watches::TriggerSpec;
+use axum::Json;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use tidings_domain::trigger::Trigger;
+use tidings_store::db;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+/// A push subscription as operators see it (no keys).
+#[derive(Debug, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
+pub struct SubscriptionView {
+    pub id: Uuid,
+    pub push_host: Option<String>,
+    pub active: bool,
+    pub created_at: DateTime<Utc>,
+    pub deactivated_at: Option<DateTime<Utc>>,
+    pub deactivation_reason: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DeviceView {
+    pub id: Uuid,
+    pub time_zone: String,
+    pub created_at: DateTime<Utc>,
+    pub removed_at: Option<DateTime<Utc>>,
+    /// Set while an operator has the device paused.
+    pub paused_at: Option<DateTime<Utc>>,
+    pub watch_count: i32,
+    /// Newest first.
+    pub subscriptions: Vec<SubscriptionView>,
+    /// Its outbox rows by status.
+    pub outbox: BTreeMap<String, i64>,
+}
+
+#[derive(sqlx::FromRow)]
+struct DeviceRow {
+    id: Uuid,
+    time_zone: String,
+    created_at: DateTime<Utc>,
+    removed_at: Option<DateTime<Utc>>,
+    paused_at: Option<DateTime<Utc>>,
+    watch_count: i32,
+}
+
+async fn device_view(app: &AppState, id: Uuid) -> Result<DeviceView, ApiError> {
+    let row: DeviceRow = sqlx::query_as(
+        "SELECT id, time_zone, created_at, removed_at, paused_at, watch_count
+         FROM devices WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(&app.pool)
+    .await
+    .map_err(db("reading a device"))?
+    .ok_or(ApiError::NotFound("device"))?;
+    let subscriptions: Vec<SubscriptionView> = sqlx::query_as(
+        "SELECT id, substring(endpoint FROM '^[a-z]+://([^/:?#]+)') AS push_host, active,
+                created_at, deactivated_at, deactivation_reason
+         FROM push_subscriptions WHERE device_id = $1 ORDER BY created_at DESC",
+    )
+    .bind(id)
+    .fetch_all(&app.pool)
+    .await
+    .map_err(db("reading a device's subscriptions"))?;
+    let outbox: Vec<(String, i64)> =
+        sqlx::query_as("SELECT status, count(*) FROM outbox WHERE device_id = $1 GROUP BY status")
+            .bind(id)
+            .fetch_all(&app.pool)
+            .await
+            .map_err(db("counting a device's notifications"))?;
+    Ok(DeviceView {
+        id: row.id,
+        time_zone: row.time_zone,
+        created_at: row.created_at,
+        removed_at: row.removed_at,
+        paused_at: row.paused_at,
+        watch_count: row.watch_count,
+        subscriptions,
+        outbox: outbox.into_iter().collect(),
+    })
+}
+
+#[utoipa::path(
+    get, path = "/v1/admin/devices/{id}", tag = "operators",
+    params(("id" = Uuid, Path, description = "Device id")),
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, description = "The device, its subscriptions and its notifications by status", body = DeviceView),
+        Unauthorized,
+        (status = 404, description = "No such device", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn admin_get_device(
+    State(app): State<AppState>,
+    _: Operator,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Json<DeviceView>, ApiError> {
+    let id = resource_id(id, "device")?;
+    device_view(&app, id).await.map(Json)
+}
+
+async fn set_device_pause(
+    app: &AppState,
+    id: Uuid,
+    pause: bool,
+) -> Result<Json<DeviceView>, ApiError> {
+    // Pausing twice keeps the first pause's time.
+    let found = sqlx::query(
+        "UPDATE devices SET paused_at = CASE WHEN $2 THEN COALESCE(paused_at, now()) END
+         WHERE id = $1",
+    )
+    .bind(id)
+    .bind(pause)
+    .execute(&app.pool)
+    .await
+    .map_err(db("pausing or resuming a device"))?
+    .rows_affected();
+    if found == 0 {
+        return Err(ApiError::NotFound("device"));
+    }
+    tracing::info!(device_id = %id, paused = pause, "device paused or resumed by an operator");
+    device_view(app, id).await.map(Json)
+}
+
+#[utoipa::path(
+    post, path = "/v1/admin/devices/{id}/pause", tag = "operators",
+    params(("id" = Uuid, Path, description = "Device id")),
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, description = "Paused: its due notifications are withheld (`device_paused`) at the re-check until it is resumed", body = DeviceView),
+        Unauthorized,
+        (status = 404, description = "No such device", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn admin_pause_device(
+    State(app): State<AppState>,
+    _: Operator,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Json<DeviceView>, ApiError> {
+    let id = resource_id(id, "device")?;
+    set_device_pause(&app, id, true).await
+}
+
+#[utoipa::path(
+    post, path = "/v1/admin/devices/{id}/resume", tag = "operators",
+    params(("id" = Uuid, Path, description = "Device id")),
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, description = "Resumed: its notifications are sent again", body = DeviceView),
+        Unauthorized,
+        (status = 404, description = "No such device", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn admin_resume_device(
+    State(app): State<AppState>,
+    _: Operator,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Json<DeviceView>, ApiError> {
+    let id = resource_id(id, "device")?;
+    set_device_pause(&app, id, false).await
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct WatchView {
+    pub id: Uuid,
+    pub device_id: Uuid,
+    pub item_code: String,
+    pub triggers: Vec<TriggerSpec>,
+    pub channel: String,
+    pub paused: bool,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub removed_at: Option<DateTime<Utc>>,
+    /// Its outbox rows by status.
+    pub outbox: BTreeMap<String, i64>,
+}
+
+#[derive(sqlx::FromRow)]
+struct WatchRow {
+    id: Uuid,
+    device_id: Uuid,
+    item_code: String,
+    triggers: sqlx::types::Json<Vec<Trigger>>,
+    channel: String,
+    paused: bool,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+    removed_at: Option<DateTime<Utc>>,
+}
+
+async fn watch_view(app: &AppState, id: Uuid) -> Result<WatchView, ApiError> {
+    let w: WatchRow = sqlx::query_as(
+        "SELECT id, device_id, item_code, triggers, channel, paused, created_at, updated_at,
+                removed_at
+         FROM watches WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(&app.pool)
+    .await
+    .map_err(db("reading a watch"))?
+    .ok_or(ApiError::NotFound("watch"))?;
+    let outbox: Vec<(String, i64)> =
+        sqlx::query_as("SELECT status, count(*) FROM outbox WHERE watch_id = $1 GROUP BY status")
+            .bind(id)
+            .fetch_all(&app.pool)
+            .await
+            .map_err(db("counting a watch's notifications"))?;
+    Ok(WatchView {
+        id: w.id,
+        device_id: w.device_id,
+        item_code: w.item_code,
+        triggers: w.triggers.0.iter().map(TriggerSpec::from_trigger).collect(),
+        channel: w.channel,
+        paused: w.paused,
+        created_at: w.created_at,
+        updated_at: w.updated_at,
+        removed_at: w.removed_at,
+        outbox: outbox.into_iter().collect(),
+    })
+}
+
+#[utoipa::path(
+    get, path = "/v1/admin/watches/{id}", tag = "operators",
+    params(("id" = Uuid, Path, description = "Watch id")),
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, description = "The watch and its notifications by status", body = WatchView),
+        Unauthorized,
+        (status = 404, description = "No such watch", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn admin_get_watch(
+    State(app): State<AppState>,
+    _: Operator,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Json<WatchView>, ApiError> {
+    let id = resource_id(id, "watch")?;
+    watch_view(&app, id).await.map(Json)
+}
+
+async fn set_watch_pause(
+    app: &AppState,
+    id: Uuid,
+    pause: bool,
+) -> Result<Json<WatchView>, ApiError> {
+    let found = sqlx::query(
+        "UPDATE watches SET paused = $2, updated_at = now() WHERE id = $1 AND paused <> $2",
+    )
+    .bind(id)
+    .bind(pause)
+    .execute(&app.pool)
+    .await
+    .map_err(db("pausing or resuming a watch"))?
+    .rows_affected();
+    if found == 1 {
+        tracing::info!(watch_id = %id, paused = pause, "watch paused or resumed by an operator");
+    }
+    // Already in that state, or absent (404 from the read).
+    watch_view(app, id).await.map(Json)
+}
+
+#[utoipa::path(
+    post, path = "/v1/admin/watches/{id}/pause", tag = "operators",
+    params(("id" = Uuid, Path, description = "Watch id")),
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, description = "Paused: not scanned, and its due notifications are withheld (`watch_paused`)", body = WatchView),
+        Unauthorized,
+        (status = 404, description = "No such watch", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn admin_pause_watch(
+    State(app): State<AppState>,
+    _: Operator,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Json<WatchView>, ApiError> {
+    let id = resource_id(id, "watch")?;
+    set_watch_pause(&app, id, true).await
+}
+
+#[utoipa::path(
+    post, path = "/v1/admin/watches/{id}/resume", tag = "operators",
+    params(("id" = Uuid, Path, description = "Watch id")),
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, description = "Resumed", body = WatchView),
+        Unauthorized,
+        (status = 404, description = "No such watch", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn admin_resume_watch(
+    State(app): State<AppState>,
+    _: Operator,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Json<WatchView>, ApiError> {
+    let id = resource_id(id, "watch")?;
+    set_watch_pause(&app, id, false).await
+}
