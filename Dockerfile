@@ -1,5 +1,6 @@
 # syntax=docker/dockerfile:1
-# Tidings: one image build, four service targets.
+# Tidings: one image build, four service targets. Each image also carries the operator CLI,
+# `tidings` (kubectl exec deploy/api -- tidings doctor: the api's token is in its environment).
 #
 #   docker build --target api        -t tidings-api .
 #   docker build --target dispatcher -t tidings-dispatcher .
@@ -32,10 +33,11 @@ COPY api/Cargo.toml api/
 COPY dispatcher/Cargo.toml dispatcher/
 COPY pusher/Cargo.toml pusher/
 COPY detector/Cargo.toml detector/
+COPY cli/Cargo.toml cli/
 COPY tests/Cargo.toml tests/
 COPY tests/benches/Cargo.toml tests/benches/
 RUN for c in shared/domain shared/runtime shared/bus shared/webpush shared/source shared/store \
-             api dispatcher pusher detector tests; do \
+             api dispatcher pusher detector cli tests; do \
       mkdir -p "$c/src/bin" && echo "fn main() {}" > "$c/src/main.rs" && touch "$c/src/lib.rs"; \
     done \
  && mkdir -p tests/benches/src/bin && touch tests/benches/src/lib.rs \
@@ -45,7 +47,8 @@ RUN for c in shared/domain shared/runtime shared/bus shared/webpush shared/sourc
     done \
  && mkdir -p migrations \
  && cargo build --release --locked -p tidings-api -p tidings-dispatcher -p tidings-pusher -p tidings-detector \
- && rm -rf shared/*/src api/src dispatcher/src pusher/src detector/src
+      -p tidings-cli \
+ && rm -rf shared/*/src api/src dispatcher/src pusher/src detector/src cli/src
 
 # 2. Tidings itself (the same command CI's image check runs, see deploy/docker/check).
 COPY migrations migrations
@@ -54,14 +57,17 @@ COPY api api
 COPY dispatcher dispatcher
 COPY pusher pusher
 COPY detector detector
+COPY cli cli
 RUN touch shared/*/src/lib.rs api/src/main.rs dispatcher/src/main.rs pusher/src/main.rs detector/src/main.rs \
+      cli/src/main.rs \
  && cargo build --release --locked \
       -p tidings-api --bin tidings-api \
       -p tidings-dispatcher --bin tidings-dispatcher \
       -p tidings-pusher --bin tidings-pusher \
       -p tidings-detector --bin tidings-detector \
+      -p tidings-cli --bin tidings \
  && mkdir /out && cp target/release/tidings-api target/release/tidings-dispatcher \
-      target/release/tidings-pusher target/release/tidings-detector /out/
+      target/release/tidings-pusher target/release/tidings-detector target/release/tidings /out/
 
 FROM gcr.io/distroless/cc-debian12:nonroot AS runtime
 COPY --from=builder /out/ /usr/local/bin/

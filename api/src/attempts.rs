@@ -12,7 +12,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use tidings_domain::OutboxId;
-use tidings_store::attempts::Attempt;
+use tidings_store::attempts::Recorded;
 use tidings_store::db;
 use utoipa::ToSchema;
 use uuid::Uuid;
@@ -41,11 +41,12 @@ pub struct AttemptRecord {
 }
 
 impl AttemptRecord {
-    fn new(a: Attempt, recorded_at: DateTime<Utc>) -> Self {
+    fn new(r: Recorded) -> Self {
+        let a = r.attempt;
         AttemptRecord {
             attempt: a.attempt,
             started_at: a.started_at,
-            recorded_at,
+            recorded_at: r.recorded_at,
             subscription_id: a.subscription_id.map(|s| s.0),
             push_host: a.push_host,
             outcome: a.outcome,
@@ -53,7 +54,11 @@ impl AttemptRecord {
             error: a.error,
             duration_ms: a.duration_ms,
             push_message_id: a.push_message_id,
-            trace_id: a.trace_id,
+            // Every attempt of a row continues the row's trace.
+            trace_id: r
+                .traceparent
+                .as_deref()
+                .and_then(tidings_runtime::telemetry::trace_id_of),
         }
     }
 }
@@ -93,7 +98,7 @@ pub async fn list_attempts(
         .await
         .map_err(db("reading delivery attempts"))?
         .into_iter()
-        .map(|(a, at)| AttemptRecord::new(a, at))
+        .map(AttemptRecord::new)
         .collect();
     Ok(Json(AttemptList {
         outbox_id: id,

@@ -59,6 +59,14 @@ pub struct Config {
     /// Most concurrent watch creates inserted by one statement; 1 inserts each alone.
     #[arg(long, env = "TIDINGS_API_CREATE_BATCH", default_value_t = 64)]
     pub create_batch: usize,
+    /// Connect to NATS (as its own user, `NATS_USER=api`) for the operator routes that need it:
+    /// dead letters and `doctor`'s stream, consumer and VAPID checks. The public routes never
+    /// use NATS; without it those operator routes answer 503.
+    #[arg(long, env = "TIDINGS_API_NATS", default_value_t = false)]
+    pub operator_nats: bool,
+    /// NATS, and the streams `doctor` expects (the workers' settings).
+    #[command(flatten)]
+    pub nats: tidings_bus::NatsArgs,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +81,8 @@ pub enum ConfigError {
     MaxBody,
     #[error("TIDINGS_API_CREATE_BATCH must be between 1 and 1000")]
     CreateBatch,
+    #[error("TIDINGS_PREFIX: {0}")]
+    Prefix(#[from] tidings_domain::subjects::InvalidPrefix),
 }
 
 impl Config {
@@ -107,6 +117,9 @@ impl Config {
             watch_rate_per_address: self.watch_rate_per_address,
             watch_rate_per_device: self.watch_rate_per_device,
             trusted_proxies: self.trusted_proxies,
+            subjects: self.nats.subjects()?,
+            streams: self.nats.streams(),
+            bus: None,
         })
     }
 }

@@ -13,7 +13,9 @@ pub mod auth;
 mod bulk;
 pub mod coalesce;
 mod config;
+mod dead_letters;
 mod devices;
+mod doctor;
 mod extract;
 mod health;
 mod history;
@@ -57,6 +59,11 @@ pub struct Settings {
     pub watch_rate_per_address: Option<limits::Rate>,
     pub watch_rate_per_device: Option<limits::Rate>,
     pub trusted_proxies: usize,
+    /// The subjects and streams of this deployment, as the workers name and configure them.
+    pub subjects: tidings_domain::subjects::Subjects,
+    pub streams: tidings_bus::streams::StreamSettings,
+    /// NATS for the operator routes that need it (`TIDINGS_API_NATS`); `None` without it.
+    pub bus: Option<async_nats::Client>,
 }
 
 /// What the flags give when none is set (no operator token, no VAPID key).
@@ -263,6 +270,8 @@ pub enum StartError {
     Serve(#[source] std::io::Error),
     #[error("applying migrations: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error(transparent)]
+    Nats(#[from] tidings_bus::connection::ConnectionError),
 }
 
 async fn bind(listen: std::net::SocketAddr) -> Result<tokio::net::TcpListener, StartError> {
@@ -275,7 +284,12 @@ async fn bind(listen: std::net::SocketAddr) -> Result<tokio::net::TcpListener, S
 pub async fn run(command: Command, shutdown: CancellationToken) -> Result<(), StartError> {
     match command {
         Command::Serve(config) => {
-            let settings = config.settings()?;
+            let mut settings = config.settings()?;
+            if config.operator_nats {
+                // Connects in the background: the api serves without NATS, and the routes
+                // that need it say so until it is there.
+                settings.bus = Some(config.nats.connection.connect().await?);
+            }
             // Connects on first use: the api serves (and answers /readyz 503) while Postgres
             // is not there yet, instead of exiting into a crash loop.
             let pool = tidings_store::postgres(&config.database_url, config.db_pool)

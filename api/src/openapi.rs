@@ -2,7 +2,10 @@
 //! is registered here, and registering it documents it.
 
 use crate::problem::{ApiError, FieldError, Problem};
-use crate::{AppState, attempts, bulk, devices, health, history, operators, pause, watches};
+use crate::{
+    AppState, attempts, bulk, dead_letters, devices, doctor, health, history, operators, pause,
+    watches,
+};
 use axum::Json;
 use std::sync::OnceLock;
 use tidings_domain::outbox::{Reason, Status};
@@ -91,6 +94,11 @@ fn operators() -> OpenApiRouter<AppState> {
         .routes(routes!(pause::admin_get_watch))
         .routes(routes!(pause::admin_pause_watch))
         .routes(routes!(pause::admin_resume_watch))
+        .routes(routes!(dead_letters::list_dead_letters))
+        .routes(routes!(dead_letters::get_dead_letter))
+        .routes(routes!(dead_letters::redrive_dead_letters))
+        .routes(routes!(dead_letters::purge_dead_letters))
+        .routes(routes!(doctor::doctor))
         .routes(routes!(health::metrics))
 }
 

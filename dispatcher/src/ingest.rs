@@ -23,7 +23,7 @@ use crate::config::Settings;
 use crate::retention::Partitions;
 use crate::stage::Stage;
 
-pub const CONSUMER: &str = "dispatcher-ingest";
+pub const CONSUMER: &str = tidings_bus::streams::consumer_of(StreamKind::Enqueue);
 
 /// How long an EnqueueRequest may stay unacknowledged before JetStream redelivers it. A batch
 /// commits in well under a second; this only matters when a consumer dies mid-batch. (Results

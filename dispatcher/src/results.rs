@@ -32,7 +32,7 @@ use crate::stage::Stage;
 use tidings_store::attempts::{self, Attempt};
 use tidings_store::transition::{self, Change};
 
-pub const CONSUMER: &str = "dispatcher-results";
+pub const CONSUMER: &str = tidings_bus::streams::consumer_of(StreamKind::Result);
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct ResultStats {
@@ -223,8 +223,56 @@ fn attempt_of(row: &Locked, result: &PushResult) -> Attempt {
             .started_at
             .map(|_| i64::try_from(result.latency_ms).unwrap_or(i64::MAX)),
         push_message_id: result.message_id.clone(),
-        trace_id: row.traceparent.as_deref().and_then(telemetry::trace_id_of),
     }
+}
+
+/// The transition `result` makes to `row`, if any: none for a result of an older attempt, a
+/// second result of the same attempt in the batch, or an outcome the row's state ignores.
+fn change_for(
+    row: &Locked,
+    current: Row,
+    result: &PushResult,
+    settings: &Settings,
+    seen: &mut HashSet<OutboxId>,
+) -> Option<Change> {
+    // A result of an older attempt is stale: a newer attempt owns the row now.
+    if current.attempt != result.attempt || seen.contains(&result.outbox_id) {
+        return None;
+    }
+    let event = push::event(result);
+    match current.status {
+        Status::Sending => {}
+        // A late result of the last attempt, which the sweeper (or an earlier transient
+        // result) already sent back to retry: only an outcome that ends the row counts.
+        Status::Retry if !matches!(event, Event::Transient | Event::Unknown) => {
+            tracing::info!(outbox_id = %row.id, attempt = result.attempt, outcome = result.outcome.as_str(), "late result of the last attempt applied to a retrying row");
+        }
+        // Terminal, or a pending row (no attempt yet): nothing to do.
+        _ => return None,
+    }
+    let t = outbox::apply(current, event, settings.retry.max_retries).ok()?;
+    seen.insert(result.outbox_id);
+    let mut c = Change::new(row.id, row.dedup_day, current, t);
+    c.http_status = result.http_status;
+    c.push_message_id = result.message_id.clone();
+    if let Some(e) = &result.error {
+        c.last_error = Some(format!("{}: {e}", result.outcome.as_str()));
+    } else if result.outcome != Outcome::Delivered {
+        c.last_error = Some(result.outcome.as_str().to_owned());
+    }
+    if t.to == Status::Retry {
+        let retry_after = result.retry_after.map(Duration::from_secs);
+        c.next_attempt_at =
+            Some(Utc::now() + settings.retry.delay(current.retry_count, retry_after));
+    }
+    if matches!(result.http_status, Some(401 | 403)) {
+        tracing::error!(
+            outbox_id = %row.id,
+            http_status = result.http_status,
+            "push service rejected our VAPID credentials: check TIDINGS_VAPID_PRIVATE_KEY and the subject"
+        );
+    }
+    Some(c)
 }
 
 /// The rows a batch of results is about (`$1`: their ids).
@@ -276,69 +324,40 @@ pub async fn apply_in(
 
     let mut changes = Vec::new();
     let mut seen = HashSet::new();
-    let mut attempts = Vec::new();
+    // Attempts with no record yet (the row is still `sending` with that attempt, under our
+    // lock) and those that may have one (a late or repeated result).
+    let mut fresh = Vec::new();
+    let mut late = Vec::new();
     let mut recorded = HashSet::new();
     for result in results {
         let Some(row) = rows.get(&result.outbox_id) else {
             tracing::warn!(outbox_id = %result.outbox_id, "result for an unknown outbox row");
             continue;
         };
-        // Every attempt the row has made is recorded once, a stale one's result included: the
-        // record is history, whatever the result does to the row.
-        if result.attempt >= 1
-            && i64::from(result.attempt) <= i64::from(row.attempt)
-            && recorded.insert((result.outbox_id, result.attempt))
-        {
-            attempts.push(attempt_of(row, result));
-        }
         let current = Row {
             status: row.status.parse().unwrap_or(Status::Failed),
             retry_count: u32::try_from(row.retry_count).unwrap_or(0),
             attempt: u32::try_from(row.attempt).unwrap_or(0),
         };
-        // A result of an older attempt is stale: a newer attempt owns the row now.
-        if current.attempt != result.attempt || seen.contains(&result.outbox_id) {
-            continue;
-        }
-        let event = push::event(result);
-        match current.status {
-            Status::Sending => {}
-            // A late result of the last attempt, which the sweeper (or an earlier transient
-            // result) already sent back to retry: only an outcome that ends the row counts.
-            Status::Retry if !matches!(event, Event::Transient | Event::Unknown) => {
-                tracing::info!(outbox_id = %row.id, attempt = result.attempt, outcome = result.outcome.as_str(), "late result of the last attempt applied to a retrying row");
+        // Every attempt the row has made is recorded once, a stale one's result included: the
+        // record is history, whatever the result does to the row.
+        if result.attempt >= 1
+            && result.attempt <= current.attempt
+            && recorded.insert((result.outbox_id, result.attempt))
+        {
+            if current.status == Status::Sending && result.attempt == current.attempt {
+                fresh.push(attempt_of(row, result));
+            } else {
+                late.push(attempt_of(row, result));
             }
-            // Terminal, or a pending row (no attempt yet): nothing to do.
-            _ => continue,
         }
-        let Ok(t) = outbox::apply(current, event, settings.retry.max_retries) else {
-            continue;
-        };
-        seen.insert(result.outbox_id);
-        let mut c = Change::new(row.id, row.dedup_day, current, t);
-        c.http_status = result.http_status;
-        c.push_message_id = result.message_id.clone();
-        if let Some(e) = &result.error {
-            c.last_error = Some(format!("{}: {e}", result.outcome.as_str()));
-        } else if result.outcome != Outcome::Delivered {
-            c.last_error = Some(result.outcome.as_str().to_owned());
+        if let Some(c) = change_for(row, current, result, settings, &mut seen) {
+            changes.push(c);
         }
-        if t.to == Status::Retry {
-            let retry_after = result.retry_after.map(Duration::from_secs);
-            c.next_attempt_at =
-                Some(Utc::now() + settings.retry.delay(current.retry_count, retry_after));
-        }
-        if matches!(result.http_status, Some(401 | 403)) {
-            tracing::error!(
-                outbox_id = %row.id,
-                http_status = result.http_status,
-                "push service rejected our VAPID credentials: check TIDINGS_VAPID_PRIVATE_KEY and the subject"
-            );
-        }
-        changes.push(c);
     }
     let won = transition::apply(&mut *tx, &changes).await?;
-    attempts::record(&mut *tx, &attempts).await?;
+    attempts::insert_new(&mut *tx, &fresh).await?;
+    attempts::record(&mut *tx, &late).await?;
 
     // Baselines advance only for rows that became `sent` here.
     let mut b_watch = Vec::new();

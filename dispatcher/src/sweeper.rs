@@ -31,7 +31,6 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Settings;
 use crate::results;
 use tidings_domain::SubscriptionId;
-use tidings_runtime::telemetry;
 use tidings_store::attempts::{self, Attempt};
 use tidings_store::transition::{self, Change};
 
@@ -64,7 +63,6 @@ struct Expired {
     attempt: i32,
     retry_count: i32,
     subscription_id: Option<SubscriptionId>,
-    traceparent: Option<String>,
 }
 
 /// Sweeps one batch.
@@ -75,7 +73,7 @@ pub async fn sweep_once(
 ) -> Result<SweepStats, sqlx::Error> {
     let mut tx = pool.begin().await?;
     let expired: Vec<Expired> = sqlx::query_as(concat!(
-        "SELECT id, dedup_day, attempt, retry_count, subscription_id, traceparent FROM outbox
+        "SELECT id, dedup_day, attempt, retry_count, subscription_id FROM outbox
          WHERE status = ",
         tidings_store::status_sql!(sending),
         " AND lease_until < now()
@@ -138,10 +136,6 @@ pub async fn sweep_once(
                         error: Some(LEASE_EXPIRED.to_owned()),
                         duration_ms: None,
                         push_message_id: None,
-                        trace_id: expired
-                            .traceparent
-                            .as_deref()
-                            .and_then(telemetry::trace_id_of),
                     });
                 }
             }
@@ -152,9 +146,10 @@ pub async fn sweep_once(
     let refs: Vec<&PushResult> = delivered.iter().collect();
     let applied = results::apply_in(&mut tx, settings, &refs).await?;
     let won = transition::apply(&mut tx, &changes).await?;
-    // The attempt is on record as `lease_expired` until (unless) its result turns up.
+    // The attempt is on record as `lease_expired` until (unless) its result turns up. The row
+    // was `sending` with that attempt under our lock, so nothing recorded it yet.
     unknown.retain(|a| won.contains(&a.outbox_id));
-    attempts::record(&mut tx, &unknown).await?;
+    attempts::insert_new(&mut tx, &unknown).await?;
     tx.commit().await?;
     applied.record();
     transition::record(&changes, &won);

@@ -37,6 +37,17 @@ pub enum StartError {
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), StartError> {
     let settings = config.settings()?;
     let (nats, bus) = config.nats.connect(&settings.subjects).await?;
+    // Answers the api's roll call with the VAPID key it signs with (`doctor`).
+    tokio::spawn(tidings_bus::roll_call::answer(
+        nats.clone(),
+        settings.subjects.clone(),
+        tidings_bus::roll_call::Present {
+            instance: tidings_runtime::telemetry::instance_id(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            vapid_public_key: settings.vapid.public_key().to_owned(),
+        },
+        shutdown.clone(),
+    ));
     let js = async_nats::jetstream::new(nats);
     let dependencies = vec![bus];
     let Some(probes) = startup::start(Some(config.ops.ops_listen), dependencies, &shutdown).await

@@ -28,7 +28,7 @@ use tidings_runtime::telemetry;
 use crate::config::Settings;
 use crate::deliver::Deliverer;
 
-pub const CONSUMER: &str = "pusher";
+pub const CONSUMER: &str = tidings_bus::streams::consumer_of(StreamKind::Push);
 
 #[derive(Debug, thiserror::Error)]
 pub enum PusherError {

@@ -410,7 +410,7 @@ impl Scenario {
             .await
             .expect("attempts")
             .into_iter()
-            .map(|(a, _)| (a.attempt, a.outcome, a.http_status))
+            .map(|r| (r.attempt.attempt, r.attempt.outcome, r.attempt.http_status))
             .collect()
     }
 

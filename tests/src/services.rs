@@ -25,6 +25,26 @@ fn bin_dir() -> PathBuf {
     }
 }
 
+/// Runs `cargo build` for `packages_and_bins` from the workspace (release when the tests run
+/// a release build); the error is cargo's output.
+fn cargo_build(args: &[String]) -> Result<(), String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .args(["build", "--quiet"])
+        .args(args);
+    // A release benchmark runs release services.
+    if bin_dir().ends_with("release") {
+        cmd.arg("--release");
+    }
+    let out = cmd.output().map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
 /// The service binary `tidings-<name>`, built once per test process; or, when
 /// `TIDINGS_SERVICE_BIN_DIR` is set, the one in that folder (to run a test against another
 /// build, e.g. to show a new test fails on the code before a fix).
@@ -34,33 +54,71 @@ pub fn binary(name: &str) -> PathBuf {
     }
     static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
     let built = BUILT.get_or_init(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-            .args(["build", "--quiet"]);
-        // A release benchmark runs release services.
-        if bin_dir().ends_with("release") {
-            cmd.arg("--release");
-        }
-        for s in SERVICES {
-            cmd.args([
-                "-p",
-                &format!("tidings-{s}"),
-                "--bin",
-                &format!("tidings-{s}"),
-            ]);
-        }
-        let out = cmd.output().map_err(|e| e.to_string())?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
+        let args: Vec<String> = SERVICES
+            .iter()
+            .flat_map(|s| {
+                [
+                    "-p".to_owned(),
+                    format!("tidings-{s}"),
+                    "--bin".to_owned(),
+                    format!("tidings-{s}"),
+                ]
+            })
+            .collect();
+        cargo_build(&args)
     });
     if let Err(e) = built {
         panic!("building the service binaries failed:\n{e}");
     }
     bin_dir().join(format!("tidings-{name}"))
+}
+
+/// The operator CLI, `tidings`, built once per test process (or taken from
+/// `TIDINGS_SERVICE_BIN_DIR`, as [`binary`]).
+pub fn cli_binary() -> PathBuf {
+    if let Some(dir) = std::env::var_os("TIDINGS_SERVICE_BIN_DIR") {
+        return PathBuf::from(dir).join("tidings");
+    }
+    static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
+    let built = BUILT.get_or_init(|| {
+        let args = ["-p", "tidings-cli", "--bin", "tidings"].map(str::to_owned);
+        cargo_build(&args)
+    });
+    if let Err(e) = built {
+        panic!("building the CLI failed:\n{e}");
+    }
+    bin_dir().join("tidings")
+}
+
+/// What a run of the CLI did.
+#[derive(Debug)]
+pub struct CliRun {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl CliRun {
+    /// stdout as JSON (a `--json` run).
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("{e}: not JSON: {self:?}"))
+    }
+}
+
+/// Runs `tidings ARGS` against the operator api at `ops_url` with `token`.
+pub fn cli(ops_url: &str, token: &str, args: &[&str]) -> CliRun {
+    let out = Command::new(cli_binary())
+        .args(args)
+        .env("TIDINGS_OPS_URL", ops_url)
+        .env("TIDINGS_ADMIN_TOKEN", token)
+        .env_remove("TIDINGS_ADMIN_TOKEN_FILE")
+        .output()
+        .expect("run tidings");
+    CliRun {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
 }
 
 /// The four services, running.
@@ -111,6 +169,8 @@ impl Pipeline {
             ("TIDINGS_ADMIN_TOKEN", ADMIN_TOKEN.into()),
             // Tests stop the api at once; the drain has a test of its own.
             ("TIDINGS_API_DRAIN", "0s".into()),
+            // The operator routes on dead letters and `doctor` (as the `api` NATS user).
+            ("TIDINGS_API_NATS", "true".into()),
             // Every client of a test is 127.0.0.1; the limits have a test of their own.
             ("TIDINGS_API_REGISTER_RATE", "off".into()),
             ("TIDINGS_API_WATCH_RATE_PER_ADDRESS", "off".into()),

@@ -316,6 +316,8 @@ async fn smoke(overlay: &str) {
         ),
         ("tidings-nats-pusher", "user", "pusher".into()),
         ("tidings-nats-pusher", "password", "smoke-pusher".into()),
+        ("tidings-nats-api", "user", "api".into()),
+        ("tidings-nats-api", "password", "smoke-api".into()),
         (
             "tidings-admin",
             "token",
@@ -508,6 +510,8 @@ fn the_prod_overlay_at_its_autoscaling_maximum_fits_postgres_default_connection_
         ("tidings-nats-dispatcher", "password"),
         ("tidings-nats-pusher", "user"),
         ("tidings-nats-pusher", "password"),
+        ("tidings-nats-api", "user"),
+        ("tidings-nats-api", "password"),
         ("tidings-vapid", "private-key"),
         ("tidings-vapid", "public-key"),
         ("tidings-admin", "token"),

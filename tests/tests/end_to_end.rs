@@ -21,7 +21,7 @@ use tidings_tests::fixtures;
 use tidings_tests::harness::{self, DB_LOGINS, TestDb, poll_wait, serve, tool};
 use tidings_tests::otlp::{Spans, attr, int_attr, traced_pipeline};
 use tidings_tests::scenario::{Scenario, Watcher};
-use tidings_tests::services::{ADMIN_TOKEN, Pipeline, SERVICES, binary};
+use tidings_tests::services::{ADMIN_TOKEN, Pipeline, SERVICES, binary, cli};
 
 async fn metrics(p: &Pipeline, name: &str) -> String {
     reqwest::get(format!("{}/metrics", p.ops_url(name)))
@@ -282,6 +282,29 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
         report.attempts[2]["push_message_id"], c_row["push_message_id"],
         "the delivering attempt names the push service's message"
     );
+    // The same three from the CLI, for scripts and for people.
+    let c_id = c_row["id"].as_str().unwrap();
+    let ops = p.ops_url("api");
+    let from_cli = cli(&ops, ADMIN_TOKEN, &["attempts", c_id, "--json"]);
+    assert_eq!(from_cli.code, 0, "{from_cli:?}");
+    assert_eq!(from_cli.json(), Value::Array(report.attempts.clone()));
+    let table = cli(&ops, ADMIN_TOKEN, &["attempts", c_id]);
+    let lines: Vec<&str> = table.stdout.lines().collect();
+    assert_eq!(lines.len(), 4, "a header and three attempts: {table:?}");
+    for (line, (n, outcome, http)) in lines[1..].iter().zip([
+        (1, "transient", 429),
+        (2, "transient", 500),
+        (3, "delivered", 201),
+    ]) {
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(
+            (cells[0], cells[2], cells[3]),
+            (n.to_string().as_str(), outcome, http.to_string().as_str()),
+            "{line}"
+        );
+    }
+    let shown = cli(&ops, ADMIN_TOKEN, &["outbox", "show", c_id]);
+    assert!(shown.stdout.contains("status:          sent"), "{shown:?}");
     // The device's own history has the same three, without the internals.
     let c_history = report
         .history

@@ -14,22 +14,30 @@
 use std::fmt::Write as _;
 use tidings_domain::subjects::StreamKind;
 
-/// A service that talks to NATS (the api does not).
+/// A service that talks to NATS. The api does so only for its operator routes (dead letters,
+/// `doctor`), and only reads, except a redrive of a dead letter to where it came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Service {
     Detector,
     Dispatcher,
     Pusher,
+    Api,
 }
 
 impl Service {
-    pub const ALL: [Service; 3] = [Service::Detector, Service::Dispatcher, Service::Pusher];
+    pub const ALL: [Service; 4] = [
+        Service::Detector,
+        Service::Dispatcher,
+        Service::Pusher,
+        Service::Api,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Service::Detector => "detector",
             Service::Dispatcher => "dispatcher",
             Service::Pusher => "pusher",
+            Service::Api => "api",
         }
     }
 
@@ -51,6 +59,8 @@ pub fn inbox_prefix(binary: &str) -> Option<String> {
 pub struct Permissions {
     pub publish: Vec<String>,
     pub subscribe: Vec<String>,
+    /// May answer a request it received (on the requester's inbox, once).
+    pub allow_responses: bool,
 }
 
 fn stream(prefix: &str, kind: StreamKind) -> String {
@@ -98,9 +108,14 @@ pub fn permissions(service: Service, prefix: &str) -> Permissions {
     for kind in StreamKind::ALL {
         let s = stream(prefix, kind);
         publish.push(format!("$JS.API.STREAM.INFO.{s}"));
-        publish.push(format!("$JS.API.STREAM.CREATE.{s}"));
+        // Every worker creates the streams it finds missing; the api only looks.
+        if service != Service::Api {
+            publish.push(format!("$JS.API.STREAM.CREATE.{s}"));
+        }
     }
     let subject = |kind: StreamKind| format!("{prefix}.{}.>", kind.as_str());
+    let mut subscribe = vec![format!("_INBOX_{}.>", service.name())];
+    let roll_call = format!("{prefix}.{}", crate::roll_call::SUBJECT);
     match service {
         Service::Detector => publish.push(subject(StreamKind::Enqueue)),
         Service::Dispatcher => {
@@ -118,6 +133,22 @@ pub fn permissions(service: Service, prefix: &str) -> Permissions {
             publish.push(subject(StreamKind::Dlq));
             consume(prefix, StreamKind::Push, &mut publish);
             delivery_log(prefix, true, &mut publish);
+            // Answers the api's roll call (its VAPID key, for `doctor`).
+            subscribe.push(roll_call.clone());
+        }
+        Service::Api => {
+            // `doctor`: the workers' consumers, looked at.
+            for kind in [StreamKind::Enqueue, StreamKind::Result, StreamKind::Push] {
+                publish.push(format!("$JS.API.CONSUMER.INFO.{}.>", stream(prefix, kind)));
+            }
+            // Dead letters: read, delete, and redrive to where they came from (never a push
+            // request: `crate::dead_letters`).
+            let dlq = stream(prefix, StreamKind::Dlq);
+            publish.push(format!("$JS.API.STREAM.MSG.GET.{dlq}"));
+            publish.push(format!("$JS.API.STREAM.MSG.DELETE.{dlq}"));
+            publish.push(subject(StreamKind::Enqueue));
+            publish.push(subject(StreamKind::Result));
+            publish.push(roll_call);
         }
     }
     // With the prefix `*` several entries become one.
@@ -125,7 +156,8 @@ pub fn permissions(service: Service, prefix: &str) -> Permissions {
     publish.retain(|p| seen.insert(p.clone()));
     Permissions {
         publish,
-        subscribe: vec![format!("_INBOX_{}.>", service.name())],
+        subscribe,
+        allow_responses: service == Service::Pusher,
     }
 }
 
@@ -163,6 +195,9 @@ pub fn server_config(
             "      subscribe: {{ allow: [{}\n      ] }}",
             quoted(&p.subscribe)
         );
+        if p.allow_responses {
+            out.push_str("      allow_responses: true\n");
+        }
         out.push_str("    } }\n");
     }
     if let Some((user, password)) = admin {
@@ -257,10 +292,12 @@ mod tests {
             let result = s.subject(StreamKind::Result, Channel::WebPush);
             let dlq = s.dlq(StreamKind::Push);
             use Service::*;
+            // The api may redrive a dead enqueue request or result, never a push request.
             let table = [
                 (Detector, [true, false, false, false]),
                 (Dispatcher, [false, true, false, true]),
                 (Pusher, [false, false, true, true]),
+                (Api, [true, false, true, false]),
             ];
             for (service, allowed) in table {
                 for (subject, allowed) in [&enqueue, &push, &result, &dlq].into_iter().zip(allowed)
@@ -286,6 +323,7 @@ mod tests {
             (Detector, vec![]),
             (Dispatcher, vec![StreamKind::Enqueue, StreamKind::Result]),
             (Pusher, vec![StreamKind::Push]),
+            (Api, vec![]),
         ] {
             for kind in StreamKind::ALL {
                 let own = consumes.contains(&kind);
@@ -317,6 +355,45 @@ mod tests {
         assert!(may_publish(Service::Pusher, "tidings", key));
         assert!(!may_publish(Service::Dispatcher, "tidings", key));
         assert!(!may_publish(Service::Detector, "tidings", key));
+        assert!(!may_publish(Service::Api, "tidings", key));
+    }
+
+    #[test]
+    fn only_the_api_reads_and_deletes_dead_letters_and_calls_the_roll() {
+        let get = "$JS.API.STREAM.MSG.GET.tidings_dlq";
+        let delete = "$JS.API.STREAM.MSG.DELETE.tidings_dlq";
+        let roll_call = format!("tidings.{}", crate::roll_call::SUBJECT);
+        for service in Service::ALL {
+            let api = service == Service::Api;
+            assert_eq!(may_publish(service, "tidings", get), api, "{service:?}");
+            assert_eq!(may_publish(service, "tidings", delete), api, "{service:?}");
+            assert_eq!(
+                may_publish(service, "tidings", &roll_call),
+                api,
+                "{service:?}"
+            );
+            // Nobody but the api reads another stream's messages by sequence.
+            assert!(!may_publish(
+                service,
+                "tidings",
+                "$JS.API.STREAM.MSG.GET.tidings_push"
+            ));
+            let p = permissions(service, "tidings");
+            let answers = service == Service::Pusher;
+            assert_eq!(p.subscribe.iter().any(|s| matches(s, &roll_call)), answers);
+            assert_eq!(p.allow_responses, answers, "{service:?}");
+        }
+        // The api creates nothing and consumes nothing.
+        assert!(!may_publish(
+            Service::Api,
+            "tidings",
+            "$JS.API.STREAM.CREATE.tidings_dlq"
+        ));
+        assert!(!may_publish(
+            Service::Api,
+            "tidings",
+            "$JS.API.CONSUMER.CREATE.tidings_dlq.x"
+        ));
     }
 
     #[test]
@@ -333,7 +410,7 @@ mod tests {
                 );
             }
         }
-        assert_eq!(inbox_prefix("tidings-api"), None);
+        assert_eq!(inbox_prefix("tidings-demo"), None);
     }
 
     #[test]

@@ -50,6 +50,22 @@ pub struct StreamError {
     pub source: async_nats::jetstream::context::CreateStreamError,
 }
 
+/// The durable consumers the workers run: (stream, name). `doctor` checks that each exists.
+pub const CONSUMERS: [(StreamKind, &str); 3] = [
+    (StreamKind::Enqueue, "dispatcher-ingest"),
+    (StreamKind::Result, "dispatcher-results"),
+    (StreamKind::Push, "pusher"),
+];
+
+/// The name of the durable consumer on `kind`'s stream ([`CONSUMERS`]).
+pub const fn consumer_of(kind: StreamKind) -> &'static str {
+    match kind {
+        StreamKind::Enqueue => CONSUMERS[0].1,
+        StreamKind::Result => CONSUMERS[1].1,
+        StreamKind::Push | StreamKind::Dlq => CONSUMERS[2].1,
+    }
+}
+
 /// The configuration of one stream, public so tests and operators can compare it.
 pub fn stream_config(subjects: &Subjects, kind: StreamKind, s: &StreamSettings) -> stream::Config {
     let work = kind != StreamKind::Dlq;

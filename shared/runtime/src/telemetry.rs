@@ -199,15 +199,27 @@ fn resource(service: &'static str, env: impl Fn(&str) -> Option<String>) -> Reso
     builder.with_attributes(resource_attributes(env)).build()
 }
 
+/// This process among its service's replicas: the pod's name, else the host's, else the host
+/// name read from the kernel with the process id.
+fn instance_of(env: impl Fn(&str) -> Option<String>) -> String {
+    env("K8S_POD_NAME")
+        .or_else(|| env("HOSTNAME"))
+        .unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+            format!("{}-{}", host.trim(), std::process::id())
+        })
+}
+
+/// This process's `service.instance.id`.
+pub fn instance_id() -> String {
+    instance_of(|key| std::env::var(key).ok())
+}
+
 fn resource_attributes(env: impl Fn(&str) -> Option<String>) -> Vec<KeyValue> {
     let pod = env("K8S_POD_NAME");
-    let instance = pod.clone().or_else(|| env("HOSTNAME")).unwrap_or_else(|| {
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-        format!("{}-{}", host.trim(), std::process::id())
-    });
     let mut attributes = vec![
         KeyValue::new("service.version", env!("CARGO_PKG_VERSION")),
-        KeyValue::new("service.instance.id", instance),
+        KeyValue::new("service.instance.id", instance_of(&env)),
     ];
     if let Some(pod) = pod {
         attributes.push(KeyValue::new("k8s.pod.name", pod));

@@ -1,0 +1,363 @@
+//! The dead-letter stream for operators: list and read what was dead-lettered, redrive it to
+//! where it came from once its cause is fixed, or purge it — one message by sequence, or every
+//! message a filter matches, in batches with a cursor and a dry run, like the outbox's bulk
+//! operations (see `crate::bulk`).
+
+use crate::AppState;
+use crate::auth::Operator;
+use crate::extract::{ApiQuery, JsonBody};
+use crate::problem::{ApiError, Problem, Unauthorized};
+use axum::Json;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use base64::Engine;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use tidings_bus::dead_letters::{DeadLetter, DeadLetterError, DeadLetterFilter, DeadLetters};
+use tidings_domain::subjects::StreamKind;
+use utoipa::{IntoParams, ToSchema};
+
+/// The dead letters of this deployment, or 503 when the api has no NATS.
+fn dead_letters(app: &AppState) -> Result<DeadLetters, ApiError> {
+    let client = app.settings.bus.clone().ok_or_else(|| {
+        ApiError::Unavailable(
+            "the api is not connected to NATS (set TIDINGS_API_NATS=true with its NATS user)"
+                .into(),
+        )
+    })?;
+    Ok(DeadLetters::new(
+        async_nats::jetstream::new(client),
+        app.settings.subjects.clone(),
+    ))
+}
+
+fn bus_error(e: DeadLetterError) -> ApiError {
+    match e {
+        DeadLetterError::NotRedrivable { .. } => ApiError::Conflict {
+            kind: "not-redrivable",
+            detail: e.to_string(),
+        },
+        other => ApiError::Unavailable(other.to_string()),
+    }
+}
+
+fn stream_kind(name: Option<&str>) -> Result<Option<StreamKind>, ApiError> {
+    name.map(|n| {
+        [StreamKind::Enqueue, StreamKind::Push, StreamKind::Result]
+            .into_iter()
+            .find(|k| k.as_str() == n)
+            .ok_or_else(|| {
+                ApiError::BadRequest(format!("from `{n}` is not one of enqueue, push, result"))
+            })
+    })
+    .transpose()
+}
+
+/// A dead letter in a listing.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DeadLetterSummary {
+    /// Its sequence in the dead-letter stream: its id here.
+    pub sequence: u64,
+    /// The stream it was consumed from: `enqueue`, `push` or `result`.
+    pub from: Option<String>,
+    pub original_subject: Option<String>,
+    /// Why it was dead-lettered.
+    pub reason: Option<String>,
+    pub msg_id: Option<String>,
+    /// How often it had been redriven before it came back.
+    pub redrives: u32,
+    pub at: DateTime<Utc>,
+    pub size: usize,
+}
+
+impl From<&DeadLetter> for DeadLetterSummary {
+    fn from(d: &DeadLetter) -> Self {
+        DeadLetterSummary {
+            sequence: d.sequence,
+            from: d.from.map(|k| k.as_str().to_owned()),
+            original_subject: d.original_subject.clone(),
+            reason: d.reason.clone(),
+            msg_id: d.msg_id.clone(),
+            redrives: d.redrives,
+            at: d.at,
+            size: d.payload.len(),
+        }
+    }
+}
+
+/// One dead letter, whole.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DeadLetterDetail {
+    #[serde(flatten)]
+    pub summary: DeadLetterSummary,
+    /// Every header, the dead-letter reason and original subject included.
+    pub headers: Vec<(String, String)>,
+    /// The payload as text when it is UTF-8.
+    pub payload: Option<String>,
+    /// The payload in base64 when it is not.
+    pub payload_base64: Option<String>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListDeadLetters {
+    /// `enqueue`, `push` or `result`.
+    pub from: Option<String>,
+    /// A part of the reason (case-insensitive).
+    pub reason: Option<String>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<u64>,
+    /// Page size (default 50).
+    #[param(minimum = 1, maximum = 200)]
+    pub limit: Option<u32>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DeadLetterList {
+    pub items: Vec<DeadLetterSummary>,
+    pub next_cursor: Option<u64>,
+}
+
+/// Dead letters read to fill one page or batch at most, so a rare reason cannot make one call
+/// read the whole stream.
+const EXAMINE: usize = 10_000;
+
+#[utoipa::path(
+    get, path = "/v1/admin/dlq", tag = "operators",
+    params(ListDeadLetters),
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, description = "Dead letters, oldest first", body = DeadLetterList),
+        (status = 400, description = "Bad filter, cursor or limit", body = Problem, content_type = "application/problem+json"),
+        Unauthorized,
+        (status = 503, description = "The api has no NATS connection, or NATS did not answer", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list_dead_letters(
+    State(app): State<AppState>,
+    _: Operator,
+    ApiQuery(q): ApiQuery<ListDeadLetters>,
+) -> Result<Json<DeadLetterList>, ApiError> {
+    let limit = crate::extract::limit(q.limit)?;
+    let filter = DeadLetterFilter {
+        from: stream_kind(q.from.as_deref())?,
+        reason: q.reason,
+    };
+    let page = dead_letters(&app)?
+        .list(
+            &filter,
+            q.cursor.unwrap_or(0),
+            usize::try_from(limit).unwrap_or(50),
+            EXAMINE,
+        )
+        .await
+        .map_err(bus_error)?;
+    Ok(Json(DeadLetterList {
+        items: page.items.iter().map(DeadLetterSummary::from).collect(),
+        next_cursor: page.last,
+    }))
+}
+
+#[utoipa::path(
+    get, path = "/v1/admin/dlq/{sequence}", tag = "operators",
+    params(("sequence" = u64, Path, description = "The dead letter's sequence")),
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, description = "The dead letter with its headers and payload", body = DeadLetterDetail),
+        Unauthorized,
+        (status = 404, description = "No such dead letter", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The api has no NATS connection, or NATS did not answer", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn get_dead_letter(
+    State(app): State<AppState>,
+    _: Operator,
+    sequence: Result<Path<u64>, PathRejection>,
+) -> Result<Json<DeadLetterDetail>, ApiError> {
+    let Path(sequence) = sequence.map_err(|_| ApiError::NotFound("dead letter"))?;
+    let letter = dead_letters(&app)?
+        .get(sequence)
+        .await
+        .map_err(bus_error)?
+        .ok_or(ApiError::NotFound("dead letter"))?;
+    let (payload, payload_base64) = match String::from_utf8(letter.payload.clone()) {
+        Ok(text) => (Some(text), None),
+        Err(_) => (
+            None,
+            Some(base64::engine::general_purpose::STANDARD.encode(&letter.payload)),
+        ),
+    };
+    Ok(Json(DeadLetterDetail {
+        summary: DeadLetterSummary::from(&letter),
+        headers: letter.headers,
+        payload,
+        payload_base64,
+    }))
+}
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetterSelection {
+    /// `enqueue`, `push` or `result`.
+    pub from: Option<String>,
+    /// A part of the reason (case-insensitive).
+    pub reason: Option<String>,
+    /// Only these sequences (with the filter above, if any).
+    pub sequences: Option<Vec<u64>>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetterBulk {
+    #[serde(default)]
+    pub filter: DeadLetterSelection,
+    /// Count and sample what would be done; do nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+    /// `next_cursor` of the previous batch.
+    pub cursor: Option<u64>,
+    /// Dead letters handled per call (default 200, at most 1,000).
+    #[schema(minimum = 1, maximum = 1000)]
+    pub batch: Option<u32>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DeadLetterReport {
+    pub dry_run: bool,
+    /// Dead letters in this batch that the filter matched.
+    pub matched: u64,
+    /// Redriven or purged (a dry run: would be).
+    pub done: u64,
+    /// Left alone, by why (a dry run: would be).
+    pub skipped: BTreeMap<String, u64>,
+    /// Dry run: up to 10 of the matched ones.
+    pub sample: Vec<DeadLetterSummary>,
+    /// Where each redriven message went (subject → count).
+    pub redriven_to: BTreeMap<String, u64>,
+    /// Pass it back as `cursor` for the next batch; absent when done.
+    pub next_cursor: Option<u64>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Action {
+    Redrive,
+    Purge,
+}
+
+async fn bulk(
+    app: &AppState,
+    action: Action,
+    req: DeadLetterBulk,
+) -> Result<DeadLetterReport, ApiError> {
+    let batch = match req.batch.unwrap_or(200) {
+        n @ 1..=1000 => n as usize,
+        n => {
+            return Err(ApiError::BadRequest(format!(
+                "batch must be between 1 and 1000, got {n}"
+            )));
+        }
+    };
+    let filter = DeadLetterFilter {
+        from: stream_kind(req.filter.from.as_deref())?,
+        reason: req.filter.reason.clone(),
+    };
+    let dlq = dead_letters(app)?;
+    let page = dlq
+        .list(&filter, req.cursor.unwrap_or(0), batch, EXAMINE)
+        .await
+        .map_err(bus_error)?;
+    let mut report = DeadLetterReport {
+        dry_run: req.dry_run,
+        matched: 0,
+        done: 0,
+        skipped: BTreeMap::new(),
+        sample: Vec::new(),
+        redriven_to: BTreeMap::new(),
+        next_cursor: page.last,
+    };
+    let wanted = |d: &DeadLetter| {
+        req.filter
+            .sequences
+            .as_ref()
+            .is_none_or(|s| s.contains(&d.sequence))
+    };
+    for letter in page.items.iter().filter(|d| wanted(d)) {
+        report.matched += 1;
+        if req.dry_run && report.sample.len() < 10 {
+            report.sample.push(DeadLetterSummary::from(letter));
+        }
+        match action {
+            Action::Redrive => match dlq.target(letter) {
+                Err(DeadLetterError::NotRedrivable { why, .. }) => {
+                    *report.skipped.entry(why).or_default() += 1;
+                }
+                Err(e) => return Err(bus_error(e)),
+                Ok(subject) => {
+                    if !req.dry_run {
+                        dlq.redrive(letter).await.map_err(bus_error)?;
+                    }
+                    report.done += 1;
+                    *report.redriven_to.entry(subject).or_default() += 1;
+                }
+            },
+            Action::Purge => {
+                if req.dry_run || dlq.purge(letter.sequence).await.map_err(bus_error)? {
+                    report.done += 1;
+                }
+            }
+        }
+    }
+    tracing::info!(
+        action = if action == Action::Redrive {
+            "redrive"
+        } else {
+            "purge"
+        },
+        dry_run = req.dry_run,
+        matched = report.matched,
+        done = report.done,
+        "dead letters handled"
+    );
+    Ok(report)
+}
+
+#[utoipa::path(
+    post, path = "/v1/admin/dlq/redrive", tag = "operators",
+    request_body = DeadLetterBulk,
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, description = "One batch redriven (or, with `dry_run`, counted): each message goes back to its original subject with a new message id and a `Tidings-Redriven-From` header, then leaves the dead-letter stream. Push requests are not redriven (the lease sweeper retries their rows).", body = DeadLetterReport),
+        (status = 400, description = "Bad filter or batch size", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A body of the wrong shape", body = Problem, content_type = "application/problem+json"),
+        Unauthorized,
+        (status = 503, description = "The api has no NATS connection, or NATS did not answer", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn redrive_dead_letters(
+    State(app): State<AppState>,
+    _: Operator,
+    JsonBody { value: req, .. }: JsonBody<DeadLetterBulk>,
+) -> Result<Json<DeadLetterReport>, ApiError> {
+    bulk(&app, Action::Redrive, req).await.map(Json)
+}
+
+#[utoipa::path(
+    post, path = "/v1/admin/dlq/purge", tag = "operators",
+    request_body = DeadLetterBulk,
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, description = "One batch deleted from the dead-letter stream (or, with `dry_run`, counted)", body = DeadLetterReport),
+        (status = 400, description = "Bad filter or batch size", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A body of the wrong shape", body = Problem, content_type = "application/problem+json"),
+        Unauthorized,
+        (status = 503, description = "The api has no NATS connection, or NATS did not answer", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn purge_dead_letters(
+    State(app): State<AppState>,
+    _: Operator,
+    JsonBody { value: req, .. }: JsonBody<DeadLetterBulk>,
+) -> Result<Json<DeadLetterReport>, ApiError> {
+    bulk(&app, Action::Purge, req).await.map(Json)
+}

@@ -1,0 +1,343 @@
+//! `GET /v1/admin/doctor`: a deployment checked end to end from where the api stands, each check
+//! saying what is wrong in words an operator can act on:
+//!
+//! - the database has the schema this build needs, and no due row has waited too long;
+//! - the api reaches NATS; every stream exists with the configuration the workers give it;
+//! - every worker's durable consumer exists with the configuration it creates, and is not
+//!   lagging far behind;
+//! - the VAPID key pair is one: every pusher answering the roll call signs with the private key
+//!   whose public half the api hands to browsers.
+
+use crate::AppState;
+use crate::auth::Operator;
+use crate::extract::ApiQuery;
+use crate::problem::{ApiError, Unauthorized};
+use axum::Json;
+use axum::extract::State;
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+use tidings_bus::streams::{CONSUMERS, stream_config};
+use tidings_domain::subjects::StreamKind;
+use utoipa::{IntoParams, ToSchema};
+
+/// One check and what it found.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Check {
+    /// e.g. `schema`, `stream enqueue`, `consumer pusher`, `vapid`.
+    pub name: String,
+    pub ok: bool,
+    /// What was found; when not ok, what is wrong and what to do.
+    pub detail: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Diagnosis {
+    /// Every check passed.
+    pub ok: bool,
+    pub checks: Vec<Check>,
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DoctorQuery {
+    /// Messages a consumer may have waiting before it counts as lagging (default 10,000).
+    pub max_lag: Option<u64>,
+    /// Seconds the oldest due row may have waited (default 300).
+    pub max_due_age: Option<u64>,
+}
+
+fn check(name: impl Into<String>, ok: bool, detail: impl Into<String>) -> Check {
+    Check {
+        name: name.into(),
+        ok,
+        detail: detail.into(),
+    }
+}
+
+async fn database(app: &AppState, max_due_age: u64, checks: &mut Vec<Check>) {
+    match tidings_store::schema::check(&app.pool).await {
+        Ok(found) => checks.push(check(
+            "schema",
+            true,
+            format!(
+                "migration {found} (this build needs {})",
+                tidings_store::schema::needed()
+            ),
+        )),
+        Err(e) => {
+            checks.push(check("schema", false, e.to_string()));
+            return;
+        }
+    }
+    let due: Result<(i64, f64), sqlx::Error> = sqlx::query_as(concat!(
+        "SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(next_attempt_at))::float8, 0)
+         FROM outbox WHERE status IN ",
+        tidings_store::status_sql!(due),
+        " AND next_attempt_at <= now()",
+    ))
+    .fetch_one(&app.pool)
+    .await;
+    checks.push(match due {
+        Ok((n, age)) if age <= max_due_age as f64 => check(
+            "outbox backlog",
+            true,
+            format!("{n} rows due, the oldest waiting {age:.0} s"),
+        ),
+        Ok((n, age)) => check(
+            "outbox backlog",
+            false,
+            format!(
+                "{n} rows due, the oldest waiting {age:.0} s (more than {max_due_age} s): is a \
+                 dispatcher running and keeping up? (docs/runbooks.md, TidingsOutboxBacklog)"
+            ),
+        ),
+        Err(e) => check("outbox backlog", false, format!("reading the outbox: {e}")),
+    });
+}
+
+async fn streams(
+    app: &AppState,
+    js: &async_nats::jetstream::Context,
+    max_lag: u64,
+    checks: &mut Vec<Check>,
+) {
+    let subjects = &app.settings.subjects;
+    for kind in StreamKind::ALL {
+        let want = stream_config(subjects, kind, &app.settings.streams);
+        let name = format!("stream {}", kind.as_str());
+        let info = match js.get_stream(&want.name).await {
+            Ok(mut s) => match s.info().await {
+                Ok(i) => i.clone(),
+                Err(e) => {
+                    checks.push(check(name, false, format!("{}: {e}", want.name)));
+                    continue;
+                }
+            },
+            Err(e) => {
+                checks.push(check(
+                    name,
+                    false,
+                    format!(
+                        "{} is missing ({e}): start a worker (it creates the streams) and check \
+                         TIDINGS_PREFIX matches",
+                        want.name
+                    ),
+                ));
+                continue;
+            }
+        };
+        let got = &info.config;
+        let mut wrong = Vec::new();
+        if got.subjects != want.subjects {
+            wrong.push(format!(
+                "subjects {:?}, expected {:?}",
+                got.subjects, want.subjects
+            ));
+        }
+        if got.retention != want.retention {
+            wrong.push(format!(
+                "retention {:?}, expected {:?}",
+                got.retention, want.retention
+            ));
+        }
+        if got.storage != want.storage {
+            wrong.push(format!(
+                "storage {:?}, expected {:?}",
+                got.storage, want.storage
+            ));
+        }
+        if got.num_replicas != want.num_replicas {
+            wrong.push(format!(
+                "{} replicas, expected {} (TIDINGS_STREAM_REPLICAS)",
+                got.num_replicas, want.num_replicas
+            ));
+        }
+        if got.duplicate_window != want.duplicate_window {
+            wrong.push(format!(
+                "duplicate window {:?}, expected {:?} (TIDINGS_DUPLICATE_WINDOW)",
+                got.duplicate_window, want.duplicate_window
+            ));
+        }
+        if got.max_age != want.max_age {
+            wrong.push(format!(
+                "max age {:?}, expected {:?}",
+                got.max_age, want.max_age
+            ));
+        }
+        checks.push(if wrong.is_empty() {
+            check(
+                name,
+                true,
+                format!(
+                    "{} messages, {} bytes",
+                    info.state.messages, info.state.bytes
+                ),
+            )
+        } else {
+            check(name, false, format!("{}: {}", want.name, wrong.join("; ")))
+        });
+    }
+    for (kind, durable) in CONSUMERS {
+        let stream = subjects.stream(kind);
+        let name = format!("consumer {durable}");
+        let info = match js.get_stream_no_info(&stream).await {
+            Ok(s) => s.consumer_info(durable).await,
+            Err(e) => {
+                checks.push(check(name, false, format!("stream {stream}: {e}")));
+                continue;
+            }
+        };
+        let info = match info {
+            Ok(i) => i,
+            Err(e) => {
+                checks.push(check(
+                    name,
+                    false,
+                    format!(
+                        "{durable} on {stream} is missing ({e}): is its service running and ready?"
+                    ),
+                ));
+                continue;
+            }
+        };
+        let c = &info.config;
+        let mut wrong = Vec::new();
+        if c.ack_policy != async_nats::jetstream::consumer::AckPolicy::Explicit {
+            wrong.push(format!("ack policy {:?}, expected Explicit", c.ack_policy));
+        }
+        if c.max_deliver != -1 {
+            wrong.push(format!("max deliver {}, expected unlimited", c.max_deliver));
+        }
+        // The whole stream, or one channel's subject of it (the pusher consumes per channel).
+        let within = format!("{}.{}.", subjects.prefix(), kind.as_str());
+        if !c.filter_subject.starts_with(&within) {
+            wrong.push(format!(
+                "filter {:?}, expected {:?} or one channel's subject",
+                c.filter_subject,
+                subjects.all(kind)
+            ));
+        }
+        let waiting = info.num_pending + u64::try_from(info.num_ack_pending).unwrap_or(0);
+        if waiting > max_lag {
+            wrong.push(format!(
+                "{} waiting and {} unacknowledged (more than {max_lag}): its service is not keeping up",
+                info.num_pending, info.num_ack_pending
+            ));
+        }
+        checks.push(if wrong.is_empty() {
+            check(
+                name,
+                true,
+                format!(
+                    "{} waiting, {} unacknowledged",
+                    info.num_pending, info.num_ack_pending
+                ),
+            )
+        } else {
+            check(
+                name,
+                false,
+                format!("{durable} on {stream}: {}", wrong.join("; ")),
+            )
+        });
+    }
+}
+
+async fn vapid(app: &AppState, client: &async_nats::Client, checks: &mut Vec<Check>) {
+    let Some(api_key) = app.settings.vapid_public_key.clone() else {
+        checks.push(check(
+            "vapid",
+            false,
+            "the api has no TIDINGS_VAPID_PUBLIC_KEY: browsers cannot subscribe",
+        ));
+        return;
+    };
+    let present =
+        tidings_bus::roll_call::call(client, &app.settings.subjects, Duration::from_millis(1500))
+            .await;
+    checks.push(match present {
+        Err(e) => check("vapid", false, e.to_string()),
+        Ok(p) if p.is_empty() => check(
+            "vapid",
+            false,
+            "no pusher answered the roll call within 1.5 s: is a pusher running (and allowed to \
+             subscribe to the roll call, docs/security.md)?",
+        ),
+        Ok(p) => {
+            let wrong: Vec<String> = p
+                .iter()
+                .filter(|x| x.vapid_public_key != api_key)
+                .map(|x| {
+                    format!(
+                        "pusher {} signs with the key whose public half is {}, the api hands out {}",
+                        x.instance, x.vapid_public_key, api_key
+                    )
+                })
+                .collect();
+            if wrong.is_empty() {
+                check(
+                    "vapid",
+                    true,
+                    format!("{} pusher(s) sign with the api's key pair", p.len()),
+                )
+            } else {
+                check(
+                    "vapid",
+                    false,
+                    format!(
+                        "{}: push services will answer 401/403; give the api and every pusher \
+                         the same pair (tidings vapid keygen)",
+                        wrong.join("; ")
+                    ),
+                )
+            }
+        }
+    });
+}
+
+#[utoipa::path(
+    get, path = "/v1/admin/doctor", tag = "operators",
+    params(DoctorQuery),
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, description = "Every check with what it found; `ok` is false when any failed", body = Diagnosis),
+        Unauthorized,
+    )
+)]
+pub async fn doctor(
+    State(app): State<AppState>,
+    _: Operator,
+    ApiQuery(q): ApiQuery<DoctorQuery>,
+) -> Result<Json<Diagnosis>, ApiError> {
+    let mut checks = Vec::new();
+    database(&app, q.max_due_age.unwrap_or(300), &mut checks).await;
+    match app.settings.bus.clone() {
+        None => checks.push(check(
+            "nats",
+            false,
+            "the api is not connected to NATS, so streams, consumers and the pushers' VAPID keys \
+             cannot be checked: set TIDINGS_API_NATS=true with the api's NATS user",
+        )),
+        Some(client) => {
+            let state = client.connection_state();
+            if state != async_nats::connection::State::Connected {
+                checks.push(check(
+                    "nats",
+                    false,
+                    format!(
+                        "the api's NATS connection is {state:?}: check NATS_URL and its credentials"
+                    ),
+                ));
+            } else {
+                checks.push(check("nats", true, "connected"));
+                let js = async_nats::jetstream::new(client.clone());
+                streams(&app, &js, q.max_lag.unwrap_or(10_000), &mut checks).await;
+                vapid(&app, &client, &mut checks).await;
+            }
+        }
+    }
+    Ok(Json(Diagnosis {
+        ok: checks.iter().all(|c| c.ok),
+        checks,
+    }))
+}

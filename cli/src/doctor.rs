@@ -1,0 +1,44 @@
+//! `tidings doctor`: the api's own checks (`GET /v1/admin/doctor`), printed one per line, and
+//! exit code 1 when any failed. Not reaching the api at all is the first fault (exit code 6).
+
+use crate::client::{Api, CliError, exit};
+use serde_json::Value;
+
+pub async fn run(
+    api: &Api,
+    json_out: bool,
+    max_lag: u64,
+    max_due_age: u64,
+) -> Result<u8, CliError> {
+    let d = api
+        .get(
+            "/v1/admin/doctor",
+            &[
+                ("max_lag", max_lag.to_string()),
+                ("max_due_age", max_due_age.to_string()),
+            ],
+        )
+        .await?;
+    if json_out {
+        println!("{d}");
+    } else {
+        println!("ok    api: reachable, operator token accepted");
+        for c in d["checks"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
+            let mark = if c["ok"] == Value::Bool(true) {
+                "ok  "
+            } else {
+                "FAIL"
+            };
+            println!(
+                "{mark}  {}: {}",
+                c["name"].as_str().unwrap_or("?"),
+                c["detail"].as_str().unwrap_or("")
+            );
+        }
+    }
+    Ok(if d["ok"] == Value::Bool(true) {
+        exit::OK
+    } else {
+        exit::FAULT
+    })
+}

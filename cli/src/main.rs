@@ -1,0 +1,66 @@
+//! `tidings`: the operator's command line. Everything but `vapid keygen` and `migrate` goes
+//! through the operator api; see `tidings --help` for the commands and exit codes.
+
+mod args;
+mod client;
+mod dead_letters;
+mod doctor;
+mod local;
+mod objects;
+mod outbox;
+mod table;
+
+use args::{Cli, Command, Vapid};
+use clap::Parser;
+use client::{Api, CliError};
+use std::process::ExitCode;
+
+fn token(cli: &Cli) -> Result<String, CliError> {
+    if let Some(t) = &cli.token {
+        return Ok(t.clone());
+    }
+    if let Some(path) = &cli.token_file {
+        let text = std::fs::read_to_string(path).map_err(|e| CliError::TokenFile {
+            path: path.display().to_string(),
+            detail: e.to_string(),
+        })?;
+        return Ok(text.trim().to_owned());
+    }
+    Err(CliError::Usage(
+        "no operator token: set TIDINGS_ADMIN_TOKEN or TIDINGS_ADMIN_TOKEN_FILE (or --token, --token-file)".into(),
+    ))
+}
+
+async fn run(cli: Cli) -> Result<u8, CliError> {
+    let json = cli.json;
+    match &cli.command {
+        Command::Vapid(Vapid::Keygen) => return local::vapid_keygen(json),
+        Command::Migrate { database_url } => return local::migrate(database_url, json).await,
+        _ => {}
+    }
+    let api = Api::new(&cli.api, token(&cli)?)?;
+    match cli.command {
+        Command::Outbox(c) => outbox::run(&api, json, *c).await,
+        Command::Attempts { id } => outbox::attempts(&api, json, &id).await,
+        Command::Dlq(c) => dead_letters::run(&api, json, *c).await,
+        Command::Device(c) => objects::run(&api, json, objects::Kind::Device, c).await,
+        Command::Watch(c) => objects::run(&api, json, objects::Kind::Watch, c).await,
+        Command::Doctor {
+            max_lag,
+            max_due_age,
+        } => doctor::run(&api, json, max_lag, max_due_age).await,
+        Command::Vapid(_) | Command::Migrate { .. } => Ok(client::exit::OK),
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("tidings: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! `tidings device …` and `tidings watch …`.
+
+use crate::args::Object;
+use crate::client::{Api, CliError, exit};
+use crate::table::{self, cell};
+use serde_json::Value;
+
+/// Which kind of object: its path under `/v1/admin` and the fields shown.
+#[derive(Clone, Copy)]
+pub enum Kind {
+    Device,
+    Watch,
+}
+
+impl Kind {
+    fn path(self) -> &'static str {
+        match self {
+            Kind::Device => "devices",
+            Kind::Watch => "watches",
+        }
+    }
+
+    fn fields(self) -> &'static [&'static str] {
+        match self {
+            Kind::Device => &[
+                "id",
+                "time_zone",
+                "created_at",
+                "removed_at",
+                "paused_at",
+                "watch_count",
+            ],
+            Kind::Watch => &[
+                "id",
+                "device_id",
+                "item_code",
+                "triggers",
+                "channel",
+                "paused",
+                "created_at",
+                "updated_at",
+                "removed_at",
+            ],
+        }
+    }
+}
+
+pub async fn run(api: &Api, json_out: bool, kind: Kind, command: Object) -> Result<u8, CliError> {
+    let (id, action) = match &command {
+        Object::Show { id } => (id, None),
+        Object::Pause { id } => (id, Some("pause")),
+        Object::Resume { id } => (id, Some("resume")),
+    };
+    let path = format!("/v1/admin/{}/{id}", kind.path());
+    let v = match action {
+        None => api.get(&path, &[]).await?,
+        Some(a) => api.post(&format!("{path}/{a}"), &Value::Null).await?,
+    };
+    if json_out {
+        println!("{v}");
+        return Ok(exit::OK);
+    }
+    table::fields(&v, kind.fields());
+    if let Some(subs) = v["subscriptions"].as_array() {
+        println!("\nsubscriptions:");
+        let rows: Vec<Vec<String>> = subs
+            .iter()
+            .map(|s| {
+                vec![
+                    cell(&s["id"]),
+                    cell(&s["push_host"]),
+                    cell(&s["active"]),
+                    cell(&s["created_at"]),
+                    cell(&s["deactivation_reason"]),
+                ]
+            })
+            .collect();
+        table::print(&["id", "host", "active", "created", "deactivated"], &rows);
+    }
+    println!("\nnotifications:");
+    let rows: Vec<Vec<String>> = v["outbox"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(status, n)| vec![status.clone(), cell(n)])
+        .collect();
+    table::print(&["status", "rows"], &rows);
+    Ok(exit::OK)
+}

@@ -1,0 +1,56 @@
+//! Human output: aligned columns, and JSON values as short text.
+
+use serde_json::Value;
+
+/// A JSON value as a table cell: strings bare, null as `—`.
+pub fn cell(v: &Value) -> String {
+    match v {
+        Value::Null => "—".to_owned(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Prints `rows` under `headers`, each column as wide as its widest cell; a cell longer than 60
+/// characters is cut (the full value is in `--json`).
+pub fn print(headers: &[&str], rows: &[Vec<String>]) {
+    const MAX: usize = 60;
+    let cut = |s: &str| -> String {
+        if s.chars().count() > MAX {
+            let head: String = s.chars().take(MAX - 1).collect();
+            format!("{head}…")
+        } else {
+            s.to_owned()
+        }
+    };
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| cut(c)).collect())
+        .collect();
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for r in &rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        println!("{}", padded.join("  ").trim_end());
+    };
+    line(headers.iter().map(|h| h.to_uppercase()).collect());
+    for r in rows {
+        line(r);
+    }
+}
+
+/// Prints `key: value` lines for the named fields of `v`.
+pub fn fields(v: &Value, names: &[&str]) {
+    let width = names.iter().map(|n| n.len()).max().unwrap_or(0) + 1;
+    for n in names {
+        println!("{:<width$} {}", format!("{n}:"), cell(&v[*n]));
+    }
+}
