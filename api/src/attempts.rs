@@ -12,7 +12,8 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use tidings_domain::OutboxId;
-use tidings_store::attempts::Recorded;
+use tidings_runtime::telemetry;
+use tidings_store::attempts::{ROW_ENDING_COLUMNS, Recorded, RowEnding, merged};
 use tidings_store::db;
 use utoipa::ToSchema;
 use uuid::Uuid;
@@ -41,7 +42,7 @@ pub struct AttemptRecord {
 }
 
 impl AttemptRecord {
-    fn new(r: Recorded) -> Self {
+    fn new(r: Recorded, trace_id: Option<String>) -> Self {
         let a = r.attempt;
         AttemptRecord {
             attempt: a.attempt,
@@ -54,11 +55,7 @@ impl AttemptRecord {
             error: a.error,
             duration_ms: a.duration_ms,
             push_message_id: a.push_message_id,
-            // Every attempt of a row continues the row's trace.
-            trace_id: r
-                .traceparent
-                .as_deref()
-                .and_then(tidings_runtime::telemetry::trace_id_of),
+            trace_id,
         }
     }
 }
@@ -86,19 +83,15 @@ pub async fn list_attempts(
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<AttemptList>, ApiError> {
     let id = resource_id(id, "outbox row")?;
-    let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox WHERE id = $1)")
-        .bind(id)
-        .fetch_one(&app.pool)
-        .await
-        .map_err(db("reading an outbox row"))?;
-    if !exists {
-        return Err(ApiError::NotFound("outbox row"));
-    }
-    let items = tidings_store::attempts::of_row(&app.pool, OutboxId(id))
+    let (found, traceparent) = tidings_store::attempts::of_row(&app.pool, OutboxId(id))
         .await
         .map_err(db("reading delivery attempts"))?
+        .ok_or(ApiError::NotFound("outbox row"))?;
+    // Every attempt of a row continues the row's trace.
+    let trace_id = traceparent.as_deref().and_then(telemetry::trace_id_of);
+    let items = found
         .into_iter()
-        .map(AttemptRecord::new)
+        .map(|r| AttemptRecord::new(r, trace_id.clone()))
         .collect();
     Ok(Json(AttemptList {
         outbox_id: id,
@@ -125,26 +118,36 @@ pub(crate) async fn summaries(
     if rows.is_empty() {
         return Ok(out);
     }
-    let ids: Vec<Uuid> = rows.iter().map(|r| r.0).collect();
+    let ids: Vec<OutboxId> = rows.iter().map(|r| OutboxId(r.0)).collect();
     let mut days: Vec<NaiveDate> = rows.iter().map(|r| r.1).collect();
     days.sort();
     days.dedup();
-    let found: Vec<(Uuid, i32, DateTime<Utc>, String)> = sqlx::query_as(
-        "SELECT outbox_id, attempt, COALESCE(started_at, recorded_at), outcome
-         FROM outbox_attempts WHERE outbox_id = ANY($1) AND dedup_day = ANY($2)
-         ORDER BY outbox_id, attempt",
-    )
-    .bind(ids)
-    .bind(days)
+    let endings: Vec<RowEnding> = sqlx::query_as(&format!(
+        "SELECT {ROW_ENDING_COLUMNS} FROM outbox o WHERE o.id = ANY($1) AND o.dedup_day = ANY($2)"
+    ))
+    .bind(&ids)
+    .bind(&days)
     .fetch_all(&app.pool)
     .await
-    .map_err(db("reading delivery attempts"))?;
-    for (id, attempt, at, outcome) in found {
-        out.entry(id).or_default().push(AttemptSummary {
-            attempt,
-            at,
-            outcome,
-        });
+    .map_err(db("reading how rows ended"))?;
+    let mut recorded: HashMap<Uuid, Vec<Recorded>> = HashMap::new();
+    for r in tidings_store::attempts::recorded(&app.pool, &ids, &days)
+        .await
+        .map_err(db("reading delivery attempts"))?
+    {
+        recorded.entry(r.attempt.outbox_id.0).or_default().push(r);
+    }
+    for ending in endings {
+        let found = recorded.remove(&ending.id.0).unwrap_or_default();
+        let summaries = merged(found, &ending)
+            .into_iter()
+            .map(|r| AttemptSummary {
+                attempt: r.attempt.attempt,
+                at: r.attempt.started_at.unwrap_or(r.recorded_at),
+                outcome: r.attempt.outcome,
+            })
+            .collect();
+        out.insert(ending.id.0, summaries);
     }
     Ok(out)
 }

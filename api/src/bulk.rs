@@ -118,12 +118,15 @@ impl Filter {
             q.push(" AND w.item_code = ").push_bind(item.clone());
         }
         if let Some(host) = &self.push_host {
-            q.push(
-                " AND EXISTS (SELECT 1 FROM outbox_attempts a
-                    WHERE a.outbox_id = o.id AND a.dedup_day = o.dedup_day AND a.push_host = ",
-            )
-            .push_bind(host.clone())
-            .push(")");
+            // The attempt that ended a row is on the row; earlier ones in outbox_attempts.
+            q.push(" AND (o.attempt_push_host = ")
+                .push_bind(host.clone())
+                .push(
+                    " OR EXISTS (SELECT 1 FROM outbox_attempts a
+                        WHERE a.outbox_id = o.id AND a.dedup_day = o.dedup_day AND a.push_host = ",
+                )
+                .push_bind(host.clone())
+                .push("))");
         }
         if let Some(h) = self.http_status {
             q.push(" AND o.http_status = ").push_bind(h);

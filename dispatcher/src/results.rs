@@ -30,7 +30,7 @@ use tidings_runtime::telemetry;
 use crate::config::Settings;
 use crate::stage::Stage;
 use tidings_store::attempts::{self, Attempt};
-use tidings_store::transition::{self, Change};
+use tidings_store::transition::{self, Change, Ending};
 
 pub const CONSUMER: &str = tidings_bus::streams::consumer_of(StreamKind::Result);
 
@@ -206,6 +206,14 @@ impl Applied {
     }
 }
 
+/// How long the attempt took; a result the pusher did not time (the sweeper's, an older
+/// pusher's) has no duration.
+fn duration_of(result: &PushResult) -> Option<i64> {
+    result
+        .started_at
+        .map(|_| i64::try_from(result.latency_ms).unwrap_or(i64::MAX))
+}
+
 /// The record of the attempt `result` reports.
 fn attempt_of(row: &Locked, result: &PushResult) -> Attempt {
     Attempt {
@@ -218,10 +226,7 @@ fn attempt_of(row: &Locked, result: &PushResult) -> Attempt {
         outcome: result.outcome.as_str().to_owned(),
         http_status: result.http_status.map(i32::from),
         error: result.error.clone(),
-        // A result the pusher did not time (the sweeper's, an older pusher's) has no duration.
-        duration_ms: result
-            .started_at
-            .map(|_| i64::try_from(result.latency_ms).unwrap_or(i64::MAX)),
+        duration_ms: duration_of(result),
         push_message_id: result.message_id.clone(),
     }
 }
@@ -340,19 +345,32 @@ pub async fn apply_in(
             attempt: u32::try_from(row.attempt).unwrap_or(0),
         };
         // Every attempt the row has made is recorded once, a stale one's result included: the
-        // record is history, whatever the result does to the row.
-        if result.attempt >= 1
+        // record is history, whatever the result does to the row. The attempt that ends the row
+        // is recorded on it by the same update; any other in `outbox_attempts`.
+        let record = (result.attempt >= 1
             && result.attempt <= current.attempt
-            && recorded.insert((result.outbox_id, result.attempt))
-        {
-            if current.status == Status::Sending && result.attempt == current.attempt {
-                fresh.push(attempt_of(row, result));
-            } else {
-                late.push(attempt_of(row, result));
+            && recorded.insert((result.outbox_id, result.attempt)))
+        .then(|| attempt_of(row, result));
+        let change = change_for(row, current, result, settings, &mut seen);
+        match (change, record) {
+            (Some(mut c), _) if c.transition.to.is_terminal() => {
+                c.ending = Some(Ending {
+                    outcome: result.outcome.as_str(),
+                    started_at: result.started_at,
+                    push_host: result.push_host.clone(),
+                    duration_ms: duration_of(result),
+                });
+                changes.push(c);
             }
-        }
-        if let Some(c) = change_for(row, current, result, settings, &mut seen) {
-            changes.push(c);
+            (change, Some(a)) => {
+                if current.status == Status::Sending && result.attempt == current.attempt {
+                    fresh.push(a);
+                } else {
+                    late.push(a);
+                }
+                changes.extend(change);
+            }
+            (change, None) => changes.extend(change),
         }
     }
     let won = transition::apply(&mut *tx, &changes).await?;

@@ -32,7 +32,7 @@ use crate::config::Settings;
 use crate::results;
 use tidings_domain::SubscriptionId;
 use tidings_store::attempts::{self, Attempt};
-use tidings_store::transition::{self, Change};
+use tidings_store::transition::{self, Change, Ending};
 
 pub const LEASE_EXPIRED: &str = "lease_expired: no push result before the lease ran out";
 
@@ -123,6 +123,17 @@ pub async fn sweep_once(
                             Some(Utc::now() + settings.retry.delay(row.retry_count, None));
                     }
                     tracing::warn!(outbox_id = %id, attempt = row.attempt, to = %t.to, "lease expired without a push result or a delivery on record");
+                    // The attempt that ends the row (at the retry cap) is recorded on it; one
+                    // that sends it back to retry is on record as `lease_expired` until (unless)
+                    // its result turns up.
+                    if t.to.is_terminal() {
+                        c.ending = Some(Ending {
+                            outcome: attempts::LEASE_EXPIRED,
+                            ..Ending::default()
+                        });
+                        changes.push(c);
+                        continue;
+                    }
                     changes.push(c);
                     unknown.push(Attempt {
                         outbox_id: id,

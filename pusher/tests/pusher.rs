@@ -348,7 +348,12 @@ async fn a_pusher_killed_mid_batch_leaves_every_request_with_exactly_one_result(
     let ids: HashSet<OutboxId> = results.iter().map(|r| r.outbox_id).collect();
     assert_eq!(ids.len(), requests.len(), "every request has a result");
     assert_eq!(results.len(), requests.len(), "and only one");
-    assert!(results.iter().all(|r| r.outcome == Outcome::Delivered));
+    let undelivered: Vec<(Outcome, Option<String>)> = results
+        .iter()
+        .filter(|r| r.outcome != Outcome::Delivered)
+        .map(|r| (r.outcome, r.error.clone()))
+        .collect();
+    assert!(undelivered.is_empty(), "{undelivered:?}");
     let delivered_topics: HashSet<String> = w
         .push
         .received_by(&sub)

@@ -409,6 +409,8 @@ impl Scenario {
         tidings_store::attempts::of_row(&self.db.pool, id)
             .await
             .expect("attempts")
+            .expect("the row")
+            .0
             .into_iter()
             .map(|r| (r.attempt.attempt, r.attempt.outcome, r.attempt.http_status))
             .collect()

@@ -303,6 +303,21 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
             "{line}"
         );
     }
+    // The rows with an attempt through the push host: A's and C's, not B's (never pushed).
+    let by_host = cli(
+        &ops,
+        ADMIN_TOKEN,
+        &["outbox", "ls", "--push-host", "127.0.0.1", "--json"],
+    );
+    let mut items: Vec<String> = by_host
+        .json()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["item_code"].as_str().unwrap().to_owned())
+        .collect();
+    items.sort();
+    assert_eq!(items, ["SKU-A", "SKU-C"], "{by_host:?}");
     let shown = cli(&ops, ADMIN_TOKEN, &["outbox", "show", c_id]);
     assert!(shown.stdout.contains("status:          sent"), "{shown:?}");
     // The device's own history has the same three, without the internals.

@@ -1,5 +1,8 @@
 //! Delivery attempts (migration 0012): one record per attempt, written in the transaction that
-//! applies the attempt's result, read by the operator api and a device's history.
+//! applies the attempt's result, read by the operator api and a device's history. The attempt
+//! that ends a row is recorded on the row ([`crate::transition::Ending`]); earlier ones, whose
+//! outcome sent the row back to `retry`, in `outbox_attempts` ([`insert_new`], [`record`]).
+//! [`merged`] puts the two together.
 
 use chrono::{DateTime, NaiveDate, Utc};
 use sqlx::PgConnection;
@@ -91,30 +94,118 @@ pub async fn record(conn: &mut PgConnection, attempts: &[Attempt]) -> Result<(),
     .await
 }
 
-/// One recorded attempt with when it was recorded and its row's trace.
+/// One recorded attempt with when it was recorded.
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct Recorded {
     #[sqlx(flatten)]
     pub attempt: Attempt,
     pub recorded_at: DateTime<Utc>,
-    /// The row's W3C traceparent, which every attempt of the row continues.
-    pub traceparent: Option<String>,
 }
 
-/// A row's attempts, first to last.
-pub async fn of_row<'c, E: sqlx::PgExecutor<'c>>(
+/// What a row says of the attempt that ended it (migration 0012's columns and its own).
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct RowEnding {
+    pub id: OutboxId,
+    pub dedup_day: NaiveDate,
+    pub attempt: i32,
+    pub attempt_outcome: Option<String>,
+    pub attempt_started_at: Option<DateTime<Utc>>,
+    pub attempt_push_host: Option<String>,
+    pub attempt_ms: Option<i64>,
+    pub http_status: Option<i32>,
+    pub push_message_id: Option<String>,
+    pub last_error: Option<String>,
+    pub subscription_id: Option<SubscriptionId>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// The row's columns [`RowEnding`] reads, with the outbox as `o`.
+pub const ROW_ENDING_COLUMNS: &str = "o.id, o.dedup_day, o.attempt, o.attempt_outcome, \
+     o.attempt_started_at, o.attempt_push_host, o.attempt_ms, o.http_status, o.push_message_id, \
+     o.last_error, o.subscription_id, o.finished_at";
+
+impl RowEnding {
+    /// The ending attempt as a record, if an attempt ended the row.
+    pub fn record(&self) -> Option<Recorded> {
+        let outcome = self.attempt_outcome.clone()?;
+        // `last_error` is "<outcome>: <error>" (or the outcome alone) when this attempt set it; a
+        // delivered attempt leaves an earlier attempt's error there.
+        let error = (outcome != "delivered")
+            .then(|| {
+                self.last_error.as_deref().and_then(|e| {
+                    e.strip_prefix(outcome.as_str())
+                        .map(|rest| rest.trim_start_matches(':').trim().to_owned())
+                        .filter(|rest| !rest.is_empty())
+                })
+            })
+            .flatten();
+        Some(Recorded {
+            attempt: Attempt {
+                outbox_id: self.id,
+                dedup_day: self.dedup_day,
+                attempt: self.attempt,
+                started_at: self.attempt_started_at,
+                subscription_id: self.subscription_id,
+                push_host: self.attempt_push_host.clone(),
+                outcome,
+                http_status: self.http_status,
+                error,
+                duration_ms: self.attempt_ms,
+                push_message_id: self.push_message_id.clone(),
+            },
+            recorded_at: self.finished_at.unwrap_or_default(),
+        })
+    }
+}
+
+/// A row's attempts, first to last: the recorded ones, with the row's ending attempt in place
+/// of any record of the same attempt (a `lease_expired` placeholder its late result ended).
+pub fn merged(mut recorded: Vec<Recorded>, ending: &RowEnding) -> Vec<Recorded> {
+    if let Some(last) = ending.record() {
+        recorded.retain(|r| r.attempt.attempt != last.attempt.attempt);
+        recorded.push(last);
+    }
+    recorded.sort_by_key(|r| r.attempt.attempt);
+    recorded
+}
+
+/// The recorded attempts (not the rows' ending ones) of rows `ids` of days `days`.
+pub async fn recorded<'c, E: sqlx::PgExecutor<'c>>(
     e: E,
-    id: OutboxId,
+    ids: &[OutboxId],
+    days: &[NaiveDate],
 ) -> Result<Vec<Recorded>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT a.outbox_id, a.dedup_day, a.attempt, a.started_at, a.subscription_id, a.push_host,
-                a.outcome, a.http_status, a.error, a.duration_ms, a.push_message_id, a.recorded_at,
-                o.traceparent
-         FROM outbox_attempts a
-         JOIN outbox o ON o.id = a.outbox_id AND o.dedup_day = a.dedup_day
-         WHERE a.outbox_id = $1 ORDER BY a.attempt",
+        "SELECT outbox_id, dedup_day, attempt, started_at, subscription_id, push_host, outcome,
+                http_status, error, duration_ms, push_message_id, recorded_at
+         FROM outbox_attempts WHERE outbox_id = ANY($1) AND dedup_day = ANY($2)
+         ORDER BY outbox_id, attempt",
     )
-    .bind(id)
+    .bind(ids)
+    .bind(days)
     .fetch_all(e)
     .await
+}
+
+/// A row's attempts, first to last, with its traceparent (every attempt continues the row's
+/// trace); `None` if there is no such row.
+pub async fn of_row(
+    pool: &sqlx::PgPool,
+    id: OutboxId,
+) -> Result<Option<(Vec<Recorded>, Option<String>)>, sqlx::Error> {
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        #[sqlx(flatten)]
+        ending: RowEnding,
+        traceparent: Option<String>,
+    }
+    let row: Option<Row> = sqlx::query_as(&format!(
+        "SELECT {ROW_ENDING_COLUMNS}, o.traceparent FROM outbox o WHERE o.id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(pool)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    let found = recorded(pool, &[id], &[row.ending.dedup_day]).await?;
+    Ok(Some((merged(found, &row.ending), row.traceparent)))
 }

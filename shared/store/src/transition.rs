@@ -32,6 +32,18 @@ pub struct Change {
     pub deadline: Option<DateTime<Utc>>,
     pub http_status: Option<u16>,
     pub push_message_id: Option<String>,
+    /// The attempt that ends the row, recorded on it (`crate::attempts`).
+    pub ending: Option<Ending>,
+}
+
+/// What a row records of the attempt that ended it, besides its status, HTTP status, message id
+/// and error.
+#[derive(Clone, Debug, Default)]
+pub struct Ending {
+    pub outcome: &'static str,
+    pub started_at: Option<DateTime<Utc>>,
+    pub push_host: Option<String>,
+    pub duration_ms: Option<i64>,
 }
 
 impl Change {
@@ -52,6 +64,7 @@ impl Change {
             deadline: None,
             http_status: None,
             push_message_id: None,
+            ending: None,
         }
     }
 }
@@ -105,6 +118,22 @@ pub async fn apply(
         .iter()
         .map(|c| c.push_message_id.as_deref())
         .collect();
+    let ending = |f: &dyn Fn(&Ending) -> Option<String>| {
+        changes
+            .iter()
+            .map(|c| c.ending.as_ref().and_then(f))
+            .collect::<Vec<_>>()
+    };
+    let outcome = ending(&|e| Some(e.outcome.to_owned()));
+    let host = ending(&|e| e.push_host.clone());
+    let started_at: Vec<Option<DateTime<Utc>>> = changes
+        .iter()
+        .map(|c| c.ending.as_ref().and_then(|e| e.started_at))
+        .collect();
+    let duration_ms: Vec<Option<i64>> = changes
+        .iter()
+        .map(|c| c.ending.as_ref().and_then(|e| e.duration_ms))
+        .collect();
 
     let won: Vec<OutboxId> = sqlx::query_scalar(concat!(
         r#"UPDATE outbox o SET
@@ -124,17 +153,23 @@ pub async fn apply(
              http_status = COALESCE(u.http_status, o.http_status),
              push_message_id = COALESCE(u.push_message_id, o.push_message_id),
              maybe_delivered = o.maybe_delivered OR u.maybe_delivered,
+             attempt_outcome = COALESCE(u.attempt_outcome, o.attempt_outcome),
+             attempt_started_at = COALESCE(u.attempt_started_at, o.attempt_started_at),
+             attempt_push_host = COALESCE(u.attempt_push_host, o.attempt_push_host),
+             attempt_ms = COALESCE(u.attempt_ms, o.attempt_ms),
              finished_at = CASE WHEN u.to_status IN "#,
         crate::status_sql!(terminal),
         r#" THEN now() END
          FROM UNNEST($1::uuid[], $2::text[], $3::int[], $4::text[], $5::text[], $6::int[], $7::int[],
                      $8::timestamptz[], $9::text[], $10::jsonb[], $11::jsonb[], $12::jsonb[],
                      $13::uuid[], $14::timestamptz[], $15::timestamptz[], $16::int[], $17::text[],
-                     $18::bool[], $19::date[])
+                     $18::bool[], $19::date[], $20::text[], $21::timestamptz[], $22::text[],
+                     $23::bigint[])
               AS u(id, from_status, from_attempt, to_status, reason, retry_count, attempt,
                    next_attempt_at, last_error, checked, sent_value, payload,
                    subscription_id, lease_until, deadline, http_status, push_message_id,
-                   maybe_delivered, day)
+                   maybe_delivered, day, attempt_outcome, attempt_started_at,
+                   attempt_push_host, attempt_ms)
          WHERE o.id = u.id AND o.dedup_day = u.day
            AND o.status = u.from_status AND o.attempt = u.from_attempt
          RETURNING o.id"#
@@ -158,6 +193,10 @@ pub async fn apply(
     .bind(message_id)
     .bind(maybe_delivered)
     .bind(days)
+    .bind(outcome)
+    .bind(started_at)
+    .bind(host)
+    .bind(duration_ms)
     .fetch_all(conn)
     .await?;
     Ok(won.into_iter().collect())

@@ -496,7 +496,20 @@ async fn an_unpartitioned_outbox_is_partitioned_with_every_row_and_its_keys() {
             .await
             .unwrap();
     assert_eq!(kind, "p", "the outbox is partitioned");
-    let new: Vec<serde_json::Value> = sqlx::query_scalar(all).fetch_all(&db.pool).await.unwrap();
+    let mut new: Vec<serde_json::Value> =
+        sqlx::query_scalar(all).fetch_all(&db.pool).await.unwrap();
+    // Columns later migrations add, empty on rows written before them (0012: the ending attempt).
+    for row in &mut new {
+        let row = row.as_object_mut().unwrap();
+        for added in [
+            "attempt_outcome",
+            "attempt_started_at",
+            "attempt_push_host",
+            "attempt_ms",
+        ] {
+            assert_eq!(row.remove(added), Some(serde_json::Value::Null), "{added}");
+        }
+    }
     assert_eq!(new, old, "every row, column for column");
     // Each row sits in its week's partition.
     let misplaced = db
