@@ -41,8 +41,10 @@ pub struct OutboxFilter {
     /// Rows with an attempt through this push service host.
     pub push_host: Option<String>,
     /// Rows whose last push answer had this HTTP status.
+    #[serde(default, deserialize_with = "crate::extract::whole::opt")]
+    #[schema(minimum = 0, maximum = 65535)]
     pub http_status: Option<u16>,
-    /// Rows detected at or after this instant.
+    /// Rows detected at or after this instant (a `from` at or after `to` matches nothing).
     pub from: Option<DateTime<Utc>>,
     /// Rows detected before this instant.
     pub to: Option<DateTime<Utc>>,
@@ -77,12 +79,11 @@ pub(crate) fn reason_filter(name: Option<&str>) -> Result<Option<Reason>, ApiErr
 
 impl OutboxFilter {
     pub(crate) fn check(&self) -> Result<Filter, ApiError> {
-        if let (Some(from), Some(to)) = (self.from, self.to)
-            && from >= to
-        {
-            return Err(ApiError::BadRequest(format!(
-                "`from` ({from}) must be before `to` ({to})"
-            )));
+        // Postgres text cannot hold a NUL: no row has one, and the query would fail.
+        for (name, value) in [("item", &self.item), ("push_host", &self.push_host)] {
+            if value.as_deref().is_some_and(|v| v.contains('\0')) {
+                return Err(ApiError::BadRequest(format!("{name} must not contain NUL")));
+            }
         }
         Ok(Filter {
             status: status_filter(self.status.as_deref())?,
@@ -143,7 +144,7 @@ impl Filter {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BulkRequest {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::extract::object_or_default")]
     pub filter: OutboxFilter,
     /// Count and sample what would change; change nothing.
     #[serde(default)]
@@ -153,6 +154,7 @@ pub struct BulkRequest {
     /// `up_to` of the first call; absent on the first call.
     pub up_to: Option<Uuid>,
     /// Rows examined per call (default 500, at most 5,000).
+    #[serde(default, deserialize_with = "crate::extract::whole::opt")]
     #[schema(minimum = 1, maximum = 5000)]
     pub batch: Option<u32>,
 }
@@ -405,6 +407,8 @@ async fn cancel_rows(
     responses(
         (status = 200, description = "One batch replayed (or, with `dry_run`, counted and sampled). Only failed or dropped rows that are not themselves replays and were not replayed before are replayed, once each; each replay is re-checked like any notification.", body = BulkReport),
         (status = 400, description = "Bad filter value or batch size", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Body is not application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "A body of the wrong shape (an unknown field, a wrong type)", body = Problem, content_type = "application/problem+json"),
         Unauthorized,
     )
@@ -412,8 +416,9 @@ async fn cancel_rows(
 pub async fn bulk_replay(
     State(app): State<AppState>,
     _: Operator,
-    JsonBody { value: req, .. }: JsonBody<BulkRequest>,
+    JsonBody { value: req, raw }: JsonBody<BulkRequest>,
 ) -> Result<Json<BulkReport>, ApiError> {
+    crate::extract::require_object(&raw)?;
     run(&app, Operation::Replay, req).await.map(Json)
 }
 
@@ -424,6 +429,8 @@ pub async fn bulk_replay(
     responses(
         (status = 200, description = "One batch cancelled (or, with `dry_run`, counted and sampled). Only pending and retrying rows are cancelled: they end `dropped` with reason `cancelled`.", body = BulkReport),
         (status = 400, description = "Bad filter value or batch size", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Body is not application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "A body of the wrong shape (an unknown field, a wrong type)", body = Problem, content_type = "application/problem+json"),
         Unauthorized,
     )
@@ -431,8 +438,9 @@ pub async fn bulk_replay(
 pub async fn bulk_cancel(
     State(app): State<AppState>,
     _: Operator,
-    JsonBody { value: req, .. }: JsonBody<BulkRequest>,
+    JsonBody { value: req, raw }: JsonBody<BulkRequest>,
 ) -> Result<Json<BulkReport>, ApiError> {
+    crate::extract::require_object(&raw)?;
     run(&app, Operation::Cancel, req).await.map(Json)
 }
 

@@ -42,16 +42,23 @@ fn bus_error(e: DeadLetterError) -> ApiError {
     }
 }
 
-fn stream_kind(name: Option<&str>) -> Result<Option<StreamKind>, ApiError> {
-    name.map(|n| {
-        [StreamKind::Enqueue, StreamKind::Push, StreamKind::Result]
-            .into_iter()
-            .find(|k| k.as_str() == n)
-            .ok_or_else(|| {
-                ApiError::BadRequest(format!("from `{n}` is not one of enqueue, push, result"))
-            })
-    })
-    .transpose()
+/// The stream a dead letter was consumed from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    Enqueue,
+    Push,
+    Result,
+}
+
+impl From<Source> for StreamKind {
+    fn from(s: Source) -> StreamKind {
+        match s {
+            Source::Enqueue => StreamKind::Enqueue,
+            Source::Push => StreamKind::Push,
+            Source::Result => StreamKind::Result,
+        }
+    }
 }
 
 /// A dead letter in a listing.
@@ -102,15 +109,27 @@ pub struct DeadLetterDetail {
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ListDeadLetters {
-    /// `enqueue`, `push` or `result`.
-    pub from: Option<String>,
+    pub from: Option<Source>,
     /// A part of the reason (case-insensitive).
     pub reason: Option<String>,
     /// `next_cursor` of the previous page.
+    #[param(minimum = 0, maximum = 9_223_372_036_854_775_807_i64)]
     pub cursor: Option<u64>,
     /// Page size (default 50).
     #[param(minimum = 1, maximum = 200)]
     pub limit: Option<u32>,
+}
+
+/// The largest sequence a cursor may name (the schema's int64), far beyond any stream's.
+const MAX_SEQUENCE: u64 = i64::MAX as u64;
+
+fn sequence_bound(cursor: Option<u64>) -> Result<u64, ApiError> {
+    match cursor.unwrap_or(0) {
+        c @ 0..=MAX_SEQUENCE => Ok(c),
+        c => Err(ApiError::BadRequest(format!(
+            "cursor {c} is larger than {MAX_SEQUENCE}"
+        ))),
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -141,13 +160,13 @@ pub async fn list_dead_letters(
 ) -> Result<Json<DeadLetterList>, ApiError> {
     let limit = crate::extract::limit(q.limit)?;
     let filter = DeadLetterFilter {
-        from: stream_kind(q.from.as_deref())?,
+        from: q.from.map(StreamKind::from),
         reason: q.reason,
     };
     let page = dead_letters(&app)?
         .list(
             &filter,
-            q.cursor.unwrap_or(0),
+            sequence_bound(q.cursor)?,
             usize::try_from(limit).unwrap_or(50),
             EXAMINE,
         )
@@ -161,7 +180,7 @@ pub async fn list_dead_letters(
 
 #[utoipa::path(
     get, path = "/v1/admin/dlq/{sequence}", tag = "operators",
-    params(("sequence" = u64, Path, description = "The dead letter's sequence")),
+    params(("sequence" = u64, Path, minimum = 1, description = "The dead letter's sequence")),
     security(("admin_token" = [])),
     responses(
         (status = 200, description = "The dead letter with its headers and payload", body = DeadLetterDetail),
@@ -175,7 +194,11 @@ pub async fn get_dead_letter(
     _: Operator,
     sequence: Result<Path<u64>, PathRejection>,
 ) -> Result<Json<DeadLetterDetail>, ApiError> {
+    // Sequences start at 1: anything else names no dead letter.
     let Path(sequence) = sequence.map_err(|_| ApiError::NotFound("dead letter"))?;
+    if sequence == 0 {
+        return Err(ApiError::NotFound("dead letter"));
+    }
     let letter = dead_letters(&app)?
         .get(sequence)
         .await
@@ -199,25 +222,28 @@ pub async fn get_dead_letter(
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DeadLetterSelection {
-    /// `enqueue`, `push` or `result`.
-    pub from: Option<String>,
+    pub from: Option<Source>,
     /// A part of the reason (case-insensitive).
     pub reason: Option<String>,
     /// Only these sequences (with the filter above, if any).
+    #[serde(default, deserialize_with = "crate::extract::whole::opt_vec")]
     pub sequences: Option<Vec<u64>>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DeadLetterBulk {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::extract::object_or_default")]
     pub filter: DeadLetterSelection,
     /// Count and sample what would be done; do nothing.
     #[serde(default)]
     pub dry_run: bool,
     /// `next_cursor` of the previous batch.
+    #[serde(default, deserialize_with = "crate::extract::whole::opt")]
+    #[schema(minimum = 0, maximum = 9_223_372_036_854_775_807_i64)]
     pub cursor: Option<u64>,
     /// Dead letters handled per call (default 200, at most 1,000).
+    #[serde(default, deserialize_with = "crate::extract::whole::opt")]
     #[schema(minimum = 1, maximum = 1000)]
     pub batch: Option<u32>,
 }
@@ -259,12 +285,23 @@ async fn bulk(
         }
     };
     let filter = DeadLetterFilter {
-        from: stream_kind(req.filter.from.as_deref())?,
+        from: req.filter.from.map(StreamKind::from),
         reason: req.filter.reason.clone(),
     };
+    if let Some(big) = req
+        .filter
+        .sequences
+        .iter()
+        .flatten()
+        .find(|s| **s > MAX_SEQUENCE)
+    {
+        return Err(ApiError::BadRequest(format!(
+            "sequence {big} is larger than {MAX_SEQUENCE}"
+        )));
+    }
     let dlq = dead_letters(app)?;
     let page = dlq
-        .list(&filter, req.cursor.unwrap_or(0), batch, EXAMINE)
+        .list(&filter, sequence_bound(req.cursor)?, batch, EXAMINE)
         .await
         .map_err(bus_error)?;
     let mut report = DeadLetterReport {
@@ -329,6 +366,8 @@ async fn bulk(
     responses(
         (status = 200, description = "One batch redriven (or, with `dry_run`, counted): each message goes back to its original subject with a new message id and a `Tidings-Redriven-From` header, then leaves the dead-letter stream. Push requests are not redriven (the lease sweeper retries their rows).", body = DeadLetterReport),
         (status = 400, description = "Bad filter or batch size", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Body is not application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "A body of the wrong shape", body = Problem, content_type = "application/problem+json"),
         Unauthorized,
         (status = 503, description = "The api has no NATS connection, or NATS did not answer", body = Problem, content_type = "application/problem+json"),
@@ -337,8 +376,9 @@ async fn bulk(
 pub async fn redrive_dead_letters(
     State(app): State<AppState>,
     _: Operator,
-    JsonBody { value: req, .. }: JsonBody<DeadLetterBulk>,
+    JsonBody { value: req, raw }: JsonBody<DeadLetterBulk>,
 ) -> Result<Json<DeadLetterReport>, ApiError> {
+    crate::extract::require_object(&raw)?;
     bulk(&app, Action::Redrive, req).await.map(Json)
 }
 
@@ -349,6 +389,8 @@ pub async fn redrive_dead_letters(
     responses(
         (status = 200, description = "One batch deleted from the dead-letter stream (or, with `dry_run`, counted)", body = DeadLetterReport),
         (status = 400, description = "Bad filter or batch size", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Body is not application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "A body of the wrong shape", body = Problem, content_type = "application/problem+json"),
         Unauthorized,
         (status = 503, description = "The api has no NATS connection, or NATS did not answer", body = Problem, content_type = "application/problem+json"),
@@ -357,7 +399,8 @@ pub async fn redrive_dead_letters(
 pub async fn purge_dead_letters(
     State(app): State<AppState>,
     _: Operator,
-    JsonBody { value: req, .. }: JsonBody<DeadLetterBulk>,
+    JsonBody { value: req, raw }: JsonBody<DeadLetterBulk>,
 ) -> Result<Json<DeadLetterReport>, ApiError> {
+    crate::extract::require_object(&raw)?;
     bulk(&app, Action::Purge, req).await.map(Json)
 }

@@ -41,8 +41,10 @@ pub struct Diagnosis {
 #[into_params(parameter_in = Query)]
 pub struct DoctorQuery {
     /// Messages a consumer may have waiting before it counts as lagging (default 10,000).
+    #[param(minimum = 0, maximum = 1_000_000_000)]
     pub max_lag: Option<u64>,
     /// Seconds the oldest due row may have waited (default 300).
+    #[param(minimum = 0, maximum = 1_000_000_000)]
     pub max_due_age: Option<u64>,
 }
 
@@ -301,6 +303,7 @@ async fn vapid(app: &AppState, client: &async_nats::Client, checks: &mut Vec<Che
     security(("admin_token" = [])),
     responses(
         (status = 200, description = "Every check with what it found; `ok` is false when any failed", body = Diagnosis),
+        (status = 400, description = "A bound that is not a whole number up to 1,000,000,000", body = crate::problem::Problem, content_type = "application/problem+json"),
         Unauthorized,
     )
 )]
@@ -309,6 +312,14 @@ pub async fn doctor(
     _: Operator,
     ApiQuery(q): ApiQuery<DoctorQuery>,
 ) -> Result<Json<Diagnosis>, ApiError> {
+    const MAX: u64 = 1_000_000_000;
+    for (name, value) in [("max_lag", q.max_lag), ("max_due_age", q.max_due_age)] {
+        if value.is_some_and(|v| v > MAX) {
+            return Err(ApiError::BadRequest(format!(
+                "{name} must be at most {MAX}"
+            )));
+        }
+    }
     let mut checks = Vec::new();
     database(&app, q.max_due_age.unwrap_or(300), &mut checks).await;
     match app.settings.bus.clone() {

@@ -146,3 +146,62 @@ pub fn within<K: std::hash::Hash + Eq + Clone>(
             ApiError::RateLimited { what, retry_after }
         })
 }
+
+/// A body that must be a JSON object: serde would also read a struct from an array of its
+/// fields in order, which the documented schema does not allow.
+pub fn require_object(raw: &[u8]) -> Result<(), ApiError> {
+    match raw.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => Ok(()),
+        _ => Err(ApiError::invalid(
+            "",
+            "request body: expected a JSON object",
+        )),
+    }
+}
+
+/// A field that must be a JSON object when present (with `#[serde(default)]` for absent), for
+/// the same reason as [`require_object`]; `null` is not an object either.
+pub fn object_or_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::de::DeserializeOwned,
+{
+    use serde::Deserialize;
+    use serde::de::Error;
+    match serde_json::Value::deserialize(d)? {
+        v @ serde_json::Value::Object(_) => serde_json::from_value(v).map_err(D::Error::custom),
+        _ => Err(D::Error::custom("expected an object")),
+    }
+}
+
+/// Whole numbers in JSON bodies: JSON Schema's `integer` includes `722.0`, which serde's integer
+/// types refuse, so these accept a number with no fractional part, in range, however written.
+pub mod whole {
+    use serde::Deserialize;
+    use serde::de::{Deserializer, Error};
+
+    fn from_number<T: TryFrom<u64>, E: Error>(n: serde_json::Number) -> Result<T, E> {
+        let whole = n.as_u64().or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f <= u64::MAX as f64)
+                .map(|f| f as u64)
+        });
+        whole
+            .and_then(|w| T::try_from(w).ok())
+            .ok_or_else(|| E::custom(format!("{n} is not a whole number in range")))
+    }
+
+    pub fn opt<'de, D: Deserializer<'de>, T: TryFrom<u64>>(d: D) -> Result<Option<T>, D::Error> {
+        Option::<serde_json::Number>::deserialize(d)?
+            .map(from_number)
+            .transpose()
+    }
+
+    pub fn opt_vec<'de, D: Deserializer<'de>, T: TryFrom<u64>>(
+        d: D,
+    ) -> Result<Option<Vec<T>>, D::Error> {
+        Option::<Vec<serde_json::Number>>::deserialize(d)?
+            .map(|v| v.into_iter().map(from_number).collect())
+            .transpose()
+    }
+}

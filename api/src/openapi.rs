@@ -121,6 +121,11 @@ pub fn document() -> &'static serde_json::Value {
                 p["schema"] = serde_json::json!({"type": "string", "enum": reasons});
             }
         }
+        // The bulk operations' filter names the same reasons (or none).
+        let filter = &mut doc["components"]["schemas"]["OutboxFilter"]["properties"]["reason"];
+        if filter.is_object() {
+            *filter = serde_json::json!({"type": ["string", "null"], "enum": reasons.iter().map(|r| serde_json::Value::from(*r)).chain([serde_json::Value::Null]).collect::<Vec<_>>()});
+        }
         doc
     })
 }

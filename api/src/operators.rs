@@ -34,6 +34,7 @@ pub struct ListOutbox {
     /// Rows with an attempt through this push service host.
     pub push_host: Option<String>,
     /// Rows whose last push answer had this HTTP status.
+    #[param(minimum = 0, maximum = 65535)]
     pub http_status: Option<u16>,
     /// Rows detected at or after this instant (RFC 3339).
     pub from: Option<DateTime<Utc>>,

@@ -1233,15 +1233,34 @@ async fn bulk_replay_takes_only_matching_rows_once_each_in_resumable_batches() {
         400,
     )
     .await;
+    // A reversed time range matches nothing; it is not an error.
+    let reversed = admin_post(
+        &api,
+        "/v1/admin/outbox/replay",
+        &json!({"filter": {"from": "2026-02-01T00:00:00Z", "to": "2026-01-01T00:00:00Z"}, "dry_run": true}),
+        200,
+    )
+    .await;
+    assert_eq!(reversed["matched"], 0, "{reversed}");
+    // A whole number written with a fraction is still whole (JSON Schema's integer); a real
+    // fraction is refused.
+    let whole = admin_post(
+        &api,
+        "/v1/admin/outbox/replay",
+        &json!({"batch": 2.0, "dry_run": true}),
+        200,
+    )
+    .await;
+    assert!(whole["matched"].as_i64().unwrap() > 0, "{whole}");
     problem(
         api.send(
             Method::POST,
             "/v1/admin/outbox/replay",
             Some(ADMIN_TOKEN),
-            &json!({"filter": {"from": "2026-02-01T00:00:00Z", "to": "2026-01-01T00:00:00Z"}}),
+            &json!({"batch": 2.5}),
         )
         .await,
-        400,
+        422,
     )
     .await;
     problem(
@@ -1251,6 +1270,13 @@ async fn bulk_replay_takes_only_matching_rows_once_each_in_resumable_batches() {
     )
     .await;
     assert_eq!(db.count("SELECT count(*) FROM outbox").await, before);
+    // A NUL, which no text in Postgres holds, is a clear 400, not a failed query.
+    problem(
+        api.get("/v1/admin/outbox?push_host=a%00b", Some(ADMIN_TOKEN))
+            .await,
+        400,
+    )
+    .await;
     // The list takes the same filter.
     let listed = json(
         api.get(
@@ -1620,6 +1646,8 @@ async fn the_cli_replays_cancels_and_pauses_with_exit_codes_scripts_rely_on() {
     .await
     .unwrap();
     assert_eq!(wrong.code, 5, "{wrong:?}");
+    // Dead-letter sequences start at 1: 0 names none, before NATS is even asked.
+    problem(api.get("/v1/admin/dlq/0", Some(ADMIN_TOKEN)).await, 404).await;
     // The dead-letter routes need NATS, which this api was not given: said, not hidden.
     let no_nats = run(args(&["dlq", "ls"])).await;
     assert_eq!(no_nats.code, 6, "{no_nats:?}");

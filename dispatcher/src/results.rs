@@ -362,6 +362,9 @@ pub async fn apply_in(
                 });
                 changes.push(c);
             }
+            // A repeated result of the attempt that ended the row: that attempt is on record.
+            (None, Some(_))
+                if current.status.is_terminal() && result.attempt == current.attempt => {}
             (change, Some(a)) => {
                 if current.status == Status::Sending && result.attempt == current.attempt {
                     fresh.push(a);

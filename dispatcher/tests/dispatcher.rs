@@ -340,6 +340,20 @@ async fn results_are_applied_once_and_move_the_baseline_only_on_sent() {
         .await;
     assert_eq!(results.run_once(WAIT).await.unwrap().applied, 0);
     assert_eq!(s.row(push.outbox_id).await.status, "sent");
+    // The attempt is on the row, which it ended: the repeated results wrote no record of their
+    // own, and the record is still the delivery.
+    assert_eq!(
+        s.db.count(&format!(
+            "SELECT count(*) FROM outbox_attempts WHERE outbox_id = '{}'",
+            push.outbox_id
+        ))
+        .await,
+        0
+    );
+    assert_eq!(
+        s.attempts(push.outbox_id).await,
+        [(1, "delivered".to_owned(), Some(201))]
+    );
 
     // All three results were acked, so a purge takes them (acks are not awaited: poll briefly).
     let deadline = Instant::now() + Duration::from_secs(2);
