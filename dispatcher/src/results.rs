@@ -255,7 +255,12 @@ fn change_for(
         // Terminal, or a pending row (no attempt yet): nothing to do.
         _ => return None,
     }
-    let t = outbox::apply(current, event, settings.retry.max_retries).ok()?;
+    let mut t = outbox::apply(current, event, settings.retry.max_retries).ok()?;
+    // A result that ends the row unsent (gone, refused) may follow a push that reached the user
+    // (a redelivered request whose first holder died): the row keeps that mark.
+    if result.maybe_delivered && t.to != Status::Sent {
+        t.maybe_delivered = true;
+    }
     seen.insert(result.outbox_id);
     let mut c = Change::new(row.id, row.dedup_day, current, t);
     c.http_status = result.http_status;

@@ -388,6 +388,29 @@ async fn a_gone_subscription_drops_the_row_and_deactivates_the_subscription() {
     s.cleanup().await;
 }
 
+/// A gone answer to a redelivered request that may have reached the user before: the row is
+/// dropped, and keeps the maybe-delivered mark.
+#[tokio::test]
+async fn a_gone_result_that_may_follow_a_delivery_marks_the_row() {
+    let s = Scenario::new().await;
+    let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
+    let push = s.dispatched(&w, 1100).await;
+    let mut gone = s.result(&push, Outcome::Gone, Some(410));
+    gone.maybe_delivered = true;
+    s.publish_result(&gone).await;
+    assert_eq!(s.results().await.run_once(WAIT).await.unwrap().applied, 1);
+    let row = s.row(push.outbox_id).await;
+    assert_eq!(
+        (
+            row.status.as_str(),
+            row.reason.as_deref(),
+            row.maybe_delivered
+        ),
+        ("dropped", Some("subscription_gone"), true)
+    );
+    s.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_429_with_retry_after_is_not_retried_sooner() {
     let s = Scenario::new().await;

@@ -190,8 +190,9 @@ impl Pusher {
                 let mut r = inner.deliverer.deliver(&req).await;
                 // A redelivered request the log does not know may still have reached the push
                 // service: the pusher that held it before can have died after the service
-                // accepted it and before recording it. Not sending now proves nothing then.
-                if redelivered && matches!(r.outcome, Outcome::Transient | Outcome::Expired) {
+                // accepted it and before recording it. Not delivering now proves nothing then,
+                // whatever this attempt's answer (a subscription gone since, say).
+                if redelivered && r.outcome != Outcome::Delivered {
                     r.maybe_delivered = true;
                 }
                 if r.outcome == Outcome::Delivered {

@@ -235,6 +235,29 @@ async fn a_request_past_its_deadline_is_never_sent() {
 /// `expired` result of that redelivery must say the push may have arrived, or the row is taken
 /// for not delivered.
 #[tokio::test]
+async fn a_redelivery_answered_gone_may_have_been_delivered() {
+    let (w, pusher) = World::with_pusher().await;
+    let sub = w.push.subscription();
+    // Another pusher took the request and died holding it, maybe after the push service took
+    // it; the subscription is gone when it comes round again.
+    let held = w.request(&sub);
+    w.publish(&held, &held.msg_id()).await;
+    let consumer = fixtures::pusher_consumer(&w.js, &w.subjects).await;
+    let taken = consume::fetch(&consumer, 1, WAIT).await.unwrap();
+    assert_eq!(taken.len(), 1);
+    taken[0].ack_with(AckKind::Nak(None)).await.unwrap();
+    w.push.answer_next(&sub, &[Answer::Gone]);
+    assert_eq!(
+        pusher.run_once(WAIT).await.unwrap(),
+        [Handled::Reported(Outcome::Gone)]
+    );
+    let results = w.results().await;
+    assert_eq!(results.len(), 1);
+    assert!(results[0].maybe_delivered, "{:?}", results[0]);
+    w.cleanup().await;
+}
+
+#[tokio::test]
 async fn a_redelivery_past_its_deadline_may_have_been_delivered() {
     let (w, pusher) = World::with_pusher().await;
     // Another pusher took the request and died holding it (a NAK stands in for its ack wait).
