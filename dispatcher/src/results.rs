@@ -352,10 +352,11 @@ pub async fn apply_in(
         // Every attempt the row has made is recorded once, a stale one's result included: the
         // record is history, whatever the result does to the row. The attempt that ends the row
         // is recorded on it by the same update; any other in `outbox_attempts`.
-        let record = (result.attempt >= 1
+        // The record itself is built only where it is written (the common delivered-at-once
+        // result ends its row and needs none).
+        let record = result.attempt >= 1
             && result.attempt <= current.attempt
-            && recorded.insert((result.outbox_id, result.attempt)))
-        .then(|| attempt_of(row, result));
+            && recorded.insert((result.outbox_id, result.attempt));
         let change = change_for(row, current, result, settings, &mut seen);
         match (change, record) {
             (Some(mut c), _) if c.transition.to.is_terminal() => {
@@ -368,9 +369,9 @@ pub async fn apply_in(
                 changes.push(c);
             }
             // A repeated result of the attempt that ended the row: that attempt is on record.
-            (None, Some(_))
-                if current.status.is_terminal() && result.attempt == current.attempt => {}
-            (change, Some(a)) => {
+            (None, true) if current.status.is_terminal() && result.attempt == current.attempt => {}
+            (change, true) => {
+                let a = attempt_of(row, result);
                 if current.status == Status::Sending && result.attempt == current.attempt {
                     fresh.push(a);
                 } else {
@@ -378,7 +379,7 @@ pub async fn apply_in(
                 }
                 changes.extend(change);
             }
-            (change, None) => changes.extend(change),
+            (change, false) => changes.extend(change),
         }
     }
     let won = transition::apply(&mut *tx, &changes).await?;
