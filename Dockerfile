@@ -52,6 +52,8 @@ RUN for c in shared/domain shared/runtime shared/bus shared/webpush shared/sourc
 
 # 2. Tidings itself (the same command CI's image check runs, see deploy/docker/check).
 COPY migrations migrations
+# The browser client, service worker and demo page, compiled into the api.
+COPY web web
 COPY shared shared
 COPY api api
 COPY dispatcher dispatcher

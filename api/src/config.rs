@@ -64,6 +64,13 @@ pub struct Config {
     /// use NATS; without it those operator routes answer 503.
     #[arg(long, env = "TIDINGS_API_NATS", default_value_t = false)]
     pub operator_nats: bool,
+    /// Origins (comma-separated, e.g. `https://shop.example`) whose pages may call the public
+    /// routes from a browser; none by default. The operator port never answers CORS.
+    #[arg(long, env = "TIDINGS_API_CORS_ORIGINS", default_value = "")]
+    pub cors_origins: String,
+    /// Serve the browser client (`tidings.js`, `sw.js`) and a demo page under `/web/`.
+    #[arg(long, env = "TIDINGS_API_WEB", default_value_t = false)]
+    pub web: bool,
     /// NATS, and the streams `doctor` expects (the workers' settings).
     #[command(flatten)]
     pub nats: tidings_bus::NatsArgs,
@@ -81,6 +88,8 @@ pub enum ConfigError {
     MaxBody,
     #[error("TIDINGS_API_CREATE_BATCH must be between 1 and 1000")]
     CreateBatch,
+    #[error("TIDINGS_API_CORS_ORIGINS: {0}")]
+    CorsOrigins(#[from] crate::cors::OriginError),
     #[error("TIDINGS_PREFIX: {0}")]
     Prefix(#[from] tidings_domain::subjects::InvalidPrefix),
 }
@@ -117,6 +126,8 @@ impl Config {
             watch_rate_per_address: self.watch_rate_per_address,
             watch_rate_per_device: self.watch_rate_per_device,
             trusted_proxies: self.trusted_proxies,
+            cors_origins: crate::cors::Origins::parse(&self.cors_origins)?,
+            web: self.web,
             subjects: self.nats.subjects()?,
             streams: self.nats.streams(),
             bus: None,

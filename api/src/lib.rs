@@ -7,12 +7,15 @@
 //! - [`history`]: a device's own outbox rows, newest first, including what was withheld and why.
 //! - [`operators`]: outbox rows by state and reason, counts, replay of a terminal row.
 //! - [`health`]: `/livez`, `/readyz`. [`openapi`]: the OpenAPI 3.1 document, from this code.
+//! - [`web`]: the browser client, service worker and demo page (`TIDINGS_API_WEB`); [`cors`]:
+//!   which other origins' pages may call the public routes (`TIDINGS_API_CORS_ORIGINS`).
 
 mod attempts;
 pub mod auth;
 mod bulk;
 pub mod coalesce;
 mod config;
+pub mod cors;
 mod dead_letters;
 mod devices;
 mod doctor;
@@ -25,6 +28,7 @@ mod operators;
 mod pause;
 pub mod problem;
 mod watches;
+mod web;
 
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
 use axum::middleware::Next;
@@ -59,6 +63,10 @@ pub struct Settings {
     pub watch_rate_per_address: Option<limits::Rate>,
     pub watch_rate_per_device: Option<limits::Rate>,
     pub trusted_proxies: usize,
+    /// Origins whose pages may call the public routes (see [`cors`]).
+    pub cors_origins: cors::Origins,
+    /// Serve the browser client and demo page under `/web/` (see [`web`]).
+    pub web: bool,
     /// The subjects and streams of this deployment, as the workers name and configure them.
     pub subjects: tidings_domain::subjects::Subjects,
     pub streams: tidings_bus::streams::StreamSettings,
@@ -101,7 +109,8 @@ pub fn app(pool: PgPool, settings: Settings) -> axum::Router {
 
 fn one_router(pool: PgPool, settings: Settings, stopping: CancellationToken) -> axum::Router {
     let (public, ops, state) = parts(pool, settings, stopping);
-    finish(public.merge(ops), state)
+    let public = with_web(public, &state);
+    with_cors(finish(public.merge(ops), state.clone()), &state)
 }
 
 /// The public router and the operator router (`/v1/admin/*`, `/metrics`, and the probes), which
@@ -116,7 +125,28 @@ pub fn routers(
     let ops = ops
         .route("/livez", axum::routing::get(health::livez))
         .route("/readyz", axum::routing::get(health::readyz));
-    (finish(public, state.clone()), finish(ops, state))
+    let public = with_web(public, &state);
+    (
+        with_cors(finish(public, state.clone()), &state),
+        finish(ops, state),
+    )
+}
+
+fn with_web(router: axum::Router<AppState>, state: &AppState) -> axum::Router<AppState> {
+    if state.settings.web {
+        router.merge(web::router())
+    } else {
+        router
+    }
+}
+
+/// Outermost, so every answer (a 401 or a 429 too) is readable by a listed origin's page.
+fn with_cors(router: axum::Router, state: &AppState) -> axum::Router {
+    if state.settings.cors_origins.is_empty() {
+        return router;
+    }
+    let origins = Arc::new(state.settings.cors_origins.clone());
+    router.layer(axum::middleware::from_fn_with_state(origins, cors::cors))
 }
 
 fn parts(

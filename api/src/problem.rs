@@ -78,6 +78,9 @@ pub enum ApiError {
     UnsupportedMediaType,
     #[error("{0}")]
     Unauthorized(&'static str),
+    /// Refused whoever asks (403): e.g. a browser preflight from an origin not listed.
+    #[error("{0}")]
+    Forbidden(String),
     #[error("{0} not found")]
     NotFound(&'static str),
     /// The request conflicts with the resource's state (409); `kind` names the rule.
@@ -112,6 +115,7 @@ impl ApiError {
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict { .. } => StatusCode::CONFLICT,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -127,6 +131,7 @@ impl ApiError {
             ApiError::TooLarge(_) => "body-too-large",
             ApiError::UnsupportedMediaType => "unsupported-media-type",
             ApiError::Unauthorized(_) => "unauthorized",
+            ApiError::Forbidden(_) => "forbidden",
             ApiError::NotFound(_) => "not-found",
             ApiError::Conflict { kind, .. } => kind,
             ApiError::Unavailable(_) => "unavailable",

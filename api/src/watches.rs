@@ -296,7 +296,22 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 
 fn created(watch: &Watch) -> Result<Response, ApiError> {
     let body = serde_json::to_value(watch).map_err(|e| ApiError::Internal(e.to_string()))?;
-    Ok((StatusCode::CREATED, Json(body)).into_response())
+    Ok(answer(StatusCode::CREATED, body))
+}
+
+/// A create's answer, with the `Location` of the watch it names (a replayed answer too).
+fn answer(status: StatusCode, body: serde_json::Value) -> Response {
+    let location = body
+        .get("id")
+        .and_then(|id| id.as_str())
+        .and_then(|id| HeaderValue::from_str(&format!("/v1/watches/{id}")).ok());
+    let mut response = (status, Json(body)).into_response();
+    if let Some(location) = location {
+        response
+            .headers_mut()
+            .insert(axum::http::header::LOCATION, location);
+    }
+    response
 }
 
 #[utoipa::path(
@@ -307,7 +322,8 @@ fn created(watch: &Watch) -> Result<Response, ApiError> {
     security(("device_token" = [])),
     responses(
         (status = 201, description = "Watch created (or, with a replayed Idempotency-Key, the first response)", body = Watch,
-            headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored response of an earlier request with the same Idempotency-Key"))),
+            headers(("Idempotent-Replayed" = String, description = "`true` when this is the stored response of an earlier request with the same Idempotency-Key"),
+                    ("Location" = String, description = "The watch: `/v1/watches/{id}`"))),
         BodyRejected,
         (status = 400, description = "Body is not JSON, or a bad Idempotency-Key", body = Problem, content_type = "application/problem+json"),
         Unauthorized,
@@ -404,7 +420,7 @@ pub async fn create_watch(
         .ok()
         .and_then(|s| StatusCode::from_u16(s).ok())
         .unwrap_or(StatusCode::CREATED);
-    let mut response = (status, Json(response)).into_response();
+    let mut response = answer(status, response);
     response
         .headers_mut()
         .insert("idempotent-replayed", HeaderValue::from_static("true"));

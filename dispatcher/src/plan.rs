@@ -128,6 +128,7 @@ pub fn decide(
                 Ok(code),
             ) => {
                 let payload = render(
+                    row.id,
                     &trigger,
                     &code,
                     &observation,

@@ -262,6 +262,11 @@ impl FakeCatalog {
         format!("http://{}/items/{{item}}", self.addr)
     }
 
+    /// `PUT {admin_url}/{code}` with an [`Item`] sets what the catalog answers for `code`.
+    pub fn admin_url(&self) -> String {
+        format!("http://{}/admin/items", self.addr)
+    }
+
     pub fn batch_url(&self) -> String {
         format!("http://{}/items?codes={{items}}", self.addr)
     }

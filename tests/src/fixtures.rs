@@ -164,6 +164,7 @@ pub fn push_request(sub: &Subscription) -> PushRequest {
         payload: Payload {
             title: "SKU-1 is below your price".into(),
             body: "Now 10.50 EUR (your limit: 12.00 EUR).".into(),
+            tag: Some(id.to_string()),
             url: Some("https://shop.example/i/SKU-1".into()),
             data: serde_json::json!({"item": "SKU-1", "price": 1050}),
         },

@@ -275,6 +275,21 @@ fn the_dockerfile_covers_the_workspace_and_every_service() {
             );
         }
     }
+    // Files compiled into a binary from outside its crate (the api's `web/`) are in the image's
+    // build context too.
+    let web = std::fs::read_to_string(repo().join("api/src/web.rs")).unwrap();
+    let outside: std::collections::BTreeSet<&str> = web
+        .split("include_str!(concat!(\"../../")
+        .skip(1)
+        .filter_map(|rest| rest.split('/').next())
+        .collect();
+    assert_eq!(outside.iter().copied().collect::<Vec<_>>(), ["web"]);
+    for dir in outside {
+        assert!(
+            dockerfile.contains(&format!("COPY {dir} {dir}\n")),
+            "the api compiles in {dir}/ but the Dockerfile does not copy it"
+        );
+    }
     for service in ["api", "dispatcher", "pusher", "detector"] {
         for needle in [
             format!("FROM runtime AS {service}"),

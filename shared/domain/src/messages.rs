@@ -115,6 +115,10 @@ pub struct Subscription {
 pub struct Payload {
     pub title: String,
     pub body: String,
+    /// The notification's tag: its outbox row's id, so a browser shows a redelivered push in
+    /// place of the first rather than beside it. Rows rendered before it existed have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
     #[serde(default)]

@@ -1,6 +1,7 @@
 //! What the user reads. Built from the value re-fetched at send time, never from the detection
 //! snapshot (docs/design.md), so the text is true when it is sent.
 
+use crate::OutboxId;
 use crate::item::ItemCode;
 use crate::messages::Payload;
 use crate::trigger::{Baseline, Observation, Trigger};
@@ -18,9 +19,10 @@ pub fn format_money(minor: i64, currency: &str) -> String {
     }
 }
 
-/// The notification for `trigger` on `item` at the current observation `now`. `item_url` is a
-/// template with `{item}` for the link the notification opens.
+/// Notification `id` for `trigger` on `item` at the current observation `now`. `item_url` is
+/// a template with `{item}` for the link the notification opens.
 pub fn render(
+    id: OutboxId,
     trigger: &Trigger,
     item: &ItemCode,
     now: &Observation,
@@ -57,6 +59,7 @@ pub fn render(
     Payload {
         title,
         body,
+        tag: Some(id.to_string()),
         url: item_url.map(|t| t.replace("{item}", item.as_str())),
         data: serde_json::json!({
             "item": item.as_str(),
@@ -87,7 +90,9 @@ mod tests {
     #[test]
     fn the_body_carries_the_current_price() {
         let item = ItemCode::parse("SKU-1").unwrap();
+        let id = OutboxId::new();
         let p = render(
+            id,
             &Trigger::PriceBelow { threshold: 120000 },
             &item,
             &obs(110050),
@@ -98,7 +103,9 @@ mod tests {
         assert_eq!(p.body, "Now 1100.50 EUR (your limit: 1200.00 EUR).");
         assert_eq!(p.url.as_deref(), Some("https://shop.example/i/SKU-1"));
         assert_eq!(p.data["price"], 110050);
+        assert_eq!(p.tag, Some(id.to_string()));
         let p = render(
+            OutboxId::new(),
             &Trigger::PriceDrop { percent: 10 },
             &item,
             &obs(900),

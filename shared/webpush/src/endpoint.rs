@@ -243,7 +243,8 @@ impl reqwest::dns::Resolve for GuardedResolver {
 /// subscription is registered read the same settings, so they cannot disagree.
 #[derive(clap::Args, Clone, Debug)]
 pub struct EndpointArgs {
-    /// Allowed push-service hosts, comma-separated; `*.suffix` for subdomains.
+    /// Allowed push-service hosts, comma-separated; `*.suffix` for subdomains; `default` for
+    /// the browsers' push services (the list used when this is unset), e.g. `default,push.test`.
     #[arg(long, env = "TIDINGS_PUSH_ALLOWED_HOSTS", value_delimiter = ',')]
     pub allowed_hosts: Option<Vec<String>>,
     /// Allow private, loopback and link-local endpoint addresses (tests and local demos only).
@@ -255,7 +256,16 @@ impl EndpointArgs {
     pub fn policy(&self) -> EndpointPolicy {
         let mut policy = EndpointPolicy::default();
         if let Some(hosts) = &self.allowed_hosts {
-            policy.allowed_hosts = hosts.clone();
+            policy.allowed_hosts = hosts
+                .iter()
+                .flat_map(|h| match h.trim() {
+                    "default" => DEFAULT_ALLOWED_HOSTS
+                        .iter()
+                        .map(|d| (*d).to_owned())
+                        .collect(),
+                    other => vec![other.to_owned()],
+                })
+                .collect();
         }
         policy.allow_private = self.allow_private;
         policy
@@ -265,6 +275,22 @@ impl EndpointArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn default_in_the_list_stands_for_the_browsers_push_services() {
+        let args = EndpointArgs {
+            allowed_hosts: Some(vec!["127.0.0.1:*".into(), "default".into()]),
+            allow_private: true,
+        };
+        let hosts = args.policy().allowed_hosts;
+        assert_eq!(hosts[0], "127.0.0.1:*");
+        assert_eq!(&hosts[1..], DEFAULT_ALLOWED_HOSTS);
+        let unset = EndpointArgs {
+            allowed_hosts: None,
+            allow_private: false,
+        };
+        assert_eq!(unset.policy().allowed_hosts, DEFAULT_ALLOWED_HOSTS);
+    }
 
     fn allow(hosts: &[&str]) -> EndpointPolicy {
         EndpointPolicy {

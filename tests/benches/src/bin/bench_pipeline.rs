@@ -576,6 +576,7 @@ async fn naive_forwarder(
                             deadline: Utc::now() + chrono::Duration::seconds(30),
                             subscription: sub.clone(),
                             payload: render(
+                                id,
                                 &req.trigger,
                                 &code,
                                 &req.detected,

@@ -30,6 +30,7 @@ fn payload() -> Payload {
     Payload {
         title: "SKU-1 is below your price".into(),
         body: "x".repeat(900),
+        tag: Some("0193a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b".into()),
         url: Some("https://shop.example/i/SKU-1".into()),
         data: serde_json::json!({"item": "SKU-1", "price": 1050}),
     }

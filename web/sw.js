@@ -1,0 +1,114 @@
+// Tidings service worker: shows each push, opens its item on click, and keeps the api's copy
+// of this browser's push subscription current when the browser rotates it. A classic script
+// (not a module) so every browser with Web Push can run it; the page registers it with
+// tidings.js, which stores the device's token where this worker reads it (IndexedDB).
+//
+// The push payload is what the pusher encrypts: { title, body, tag, url?, icon?, data }. `tag`
+// is the notification's id, so a push delivered twice replaces the first notification
+// instead of showing a second.
+
+/* global clients */
+
+const ICON = new URL('icon.svg', self.registration.scope).href;
+
+function devices() {
+  return new Promise((resolve, reject) => {
+    const open = indexedDB.open('tidings', 1);
+    open.onupgradeneeded = () => open.result.createObjectStore('devices', { keyPath: 'api' });
+    open.onerror = () => reject(open.error);
+    open.onsuccess = () => {
+      const db = open.result;
+      const all = db.transaction('devices', 'readonly').objectStore('devices').getAll();
+      all.onsuccess = () => {
+        db.close();
+        resolve(all.result);
+      };
+      all.onerror = () => reject(all.error);
+    };
+  });
+}
+
+function remember(device) {
+  return new Promise((resolve, reject) => {
+    const open = indexedDB.open('tidings', 1);
+    open.onerror = () => reject(open.error);
+    open.onsuccess = () => {
+      const tx = open.result.transaction('devices', 'readwrite');
+      tx.objectStore('devices').put(device);
+      tx.oncomplete = () => resolve();
+      tx.onerror = () => reject(tx.error);
+    };
+  });
+}
+
+function readPayload(data) {
+  if (!data) return { title: 'Tidings', body: '' };
+  try {
+    return data.json();
+  } catch {
+    // Not ours (or not JSON): show it rather than drop it, as userVisibleOnly promises.
+    return { title: 'Tidings', body: data.text() };
+  }
+}
+
+self.addEventListener('push', (event) => {
+  const p = readPayload(event.data);
+  const shown = self.registration.showNotification(p.title || 'Tidings', {
+    body: p.body || '',
+    tag: p.tag || undefined,
+    icon: p.icon || ICON,
+    data: { url: p.url || null, id: p.tag || null, item: p.data && p.data.item },
+  });
+  // Open pages refresh their history.
+  const told = clients
+    .matchAll({ type: 'window', includeUncontrolled: true })
+    .then((pages) => pages.forEach((c) => c.postMessage({ type: 'tidings:push', payload: p })));
+  event.waitUntil(Promise.all([shown, told]));
+});
+
+self.addEventListener('notificationclick', (event) => {
+  event.notification.close();
+  const target = (event.notification.data && event.notification.data.url) || self.registration.scope;
+  event.waitUntil(
+    clients.matchAll({ type: 'window', includeUncontrolled: true }).then((pages) => {
+      const open = pages.find((c) => c.url === target);
+      return open ? open.focus() : clients.openWindow(target);
+    }),
+  );
+});
+
+// The browser replaced (or lost) this subscription: subscribe again if it did not hand us the
+// new one, and tell every api this browser is registered with, with the stored token.
+self.addEventListener('pushsubscriptionchange', (event) => {
+  event.waitUntil(resubscribe(event.newSubscription));
+});
+
+async function resubscribe(given) {
+  for (const device of await devices()) {
+    let key = device.vapidKey;
+    try {
+      const r = await fetch(`${device.api}/v1/vapid-public-key`, { credentials: 'omit' });
+      if (r.ok) key = (await r.json()).public_key;
+    } catch {
+      // Offline: the stored key is the one the browser subscribed with.
+    }
+    const subscription =
+      given ||
+      (await self.registration.pushManager.subscribe({ userVisibleOnly: true, applicationServerKey: bytes(key) }));
+    const sub = subscription.toJSON();
+    const r = await fetch(`${device.api}/v1/devices/me/subscription`, {
+      method: 'PUT',
+      credentials: 'omit',
+      headers: { authorization: `Bearer ${device.token}`, 'content-type': 'application/json' },
+      body: JSON.stringify(sub),
+    });
+    if (!r.ok) throw new Error(`${device.api} refused the new subscription: HTTP ${r.status}`);
+    await remember({ ...device, endpoint: sub.endpoint, vapidKey: key });
+  }
+}
+
+function bytes(base64url) {
+  const b64 = base64url.replace(/-/g, '+').replace(/_/g, '/');
+  const raw = atob(b64 + '='.repeat((4 - (b64.length % 4)) % 4));
+  return Uint8Array.from(raw, (c) => c.charCodeAt(0));
+}
