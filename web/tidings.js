@@ -114,6 +114,9 @@ export function explain(n) {
         text: `Not delivered: ${NOT_DELIVERED[n.reason] || n.reason || 'unknown reason'}.`,
       };
     default:
+      if (n.status === 'retry' && n.attempts && n.attempts.length) {
+        return { state: 'in_progress', text: 'On its way: the push service has not taken it yet; trying again.' };
+      }
       return { state: 'in_progress', text: 'On its way: checking the price once more before sending.' };
   }
 }
