@@ -327,7 +327,7 @@ fn answer(status: StatusCode, body: serde_json::Value) -> Response {
         BodyRejected,
         (status = 400, description = "Body is not JSON, or a bad Idempotency-Key", body = Problem, content_type = "application/problem+json"),
         Unauthorized,
-        (status = 409, description = "Watch limit reached", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Watch limit reached; or the watch this Idempotency-Key created has since been deleted", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Too many watch creations from this device or address (`Retry-After` says when to try again)", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid item code, trigger or channel; or an Idempotency-Key reused with a different body", body = Problem, content_type = "application/problem+json"),
     )
@@ -415,6 +415,32 @@ pub async fn create_watch(
             "Idempotency-Key",
             "this key was already used with a different request body",
         ));
+    }
+    // A replay answers with the watch the key created; if that watch has been deleted since,
+    // the answer would name a watch that is not there (and its Location a 404): say so instead.
+    if let Some(id) = response
+        .get("id")
+        .and_then(|id| id.as_str())
+        .and_then(|id| Uuid::parse_str(id).ok())
+    {
+        let removed: bool = sqlx::query_scalar(
+            "SELECT removed_at IS NOT NULL FROM watches WHERE id = $1 AND device_id = $2",
+        )
+        .bind(id)
+        .bind(device.id)
+        .fetch_optional(&app.pool)
+        .await
+        .map_err(db("reading an idempotent create's watch"))?
+        .unwrap_or(true);
+        if removed {
+            return Err(ApiError::Conflict {
+                kind: "idempotency-key-spent",
+                detail: format!(
+                    "this Idempotency-Key created watch {id}, which has since been deleted; \
+                     send a new key to create another"
+                ),
+            });
+        }
     }
     let status = u16::try_from(status)
         .ok()

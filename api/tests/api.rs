@@ -916,10 +916,12 @@ async fn a_retried_create_with_the_same_idempotency_key_creates_one_watch() {
     let first = send("k-1", body.clone()).await.unwrap();
     assert_eq!(first.status(), 201);
     assert!(first.headers().get("idempotent-replayed").is_none());
+    let location = first.headers()["location"].to_str().unwrap().to_owned();
     let first = json(first).await;
     let again = send("k-1", body.clone()).await.unwrap();
     assert_eq!(again.status(), 201);
     assert_eq!(again.headers().get("idempotent-replayed").unwrap(), "true");
+    assert_eq!(again.headers()["location"], location.as_str());
     assert_eq!(json(again).await, first);
 
     // Concurrent retries of a new key: one creates, the rest get its response.
@@ -944,6 +946,20 @@ async fn a_retried_create_with_the_same_idempotency_key_creates_one_watch() {
     )
     .await;
     assert_eq!(pointer(&p), "Idempotency-Key");
+    assert_eq!(db.count("SELECT count(*) FROM watches").await, 2);
+    assert_eq!(
+        first["id"].as_str().map(|id| format!("/v1/watches/{id}")),
+        Some(location.clone()),
+        "a create answers with the watch's Location"
+    );
+
+    // A retry after the watch was deleted does not answer with a watch that is not there (the
+    // contract fuzzer followed such a Location to a 404).
+    let gone = api.call(Method::DELETE, &location, Some(&token)).await;
+    assert_eq!(gone.status(), 204);
+    let p = problem(send("k-1", body.clone()).await.unwrap(), 409).await;
+    assert_eq!(p["type"], "/problems/idempotency-key-spent");
+    assert!(p["detail"].as_str().unwrap().contains("deleted"), "{p}");
     assert_eq!(db.count("SELECT count(*) FROM watches").await, 2);
     api.stop().await;
 }
