@@ -39,6 +39,8 @@ pub struct Claimed {
     pub attempt: i32,
     pub retry_count: i32,
     pub traceparent: Option<String>,
+    /// When it became due: how long it waited for this claim is what admission reads.
+    pub next_attempt_at: DateTime<Utc>,
 }
 
 impl Claimed {
@@ -95,7 +97,7 @@ pub const CLAIM: &str = concat!(
      FROM due WHERE o.id = due.id AND o.dedup_day = due.dedup_day
      RETURNING o.id, o.dedup_day, o.watch_id, o.device_id, o.status, o.trigger, ",
     tidings_store::snapshot_columns!(),
-    ", o.attempt, o.retry_count, o.traceparent"
+    ", o.attempt, o.retry_count, o.traceparent, o.next_attempt_at"
 );
 
 /// Run before [`CLAIM`] in the same transaction. The due index yields rows in claim order, so a

@@ -75,6 +75,12 @@ pub struct Config {
     pub sending_lease: Duration,
     #[arg(long, env = "TIDINGS_SWEEP_INTERVAL", default_value = "5s", value_parser = parse_duration)]
     pub sweep_interval: Duration,
+    /// Ingest stops taking new notifications while dispatch's oldest claimed row has been due
+    /// longer than this, and takes them again once it is below half (0s: never): offered more
+    /// than it can send, a dispatcher sends as much as it can, and the surplus waits in the
+    /// enqueue stream rather than taking the cores from dispatch and push.
+    #[arg(long, env = "TIDINGS_INGEST_ADMISSION_LAG", default_value = "1s", value_parser = parse_duration)]
+    pub admission_lag: Duration,
     /// Dispatch pauses while the push stream holds this many PushRequests (0: no limit), so a
     /// slow pusher leaves the backlog in the outbox, where rows are re-checked before sending.
     #[arg(long, env = "TIDINGS_PUSH_BACKLOG_LIMIT", default_value_t = 2000)]
@@ -157,6 +163,7 @@ pub struct Settings {
     pub sweep_interval: Duration,
     pub push_ttl: Duration,
     pub push_backlog_limit: u64,
+    pub admission_lag: Duration,
     pub db_pool: u32,
     pub retention: Retention,
 }
@@ -259,6 +266,7 @@ impl Config {
             sweep_interval: self.sweep_interval,
             push_ttl: self.push_ttl,
             push_backlog_limit: self.push_backlog_limit,
+            admission_lag: self.admission_lag,
             db_pool: self.db_pool,
             retention: self.retention,
         }

@@ -23,6 +23,7 @@ use tidings_runtime::telemetry;
 use tidings_source::HttpSource;
 use tokio_util::sync::CancellationToken;
 
+use crate::admission::Admission;
 use crate::claim;
 use crate::config::Settings;
 use crate::plan;
@@ -56,6 +57,7 @@ pub struct Dispatcher {
     js: jetstream::Context,
     source: Arc<HttpSource>,
     settings: Arc<Settings>,
+    admission: Option<Arc<Admission>>,
 }
 
 impl Dispatcher {
@@ -70,7 +72,14 @@ impl Dispatcher {
             js,
             source,
             settings,
+            admission: None,
         }
+    }
+
+    /// Tells `admission` after each claim how long its oldest row had been due.
+    pub fn with_admission(mut self, admission: Arc<Admission>) -> Self {
+        self.admission = Some(admission);
+        self
     }
 
     /// Claims and handles one batch of due rows.
@@ -115,6 +124,11 @@ impl Dispatcher {
         let rows = claim::claim(&self.pool, batch, s.claim_lease)
             .await
             .map_err(db("claiming due rows"))?;
+        if let Some(admission) = &self.admission {
+            let now = Utc::now();
+            let oldest = rows.iter().map(|r| r.next_attempt_at).min();
+            admission.observe(oldest.map(|at| (now - at).to_std().unwrap_or_default()));
+        }
         let mut stats = DispatchStats {
             claimed: rows.len(),
             ..DispatchStats::default()

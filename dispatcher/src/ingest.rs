@@ -52,6 +52,8 @@ pub enum IngestError {
 pub struct Ingest {
     stage: Stage,
     partitions: Partitions,
+    /// Closed while dispatch is behind ([`crate::admission`]).
+    gate: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl Ingest {
@@ -79,7 +81,14 @@ impl Ingest {
         Ok(Ingest {
             stage,
             partitions: Partitions::default(),
+            gate: None,
         })
+    }
+
+    /// Takes messages only while `gate` holds `true` (see [`crate::admission`]).
+    pub fn with_gate(mut self, gate: Option<tokio::sync::watch::Receiver<bool>>) -> Self {
+        self.gate = gate;
+        self
     }
 
     async fn watch_owners(
@@ -104,6 +113,10 @@ impl consume::Handler for Ingest {
 
     fn consumer(&self) -> &Consumer {
         &self.stage.consumer
+    }
+
+    fn gate(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
+        self.gate.clone()
     }
 
     /// Decodes, validates and inserts one batch, then acks it. On a database error the batch is

@@ -2,7 +2,8 @@
 //! replicas at once.
 //!
 //! - [`ingest`]: EnqueueRequests → outbox rows (batch insert, `ON CONFLICT DO NOTHING`, ack after
-//!   commit, undecodable messages dead-lettered).
+//!   commit, undecodable messages dead-lettered), paused by [`admission`] while dispatch is
+//!   behind.
 //! - [`dispatch`]: claim due rows ([`claim`]) → pre-guards and re-check ([`plan`], [`recheck`];
 //!   pure) → `sending` → PushRequest.
 //! - [`results`]: PushResults → `sent` (baseline advanced in the same transaction), `retry`,
@@ -14,6 +15,7 @@
 //! Every state change goes through `tidings_store::transition::apply`, a batch of
 //! compare-and-sets.
 
+pub mod admission;
 pub mod backlog;
 pub mod claim;
 mod config;
@@ -117,7 +119,11 @@ pub async fn run_with(
     ]);
     ensure_streams(&js, &settings.subjects, &settings.streams).await?;
     let source = Arc::new(HttpSource::new(settings.source.clone())?);
-    let ingest = ingest::Ingest::new(pool.clone(), js.clone(), settings.clone()).await?;
+    let admission = Arc::new(admission::Admission::new(settings.admission_lag));
+    tidings_runtime::metrics::metrics().ingest_admitted.set(1);
+    let ingest = ingest::Ingest::new(pool.clone(), js.clone(), settings.clone())
+        .await?
+        .with_gate(admission.gate());
     let results = results::Results::new(pool.clone(), js.clone(), settings.clone()).await?;
 
     let mut tasks = tokio::task::JoinSet::new();
@@ -144,7 +150,8 @@ pub async fn run_with(
     }
     for _ in 0..settings.dispatch_workers {
         let d =
-            dispatch::Dispatcher::new(pool.clone(), js.clone(), source.clone(), settings.clone());
+            dispatch::Dispatcher::new(pool.clone(), js.clone(), source.clone(), settings.clone())
+                .with_admission(admission.clone());
         let shutdown = shutdown.clone();
         tasks.spawn(async move { d.run(shutdown).await });
     }

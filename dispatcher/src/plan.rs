@@ -243,6 +243,7 @@ mod tests {
             attempt: 0,
             retry_count: 0,
             traceparent: None,
+            next_attempt_at: at,
         }
     }
 

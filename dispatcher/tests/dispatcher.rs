@@ -1047,3 +1047,59 @@ async fn a_full_push_stream_pauses_dispatch_and_the_backlog_waits_in_the_outbox(
     assert_eq!(s.take_pushes(&consumer, WAIT).await.len(), 4);
     s.cleanup().await;
 }
+
+/// Admission: a claim whose oldest row had waited past the bound closes ingest's gate, and
+/// while it is closed the running ingest loop takes nothing; the requests wait in the enqueue
+/// stream and are ingested, all of them, once dispatch has caught up.
+#[tokio::test]
+async fn ingest_waits_while_dispatch_is_behind_and_loses_nothing() {
+    use tidings_dispatcher::admission::Admission;
+    let s = Scenario::new().await;
+    let admission = std::sync::Arc::new(Admission::new(Duration::from_millis(500)));
+    let dispatcher = s.dispatcher().with_admission(admission.clone());
+
+    // A row due for 5 s: dispatch is behind.
+    let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
+    s.ingested(&w, 1100).await;
+    sqlx::query("UPDATE outbox SET next_attempt_at = now() - interval '5 seconds'")
+        .execute(&s.db.pool)
+        .await
+        .unwrap();
+    dispatcher.dispatch_once().await.unwrap();
+    assert!(
+        !admission.is_open(),
+        "a 5 s wait past a 0.5 s bound closes ingest"
+    );
+
+    let ingest = s.ingest().await.with_gate(admission.gate());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(ingest.run(stop.clone()));
+    let mut others = Vec::new();
+    for i in 0..20 {
+        others.push(s.watcher(&format!("SKU-N{i}"), BELOW_1200, 1100).await);
+    }
+    for w in &others {
+        let req = s.detection(w, 1100, Utc::now());
+        s.publish_enqueue(&req, &req.dedup_key().to_string()).await;
+    }
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(
+        s.db.count("SELECT count(*) FROM outbox").await,
+        1,
+        "nothing is ingested while the gate is closed"
+    );
+
+    // A claim that finds nothing due: caught up, the gate opens and every request comes in.
+    dispatcher.dispatch_once().await.unwrap();
+    assert!(admission.is_open());
+    let started = Instant::now();
+    while s.db.count("SELECT count(*) FROM outbox").await < 21 {
+        tidings_tests::harness::poll_wait(started, 10, || {
+            "the held requests were not ingested".into()
+        })
+        .await;
+    }
+    stop.cancel();
+    running.await.unwrap().unwrap();
+    s.cleanup().await;
+}

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tidings_domain::messages::{Message, decode};
 use tidings_domain::subjects::{StreamKind, Subjects};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 /// Delay before a batch that failed to commit (e.g. Postgres unavailable) is redelivered.
@@ -125,6 +126,13 @@ pub trait Handler: Send + Sync + Sized + 'static {
         messages: Vec<jetstream::Message>,
     ) -> impl Future<Output = Result<Self::Done, Self::Error>> + Send;
 
+    /// A gate the loop waits on before it takes more messages: while it holds `false` nothing
+    /// new is taken, and JetStream keeps the rest (e.g. ingest while dispatch is behind).
+    /// `None` (the default): always open.
+    fn gate(&self) -> Option<watch::Receiver<bool>> {
+        None
+    }
+
     /// Handles whatever is available now (waiting at most `wait` for it) as one batch.
     fn run_once(&self, wait: Duration) -> impl Future<Output = Result<Self::Done, Self::Error>> {
         async move {
@@ -205,7 +213,8 @@ impl Consumer {
             async move { handler.handle(messages).await }
         };
         let purger = self.purger.as_ref();
-        run(&self.pull, purger, self.shape, shutdown, handle).await
+        let gate = handler.gate();
+        run(&self.pull, purger, self.shape, gate, shutdown, handle).await
     }
 }
 
@@ -355,6 +364,7 @@ async fn run<F, Fut, T, E>(
     consumer: &PullConsumer,
     purger: Option<&Purger>,
     shape: Shape,
+    mut gate: Option<watch::Receiver<bool>>,
     shutdown: CancellationToken,
     mut handle: F,
 ) -> Result<(), ConsumerError>
@@ -392,15 +402,22 @@ where
     };
     tokio::pin!(purging);
     loop {
+        let open = gate.as_ref().is_none_or(|g| *g.borrow());
         tokio::select! {
             _ = shutdown.cancelled() => break,
             () = &mut purging => {}
+            changed = opened(gate.as_mut()), if !open => {
+                // A gate whose sender is gone can never open again: run without it.
+                if changed.is_err() {
+                    gate = None;
+                }
+            }
             Some(joined) = in_flight.join_next(), if !in_flight.is_empty() => {
                 if let Err(e) = joined {
                     tracing::error!(consumer = %name, error = %e, "batch handler panicked; its messages will be redelivered");
                 }
             }
-            next = chunks.next(), if in_flight.len() < shape.concurrency.max(1) => {
+            next = chunks.next(), if open && in_flight.len() < shape.concurrency.max(1) => {
                 let Some(mut chunk) = next else {
                     result = Err(err("message stream ended".into()));
                     break;
@@ -440,6 +457,14 @@ where
     drop(pulled);
     while in_flight.join_next().await.is_some() {}
     result
+}
+
+/// Until `gate` changes (never without one).
+async fn opened(gate: Option<&mut watch::Receiver<bool>>) -> Result<(), watch::error::RecvError> {
+    match gate {
+        Some(g) => g.changed().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// One batch of whatever is available now (waiting at most `wait`), for step-by-step tests and

@@ -33,6 +33,30 @@ pub struct StreamSettings {
     /// How long the delivery log remembers a delivered row (`crate::delivered`): the window in
     /// which a redelivered or retried push is recognised and not sent again.
     pub delivery_log_ttl: Duration,
+    /// Where the push and result streams keep their messages (see [`PushStorage`]).
+    pub push_storage: PushStorage,
+}
+
+/// Where the push and result streams keep their messages. Nothing rests on them (docs/design.md):
+/// a push or result they lose, in a crash or a restart, is recovered by the dispatcher's lease
+/// sweeper within a lease, so they may live in memory, which costs nats-server less than file
+/// storage (docs/benchmarks.md); with three replicas a memory stream survives a node's loss. The
+/// enqueue stream stays on file whatever this says: a lost enqueue is found again only by the
+/// detector's re-publish (`TIDINGS_REPUBLISH_AFTER`, minutes), and the dead letters are the
+/// operator's evidence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PushStorage {
+    File,
+    Memory,
+}
+
+impl PushStorage {
+    fn of(self) -> stream::StorageType {
+        match self {
+            PushStorage::File => stream::StorageType::File,
+            PushStorage::Memory => stream::StorageType::Memory,
+        }
+    }
 }
 
 /// What the flags give when none is set.
@@ -78,7 +102,10 @@ pub fn stream_config(subjects: &Subjects, kind: StreamKind, s: &StreamSettings) 
                 stream::RetentionPolicy::Limits
             }
         },
-        storage: stream::StorageType::File,
+        storage: match kind {
+            StreamKind::Push | StreamKind::Result => s.push_storage.of(),
+            StreamKind::Enqueue | StreamKind::Dlq => stream::StorageType::File,
+        },
         num_replicas: s.replicas,
         duplicate_window: s.duplicate_window,
         max_age: if work { s.max_age } else { s.dlq_max_age },
@@ -137,6 +164,10 @@ pub struct NatsArgs {
     /// dedup. nats-server holds ~300 bytes per key for this long (docs/scaling.md).
     #[arg(long, env = "TIDINGS_DUPLICATE_WINDOW", default_value = "15m", value_parser = parse_duration)]
     pub duplicate_window: Duration,
+    /// Storage of the push and result streams, `file` or `memory` (every service reads the
+    /// same setting; a stream keeps the storage it was made with, see docs/operations.md).
+    #[arg(long, env = "TIDINGS_PUSH_STORAGE", value_enum, default_value = "file")]
+    pub push_storage: PushStorage,
 }
 
 impl NatsArgs {
@@ -159,6 +190,7 @@ impl NatsArgs {
             max_age: Duration::from_secs(7 * 24 * 60 * 60),
             dlq_max_age: Duration::from_secs(14 * 24 * 60 * 60),
             delivery_log_ttl: self.delivery_log_ttl,
+            push_storage: self.push_storage,
         }
     }
 }

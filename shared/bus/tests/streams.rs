@@ -144,3 +144,43 @@ async fn pipelined_publishing_never_waits_on_itself() {
     assert_eq!(stream_len(&js, &subjects, StreamKind::Push).await, 200);
     delete_streams(&js, &subjects).await;
 }
+
+/// `TIDINGS_PUSH_STORAGE=memory` puts the push and result streams in memory, whose loss the lease
+/// sweeper recovers; the enqueue stream and the dead letters stay on file whatever it says.
+#[tokio::test]
+async fn push_storage_moves_only_the_push_and_result_streams() {
+    use async_nats::jetstream::stream::StorageType;
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        nats: tidings_bus::NatsArgs,
+    }
+    let flags = Flags::try_parse_from(["test", "--push-storage", "memory"]).unwrap();
+    let settings = flags.nats.streams();
+    let js = jetstream::new(nats().await.unwrap());
+    let subjects = test_subjects();
+    ensure_streams(&js, &subjects, &settings).await.unwrap();
+    for (kind, want) in [
+        (StreamKind::Push, StorageType::Memory),
+        (StreamKind::Result, StorageType::Memory),
+        (StreamKind::Enqueue, StorageType::File),
+        (StreamKind::Dlq, StorageType::File),
+    ] {
+        let got = js
+            .get_stream(subjects.stream(kind))
+            .await
+            .unwrap()
+            .cached_info()
+            .config
+            .storage;
+        assert_eq!(got, want, "{kind:?}");
+    }
+    // The default is file for every stream.
+    let default = Flags::try_parse_from(["test"]).unwrap().nats.streams();
+    assert_eq!(
+        default.push_storage,
+        tidings_bus::streams::PushStorage::File
+    );
+    delete_streams(&js, &subjects).await;
+}

@@ -88,6 +88,7 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
         &["dispatcher"],
     ),
     ("tidings_ingested", "counter", &["dispatcher"]),
+    ("tidings_ingest_admitted", "gauge", &["dispatcher"]),
     (
         "tidings_dead_lettered",
         "counter",
@@ -245,6 +246,8 @@ pub struct Metrics {
     /// How long the oldest `sending` row has been past its lease (0: none is).
     pub lease_overdue_seconds: Gauge<f64, AtomicU64>,
     pub ingested: Family<ResultLabels, Counter>,
+    /// 1 while ingest takes new notifications, 0 while dispatch is behind and it holds them.
+    pub ingest_admitted: Gauge,
     pub dead_lettered: Family<KindLabels, Counter>,
     pub source_errors: Family<KindLabels, Counter>,
     pub pushes: Family<PushLabels, Counter>,
@@ -304,6 +307,7 @@ impl Metrics {
             oldest_due_seconds: Gauge::default(),
             lease_overdue_seconds: Gauge::default(),
             ingested: Family::default(),
+            ingest_admitted: Gauge::default(),
             dead_lettered: Family::default(),
             source_errors: Family::default(),
             pushes: Family::default(),
@@ -355,6 +359,14 @@ impl Metrics {
             "tidings_outbox_oldest_due_seconds",
             "Age of the oldest due outbox row",
             m.oldest_due_seconds.clone(),
+        );
+        register(
+            &mut registry,
+            "tidings_ingest_admitted",
+            "1 while ingest takes new notifications; 0 while dispatch is behind (its oldest \
+             claimed row was due longer than TIDINGS_INGEST_ADMISSION_LAG) and they wait in the \
+             enqueue stream",
+            m.ingest_admitted.clone(),
         );
         register(
             &mut registry,
