@@ -330,6 +330,20 @@ impl Drop for TestDb {
 }
 
 /// A unique subject and stream prefix for one test.
+/// The streams' settings for a test: the defaults, but for `TIDINGS_PUSH_STORAGE` when the
+/// environment sets it, as it does for the services a test starts (so a whole run, or a
+/// benchmark, can be made with the push and result streams in memory).
+pub fn stream_settings() -> tidings_bus::streams::StreamSettings {
+    use tidings_bus::streams::PushStorage;
+    let mut settings = tidings_bus::streams::StreamSettings::default();
+    match std::env::var("TIDINGS_PUSH_STORAGE").as_deref() {
+        Ok("memory") => settings.push_storage = PushStorage::Memory,
+        Ok("file") => settings.push_storage = PushStorage::File,
+        _ => {}
+    }
+    settings
+}
+
 pub fn test_subjects() -> Subjects {
     let id = Uuid::new_v4().simple().to_string();
     Subjects::new(&format!("t{}", &id[..16])).unwrap_or_else(|e| unreachable!("{e}"))

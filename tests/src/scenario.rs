@@ -11,7 +11,7 @@ use std::time::Duration;
 use tidings_bus::consume::Handler as _;
 use tidings_bus::delivered::DeliveryLog;
 use tidings_bus::publish::Outgoing;
-use tidings_bus::streams::{StreamSettings, ensure_streams};
+use tidings_bus::streams::ensure_streams;
 use tidings_dispatcher::Settings;
 use tidings_dispatcher::dispatch::Dispatcher;
 use tidings_dispatcher::ingest::Ingest;
@@ -90,13 +90,15 @@ impl Scenario {
         let db = TestDb::new().await.expect("test database");
         let js = jetstream::new(harness::nats().await.expect("NATS"));
         let subjects = harness::test_subjects();
-        ensure_streams(&js, &subjects, &StreamSettings::default())
+        let streams = harness::stream_settings();
+        ensure_streams(&js, &subjects, &streams)
             .await
             .expect("streams");
         let catalog = FakeCatalog::start().await.expect("fake catalog");
         let mut source = catalog.source_config(true);
         source.timeout = Duration::from_millis(500);
         let mut settings = Settings::new(subjects.clone(), source);
+        settings.streams = streams;
         settings.claim_lease = Duration::from_secs(1);
         settings.push_deadline = Duration::from_secs(1);
         settings.push_http_timeout = Duration::from_millis(500);
