@@ -29,9 +29,11 @@ pub struct ListOutbox {
     pub reason: Option<String>,
     pub device_id: Option<Uuid>,
     pub watch_id: Option<Uuid>,
-    /// The watched item's code.
+    /// The watched item's code (no NUL: Postgres text cannot hold one).
+    #[param(pattern = r"^[^\u0000]*$")]
     pub item: Option<String>,
-    /// Rows with an attempt through this push service host.
+    /// Rows with an attempt through this push service host (no NUL).
+    #[param(pattern = r"^[^\u0000]*$")]
     pub push_host: Option<String>,
     /// Rows whose last push answer had this HTTP status.
     #[param(minimum = 0, maximum = 65535)]
