@@ -11,35 +11,33 @@
 
 const ICON = new URL('icon.svg', self.registration.scope).href;
 
-function devices() {
+// The store tidings.js writes: one record per api, keyed by its origin.
+function openStore() {
   return new Promise((resolve, reject) => {
     const open = indexedDB.open('tidings', 1);
     open.onupgradeneeded = () => open.result.createObjectStore('devices', { keyPath: 'api' });
+    open.onsuccess = () => resolve(open.result);
     open.onerror = () => reject(open.error);
-    open.onsuccess = () => {
-      const db = open.result;
-      const all = db.transaction('devices', 'readonly').objectStore('devices').getAll();
-      all.onsuccess = () => {
-        db.close();
-        resolve(all.result);
-      };
-      all.onerror = () => reject(all.error);
-    };
   });
 }
 
-function remember(device) {
-  return new Promise((resolve, reject) => {
-    const open = indexedDB.open('tidings', 1);
-    open.onerror = () => reject(open.error);
-    open.onsuccess = () => {
-      const tx = open.result.transaction('devices', 'readwrite');
-      tx.objectStore('devices').put(device);
-      tx.oncomplete = () => resolve();
+// Runs `op` on the devices store in one transaction; resolves with its request's result.
+async function stored(mode, op) {
+  const db = await openStore();
+  try {
+    return await new Promise((resolve, reject) => {
+      const tx = db.transaction('devices', mode);
+      const request = op(tx.objectStore('devices'));
+      tx.oncomplete = () => resolve(request.result);
       tx.onerror = () => reject(tx.error);
-    };
-  });
+    });
+  } finally {
+    db.close();
+  }
 }
+
+const devices = () => stored('readonly', (store) => store.getAll());
+const remember = (device) => stored('readwrite', (store) => store.put(device));
 
 function readPayload(data) {
   if (!data) return { title: 'Tidings', body: '' };
