@@ -1,6 +1,7 @@
 //! Results: apply each PushResult to its row, as a compare-and-set on (id, `sending`, attempt).
 //!
-//! One batch is one transaction: the rows are locked (in id order, so concurrent result
+//! A message carries one result or a batch of them (`PushResults`, what the pusher sends). Up to
+//! 1,000 results are one transaction: the rows are locked (in id order, so concurrent result
 //! consumers cannot deadlock), transitions computed by the shared state machine, written with
 //! compare-and-set, and — for rows that became `sent` — the baseline advanced to the value that
 //! was sent, in the same transaction. A duplicate or stale result (wrong attempt, row already
@@ -19,7 +20,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tidings_bus::consume::{self, Consumer, ConsumerError, Durable, Shape};
-use tidings_domain::messages::{Outcome, PushResult};
+use tidings_domain::messages::{Outcome, PushResult, decode_results};
 use tidings_domain::outbox::{self, Event, Row, Status};
 use tidings_domain::push;
 use tidings_domain::subjects::StreamKind;
@@ -85,8 +86,9 @@ impl Results {
             filter: None,
             max_ack_pending: 20_000,
             ack_wait: settings.result_ack_wait,
-            // 1,000 results a batch: one transaction locks, updates and advances baselines for
-            // all of them.
+            // 1,000 messages a batch; their results are applied 1,000 to a transaction
+            // (`RESULTS_PER_TRANSACTION`), which locks, updates and advances baselines for all
+            // of them.
             shape: Shape::batches(1000, settings.consumer_concurrency),
         };
         let stage = Stage::new(pool, js, settings, durable).await?;
@@ -113,13 +115,23 @@ impl consume::Handler for Results {
 
     async fn handle(&self, messages: Vec<jetstream::Message>) -> Result<ResultStats, ResultsError> {
         let total = messages.len();
-        let decoded = consume::decode_batch::<PushResult>(
-            &self.stage.js,
-            &self.stage.settings.subjects,
-            StreamKind::Result,
-            messages,
-        )
-        .await;
+        let (js, subjects) = (&self.stage.js, &self.stage.settings.subjects);
+        // Each message's results, and for each result the index of the message it came in.
+        let mut decoded = Vec::with_capacity(total);
+        let mut results: Vec<(usize, PushResult)> = Vec::with_capacity(total);
+        for msg in messages {
+            let got = consume::decode_with_or_dead_letter(
+                js,
+                subjects,
+                StreamKind::Result,
+                &msg,
+                decode_results,
+            );
+            if let Some(rs) = got.await {
+                results.extend(rs.into_iter().map(|r| (decoded.len(), r)));
+                decoded.push(msg);
+            }
+        }
         let mut stats = ResultStats {
             dead_lettered: total - decoded.len(),
             ..ResultStats::default()
@@ -127,34 +139,30 @@ impl consume::Handler for Results {
         if decoded.is_empty() {
             return Ok(stats);
         }
-        let results: Vec<&PushResult> = decoded.iter().map(|(_, r)| r).collect();
         // The last span of a notification's trace: a child of the push that produced the result.
         let spans: Vec<tracing::Span> = if telemetry::exporting() {
-            decoded
+            results
                 .iter()
-                .map(|(msg, r)| {
-                    let span = tracing::info_span!(
-                        "result",
-                        otel.kind = "consumer",
-                        messaging.system = "nats",
-                        messaging.operation.type = "process",
-                        messaging.destination.name = msg.subject.as_str(),
-                        messaging.message.id = consume::message_id(msg),
-                        outbox_id = %r.outbox_id,
-                        // i64: tracing-opentelemetry exports unsigned fields as strings.
-                        attempt = i64::from(r.attempt),
-                        outcome = r.outcome.as_str(),
-                        http.response.status_code = r.http_status.map(i64::from),
-                    );
-                    let incoming = msg.headers.as_ref().and_then(|h| h.get("traceparent"));
-                    telemetry::set_parent(&span, incoming.map(|v| v.as_str()));
-                    span
-                })
+                .map(|(i, r)| result_span(&decoded[*i], r))
                 .collect()
         } else {
             Vec::new()
         };
-        let applied = self.apply(&results).await;
+        let results: Vec<&PushResult> = results.iter().map(|(_, r)| r).collect();
+        let mut applied = Ok(0);
+        // A message carries up to `MAX_RESULTS_PER_MESSAGE` results, so a pull's worth can be
+        // many times a batch: one transaction per batch of results keeps each one short. A
+        // later batch's failure naks every message, and the redelivery finds the earlier
+        // batches' rows already moved: their results change nothing the second time.
+        for chunk in results.chunks(RESULTS_PER_TRANSACTION) {
+            match self.apply(chunk).await {
+                Ok(n) => applied = applied.map(|total| total + n),
+                Err(e) => {
+                    applied = Err(e);
+                    break;
+                }
+            }
+        }
         if let Err(e) = &applied {
             telemetry::fail_all(&spans, &format!("applying push results failed: {e}"));
         }
@@ -163,11 +171,11 @@ impl consume::Handler for Results {
             Ok(applied) => {
                 stats.applied = applied;
                 stats.ignored = results.len() - applied;
-                consume::ack_all(decoded.iter().map(|(m, _)| m)).await;
+                consume::ack_all(&decoded).await;
                 Ok(stats)
             }
             Err(source) => {
-                consume::nak_all(decoded.iter().map(|(m, _)| m)).await;
+                consume::nak_all(&decoded).await;
                 Err(ResultsError::Db {
                     count: results.len(),
                     source,
@@ -175,6 +183,31 @@ impl consume::Handler for Results {
             }
         }
     }
+}
+
+/// Results applied in one transaction.
+const RESULTS_PER_TRANSACTION: usize = 1000;
+
+/// The span of one result, a child of its push: the trace context is the result's own in a
+/// batch, its message's header when it came alone.
+fn result_span(msg: &jetstream::Message, r: &PushResult) -> tracing::Span {
+    let span = tracing::info_span!(
+        "result",
+        otel.kind = "consumer",
+        messaging.system = "nats",
+        messaging.operation.type = "process",
+        messaging.destination.name = msg.subject.as_str(),
+        messaging.message.id = consume::message_id(msg),
+        outbox_id = %r.outbox_id,
+        // i64: tracing-opentelemetry exports unsigned fields as strings.
+        attempt = i64::from(r.attempt),
+        outcome = r.outcome.as_str(),
+        http.response.status_code = r.http_status.map(i64::from),
+    );
+    let header = msg.headers.as_ref().and_then(|h| h.get("traceparent"));
+    let parent = r.traceparent.as_deref().or(header.map(|v| v.as_str()));
+    telemetry::set_parent(&span, parent);
+    span
 }
 
 /// What [`apply_in`] changed; [`Applied::record`] counts it in the metrics once committed.

@@ -13,7 +13,7 @@ use tidings_bus::consume::Handler as _;
 use tidings_bus::delivered::{Delivery, DeliveryLog};
 use tidings_dispatcher::ingest::IngestStats;
 use tidings_dispatcher::{backlog, sweeper};
-use tidings_domain::messages::{Outcome, decode};
+use tidings_domain::messages::{Outcome, PushResult, decode};
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
 use tidings_tests::api::{ADMIN_TOKEN, ApiServer, test_settings};
@@ -361,6 +361,51 @@ async fn results_are_applied_once_and_move_the_baseline_only_on_sent() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(s.stream_len(StreamKind::Result).await, 0);
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn results_batched_in_one_message_are_applied_and_a_bad_batch_is_dead_lettered() {
+    let s = Scenario::new().await;
+    let mut watchers = Vec::new();
+    for item in ["SKU-1", "SKU-2", "SKU-3"] {
+        let w = s.watcher(item, BELOW_1200, 1100).await;
+        s.ingested(&w, 1100).await;
+        watchers.push(w);
+    }
+    assert_eq!(s.dispatcher().dispatch_once().await.unwrap().published, 3);
+    let pushes = s.take_pushes(&s.push_consumer().await, WAIT).await;
+    assert_eq!(pushes.len(), 3);
+
+    let mut batch: Vec<PushResult> = pushes
+        .iter()
+        .map(|p| s.result(p, Outcome::Delivered, Some(201)))
+        .collect();
+    // One result twice in its batch (a redelivered request's, reported again).
+    batch.push(batch[0].clone());
+    s.publish_results(&batch).await;
+    // Two that cannot be used: an empty batch, and one with a result of an unknown version.
+    s.publish_results(&[]).await;
+    let mut newer = batch[1].clone();
+    newer.v = 2;
+    s.publish_results(&[batch[1].clone(), newer]).await;
+
+    let stats = s.results().await.run_once(WAIT).await.unwrap();
+    assert_eq!(
+        (stats.applied, stats.ignored, stats.dead_lettered),
+        (3, 1, 2),
+        "{stats:?}"
+    );
+    for p in &pushes {
+        assert_eq!(s.row(p.outbox_id).await.status, "sent");
+    }
+    for w in &watchers {
+        assert_eq!(s.baseline_price(w.watch).await, Some(1100));
+    }
+    let dlq = s.subjects.stream(StreamKind::Dlq);
+    let mut dead = s.js.get_stream(&dlq).await.unwrap();
+    let kept = dead.info().await.unwrap().state.messages;
+    assert_eq!(kept, 2, "both bad batches kept in the DLQ");
     s.cleanup().await;
 }
 

@@ -2,7 +2,8 @@
 //! (RFC 8292) HTTPS POSTs to push services → PushResults back to the dispatcher. It has no
 //! database: a PushRequest carries everything needed to deliver it.
 //!
-//! - [`worker`]: the consume loop, result publishing, redelivery safety.
+//! - [`worker`]: the consume loop, redelivery safety.
+//! - [`report`]: results back to the dispatcher, batched.
 //! - [`deliver`]: one delivery: deadline, endpoint guard, encryption, VAPID, HTTP.
 //! - [`config`]: configuration and validated settings.
 //!
@@ -12,6 +13,7 @@
 
 pub mod config;
 mod deliver;
+pub mod report;
 pub mod worker;
 
 pub use config::{Config, Settings};

@@ -1,6 +1,7 @@
 //! The pusher's consume loop: PushRequests from a durable JetStream consumer, delivered with up
-//! to `concurrency` in flight; for each, a PushResult is published (and stored by JetStream)
-//! before the request is acked, so a crash in between means a redelivery, never a lost result.
+//! to `concurrency` in flight; for each, a PushResult is published (and stored by JetStream, in a
+//! batch with others: [`crate::report`]) before the request is acked, so a crash in between means
+//! a redelivery, never a lost result.
 //!
 //! Redelivery safety: a delivered row is recorded in the delivery log
 //! ([`tidings_bus::delivered`]) before its result is published. A redelivered request
@@ -20,13 +21,14 @@ use tidings_bus::consume::{self, Consumer, ConsumerError, Durable, Shape};
 use tidings_bus::delivered::{Delivery, DeliveryLog, DeliveryLogError};
 use tidings_bus::streams::ensure_streams;
 use tidings_domain::Channel;
-use tidings_domain::messages::{Outcome, PushRequest, PushResult, encode};
+use tidings_domain::messages::{Outcome, PushRequest, PushResult};
 use tidings_domain::subjects::StreamKind;
 use tidings_runtime::metrics::{PushLabels, StatusLabels, metrics, status_class};
 use tidings_runtime::telemetry;
 
 use crate::config::Settings;
 use crate::deliver::Deliverer;
+use crate::report::Reporter;
 
 pub const CONSUMER: &str = tidings_bus::streams::consumer_of(StreamKind::Push);
 
@@ -58,6 +60,7 @@ struct Inner {
     settings: Settings,
     deliverer: Deliverer,
     delivered: DeliveryLog,
+    reporter: Reporter,
 }
 
 #[derive(Clone)]
@@ -94,8 +97,15 @@ impl Pusher {
         };
         let consumer = Arc::new(Consumer::durable(&js, &settings.subjects, durable).await?);
         let deliverer = Deliverer::new(&settings)?;
+        let reporter = Reporter::start(
+            js.clone(),
+            settings
+                .subjects
+                .subject(StreamKind::Result, Channel::WebPush),
+        );
         Ok(Pusher {
             inner: Arc::new(Inner {
+                reporter,
                 js,
                 settings,
                 deliverer,
@@ -235,24 +245,8 @@ impl Pusher {
             );
         }
         record_metrics(&result, host, &handled, telemetry::trace_id(&span));
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert("Nats-Msg-Id", result.msg_id().as_str());
-        if let Some(tp) = telemetry::forward(&span, incoming.as_deref()) {
-            headers.insert("traceparent", tp.as_str());
-        }
-        let subject = inner
-            .settings
-            .subjects
-            .subject(StreamKind::Result, Channel::WebPush);
-        let published = match inner
-            .js
-            .publish_with_headers(subject, headers, encode(&result).into())
-            .await
-        {
-            Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        if let Err(e) = published {
+        result.traceparent = telemetry::forward(&span, incoming.as_deref());
+        if let Err(e) = inner.reporter.report(result).await {
             metrics().failed("publish_result");
             tracing::error!(outbox_id = %req.outbox_id, attempt = req.attempt, error = %e, "could not publish PushResult; request will be redelivered");
             return Handled::Retried;

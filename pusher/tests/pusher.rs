@@ -12,11 +12,12 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 use tidings_bus::consume::{self, Handler as _};
 use tidings_bus::streams::{StreamSettings, ensure_streams};
-use tidings_domain::OutboxId;
-use tidings_domain::messages::{Outcome, PushRequest, PushResult, Subscription, decode};
+use tidings_domain::messages::{Outcome, PushRequest, PushResult, Subscription, decode_results};
 use tidings_domain::outbox::FailReason;
 use tidings_domain::subjects::{StreamKind, Subjects};
+use tidings_domain::{Channel, OutboxId};
 use tidings_pusher::Settings;
+use tidings_pusher::report::{BATCH, ReportError, Reporter};
 use tidings_pusher::worker::{Handled, Pusher};
 use tidings_tests::fake_push::{Answer, FakePushService, pusher_settings};
 use tidings_tests::fixtures;
@@ -106,7 +107,7 @@ impl World {
             .unwrap();
         while let Some(Ok(m)) = batch.next().await {
             m.ack().await.unwrap();
-            out.push(decode(&m.payload).unwrap());
+            out.extend(decode_results(&m.payload).unwrap());
         }
         out
     }
@@ -328,13 +329,19 @@ async fn a_redelivered_request_that_was_delivered_is_not_sent_again() {
         "the push service saw it once"
     );
     assert_eq!(w.push.hits(), 1);
+    // Both handlings reported (results travel in batches, which carry no per-result message id
+    // for JetStream to drop a repeat by), and they say the same: the dispatcher's
+    // compare-and-set applies the first and ignores the second.
     let results = w.results().await;
-    assert_eq!(
-        results.len(),
-        1,
-        "JetStream drops the repeated result by its message id"
-    );
-    assert_eq!(results[0].outcome, Outcome::Delivered);
+    assert_eq!(results.len(), 2, "{results:?}");
+    for r in &results {
+        assert_eq!(
+            (r.outbox_id, r.attempt, r.outcome),
+            (req.outbox_id, req.attempt, Outcome::Delivered)
+        );
+        assert_eq!(r.message_id, results[0].message_id);
+        assert!(r.message_id.is_some());
+    }
     w.cleanup().await;
 }
 
@@ -387,6 +394,59 @@ async fn a_pusher_killed_mid_batch_leaves_every_request_with_exactly_one_result(
         delivered_topics.len(),
         requests.len(),
         "nothing lost at the push service"
+    );
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn results_reported_together_share_messages_of_at_most_a_batch() {
+    let w = World::new().await;
+    let subject = w.subjects.subject(StreamKind::Result, Channel::WebPush);
+    let reporter = Reporter::start(w.js.clone(), subject);
+    let sent: Vec<PushResult> = (0..BATCH * 2 + 50)
+        .map(|i| PushResult {
+            http_status: Some(201),
+            ..PushResult::new(OutboxId::new(), 1 + (i % 2) as u32, Outcome::Delivered)
+        })
+        .collect();
+    let reported = futures::future::join_all(sent.iter().map(|r| reporter.report(r.clone()))).await;
+    assert!(reported.iter().all(Result::is_ok), "{reported:?}");
+
+    let mut sizes = Vec::new();
+    let mut got = Vec::new();
+    let mut batch = w
+        .results
+        .fetch()
+        .max_messages(1000)
+        .expires(WAIT)
+        .messages()
+        .await
+        .unwrap();
+    while let Some(Ok(m)) = batch.next().await {
+        let results = decode_results(&m.payload).unwrap();
+        sizes.push(results.len());
+        got.extend(results);
+    }
+    sizes.sort_unstable();
+    assert_eq!(sizes, [50, BATCH, BATCH], "all at once: full batches");
+    got.sort_by_key(|r| r.outbox_id);
+    let mut want = sent.clone();
+    want.sort_by_key(|r| r.outbox_id);
+    assert_eq!(got, want, "each result once, as reported");
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_result_that_cannot_be_stored_is_an_error_for_its_handler() {
+    let w = World::new().await;
+    // No stream takes this subject: JetStream has no one to store it.
+    let reporter = Reporter::start(w.js.clone(), format!("{}.nowhere", w.subjects.prefix()));
+    let failed = reporter
+        .report(PushResult::new(OutboxId::new(), 1, Outcome::Delivered))
+        .await;
+    assert!(
+        matches!(failed, Err(ReportError::Publish { count: 1, .. })),
+        "{failed:?}"
     );
     w.cleanup().await;
 }

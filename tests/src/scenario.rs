@@ -18,7 +18,7 @@ use tidings_dispatcher::ingest::Ingest;
 use tidings_dispatcher::results::Results;
 use tidings_dispatcher::sweeper::{self, SweepStats};
 use tidings_domain::messages::{
-    EnqueueRequest, Outcome, PushRequest, PushResult, Subscription, decode, encode,
+    EnqueueRequest, Outcome, PushRequest, PushResult, PushResults, Subscription, decode, encode,
 };
 use tidings_domain::subjects::{StreamKind, Subjects};
 use tidings_domain::trigger::Trigger;
@@ -380,6 +380,25 @@ impl Scenario {
             .expect("publish result")
             .await
             .expect("result ack");
+    }
+
+    /// Several results in one message, as the pusher reports them.
+    pub async fn publish_results(&self, results: &[PushResult]) {
+        self.publish_raw_result(encode(&PushResults::new(results.to_vec())))
+            .await;
+    }
+
+    /// Any body on the result stream (a malformed batch, say).
+    pub async fn publish_raw_result(&self, body: Vec<u8>) {
+        self.js
+            .publish(
+                self.subjects.subject(StreamKind::Result, Channel::WebPush),
+                body.into(),
+            )
+            .await
+            .expect("publish results")
+            .await
+            .expect("results ack");
     }
 
     pub async fn rows(&self, watch: WatchId) -> Vec<OutboxRow> {

@@ -17,7 +17,7 @@ use futures::StreamExt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use tidings_domain::messages::{Message, decode};
+use tidings_domain::messages::{DecodeError, Message, decode};
 use tidings_domain::subjects::{StreamKind, Subjects};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -274,7 +274,19 @@ pub async fn decode_or_dead_letter<M: Message>(
     kind: StreamKind,
     msg: &jetstream::Message,
 ) -> Option<M> {
-    match decode::<M>(&msg.payload) {
+    decode_with_or_dead_letter(js, subjects, kind, msg, decode::<M>).await
+}
+
+/// [`decode_or_dead_letter`] with a decoder of its own, for a stream whose messages come in more
+/// than one shape (the result stream's batches and single results).
+pub async fn decode_with_or_dead_letter<T>(
+    js: &jetstream::Context,
+    subjects: &Subjects,
+    kind: StreamKind,
+    msg: &jetstream::Message,
+    decoder: impl FnOnce(&[u8]) -> Result<T, DecodeError>,
+) -> Option<T> {
+    match decoder(&msg.payload) {
         Ok(m) => Some(m),
         Err(e) => {
             tracing::warn!(subject = %msg.subject, error = %e, "dead-lettering undecodable message");

@@ -266,6 +266,10 @@ pub struct PushResult {
     /// The push service's host, when the endpoint passed the guard.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub push_host: Option<String>,
+    /// The W3C trace context of the push span, in a [`PushResults`] batch (whose one header
+    /// cannot carry every result's). A result alone carries it as its message's header.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 impl PushResult {
@@ -287,18 +291,71 @@ impl PushResult {
             dedup_day: None,
             started_at: None,
             push_host: None,
+            traceparent: None,
         }
-    }
-
-    /// `Nats-Msg-Id`: a redelivered request yields the same result id, which JetStream drops.
-    pub fn msg_id(&self) -> String {
-        format!("{}:{}:result", self.outbox_id, self.attempt)
     }
 }
 
 impl Message for PushResult {
     fn version(&self) -> u32 {
         self.v
+    }
+}
+
+/// Pusher → dispatcher: several results in one message, so a message's cost in JetStream (store,
+/// deliver, ack) is paid once per batch rather than once per push.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PushResults {
+    pub v: u32,
+    pub results: Vec<PushResult>,
+}
+
+/// The most results one [`PushResults`] may carry: what a pusher sends stays far below it, and a
+/// bound keeps one message from growing one of the dispatcher's transactions without limit.
+pub const MAX_RESULTS_PER_MESSAGE: usize = 1000;
+
+impl PushResults {
+    pub fn new(results: Vec<PushResult>) -> Self {
+        PushResults {
+            v: VERSION,
+            results,
+        }
+    }
+}
+
+impl Message for PushResults {
+    fn version(&self) -> u32 {
+        self.v
+    }
+
+    fn validate(&self) -> Result<(), DecodeError> {
+        if self.results.is_empty() || self.results.len() > MAX_RESULTS_PER_MESSAGE {
+            return Err(DecodeError::Invalid(format!(
+                "a batch carries 1 to {MAX_RESULTS_PER_MESSAGE} results, not {}",
+                self.results.len()
+            )));
+        }
+        match self.results.iter().find(|r| r.v != VERSION) {
+            Some(r) => Err(DecodeError::Version { got: r.v }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The results a message on the result stream carries: a [`PushResults`] batch, or one
+/// [`PushResult`] (what pushers before batching sent, and the sweeper's shape).
+pub fn decode_results(bytes: &[u8]) -> Result<Vec<PushResult>, DecodeError> {
+    /// Which of the two a message is, read without building either.
+    #[derive(Deserialize)]
+    struct Shape {
+        #[serde(default)]
+        results: Option<serde::de::IgnoredAny>,
+    }
+    let shape: Shape = serde_json::from_slice(bytes)?;
+    if shape.results.is_some() {
+        Ok(decode::<PushResults>(bytes)?.results)
+    } else {
+        Ok(vec![decode::<PushResult>(bytes)?])
     }
 }
 
@@ -355,6 +412,47 @@ mod tests {
             decode::<EnqueueRequest>(&encode(&m)),
             Err(DecodeError::Invalid(_))
         ));
+    }
+
+    fn result(attempt: u32) -> PushResult {
+        PushResult {
+            http_status: Some(201),
+            traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
+            ..PushResult::new(OutboxId::new(), attempt, Outcome::Delivered)
+        }
+    }
+
+    #[test]
+    fn results_decode_from_a_batch_or_alone() {
+        let batch = vec![result(1), result(2)];
+        let decoded = decode_results(&encode(&PushResults::new(batch.clone()))).unwrap();
+        assert_eq!(decoded, batch);
+        let one = result(3);
+        assert_eq!(decode_results(&encode(&one)).unwrap(), vec![one]);
+    }
+
+    #[test]
+    fn results_batches_are_bounded_and_versioned() {
+        assert!(matches!(
+            decode_results(&encode(&PushResults::new(Vec::new()))),
+            Err(DecodeError::Invalid(_))
+        ));
+        let too_many = vec![result(1); MAX_RESULTS_PER_MESSAGE + 1];
+        assert!(matches!(
+            decode_results(&encode(&PushResults::new(too_many))),
+            Err(DecodeError::Invalid(_))
+        ));
+        let mut newer = result(1);
+        newer.v = 2;
+        assert!(matches!(
+            decode_results(&encode(&PushResults::new(vec![result(1), newer]))),
+            Err(DecodeError::Version { got: 2 })
+        ));
+        assert!(matches!(
+            decode_results(b"{\"v\":1,\"results\":7}"),
+            Err(DecodeError::Json(_))
+        ));
+        assert!(matches!(decode_results(b"[1]"), Err(DecodeError::Json(_))));
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! latency of a new row, measured against the local stack (real Postgres and NATS, the fake
 //! catalog's batch endpoint). Each round uses a fresh database and prefix; the summary line gives
 //! the median of the rounds. Run with `deploy/local/stack bench dispatcher [ROWS] [ROUNDS]`;
-//! `TIDINGS_BENCH_EXTRA_PARTITIONS=N` adds N empty weekly outbox partitions first.
+//! `TIDINGS_BENCH_EXTRA_PARTITIONS=N` adds N empty weekly outbox partitions first;
+//! `TIDINGS_BENCH_RESULTS_PER_MESSAGE=N` sends the results N to a message (default: the pusher's
+//! batch, 100).
 
 use chrono::Utc;
 use futures::StreamExt;
@@ -15,7 +17,7 @@ use tidings_dispatcher::dispatch::Dispatcher;
 use tidings_dispatcher::ingest::Ingest;
 use tidings_dispatcher::results::Results;
 use tidings_domain::Channel;
-use tidings_domain::messages::{Outcome, PushRequest, PushResult, decode, encode};
+use tidings_domain::messages::{Outcome, PushRequest, PushResult, PushResults, decode, encode};
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
 use tidings_source::HttpSource;
@@ -200,12 +202,22 @@ async fn round(rows: usize) -> Round {
         }
     }
     let subject = s.subjects.subject(StreamKind::Result, Channel::WebPush);
+    // In batches, as the pusher reports them; TIDINGS_BENCH_RESULTS_PER_MESSAGE=1 sends each
+    // alone, as pushers before batching did.
+    let per_message: usize = std::env::var("TIDINGS_BENCH_RESULTS_PER_MESSAGE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(tidings_pusher::report::BATCH)
+        .max(1);
     let outgoing = results
-        .iter()
-        .map(|r| Outgoing {
+        .chunks(per_message)
+        .map(|batch| Outgoing {
             subject: subject.clone(),
             headers: async_nats::HeaderMap::new(),
-            payload: encode(r),
+            payload: match batch {
+                [one] => encode(one),
+                _ => encode(&PushResults::new(batch.to_vec())),
+            },
         })
         .collect();
     publish_every(&s.js, outgoing, "publish result").await;

@@ -29,7 +29,7 @@ use tidings_benches::procstat::{
 };
 use tidings_benches::rng::Rng;
 use tidings_domain::messages::{
-    EnqueueRequest, Outcome, PushRequest, PushResult, Subscription, Urgency, VERSION, decode,
+    EnqueueRequest, Outcome, PushRequest, Subscription, Urgency, VERSION, decode, decode_results,
     encode, topic_for,
 };
 use tidings_domain::notification::render;
@@ -609,9 +609,11 @@ async fn naive_forwarder(
             .await
         {
             while let Some(Ok(msg)) = batch.next().await {
-                if let Ok(r) = decode::<PushResult>(&msg.payload)
-                    && matches!(r.outcome, Outcome::Transient | Outcome::Expired)
-                {
+                let retried = decode_results(&msg.payload)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|r| matches!(r.outcome, Outcome::Transient | Outcome::Expired));
+                for r in retried {
                     let again = sent
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())

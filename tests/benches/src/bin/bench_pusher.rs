@@ -2,6 +2,7 @@
 //! µs per push) against a local HTTPS sink that answers 201, with real NATS. Each figure is the
 //! median of several rounds. Run with `deploy/local/stack bench pusher [PUSHES] [ROUNDS]`.
 
+use async_nats::jetstream::consumer::PullConsumer;
 use aws_lc_rs::agreement::{self, ECDH_P256, PrivateKey, UnparsedPublicKey};
 use chrono::{Duration as ChronoDuration, Utc};
 use std::time::{Duration, Instant};
@@ -92,11 +93,19 @@ async fn round(pushes: usize) -> (f64, CpuSplit) {
     let cpu0 = CpuSplit::now();
     let started = Instant::now();
     let task = tokio::spawn(pusher.run(stop.clone()));
-    let mut result_stream = js
-        .get_stream(subjects.stream(StreamKind::Result))
+    // Done when every request is acked: the pusher acks one once its result is stored.
+    let mut push_consumer: PullConsumer = js
+        .get_stream(subjects.stream(StreamKind::Push))
         .await
-        .expect("results");
-    while result_stream.info().await.expect("info").state.messages < pushes as u64 {
+        .expect("push stream")
+        .get_consumer(tidings_pusher::worker::CONSUMER)
+        .await
+        .expect("push consumer");
+    loop {
+        let info = push_consumer.info().await.expect("consumer info");
+        if info.ack_floor.stream_sequence >= pushes as u64 {
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let took = started.elapsed();
