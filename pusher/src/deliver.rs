@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use tidings_domain::messages::{Outcome, PushRequest, PushResult};
 use tidings_domain::outbox::FailReason;
-use tidings_webpush::endpoint::{self, EndpointPolicy, GuardedResolver};
+use tidings_webpush::endpoint::{Guard, GuardedResolver};
 use tidings_webpush::vapid::VapidSigner;
 use tidings_webpush::webpush::{self, EncryptError, UaKeys};
 
@@ -20,7 +20,7 @@ const MAX_ERROR_BODY: usize = 4 * 1024;
 pub struct Deliverer {
     client: reqwest::Client,
     vapid: Arc<VapidSigner>,
-    policy: Arc<EndpointPolicy>,
+    guard: Guard,
 }
 
 fn result(req: &PushRequest, outcome: Outcome, started: Instant) -> PushResult {
@@ -60,14 +60,14 @@ impl Deliverer {
         Ok(Deliverer {
             client: builder.build()?,
             vapid: settings.vapid.clone(),
-            policy,
+            guard: Guard::new(policy),
         })
     }
 
     pub async fn deliver(&self, req: &PushRequest) -> PushResult {
         let started = Instant::now();
         let now = Utc::now();
-        let url = match endpoint::check(&req.subscription.endpoint, &self.policy).await {
+        let url = match self.guard.check(&req.subscription.endpoint).await {
             Ok(url) => url,
             Err(e) => return refused(req, FailReason::EndpointRefused, e.to_string(), started),
         };

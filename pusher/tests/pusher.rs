@@ -19,7 +19,7 @@ use tidings_domain::{Channel, OutboxId};
 use tidings_pusher::Settings;
 use tidings_pusher::report::{BATCH, ReportError, Reporter};
 use tidings_pusher::worker::{Handled, Pusher};
-use tidings_tests::fake_push::{Answer, FakePushService, pusher_settings};
+use tidings_tests::fake_push::{Answer, FakePushService, NAMED_HOSTS, pusher_settings};
 use tidings_tests::fixtures;
 use tidings_tests::harness::{delete_streams, nats, test_subjects};
 use tidings_webpush::endpoint::EndpointPolicy;
@@ -162,6 +162,24 @@ async fn the_push_service_decrypts_exactly_the_body_with_a_valid_vapid_token() {
         format!("https://127.0.0.1:{}", w.push.addr.port())
     );
     assert_eq!(got[0].vapid_public_key, w.settings.vapid.public_key());
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_endpoint_by_host_name_is_signed_for_that_origin_and_delivered() {
+    let mut w = World::new().await;
+    w.settings.policy.allowed_hosts = NAMED_HOSTS.split(',').map(str::to_owned).collect();
+    let pusher = w.pusher().await;
+    let sub = w.push.named_subscription();
+    for _ in 0..3 {
+        let req = w.request(&sub);
+        let result = w.push_one(&pusher, &req).await;
+        assert_eq!(result.outcome, Outcome::Delivered, "{result:?}");
+    }
+    let got = w.push.received_by(&sub);
+    assert_eq!(got.len(), 3, "rejected: {:?}", w.push.rejected());
+    let origin = format!("https://localhost:{}", w.push.addr.port());
+    assert!(got.iter().all(|g| g.vapid_claims["aud"] == origin.as_str()));
     w.cleanup().await;
 }
 

@@ -29,6 +29,10 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_util::task::AbortOnDropHandle;
 
 pub const CERT_PEM: &[u8] = include_bytes!("../fixtures/tls/cert.pem");
+
+/// The push hosts a pusher must allow for [`FakePushService::named_subscription`] and
+/// [`FakePushService::subscription`] (`TIDINGS_PUSH_ALLOWED_HOSTS`).
+pub const NAMED_HOSTS: &str = "localhost:*,127.0.0.1:*";
 const KEY_PEM: &[u8] = include_bytes!("../fixtures/tls/key.pem");
 
 /// How the service answers a push.
@@ -206,9 +210,25 @@ fn verify_vapid(headers: &HeaderMap, origin: &str) -> Result<(serde_json::Value,
     Ok((claims, k.to_owned()))
 }
 
+/// The origin a push was addressed to, which its VAPID `aud` must name: this service's own
+/// (`https://127.0.0.1:PORT`), or the same port by the name `localhost`
+/// ([`FakePushService::named_subscription`]).
+fn addressed_origin(own: &str, uri: &axum::http::Uri, headers: &HeaderMap) -> String {
+    let authority = uri
+        .authority()
+        .map(|a| a.as_str())
+        .or_else(|| headers.get("host").and_then(|v| v.to_str().ok()));
+    let named = own.replacen("https://127.0.0.1:", "https://localhost:", 1);
+    match authority.map(|a| format!("https://{a}")) {
+        Some(addressed) if addressed == named => named,
+        _ => own.to_owned(),
+    }
+}
+
 async fn push(
     State(inner): State<Arc<Inner>>,
     Path(id): Path<String>,
+    uri: axum::http::Uri,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
@@ -241,7 +261,7 @@ async fn push(
         }
         // A sampled push goes on to full verification and decryption below.
     }
-    let origin = lock(&inner.origin).clone();
+    let origin = addressed_origin(&lock(&inner.origin), &uri, &headers);
     let (claims, vapid_key) = match verify_vapid(&headers, &origin) {
         Ok(v) => v,
         Err(e) => {
@@ -392,6 +412,19 @@ impl FakePushService {
     /// A new browser-like subscription on this service (fresh P-256 key pair and auth secret).
     pub fn subscription(&self) -> Subscription {
         new_subscription(&self.inner, self.addr.port())
+    }
+
+    /// [`FakePushService::subscription`] whose endpoint names its host, `localhost`, as a real
+    /// push service's does: a pusher resolves it (the benchmarks count that cost). Allowed by
+    /// [`NAMED_HOSTS`].
+    pub fn named_subscription(&self) -> Subscription {
+        let sub = self.subscription();
+        Subscription {
+            endpoint: sub
+                .endpoint
+                .replacen("https://127.0.0.1:", "https://localhost:", 1),
+            ..sub
+        }
     }
 
     /// Sink: refuse the first attempt of one topic in `n` with 503 + Retry-After: 2 (0: never).

@@ -3,12 +3,15 @@
 //! link-local or otherwise internal — unless configured (tests and local demos allow them).
 //!
 //! The check runs twice: [`check`] before anything is sent (the api at registration, the pusher
-//! before each request, reporting `permanent` without a connection), and [`GuardedResolver`]
-//! inside the HTTP client, so the address actually connected to is the one that was vetted even
-//! if DNS answers differently the second time.
+//! before each request through a [`Guard`], reporting `permanent` without a connection), and
+//! [`GuardedResolver`] inside the HTTP client, so the address actually connected to is the one
+//! that was vetted even if DNS answers differently the second time.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// The push services browsers use.
 pub const DEFAULT_ALLOWED_HOSTS: &[&str] = &[
@@ -157,6 +160,19 @@ impl EndpointPolicy {
 
 /// Checks an endpoint without connecting: scheme, host, and every address it resolves to.
 pub async fn check(endpoint: &str, policy: &EndpointPolicy) -> Result<reqwest::Url, Refused> {
+    let (url, name) = check_url(endpoint, policy)?;
+    if let Some((host, port)) = name {
+        resolve(&host, port, policy).await?;
+    }
+    Ok(url)
+}
+
+/// Everything [`check`] does short of resolving: the URL, and the host name and port still to
+/// resolve (`None` for an IP literal, judged by its address here).
+fn check_url(
+    endpoint: &str,
+    policy: &EndpointPolicy,
+) -> Result<(reqwest::Url, Option<(String, u16)>), Refused> {
     let url = reqwest::Url::parse(endpoint).map_err(|_| Refused::NotAUrl)?;
     match url.scheme() {
         "https" => {}
@@ -190,10 +206,70 @@ pub async fn check(endpoint: &str, policy: &EndpointPolicy) -> Result<reqwest::U
     if !policy.port_allowed(&host, port) {
         return Err(Refused::Port { host, port });
     }
-    if literal.is_none() {
-        resolve(&host, port, policy).await?;
+    let name = literal.is_none().then_some((host, port));
+    Ok((url, name))
+}
+
+/// How long a host that resolved to allowed addresses is not resolved again by [`Guard`].
+pub const RESOLVED_FOR: Duration = Duration::from_secs(60);
+
+/// The most hosts a [`Guard`] remembers (the allowlist keeps them few; `*.suffix` entries allow
+/// more).
+const REMEMBERED_HOSTS: usize = 1024;
+
+/// [`check`] for a sender of many requests (the pusher): a host that resolved to allowed
+/// addresses is not resolved again for [`RESOLVED_FOR`], so a push costs no DNS lookup (in
+/// Kubernetes, with its search domains, several queries to the cluster's DNS) while its
+/// connection is pooled anyway. That skips only the early answer: the client's
+/// [`GuardedResolver`] still vets every address a new connection goes to. A refusal is not
+/// remembered, so a host that stops failing is usable at once.
+pub struct Guard {
+    policy: Arc<EndpointPolicy>,
+    resolved: Mutex<HashMap<(String, u16), Instant>>,
+    lookups: AtomicU64,
+}
+
+impl Guard {
+    pub fn new(policy: Arc<EndpointPolicy>) -> Self {
+        Guard {
+            policy,
+            resolved: Mutex::new(HashMap::new()),
+            lookups: AtomicU64::new(0),
+        }
     }
-    Ok(url)
+
+    pub async fn check(&self, endpoint: &str) -> Result<reqwest::Url, Refused> {
+        let (url, name) = check_url(endpoint, &self.policy)?;
+        let Some(name) = name else { return Ok(url) };
+        let now = Instant::now();
+        let fresh = self
+            .remembered()
+            .get(&name)
+            .is_some_and(|at| now.duration_since(*at) < RESOLVED_FOR);
+        if !fresh {
+            self.lookups.fetch_add(1, Ordering::Relaxed);
+            resolve(&name.0, name.1, &self.policy).await?;
+            let mut resolved = self.remembered();
+            if resolved.len() >= REMEMBERED_HOSTS {
+                resolved.retain(|_, at| now.duration_since(*at) < RESOLVED_FOR);
+                if resolved.len() >= REMEMBERED_HOSTS {
+                    resolved.clear();
+                }
+            }
+            resolved.insert(name, now);
+        }
+        Ok(url)
+    }
+
+    /// How many times a host was resolved.
+    pub fn lookups(&self) -> u64 {
+        self.lookups.load(Ordering::Relaxed)
+    }
+
+    fn remembered(&self) -> std::sync::MutexGuard<'_, HashMap<(String, u16), Instant>> {
+        // The map holds no invariant a panicking holder could break.
+        self.resolved.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 async fn resolve(
@@ -297,6 +373,44 @@ mod tests {
             allowed_hosts: hosts.iter().map(|h| (*h).to_owned()).collect(),
             ..EndpointPolicy::default()
         }
+    }
+
+    #[tokio::test]
+    async fn a_guard_resolves_a_host_once_a_while_and_never_remembers_a_refusal() {
+        let allowed = Guard::new(Arc::new(EndpointPolicy {
+            allow_private: true,
+            ..allow(&["localhost:*", "127.0.0.1:*"])
+        }));
+        for path in ["a", "b", "c"] {
+            let url = allowed
+                .check(&format!("https://localhost:8443/{path}"))
+                .await;
+            assert_eq!(url.unwrap().path(), format!("/{path}"));
+        }
+        assert_eq!(allowed.lookups(), 1, "one lookup for three pushes");
+        allowed.check("https://localhost:9443/a").await.unwrap();
+        assert_eq!(allowed.lookups(), 2, "another port is looked up on its own");
+        allowed.check("https://127.0.0.1:8443/a").await.unwrap();
+        assert_eq!(allowed.lookups(), 2, "an address is not looked up");
+        // Everything but the lookup is still checked every time.
+        assert_eq!(
+            allowed.check("http://localhost:8443/a").await,
+            Err(Refused::Scheme("http".into()))
+        );
+        assert_eq!(
+            allowed.check("https://push.example/a").await,
+            Err(Refused::Host("push.example".into()))
+        );
+
+        let private = Guard::new(Arc::new(allow(&["localhost:*"])));
+        for _ in 0..2 {
+            let refused = private.check("https://localhost:8443/a").await;
+            assert!(
+                matches!(refused, Err(Refused::Private { .. })),
+                "{refused:?}"
+            );
+        }
+        assert_eq!(private.lookups(), 2, "a refusal is not remembered");
     }
 
     #[tokio::test]

@@ -36,7 +36,7 @@ use tidings_domain::notification::render;
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::{Channel, ItemCode, OutboxId};
 use tidings_tests::fake_catalog::Item;
-use tidings_tests::fake_push::FakePushService;
+use tidings_tests::fake_push::{FakePushService, NAMED_HOSTS};
 use tidings_tests::scenario::Scenario;
 use tidings_tests::services::Pipeline;
 use tokio_util::sync::CancellationToken;
@@ -173,7 +173,7 @@ async fn load_phase(rate: usize, secs: u64) -> Value {
     let s = Scenario::new().await;
     let push = FakePushService::start_sink().await.expect("sink");
     push.set_sample(500);
-    let subs: Vec<Subscription> = (0..16).map(|_| push.subscription()).collect();
+    let subs: Vec<Subscription> = (0..16).map(|_| push.named_subscription()).collect();
     let items_per_sec = rate.div_ceil(PER_ITEM).max(1);
     let n_items = items_per_sec * usize::try_from(secs).unwrap_or(60);
     let items: Vec<String> = (0..n_items).map(|i| format!("ITEM-{i:06}")).collect();
@@ -189,6 +189,7 @@ async fn load_phase(rate: usize, secs: u64) -> Value {
             ("TIDINGS_SCAN_INTERVAL", "1s"),
             ("RUST_LOG", "warn"),
             ("TIDINGS_POLL_INTERVAL", "20ms"),
+            ("TIDINGS_PUSH_ALLOWED_HOSTS", NAMED_HOSTS),
         ],
     )
     .await;
@@ -377,7 +378,7 @@ async fn stale_phase(naive: bool) -> Value {
     let s = Scenario::new().await;
     let push = FakePushService::start_sink().await.expect("sink");
     push.set_flaky(4);
-    let subs: Vec<Subscription> = (0..4).map(|_| push.subscription()).collect();
+    let subs: Vec<Subscription> = (0..4).map(|_| push.named_subscription()).collect();
     let items: Vec<String> = (0..STALE_ITEMS).map(|i| format!("DIP-{i:04}")).collect();
     for code in &items {
         s.catalog.set_price(code, HIGH);
@@ -395,6 +396,7 @@ async fn stale_phase(naive: bool) -> Value {
             ("TIDINGS_SCAN_INTERVAL", "1s"),
             ("RUST_LOG", "warn"),
             ("TIDINGS_RETRY_BASE", "1s"),
+            ("TIDINGS_PUSH_ALLOWED_HOSTS", NAMED_HOSTS),
         ],
     )
     .await;

@@ -15,7 +15,7 @@ use tidings_domain::subjects::StreamKind;
 use tidings_domain::{Channel, OutboxId};
 use tidings_pusher::Settings;
 use tidings_pusher::worker::Pusher;
-use tidings_tests::fake_push::{CERT_PEM, FakePushService};
+use tidings_tests::fake_push::{CERT_PEM, FakePushService, NAMED_HOSTS};
 use tidings_tests::harness::{delete_streams, nats, test_subjects};
 use tidings_webpush::endpoint::EndpointPolicy;
 use tidings_webpush::vapid::{VapidKey, VapidSigner};
@@ -44,7 +44,7 @@ async fn round(pushes: usize) -> (f64, CpuSplit) {
         .await
         .expect("streams");
     let sink = FakePushService::start_sink().await.expect("sink");
-    let sub = sink.subscription();
+    let sub = sink.named_subscription();
     let (private, _) = VapidKey::generate().expect("vapid");
     let signer = VapidSigner::new(
         VapidKey::parse(&private).expect("vapid"),
@@ -53,7 +53,7 @@ async fn round(pushes: usize) -> (f64, CpuSplit) {
     .expect("signer");
     let mut settings = Settings::new(subjects.clone(), signer);
     settings.policy = EndpointPolicy {
-        allowed_hosts: vec!["127.0.0.1:*".into()],
+        allowed_hosts: NAMED_HOSTS.split(',').map(str::to_owned).collect(),
         allow_private: true,
         allow_http: false,
     };
