@@ -169,13 +169,34 @@ async function main() {
     // even when the same push comes twice.
     const cdp = await context.newCDPSession(page);
     const registrations = [];
+    const versions = new Map();
     cdp.on('ServiceWorker.workerRegistrationUpdated', (e) => registrations.push(...e.registrations));
+    cdp.on('ServiceWorker.workerVersionUpdated', (e) => e.versions.forEach((v) => versions.set(v.versionId, v)));
     await cdp.send('ServiceWorker.enable');
     const registration = await eventually('the service worker registration', () =>
       registrations.find((r) => !r.isDeleted && r.scopeURL === `${API}/web/`),
     );
-    const deliver = (data) =>
-      cdp.send('ServiceWorker.deliverPushMessage', { origin: API, registrationId: registration.registrationId, data });
+    const ours = () => [...versions.values()].filter((v) => v.registrationId === registration.registrationId);
+    // What the worker told the page, for a failure's message.
+    await page.evaluate(() => {
+      window.testHeard = [];
+      navigator.serviceWorker.addEventListener('message', (e) => window.testHeard.push(e.data && e.data.type));
+    });
+    const withVersions = async (e) => {
+      const heard = await page.evaluate(() => window.testHeard).catch((x) => x.message);
+      throw new Error(`${e.message}; the worker's versions: ${JSON.stringify(ours())}; the page heard: ${JSON.stringify(heard)}`);
+    };
+    // A push is a functional event: delivered only to an activated worker that runs. Under load
+    // the worker may still be starting (or stopped while idle) when the test gets here, and a
+    // message handed over then is not dispatched; so start it and wait, as a push service's
+    // delivery would.
+    const deliver = async (data) => {
+      await cdp.send('ServiceWorker.startWorker', { scopeURL: registration.scopeURL });
+      await eventually('the worker running', () =>
+        ours().find((v) => v.status === 'activated' && v.runningStatus === 'running'),
+      ).catch(withVersions);
+      await cdp.send('ServiceWorker.deliverPushMessage', { origin: API, registrationId: registration.registrationId, data });
+    };
     const shown = () =>
       page.evaluate(async () =>
         (await (await navigator.serviceWorker.ready).getNotifications()).map((n) => ({
@@ -189,7 +210,7 @@ async function main() {
     const once = await eventually('the notification shown', async () => {
       const n = await shown();
       return n.length ? n : null;
-    });
+    }).catch(withVersions);
     assert.equal(once.length, 1);
     assert.match(once[0].body, /9\.00 EUR/);
     assert.equal(once[0].title, payload.title);
