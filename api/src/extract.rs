@@ -205,3 +205,33 @@ pub mod whole {
             .transpose()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    #[derive(serde::Deserialize)]
+    struct Sequences {
+        #[serde(default, deserialize_with = "super::whole::opt_vec")]
+        sequences: Option<Vec<u64>>,
+    }
+
+    #[test]
+    fn whole_numbers_written_as_decimals_read_exactly() {
+        // The contract fuzzer's draw: serde_json's fast float parsing read the second as
+        // 4040217466168097.5 and the api answered 422 for a schema-valid integer.
+        let body =
+            r#"{"sequences": [72833365624.0, 4040217466168098.0, 3246576323802723328, 17.0]}"#;
+        let s: Sequences = serde_json::from_str(body).unwrap();
+        assert_eq!(
+            s.sequences.unwrap(),
+            [72833365624, 4040217466168098, 3246576323802723328, 17]
+        );
+        for refused in [r#"{"sequences": [1.5]}"#, r#"{"sequences": [-1.0]}"#] {
+            assert!(
+                serde_json::from_str::<Sequences>(refused).is_err(),
+                "{refused}"
+            );
+        }
+    }
+}
