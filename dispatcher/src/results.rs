@@ -95,6 +95,19 @@ impl Results {
         Ok(Results { stage })
     }
 
+    /// Applies results, [`RESULTS_PER_TRANSACTION`] to a transaction; returns how many changed a
+    /// row. A message carries up to `MAX_RESULTS_PER_MESSAGE` results, so a pull's worth can be
+    /// many times a transaction's. If a later transaction fails, the caller naks every message,
+    /// and the redelivery finds the earlier transactions' rows already moved: their results
+    /// change nothing the second time.
+    async fn apply_all(&self, results: &[&PushResult]) -> Result<usize, sqlx::Error> {
+        let mut applied = 0;
+        for chunk in results.chunks(RESULTS_PER_TRANSACTION) {
+            applied += self.apply(chunk).await?;
+        }
+        Ok(applied)
+    }
+
     /// Applies results in one transaction; returns how many changed a row.
     pub async fn apply(&self, results: &[&PushResult]) -> Result<usize, sqlx::Error> {
         let mut tx = self.stage.pool.begin().await?;
@@ -149,20 +162,7 @@ impl consume::Handler for Results {
             Vec::new()
         };
         let results: Vec<&PushResult> = results.iter().map(|(_, r)| r).collect();
-        let mut applied = Ok(0);
-        // A message carries up to `MAX_RESULTS_PER_MESSAGE` results, so a pull's worth can be
-        // many times a batch: one transaction per batch of results keeps each one short. A
-        // later batch's failure naks every message, and the redelivery finds the earlier
-        // batches' rows already moved: their results change nothing the second time.
-        for chunk in results.chunks(RESULTS_PER_TRANSACTION) {
-            match self.apply(chunk).await {
-                Ok(n) => applied = applied.map(|total| total + n),
-                Err(e) => {
-                    applied = Err(e);
-                    break;
-                }
-            }
-        }
+        let applied = self.apply_all(&results).await;
         if let Err(e) = &applied {
             telemetry::fail_all(&spans, &format!("applying push results failed: {e}"));
         }

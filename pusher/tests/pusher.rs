@@ -96,6 +96,11 @@ impl World {
 
     /// Every PushResult available now.
     async fn results(&self) -> Vec<PushResult> {
+        self.result_messages().await.into_iter().flatten().collect()
+    }
+
+    /// Every message on the result stream available now (acked), as the results each carries.
+    async fn result_messages(&self) -> Vec<Vec<PushResult>> {
         let mut out = Vec::new();
         let mut batch = self
             .results
@@ -107,7 +112,7 @@ impl World {
             .unwrap();
         while let Some(Ok(m)) = batch.next().await {
             m.ack().await.unwrap();
-            out.extend(decode_results(&m.payload).unwrap());
+            out.push(decode_results(&m.payload).unwrap());
         }
         out
     }
@@ -430,21 +435,9 @@ async fn results_reported_together_share_messages_of_at_most_a_batch() {
     let reported = futures::future::join_all(sent.iter().map(|r| reporter.report(r.clone()))).await;
     assert!(reported.iter().all(Result::is_ok), "{reported:?}");
 
-    let mut sizes = Vec::new();
-    let mut got = Vec::new();
-    let mut batch = w
-        .results
-        .fetch()
-        .max_messages(1000)
-        .expires(WAIT)
-        .messages()
-        .await
-        .unwrap();
-    while let Some(Ok(m)) = batch.next().await {
-        let results = decode_results(&m.payload).unwrap();
-        sizes.push(results.len());
-        got.extend(results);
-    }
+    let messages = w.result_messages().await;
+    let mut sizes: Vec<usize> = messages.iter().map(Vec::len).collect();
+    let mut got: Vec<PushResult> = messages.into_iter().flatten().collect();
     sizes.sort_unstable();
     assert_eq!(sizes, [50, BATCH, BATCH], "all at once: full batches");
     got.sort_by_key(|r| r.outbox_id);

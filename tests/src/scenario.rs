@@ -371,34 +371,25 @@ impl Scenario {
     }
 
     pub async fn publish_result(&self, result: &PushResult) {
-        self.js
-            .publish(
-                self.subjects.subject(StreamKind::Result, Channel::WebPush),
-                encode(result).into(),
-            )
-            .await
-            .expect("publish result")
-            .await
-            .expect("result ack");
+        self.publish_result_body(encode(result)).await;
     }
 
     /// Several results in one message, as the pusher reports them.
     pub async fn publish_results(&self, results: &[PushResult]) {
-        self.publish_raw_result(encode(&PushResults::new(results.to_vec())))
+        self.publish_result_body(encode(&PushResults::new(results.to_vec())))
             .await;
     }
 
-    /// Any body on the result stream (a malformed batch, say).
-    pub async fn publish_raw_result(&self, body: Vec<u8>) {
+    async fn publish_result_body(&self, body: Vec<u8>) {
         self.js
             .publish(
                 self.subjects.subject(StreamKind::Result, Channel::WebPush),
                 body.into(),
             )
             .await
-            .expect("publish results")
+            .expect("publish result")
             .await
-            .expect("results ack");
+            .expect("result ack");
     }
 
     pub async fn rows(&self, watch: WatchId) -> Vec<OutboxRow> {
