@@ -46,6 +46,12 @@ const HIGH: i64 = 1500;
 const LOW: i64 = 900;
 const PER_ITEM: usize = 50;
 
+/// The services' log filter: `warn`, or what `TIDINGS_BENCH_LOG` names (production runs at
+/// `info`, where the pusher writes a line per push).
+fn service_log() -> String {
+    std::env::var("TIDINGS_BENCH_LOG").unwrap_or_else(|_| "warn".into())
+}
+
 fn now_ms() -> i64 {
     Utc::now().timestamp_millis()
 }
@@ -187,7 +193,7 @@ async fn load_phase(rate: usize, secs: u64) -> Value {
         &s,
         &[
             ("TIDINGS_SCAN_INTERVAL", "1s"),
-            ("RUST_LOG", "warn"),
+            ("RUST_LOG", &service_log()),
             ("TIDINGS_POLL_INTERVAL", "20ms"),
             ("TIDINGS_PUSH_ALLOWED_HOSTS", NAMED_HOSTS),
         ],
@@ -394,7 +400,7 @@ async fn stale_phase(naive: bool) -> Value {
         services,
         &[
             ("TIDINGS_SCAN_INTERVAL", "1s"),
-            ("RUST_LOG", "warn"),
+            ("RUST_LOG", &service_log()),
             ("TIDINGS_RETRY_BASE", "1s"),
             ("TIDINGS_PUSH_ALLOWED_HOSTS", NAMED_HOSTS),
         ],
@@ -435,21 +441,24 @@ async fn stale_phase(naive: bool) -> Value {
     if let Some(f) = forwarder {
         let _ = f.await;
     }
-    // Which item each delivered topic was for, and (Tidings) when its last re-check looked.
-    let mut rechecked_at: HashMap<String, i64> = HashMap::new();
+    // Which item each delivered topic was for, and (Tidings) what its last re-check saw: the
+    // price the catalog answered and when the dispatcher read that answer.
+    let mut rechecked: HashMap<String, (i64, i64)> = HashMap::new();
     if !naive {
-        let rows: Vec<(uuid::Uuid, String, Option<String>)> = sqlx::query_as(
-            "SELECT o.id, w.item_code, o.sent_value->>'observed_at'
+        let rows: Vec<(uuid::Uuid, String, Option<String>, Option<i64>)> = sqlx::query_as(
+            "SELECT o.id, w.item_code, o.sent_value->>'observed_at',
+                    (o.sent_value->>'price')::bigint
              FROM outbox o JOIN watches w ON w.id = o.watch_id",
         )
         .fetch_all(&s.db.pool)
         .await
         .unwrap_or_default();
         let mut t = topics.lock().unwrap_or_else(|e| e.into_inner());
-        for (id, item, observed) in rows {
+        for (id, item, observed, price) in rows {
             let topic = id.simple().to_string();
-            if let Some(at) = observed.and_then(|o| chrono::DateTime::parse_from_rfc3339(&o).ok()) {
-                rechecked_at.insert(topic.clone(), at.timestamp_millis());
+            let observed = observed.and_then(|o| chrono::DateTime::parse_from_rfc3339(&o).ok());
+            if let (Some(at), Some(price)) = (observed, price) {
+                rechecked.insert(topic.clone(), (at.timestamp_millis(), price));
             }
             t.insert(topic, item);
         }
@@ -457,30 +466,33 @@ async fn stale_phase(naive: bool) -> Value {
     let topics = topics.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let (mut stale, mut correct, mut unknown) = (0, 0, 0);
     // Stale deliveries whose price recovered after the last re-check (inside the window
-    // between re-check and the push service's 201), and how long that window was.
-    let (mut after_recheck, mut windows_ms) = (0, Vec::new());
+    // between re-check and the push service's 201), and how long that window was. The re-check
+    // looked when the catalog answered, a little before the dispatcher read the answer
+    // (`observed_at`): a price that recovered in between is still one the re-check saw below
+    // the threshold, and how long before `observed_at` it recovered is listed.
+    let (mut after_recheck, mut windows_ms, mut read_after_recovery_ms) =
+        (0, Vec::new(), Vec::new());
     for (topic, at) in push.sunk() {
         let Some(item) = topics.get(&topic) else {
             unknown += 1;
             continue;
         };
-        let series = Item {
-            timeline: timeline[item].clone(),
-            ..Item::priced(HIGH)
-        };
-        if series.price_at(at) < THRESHOLD {
-            correct += 1;
-            continue;
-        }
-        stale += 1;
-        if let Some(checked) = rechecked_at.get(&topic)
-            && series.price_at(*checked) < THRESHOLD
-        {
-            after_recheck += 1;
-            windows_ms.push(at - checked);
+        match judge(&timeline[item], at, rechecked.get(&topic).copied()) {
+            Judged::Correct => correct += 1,
+            Judged::Outside => stale += 1,
+            Judged::AfterRecheck {
+                window_ms,
+                read_after_recovery,
+            } => {
+                stale += 1;
+                after_recheck += 1;
+                windows_ms.push(window_ms);
+                read_after_recovery_ms.extend(read_after_recovery);
+            }
         }
     }
     windows_ms.sort_unstable();
+    read_after_recovery_ms.sort_unstable();
     let withheld: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM outbox WHERE status = 'dropped' AND reason = 'condition_lost'",
     )
@@ -500,7 +512,52 @@ async fn stale_phase(naive: bool) -> Value {
         "stale_reverted_after_last_recheck": if naive { Value::Null } else { json!(after_recheck) },
         "stale_outside_recheck_window": if naive { Value::Null } else { json!(stale - after_recheck) },
         "recheck_to_delivery_ms_of_those": windows_ms,
+        "of_those_read_after_the_recovery_ms": read_after_recovery_ms,
     })
+}
+
+/// A delivery, judged against its item's price timeline.
+#[derive(Debug, PartialEq)]
+enum Judged {
+    /// The price was below the threshold when the push service accepted the push.
+    Correct,
+    /// Stale, but the last re-check saw the price below the threshold: it recovered in the window
+    /// between the catalog's answer and the push service's acceptance (`window_ms` from the
+    /// dispatcher reading the answer). `read_after_recovery`: by how much that reading trailed
+    /// the recovery, when it did (the answer was made before it, the reading after).
+    AfterRecheck {
+        window_ms: i64,
+        read_after_recovery: Option<i64>,
+    },
+    /// Stale, and no re-check saw the condition hold: what Tidings promises never happens.
+    Outside,
+}
+
+/// Judges a delivery accepted at `at` (ms) for an item whose price followed `timeline`, whose
+/// last re-check (if any) read `(observed_at ms, price)`.
+fn judge(timeline: &[(i64, i64)], at: i64, rechecked: Option<(i64, i64)>) -> Judged {
+    let series = Item {
+        timeline: timeline.to_vec(),
+        ..Item::priced(HIGH)
+    };
+    if series.price_at(at) < THRESHOLD {
+        return Judged::Correct;
+    }
+    match rechecked {
+        Some((checked, seen)) if seen < THRESHOLD => Judged::AfterRecheck {
+            window_ms: at - checked,
+            read_after_recovery: (series.price_at(checked) >= THRESHOLD).then(|| {
+                let recovered = timeline
+                    .iter()
+                    .filter(|(t, p)| *t <= checked && *p >= THRESHOLD)
+                    .map(|(t, _)| *t)
+                    .max()
+                    .unwrap_or(checked);
+                checked - recovered
+            }),
+        },
+        _ => Judged::Outside,
+    }
 }
 
 /// The naive mode: every EnqueueRequest becomes a PushRequest at once (no outbox, no
@@ -764,4 +821,48 @@ async fn main() {
         );
     }
     println!("\n(JSON: {path})");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DIP: [(i64, i64); 2] = [(1_000, LOW), (2_000, HIGH)];
+
+    #[test]
+    fn a_delivery_during_the_dip_is_correct() {
+        assert_eq!(judge(&DIP, 1_500, Some((1_400, LOW))), Judged::Correct);
+    }
+
+    #[test]
+    fn a_stale_delivery_whose_recheck_saw_the_dip_is_inside_the_window() {
+        assert_eq!(
+            judge(&DIP, 2_030, Some((1_990, LOW))),
+            Judged::AfterRecheck {
+                window_ms: 40,
+                read_after_recovery: None
+            }
+        );
+    }
+
+    /// Regression: the dispatcher stamps `observed_at` when it reads the catalog's answer, after
+    /// the catalog made it. A re-check answered just before the recovery and read just after it
+    /// was judged by that stamp alone as having seen the recovered price, so counted as stale
+    /// outside the window (2 of 1,242 deliveries in one run on 2026-12-01).
+    #[test]
+    fn a_recheck_answered_before_the_recovery_and_read_after_it_is_inside_the_window() {
+        assert_eq!(
+            judge(&DIP, 2_020, Some((2_001, LOW))),
+            Judged::AfterRecheck {
+                window_ms: 19,
+                read_after_recovery: Some(1)
+            }
+        );
+    }
+
+    #[test]
+    fn a_stale_delivery_whose_recheck_saw_the_recovered_price_is_outside() {
+        assert_eq!(judge(&DIP, 2_500, Some((2_100, HIGH))), Judged::Outside);
+        assert_eq!(judge(&DIP, 2_500, None), Judged::Outside);
+    }
 }
