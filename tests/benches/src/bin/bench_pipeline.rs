@@ -472,6 +472,7 @@ async fn stale_phase(naive: bool) -> Value {
     // the threshold, and how long before `observed_at` it recovered is listed.
     let (mut after_recheck, mut windows_ms, mut read_after_recovery_ms) =
         (0, Vec::new(), Vec::new());
+    let mut outside = Vec::new();
     for (topic, at) in push.sunk() {
         let Some(item) = topics.get(&topic) else {
             unknown += 1;
@@ -479,7 +480,20 @@ async fn stale_phase(naive: bool) -> Value {
         };
         match judge(&timeline[item], at, rechecked.get(&topic).copied()) {
             Judged::Correct => correct += 1,
-            Judged::Outside => stale += 1,
+            Judged::Outside => {
+                stale += 1;
+                // What a broken promise looked like, so a run that has one can be read (the
+                // naive mode re-checks nothing: every stale delivery of it is outside).
+                if !naive {
+                    outside.push(json!({
+                        "outbox_id": topic,
+                        "item": item,
+                        "accepted_at_ms": at,
+                        "recheck_read_at_ms_and_price": rechecked.get(&topic),
+                        "timeline_ms_and_price": timeline[item],
+                    }));
+                }
+            }
             Judged::AfterRecheck {
                 window_ms,
                 read_after_recovery,
@@ -513,6 +527,7 @@ async fn stale_phase(naive: bool) -> Value {
         "stale_outside_recheck_window": if naive { Value::Null } else { json!(stale - after_recheck) },
         "recheck_to_delivery_ms_of_those": windows_ms,
         "of_those_read_after_the_recovery_ms": read_after_recovery_ms,
+        "stale_outside_recheck_window_details": outside,
     })
 }
 
