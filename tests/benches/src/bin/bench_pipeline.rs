@@ -465,11 +465,8 @@ async fn stale_phase(naive: bool) -> Value {
     }
     let topics = topics.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let (mut stale, mut correct, mut unknown) = (0, 0, 0);
-    // Stale deliveries whose price recovered after the last re-check (inside the window
-    // between re-check and the push service's 201), and how long that window was. The re-check
-    // looked when the catalog answered, a little before the dispatcher read the answer
-    // (`observed_at`): a price that recovered in between is still one the re-check saw below
-    // the threshold, and how long before `observed_at` it recovered is listed.
+    // Stale deliveries inside the window between re-check and the push service's 201 (see
+    // `judge`), how long that window was, and by how much reading the answer trailed a recovery.
     let (mut after_recheck, mut windows_ms, mut read_after_recovery_ms) =
         (0, Vec::new(), Vec::new());
     let mut outside = Vec::new();
@@ -478,7 +475,8 @@ async fn stale_phase(naive: bool) -> Value {
             unknown += 1;
             continue;
         };
-        match judge(&timeline[item], at, rechecked.get(&topic).copied()) {
+        let seen = rechecked.get(&topic).copied();
+        match judge(&timeline[item], at, seen) {
             Judged::Correct => correct += 1,
             Judged::Outside => {
                 stale += 1;
@@ -489,7 +487,7 @@ async fn stale_phase(naive: bool) -> Value {
                         "outbox_id": topic,
                         "item": item,
                         "accepted_at_ms": at,
-                        "recheck_read_at_ms_and_price": rechecked.get(&topic),
+                        "recheck_read_at_ms_and_price": seen,
                         "timeline_ms_and_price": timeline[item],
                     }));
                 }
@@ -561,14 +559,10 @@ fn judge(timeline: &[(i64, i64)], at: i64, rechecked: Option<(i64, i64)>) -> Jud
     match rechecked {
         Some((checked, seen)) if seen < THRESHOLD => Judged::AfterRecheck {
             window_ms: at - checked,
+            // Above the threshold when read: the last step before the reading was the recovery.
             read_after_recovery: (series.price_at(checked) >= THRESHOLD).then(|| {
-                let recovered = timeline
-                    .iter()
-                    .filter(|(t, p)| *t <= checked && *p >= THRESHOLD)
-                    .map(|(t, _)| *t)
-                    .max()
-                    .unwrap_or(checked);
-                checked - recovered
+                let recovered = timeline.iter().map(|(t, _)| *t).filter(|t| *t <= checked);
+                checked - recovered.max().unwrap_or(checked)
             }),
         },
         _ => Judged::Outside,
