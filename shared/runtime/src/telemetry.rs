@@ -18,7 +18,7 @@ use tracing_subscriber::filter::Targets;
 use tracing_subscriber::fmt::format::{Format, Json, Writer};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::layer::SubscriberExt;
-use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::registry::{LookupSpan, Registry};
 use tracing_subscriber::util::SubscriberInitExt;
 
 static EXPORTING: AtomicBool = AtomicBool::new(false);
@@ -48,16 +48,6 @@ impl Telemetry {
     /// Installs the global subscriber for `service` (e.g. `tidings-dispatcher`).
     pub fn init(service: &'static str) -> Telemetry {
         let _ = SERVICE.set(service);
-        // One filter per layer (RUST_LOG, default info) rather than one for all: the pool-wait
-        // layer needs sqlx's per-acquire events, which the logs and traces do not want.
-        let filter = || {
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
-        };
-        let fmt = tracing_subscriber::fmt::layer()
-            .json()
-            .event_format(JsonWithTraceIds(tracing_subscriber::fmt::format().json()))
-            .with_writer(std::io::stderr);
         let endpoint = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT")
             .ok()
             .filter(|e| !e.trim().is_empty());
@@ -81,15 +71,13 @@ impl Telemetry {
                 Err(e) => (None, Some(e.to_string())),
             },
         };
-        let otel = provider
-            .as_ref()
-            .map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer(service)));
+        let filter = || {
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+        };
+        let tracer = provider.as_ref().map(|p| p.tracer(service));
         tracing_subscriber::registry()
-            .with(fmt.with_filter(filter()))
-            .with(otel.map(|otel| otel.with_filter(filter())))
-            .with(PoolWaits.with_filter(
-                Targets::new().with_target(POOL_ACQUIRE_TARGET, tracing::Level::TRACE),
-            ))
+            .with(layers(filter, tracer, std::io::stderr))
             .init();
         let _ = DISPATCH.set(tracing::dispatcher::get_default(|d| d.downgrade()));
         if let Some(e) = build_error {
@@ -98,6 +86,42 @@ impl Telemetry {
         EXPORTING.store(provider.is_some(), Ordering::Relaxed);
         Telemetry { provider }
     }
+}
+
+/// The layers every service runs: JSON logs, the OpenTelemetry layer when there is a tracer, and
+/// the pool-wait metric. One filter per layer (`filter()`, RUST_LOG) rather than one for all: the
+/// pool-wait layer needs sqlx's per-acquire events, which the logs and traces do not want.
+///
+/// A list, not an `Option` layer: an absent `Option` layer counts as wanting every span, so
+/// without an exporter the registry would create (and enter, on every poll) each trace-level
+/// span of the HTTP/2 and NATS clients that no layer records.
+fn layers<W>(
+    filter: impl Fn() -> tracing_subscriber::EnvFilter,
+    tracer: Option<opentelemetry_sdk::trace::SdkTracer>,
+    writer: W,
+) -> Vec<Box<dyn tracing_subscriber::Layer<Registry> + Send + Sync>>
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    let fmt = tracing_subscriber::fmt::layer()
+        .json()
+        .event_format(JsonWithTraceIds(tracing_subscriber::fmt::format().json()))
+        .with_writer(writer);
+    let mut layers = vec![fmt.with_filter(filter()).boxed()];
+    if let Some(tracer) = tracer {
+        layers.push(
+            tracing_opentelemetry::layer()
+                .with_tracer(tracer)
+                .with_filter(filter())
+                .boxed(),
+        );
+    }
+    layers.push(
+        PoolWaits
+            .with_filter(Targets::new().with_target(POOL_ACQUIRE_TARGET, tracing::Level::TRACE))
+            .boxed(),
+    );
+    layers
 }
 
 /// Where sqlx reports each pool acquire, with `aquired_after_secs` (sic) (the pool's
@@ -324,6 +348,41 @@ mod tests {
             ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf"),
         ];
         assert_eq!(protocol(env_of(&traces_wins)), Protocol::HttpBinary);
+    }
+
+    fn pool_waits_counted() -> u64 {
+        let text = crate::metrics::metrics().encode();
+        text.lines()
+            .find_map(|l| l.strip_prefix("tidings_db_pool_acquire_seconds_count "))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Regression: with no exporter, the registry made every trace-level span of hyper, h2 and
+    /// async-nats (an absent `Option` layer wanted them all), and entered it on every poll.
+    #[test]
+    fn a_span_no_layer_records_is_never_made_with_or_without_an_exporter() {
+        let provider = SdkTracerProvider::builder().build();
+        for tracer in [None, Some(provider.tracer("test"))] {
+            let exporting = tracer.is_some();
+            let subscriber = tracing_subscriber::registry().with(layers(
+                || tracing_subscriber::EnvFilter::new("info"),
+                tracer,
+                std::io::sink,
+            ));
+            tracing::subscriber::with_default(subscriber, || {
+                let poll = tracing::trace_span!(target: "h2::proto::connection", "poll");
+                assert!(poll.is_disabled(), "exporting: {exporting}");
+                let debug = tracing::debug_span!(target: "h2::proto::connection", "Connection");
+                assert!(debug.is_disabled(), "exporting: {exporting}");
+                let push = tracing::info_span!("push");
+                assert!(!push.is_disabled(), "exporting: {exporting}");
+                // The pool-wait layer still sees sqlx's trace-level acquire events.
+                let before = pool_waits_counted();
+                tracing::trace!(target: "sqlx::pool::acquire", aquired_after_secs = 0.002_f64);
+                assert!(pool_waits_counted() > before, "exporting: {exporting}");
+            });
+        }
     }
 
     fn attribute(attributes: &[KeyValue], key: &str) -> Option<String> {
