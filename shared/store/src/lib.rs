@@ -33,11 +33,37 @@ pub fn db(what: &'static str) -> impl FnOnce(sqlx::Error) -> DbError {
     move |source| DbError { what, source }
 }
 
+/// A pooled connection idle at least this long is pinged before it is handed out.
+///
+/// sqlx pings every connection when it goes back to the pool, and by default again when it is
+/// taken out: for the services' loops, which take a connection milliseconds after it was
+/// returned, that second round trip is a wake-up of the client and of its Postgres backend per
+/// transaction and tells nothing new (docs/benchmarks.md). A connection that has sat idle longer
+/// may have been closed behind the pool's back (Postgres restarted, a proxy timed it out), and is
+/// still tested, and replaced if it fails, as before. The price: a server that drops connections
+/// less than this after their release fails the next statement on each of them once; the pool
+/// then discards it (its release ping fails) and the caller's retry gets a new one.
+pub const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
+
+/// Whether a connection idle for `idle_for` is pinged before it is handed out.
+pub fn needs_ping(idle_for: Duration) -> bool {
+    idle_for >= PING_IF_IDLE_FOR
+}
+
 /// A pool that connects on first use, so it can be built before Postgres is up (only a
 /// malformed URL fails here).
 pub fn postgres(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Error> {
     let pool = PgPoolOptions::new()
         .max_connections(max_connections)
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if needs_ping(meta.idle_for) {
+                    conn.ping().await?;
+                }
+                Ok(true)
+            })
+        })
         // Every acquire is reported (at trace level, which no log shows by default) so the
         // runtime can time pool waits (`tidings_db_pool_acquire_seconds`).
         .acquire_time_level(log::LevelFilter::Trace)
