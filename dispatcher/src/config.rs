@@ -85,6 +85,13 @@ pub struct Config {
     /// slow pusher leaves the backlog in the outbox, where rows are re-checked before sending.
     #[arg(long, env = "TIDINGS_PUSH_BACKLOG_LIMIT", default_value_t = 2000)]
     pub push_backlog_limit: u64,
+    /// PushRequests per push-stream message, 1 to 100. Above 1, the requests a dispatch batch
+    /// publishes go in `PushRequests` messages of up to this many, so JetStream's cost per
+    /// message is paid once per batch; 1 (one message per request) is what pushers older than
+    /// batches can read: upgrade the pushers first. TIDINGS_PUSH_BACKLOG_LIMIT then counts each
+    /// waiting message as this many requests.
+    #[arg(long, env = "TIDINGS_DISPATCH_PUSH_BATCH", default_value_t = 1)]
+    pub push_batch: usize,
     /// Postgres connections of each replica; at least what its loops hold at once
     /// (dispatch workers + 2 × consumer concurrency + 2: 12 with the defaults).
     #[arg(long, env = "TIDINGS_DISPATCHER_DB_POOL", default_value_t = 12)]
@@ -132,6 +139,12 @@ pub enum ConfigError {
     #[error("{name} must be at least 1")]
     Zero { name: &'static str },
     #[error(
+        "TIDINGS_DISPATCH_PUSH_BATCH ({0}) must be 1 to {max}: a push-stream message carries at \
+         most that many requests",
+        max = tidings_domain::messages::MAX_REQUESTS_PER_MESSAGE
+    )]
+    PushBatch(usize),
+    #[error(
         "TIDINGS_DISPATCHER_DB_POOL ({pool}) is below the {need} connections the loops hold at \
          once (TIDINGS_DISPATCH_WORKERS + 2 × TIDINGS_CONSUMER_CONCURRENCY + 2): they would wait \
          on each other for connections"
@@ -163,6 +176,7 @@ pub struct Settings {
     pub sweep_interval: Duration,
     pub push_ttl: Duration,
     pub push_backlog_limit: u64,
+    pub push_batch: usize,
     pub admission_lag: Duration,
     pub db_pool: u32,
     pub retention: Retention,
@@ -228,6 +242,9 @@ impl Settings {
                 return Err(ConfigError::Zero { name });
             }
         }
+        if !(1..=tidings_domain::messages::MAX_REQUESTS_PER_MESSAGE).contains(&self.push_batch) {
+            return Err(ConfigError::PushBatch(self.push_batch));
+        }
         if self.db_pool < self.db_connections_needed() {
             return Err(ConfigError::DbPool {
                 pool: self.db_pool,
@@ -266,6 +283,7 @@ impl Config {
             sweep_interval: self.sweep_interval,
             push_ttl: self.push_ttl,
             push_backlog_limit: self.push_backlog_limit,
+            push_batch: self.push_batch,
             admission_lag: self.admission_lag,
             db_pool: self.db_pool,
             retention: self.retention,
@@ -339,5 +357,17 @@ mod tests {
         let mut s = settings();
         s.claim_batch = 0;
         assert!(matches!(s.validate(), Err(ConfigError::Zero { .. })));
+    }
+
+    #[test]
+    fn a_push_batch_outside_what_a_message_may_carry_is_refused() {
+        let mut s = settings();
+        assert_eq!(s.push_batch, 1, "one request per message unless configured");
+        for bad in [0, tidings_domain::messages::MAX_REQUESTS_PER_MESSAGE + 1] {
+            s.push_batch = bad;
+            assert!(matches!(s.validate(), Err(ConfigError::PushBatch(n)) if n == bad));
+        }
+        s.push_batch = tidings_domain::messages::MAX_REQUESTS_PER_MESSAGE;
+        s.validate().unwrap();
     }
 }

@@ -15,7 +15,7 @@ use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use tidings_bus::publish::{Outgoing, publish_all};
-use tidings_domain::messages::{PushRequest, encode};
+use tidings_domain::messages::{PushRequest, PushRequests, encode};
 use tidings_domain::outbox::Status;
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::{Channel, ItemCode, OutboxId};
@@ -107,7 +107,10 @@ impl Dispatcher {
             return self.settings.claim_batch;
         }
         match self.push_backlog().await {
-            Some(waiting) => {
+            Some(messages) => {
+                // Requests, counting every message as a full batch: with batches, dispatch
+                // pauses no later than with one request a message.
+                let waiting = messages.saturating_mul(self.settings.push_batch.max(1) as u64);
                 let free = i64::try_from(limit.saturating_sub(waiting)).unwrap_or(i64::MAX);
                 free.min(self.settings.claim_batch)
             }
@@ -268,38 +271,60 @@ impl Dispatcher {
         Ok(stats)
     }
 
-    /// Publishes with many acks in flight; returns how many were stored and which failed.
+    /// Publishes with many acks in flight; returns how many requests were stored and which
+    /// failed. With `push_batch` above 1 the requests go `push_batch` to a message
+    /// (`PushRequests`), each carrying its trace context; a message not confirmed fails all its
+    /// requests.
     async fn publish(
         &self,
-        requests: Vec<PushRequest>,
+        mut requests: Vec<PushRequest>,
         traceparents: &HashMap<OutboxId, Cow<'_, str>>,
     ) -> (usize, Vec<(OutboxId, String)>) {
         let subject = self
             .settings
             .subjects
             .subject(StreamKind::Push, Channel::WebPush);
-        let outgoing = requests
-            .iter()
-            .map(|r| {
+        let batch = self.settings.push_batch.max(1);
+        let mut chunks: Vec<Vec<PushRequest>> = Vec::new();
+        let mut outgoing = Vec::new();
+        if batch == 1 {
+            for r in requests {
                 let mut headers = async_nats::HeaderMap::new();
                 headers.insert("Nats-Msg-Id", r.msg_id().as_str());
                 if let Some(tp) = traceparents.get(&r.outbox_id) {
                     headers.insert("traceparent", tp.as_ref());
                 }
-                Outgoing {
+                outgoing.push(Outgoing {
                     subject: subject.clone(),
                     headers,
-                    payload: encode(r),
-                }
-            })
-            .collect();
+                    payload: encode(&r),
+                });
+                chunks.push(vec![r]);
+            }
+        } else {
+            for r in &mut requests {
+                r.traceparent = traceparents.get(&r.outbox_id).map(|tp| tp.to_string());
+            }
+            let mut requests = requests.into_iter().peekable();
+            while requests.peek().is_some() {
+                let message = PushRequests::new(requests.by_ref().take(batch).collect());
+                let mut headers = async_nats::HeaderMap::new();
+                headers.insert("Nats-Msg-Id", message.msg_id().as_str());
+                outgoing.push(Outgoing {
+                    subject: subject.clone(),
+                    headers,
+                    payload: encode(&message),
+                });
+                chunks.push(message.requests);
+            }
+        }
         let acks = publish_all(&self.js, outgoing, PUBLISH_WINDOW).await;
         let mut published = 0;
         let mut failed = Vec::new();
-        for (r, ack) in requests.iter().zip(acks) {
+        for (chunk, ack) in chunks.iter().zip(acks) {
             match ack {
-                Ok(_) => published += 1,
-                Err(e) => failed.push((r.outbox_id, e)),
+                Ok(_) => published += chunk.len(),
+                Err(e) => failed.extend(chunk.iter().map(|r| (r.outbox_id, e.clone()))),
             }
         }
         (published, failed)

@@ -154,6 +154,7 @@ pub fn decide(
                         urgency: urgency(&trigger),
                         topic: topic_for(row.id),
                         dedup_day: Some(row.dedup_day),
+                        traceparent: None,
                     },
                 );
                 plan.changes.push(c);

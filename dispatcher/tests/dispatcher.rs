@@ -13,7 +13,7 @@ use tidings_bus::consume::Handler as _;
 use tidings_bus::delivered::{Delivery, DeliveryLog};
 use tidings_dispatcher::ingest::IngestStats;
 use tidings_dispatcher::{backlog, sweeper};
-use tidings_domain::messages::{Outcome, PushResult, decode};
+use tidings_domain::messages::{Outcome, PushRequest, PushResult, decode};
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
 use tidings_tests::api::{ADMIN_TOKEN, ApiServer, test_settings};
@@ -1146,5 +1146,52 @@ async fn ingest_waits_while_dispatch_is_behind_and_loses_nothing() {
     }
     stop.cancel();
     running.await.unwrap().unwrap();
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn with_push_batches_a_claims_requests_go_batch_by_batch_and_every_row_is_sent() {
+    let mut s = Scenario::new().await;
+    s.settings.push_batch = 2;
+    let mut watchers = Vec::new();
+    for item in ["SKU-1", "SKU-2", "SKU-3"] {
+        let w = s.watcher(item, BELOW_1200, 1100).await;
+        s.ingested(&w, 1100).await;
+        watchers.push(w);
+    }
+    let stats = s.dispatcher().dispatch_once().await.unwrap();
+    assert_eq!(
+        stats.published, 3,
+        "published counts requests, not messages"
+    );
+
+    // Two messages: two requests, then one, each named by its first request and its size.
+    let messages = s.take_push_messages(&s.push_consumer().await, WAIT).await;
+    let sizes: Vec<usize> = messages.iter().map(|(_, r)| r.len()).collect();
+    assert_eq!(sizes, [2, 1]);
+    for (id, requests) in &messages {
+        assert_eq!(id, &format!("{}+{}", requests[0].msg_id(), requests.len()));
+    }
+    let pushes: Vec<PushRequest> = messages.into_iter().flat_map(|(_, r)| r).collect();
+    let mut rows = HashSet::new();
+    for w in &watchers {
+        let of_watch = s.rows(w.watch).await;
+        assert_eq!(of_watch.len(), 1);
+        assert_eq!(of_watch[0].status, "sending");
+        rows.insert(of_watch[0].id);
+    }
+    let requested: HashSet<_> = pushes.iter().map(|p| p.outbox_id).collect();
+    assert_eq!(requested, rows, "one request per row");
+
+    // Their results end every row `sent`, as with one request a message.
+    let results: Vec<PushResult> = pushes
+        .iter()
+        .map(|p| s.result(p, Outcome::Delivered, Some(201)))
+        .collect();
+    s.publish_results(&results).await;
+    assert_eq!(s.results().await.run_once(WAIT).await.unwrap().applied, 3);
+    for p in &pushes {
+        assert_eq!(s.row(p.outbox_id).await.status, "sent");
+    }
     s.cleanup().await;
 }

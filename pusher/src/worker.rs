@@ -3,6 +3,13 @@
 //! batch with others: [`crate::report`]) before the request is acked, so a crash in between means
 //! a redelivery, never a lost result.
 //!
+//! A message carries one request or a `PushRequests` batch (`TIDINGS_DISPATCH_PUSH_BATCH`). Each
+//! request of a batch takes one of the `concurrency` slots a single request takes, so batches
+//! never multiply the pushes in flight; the message is acked once every request's result is
+//! stored, and handed back whole if any result could not be published (its delivered requests
+//! are then found in the delivery log, below). While a batch waits for slots it tells JetStream
+//! it is in progress, so its ack wait does not run out and hand it to another pusher.
+//!
 //! Redelivery safety: a delivered row is recorded in the delivery log
 //! ([`tidings_bus::delivered`]) before its result is published. A redelivered request
 //! (JetStream's delivery count > 1), or a later attempt of a row, found there is not sent again;
@@ -21,10 +28,11 @@ use tidings_bus::consume::{self, Consumer, ConsumerError, Durable, Shape};
 use tidings_bus::delivered::{Delivery, DeliveryLog, DeliveryLogError};
 use tidings_bus::streams::ensure_streams;
 use tidings_domain::Channel;
-use tidings_domain::messages::{Outcome, PushRequest, PushResult};
+use tidings_domain::messages::{Outcome, PushRequest, PushResult, decode_requests};
 use tidings_domain::subjects::StreamKind;
 use tidings_runtime::metrics::{PushLabels, StatusLabels, metrics, status_class};
 use tidings_runtime::telemetry;
+use tokio::sync::Semaphore;
 
 use crate::config::Settings;
 use crate::deliver::Deliverer;
@@ -61,6 +69,8 @@ struct Inner {
     deliverer: Deliverer,
     delivered: DeliveryLog,
     reporter: Reporter,
+    /// One per push in flight, whatever messages the requests came in.
+    slots: Semaphore,
 }
 
 #[derive(Clone)]
@@ -107,6 +117,7 @@ impl Pusher {
             inner: Arc::new(Inner {
                 reporter,
                 js,
+                slots: Semaphore::new(settings.concurrency.max(1)),
                 settings,
                 deliverer,
                 delivered,
@@ -115,39 +126,82 @@ impl Pusher {
         })
     }
 
-    /// Handles one message: [`Pusher::process`], then ack (or nak for redelivery if the result
-    /// could not be published).
-    pub async fn handle(&self, msg: jetstream::Message) -> Handled {
+    /// Handles one message: [`Pusher::process`], then ack (or nak for redelivery if a result
+    /// could not be published). How each of its requests was handled, in order.
+    pub async fn handle(&self, msg: jetstream::Message) -> Vec<Handled> {
         let handled = self.process(&msg).await;
-        match handled {
-            Handled::Retried => {
-                let _ = msg
-                    .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
-                    .await;
-            }
-            Handled::DeadLettered => {}
-            Handled::Reported(_) | Handled::AlreadyDelivered => {
-                if let Err(e) = msg.ack().await {
-                    tracing::warn!(subject = %msg.subject, error = %e, "ack failed; a redelivery will be absorbed");
-                }
-            }
+        if handled.contains(&Handled::Retried) {
+            let _ = msg
+                .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                .await;
+        } else if handled != [Handled::DeadLettered]
+            && let Err(e) = msg.ack().await
+        {
+            tracing::warn!(subject = %msg.subject, error = %e, "ack failed; a redelivery will be absorbed");
         }
         handled
     }
 
-    /// Everything but the ack: decode, deliver (or recognise a redelivery), record, report.
-    pub async fn process(&self, msg: &jetstream::Message) -> Handled {
+    /// Everything but the ack: decode, then deliver (or recognise a redelivery), record and
+    /// report each request the message carries, each in a slot of its own.
+    pub async fn process(&self, msg: &jetstream::Message) -> Vec<Handled> {
         let inner = &self.inner;
         let subjects = &inner.settings.subjects;
-        let decoded = consume::decode_or_dead_letter(&inner.js, subjects, StreamKind::Push, msg);
-        let Some(req): Option<PushRequest> = decoded.await else {
-            return Handled::DeadLettered;
+        let decoded = consume::decode_with_or_dead_letter(
+            &inner.js,
+            subjects,
+            StreamKind::Push,
+            msg,
+            decode_requests,
+        );
+        let Some(mut requests) = decoded.await else {
+            return vec![Handled::DeadLettered];
         };
-        let incoming = msg
+        // A request alone carries its trace context as the message's header, one of a batch in
+        // its own field.
+        let header = msg
             .headers
             .as_ref()
             .and_then(|h| h.get("traceparent"))
             .map(|v| v.as_str().to_owned());
+        // Only a redelivery or a retry can repeat a row that was already delivered.
+        let redelivered = msg.info().map(|i| i.delivered > 1).unwrap_or(true);
+        if requests.len() == 1 {
+            let req = requests.remove(0);
+            let incoming = req.traceparent.clone().or(header);
+            return vec![self.push(msg, req, incoming, redelivered).await];
+        }
+        let pushes = futures::future::join_all(requests.into_iter().map(|req| {
+            let incoming = req.traceparent.clone().or_else(|| header.clone());
+            self.push(msg, req, incoming, redelivered)
+        }));
+        tokio::pin!(pushes);
+        let every = inner.settings.ack_wait() / 2;
+        let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        loop {
+            tokio::select! {
+                handled = &mut pushes => return handled,
+                _ = progress.tick() => {
+                    if let Err(e) = msg.ack_with(AckKind::Progress).await {
+                        tracing::warn!(subject = %msg.subject, error = %e, "could not extend a batch's ack wait; it may be redelivered, and its delivered requests are found in the delivery log");
+                    }
+                }
+            }
+        }
+    }
+
+    /// One request, once a slot is free: deliver it (or recognise a redelivery of a delivered
+    /// row), record, report.
+    async fn push(
+        &self,
+        msg: &jetstream::Message,
+        req: PushRequest,
+        incoming: Option<String>,
+        redelivered: bool,
+    ) -> Handled {
+        let inner = &self.inner;
+        // The semaphore is never closed; were it, the push would go ahead without a slot.
+        let _slot = inner.slots.acquire().await.ok();
         // The push service's host: a span attribute, a metrics label, and part of the attempt's
         // record.
         let host = reqwest::Url::parse(&req.subscription.endpoint)
@@ -177,8 +231,6 @@ impl Pusher {
         } else {
             tracing::Span::none()
         };
-        // Only a redelivery or a retry can repeat a row that was already delivered.
-        let redelivered = msg.info().map(|i| i.delivered > 1).unwrap_or(true);
         let earlier = if redelivered || req.attempt > 1 {
             // Unavailable counts as no record (logged and counted by the log): sending is then
             // what it would have been without the guard.
@@ -277,7 +329,7 @@ impl Pusher {
         let mut out = Vec::new();
         for h in handles {
             if let Ok(handled) = h.await {
-                out.push(handled);
+                out.extend(handled);
             }
         }
         Ok(out)

@@ -12,7 +12,9 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 use tidings_bus::consume::{self, Handler as _};
 use tidings_bus::streams::{StreamSettings, ensure_streams};
-use tidings_domain::messages::{Outcome, PushRequest, PushResult, Subscription, decode_results};
+use tidings_domain::messages::{
+    Outcome, PushRequest, PushRequests, PushResult, Subscription, decode_results,
+};
 use tidings_domain::outbox::FailReason;
 use tidings_domain::subjects::{StreamKind, Subjects};
 use tidings_domain::{Channel, OutboxId};
@@ -90,7 +92,7 @@ impl World {
         }
     }
 
-    async fn publish(&self, req: &PushRequest, msg_id: &str) {
+    async fn publish(&self, req: &impl tidings_domain::messages::Message, msg_id: &str) {
         fixtures::publish_push(&self.js, &self.subjects, req, msg_id).await;
     }
 
@@ -515,5 +517,150 @@ async fn a_stopping_pusher_hands_back_what_it_pulled_within_a_second() {
     first.await.unwrap().unwrap();
     keep.cancel();
     second.await.unwrap().unwrap();
+    w.cleanup().await;
+}
+
+/// `n` requests, each for a subscription of its own and with a trace context of its own.
+fn traced_requests(w: &World, n: usize) -> Vec<(Subscription, PushRequest)> {
+    (0..n)
+        .map(|i| {
+            let sub = w.push.subscription();
+            let req = PushRequest {
+                traceparent: Some(format!(
+                    "00-{:032x}-{:016x}-01",
+                    0xabc0_u128 + i as u128,
+                    0x10_u64 + i as u64
+                )),
+                ..w.request(&sub)
+            };
+            (sub, req)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_batch_is_delivered_request_by_request_in_the_pushers_slots_and_acked_once() {
+    let mut w = World::new().await;
+    // Fewer slots than requests: the batch waits for them instead of pushing all at once.
+    w.settings.concurrency = 2;
+    let pusher = w.pusher().await;
+    let requests = traced_requests(&w, 5);
+    let batch = PushRequests::new(requests.iter().map(|(_, r)| r.clone()).collect());
+    w.publish(&batch, &batch.msg_id()).await;
+
+    let handled = pusher.run_once(WAIT).await.unwrap();
+    assert_eq!(handled, [Handled::Reported(Outcome::Delivered); 5]);
+    for (sub, req) in &requests {
+        let got = w.push.received_by(sub);
+        assert_eq!(
+            got.len(),
+            1,
+            "{} reached its subscription once",
+            req.outbox_id
+        );
+        let body: serde_json::Value = serde_json::from_slice(&got[0].plaintext).unwrap();
+        assert_eq!(body["title"], req.payload.title.as_str());
+        assert_eq!(got[0].topic.as_deref(), Some(req.topic.as_str()));
+    }
+    let results = w.results().await;
+    assert_eq!(results.len(), 5, "{results:?}");
+    for (_, req) in &requests {
+        let r = results
+            .iter()
+            .find(|r| r.outbox_id == req.outbox_id)
+            .unwrap_or_else(|| panic!("no result for {}", req.outbox_id));
+        assert_eq!((r.outcome, r.attempt), (Outcome::Delivered, req.attempt));
+        assert_eq!(
+            r.traceparent, req.traceparent,
+            "each result continues its own request's trace"
+        );
+    }
+    // One message, acked once its five results were stored.
+    let info = fixtures::pusher_consumer(&w.js, &w.subjects)
+        .await
+        .info()
+        .await
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (
+            info.num_ack_pending,
+            info.num_pending,
+            info.delivered.stream_sequence
+        ),
+        (0, 0, 1),
+        "{info:?}"
+    );
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_redelivered_batch_sends_again_only_what_was_not_delivered() {
+    let (w, pusher) = World::with_pusher().await;
+    let requests = traced_requests(&w, 3);
+    // The second subscription's push service fails once.
+    w.push.answer_next(&requests[1].0, &[Answer::ServerError]);
+    let batch = PushRequests::new(requests.iter().map(|(_, r)| r.clone()).collect());
+    w.publish(&batch, &batch.msg_id()).await;
+
+    // The pusher handles the batch, then dies before its ack: JetStream redelivers it (a NAK
+    // stands in for the ack timeout).
+    let mut fetched = fixtures::pusher_consumer(&w.js, &w.subjects)
+        .await
+        .fetch()
+        .max_messages(1)
+        .expires(Duration::from_secs(2))
+        .messages()
+        .await
+        .unwrap();
+    let msg = fetched.next().await.unwrap().unwrap();
+    assert_eq!(
+        pusher.process(&msg).await,
+        [
+            Handled::Reported(Outcome::Delivered),
+            Handled::Reported(Outcome::Transient),
+            Handled::Reported(Outcome::Delivered),
+        ]
+    );
+    msg.ack_with(AckKind::Nak(None)).await.unwrap();
+    assert_eq!(
+        pusher.run_once(Duration::from_secs(2)).await.unwrap(),
+        [
+            Handled::AlreadyDelivered,
+            Handled::Reported(Outcome::Delivered),
+            Handled::AlreadyDelivered,
+        ]
+    );
+    for (sub, _) in &requests {
+        assert_eq!(w.push.received_by(sub).len(), 1, "each arrived once");
+    }
+    assert_eq!(w.push.hits(), 4, "three pushes and the one that failed");
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_undecodable_batch_is_dead_lettered_whole_and_nothing_is_sent() {
+    let (w, pusher) = World::with_pusher().await;
+    let requests = traced_requests(&w, 2);
+    let mut batch = PushRequests::new(requests.iter().map(|(_, r)| r.clone()).collect());
+    batch.requests[1].attempt = 0;
+    w.publish(&batch, &batch.msg_id()).await;
+
+    assert_eq!(
+        pusher.run_once(WAIT).await.unwrap(),
+        [Handled::DeadLettered]
+    );
+    assert_eq!(w.push.hits(), 0);
+    assert!(w.results().await.is_empty());
+    let dlq =
+        w.js.get_stream(w.subjects.stream(StreamKind::Dlq))
+            .await
+            .unwrap()
+            .info()
+            .await
+            .unwrap()
+            .state
+            .messages;
+    assert_eq!(dlq, 1, "the batch is in the dead-letter stream");
     w.cleanup().await;
 }

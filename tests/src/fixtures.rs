@@ -172,15 +172,16 @@ pub fn push_request(sub: &Subscription) -> PushRequest {
         urgency: Urgency::High,
         topic: topic_for(id),
         dedup_day: None,
+        traceparent: None,
     }
 }
 
-/// Publishes `req` on the push subject as the dispatcher does, with `msg_id` as its
-/// `Nats-Msg-Id`; panics unless JetStream stores it.
+/// Publishes `req` (a PushRequest, or a PushRequests batch) on the push subject as the
+/// dispatcher does, with `msg_id` as its `Nats-Msg-Id`; panics unless JetStream stores it.
 pub async fn publish_push(
     js: &async_nats::jetstream::Context,
     subjects: &Subjects,
-    req: &PushRequest,
+    req: &impl tidings_domain::messages::Message,
     msg_id: &str,
 ) {
     let mut headers = async_nats::HeaderMap::new();
@@ -230,7 +231,7 @@ pub async fn deliver_then_redeliver(
     let msg = batch.next().await.expect("a request").expect("a message");
     assert_eq!(
         pusher.process(&msg).await,
-        Handled::Reported(Outcome::Delivered)
+        [Handled::Reported(Outcome::Delivered)]
     );
     msg.ack_with(AckKind::Nak(None)).await.expect("nak");
     pusher.run_once(wait).await.expect("redelivery")

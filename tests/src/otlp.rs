@@ -51,16 +51,19 @@ pub async fn receiver() -> (String, Spans) {
 
 /// Every service, exporting its spans (as JSON, to read them) to a receiver of the test's.
 pub async fn traced_pipeline(s: &Scenario) -> (Pipeline, Spans) {
+    traced_pipeline_with(s, &[]).await
+}
+
+/// [`traced_pipeline`] with more environment for every service.
+pub async fn traced_pipeline_with(s: &Scenario, extra: &[(&str, &str)]) -> (Pipeline, Spans) {
     let (otlp, spans) = receiver().await;
-    let p = Pipeline::start(
-        s,
-        &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()),
-            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
-            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
-        ],
-    )
-    .await;
+    let mut env = vec![
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+    ];
+    env.extend_from_slice(extra);
+    let p = Pipeline::start(s, &env).await;
     (p, spans)
 }
 

@@ -18,7 +18,8 @@ use tidings_dispatcher::ingest::Ingest;
 use tidings_dispatcher::results::Results;
 use tidings_dispatcher::sweeper::{self, SweepStats};
 use tidings_domain::messages::{
-    EnqueueRequest, Outcome, PushRequest, PushResult, PushResults, Subscription, decode, encode,
+    EnqueueRequest, Outcome, PushRequest, PushResult, PushResults, Subscription, decode,
+    decode_requests, encode,
 };
 use tidings_domain::subjects::{StreamKind, Subjects};
 use tidings_domain::trigger::Trigger;
@@ -297,6 +298,20 @@ impl Scenario {
 
     /// Every PushRequest available now (acked), waiting up to `wait` for the first.
     pub async fn take_pushes(&self, consumer: &PullConsumer, wait: Duration) -> Vec<PushRequest> {
+        self.take_push_messages(consumer, wait)
+            .await
+            .into_iter()
+            .flat_map(|(_, requests)| requests)
+            .collect()
+    }
+
+    /// Every push-stream message available now (acked), waiting up to `wait` for the first: its
+    /// `Nats-Msg-Id` and the requests it carries (one, or a batch).
+    pub async fn take_push_messages(
+        &self,
+        consumer: &PullConsumer,
+        wait: Duration,
+    ) -> Vec<(String, Vec<PushRequest>)> {
         let mut out = Vec::new();
         loop {
             let mut batch = consumer
@@ -310,7 +325,13 @@ impl Scenario {
             while let Some(Ok(m)) = batch.next().await {
                 got += 1;
                 m.ack().await.expect("ack push");
-                out.push(decode::<PushRequest>(&m.payload).expect("decodable PushRequest"));
+                let id = tidings_bus::consume::message_id(&m)
+                    .unwrap_or_default()
+                    .to_owned();
+                out.push((
+                    id,
+                    decode_requests(&m.payload).expect("decodable PushRequest(s)"),
+                ));
             }
             if got == 0 {
                 return out;

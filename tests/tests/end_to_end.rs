@@ -19,7 +19,7 @@ use tidings_tests::fake_catalog::Behavior;
 use tidings_tests::fake_push::{Answer, FakePushService};
 use tidings_tests::fixtures;
 use tidings_tests::harness::{self, DB_LOGINS, TestDb, poll_wait, serve, tool};
-use tidings_tests::otlp::{Spans, attr, int_attr, traced_pipeline};
+use tidings_tests::otlp::{Spans, attr, int_attr, traced_pipeline, traced_pipeline_with};
 use tidings_tests::scenario::{Scenario, Watcher};
 use tidings_tests::services::{ADMIN_TOKEN, Pipeline, SERVICES, binary, cli};
 
@@ -771,6 +771,88 @@ async fn one_notification_is_one_trace_across_every_service() {
             "{family} has no exemplar of trace {trace}:\n{text}"
         );
     }
+
+    p.stop().await;
+    s.cleanup().await;
+}
+
+/// With PushRequests batched (`TIDINGS_DISPATCH_PUSH_BATCH`), the requests of one claim share a
+/// push-stream message, whose one header cannot carry their traces: each request carries its own,
+/// and each notification is still one trace, its push a child of its own re-check.
+#[tokio::test]
+async fn notifications_pushed_in_one_batch_are_each_one_trace() {
+    let s = Scenario::new().await;
+    let push = FakePushService::start().await.unwrap();
+    let (p, spans) = traced_pipeline_with(&s, &[("TIDINGS_DISPATCH_PUSH_BATCH", "10")]).await;
+    let (a, sub_a) = watch_sku1_subscribed_to(&s, &push).await;
+    let (b, sub_b) = watch_sku1_subscribed_to(&s, &push).await;
+    s.catalog.set_price("SKU-1", 1000);
+
+    let started = Instant::now();
+    let mut ids = Vec::new();
+    for w in [&a, &b] {
+        let id = loop {
+            let sent: Option<uuid::Uuid> =
+                sqlx::query_scalar("SELECT id FROM outbox WHERE watch_id = $1 AND status = 'sent'")
+                    .bind(w.watch)
+                    .fetch_optional(&s.db.pool)
+                    .await
+                    .unwrap();
+            if let Some(id) = sent {
+                break id;
+            }
+            poll_wait(started, 30, || {
+                format!("not sent; dispatcher log:\n{}", p.log("dispatcher"))
+            })
+            .await;
+        };
+        ids.push(id.to_string());
+    }
+    for sub in [&sub_a, &sub_b] {
+        assert_eq!(
+            push.received_by(sub).len(),
+            1,
+            "each device got its push once"
+        );
+    }
+    let names = ["recheck", "push", "result"];
+    let mut traces = HashSet::new();
+    for id in &ids {
+        let of_row = loop {
+            let got: HashMap<String, Value> = spans
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|sp| attr(sp, "outbox_id").as_deref() == Some(id.as_str()))
+                .filter_map(|sp| Some((sp["name"].as_str()?.to_owned(), sp.clone())))
+                .collect();
+            if names.iter().all(|n| got.contains_key(*n)) {
+                break got;
+            }
+            poll_wait(started, 30, || {
+                format!("spans of {id} so far: {:?}", got.keys().collect::<Vec<_>>())
+            })
+            .await;
+        };
+        let trace = of_row["recheck"]["traceId"].as_str().unwrap().to_owned();
+        for n in names {
+            assert_eq!(
+                of_row[n]["traceId"].as_str(),
+                Some(trace.as_str()),
+                "{n} of {id}"
+            );
+        }
+        assert_eq!(
+            of_row["push"]["parentSpanId"], of_row["recheck"]["spanId"],
+            "{id}"
+        );
+        assert_eq!(
+            of_row["result"]["parentSpanId"], of_row["push"]["spanId"],
+            "{id}"
+        );
+        traces.insert(trace);
+    }
+    assert_eq!(traces.len(), 2, "two notifications, two traces");
 
     p.stop().await;
     s.cleanup().await;

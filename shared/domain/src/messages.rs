@@ -165,12 +165,84 @@ pub struct PushRequest {
     /// result finds its row in one partition. Older dispatchers omit it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dedup_day: Option<NaiveDate>,
+    /// The W3C trace context of the dispatch span, in a [`PushRequests`] batch (whose one header
+    /// cannot carry every request's). A request alone carries it as its message's header.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 impl PushRequest {
     /// `Nats-Msg-Id`: one message per (row, attempt).
     pub fn msg_id(&self) -> String {
         format!("{}:{}", self.outbox_id, self.attempt)
+    }
+}
+
+/// Dispatcher → pusher: several requests in one message, so a message's cost in JetStream
+/// (store, deliver, ack) is paid once per batch rather than once per push.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PushRequests {
+    pub v: u32,
+    pub requests: Vec<PushRequest>,
+}
+
+/// The most requests one [`PushRequests`] may carry. The dispatcher sends far fewer (its setting
+/// is capped here); the bound keeps one message from holding a pusher's every slot and its
+/// ack for long.
+pub const MAX_REQUESTS_PER_MESSAGE: usize = 100;
+
+impl PushRequests {
+    pub fn new(requests: Vec<PushRequest>) -> Self {
+        PushRequests {
+            v: VERSION,
+            requests,
+        }
+    }
+
+    /// `Nats-Msg-Id`: the first request's (row, attempt) and the count. A (row, attempt) is
+    /// published once, in one batch, so this names the batch as uniquely as a single request's
+    /// id names it.
+    pub fn msg_id(&self) -> String {
+        match self.requests.first() {
+            Some(first) => format!("{}+{}", first.msg_id(), self.requests.len()),
+            None => String::new(),
+        }
+    }
+}
+
+impl Message for PushRequests {
+    fn version(&self) -> u32 {
+        self.v
+    }
+
+    fn validate(&self) -> Result<(), DecodeError> {
+        if self.requests.is_empty() || self.requests.len() > MAX_REQUESTS_PER_MESSAGE {
+            return Err(DecodeError::Invalid(format!(
+                "a batch carries 1 to {MAX_REQUESTS_PER_MESSAGE} requests, not {}",
+                self.requests.len()
+            )));
+        }
+        if let Some(r) = self.requests.iter().find(|r| r.v != VERSION) {
+            return Err(DecodeError::Version { got: r.v });
+        }
+        self.requests.iter().try_for_each(Message::validate)
+    }
+}
+
+/// The requests a message on the push stream carries: a [`PushRequests`] batch, or one
+/// [`PushRequest`] (what dispatchers send unless `TIDINGS_DISPATCH_PUSH_BATCH` says otherwise).
+pub fn decode_requests(bytes: &[u8]) -> Result<Vec<PushRequest>, DecodeError> {
+    /// Which of the two a message is, read without building either.
+    #[derive(Deserialize)]
+    struct Shape {
+        #[serde(default)]
+        requests: Option<serde::de::IgnoredAny>,
+    }
+    let shape: Shape = serde_json::from_slice(bytes)?;
+    if shape.requests.is_some() {
+        Ok(decode::<PushRequests>(bytes)?.requests)
+    } else {
+        Ok(vec![decode::<PushRequest>(bytes)?])
     }
 }
 
@@ -460,5 +532,87 @@ mod tests {
         let t = topic_for(OutboxId::new());
         assert_eq!(t.len(), 32);
         assert!(t.bytes().all(|b| b.is_ascii_alphanumeric()));
+    }
+
+    fn request(attempt: u32) -> PushRequest {
+        let outbox_id = OutboxId::new();
+        PushRequest {
+            v: VERSION,
+            outbox_id,
+            attempt,
+            deadline: Utc.with_ymd_and_hms(2026, 12, 1, 9, 0, 5).unwrap(),
+            subscription: Subscription {
+                endpoint: "https://push.example/s/1".into(),
+                p256dh: "BK".into(),
+                auth: "AA".into(),
+            },
+            payload: Payload {
+                title: "SKU-1".into(),
+                body: "Now 10.50".into(),
+                tag: Some(outbox_id.to_string()),
+                url: None,
+                data: serde_json::Value::Null,
+            },
+            ttl: 3600,
+            urgency: Urgency::High,
+            topic: topic_for(outbox_id),
+            dedup_day: NaiveDate::from_ymd_opt(2026, 12, 1),
+            traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
+        }
+    }
+
+    #[test]
+    fn requests_decode_from_a_batch_or_alone() {
+        let batch = vec![request(1), request(2), request(1)];
+        let decoded = decode_requests(&encode(&PushRequests::new(batch.clone()))).unwrap();
+        assert_eq!(decoded, batch);
+        let one = request(3);
+        assert_eq!(decode_requests(&encode(&one)).unwrap(), vec![one]);
+    }
+
+    #[test]
+    fn requests_batches_are_bounded_versioned_and_checked_request_by_request() {
+        assert!(matches!(
+            decode_requests(&encode(&PushRequests::new(Vec::new()))),
+            Err(DecodeError::Invalid(_))
+        ));
+        let too_many = vec![request(1); MAX_REQUESTS_PER_MESSAGE + 1];
+        assert!(matches!(
+            decode_requests(&encode(&PushRequests::new(too_many))),
+            Err(DecodeError::Invalid(_))
+        ));
+        let most = vec![request(1); MAX_REQUESTS_PER_MESSAGE];
+        assert_eq!(
+            decode_requests(&encode(&PushRequests::new(most)))
+                .unwrap()
+                .len(),
+            MAX_REQUESTS_PER_MESSAGE
+        );
+        let newer = PushRequest { v: 2, ..request(1) };
+        assert!(matches!(
+            decode_requests(&encode(&PushRequests::new(vec![request(1), newer]))),
+            Err(DecodeError::Version { got: 2 })
+        ));
+        // One bad request makes the whole message undecodable (it is dead-lettered whole).
+        let attempt_zero = request(0);
+        assert!(matches!(
+            decode_requests(&encode(&PushRequests::new(vec![request(1), attempt_zero]))),
+            Err(DecodeError::Invalid(_))
+        ));
+        assert!(matches!(
+            decode_requests(b"{\"v\":1,\"requests\":7}"),
+            Err(DecodeError::Json(_))
+        ));
+    }
+
+    #[test]
+    fn a_batch_is_named_by_its_first_request_and_its_size() {
+        let batch = PushRequests::new(vec![request(2), request(1)]);
+        let first = &batch.requests[0];
+        assert_eq!(
+            batch.msg_id(),
+            format!("{}:2+2", first.outbox_id),
+            "the id JetStream deduplicates the batch by"
+        );
     }
 }

@@ -17,7 +17,7 @@ use tidings_dispatcher::dispatch::Dispatcher;
 use tidings_dispatcher::ingest::Ingest;
 use tidings_dispatcher::results::Results;
 use tidings_domain::Channel;
-use tidings_domain::messages::{Outcome, PushRequest, PushResult, PushResults, decode, encode};
+use tidings_domain::messages::{Outcome, PushResult, PushResults, decode_requests, encode};
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
 use tidings_source::HttpSource;
@@ -187,17 +187,18 @@ async fn round(rows: usize) -> Round {
             .await
             .expect("fetch");
         while let Some(Ok(m)) = msgs.next().await {
-            let p: PushRequest = decode(&m.payload).expect("push request");
-            // As the pusher reports a delivery.
-            results.push(PushResult {
-                http_status: Some(201),
-                latency_ms: 1,
-                message_id: Some(format!("https://push.example/m/{}", p.outbox_id)),
-                dedup_day: p.dedup_day,
-                started_at: Some(Utc::now()),
-                push_host: Some("push.example".into()),
-                ..PushResult::new(p.outbox_id, p.attempt, Outcome::Delivered)
-            });
+            // As the pusher reports a delivery, for each request the message carries.
+            for p in decode_requests(&m.payload).expect("push requests") {
+                results.push(PushResult {
+                    http_status: Some(201),
+                    latency_ms: 1,
+                    message_id: Some(format!("https://push.example/m/{}", p.outbox_id)),
+                    dedup_day: p.dedup_day,
+                    started_at: Some(Utc::now()),
+                    push_host: Some("push.example".into()),
+                    ..PushResult::new(p.outbox_id, p.attempt, Outcome::Delivered)
+                });
+            }
             let _ = m.ack().await;
         }
     }

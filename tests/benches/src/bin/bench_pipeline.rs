@@ -655,6 +655,7 @@ async fn naive_forwarder(
                             urgency: Urgency::Normal,
                             topic: topic_for(id),
                             dedup_day: None,
+                            traceparent: None,
                         };
                         topics
                             .lock()

@@ -80,6 +80,7 @@ async fn round(pushes: usize) -> (f64, CpuSplit) {
                 urgency: Urgency::Normal,
                 topic: topic_for(id),
                 dedup_day: None,
+                traceparent: None,
             };
             let mut headers = async_nats::HeaderMap::new();
             headers.insert("Nats-Msg-Id", req.msg_id().as_str());
