@@ -285,46 +285,49 @@ impl Dispatcher {
             .subjects
             .subject(StreamKind::Push, Channel::WebPush);
         let batch = self.settings.push_batch.max(1);
-        let mut chunks: Vec<Vec<PushRequest>> = Vec::new();
+        // The rows in publish order, and how many of them each message carries.
+        let ids: Vec<OutboxId> = requests.iter().map(|r| r.outbox_id).collect();
+        let mut sizes = Vec::new();
         let mut outgoing = Vec::new();
+        let message = |msg_id: &str, traceparent: Option<&str>, payload| {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert("Nats-Msg-Id", msg_id);
+            if let Some(tp) = traceparent {
+                headers.insert("traceparent", tp);
+            }
+            Outgoing {
+                subject: subject.clone(),
+                headers,
+                payload,
+            }
+        };
         if batch == 1 {
-            for r in requests {
-                let mut headers = async_nats::HeaderMap::new();
-                headers.insert("Nats-Msg-Id", r.msg_id().as_str());
-                if let Some(tp) = traceparents.get(&r.outbox_id) {
-                    headers.insert("traceparent", tp.as_ref());
-                }
-                outgoing.push(Outgoing {
-                    subject: subject.clone(),
-                    headers,
-                    payload: encode(&r),
-                });
-                chunks.push(vec![r]);
+            for r in &requests {
+                let tp = traceparents.get(&r.outbox_id).map(|tp| tp.as_ref());
+                outgoing.push(message(&r.msg_id(), tp, encode(r)));
+                sizes.push(1);
             }
         } else {
             for r in &mut requests {
                 r.traceparent = traceparents.get(&r.outbox_id).map(|tp| tp.to_string());
             }
-            let mut requests = requests.into_iter().peekable();
-            while requests.peek().is_some() {
-                let message = PushRequests::new(requests.by_ref().take(batch).collect());
-                let mut headers = async_nats::HeaderMap::new();
-                headers.insert("Nats-Msg-Id", message.msg_id().as_str());
-                outgoing.push(Outgoing {
-                    subject: subject.clone(),
-                    headers,
-                    payload: encode(&message),
-                });
-                chunks.push(message.requests);
+            let mut rest = requests.into_iter().peekable();
+            while rest.peek().is_some() {
+                let m = PushRequests::new(rest.by_ref().take(batch).collect());
+                sizes.push(m.requests.len());
+                outgoing.push(message(&m.msg_id(), None, encode(&m)));
             }
         }
         let acks = publish_all(&self.js, outgoing, PUBLISH_WINDOW).await;
         let mut published = 0;
         let mut failed = Vec::new();
-        for (chunk, ack) in chunks.iter().zip(acks) {
+        let mut at = 0;
+        for (size, ack) in sizes.into_iter().zip(acks) {
+            let rows = &ids[at..at + size];
+            at += size;
             match ack {
-                Ok(_) => published += chunk.len(),
-                Err(e) => failed.extend(chunk.iter().map(|r| (r.outbox_id, e.clone()))),
+                Ok(_) => published += size,
+                Err(e) => failed.extend(rows.iter().map(|id| (*id, e.clone()))),
             }
         }
         (published, failed)
