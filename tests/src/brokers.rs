@@ -71,17 +71,22 @@ impl PrivateNats {
     }
 
     /// Starts the server (again, on the same port and storage) and waits until JetStream is up.
+    /// Its output is appended to `nats.log` in its storage folder ([`PrivateNats::log`]).
     pub async fn start(&mut self) -> Result<(), HarnessError> {
         let bin = stack()?.nats_server.clone();
+        let io = |e: std::io::Error| HarnessError::Nats(format!("{}: {e}", self.dir.display()));
+        std::fs::create_dir_all(&self.dir).map_err(io)?;
         let mut command = std::process::Command::new(&bin);
         if let Some(config) = &self.config {
-            std::fs::create_dir_all(&self.dir)
-                .map_err(|e| HarnessError::Nats(format!("{}: {e}", self.dir.display())))?;
             let file = self.dir.join("nats.conf");
-            std::fs::write(&file, config)
-                .map_err(|e| HarnessError::Nats(format!("{}: {e}", file.display())))?;
+            std::fs::write(&file, config).map_err(io)?;
             command.arg("-c").arg(file);
         }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_file())
+            .map_err(io)?;
         let child = command
             .args(["-js", "-a", "127.0.0.1"])
             .args([
@@ -94,7 +99,7 @@ impl PrivateNats {
             .arg(&self.dir)
             .args(&self.args)
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stderr(log)
             .spawn()
             .map_err(|e| HarnessError::Nats(format!("starting {bin}: {e}")))?;
         self.child = Some(child);
@@ -103,6 +108,7 @@ impl PrivateNats {
             self.monitor
         );
         for _ in 0..200 {
+            self.check_running()?;
             if let Ok(r) = reqwest::get(&health).await
                 && r.status().is_success()
             {
@@ -111,8 +117,35 @@ impl PrivateNats {
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
         Err(HarnessError::Nats(format!(
-            "private nats-server on port {} did not become healthy",
-            self.port
+            "private nats-server on port {} did not become healthy:\n{}",
+            self.port,
+            self.log()
+        )))
+    }
+
+    fn log_file(&self) -> PathBuf {
+        self.dir.join("nats.log")
+    }
+
+    /// What the server has printed (its last 40 lines), for a failure's message.
+    pub fn log(&self) -> String {
+        let text = std::fs::read_to_string(self.log_file()).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// An error naming the exit and the log if the server was started and has exited since
+    /// (a port taken between [`free_port`] and its bind, say).
+    fn check_running(&mut self) -> Result<(), HarnessError> {
+        let exited = match self.child.as_mut().map(std::process::Child::try_wait) {
+            Some(Ok(Some(status))) => status.to_string(),
+            Some(Err(e)) => e.to_string(),
+            Some(Ok(None)) | None => return Ok(()),
+        };
+        Err(HarnessError::Nats(format!(
+            "nats-server on port {} exited ({exited}):\n{}",
+            self.port,
+            self.log()
         )))
     }
 
@@ -162,14 +195,41 @@ impl NatsCluster {
 
     /// [`NatsCluster::started`], each node with `config` (e.g. users and their permissions; a
     /// `no_auth_user` lets this harness's own client in).
+    ///
+    /// A port [`free_port`] found free can be taken by another test's connection before a node
+    /// binds it. The node then exits, and the other two elect a leader but can never place a
+    /// stream's three replicas ("no suitable peers for placement"). So a cluster that does not
+    /// form is stopped and started again on other ports, and the error, when every try failed,
+    /// carries each node's log.
     pub async fn with_config(config: Option<&str>) -> Result<Self, HarnessError> {
-        let mut nodes = Vec::new();
-        let mut cluster_ports = Vec::new();
+        let mut failures = Vec::new();
         for _ in 0..3 {
+            let ports = [free_port()?, free_port()?, free_port()?];
+            match Self::try_start(config, ports).await {
+                Ok(cluster) => return Ok(cluster),
+                Err(e) => {
+                    eprintln!("NATS cluster did not form, starting it again on other ports: {e}");
+                    failures.push(e.to_string());
+                }
+            }
+        }
+        Err(HarnessError::Nats(format!(
+            "no NATS cluster formed in three tries:\n{}",
+            failures.join("\n---\n")
+        )))
+    }
+
+    /// One try at starting a cluster whose nodes route on `cluster_ports`: an error as soon as
+    /// a node exits, or when the cluster has not formed within 20 s.
+    pub async fn try_start(
+        config: Option<&str>,
+        cluster_ports: [u16; 3],
+    ) -> Result<Self, HarnessError> {
+        let mut nodes = Vec::new();
+        for _ in cluster_ports {
             let mut node = PrivateNats::reserve()?;
             node.config = config.map(str::to_owned);
             nodes.push(node);
-            cluster_ports.push(free_port()?);
         }
         let name = format!("tidings-{}", &Uuid::new_v4().simple().to_string()[..8]);
         let names: Vec<String> = (0..nodes.len()).map(|i| format!("{name}-n{i}")).collect();
@@ -193,14 +253,16 @@ impl NatsCluster {
         }
         // Each node waits for its routes before JetStream reports healthy, so start them together.
         let starts = nodes.iter_mut().map(PrivateNats::start);
-        for r in futures::future::join_all(starts).await {
-            r?;
-        }
-        let cluster = NatsCluster { nodes, names };
+        let started: Result<Vec<()>, HarnessError> = futures::future::join_all(starts)
+            .await
+            .into_iter()
+            .collect();
+        let mut cluster = NatsCluster { nodes, names };
+        started?;
+        cluster.wait_formed().await?;
         cluster.wait_for_meta_leader().await?;
         Ok(cluster)
     }
-
     /// Every node's URL, comma-separated: what `NATS_URL` is given in production.
     pub fn url(&self) -> String {
         self.nodes
@@ -221,6 +283,36 @@ impl NatsCluster {
         client_of(&self.url()).await
     }
 
+    /// Waits until one node leads the JetStream meta group and sees both others current: what
+    /// placing a stream's three replicas needs. A node that exits ends the wait at once.
+    async fn wait_formed(&mut self) -> Result<(), HarnessError> {
+        let started = std::time::Instant::now();
+        let mut seen = String::new();
+        while started.elapsed() < Duration::from_secs(20) {
+            for node in &mut self.nodes {
+                node.check_running()?;
+            }
+            seen.clear();
+            for (node, name) in self.nodes.iter().zip(&self.names) {
+                let meta = meta_cluster(node.monitor).await;
+                let leads = meta["leader"].as_str() == Some(name.as_str());
+                let peers = meta["replicas"].as_array().map_or(&[][..], Vec::as_slice);
+                if leads && peers.len() == 2 && peers.iter().all(|p| p["current"] == true) {
+                    return Ok(());
+                }
+                seen.push_str(&format!("\n{name}: {meta}"));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let logs: Vec<String> = (self.names.iter().zip(&self.nodes))
+            .map(|(name, node)| format!("{name}:\n{}", node.log()))
+            .collect();
+        Err(HarnessError::Nats(format!(
+            "no node led the meta group with both peers current within 20 s; each node's view:{seen}\n{}",
+            logs.join("\n")
+        )))
+    }
+
     async fn wait_for_meta_leader(&self) -> Result<(), HarnessError> {
         let js = async_nats::jetstream::new(self.client().await?);
         let mut last = String::new();
@@ -236,4 +328,17 @@ impl NatsCluster {
             self.url()
         )))
     }
+}
+
+/// A node's view of the JetStream meta group (`/jsz`'s `meta_cluster`), or null while it has
+/// none to give.
+async fn meta_cluster(monitor: u16) -> serde_json::Value {
+    let url = format!("http://127.0.0.1:{monitor}/jsz");
+    let Ok(response) = reqwest::get(&url).await else {
+        return serde_json::Value::Null;
+    };
+    let text = response.text().await.unwrap_or_default();
+    serde_json::from_str::<serde_json::Value>(&text)
+        .map(|v| v["meta_cluster"].clone())
+        .unwrap_or_default()
 }

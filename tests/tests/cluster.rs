@@ -14,7 +14,7 @@ use tidings_bus::streams::ensure_streams;
 use tidings_domain::Channel;
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
-use tidings_tests::brokers::NatsCluster;
+use tidings_tests::brokers::{NatsCluster, free_port};
 use tidings_tests::fake_push::FakePushService;
 use tidings_tests::fixtures;
 use tidings_tests::harness::poll_wait;
@@ -250,4 +250,28 @@ async fn a_stream_leader_change_during_ingest_loses_nothing() {
     // The outbox's unique key holds each request once, so N rows are all N requests.
     assert_eq!(s.db.count("SELECT count(*) FROM outbox").await, N as i64);
     s.cleanup().await;
+}
+
+/// Regression: a node whose route port another process took between the harness choosing it and
+/// the node binding it reports healthy, then exits; the two left elect a leader but can place no
+/// stream of three replicas, and the services waited in vain for their streams. Such a start now
+/// fails at once, naming the exit and the node's log, so the harness can start the cluster again.
+#[tokio::test]
+async fn a_cluster_node_that_loses_its_port_fails_the_start_at_once_with_its_log() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let started = Instant::now();
+    let ports = [port, free_port().unwrap(), free_port().unwrap()];
+    let Err(error) = NatsCluster::try_start(None, ports).await else {
+        panic!("a cluster formed with a node's route port taken");
+    };
+    let text = error.to_string();
+    assert!(text.contains("exited"), "{text}");
+    assert!(text.contains("address already in use"), "{text}");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "the failure took {:?}",
+        started.elapsed()
+    );
+    drop(taken);
 }
