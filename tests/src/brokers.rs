@@ -56,18 +56,28 @@ impl PrivateNats {
 
     /// Reserves and starts a server.
     pub async fn started() -> Result<Self, HarnessError> {
-        let mut n = Self::reserve()?;
-        n.start().await?;
-        Ok(n)
+        Self::started_on_free_ports(None).await
     }
 
     /// Reserves and starts a server with this configuration file (its `listen`, `jetstream` and
     /// monitoring settings are set by flags, which take precedence).
     pub async fn with_config(config: &str) -> Result<Self, HarnessError> {
-        let mut n = Self::reserve()?;
-        n.config = Some(config.to_owned());
-        n.start().await?;
-        Ok(n)
+        Self::started_on_free_ports(Some(config)).await
+    }
+
+    /// A port found free can be taken by another process before the server binds it, and the
+    /// server then exits: up to three tries, each on other ports.
+    async fn started_on_free_ports(config: Option<&str>) -> Result<Self, HarnessError> {
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            let mut n = Self::reserve()?;
+            n.config = config.map(str::to_owned);
+            match n.start().await {
+                Ok(()) => return Ok(n),
+                Err(e) => failures.push(e.to_string()),
+            }
+        }
+        Err(HarnessError::Nats(failures.join("\n---\n")))
     }
 
     /// Starts the server (again, on the same port and storage) and waits until JetStream is up.
