@@ -285,9 +285,8 @@ impl Dispatcher {
             .subjects
             .subject(StreamKind::Push, Channel::WebPush);
         let batch = self.settings.push_batch.max(1);
-        // The rows in publish order, and how many of them each message carries.
+        // The rows in publish order: message i carries `ids.chunks(batch)[i]`.
         let ids: Vec<OutboxId> = requests.iter().map(|r| r.outbox_id).collect();
-        let mut sizes = Vec::new();
         let mut outgoing = Vec::new();
         let message = |msg_id: &str, traceparent: Option<&str>, payload| {
             let mut headers = async_nats::HeaderMap::new();
@@ -305,7 +304,6 @@ impl Dispatcher {
             for r in &requests {
                 let tp = traceparents.get(&r.outbox_id).map(|tp| tp.as_ref());
                 outgoing.push(message(&r.msg_id(), tp, encode(r)));
-                sizes.push(1);
             }
         } else {
             for r in &mut requests {
@@ -314,19 +312,15 @@ impl Dispatcher {
             let mut rest = requests.into_iter().peekable();
             while rest.peek().is_some() {
                 let m = PushRequests::new(rest.by_ref().take(batch).collect());
-                sizes.push(m.requests.len());
                 outgoing.push(message(&m.msg_id(), None, encode(&m)));
             }
         }
         let acks = publish_all(&self.js, outgoing, PUBLISH_WINDOW).await;
         let mut published = 0;
         let mut failed = Vec::new();
-        let mut at = 0;
-        for (size, ack) in sizes.into_iter().zip(acks) {
-            let rows = &ids[at..at + size];
-            at += size;
+        for (rows, ack) in ids.chunks(batch).zip(acks) {
             match ack {
-                Ok(_) => published += size,
+                Ok(_) => published += rows.len(),
                 Err(e) => failed.extend(rows.iter().map(|id| (*id, e.clone()))),
             }
         }

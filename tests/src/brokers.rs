@@ -38,6 +38,30 @@ pub fn free_port() -> Result<u16, HarnessError> {
         .map_err(|e| HarnessError::Nats(format!("no free port: {e}")))
 }
 
+/// Up to three tries of `start`, each choosing its ports anew. A port [`free_port`] found free
+/// can be taken by another test's connection before the server binds it, and the server then
+/// exits; the error, when every try failed, carries each try's (with the servers' logs).
+async fn on_fresh_ports<T, F, Fut>(what: &str, mut start: F) -> Result<T, HarnessError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, HarnessError>>,
+{
+    let mut failures = Vec::new();
+    for _ in 0..3 {
+        match start().await {
+            Ok(started) => return Ok(started),
+            Err(e) => {
+                eprintln!("{what} did not start, starting it again on other ports: {e}");
+                failures.push(e.to_string());
+            }
+        }
+    }
+    Err(HarnessError::Nats(format!(
+        "{what} did not start in three tries:\n{}",
+        failures.join("\n---\n")
+    )))
+}
+
 impl PrivateNats {
     /// A port and storage folder for a server that is not running yet ([`PrivateNats::start`]).
     pub fn reserve() -> Result<Self, HarnessError> {
@@ -65,19 +89,13 @@ impl PrivateNats {
         Self::started_on_free_ports(Some(config)).await
     }
 
-    /// A port found free can be taken by another process before the server binds it, and the
-    /// server then exits: up to three tries, each on other ports.
     async fn started_on_free_ports(config: Option<&str>) -> Result<Self, HarnessError> {
-        let mut failures = Vec::new();
-        for _ in 0..3 {
+        on_fresh_ports("nats-server", || async {
             let mut n = Self::reserve()?;
             n.config = config.map(str::to_owned);
-            match n.start().await {
-                Ok(()) => return Ok(n),
-                Err(e) => failures.push(e.to_string()),
-            }
-        }
-        Err(HarnessError::Nats(failures.join("\n---\n")))
+            n.start().await.map(|()| n)
+        })
+        .await
     }
 
     /// Starts the server (again, on the same port and storage) and waits until JetStream is up.
@@ -206,27 +224,15 @@ impl NatsCluster {
     /// [`NatsCluster::started`], each node with `config` (e.g. users and their permissions; a
     /// `no_auth_user` lets this harness's own client in).
     ///
-    /// A port [`free_port`] found free can be taken by another test's connection before a node
-    /// binds it. The node then exits, and the other two elect a leader but can never place a
-    /// stream's three replicas ("no suitable peers for placement"). So a cluster that does not
-    /// form is stopped and started again on other ports, and the error, when every try failed,
-    /// carries each node's log.
+    /// A node that lost its port (see [`on_fresh_ports`]) leaves two that elect a leader but can
+    /// never place a stream's three replicas ("no suitable peers for placement"), so a cluster
+    /// that does not form is stopped and started again on other ports.
     pub async fn with_config(config: Option<&str>) -> Result<Self, HarnessError> {
-        let mut failures = Vec::new();
-        for _ in 0..3 {
+        on_fresh_ports("NATS cluster", || async {
             let ports = [free_port()?, free_port()?, free_port()?];
-            match Self::try_start(config, ports).await {
-                Ok(cluster) => return Ok(cluster),
-                Err(e) => {
-                    eprintln!("NATS cluster did not form, starting it again on other ports: {e}");
-                    failures.push(e.to_string());
-                }
-            }
-        }
-        Err(HarnessError::Nats(format!(
-            "no NATS cluster formed in three tries:\n{}",
-            failures.join("\n---\n")
-        )))
+            Self::try_start(config, ports).await
+        })
+        .await
     }
 
     /// One try at starting a cluster whose nodes route on `cluster_ports`: an error as soon as
