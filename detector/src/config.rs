@@ -48,6 +48,10 @@ pub struct Config {
     /// JetStream lost the message (the duplicate window and the outbox key absorb repeats).
     #[arg(long, env = "TIDINGS_REPUBLISH_AFTER", default_value = "10m", value_parser = parse_duration)]
     pub republish_after: Duration,
+    /// Scans wait while more than this many notifications wait in the enqueue stream for the
+    /// dispatcher's ingest (dispatch is behind), until half as many do (0: never wait).
+    #[arg(long, env = "TIDINGS_DETECTOR_HOLD_BACKLOG", default_value_t = 20_000)]
+    pub hold_backlog: u64,
     /// Print what would be enqueued (JSON lines on stdout) without publishing or writing.
     #[arg(long, env = "TIDINGS_DRY_RUN", default_value_t = false)]
     pub dry_run: bool,
@@ -88,6 +92,7 @@ pub struct Settings {
     pub shard_count: u32,
     pub memory_capacity: usize,
     pub republish_after: Duration,
+    pub hold_backlog: u64,
     pub dry_run: bool,
 }
 
@@ -145,6 +150,7 @@ impl Config {
             shard_count: self.shard_count,
             memory_capacity: self.memory_capacity,
             republish_after: self.republish_after,
+            hold_backlog: self.hold_backlog,
             dry_run: self.dry_run,
         }
     }

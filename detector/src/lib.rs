@@ -5,6 +5,7 @@
 //! - [`watchlist`]: the shard's watches and baselines in memory, refreshed by what changed.
 //! - [`evaluate`]: what one watch's triggers say about one observation (pure).
 //! - [`memory`]: what was enqueued today, so a condition that keeps holding is published once.
+//! - [`hold`]: scans wait while dispatch is behind and the enqueue stream is deep.
 //! - [`config`]: configuration, sharding.
 //!
 //! Scaling out: N replicas split the watches by a hash of the watch id (`TIDINGS_SHARD_COUNT`,
@@ -12,6 +13,7 @@
 
 mod config;
 mod evaluate;
+pub mod hold;
 mod memory;
 pub mod scan;
 mod watchlist;
@@ -63,21 +65,35 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
         }),
     );
     let js = async_nats::jetstream::new(nats);
+    // A dry run publishes nothing, so it has no backlog to wait for.
+    let limit = if settings.dry_run {
+        0
+    } else {
+        settings.hold_backlog
+    };
+    let hold = hold::Hold::new(js.clone(), &settings.subjects, limit);
     let detector = scan::Detector::new(pool, js, source, settings);
     if config.once {
         let stats = detector.scan_once(chrono::Utc::now()).await?;
         tracing::info!(?stats, "scan finished");
         return Ok(());
     }
-    detector.run(interval, shutdown).await;
+    detector.run(interval, hold, shutdown).await;
     tracing::info!("detector stopped");
     Ok(())
 }
 
 impl scan::Detector {
-    /// Scans every `scan_interval` until `shutdown`; a scan in progress finishes first.
-    pub async fn run(&self, interval: Duration, shutdown: CancellationToken) {
+    /// Scans every `scan_interval` until `shutdown`; a scan in progress finishes first. While
+    /// `hold` says dispatch is behind, scans wait, looking again every [`hold::RECHECK`].
+    pub async fn run(&self, interval: Duration, mut hold: hold::Hold, shutdown: CancellationToken) {
         loop {
+            if hold.holds().await {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(hold::RECHECK.min(interval)) => continue,
+                }
+            }
             let started = tokio::time::Instant::now();
             match self.scan_once(chrono::Utc::now()).await {
                 Ok(stats) => {

@@ -5,8 +5,10 @@
 
 use chrono::{Duration as ChronoDuration, TimeZone, Utc};
 use std::time::Duration;
+use tidings_bus::consume::Handler;
 use tidings_bus::streams::{StreamSettings, ensure_streams};
 use tidings_detector::Settings;
+use tidings_detector::hold::Hold;
 use tidings_detector::scan::Detector;
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
@@ -584,5 +586,81 @@ async fn a_purged_watch_leaves_the_detector_running() {
     s.catalog.set_price(&kept.item, 1000);
     let dropped = d.scan_once(t0 + ChronoDuration::seconds(3)).await.unwrap();
     assert_eq!((dropped.watches, dropped.published), (1, 1));
+    s.cleanup().await;
+}
+
+/// Dispatch behind: scans wait while more than the limit waits in the enqueue stream for ingest,
+/// and once ingest has taken the backlog, the first scan finds what began during the wait.
+#[tokio::test]
+async fn scans_wait_while_the_enqueue_backlog_is_deep_and_then_find_what_changed() {
+    let s = Scenario::new().await;
+    let filler = s
+        .watcher("SKU-F", Trigger::PriceBelow { threshold: 1200 }, 1500)
+        .await;
+    let w = s
+        .watcher("SKU-1", Trigger::PriceBelow { threshold: 1200 }, 1500)
+        .await;
+    // The ingest consumer exists (as once a dispatcher has started) and 30 messages wait for it.
+    let ingest = s.ingest().await;
+    let t = Utc::now();
+    for i in 0..30 {
+        let req = s.detection(&filler, 1100 - i, t);
+        assert!(!s.publish_enqueue(&req, &format!("filler-{i}")).await);
+    }
+    let limit = 10;
+    let mut hold = Hold::new(s.js.clone(), &s.subjects, limit);
+    assert!(hold.holds().await, "30 waiting, limit 10");
+
+    let stop = tokio_util::sync::CancellationToken::new();
+    let d = std::sync::Arc::new(detector(&s, 0, 1));
+    let run = tokio::spawn({
+        let (d, stop) = (d.clone(), stop.clone());
+        async move { d.run(Duration::from_millis(100), hold, stop).await }
+    });
+    s.catalog.set_price("SKU-1", 1100);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let enqueued = s.enqueued().await;
+    assert_eq!(enqueued.len(), 30, "held: nothing published");
+    assert!(enqueued.iter().all(|r| r.watch_id == filler.watch));
+
+    // Ingest takes the backlog; the detector resumes and its first scan finds SKU-1 below the
+    // threshold, which ingest then stores.
+    let ingesting = tokio::spawn(ingest.run(stop.clone()));
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    while s.rows(w.watch).await.is_empty() && std::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let rows = s.rows(w.watch).await;
+    assert_eq!(rows.len(), 1, "found after the hold, once");
+    assert_eq!(rows[0].detected_price, 1100);
+    stop.cancel();
+    run.await.unwrap();
+    let _ = ingesting.await.unwrap();
+    s.cleanup().await;
+}
+
+/// A backlog that cannot be read (here: no dispatcher has created its consumer yet) never stops
+/// the scans, and a zero limit never even looks.
+#[tokio::test]
+async fn a_backlog_that_cannot_be_read_does_not_hold_scans() {
+    let s = Scenario::new().await;
+    assert!(
+        s.consumer(StreamKind::Enqueue, "dispatcher-ingest")
+            .await
+            .is_none()
+    );
+    assert!(!Hold::new(s.js.clone(), &s.subjects, 1).holds().await);
+    s.ingest().await;
+    let w = s
+        .watcher("SKU-1", Trigger::PriceBelow { threshold: 1200 }, 1100)
+        .await;
+    for (price, id) in [(1100, "a"), (1000, "b")] {
+        assert!(
+            !s.publish_enqueue(&s.detection(&w, price, Utc::now()), id)
+                .await
+        );
+    }
+    assert!(Hold::new(s.js.clone(), &s.subjects, 1).holds().await);
+    assert!(!Hold::new(s.js.clone(), &s.subjects, 0).holds().await);
     s.cleanup().await;
 }

@@ -1505,4 +1505,21 @@ async fn each_service_works_as_its_own_nats_user_and_cannot_publish_the_others_m
     }
     assert_eq!(last(StreamKind::Enqueue).await, enqueued);
     assert_eq!(last(StreamKind::Push).await, pushes);
+    // The detector reads how much waits for ingest (its scans wait while dispatch is behind), and
+    // no other consumer.
+    let detector = as_user(Service::Detector).await;
+    let info = |stream: StreamKind, consumer: &'static str| {
+        let (js, name) = (detector.clone(), s.subjects.stream(stream));
+        async move {
+            js.get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>(
+                consumer, name,
+            )
+            .await
+            .is_ok()
+        }
+    };
+    assert!(info(StreamKind::Enqueue, "dispatcher-ingest").await);
+    assert!(!info(StreamKind::Push, "pusher").await);
+    let log = p.log("detector");
+    assert!(!log.contains("cannot read the enqueue backlog"), "{log}");
 }

@@ -117,7 +117,15 @@ pub fn permissions(service: Service, prefix: &str) -> Permissions {
     let mut subscribe = vec![format!("_INBOX_{}.>", service.name())];
     let roll_call = format!("{prefix}.{}", crate::roll_call::SUBJECT);
     match service {
-        Service::Detector => publish.push(subject(StreamKind::Enqueue)),
+        Service::Detector => {
+            publish.push(subject(StreamKind::Enqueue));
+            // How much waits for ingest: scans wait while dispatch is behind.
+            publish.push(format!(
+                "$JS.API.CONSUMER.INFO.{}.{}",
+                stream(prefix, StreamKind::Enqueue),
+                crate::streams::consumer_of(StreamKind::Enqueue)
+            ));
+        }
         Service::Dispatcher => {
             publish.push(subject(StreamKind::Push));
             publish.push(subject(StreamKind::Dlq));
@@ -345,6 +353,23 @@ mod tests {
                 service,
                 "*",
                 "$JS.API.STREAM.DELETE.tidings_enqueue"
+            ));
+        }
+    }
+
+    #[test]
+    fn the_detector_may_read_only_the_ingest_consumers_backlog() {
+        let info = |stream: &str, consumer: &str| {
+            format!("$JS.API.CONSUMER.INFO.tidings_{stream}.{consumer}")
+        };
+        for prefix in ["tidings", "*"] {
+            let d = |subject: &str| may_publish(Service::Detector, prefix, subject);
+            assert!(d(&info("enqueue", "dispatcher-ingest")), "{prefix}");
+            assert!(!d(&info("enqueue", "other")), "{prefix}");
+            assert!(!d(&info("push", "pusher")), "{prefix}");
+            assert!(!d(&info("result", "dispatcher-results")), "{prefix}");
+            assert!(!d(
+                "$JS.API.CONSUMER.CREATE.tidings_enqueue.dispatcher-ingest"
             ));
         }
     }

@@ -117,6 +117,7 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
         &["dispatcher", "pusher"],
     ),
     ("tidings_detector_scans", "counter", &["detector"]),
+    ("tidings_detector_held", "gauge", &["detector"]),
     (
         "tidings_detector_scan_duration_seconds",
         "histogram",
@@ -256,6 +257,8 @@ pub struct Metrics {
     pub consumer_pending: Family<ConsumerLabels, Gauge>,
     pub consumer_ack_pending: Family<ConsumerLabels, Gauge>,
     pub scans: Counter,
+    /// 1 while the detector holds its scans back because the enqueue stream is deep.
+    pub detector_held: Gauge,
     pub scan_duration: Histogram,
     pub detections: Family<ResultLabels, Counter>,
     pub detector_watches: Gauge,
@@ -318,6 +321,7 @@ impl Metrics {
             consumer_pending: Family::default(),
             consumer_ack_pending: Family::default(),
             scans: Counter::default(),
+            detector_held: Gauge::default(),
             scan_duration: latency(),
             detections: Family::default(),
             detector_watches: Gauge::default(),
@@ -428,6 +432,13 @@ impl Metrics {
             "tidings_detector_scans",
             "Completed detector scans",
             m.scans.clone(),
+        );
+        register(
+            &mut registry,
+            "tidings_detector_held",
+            "1 while the detector holds its scans back because more than \
+             TIDINGS_DETECTOR_HOLD_BACKLOG notifications wait in the enqueue stream for ingest",
+            m.detector_held.clone(),
         );
         register(
             &mut registry,
