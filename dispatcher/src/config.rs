@@ -88,9 +88,9 @@ pub struct Config {
     /// PushRequests per push-stream message, 1 to 100. Above 1, the requests a dispatch batch
     /// publishes go in `PushRequests` messages of up to this many, so JetStream's cost per
     /// message is paid once per batch; 1 (one message per request) is what pushers older than
-    /// batches can read: upgrade the pushers first. TIDINGS_PUSH_BACKLOG_LIMIT then counts each
-    /// waiting message as this many requests.
-    #[arg(long, env = "TIDINGS_DISPATCH_PUSH_BATCH", default_value_t = 1)]
+    /// batches can read: set it while such pushers run (docs/operations.md, "Upgrading").
+    /// TIDINGS_PUSH_BACKLOG_LIMIT counts each waiting message as this many requests.
+    #[arg(long, env = "TIDINGS_DISPATCH_PUSH_BATCH", default_value_t = 50)]
     pub push_batch: usize,
     /// Postgres connections of each replica; at least what its loops hold at once
     /// (dispatch workers + 2 × consumer concurrency + 2: 12 with the defaults).
@@ -362,7 +362,7 @@ mod tests {
     #[test]
     fn a_push_batch_outside_what_a_message_may_carry_is_refused() {
         let mut s = settings();
-        assert_eq!(s.push_batch, 1, "one request per message unless configured");
+        assert_eq!(s.push_batch, 50, "batches unless configured");
         for bad in [0, tidings_domain::messages::MAX_REQUESTS_PER_MESSAGE + 1] {
             s.push_batch = bad;
             assert!(matches!(s.validate(), Err(ConfigError::PushBatch(n)) if n == bad));

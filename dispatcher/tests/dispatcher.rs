@@ -13,7 +13,7 @@ use tidings_bus::consume::Handler as _;
 use tidings_bus::delivered::{Delivery, DeliveryLog};
 use tidings_dispatcher::ingest::IngestStats;
 use tidings_dispatcher::{backlog, sweeper};
-use tidings_domain::messages::{Outcome, PushRequest, PushResult, decode};
+use tidings_domain::messages::{Outcome, PushRequest, PushResult, decode_requests};
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
 use tidings_tests::api::{ADMIN_TOKEN, ApiServer, test_settings};
@@ -681,10 +681,12 @@ async fn two_dispatchers_never_claim_the_same_row() {
     while let Ok(Some(m)) =
         tokio::time::timeout(Duration::from_secs(2), futures::StreamExt::next(&mut seen)).await
     {
-        total += 1;
-        let p = decode::<tidings_domain::messages::PushRequest>(&m.payload).unwrap();
-        ids.insert(p.outbox_id);
-        if total == 10_000 {
+        // One request or a batch of them (`TIDINGS_DISPATCH_PUSH_BATCH`).
+        for p in decode_requests(&m.payload).unwrap() {
+            total += 1;
+            ids.insert(p.outbox_id);
+        }
+        if total >= 10_000 {
             break;
         }
     }
@@ -716,14 +718,14 @@ async fn a_dispatcher_killed_mid_batch_loses_nothing() {
         async move { a.run(shutdown).await }
     });
     let deadline = Instant::now() + Duration::from_secs(20);
-    while s.stream_len(StreamKind::Push).await < 150 && Instant::now() < deadline {
+    while s.push_requests_stored().await < 150 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     killed.abort();
     let _ = killed.await;
     // And every PushRequest it published is lost (JetStream may lose acknowledged messages on a
     // crash): only the lease sweeper can recover those rows.
-    let published_by_a = s.stream_len(StreamKind::Push).await;
+    let published_by_a = s.push_requests_stored().await as u64;
     assert!(published_by_a >= 150);
     s.js.get_stream(s.subjects.stream(StreamKind::Push))
         .await
@@ -1056,6 +1058,9 @@ async fn a_running_dispatcher_picks_up_new_rows_by_itself() {
 async fn a_full_push_stream_pauses_dispatch_and_the_backlog_waits_in_the_outbox() {
     let mut s = Scenario::new().await;
     s.settings.push_backlog_limit = 4;
+    // Counted in messages below: one request each. (With batches each waiting message counts
+    // as a full batch: `with_push_batches_a_claims_requests_go_batch_by_batch…`.)
+    s.settings.push_batch = 1;
     let mut watchers = Vec::new();
     for i in 0..10 {
         let w = s.watcher(&format!("SKU-{i}"), BELOW_1200, 1100).await;
