@@ -5,10 +5,12 @@
 //! scanning would keep adding to that backlog, and the cores it took (its scans, and NATS storing
 //! what it published) would be taken from dispatch and push. So before each scan the detector
 //! reads how many messages wait for the ingest consumer; above `TIDINGS_DETECTOR_HOLD_BACKLOG` it
-//! does not scan, and looks again every second until the backlog is at half that. Nothing is
-//! lost: a scan evaluates the current value of every watched item, so a condition that began
-//! during the hold is found by the first scan after it (and one that ended is not sent, as it
-//! would not have been by the dispatcher's re-check).
+//! does not scan, and looks again every second until the backlog is at half that. A scan then
+//! publishes no more than the room left under the limit: the triggers past it stay to do, and
+//! the next scan starts at their item, so every item gets its turn. Nothing is lost: a scan
+//! evaluates the current value of every watched item, so a condition that began during the hold
+//! is found by a scan after it (and one that ended is not sent, as it would not have been by the
+//! dispatcher's re-check).
 //!
 //! A backlog that cannot be read never stops the scans: no dispatcher has created the consumer
 //! yet (nothing can be behind), NATS does not answer in time, or, during a roll, the detector's
@@ -43,6 +45,15 @@ pub struct BacklogError {
     consumer: &'static str,
     #[source]
     source: ConsumerError,
+}
+
+/// What the next scan may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// Dispatch is behind: no scan now.
+    Wait,
+    /// Scan, publishing at most `budget` new EnqueueRequests (`None`: no bound).
+    Scan { budget: Option<usize> },
 }
 
 /// What decides, before each scan, whether it runs.
@@ -100,14 +111,16 @@ impl Hold {
         }
     }
 
-    /// Whether the next scan should wait; logs and sets `tidings_detector_held` when that changes.
-    pub async fn holds(&mut self) -> bool {
+    /// Whether the next scan should wait, and if not, how many EnqueueRequests it may publish;
+    /// logs and sets `tidings_detector_held` when waiting starts or ends.
+    pub async fn check(&mut self) -> Gate {
         if self.limit == 0
             || self
                 .failed_at
                 .is_some_and(|at| at.elapsed() < AFTER_FAILURE)
         {
-            return self.set(false, 0);
+            self.set(false, 0);
+            return Gate::Scan { budget: None };
         }
         let waiting = match self.waiting().await {
             Ok(n) => {
@@ -124,10 +137,19 @@ impl Hold {
                     );
                 }
                 self.failed_at = Some(std::time::Instant::now());
-                return self.set(false, 0);
+                self.set(false, 0);
+                return Gate::Scan { budget: None };
             }
         };
-        self.set(hold(self.held, waiting, self.limit), waiting)
+        if self.set(hold(self.held, waiting, self.limit), waiting) {
+            return Gate::Wait;
+        }
+        // A scan that resumes after a wait would otherwise publish at once every trigger that
+        // began during it, and the backlog would only grow in bursts.
+        let room = self.limit.saturating_sub(waiting);
+        Gate::Scan {
+            budget: Some(usize::try_from(room).unwrap_or(usize::MAX)),
+        }
     }
 
     fn set(&mut self, next: bool, waiting: u64) -> bool {

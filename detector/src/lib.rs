@@ -58,10 +58,15 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
     tidings_runtime::metrics::metrics().may_fail(&["scan"]);
     tidings_runtime::metrics::at_zero(
         &tidings_runtime::metrics::metrics().detections,
-        ["published", "duplicate", "publish_error", "remembered"].map(|result| {
-            tidings_runtime::metrics::ResultLabels {
-                result: result.to_owned(),
-            }
+        [
+            "published",
+            "duplicate",
+            "publish_error",
+            "remembered",
+            "deferred",
+        ]
+        .map(|result| tidings_runtime::metrics::ResultLabels {
+            result: result.to_owned(),
         }),
     );
     let js = async_nats::jetstream::new(nats);
@@ -88,14 +93,17 @@ impl scan::Detector {
     /// `hold` says dispatch is behind, scans wait, looking again every [`hold::RECHECK`].
     pub async fn run(&self, interval: Duration, mut hold: hold::Hold, shutdown: CancellationToken) {
         loop {
-            if hold.holds().await {
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(hold::RECHECK.min(interval)) => continue,
+            let budget = match hold.check().await {
+                hold::Gate::Scan { budget } => budget,
+                hold::Gate::Wait => {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(hold::RECHECK.min(interval)) => continue,
+                    }
                 }
-            }
+            };
             let started = tokio::time::Instant::now();
-            match self.scan_once(chrono::Utc::now()).await {
+            match self.scan_within(chrono::Utc::now(), budget).await {
                 Ok(stats) => {
                     record(&stats, started.elapsed(), self.is_dry_run());
                     tracing::info!(
@@ -109,6 +117,7 @@ impl scan::Detector {
                         remembered = stats.remembered,
                         duplicates = stats.duplicates,
                         publish_errors = stats.publish_errors,
+                        deferred = stats.deferred,
                         took_ms = started.elapsed().as_millis() as u64,
                         "scan finished"
                     )
@@ -142,6 +151,7 @@ fn record(stats: &scan::ScanStats, took: Duration, dry_run: bool) {
         ("duplicate", stats.duplicates),
         ("publish_error", stats.publish_errors),
         ("remembered", stats.remembered),
+        ("deferred", stats.deferred),
     ] {
         m.detections
             .get_or_create(&tidings_runtime::metrics::ResultLabels {

@@ -45,6 +45,9 @@ pub struct ScanStats {
     /// Published, but JetStream's duplicate window already had the key.
     pub duplicates: usize,
     pub publish_errors: usize,
+    /// Holding triggers left for a later scan: the scan's budget (what the enqueue stream had
+    /// room for, [`crate::hold`]) was spent. Their items are evaluated again next scan.
+    pub deferred: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +63,9 @@ pub struct Detector {
     settings: Settings,
     memory: Mutex<Enqueued>,
     watchlist: Mutex<Watchlist>,
+    /// The item whose triggers the last scan's budget could not all take: the next scan starts
+    /// there, so under a lasting overload every item gets its turn, not only the first ones.
+    resume_at: Mutex<Option<ItemCode>>,
 }
 
 impl Detector {
@@ -80,6 +86,7 @@ impl Detector {
             settings,
             memory,
             watchlist: Mutex::new(Watchlist::new()),
+            resume_at: Mutex::new(None),
         }
     }
 
@@ -90,6 +97,20 @@ impl Detector {
 
     /// One scan of this shard's watches, as of `now` (injected so tests control the day).
     pub async fn scan_once(&self, now: DateTime<Utc>) -> Result<ScanStats, ScanError> {
+        self.scan_within(now, None).await
+    }
+
+    /// One scan that publishes at most `budget` new EnqueueRequests (`None`: no bound); the
+    /// triggers past it are left for a later scan, which starts at their item.
+    pub async fn scan_within(
+        &self,
+        now: DateTime<Utc>,
+        budget: Option<usize>,
+    ) -> Result<ScanStats, ScanError> {
+        let mut budget = Budget {
+            left: budget,
+            stopped_at: None,
+        };
         self.memory.lock().await.start_scan(now.date_naive());
         let started = std::time::Instant::now();
         let mut list = self.watchlist.lock().await;
@@ -105,7 +126,12 @@ impl Detector {
         let page_size = usize::try_from(self.settings.page_size).unwrap_or(1).max(1);
         let mut pages: Vec<Vec<ItemCode>> = Vec::new();
         let mut in_page = page_size;
-        for (code, watches) in list.items() {
+        // From where the last scan's budget ran out, around to just before it.
+        let resume_at = self.resume_at.lock().await.take();
+        let (before, from): (Vec<_>, Vec<_>) = list
+            .items()
+            .partition(|(code, _)| resume_at.as_ref().is_some_and(|r| *code < r));
+        for (code, watches) in from.into_iter().chain(before) {
             if in_page >= page_size {
                 pages.push(Vec::new());
                 in_page = 0;
@@ -116,9 +142,10 @@ impl Detector {
             in_page += watches;
         }
         for page in pages {
-            self.scan_page(&mut list, page, (now, started), &mut stats)
+            self.scan_page(&mut list, page, (now, started), &mut stats, &mut budget)
                 .await?;
         }
+        *self.resume_at.lock().await = budget.stopped_at;
         Ok(stats)
     }
 
@@ -128,6 +155,7 @@ impl Detector {
         items: Vec<ItemCode>,
         (scan_now, scan_started): (DateTime<Utc>, std::time::Instant),
         stats: &mut ScanStats,
+        budget: &mut Budget,
     ) -> Result<(), ScanError> {
         stats.items += items.len();
         let fetched = self.source.fetch_many(&items).await;
@@ -199,12 +227,22 @@ impl Detector {
 
         let mut memory = self.memory.lock().await;
         let republish_at = memory.trusted_until(now);
-        let fresh: Vec<(&EnqueueRequest, &String)> = detections
-            .iter()
-            .zip(&keys)
-            .filter(|(_, key)| !memory.contains(key, now))
+        let mut unsent: Vec<usize> = (0..holding)
+            .filter(|&i| !memory.contains(&keys[i], now))
             .collect();
-        stats.remembered += holding - fresh.len();
+        stats.remembered += holding - unsent.len();
+        let deferred = budget.take(&mut unsent);
+        stats.deferred += deferred.len();
+        if let Some(&first) = deferred.first()
+            && budget.stopped_at.is_none()
+        {
+            budget.stopped_at = evaluated
+                .iter()
+                .find(|(_, _, found, _)| found.contains(&first))
+                .map(|(code, ..)| (*code).clone());
+        }
+        let fresh: Vec<(&EnqueueRequest, &String)> =
+            unsent.iter().map(|&i| (&detections[i], &keys[i])).collect();
         if self.settings.dry_run {
             for (d, _) in &fresh {
                 println!("{}", serde_json::to_string(d).unwrap_or_default());
@@ -260,7 +298,9 @@ impl Detector {
                 }
             })
             .collect();
-        let mut failed: HashSet<WatchId> = HashSet::new();
+        // Deferred triggers count as not yet published: their items stay to do.
+        let mut failed: HashSet<WatchId> =
+            deferred.iter().map(|&i| detections[i].watch_id).collect();
         for (i, ((d, key), ack)) in fresh
             .iter()
             .zip(publish_all(&self.js, outgoing, 1024).await)
@@ -340,5 +380,23 @@ impl Detector {
             }
         }
         Ok(())
+    }
+}
+
+/// How many more EnqueueRequests a scan may publish, and where it first could not.
+struct Budget {
+    left: Option<usize>,
+    stopped_at: Option<ItemCode>,
+}
+
+impl Budget {
+    /// Keeps in `unsent` what the budget still allows and returns the rest (detection indices).
+    fn take(&mut self, unsent: &mut Vec<usize>) -> Vec<usize> {
+        let Some(left) = self.left.as_mut() else {
+            return Vec::new();
+        };
+        let keep = unsent.len().min(*left);
+        *left -= keep;
+        unsent.split_off(keep)
     }
 }

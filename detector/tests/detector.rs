@@ -8,7 +8,7 @@ use std::time::Duration;
 use tidings_bus::consume::Handler;
 use tidings_bus::streams::{StreamSettings, ensure_streams};
 use tidings_detector::Settings;
-use tidings_detector::hold::Hold;
+use tidings_detector::hold::{Gate, Hold};
 use tidings_detector::scan::Detector;
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
@@ -609,7 +609,7 @@ async fn scans_wait_while_the_enqueue_backlog_is_deep_and_then_find_what_changed
     }
     let limit = 10;
     let mut hold = Hold::new(s.js.clone(), &s.subjects, limit);
-    assert!(hold.holds().await, "30 waiting, limit 10");
+    assert_eq!(hold.check().await, Gate::Wait, "30 waiting, limit 10");
 
     let stop = tokio_util::sync::CancellationToken::new();
     let d = std::sync::Arc::new(detector(&s, 0, 1));
@@ -640,7 +640,7 @@ async fn scans_wait_while_the_enqueue_backlog_is_deep_and_then_find_what_changed
 }
 
 /// A backlog that cannot be read (here: no dispatcher has created its consumer yet) never stops
-/// the scans, and a zero limit never even looks.
+/// the scans; a scan may publish the room left under the limit; a zero limit never even looks.
 #[tokio::test]
 async fn a_backlog_that_cannot_be_read_does_not_hold_scans() {
     let s = Scenario::new().await;
@@ -649,7 +649,11 @@ async fn a_backlog_that_cannot_be_read_does_not_hold_scans() {
             .await
             .is_none()
     );
-    assert!(!Hold::new(s.js.clone(), &s.subjects, 1).holds().await);
+    assert_eq!(
+        Hold::new(s.js.clone(), &s.subjects, 5).check().await,
+        Gate::Scan { budget: Some(5) },
+        "nothing can be waiting for a consumer that does not exist"
+    );
     s.ingest().await;
     let w = s
         .watcher("SKU-1", Trigger::PriceBelow { threshold: 1200 }, 1100)
@@ -660,7 +664,78 @@ async fn a_backlog_that_cannot_be_read_does_not_hold_scans() {
                 .await
         );
     }
-    assert!(Hold::new(s.js.clone(), &s.subjects, 1).holds().await);
-    assert!(!Hold::new(s.js.clone(), &s.subjects, 0).holds().await);
+    assert_eq!(
+        Hold::new(s.js.clone(), &s.subjects, 1).check().await,
+        Gate::Wait
+    );
+    assert_eq!(
+        Hold::new(s.js.clone(), &s.subjects, 5).check().await,
+        Gate::Scan { budget: Some(3) },
+        "two of five waiting: room for three"
+    );
+    assert_eq!(
+        Hold::new(s.js.clone(), &s.subjects, 0).check().await,
+        Gate::Scan { budget: None }
+    );
+    s.cleanup().await;
+}
+
+/// A scan publishes no more than its budget; what holds past it is published by later scans, each
+/// starting at the item where the last one stopped (so a trigger that began meanwhile on an
+/// earlier item does not take its turn), and every trigger is published exactly once.
+#[tokio::test]
+async fn a_scan_past_its_budget_leaves_the_rest_to_the_next_which_starts_there() {
+    let s = Scenario::new().await;
+    let mut watchers = Vec::new();
+    for item in ["SKU-1", "SKU-2", "SKU-3", "SKU-4"] {
+        watchers.push(
+            s.watcher(item, Trigger::PriceBelow { threshold: 1200 }, 1100)
+                .await,
+        );
+    }
+    let late = s
+        .watcher("SKU-0", Trigger::PriceBelow { threshold: 1200 }, 1500)
+        .await;
+    let d = detector(&s, 0, 1);
+    let t = Utc.with_ymd_and_hms(2026, 11, 30, 9, 0, 0).unwrap();
+    let s = &s;
+    let published = |n: usize| async move {
+        let all = s.enqueued().await;
+        assert_eq!(all.len(), n);
+        all.into_iter().map(|r| r.watch_id).collect::<Vec<_>>()
+    };
+
+    let first = d.scan_within(t, Some(1)).await.unwrap();
+    assert_eq!((first.holding, first.published, first.deferred), (4, 1, 3));
+    assert_eq!(published(1).await, vec![watchers[0].watch]);
+
+    // SKU-0 comes before SKU-2 in item order, but the next scan starts where this one stopped.
+    s.catalog.set_price("SKU-0", 1000);
+    let second = d
+        .scan_within(t + ChronoDuration::seconds(1), Some(2))
+        .await
+        .unwrap();
+    assert_eq!((second.published, second.deferred), (2, 2));
+    assert_eq!(
+        published(3).await[1..],
+        [watchers[1].watch, watchers[2].watch]
+    );
+
+    let third = d
+        .scan_within(t + ChronoDuration::seconds(2), None)
+        .await
+        .unwrap();
+    assert_eq!((third.published, third.deferred), (2, 0));
+    let mut all = published(5).await;
+    all.sort();
+    let mut expected: Vec<_> = watchers.iter().map(|w| w.watch).collect();
+    expected.push(late.watch);
+    expected.sort();
+    assert_eq!(all, expected, "each watch once");
+    let fourth = d
+        .scan_within(t + ChronoDuration::seconds(3), Some(10))
+        .await
+        .unwrap();
+    assert_eq!((fourth.evaluated, fourth.published), (0, 0), "all settled");
     s.cleanup().await;
 }
