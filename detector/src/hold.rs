@@ -85,9 +85,9 @@ impl Hold {
         }
     }
 
-    /// Messages in the enqueue stream not yet delivered to ingest; `None` while there is no
-    /// ingest consumer (no dispatcher has started), so nothing can be behind.
-    async fn waiting(&self) -> Result<Option<u64>, BacklogError> {
+    /// Messages in the enqueue stream not yet delivered to ingest; 0 while there is no ingest
+    /// consumer (no dispatcher has started), as nothing can be behind.
+    async fn waiting(&self) -> Result<u64, BacklogError> {
         let consumer = consumer_of(StreamKind::Enqueue);
         let error = |source| BacklogError {
             stream: self.stream.clone(),
@@ -105,29 +105,28 @@ impl Hold {
             .await
             .map_err(|_| error(ConsumerError::new(ConsumerErrorKind::TimedOut)))?;
         match found {
-            Ok(c) => Ok(Some(c.cached_info().num_pending)),
-            Err(e) if is_missing(&e) => Ok(None),
+            Ok(c) => Ok(c.cached_info().num_pending),
+            Err(e) if is_missing(&e) => Ok(0),
             Err(e) => Err(error(e)),
         }
     }
 
-    /// Whether the next scan should wait, and if not, how many EnqueueRequests it may publish;
-    /// logs and sets `tidings_detector_held` when waiting starts or ends.
-    pub async fn check(&mut self) -> Gate {
+    /// The backlog, unless waiting is off or reads pause after a failure (`None`: scan
+    /// unbounded); logs a failure once and the recovery once.
+    async fn read(&mut self) -> Option<u64> {
         if self.limit == 0
             || self
                 .failed_at
                 .is_some_and(|at| at.elapsed() < AFTER_FAILURE)
         {
-            self.set(false, 0);
-            return Gate::Scan { budget: None };
+            return None;
         }
-        let waiting = match self.waiting().await {
+        match self.waiting().await {
             Ok(n) => {
                 if self.failed_at.take().is_some() {
                     tracing::info!(stream = %self.stream, "the enqueue backlog can be read again");
                 }
-                n.unwrap_or(0)
+                Some(n)
             }
             Err(e) => {
                 if self.failed_at.is_none() {
@@ -137,9 +136,17 @@ impl Hold {
                     );
                 }
                 self.failed_at = Some(std::time::Instant::now());
-                self.set(false, 0);
-                return Gate::Scan { budget: None };
+                None
             }
+        }
+    }
+
+    /// Whether the next scan should wait, and if not, how many EnqueueRequests it may publish;
+    /// logs and sets `tidings_detector_held` when waiting starts or ends.
+    pub async fn check(&mut self) -> Gate {
+        let Some(waiting) = self.read().await else {
+            self.set(false, 0);
+            return Gate::Scan { budget: None };
         };
         if self.set(hold(self.held, waiting, self.limit), waiting) {
             return Gate::Wait;

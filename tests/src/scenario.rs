@@ -360,40 +360,43 @@ impl Scenario {
         harness::stream_len(&self.js, &self.subjects, kind).await
     }
 
-    /// PushRequests stored in this scenario's push stream, counting each request of a batch.
-    pub async fn push_requests_stored(&self) -> usize {
+    /// The messages stored in a stream of this scenario, oldest first.
+    async fn stored(&self, kind: StreamKind) -> Vec<jetstream::message::StreamMessage> {
         let mut stream = self
             .js
-            .get_stream(self.subjects.stream(StreamKind::Push))
-            .await
-            .expect("stream");
-        let state = stream.info().await.expect("stream info").state.clone();
-        let mut n = 0;
-        for seq in state.first_sequence..=state.last_sequence {
-            if let Ok(m) = stream.get_raw_message(seq).await {
-                n += decode_requests(&m.payload)
-                    .expect("decodable PushRequest(s)")
-                    .len();
-            }
-        }
-        n
-    }
-
-    /// The EnqueueRequests stored in this scenario's enqueue stream, oldest first.
-    pub async fn enqueued(&self) -> Vec<EnqueueRequest> {
-        let mut stream = self
-            .js
-            .get_stream(self.subjects.stream(StreamKind::Enqueue))
+            .get_stream(self.subjects.stream(kind))
             .await
             .expect("stream");
         let state = stream.info().await.expect("stream info").state.clone();
         let mut out = Vec::new();
         for seq in state.first_sequence..=state.last_sequence {
             if let Ok(m) = stream.get_raw_message(seq).await {
-                out.push(decode::<EnqueueRequest>(&m.payload).expect("decodable EnqueueRequest"));
+                out.push(m);
             }
         }
         out
+    }
+
+    /// PushRequests stored in this scenario's push stream, counting each request of a batch.
+    pub async fn push_requests_stored(&self) -> usize {
+        self.stored(StreamKind::Push)
+            .await
+            .iter()
+            .map(|m| {
+                decode_requests(&m.payload)
+                    .expect("decodable PushRequest(s)")
+                    .len()
+            })
+            .sum()
+    }
+
+    /// The EnqueueRequests stored in this scenario's enqueue stream, oldest first.
+    pub async fn enqueued(&self) -> Vec<EnqueueRequest> {
+        self.stored(StreamKind::Enqueue)
+            .await
+            .iter()
+            .map(|m| decode::<EnqueueRequest>(&m.payload).expect("decodable EnqueueRequest"))
+            .collect()
     }
 
     /// A PushResult as the pusher reports it.
