@@ -48,6 +48,7 @@ pub fn detect(
                 detected: observation.clone(),
                 baseline,
                 dedup_day: dedup_day(now, watch.time_zone),
+                traceparent: None,
             })
         })
         .collect()

@@ -117,6 +117,7 @@ pub fn enqueue_request(
         detected: Observation::on_sale(price, "EUR", detected_at),
         baseline: Baseline::default(),
         dedup_day: dedup_day(detected_at, tz),
+        traceparent: None,
     }
 }
 

@@ -65,6 +65,10 @@ pub struct EnqueueRequest {
     pub baseline: Baseline,
     /// Calendar day of `detected_at` in the device's time zone.
     pub dedup_day: NaiveDate,
+    /// The W3C trace context of the detection span, in an [`EnqueueRequests`] batch (whose one
+    /// header cannot carry every request's). A request alone carries it as its message's header.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 impl EnqueueRequest {
@@ -97,6 +101,99 @@ impl Message for EnqueueRequest {
             )));
         }
         Ok(())
+    }
+}
+
+/// Detector → dispatcher: several requests in one message, so a message's cost in JetStream
+/// (store, deliver, ack, the duplicate window's entry) is paid once per batch rather than once per
+/// detection.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EnqueueRequests {
+    pub v: u32,
+    pub requests: Vec<EnqueueRequest>,
+}
+
+/// The most requests one [`EnqueueRequests`] may carry; the detector's batch setting is capped
+/// here, so one message never holds more than one ingest statement's worth.
+pub const MAX_ENQUEUES_PER_MESSAGE: usize = 100;
+
+impl EnqueueRequests {
+    pub fn new(requests: Vec<EnqueueRequest>) -> Self {
+        EnqueueRequests {
+            v: VERSION,
+            requests,
+        }
+    }
+
+    /// `Nats-Msg-Id`: the first request's dedup key, the count, and a hash of every key. A
+    /// publish retried after a lost ack carries the same keys and so the same id, and JetStream's
+    /// duplicate window drops it; a batch of other keys cannot be taken for it. (The same key in
+    /// a differently made batch, after a restart, is stored again and absorbed by the outbox's
+    /// unique key.)
+    pub fn msg_id(&self) -> String {
+        use std::hash::{Hash, Hasher};
+        let Some(first) = self.requests.first() else {
+            return String::new();
+        };
+        // SipHash with fixed keys: the same keys give the same id in every process.
+        let mut h = std::hash::DefaultHasher::new();
+        for r in &self.requests {
+            r.dedup_key().to_string().hash(&mut h);
+        }
+        format!(
+            "{}+{}#{:016x}",
+            first.dedup_key(),
+            self.requests.len(),
+            h.finish()
+        )
+    }
+}
+
+impl Message for EnqueueRequests {
+    fn version(&self) -> u32 {
+        self.v
+    }
+
+    fn validate(&self) -> Result<(), DecodeError> {
+        validate_batch(&self.requests, MAX_ENQUEUES_PER_MESSAGE)
+    }
+}
+
+/// What a batch of requests must be: 1 to `max` of them, each of this build's version and valid
+/// (one that is not makes the whole batch invalid).
+fn validate_batch<M: Message>(requests: &[M], max: usize) -> Result<(), DecodeError> {
+    if requests.is_empty() || requests.len() > max {
+        return Err(DecodeError::Invalid(format!(
+            "a batch carries 1 to {max} requests, not {}",
+            requests.len()
+        )));
+    }
+    if let Some(r) = requests.iter().find(|r| r.version() != VERSION) {
+        return Err(DecodeError::Version { got: r.version() });
+    }
+    requests.iter().try_for_each(Message::validate)
+}
+
+/// Whether a message is a batch (`{"v": 1, "requests": [...]}`), read without building either
+/// shape.
+fn is_batch(bytes: &[u8]) -> Result<bool, DecodeError> {
+    #[derive(Deserialize)]
+    struct Shape {
+        #[serde(default)]
+        requests: Option<serde::de::IgnoredAny>,
+    }
+    let shape: Shape = serde_json::from_slice(bytes)?;
+    Ok(shape.requests.is_some())
+}
+
+/// The requests a message on the enqueue stream carries: an [`EnqueueRequests`] batch, or one
+/// [`EnqueueRequest`] (what detectors send for a lone detection or a re-publish, and all that
+/// detectors before batches send).
+pub fn decode_enqueues(bytes: &[u8]) -> Result<Vec<EnqueueRequest>, DecodeError> {
+    if is_batch(bytes)? {
+        Ok(decode::<EnqueueRequests>(bytes)?.requests)
+    } else {
+        Ok(vec![decode::<EnqueueRequest>(bytes)?])
     }
 }
 
@@ -216,30 +313,14 @@ impl Message for PushRequests {
     }
 
     fn validate(&self) -> Result<(), DecodeError> {
-        if self.requests.is_empty() || self.requests.len() > MAX_REQUESTS_PER_MESSAGE {
-            return Err(DecodeError::Invalid(format!(
-                "a batch carries 1 to {MAX_REQUESTS_PER_MESSAGE} requests, not {}",
-                self.requests.len()
-            )));
-        }
-        if let Some(r) = self.requests.iter().find(|r| r.v != VERSION) {
-            return Err(DecodeError::Version { got: r.v });
-        }
-        self.requests.iter().try_for_each(Message::validate)
+        validate_batch(&self.requests, MAX_REQUESTS_PER_MESSAGE)
     }
 }
 
 /// The requests a message on the push stream carries: a [`PushRequests`] batch, or one
 /// [`PushRequest`] (what dispatchers send unless `TIDINGS_DISPATCH_PUSH_BATCH` says otherwise).
 pub fn decode_requests(bytes: &[u8]) -> Result<Vec<PushRequest>, DecodeError> {
-    /// Which of the two a message is, read without building either.
-    #[derive(Deserialize)]
-    struct Shape {
-        #[serde(default)]
-        requests: Option<serde::de::IgnoredAny>,
-    }
-    let shape: Shape = serde_json::from_slice(bytes)?;
-    if shape.requests.is_some() {
+    if is_batch(bytes)? {
         Ok(decode::<PushRequests>(bytes)?.requests)
     } else {
         Ok(vec![decode::<PushRequest>(bytes)?])
@@ -448,6 +529,7 @@ mod tests {
             detected: Observation::on_sale(1100, "EUR", detected_at),
             baseline: Baseline::default(),
             dedup_day: NaiveDate::from_ymd_opt(2026, 12, 1).unwrap(),
+            traceparent: None,
         }
     }
 
@@ -484,6 +566,67 @@ mod tests {
             decode::<EnqueueRequest>(&encode(&m)),
             Err(DecodeError::Invalid(_))
         ));
+    }
+
+    #[test]
+    fn enqueues_decode_from_a_batch_or_alone() {
+        let mut traced = enqueue();
+        traced.traceparent = Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into());
+        let batch = vec![enqueue(), traced];
+        let decoded = decode_enqueues(&encode(&EnqueueRequests::new(batch.clone()))).unwrap();
+        assert_eq!(decoded, batch);
+        let one = enqueue();
+        assert_eq!(decode_enqueues(&encode(&one)).unwrap(), vec![one]);
+    }
+
+    #[test]
+    fn enqueue_batches_are_bounded_versioned_and_checked_whole() {
+        assert!(matches!(
+            decode_enqueues(&encode(&EnqueueRequests::new(Vec::new()))),
+            Err(DecodeError::Invalid(_))
+        ));
+        let too_many = vec![enqueue(); MAX_ENQUEUES_PER_MESSAGE + 1];
+        assert!(matches!(
+            decode_enqueues(&encode(&EnqueueRequests::new(too_many))),
+            Err(DecodeError::Invalid(_))
+        ));
+        let most = vec![enqueue(); MAX_ENQUEUES_PER_MESSAGE];
+        assert_eq!(
+            decode_enqueues(&encode(&EnqueueRequests::new(most)))
+                .unwrap()
+                .len(),
+            MAX_ENQUEUES_PER_MESSAGE
+        );
+        let mut newer = enqueue();
+        newer.v = VERSION + 1;
+        assert!(matches!(
+            decode_enqueues(&encode(&EnqueueRequests::new(vec![enqueue(), newer]))),
+            Err(DecodeError::Version { .. })
+        ));
+        let mut invalid = enqueue();
+        invalid.trigger = Trigger::PriceDrop { percent: 0 };
+        assert!(matches!(
+            decode_enqueues(&encode(&EnqueueRequests::new(vec![enqueue(), invalid]))),
+            Err(DecodeError::Invalid(_))
+        ));
+        assert!(matches!(
+            decode_enqueues(b"{\"v\":1,\"requests\":7}"),
+            Err(DecodeError::Json(_))
+        ));
+    }
+
+    #[test]
+    fn an_enqueue_batch_id_names_its_keys() {
+        let (a, b, c) = (enqueue(), enqueue(), enqueue());
+        let ab = EnqueueRequests::new(vec![a.clone(), b.clone()]);
+        assert_eq!(
+            ab.msg_id(),
+            EnqueueRequests::new(vec![a.clone(), b.clone()]).msg_id(),
+            "a retried publish is the same message"
+        );
+        assert!(ab.msg_id().starts_with(&format!("{}+2#", a.dedup_key())));
+        // Same first key, same count, another second key: another message.
+        assert_ne!(ab.msg_id(), EnqueueRequests::new(vec![a, c]).msg_id());
     }
 
     fn result(attempt: u32) -> PushResult {
