@@ -31,7 +31,8 @@ pub struct Config {
     #[arg(long, env = "TIDINGS_ITEM_PAGE_URL")]
     pub item_page_url: Option<String>,
 
-    /// Messages per ingest batch (one INSERT).
+    /// Requests per ingest statement (one INSERT); ingest takes a twentieth as many messages per
+    /// call, as detectors send up to 50 requests a message.
     #[arg(long, env = "TIDINGS_INGEST_BATCH", default_value_t = 1000)]
     pub ingest_batch: usize,
     /// Ingest and result batches in flight at once.

@@ -1,9 +1,12 @@
 //! Ingest: EnqueueRequests from JetStream into the outbox.
 //!
-//! One batch is one `INSERT … SELECT FROM UNNEST … ON CONFLICT (dedup key) DO NOTHING`; messages
-//! are acked only after it commits, so a crash in between means a redelivery, which the unique
-//! key absorbs. A message that cannot be decoded, or names a watch that does not exist (or
-//! belongs to another device), is dead-lettered and terminated; it never blocks the stream.
+//! A message carries one EnqueueRequest or an `EnqueueRequests` batch of them. One batch of
+//! messages is one `INSERT … SELECT FROM UNNEST … ON CONFLICT (dedup key) DO NOTHING` per
+//! `TIDINGS_INGEST_BATCH` requests; messages are acked only after it commits, so a crash in
+//! between means a redelivery, which the unique key absorbs. A message that cannot be decoded is
+//! dead-lettered and terminated; a request that names a watch that does not exist (or belongs to
+//! another device) is dead-lettered (with the others of its message that were refused) and the
+//! rest of its message inserted. Nothing blocks the stream.
 //! Acked messages are purged from the stream by the consume loop (`consume::Purger`).
 
 use async_nats::jetstream;
@@ -12,8 +15,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tidings_bus::consume::{self, Consumer, ConsumerError, Durable, Shape};
-use tidings_bus::dlq::dead_letter;
-use tidings_domain::messages::EnqueueRequest;
+use tidings_bus::dlq::{self, dead_letter};
+use tidings_domain::messages::{EnqueueRequest, EnqueueRequests, decode_enqueues, encode};
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::{DeviceId, OutboxId, WatchId};
 use tidings_runtime::metrics::ResultLabels;
@@ -62,14 +65,15 @@ impl Ingest {
         js: jetstream::Context,
         settings: Arc<Settings>,
     ) -> Result<Self, IngestError> {
-        let max_pending = i64::try_from(settings.ingest_batch * 20).unwrap_or(20_000);
+        let messages = messages_per_call(settings.ingest_batch);
+        let max_pending = i64::try_from(messages * 20).unwrap_or(20_000);
         let durable = Durable {
             name: CONSUMER,
             kind: StreamKind::Enqueue,
             filter: None,
             max_ack_pending: max_pending,
             ack_wait: ACK_WAIT,
-            shape: Shape::batches(settings.ingest_batch, settings.consumer_concurrency),
+            shape: Shape::batches(messages, settings.consumer_concurrency),
         };
         let stage = Stage::new(pool, js, settings, durable).await?;
         tidings_runtime::metrics::at_zero(
@@ -93,9 +97,12 @@ impl Ingest {
 
     async fn watch_owners(
         &self,
-        decoded: &[(jetstream::Message, EnqueueRequest)],
+        decoded: &[(jetstream::Message, Vec<EnqueueRequest>)],
     ) -> Result<HashMap<WatchId, DeviceId>, sqlx::Error> {
-        let mut ids: Vec<WatchId> = decoded.iter().map(|(_, r)| r.watch_id).collect();
+        let mut ids: Vec<WatchId> = decoded
+            .iter()
+            .flat_map(|(_, reqs)| reqs.iter().map(|r| r.watch_id))
+            .collect();
         ids.sort();
         ids.dedup();
         let rows: Vec<(WatchId, DeviceId)> =
@@ -104,6 +111,65 @@ impl Ingest {
                 .fetch_all(&self.stage.pool)
                 .await?;
         Ok(rows.into_iter().collect())
+    }
+
+    /// Stores in the DLQ the requests of `msg` that were refused, when others of it were
+    /// inserted; returns whether `msg` may be acked (if the copy could not be stored, it is
+    /// redelivered: its inserted requests come back as duplicates, the refused ones are tried
+    /// again).
+    async fn dead_letter_refused(
+        &self,
+        msg: &jetstream::Message,
+        refused: Vec<(EnqueueRequest, String)>,
+    ) -> bool {
+        let reason = refused
+            .iter()
+            .map(|(_, why)| why.as_str())
+            .collect::<Vec<_>>()
+            .join("; ");
+        let mut requests: Vec<EnqueueRequest> = refused.into_iter().map(|(r, _)| r).collect();
+        let payload = if requests.len() == 1 {
+            encode(&requests.remove(0))
+        } else {
+            encode(&EnqueueRequests::new(requests))
+        };
+        let subjects = &self.stage.settings.subjects;
+        match dlq::dead_letter_part(
+            &self.stage.js,
+            subjects,
+            StreamKind::Enqueue,
+            msg,
+            payload,
+            &reason,
+        )
+        .await
+        {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!(subject = %msg.subject, error = %e, "could not dead-letter the refused requests of a batch; it will be redelivered");
+                false
+            }
+        }
+    }
+}
+
+/// Messages ingest takes per call, for `TIDINGS_INGEST_BATCH` requests per statement: a twentieth
+/// (50 by default). Detectors send up to 50 requests a message, so a call holds about 2,500, and
+/// admission (which decides between calls) still steps in thousands of rows, not in the 50,000
+/// that as many messages as requests per statement could carry; one by one, 50 requests a call.
+pub fn messages_per_call(ingest_batch: usize) -> usize {
+    (ingest_batch / 20).max(1)
+}
+
+/// Why ingest refuses a request whose watch does not exist or belongs to another device.
+fn refusal(req: &EnqueueRequest, owners: &HashMap<WatchId, DeviceId>) -> Option<String> {
+    match owners.get(&req.watch_id) {
+        Some(owner) if *owner == req.device_id => None,
+        None => Some(format!("watch {} does not exist", req.watch_id)),
+        Some(owner) => Some(format!(
+            "watch {} belongs to device {owner}, not {}",
+            req.watch_id, req.device_id
+        )),
     }
 }
 
@@ -119,18 +185,26 @@ impl consume::Handler for Ingest {
         self.gate.clone()
     }
 
-    /// Decodes, validates and inserts one batch, then acks it. On a database error the batch is
-    /// nak'ed for redelivery and the error returned.
+    /// Decodes, validates and inserts the requests of a batch of messages (each one request or
+    /// an `EnqueueRequests` batch), then acks them. On a database error every message is nak'ed
+    /// for redelivery and the error returned.
     async fn handle(&self, messages: Vec<jetstream::Message>) -> Result<IngestStats, IngestError> {
         let subjects = &self.stage.settings.subjects;
         let total = messages.len();
-        let decoded = consume::decode_batch::<EnqueueRequest>(
-            &self.stage.js,
-            subjects,
-            StreamKind::Enqueue,
-            messages,
-        )
-        .await;
+        let mut decoded = Vec::with_capacity(total);
+        for msg in messages {
+            if let Some(reqs) = consume::decode_with_or_dead_letter(
+                &self.stage.js,
+                subjects,
+                StreamKind::Enqueue,
+                &msg,
+                decode_enqueues,
+            )
+            .await
+            {
+                decoded.push((msg, reqs));
+            }
+        }
         let mut stats = IngestStats {
             dead_lettered: total - decoded.len(),
             ..IngestStats::default()
@@ -148,44 +222,67 @@ impl consume::Handler for Ingest {
                 });
             }
         };
-        let mut valid = Vec::with_capacity(decoded.len());
-        for (msg, req) in decoded {
-            match owners.get(&req.watch_id) {
-                Some(owner) if *owner == req.device_id => valid.push((msg, req)),
-                found => {
-                    let why = match found {
-                        None => format!("watch {} does not exist", req.watch_id),
-                        Some(owner) => format!(
-                            "watch {} belongs to device {owner}, not {}",
-                            req.watch_id, req.device_id
-                        ),
-                    };
-                    tracing::warn!(watch_id = %req.watch_id, reason = %why, "dead-lettering enqueue request");
-                    match dead_letter(&self.stage.js, subjects, StreamKind::Enqueue, &msg, &why)
-                        .await
-                    {
-                        Ok(()) => stats.dead_lettered += 1,
-                        Err(e) => {
-                            tracing::error!(watch_id = %req.watch_id, error = %e, "could not dead-letter")
-                        }
+        // Per message: the requests to insert and those refused. A message refused whole is
+        // dead-lettered as it is; one refused in part has its refused requests dead-lettered
+        // once the rest are committed.
+        let mut valid: Vec<(jetstream::Message, Vec<EnqueueRequest>)> = Vec::new();
+        let mut refused_parts = Vec::new();
+        for (msg, reqs) in decoded {
+            let (ok, refused): (Vec<_>, Vec<_>) = reqs
+                .into_iter()
+                .map(|r| {
+                    let why = refusal(&r, &owners);
+                    (r, why)
+                })
+                .partition(|(_, why)| why.is_none());
+            let ok: Vec<EnqueueRequest> = ok.into_iter().map(|(r, _)| r).collect();
+            let refused: Vec<(EnqueueRequest, String)> = refused
+                .into_iter()
+                .filter_map(|(r, why)| why.map(|w| (r, w)))
+                .collect();
+            for (r, why) in &refused {
+                tracing::warn!(watch_id = %r.watch_id, reason = %why, "dead-lettering enqueue request");
+            }
+            if ok.is_empty() {
+                let why: Vec<&str> = refused.iter().map(|(_, w)| w.as_str()).collect();
+                match dead_letter(
+                    &self.stage.js,
+                    subjects,
+                    StreamKind::Enqueue,
+                    &msg,
+                    &why.join("; "),
+                )
+                .await
+                {
+                    Ok(()) => stats.dead_lettered += refused.len(),
+                    Err(e) => {
+                        tracing::error!(subject = %msg.subject, error = %e, "could not dead-letter")
                     }
                 }
+                continue;
             }
+            if !refused.is_empty() {
+                refused_parts.push((valid.len(), refused));
+            }
+            valid.push((msg, ok));
         }
         if valid.is_empty() {
             return Ok(stats);
         }
-        // One span per message, a child of the detection's: the row stores this span's
-        // traceparent, so the dispatch of the row continues the same trace.
+        // One span per request, a child of the detection's: the row stores this span's
+        // traceparent, so the dispatch of the row continues the same trace. A request in a
+        // batch carries its detection's trace itself; one alone, in its message's header.
         let mut spans = Vec::new();
         let requests: Vec<(&EnqueueRequest, Option<String>)> = valid
             .iter()
+            .flat_map(|(msg, reqs)| reqs.iter().map(move |req| (msg, req)))
             .map(|(msg, req)| {
-                let incoming = msg
-                    .headers
-                    .as_ref()
-                    .and_then(|h| h.get("traceparent"))
-                    .map(|v| v.as_str());
+                let incoming = req.traceparent.as_deref().or_else(|| {
+                    msg.headers
+                        .as_ref()
+                        .and_then(|h| h.get("traceparent"))
+                        .map(|v| v.as_str())
+                });
                 if !telemetry::exporting() {
                     return (req, incoming.map(str::to_owned));
                 }
@@ -208,10 +305,13 @@ impl consume::Handler for Ingest {
             .collect();
         let pool = &self.stage.pool;
         let days = requests.iter().map(|(r, _)| r.dedup_day);
-        let result = match self.partitions.ensure(pool, days).await {
-            Ok(()) => insert(pool, &requests).await,
-            Err(e) => Err(e),
-        };
+        let mut result = self.partitions.ensure(pool, days).await.map(|()| 0);
+        // Statements of at most TIDINGS_INGEST_BATCH rows, however many requests the messages
+        // carry.
+        for chunk in requests.chunks(self.stage.settings.ingest_batch.max(1)) {
+            let Ok(inserted) = result else { break };
+            result = insert(pool, chunk).await.map(|n| inserted + n);
+        }
         if let Err(e) = &result {
             if e.to_string().contains("no partition of relation") {
                 // A week this process thought was there has been dropped: ask again next time.
@@ -220,10 +320,12 @@ impl consume::Handler for Ingest {
             telemetry::fail_all(&spans, &format!("inserting outbox rows failed: {e}"));
         }
         drop(spans);
+        let count = requests.len();
+        drop(requests);
         match result {
             Ok(inserted) => {
                 stats.inserted = inserted;
-                stats.duplicates = valid.len() - inserted;
+                stats.duplicates = count - inserted;
                 let m = tidings_runtime::metrics::metrics();
                 m.ingested
                     .get_or_create(&ResultLabels {
@@ -235,7 +337,18 @@ impl consume::Handler for Ingest {
                         result: "duplicate".into(),
                     })
                     .inc_by(stats.duplicates as u64);
-                consume::ack_all(valid.iter().map(|(m, _)| m)).await;
+                let mut ack = vec![true; valid.len()];
+                for (at, refused) in refused_parts {
+                    let n = refused.len();
+                    ack[at] = self.dead_letter_refused(&valid[at].0, refused).await;
+                    if ack[at] {
+                        stats.dead_lettered += n;
+                    }
+                }
+                let (to_ack, to_nak): (Vec<_>, Vec<_>) =
+                    valid.iter().zip(&ack).partition(|(_, ack)| **ack);
+                consume::ack_all(to_ack.into_iter().map(|((m, _), _)| m)).await;
+                consume::nak_all(to_nak.into_iter().map(|((m, _), _)| m)).await;
                 if stats.duplicates > 0 {
                     tracing::debug!(
                         duplicates = stats.duplicates,
@@ -246,10 +359,7 @@ impl consume::Handler for Ingest {
             }
             Err(source) => {
                 consume::nak_all(valid.iter().map(|(m, _)| m)).await;
-                Err(IngestError::Db {
-                    count: valid.len(),
-                    source,
-                })
+                Err(IngestError::Db { count, source })
             }
         }
     }

@@ -13,7 +13,10 @@ use tidings_bus::consume::Handler as _;
 use tidings_bus::delivered::{Delivery, DeliveryLog};
 use tidings_dispatcher::ingest::IngestStats;
 use tidings_dispatcher::{backlog, sweeper};
-use tidings_domain::messages::{Outcome, PushRequest, PushResult, decode_requests};
+use tidings_domain::messages::{
+    EnqueueRequest, EnqueueRequests, Outcome, PushRequest, PushResult, decode_enqueues,
+    decode_requests, encode,
+};
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
 use tidings_tests::api::{ADMIN_TOKEN, ApiServer, test_settings};
@@ -484,7 +487,7 @@ async fn a_429_with_retry_after_is_not_retried_sooner() {
 async fn a_malformed_enqueue_message_is_dead_lettered_and_the_next_valid_one_ingested() {
     let s = Scenario::new().await;
     let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
-    s.publish_raw_enqueue(b"{this is not json").await;
+    s.publish_raw_enqueue(b"{this is not json".to_vec()).await;
     let mut unknown = s.detection(&w, 1100, Utc::now());
     unknown.watch_id = tidings_domain::WatchId::new();
     s.publish_enqueue(&unknown, "unknown-watch").await;
@@ -524,6 +527,84 @@ async fn a_malformed_enqueue_message_is_dead_lettered_and_the_next_valid_one_ing
     assert_eq!(ingest.run_once(WAIT).await.unwrap(), IngestStats::default());
     // Terminated messages count as done: the purge takes them with the committed one.
     assert_eq!(ingest.consumer().purge_acked(0).await.unwrap(), 4);
+    assert_eq!(s.stream_len(StreamKind::Enqueue).await, 0);
+    s.cleanup().await;
+}
+
+/// A batch's requests are inserted together; one naming a watch that does not exist is
+/// dead-lettered alone (its batch-mates are not), and a batch refused whole is dead-lettered as
+/// it came. A request in a batch carries its own trace to its row.
+#[tokio::test]
+async fn a_batch_is_ingested_but_for_the_requests_it_must_refuse() {
+    let s = Scenario::new().await;
+    let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
+    let traced = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let mut requests = Vec::new();
+    for threshold in [1200, 1300] {
+        let mut req = s.detection(&w, 1100, Utc::now());
+        req.trigger = Trigger::PriceBelow { threshold };
+        req.traceparent = Some(traced.to_owned());
+        requests.push(req);
+    }
+    let mut unknown = s.detection(&w, 1100, Utc::now());
+    unknown.watch_id = tidings_domain::WatchId::new();
+    requests.insert(1, unknown.clone());
+    s.publish_raw_enqueue(encode(&EnqueueRequests::new(requests)))
+        .await;
+    let all_unknown: Vec<EnqueueRequest> = (0..2)
+        .map(|_| {
+            let mut r = s.detection(&w, 1100, Utc::now());
+            r.watch_id = tidings_domain::WatchId::new();
+            r
+        })
+        .collect();
+    let whole = encode(&EnqueueRequests::new(all_unknown));
+    s.publish_raw_enqueue(whole.clone()).await;
+
+    let ingest = s.ingest().await;
+    let stats = ingest.run_once(WAIT).await.unwrap();
+    assert_eq!((stats.inserted, stats.dead_lettered), (2, 3));
+    let rows: Vec<(String, Option<String>)> =
+        sqlx::query_as("SELECT trigger, traceparent FROM outbox WHERE watch_id = $1 ORDER BY 1")
+            .bind(w.watch)
+            .fetch_all(&s.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        rows.iter().map(|(t, _)| t.as_str()).collect::<Vec<_>>(),
+        ["price_below:1200", "price_below:1300"]
+    );
+    assert!(rows.iter().all(|(_, tp)| tp.as_deref() == Some(traced)));
+
+    let dlq =
+        s.js.get_stream(s.subjects.stream(StreamKind::Dlq))
+            .await
+            .unwrap();
+    let mut letters = Vec::new();
+    for seq in 1..=2 {
+        letters.push(dlq.get_raw_message(seq).await.unwrap());
+    }
+    letters.sort_by_key(|m| m.payload.len());
+    let part = &letters[0];
+    assert_eq!(
+        decode_enqueues(&part.payload).unwrap(),
+        vec![unknown.clone()]
+    );
+    let reason = part
+        .headers
+        .get(tidings_bus::dlq::REASON_HEADER)
+        .unwrap()
+        .as_str();
+    assert_eq!(reason, format!("watch {} does not exist", unknown.watch_id));
+    assert_eq!(
+        &letters[1].payload[..],
+        &whole[..],
+        "refused whole: as it came"
+    );
+    // Both messages are done: nothing is redelivered.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(ingest.run_once(WAIT).await.unwrap(), IngestStats::default());
+    assert_eq!(ingest.consumer().purge_acked(0).await.unwrap(), 3);
     assert_eq!(s.stream_len(StreamKind::Enqueue).await, 0);
     s.cleanup().await;
 }

@@ -18,7 +18,7 @@ use tidings_dispatcher::ingest::Ingest;
 use tidings_dispatcher::results::Results;
 use tidings_dispatcher::sweeper::{self, SweepStats};
 use tidings_domain::messages::{
-    EnqueueRequest, Outcome, PushRequest, PushResult, PushResults, Subscription, decode,
+    EnqueueRequest, Outcome, PushRequest, PushResult, PushResults, Subscription, decode_enqueues,
     decode_requests, encode,
 };
 use tidings_domain::subjects::{StreamKind, Subjects};
@@ -47,15 +47,21 @@ pub struct Watcher {
 }
 
 impl Watcher {
-    /// Detection number `i` of this watcher as the detector publishes it (with its
-    /// `Nats-Msg-Id`), each with its own trigger threshold (1200 + i) and so its own dedup key:
-    /// for tests and benchmarks that need many distinct requests from few watches.
-    pub fn numbered_request(&self, subject: &str, i: usize, at: DateTime<Utc>) -> Outgoing {
+    /// Detection number `i` of this watcher (see [`Watcher::numbered_request`]).
+    pub fn numbered_detection(&self, i: usize, at: DateTime<Utc>) -> EnqueueRequest {
         let mut r =
             fixtures::enqueue_request(&self.device, self.watch, self.trigger.clone(), 1100, at);
         r.trigger = Trigger::PriceBelow {
             threshold: 1200 + i64::try_from(i).unwrap_or(i64::MAX - 1200),
         };
+        r
+    }
+
+    /// Detection number `i` of this watcher as the detector publishes it (with its
+    /// `Nats-Msg-Id`), each with its own trigger threshold (1200 + i) and so its own dedup key:
+    /// for tests and benchmarks that need many distinct requests from few watches.
+    pub fn numbered_request(&self, subject: &str, i: usize, at: DateTime<Utc>) -> Outgoing {
+        let r = self.numbered_detection(i, at);
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Nats-Msg-Id", r.dedup_key().to_string().as_str());
         Outgoing {
@@ -264,7 +270,7 @@ impl Scenario {
     }
 
     /// Publishes raw bytes on the enqueue subject (for malformed-message tests).
-    pub async fn publish_raw_enqueue(&self, payload: &'static [u8]) {
+    pub async fn publish_raw_enqueue(&self, payload: Vec<u8>) {
         self.js
             .publish(
                 self.subjects.subject(StreamKind::Enqueue, Channel::WebPush),
@@ -390,12 +396,13 @@ impl Scenario {
             .sum()
     }
 
-    /// The EnqueueRequests stored in this scenario's enqueue stream, oldest first.
+    /// The EnqueueRequests stored in this scenario's enqueue stream, oldest first, each request
+    /// of a batch on its own.
     pub async fn enqueued(&self) -> Vec<EnqueueRequest> {
         self.stored(StreamKind::Enqueue)
             .await
             .iter()
-            .map(|m| decode::<EnqueueRequest>(&m.payload).expect("decodable EnqueueRequest"))
+            .flat_map(|m| decode_enqueues(&m.payload).expect("decodable EnqueueRequest(s)"))
             .collect()
     }
 

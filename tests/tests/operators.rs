@@ -270,7 +270,7 @@ async fn a_dead_letter_redriven_after_its_cause_is_fixed_is_delivered() {
     problem_404(&p, &format!("/v1/admin/dlq/{sequence}")).await;
 
     // A dead letter that cannot be fixed is purged.
-    s.publish_raw_enqueue(b"{not json").await;
+    s.publish_raw_enqueue(b"{not json".to_vec()).await;
     let started = Instant::now();
     loop {
         let listed = admin(&p, reqwest::Method::GET, "/v1/admin/dlq", None).await;

@@ -298,22 +298,6 @@ pub async fn decode_with_or_dead_letter<T>(
     }
 }
 
-/// Decodes each message; those that fail are dead-lettered and left out.
-pub async fn decode_batch<M: Message>(
-    js: &jetstream::Context,
-    subjects: &Subjects,
-    kind: StreamKind,
-    messages: Vec<jetstream::Message>,
-) -> Vec<(jetstream::Message, M)> {
-    let mut decoded = Vec::with_capacity(messages.len());
-    for msg in messages {
-        if let Some(m) = decode_or_dead_letter(js, subjects, kind, &msg).await {
-            decoded.push((msg, m));
-        }
-    }
-    decoded
-}
-
 pub async fn ack_all<'a>(messages: impl IntoIterator<Item = &'a jetstream::Message>) {
     let acks = messages.into_iter().map(|m| async move {
         if let Err(e) = m.ack().await {

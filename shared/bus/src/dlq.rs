@@ -25,6 +25,23 @@ pub async fn dead_letter(
     msg: &jetstream::Message,
     reason: &str,
 ) -> Result<(), DlqError> {
+    dead_letter_part(js, subjects, from, msg, msg.payload.to_vec(), reason).await?;
+    msg.ack_with(AckKind::Term)
+        .await
+        .map_err(|e| DlqError::Term(e.to_string()))
+}
+
+/// Copies `payload`, the part of `msg` that cannot be used (some requests of a batch whose others
+/// were), to the DLQ subject of `from` with `msg`'s headers and the reason. `msg` itself is left
+/// to the caller, which acks it only once this returned `Ok`.
+pub async fn dead_letter_part(
+    js: &jetstream::Context,
+    subjects: &Subjects,
+    from: StreamKind,
+    msg: &jetstream::Message,
+    payload: Vec<u8>,
+    reason: &str,
+) -> Result<(), DlqError> {
     let subject = subjects.dlq(from);
     let mut headers = msg.headers.clone().unwrap_or_default();
     // A header value may not contain line breaks.
@@ -39,7 +56,7 @@ pub async fn dead_letter(
         subject: subject.clone(),
         detail,
     };
-    js.publish_with_headers(subject.clone(), headers, msg.payload.clone())
+    js.publish_with_headers(subject.clone(), headers, payload.into())
         .await
         .map_err(|e| publish_err(e.to_string()))?
         .await
@@ -50,7 +67,5 @@ pub async fn dead_letter(
             kind: from.as_str().to_owned(),
         })
         .inc();
-    msg.ack_with(AckKind::Term)
-        .await
-        .map_err(|e| DlqError::Term(e.to_string()))
+    Ok(())
 }

@@ -17,7 +17,9 @@ use tidings_dispatcher::dispatch::Dispatcher;
 use tidings_dispatcher::ingest::Ingest;
 use tidings_dispatcher::results::Results;
 use tidings_domain::Channel;
-use tidings_domain::messages::{Outcome, PushResult, PushResults, decode_requests, encode};
+use tidings_domain::messages::{
+    EnqueueRequests, Outcome, PushResult, PushResults, decode_requests, encode,
+};
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
 use tidings_source::HttpSource;
@@ -131,8 +133,22 @@ async fn round(rows: usize) -> Round {
     }
     let now = Utc::now();
     let subject = s.subjects.subject(StreamKind::Enqueue, Channel::WebPush);
-    let outgoing: Vec<Outgoing> = (0..rows)
-        .map(|i| watchers[i % ITEMS].numbered_request(&subject, i, now))
+    // In batches of 50, as the detector publishes what a scan round finds.
+    let detections: Vec<_> = (0..rows)
+        .map(|i| watchers[i % ITEMS].numbered_detection(i, now))
+        .collect();
+    let outgoing: Vec<Outgoing> = detections
+        .chunks(50)
+        .map(|chunk| {
+            let batch = EnqueueRequests::new(chunk.to_vec());
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert("Nats-Msg-Id", batch.msg_id().as_str());
+            Outgoing {
+                subject: subject.clone(),
+                headers,
+                payload: encode(&batch),
+            }
+        })
         .collect();
     publish_every(&s.js, outgoing, "publish").await;
 

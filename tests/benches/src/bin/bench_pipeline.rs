@@ -29,8 +29,8 @@ use tidings_benches::procstat::{
 };
 use tidings_benches::rng::Rng;
 use tidings_domain::messages::{
-    EnqueueRequest, Outcome, PushRequest, Subscription, Urgency, VERSION, decode, decode_results,
-    encode, topic_for,
+    Outcome, PushRequest, Subscription, Urgency, VERSION, decode_enqueues, decode_results, encode,
+    topic_for,
 };
 use tidings_domain::notification::render;
 use tidings_domain::subjects::StreamKind;
@@ -659,7 +659,8 @@ async fn naive_forwarder(
             .await
         {
             while let Some(Ok(msg)) = batch.next().await {
-                if let Ok(req) = decode::<EnqueueRequest>(&msg.payload) {
+                // The detector sends what a scan round finds in batches.
+                for req in decode_enqueues(&msg.payload).unwrap_or_default() {
                     let device = req.device_id.0;
                     if let std::collections::hash_map::Entry::Vacant(slot) = subs.entry(device) {
                         let row: Option<(String, String, String)> = sqlx::query_as(
