@@ -52,6 +52,13 @@ pub struct Config {
     /// dispatcher's ingest (dispatch is behind), until half as many do (0: never wait).
     #[arg(long, env = "TIDINGS_DETECTOR_HOLD_BACKLOG", default_value_t = 20_000)]
     pub hold_backlog: u64,
+    /// Detections are published in `EnqueueRequests` messages of up to this many, so
+    /// JetStream's cost per message is paid once per batch (one alone goes as an EnqueueRequest
+    /// under its dedup key); 1 (one message per request) is what dispatchers older than batches can read:
+    /// set it while such dispatchers run (docs/operations.md, "Upgrading").
+    /// TIDINGS_DETECTOR_HOLD_BACKLOG counts each waiting message as this many notifications.
+    #[arg(long, env = "TIDINGS_DETECTOR_PUBLISH_BATCH", default_value_t = 50)]
+    pub publish_batch: usize,
     /// Print what would be enqueued (JSON lines on stdout) without publishing or writing.
     #[arg(long, env = "TIDINGS_DRY_RUN", default_value_t = false)]
     pub dry_run: bool,
@@ -68,6 +75,12 @@ pub enum ConfigError {
     Hostname(String),
     #[error("TIDINGS_SCAN_PAGE must be at least 1")]
     Page,
+    #[error(
+        "TIDINGS_DETECTOR_PUBLISH_BATCH ({0}) must be 1 to {max}: an enqueue-stream message \
+         carries at most that many requests",
+        max = tidings_domain::messages::MAX_ENQUEUES_PER_MESSAGE
+    )]
+    PublishBatch(usize),
     #[error(
         "TIDINGS_REPUBLISH_AFTER ({republish:?}) must be shorter than TIDINGS_DUPLICATE_WINDOW \
          ({window:?}): otherwise every re-publish of a trigger that keeps holding is stored and \
@@ -93,6 +106,7 @@ pub struct Settings {
     pub memory_capacity: usize,
     pub republish_after: Duration,
     pub hold_backlog: u64,
+    pub publish_batch: usize,
     pub dry_run: bool,
 }
 
@@ -112,6 +126,9 @@ impl Settings {
         }
         if self.page_size < 1 {
             return Err(ConfigError::Page);
+        }
+        if !(1..=tidings_domain::messages::MAX_ENQUEUES_PER_MESSAGE).contains(&self.publish_batch) {
+            return Err(ConfigError::PublishBatch(self.publish_batch));
         }
         if self.republish_after >= self.streams.duplicate_window {
             return Err(ConfigError::RepublishOutsideWindow {
@@ -151,6 +168,7 @@ impl Config {
             memory_capacity: self.memory_capacity,
             republish_after: self.republish_after,
             hold_backlog: self.hold_backlog,
+            publish_batch: self.publish_batch,
             dry_run: self.dry_run,
         }
     }
@@ -177,6 +195,26 @@ mod tests {
         assert!(s.validate().is_err());
         s.shard_index = 1;
         s.validate().unwrap();
+    }
+
+    #[test]
+    fn a_publish_batch_outside_what_a_message_carries_is_refused() {
+        let mut s = Settings::new(
+            Subjects::new("t").unwrap(),
+            SourceConfig::new("http://x/{item}"),
+        );
+        for ok in [1, 50, tidings_domain::messages::MAX_ENQUEUES_PER_MESSAGE] {
+            s.publish_batch = ok;
+            s.validate().unwrap();
+        }
+        for bad in [0, tidings_domain::messages::MAX_ENQUEUES_PER_MESSAGE + 1] {
+            s.publish_batch = bad;
+            let e = s.validate().unwrap_err();
+            assert!(
+                e.to_string().contains("TIDINGS_DETECTOR_PUBLISH_BATCH"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

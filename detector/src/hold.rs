@@ -4,7 +4,8 @@
 //! surplus waits in the enqueue stream (the dispatcher's admission). A detector that kept
 //! scanning would keep adding to that backlog, and the cores it took (its scans, and NATS storing
 //! what it published) would be taken from dispatch and push. So before each scan the detector
-//! reads how many messages wait for the ingest consumer; above `TIDINGS_DETECTOR_HOLD_BACKLOG` it
+//! reads how many messages wait for the ingest consumer, each counted as a full publish batch
+//! (`TIDINGS_DETECTOR_PUBLISH_BATCH`); above `TIDINGS_DETECTOR_HOLD_BACKLOG` notifications it
 //! does not scan, and looks again every second until the backlog is at half that. A scan then
 //! publishes no more than the room left under the limit: the triggers past it stay to do, and
 //! the next scan starts at their item, so every item gets its turn. Nothing is lost: a scan
@@ -61,6 +62,9 @@ pub struct Hold {
     js: jetstream::Context,
     stream: String,
     limit: u64,
+    /// Notifications a waiting message is counted as: the detector's publish batch, an upper
+    /// bound (a message carries at most that many), so the limit is never overshot.
+    per_message: u64,
     held: bool,
     /// When a read last failed for a reason other than a missing consumer: reads then pause for
     /// [`AFTER_FAILURE`] so a server that does not answer (or a user without the grant, during a
@@ -80,9 +84,16 @@ impl Hold {
             js,
             stream: subjects.stream(StreamKind::Enqueue),
             limit,
+            per_message: 1,
             held: false,
             failed_at: None,
         }
+    }
+
+    /// Counts each waiting message as `n` notifications (the publish batch).
+    pub fn counting_each_message_as(mut self, n: usize) -> Self {
+        self.per_message = u64::try_from(n.max(1)).unwrap_or(u64::MAX);
+        self
     }
 
     /// Messages in the enqueue stream not yet delivered to ingest; 0 while there is no ingest
@@ -144,10 +155,11 @@ impl Hold {
     /// Whether the next scan should wait, and if not, how many EnqueueRequests it may publish;
     /// logs and sets `tidings_detector_held` when waiting starts or ends.
     pub async fn check(&mut self) -> Gate {
-        let Some(waiting) = self.read().await else {
+        let Some(messages) = self.read().await else {
             self.set(false, 0);
             return Gate::Scan { budget: None };
         };
+        let waiting = messages.saturating_mul(self.per_message);
         if self.set(hold(self.held, waiting, self.limit), waiting) {
             return Gate::Wait;
         }

@@ -76,7 +76,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
     } else {
         settings.hold_backlog
     };
-    let hold = hold::Hold::new(js.clone(), &settings.subjects, limit);
+    let hold = hold::Hold::new(js.clone(), &settings.subjects, limit)
+        .counting_each_message_as(settings.publish_batch);
     let detector = scan::Detector::new(pool, js, source, settings);
     if config.once {
         let stats = detector.scan_once(chrono::Utc::now()).await?;

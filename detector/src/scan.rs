@@ -2,15 +2,16 @@
 //! fetch every watched item once (batch endpoint when there is one, ~`page_size` watches' items
 //! per request round), and evaluate, with the shared `evaluate`, the watches of each item whose
 //! observation or watches changed since an evaluation that found nothing (see `watchlist`). An
-//! EnqueueRequest is published per holding trigger with `Nats-Msg-Id` = its dedup key, many acks
-//! in flight. A failing item is counted and logged; it never stops the scan.
+//! EnqueueRequest is published per holding trigger, up to `TIDINGS_DETECTOR_PUBLISH_BATCH` to a
+//! message (one alone has `Nats-Msg-Id` = its dedup key), many acks in flight. A failing item is
+//! counted and logged; it never stops the scan.
 
 use async_nats::jetstream;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use std::collections::{HashMap, HashSet};
 use tidings_bus::publish::{Outgoing, publish_all};
-use tidings_domain::messages::{EnqueueRequest, encode};
+use tidings_domain::messages::{EnqueueRequest, EnqueueRequests, encode};
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
 use tidings_domain::{ItemCode, WatchId};
@@ -279,49 +280,58 @@ impl Detector {
         } else {
             Vec::new()
         };
-        let outgoing = fresh
+        // New detections and re-publishes alike go in batches of up to `publish_batch`, one
+        // channel to a message. A batch's id names its keys, so a re-publish of the same
+        // triggers together (they were trusted until the same scan) is answered `duplicate`
+        // like a lone key's; one made differently reaches ingest, whose unique key absorbs it.
+        let mut by_channel: Vec<Vec<usize>> = Vec::new();
+        for i in 0..fresh.len() {
+            match by_channel
+                .iter_mut()
+                .find(|g| fresh[g[0]].0.channel == fresh[i].0.channel)
+            {
+                Some(g) => g.push(i),
+                None => by_channel.push(vec![i]),
+            }
+        }
+        let batch = self.settings.publish_batch.max(1);
+        let groups: Vec<Vec<usize>> = by_channel
             .iter()
-            .enumerate()
-            .map(|(i, (d, key))| {
-                let mut headers = async_nats::HeaderMap::new();
-                headers.insert("Nats-Msg-Id", key.as_str());
-                if let Some(tp) = spans.get(i).and_then(telemetry::traceparent) {
-                    headers.insert("traceparent", tp.as_str());
-                }
-                Outgoing {
-                    subject: self
-                        .settings
-                        .subjects
-                        .subject(StreamKind::Enqueue, d.channel),
-                    headers,
-                    payload: encode(*d),
-                }
-            })
+            .flat_map(|g| g.chunks(batch).map(<[usize]>::to_vec))
+            .collect();
+        let outgoing = groups
+            .iter()
+            .map(|group| self.message(group, &fresh, &spans))
             .collect();
         // Deferred triggers count as not yet published: their items stay to do.
         let mut failed: HashSet<WatchId> =
             deferred.iter().map(|&i| detections[i].watch_id).collect();
-        for (i, ((d, key), ack)) in fresh
+        for (group, ack) in groups
             .iter()
             .zip(publish_all(&self.js, outgoing, 1024).await)
-            .enumerate()
         {
-            match ack {
-                Ok(ack) => {
-                    if ack.duplicate {
-                        stats.duplicates += 1;
-                    } else {
-                        stats.published += 1;
+            for &i in group {
+                let (d, key) = fresh[i];
+                match &ack {
+                    Ok(ack) => {
+                        if ack.duplicate {
+                            stats.duplicates += 1;
+                        } else {
+                            stats.published += 1;
+                        }
+                        memory.remember(key.clone(), d.dedup_day, now);
                     }
-                    memory.remember((*key).clone(), d.dedup_day, now);
-                }
-                Err(e) => {
-                    stats.publish_errors += 1;
-                    failed.insert(d.watch_id);
-                    if let Some(span) = spans.get(i) {
-                        telemetry::fail(span, &format!("publishing EnqueueRequest failed: {e}"));
+                    Err(e) => {
+                        stats.publish_errors += 1;
+                        failed.insert(d.watch_id);
+                        if let Some(span) = spans.get(i) {
+                            telemetry::fail(
+                                span,
+                                &format!("publishing EnqueueRequest failed: {e}"),
+                            );
+                        }
+                        tracing::error!(watch_id = %d.watch_id, trigger = %d.trigger, error = %e, "publishing EnqueueRequest failed; the next scan tries again");
                     }
-                    tracing::error!(watch_id = %d.watch_id, trigger = %d.trigger, error = %e, "publishing EnqueueRequest failed; the next scan tries again");
                 }
             }
         }
@@ -380,6 +390,50 @@ impl Detector {
             }
         }
         Ok(())
+    }
+
+    /// The message for `group` (indices into `fresh`, one channel): a request alone, with its
+    /// dedup key as `Nats-Msg-Id` and its span's trace in the header, or an [`EnqueueRequests`]
+    /// batch whose requests each carry their own trace.
+    fn message(
+        &self,
+        group: &[usize],
+        fresh: &[(&EnqueueRequest, &String)],
+        spans: &[tracing::Span],
+    ) -> Outgoing {
+        let traceparent = |i: usize| spans.get(i).and_then(telemetry::traceparent);
+        let (first, key) = fresh[group[0]];
+        let subject = self
+            .settings
+            .subjects
+            .subject(StreamKind::Enqueue, first.channel);
+        let mut headers = async_nats::HeaderMap::new();
+        if let [only] = group {
+            headers.insert("Nats-Msg-Id", key.as_str());
+            if let Some(tp) = traceparent(*only) {
+                headers.insert("traceparent", tp.as_str());
+            }
+            return Outgoing {
+                subject,
+                headers,
+                payload: encode(first),
+            };
+        }
+        let batch = EnqueueRequests::new(
+            group
+                .iter()
+                .map(|&i| EnqueueRequest {
+                    traceparent: traceparent(i),
+                    ..fresh[i].0.clone()
+                })
+                .collect(),
+        );
+        headers.insert("Nats-Msg-Id", batch.msg_id().as_str());
+        Outgoing {
+            subject,
+            headers,
+            payload: encode(&batch),
+        }
     }
 }
 

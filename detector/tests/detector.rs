@@ -86,6 +86,28 @@ async fn a_price_below_threshold_is_enqueued_once_a_day() {
     s.cleanup().await;
 }
 
+/// Triggers found together travel in one message, and re-published together (trusted until the
+/// same scan) they are that message again, which JetStream's duplicate window drops.
+#[tokio::test]
+async fn triggers_found_together_are_one_message_and_their_republish_a_duplicate() {
+    let s = Scenario::new().await;
+    for threshold in [1200, 1300, 1400] {
+        s.watcher("SKU-1", Trigger::PriceBelow { threshold }, 1100)
+            .await;
+    }
+    let d = detector(&s, 0, 1);
+    let t = Utc.with_ymd_and_hms(2026, 11, 30, 9, 0, 0).unwrap();
+    let first = d.scan_once(t).await.unwrap();
+    assert_eq!((first.holding, first.published), (3, 3));
+    assert_eq!(s.stream_len(StreamKind::Enqueue).await, 1, "one batch");
+    assert_eq!(s.enqueued().await.len(), 3);
+
+    let again = d.scan_once(t + ChronoDuration::minutes(11)).await.unwrap();
+    assert_eq!((again.published, again.duplicates), (0, 3));
+    assert_eq!(s.stream_len(StreamKind::Enqueue).await, 1);
+    s.cleanup().await;
+}
+
 #[tokio::test]
 async fn price_drop_fires_at_ten_percent_and_then_needs_ten_more_after_a_send() {
     let s = Scenario::new().await;
@@ -278,7 +300,15 @@ async fn two_shards_enqueue_each_holding_watch_exactly_once() {
     );
     assert_eq!((a.duplicates, b.duplicates), (0, 0), "no overlap");
     assert_eq!(a.published + b.published, 10_000);
-    assert_eq!(s.stream_len(StreamKind::Enqueue).await, 10_000);
+    let enqueued = s.enqueued().await;
+    let keys: std::collections::HashSet<_> = enqueued.iter().map(|r| r.dedup_key()).collect();
+    assert_eq!((enqueued.len(), keys.len()), (10_000, 10_000));
+    // New detections travel 50 to a message (a page's last batch of a channel may be short).
+    let messages = s.stream_len(StreamKind::Enqueue).await;
+    assert!(
+        (200..=260).contains(&messages),
+        "{messages} messages for 10,000 requests"
+    );
     s.cleanup().await;
 }
 
@@ -676,6 +706,22 @@ async fn a_backlog_that_cannot_be_read_does_not_hold_scans() {
     assert_eq!(
         Hold::new(s.js.clone(), &s.subjects, 0).check().await,
         Gate::Scan { budget: None }
+    );
+    // Messages of a batching detector count as full batches: two of three each are six.
+    assert_eq!(
+        Hold::new(s.js.clone(), &s.subjects, 10)
+            .counting_each_message_as(3)
+            .check()
+            .await,
+        Gate::Scan { budget: Some(4) },
+        "six of ten waiting: room for four"
+    );
+    assert_eq!(
+        Hold::new(s.js.clone(), &s.subjects, 5)
+            .counting_each_message_as(3)
+            .check()
+            .await,
+        Gate::Wait
     );
     s.cleanup().await;
 }
