@@ -122,11 +122,7 @@ impl Ingest {
         msg: &jetstream::Message,
         refused: Vec<(EnqueueRequest, String)>,
     ) -> bool {
-        let reason = refused
-            .iter()
-            .map(|(_, why)| why.as_str())
-            .collect::<Vec<_>>()
-            .join("; ");
+        let reason = reasons(&refused);
         let mut requests: Vec<EnqueueRequest> = refused.into_iter().map(|(r, _)| r).collect();
         let payload = if requests.len() == 1 {
             encode(&requests.remove(0))
@@ -159,6 +155,15 @@ impl Ingest {
 /// that as many messages as requests per statement could carry; one by one, 50 requests a call.
 pub fn messages_per_call(ingest_batch: usize) -> usize {
     (ingest_batch / 20).max(1)
+}
+
+/// The reasons for refused requests, as one dead letter's reason.
+fn reasons(refused: &[(EnqueueRequest, String)]) -> String {
+    refused
+        .iter()
+        .map(|(_, why)| why.as_str())
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Why ingest refuses a request whose watch does not exist or belongs to another device.
@@ -228,29 +233,24 @@ impl consume::Handler for Ingest {
         let mut valid: Vec<(jetstream::Message, Vec<EnqueueRequest>)> = Vec::new();
         let mut refused_parts = Vec::new();
         for (msg, reqs) in decoded {
-            let (ok, refused): (Vec<_>, Vec<_>) = reqs
-                .into_iter()
-                .map(|r| {
-                    let why = refusal(&r, &owners);
-                    (r, why)
-                })
-                .partition(|(_, why)| why.is_none());
-            let ok: Vec<EnqueueRequest> = ok.into_iter().map(|(r, _)| r).collect();
-            let refused: Vec<(EnqueueRequest, String)> = refused
-                .into_iter()
-                .filter_map(|(r, why)| why.map(|w| (r, w)))
-                .collect();
-            for (r, why) in &refused {
-                tracing::warn!(watch_id = %r.watch_id, reason = %why, "dead-lettering enqueue request");
+            let mut ok = Vec::with_capacity(reqs.len());
+            let mut refused = Vec::new();
+            for r in reqs {
+                match refusal(&r, &owners) {
+                    None => ok.push(r),
+                    Some(why) => {
+                        tracing::warn!(watch_id = %r.watch_id, reason = %why, "dead-lettering enqueue request");
+                        refused.push((r, why));
+                    }
+                }
             }
             if ok.is_empty() {
-                let why: Vec<&str> = refused.iter().map(|(_, w)| w.as_str()).collect();
                 match dead_letter(
                     &self.stage.js,
                     subjects,
                     StreamKind::Enqueue,
                     &msg,
-                    &why.join("; "),
+                    &reasons(&refused),
                 )
                 .await
                 {

@@ -104,27 +104,80 @@ impl Message for EnqueueRequest {
     }
 }
 
-/// Detector → dispatcher: several requests in one message, so a message's cost in JetStream
-/// (store, deliver, ack, the duplicate window's entry) is paid once per batch rather than once per
-/// detection.
+/// Several requests of one kind in one message, `{"v": 1, "requests": [...]}`, so a message's
+/// cost in JetStream (store, deliver, ack, its duplicate-window entry) is paid once per batch
+/// rather than once per request: [`EnqueueRequests`] (detector → dispatcher) and
+/// [`PushRequests`] (dispatcher → pusher).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct EnqueueRequests {
+pub struct Batch<T> {
     pub v: u32,
-    pub requests: Vec<EnqueueRequest>,
+    pub requests: Vec<T>,
 }
+
+/// A request that may travel in a [`Batch`], and how many one batch may carry.
+pub trait Batched: Message {
+    const MAX_PER_MESSAGE: usize;
+}
+
+impl<T> Batch<T> {
+    pub fn new(requests: Vec<T>) -> Self {
+        Batch {
+            v: VERSION,
+            requests,
+        }
+    }
+}
+
+impl<T: Batched> Message for Batch<T> {
+    fn version(&self) -> u32 {
+        self.v
+    }
+
+    /// 1 to `T::MAX_PER_MESSAGE` requests, each of this build's version and valid (one that is
+    /// not makes the whole batch invalid).
+    fn validate(&self) -> Result<(), DecodeError> {
+        let n = self.requests.len();
+        if n == 0 || n > T::MAX_PER_MESSAGE {
+            return Err(DecodeError::Invalid(format!(
+                "a batch carries 1 to {} requests, not {n}",
+                T::MAX_PER_MESSAGE
+            )));
+        }
+        if let Some(r) = self.requests.iter().find(|r| r.version() != VERSION) {
+            return Err(DecodeError::Version { got: r.version() });
+        }
+        self.requests.iter().try_for_each(Message::validate)
+    }
+}
+
+/// The requests a message carries: a [`Batch`], or one request alone (the only shape producers
+/// before batches send). Which of the two is read from whether the object has `requests`.
+pub fn decode_batched<T: Batched>(bytes: &[u8]) -> Result<Vec<T>, DecodeError> {
+    #[derive(Deserialize)]
+    struct Shape {
+        #[serde(default)]
+        requests: Option<serde::de::IgnoredAny>,
+    }
+    let shape: Shape = serde_json::from_slice(bytes)?;
+    if shape.requests.is_some() {
+        Ok(decode::<Batch<T>>(bytes)?.requests)
+    } else {
+        Ok(vec![decode::<T>(bytes)?])
+    }
+}
+
+/// Detector → dispatcher: the triggers a scan round found, in one message.
+pub type EnqueueRequests = Batch<EnqueueRequest>;
 
 /// The most requests one [`EnqueueRequests`] may carry; the detector's batch setting is capped
 /// here, so one message never holds more than one ingest statement's worth.
 pub const MAX_ENQUEUES_PER_MESSAGE: usize = 100;
 
-impl EnqueueRequests {
-    pub fn new(requests: Vec<EnqueueRequest>) -> Self {
-        EnqueueRequests {
-            v: VERSION,
-            requests,
-        }
-    }
+impl Batched for EnqueueRequest {
+    const MAX_PER_MESSAGE: usize = MAX_ENQUEUES_PER_MESSAGE;
+}
 
+impl EnqueueRequests {
     /// `Nats-Msg-Id`: the first request's dedup key, the count, and a hash of every key. A
     /// publish retried after a lost ack carries the same keys and so the same id, and JetStream's
     /// duplicate window drops it; a batch of other keys cannot be taken for it. (The same key in
@@ -149,52 +202,11 @@ impl EnqueueRequests {
     }
 }
 
-impl Message for EnqueueRequests {
-    fn version(&self) -> u32 {
-        self.v
-    }
-
-    fn validate(&self) -> Result<(), DecodeError> {
-        validate_batch(&self.requests, MAX_ENQUEUES_PER_MESSAGE)
-    }
-}
-
-/// What a batch of requests must be: 1 to `max` of them, each of this build's version and valid
-/// (one that is not makes the whole batch invalid).
-fn validate_batch<M: Message>(requests: &[M], max: usize) -> Result<(), DecodeError> {
-    if requests.is_empty() || requests.len() > max {
-        return Err(DecodeError::Invalid(format!(
-            "a batch carries 1 to {max} requests, not {}",
-            requests.len()
-        )));
-    }
-    if let Some(r) = requests.iter().find(|r| r.version() != VERSION) {
-        return Err(DecodeError::Version { got: r.version() });
-    }
-    requests.iter().try_for_each(Message::validate)
-}
-
-/// Whether a message is a batch (`{"v": 1, "requests": [...]}`), read without building either
-/// shape.
-fn is_batch(bytes: &[u8]) -> Result<bool, DecodeError> {
-    #[derive(Deserialize)]
-    struct Shape {
-        #[serde(default)]
-        requests: Option<serde::de::IgnoredAny>,
-    }
-    let shape: Shape = serde_json::from_slice(bytes)?;
-    Ok(shape.requests.is_some())
-}
-
 /// The requests a message on the enqueue stream carries: an [`EnqueueRequests`] batch, or one
-/// [`EnqueueRequest`] (what detectors send for a lone detection or a re-publish, and all that
-/// detectors before batches send).
+/// [`EnqueueRequest`] (what detectors send for a trigger found alone, and all that detectors
+/// before batches send).
 pub fn decode_enqueues(bytes: &[u8]) -> Result<Vec<EnqueueRequest>, DecodeError> {
-    if is_batch(bytes)? {
-        Ok(decode::<EnqueueRequests>(bytes)?.requests)
-    } else {
-        Ok(vec![decode::<EnqueueRequest>(bytes)?])
-    }
+    decode_batched(bytes)
 }
 
 /// Where a push goes: a browser's `PushSubscription`.
@@ -275,27 +287,19 @@ impl PushRequest {
     }
 }
 
-/// Dispatcher → pusher: several requests in one message, so a message's cost in JetStream
-/// (store, deliver, ack) is paid once per batch rather than once per push.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct PushRequests {
-    pub v: u32,
-    pub requests: Vec<PushRequest>,
-}
+/// Dispatcher → pusher: a cycle's requests, in one message.
+pub type PushRequests = Batch<PushRequest>;
 
 /// The most requests one [`PushRequests`] may carry. The dispatcher sends far fewer (its setting
 /// is capped here); the bound keeps one message from holding a pusher's every slot and its
 /// ack for long.
 pub const MAX_REQUESTS_PER_MESSAGE: usize = 100;
 
-impl PushRequests {
-    pub fn new(requests: Vec<PushRequest>) -> Self {
-        PushRequests {
-            v: VERSION,
-            requests,
-        }
-    }
+impl Batched for PushRequest {
+    const MAX_PER_MESSAGE: usize = MAX_REQUESTS_PER_MESSAGE;
+}
 
+impl PushRequests {
     /// `Nats-Msg-Id`: the first request's (row, attempt) and the count. A (row, attempt) is
     /// published once, in one batch, so this names the batch as uniquely as a single request's
     /// id names it.
@@ -307,24 +311,10 @@ impl PushRequests {
     }
 }
 
-impl Message for PushRequests {
-    fn version(&self) -> u32 {
-        self.v
-    }
-
-    fn validate(&self) -> Result<(), DecodeError> {
-        validate_batch(&self.requests, MAX_REQUESTS_PER_MESSAGE)
-    }
-}
-
 /// The requests a message on the push stream carries: a [`PushRequests`] batch, or one
 /// [`PushRequest`] (what dispatchers send unless `TIDINGS_DISPATCH_PUSH_BATCH` says otherwise).
 pub fn decode_requests(bytes: &[u8]) -> Result<Vec<PushRequest>, DecodeError> {
-    if is_batch(bytes)? {
-        Ok(decode::<PushRequests>(bytes)?.requests)
-    } else {
-        Ok(vec![decode::<PushRequest>(bytes)?])
-    }
+    decode_batched(bytes)
 }
 
 /// The Web Push `Topic` for a row: its id as 32 hex characters, which fits the header's limit of
