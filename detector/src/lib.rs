@@ -55,6 +55,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
         return Ok(());
     }
     let interval = settings.scan_interval;
+    tidings_runtime::metrics::metrics()
+        .detector_shard_count
+        .get_or_create(&tidings_runtime::metrics::ShardLabels {
+            shard: settings.shard_index.to_string(),
+        })
+        .set(i64::from(settings.shard_count));
     tidings_runtime::metrics::metrics().may_fail(&["scan"]);
     tidings_runtime::metrics::at_zero(
         &tidings_runtime::metrics::metrics().detections,

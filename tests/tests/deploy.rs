@@ -200,6 +200,77 @@ fn a_dashboard_that_is_not_json_fails_the_checks() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+const RUNBOOK_BASE: &str = "https://github.com/tidings/tidings/blob/main/docs/runbooks.md";
+
+#[test]
+fn a_relative_runbook_url_fails_the_checks() {
+    let dir = copy();
+    edit(
+        &dir.join("deploy/telemetry/alerts.yaml"),
+        &format!("runbook_url: {RUNBOOK_BASE}#tidingsvapidrejected"),
+        "runbook_url: docs/runbooks.md#tidingsvapidrejected",
+    );
+    let (ok, out) = check(&dir);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("TidingsVapidRejected: runbook_url 'docs/runbooks.md#tidingsvapidrejected' is not an absolute URL"),
+        "{out}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_alert_whose_runbook_has_no_section_fails_the_checks() {
+    let dir = copy();
+    std::fs::create_dir_all(dir.join("docs")).unwrap();
+    let runbooks = std::fs::read_to_string(repo().join("docs/runbooks.md")).unwrap();
+    std::fs::write(
+        dir.join("docs/runbooks.md"),
+        runbooks.replace("## TidingsServiceGone", "## Tidings service gone"),
+    )
+    .unwrap();
+    let (ok, out) = check(&dir);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("TidingsServiceGone: runbook_url anchor #tidingsservicegone is no section"),
+        "{out}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// An operator publishes the runbooks elsewhere: one command moves every link, in the rules, their
+/// tests and the PrometheusRule alike, and the checks (promtool's tests included) still pass.
+#[test]
+fn runbook_base_moves_every_runbook_url_and_the_checks_still_pass() {
+    let dir = copy();
+    let script = dir.join("deploy/telemetry/runbook-base");
+    let refused = Command::new(&script).arg("wiki/runbooks").output().unwrap();
+    assert_eq!(refused.status.code(), Some(2));
+    let wiki = "https://wiki.example.com/ops/tidings-runbooks";
+    let moved = Command::new(&script).arg(wiki).output().unwrap();
+    assert!(moved.status.success(), "{moved:?}");
+    for file in [
+        "deploy/telemetry/alerts.yaml",
+        "deploy/telemetry/alerts.test.yaml",
+        "deploy/k8s/components/prometheus-operator/prometheusrule.yaml",
+    ] {
+        let text = std::fs::read_to_string(dir.join(file)).unwrap();
+        let links = text.matches("runbook_url:").count();
+        assert!(links >= 10, "{file}: {links} runbook links");
+        assert_eq!(text.matches(&format!("{wiki}#")).count(), links, "{file}");
+        assert!(!text.contains(RUNBOOK_BASE), "{file}");
+    }
+    let alerts = std::fs::read_to_string(dir.join("deploy/telemetry/alerts.yaml")).unwrap();
+    let rule = std::fs::read_to_string(
+        dir.join("deploy/k8s/components/prometheus-operator/prometheusrule.yaml"),
+    )
+    .unwrap();
+    assert_eq!(rule, prometheus_rule(&alerts));
+    let (ok, out) = check(&dir);
+    assert!(ok, "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The PrometheusRule the prometheus-operator component ships: the alerting rules file's groups,
 /// as they are, in the operator's wrapper.
 fn prometheus_rule(alerts: &str) -> String {

@@ -118,6 +118,7 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
     ),
     ("tidings_detector_scans", "counter", &["detector"]),
     ("tidings_detector_held", "gauge", &["detector"]),
+    ("tidings_detector_shard_count", "gauge", &["detector"]),
     (
         "tidings_detector_scan_duration_seconds",
         "histogram",
@@ -259,6 +260,9 @@ pub struct Metrics {
     pub scans: Counter,
     /// 1 while the detector holds its scans back because the enqueue stream is deep.
     pub detector_held: Gauge,
+    /// How many shards split the watches, labelled with this detector's own `shard`: the
+    /// alerts compare the shards that report with the count they should be.
+    pub detector_shard_count: Family<ShardLabels, Gauge>,
     pub scan_duration: Histogram,
     pub detections: Family<ResultLabels, Counter>,
     pub detector_watches: Gauge,
@@ -292,6 +296,11 @@ pub struct Metrics {
 }
 
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShardLabels {
+    pub shard: String,
+}
+
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabels {
     pub state: String,
 }
@@ -322,6 +331,7 @@ impl Metrics {
             consumer_ack_pending: Family::default(),
             scans: Counter::default(),
             detector_held: Gauge::default(),
+            detector_shard_count: Family::default(),
             scan_duration: latency(),
             detections: Family::default(),
             detector_watches: Gauge::default(),
@@ -439,6 +449,13 @@ impl Metrics {
             "1 while the detector holds its scans back because more than \
              TIDINGS_DETECTOR_HOLD_BACKLOG notifications wait in the enqueue stream for ingest",
             m.detector_held.clone(),
+        );
+        register(
+            &mut registry,
+            "tidings_detector_shard_count",
+            "How many shards split the watches (TIDINGS_SHARD_COUNT), labelled with this \
+             detector's shard",
+            m.detector_shard_count.clone(),
         );
         register(
             &mut registry,
@@ -720,6 +737,7 @@ mod tests {
             delivery_log_errors,
             rate_limited,
             db_pool_connections,
+            detector_shard_count,
             failures
         );
         let mut registered: Vec<(String, String)> = m
