@@ -298,6 +298,8 @@ pub enum StartError {
     },
     #[error("serving HTTP: {0}")]
     Serve(#[source] std::io::Error),
+    #[error("connecting to Postgres to apply migrations: {0}")]
+    Connect(#[source] sqlx::Error),
     #[error("applying migrations: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error(transparent)]
@@ -336,9 +338,17 @@ pub async fn run(command: Command, shutdown: CancellationToken) -> Result<(), St
         }
         Command::Migrate { database_url } => {
             let pool = tidings_store::postgres(&database_url, 1).map_err(StartError::Database)?;
-            tidings_store::schema::MIGRATOR.run(&pool).await?;
-            let applied = tidings_store::schema::MIGRATOR.iter().count();
-            tracing::info!(migrations = applied, "schema is up to date");
+            let mut conn = pool.acquire().await.map_err(StartError::Connect)?;
+            let migrated = tidings_store::schema::migrate(&mut conn).await?;
+            if !migrated.newer.is_empty() {
+                tracing::warn!(
+                    schema_version = migrated.version,
+                    newer = ?migrated.newer,
+                    "the database has migrations this build does not know: a newer release \
+                     applied them and this one is a rollback; they stay, and this build runs on them"
+                );
+            }
+            tracing::info!(schema_version = migrated.version, "schema is up to date");
         }
         Command::Openapi => {
             let document = serde_json::to_string_pretty(openapi::document()).unwrap_or_default();

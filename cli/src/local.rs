@@ -24,15 +24,24 @@ pub async fn migrate(database_url: &str, json_out: bool) -> Result<u8, CliError>
     let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(database_url)
         .await
         .map_err(|e| CliError::Local(format!("connecting to DATABASE_URL: {e}")))?;
-    tidings_store::schema::MIGRATOR
-        .run(&mut conn)
+    let migrated = tidings_store::schema::migrate(&mut conn)
         .await
         .map_err(|e| CliError::Local(format!("applying migrations: {e}")))?;
-    let version = tidings_store::schema::needed();
+    let version = migrated.version;
     if json_out {
-        println!("{}", json!({"schema_version": version}));
+        println!(
+            "{}",
+            json!({"schema_version": version, "newer_migrations": migrated.newer})
+        );
     } else {
         println!("the schema is at migration {version}");
+        if !migrated.newer.is_empty() {
+            println!(
+                "the database also has migrations {:?}, newer than this build: a newer release \
+                 applied them; they stay",
+                migrated.newer
+            );
+        }
     }
     Ok(exit::OK)
 }

@@ -15,6 +15,49 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// but deployments run it once from `tidings-api migrate` rather than from every replica.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
 
+/// What [`migrate`] found and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Migrated {
+    /// The highest migration this build carries, which the database now has.
+    pub version: i64,
+    /// Migrations the database had that this build does not know: a newer release applied them
+    /// and this one is being rolled back to. They stay; this build runs on them (the rule in
+    /// docs/operations.md, "Rolling back": a release's migrations only add what the previous
+    /// release can ignore).
+    pub newer: Vec<i64>,
+}
+
+/// Applies this build's migrations that the database lacks, tolerating migrations newer than the
+/// build. sqlx's own `run` refuses those (`VersionMissing`), so the previous release's migrate
+/// step would fail and crash-loop every pod it gates after a newer release had run: a rollback
+/// would not come up. sqlx takes an advisory lock, so concurrent runs are safe.
+pub async fn migrate(
+    conn: &mut sqlx::PgConnection,
+) -> Result<Migrated, sqlx::migrate::MigrateError> {
+    let needed = needed();
+    // undefined_table: a new database, nothing applied yet.
+    let applied: Vec<i64> =
+        sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success ORDER BY version")
+            .fetch_all(&mut *conn)
+            .await
+            .or_else(|e| match &e {
+                sqlx::Error::Database(d) if d.code().as_deref() == Some("42P01") => Ok(Vec::new()),
+                _ => Err(e),
+            })?;
+    let known: std::collections::BTreeSet<i64> = MIGRATOR.iter().map(|m| m.version).collect();
+    let newer: Vec<i64> = applied.into_iter().filter(|v| !known.contains(v)).collect();
+    let tolerant = sqlx::migrate::Migrator {
+        migrations: MIGRATOR.migrations.clone(),
+        ignore_missing: true,
+        ..sqlx::migrate::Migrator::DEFAULT
+    };
+    tolerant.run(&mut *conn).await?;
+    Ok(Migrated {
+        version: needed,
+        newer,
+    })
+}
+
 /// The schema version this build needs: its highest migration.
 pub fn needed() -> i64 {
     MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0)

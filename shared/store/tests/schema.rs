@@ -545,3 +545,37 @@ async fn an_unpartitioned_outbox_is_partitioned_with_every_row_and_its_keys() {
             .is_err()
     );
 }
+
+/// A rollback: a newer release applied a migration this build does not carry. sqlx's own
+/// migrator refuses that database (VersionMissing), which crash-looped the previous release's
+/// migrate step; `schema::migrate` leaves the newer migration, says which it is, and the build
+/// is ready on that schema.
+#[tokio::test]
+async fn migrate_tolerates_a_migration_newer_than_the_build() {
+    use tidings_store::schema;
+    let db = TestDb::empty().await.unwrap();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let first = schema::migrate(&mut conn).await.unwrap();
+    assert_eq!(first.version, schema::needed());
+    assert!(first.newer.is_empty());
+
+    let future = schema::needed() + 1;
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES ($1, 'from a newer release', true, '\\x00'::bytea, 1)",
+    )
+    .bind(future)
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    let strict = schema::MIGRATOR.run(&mut *conn).await.unwrap_err();
+    assert!(
+        matches!(strict, sqlx::migrate::MigrateError::VersionMissing(v) if v == future),
+        "{strict}"
+    );
+
+    let again = schema::migrate(&mut conn).await.unwrap();
+    assert_eq!(again.version, schema::needed());
+    assert_eq!(again.newer, vec![future]);
+    assert_eq!(schema::check(&db.pool).await.unwrap(), future);
+}
