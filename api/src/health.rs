@@ -5,6 +5,7 @@ use crate::problem::{ApiError, Problem};
 use axum::Json;
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
+use std::sync::atomic::Ordering;
 use utoipa::ToSchema;
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -20,16 +21,48 @@ pub async fn livez() -> Json<Health> {
     })
 }
 
-#[utoipa::path(get, path = "/readyz", tag = "health",
-    responses(
-        (status = 200, description = "Postgres answers", body = Health),
-        (status = 503, description = "Postgres does not answer, the schema this build needs is not there yet, or the api is shutting down", body = Problem, content_type = "application/problem+json"),
-    ))]
+/// The operator port's `/readyz` (where the kubelet probes): checks Postgres and the schema
+/// now, and says what is wrong.
 pub async fn readyz(State(app): State<AppState>) -> Result<Json<Health>, ApiError> {
     ready(&app).await.map_err(ApiError::Unavailable)?;
     Ok(Json(Health {
         status: "ok".into(),
     }))
+}
+
+/// How often the public `/readyz`'s answer is refreshed.
+pub const REFRESH: std::time::Duration = std::time::Duration::from_secs(2);
+
+#[utoipa::path(get, path = "/readyz", tag = "health",
+    responses(
+        (status = 200, description = "The api was ready at its last check (at most 2 s ago)", body = Health),
+        (status = 503, description = "Not ready (the reason is on the operator port's /readyz), or shutting down", body = Problem, content_type = "application/problem+json"),
+    ))]
+/// The public listener's `/readyz`: the last check's answer, refreshed every [`REFRESH`] by
+/// [`refresh_readiness`]. Anyone on the internet may call it, so it never runs a query per
+/// request and never says why it is not ready (a database's error text names hosts and users).
+pub async fn public_readyz(State(app): State<AppState>) -> Result<Json<Health>, ApiError> {
+    let ready_now = match &app.last_ready {
+        Some(seen) => !app.stopping.is_cancelled() && seen.load(Ordering::Relaxed),
+        None => ready(&app).await.is_ok(),
+    };
+    if !ready_now {
+        return Err(ApiError::Unavailable("not ready".to_owned()));
+    }
+    Ok(Json(Health {
+        status: "ok".into(),
+    }))
+}
+
+/// Checks readiness every [`REFRESH`] until the api stops, for [`public_readyz`].
+pub async fn refresh_readiness(app: AppState) {
+    loop {
+        let _ = ready(&app).await;
+        tokio::select! {
+            () = app.stopping.cancelled() => return,
+            () = tokio::time::sleep(REFRESH) => {}
+        }
+    }
 }
 
 /// What `/readyz` answers; also sets `tidings_ready`.
@@ -38,10 +71,14 @@ async fn ready(app: &AppState) -> Result<(), String> {
         tidings_runtime::metrics::metrics().ready.set(0);
         return Err("shutting down: draining before the listener closes".to_owned());
     }
-    tidings_runtime::ops::Probes::default()
+    let result = tidings_runtime::ops::Probes::default()
         .with_check(tidings_store::readiness(app.pool.clone()))
         .ready()
-        .await
+        .await;
+    if let Some(seen) = &app.last_ready {
+        seen.store(result.is_ok(), Ordering::Relaxed);
+    }
+    result
 }
 
 #[utoipa::path(get, path = "/metrics", tag = "health",

@@ -20,7 +20,7 @@ mod dead_letters;
 mod devices;
 mod doctor;
 mod extract;
-mod health;
+pub mod health;
 mod history;
 pub mod limits;
 mod openapi;
@@ -96,6 +96,9 @@ pub struct AppState {
     /// Cancelled at SIGTERM: `/readyz` answers 503 while the api drains (see [`serve`]).
     pub stopping: CancellationToken,
     pub limits: Arc<limits::Limits>,
+    /// What the last readiness check found, for the public listener's `/readyz` (see
+    /// [`health::public_readyz`]); `None` on the one-router form, which checks per request.
+    pub last_ready: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// Create statements that may run at once: enough to keep two cores' worth of Postgres busy
@@ -121,7 +124,10 @@ pub fn routers(
     settings: Settings,
     stopping: CancellationToken,
 ) -> (axum::Router, axum::Router) {
-    let (public, ops, state) = parts(pool, settings, stopping);
+    let (public, ops, mut state) = parts(pool, settings, stopping);
+    let last_ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    state.last_ready = Some(last_ready);
+    tokio::spawn(health::refresh_readiness(state.clone()));
     let ops = ops
         .route("/livez", axum::routing::get(health::livez))
         .route("/readyz", axum::routing::get(health::readyz));
@@ -167,6 +173,7 @@ fn parts(
         settings: Arc::new(settings),
         creates,
         stopping,
+        last_ready: None,
     };
     let (public, ops) = openapi::routers();
     (public, ops, state)

@@ -73,7 +73,7 @@ fn public() -> OpenApiRouter<AppState> {
         ))
         .routes(routes!(history::list_notifications))
         .routes(routes!(health::livez))
-        .routes(routes!(health::readyz))
+        .routes(routes!(health::public_readyz))
         .routes(routes!(openapi_json))
 }
 

@@ -83,3 +83,71 @@ async fn operator_routes_and_metrics_answer_on_the_ops_port_only_and_the_api_dra
         "the listener is closed"
     );
 }
+
+async fn serving(pool: sqlx::PgPool) -> (ApiClient, ApiClient, CancellationToken) {
+    let public = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let ops = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (public_addr, ops_addr) = (public.local_addr().unwrap(), ops.local_addr().unwrap());
+    let shutdown = CancellationToken::new();
+    tokio::spawn(tidings_api::serve(
+        Listeners {
+            public,
+            ops: Some(ops),
+        },
+        pool,
+        test_settings(),
+        Duration::ZERO,
+        shutdown.clone(),
+    ));
+    (
+        ApiClient::new(format!("http://{public_addr}")),
+        ApiClient::new(format!("http://{ops_addr}")),
+        shutdown,
+    )
+}
+
+/// Anyone may call the public `/readyz`: it answers from the last check (refreshed every 2 s), so
+/// a flood of anonymous probes costs the database nothing, and it never says why it is not
+/// ready; the operator port's `/readyz`, where the kubelet probes, checks now and says why.
+#[tokio::test]
+async fn the_public_readyz_answers_without_a_query_and_without_a_reason() {
+    let db = TestDb::new().await.unwrap();
+    // One connection, which the test then holds: a probe that needed the database would wait.
+    let pool = tidings_store::postgres(&db.url, 1).unwrap();
+    let (public, _ops, shutdown) = serving(pool.clone()).await;
+    let started = Instant::now();
+    while status(&public, "/readyz", None).await != 200 {
+        assert!(started.elapsed() < Duration::from_secs(15), "never ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let held = pool.acquire().await.unwrap();
+    let probing = Instant::now();
+    for _ in 0..50 {
+        assert_eq!(status(&public, "/readyz", None).await, 200);
+    }
+    assert!(
+        probing.elapsed() < Duration::from_secs(2),
+        "50 public probes took {:?} with the pool's only connection held",
+        probing.elapsed()
+    );
+    drop(held);
+    shutdown.cancel();
+
+    // A database that is not there.
+    let port = tidings_tests::brokers::free_port().unwrap();
+    let gone =
+        tidings_store::postgres(&format!("postgres://tidings@127.0.0.1:{port}/gone"), 1).unwrap();
+    let (public, ops_gone, shutdown) = serving(gone).await;
+    tokio::time::sleep(tidings_api::health::REFRESH + Duration::from_millis(500)).await;
+    let answer = public.get("/readyz", None).await;
+    assert_eq!(answer.status(), 503);
+    let body: serde_json::Value = answer.json().await.unwrap();
+    assert_eq!(body["detail"], "not ready", "{body}");
+    assert!(!body.to_string().contains(&port.to_string()), "{body}");
+    let answer = ops_gone.get("/readyz", None).await;
+    assert_eq!(answer.status(), 503);
+    let body: serde_json::Value = answer.json().await.unwrap();
+    let reason = body["detail"].as_str().unwrap_or_default();
+    assert!(reason.contains("Postgres"), "the ops port says why: {body}");
+    shutdown.cancel();
+}

@@ -149,8 +149,11 @@ impl EndpointPolicy {
     }
 
     fn port_allowed(&self, host: &str, port: u16) -> bool {
-        self.entries_for(host)
-            .any(|allowed| allowed.is_none_or(|p| p == port))
+        // Port 0 is never a destination, whatever an entry allows (`host:*` included).
+        port != 0
+            && self
+                .entries_for(host)
+                .any(|allowed| allowed.is_none_or(|p| p == port))
     }
 
     fn address_allowed(&self, ip: IpAddr) -> bool {
@@ -501,6 +504,13 @@ mod tests {
         assert!(!p.port_allowed("push.example", 443));
         assert!(p.port_allowed("[2a00:1450::1]", 9));
         assert_eq!(pattern_port("127.0.0.1:*"), ("127.0.0.1", None));
+        // Regression: `127.0.0.1:*` let an endpoint on port 0 through.
+        let any = EndpointPolicy {
+            allowed_hosts: vec!["127.0.0.1:*".into()],
+            ..EndpointPolicy::default()
+        };
+        assert!(any.port_allowed("127.0.0.1", 8443));
+        assert!(!any.port_allowed("127.0.0.1", 0));
         assert_eq!(pattern_port("::1"), ("::1", Some(443)));
         assert_eq!(pattern_port("[::1]:8443"), ("::1", Some(8443)));
     }
