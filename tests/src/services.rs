@@ -275,8 +275,9 @@ impl Pipeline {
         std::fs::read_to_string(self.logs.join(format!("{name}.log"))).unwrap_or_default()
     }
 
+    /// Until `name`'s `/readyz` answers 200 on the port the manifests probe (the api's ops port).
     pub async fn wait_ready(&mut self, name: &'static str) {
-        let url = format!("{}/readyz", self.url(name));
+        let url = format!("{}/readyz", self.ops_url(name));
         let started = Instant::now();
         loop {
             if let Ok(r) = reqwest::get(&url).await

@@ -1361,11 +1361,12 @@ async fn against_an_empty_database_every_service_is_unready_until_migrate_has_ru
     for name in ["api", "dispatcher", "detector"] {
         p.spawn(name);
     }
-    // Each answers, unready, and says what to do.
+    // Each answers, unready, and says what to do on the port the kubelet probes; the api's
+    // public port only that it is not ready.
     for name in ["api", "dispatcher", "detector"] {
         let started = Instant::now();
         loop {
-            if let Ok(r) = reqwest::get(format!("{}/readyz", p.url(name))).await {
+            if let Ok(r) = reqwest::get(format!("{}/readyz", p.ops_url(name))).await {
                 assert_eq!(r.status(), 503, "{name}");
                 let body = r.text().await.unwrap();
                 if body.contains("run `tidings-api migrate`") {
@@ -1375,6 +1376,15 @@ async fn against_an_empty_database_every_service_is_unready_until_migrate_has_ru
             poll_wait(started, 20, || format!("{name}:\n{}", p.log(name))).await;
         }
     }
+    let public = reqwest::get(format!("{}/readyz", p.url("api")))
+        .await
+        .unwrap();
+    assert_eq!(public.status(), 503);
+    let body = public.text().await.unwrap();
+    assert!(
+        !body.contains("migrat"),
+        "the public /readyz gives no reason: {body}"
+    );
     // The api's routes answer 503 with a problem, not 500 on a missing table.
     let r = register(&p, &sub).await;
     assert_eq!(r.status(), 503);
