@@ -21,6 +21,7 @@ mod watchlist;
 pub use config::{Config, Settings};
 
 use std::time::Duration;
+use tidings_runtime::liveness::Progress;
 use tidings_runtime::startup;
 use tidings_source::{HttpSource, SourceConfigError};
 use tokio_util::sync::CancellationToken;
@@ -49,6 +50,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
         .map_err(StartError::DatabaseUrl)?;
     let (nats, bus) = config.nats.connect(&settings.subjects).await?;
     let dependencies = vec![tidings_store::dependency(pool.clone()), bus];
+    config.ops.apply();
     // `--once` is a command, not a service: no ops endpoint.
     let ops = (!config.once).then_some(config.ops.ops_listen);
     if startup::start(ops, dependencies, &shutdown).await.is_none() {
@@ -99,10 +101,12 @@ impl scan::Detector {
     /// Scans every `scan_interval` until `shutdown`; a scan in progress finishes first. While
     /// `hold` says dispatch is behind, scans wait, looking again every [`hold::RECHECK`].
     pub async fn run(&self, interval: Duration, mut hold: hold::Hold, shutdown: CancellationToken) {
+        let progress = Progress::register("scan");
         loop {
             let budget = match hold.check().await {
                 hold::Gate::Scan { budget } => budget,
                 hold::Gate::Wait => {
+                    progress.idle_for(hold::RECHECK.min(interval));
                     tokio::select! {
                         _ = shutdown.cancelled() => return,
                         _ = tokio::time::sleep(hold::RECHECK.min(interval)) => continue,
@@ -134,6 +138,9 @@ impl scan::Detector {
                     tracing::error!(error = %e, "scan failed");
                 }
             }
+            progress.idle_for(
+                (started + interval).saturating_duration_since(tokio::time::Instant::now()),
+            );
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep_until(started + interval) => {}

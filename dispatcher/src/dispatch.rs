@@ -19,6 +19,7 @@ use tidings_domain::messages::{PushRequest, PushRequests, encode};
 use tidings_domain::outbox::Status;
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::{Channel, ItemCode, OutboxId};
+use tidings_runtime::liveness::Progress;
 use tidings_runtime::telemetry;
 use tidings_source::HttpSource;
 use tokio_util::sync::CancellationToken;
@@ -347,10 +348,12 @@ impl Dispatcher {
     /// Dispatches until `shutdown`: straight on while batches come back full, otherwise after
     /// the poll interval, so a new or newly due row is picked up within that interval.
     pub async fn run(&self, shutdown: CancellationToken) {
+        let progress = Progress::register("dispatch");
         loop {
             if shutdown.is_cancelled() {
                 return;
             }
+            progress.idle_for(self.settings.poll_interval);
             let room = self.room().await;
             let full = match self.dispatch_up_to(room).await {
                 Ok(stats) => room > 0 && stats.claimed as i64 >= room,

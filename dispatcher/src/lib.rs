@@ -68,6 +68,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
         .map_err(StartError::DatabaseUrl)?;
     let (nats, bus) = config.nats.connect(&settings.subjects).await?;
     let dependencies = vec![tidings_store::dependency(pool.clone()), bus];
+    config.ops.apply();
     if startup::start(Some(config.ops.ops_listen), dependencies, &shutdown)
         .await
         .is_none()

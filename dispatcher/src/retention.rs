@@ -151,7 +151,9 @@ pub async fn run(
     interval: Duration,
     shutdown: CancellationToken,
 ) {
+    let progress = tidings_runtime::liveness::Progress::register("retention");
     loop {
+        progress.idle_for(interval);
         let today = Utc::now().date_naive();
         match run_once(&pool, retention, today).await {
             Ok(round) if round.ran => {

@@ -175,7 +175,9 @@ pub async fn run(
     log: Arc<DeliveryLog>,
     shutdown: CancellationToken,
 ) {
+    let progress = tidings_runtime::liveness::Progress::register("sweep");
     loop {
+        progress.idle_for(settings.sweep_interval);
         match sweep_once(&pool, &settings, &log).await {
             Ok(s) if s.moved() > 0 || s.deferred > 0 => {
                 tracing::info!(

@@ -52,6 +52,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
     ));
     let js = async_nats::jetstream::new(nats);
     let dependencies = vec![bus];
+    config.ops.apply();
     let Some(probes) = startup::start(Some(config.ops.ops_listen), dependencies, &shutdown).await
     else {
         return Ok(());

@@ -267,3 +267,60 @@ async fn an_in_memory_delivery_log_left_by_an_older_tidings_is_replaced_by_one_o
     assert_eq!(log.lookup(id).await.unwrap(), Some(delivery));
     delete_streams(&js, &subjects).await;
 }
+
+/// `/livez` means the work loops make progress: a dispatcher whose dispatch loop hangs (here on
+/// a lock an operator's statement holds on the outbox) fails its liveness probe once the loop has
+/// made no progress for TIDINGS_STALL_AFTER, naming the loop, so Kubernetes restarts it; once the
+/// loop moves again, `/livez` answers 200 again.
+#[tokio::test]
+async fn a_dispatcher_whose_loop_hangs_fails_liveness_until_it_moves_again() {
+    let s = Scenario::new().await;
+    let p = tidings_tests::services::Pipeline::start_only(
+        &s,
+        &["dispatcher"],
+        &[("TIDINGS_STALL_AFTER", "2s")],
+    )
+    .await;
+    let livez = format!("{}/livez", p.ops_url("dispatcher"));
+    let answer = |url: String| async move {
+        let r = reqwest::get(url).await.unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    };
+    assert_eq!(answer(livez.clone()).await.0, 200);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        answer(livez.clone()).await.0,
+        200,
+        "an idle dispatcher is live"
+    );
+
+    let mut frozen = s.db.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *frozen)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let stalled = loop {
+        let (status, body) = answer(livez.clone()).await;
+        if status == 503 {
+            break body;
+        }
+        poll_wait(started, 15, || format!("still live: {body}")).await;
+    };
+    let took = started.elapsed();
+    assert!(stalled.contains("dispatch: no progress for"), "{stalled}");
+    assert!(took >= Duration::from_secs(2), "stalled after {took:?}");
+    eprintln!("stalled after {took:?}: {stalled}");
+    frozen.rollback().await.unwrap();
+
+    let started = Instant::now();
+    loop {
+        let (status, body) = answer(livez.clone()).await;
+        if status == 200 {
+            break;
+        }
+        poll_wait(started, 15, || format!("still stalled: {body}")).await;
+    }
+    eprintln!("live again {:?} after the lock went", started.elapsed());
+    p.stop().await;
+}

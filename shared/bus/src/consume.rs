@@ -397,10 +397,21 @@ where
         }
     };
     tokio::pin!(purging);
+    // Progress: a free slot (the loop can take work, or there is none to take) or a closed gate
+    // (held on purpose); all slots busy past the bound means a handler hangs.
+    let progress = tidings_runtime::liveness::Progress::register(name.clone());
+    let mut looking = tokio::time::interval(
+        (tidings_runtime::liveness::stall_after() / 4).max(Duration::from_millis(100)),
+    );
     loop {
         let open = gate.as_ref().is_none_or(|g| *g.borrow());
         tokio::select! {
             _ = shutdown.cancelled() => break,
+            _ = looking.tick() => {
+                if !open || in_flight.len() < shape.concurrency.max(1) {
+                    progress.beat();
+                }
+            }
             () = &mut purging => {}
             changed = opened(gate.as_mut()), if !open => {
                 // A gate whose sender is gone can never open again: run without it.

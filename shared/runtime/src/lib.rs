@@ -4,6 +4,7 @@
 //! that waits for its dependencies ([`startup`]) and shutdown on a signal ([`signals`]).
 
 pub mod flags;
+pub mod liveness;
 pub mod metrics;
 pub mod ops;
 pub mod signals;

@@ -102,7 +102,7 @@ pub async fn metrics_text() -> impl IntoResponse {
 pub fn router(probes: Probes) -> Router {
     let probes_for_metrics = probes.clone();
     Router::new()
-        .route("/livez", get(|| async { "ok\n" }))
+        .route("/livez", get(livez))
         .route(
             "/readyz",
             get(move || {
@@ -128,11 +128,38 @@ pub fn router(probes: Probes) -> Router {
         )
 }
 
-/// Where a worker service serves `/livez`, `/readyz` and `/metrics`.
+/// `/livez`: 200 while every work loop makes progress ([`crate::liveness`]), else 503 naming
+/// the loops that do not, so Kubernetes restarts a process whose loop hangs.
+async fn livez() -> (StatusCode, String) {
+    let stalled = crate::liveness::stalled();
+    if stalled.is_empty() {
+        (StatusCode::OK, "ok\n".to_owned())
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("stalled: {}\n", stalled.join("; ")),
+        )
+    }
+}
+
+/// Where a worker service serves `/livez`, `/readyz` and `/metrics`, and when `/livez` fails.
 #[derive(clap::Args, Clone, Debug)]
 pub struct OpsArgs {
     #[arg(long, env = "TIDINGS_OPS_LISTEN", default_value = "0.0.0.0:9090")]
     pub ops_listen: std::net::SocketAddr,
+    /// How long a work loop may go without progress (past a planned sleep) before `/livez`
+    /// answers 503 and Kubernetes restarts the pod. Longer than the slowest round of work
+    /// (a detector's full scan of its shard).
+    #[arg(long, env = "TIDINGS_STALL_AFTER", default_value = "5m",
+        value_parser = tidings_domain::duration::parse_duration)]
+    pub stall_after: Duration,
+}
+
+impl OpsArgs {
+    /// Applies [`OpsArgs::stall_after`] to this process's loops.
+    pub fn apply(&self) {
+        crate::liveness::set_stall_after(self.stall_after);
+    }
 }
 
 /// Serves the ops endpoints on `listen` until `shutdown`.
