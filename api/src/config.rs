@@ -10,8 +10,8 @@ use tidings_webpush::EndpointArgs;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct Config {
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
+    #[command(flatten)]
+    pub database: tidings_runtime::secrets::DatabaseArgs,
     #[arg(long, env = "TIDINGS_API_LISTEN", default_value = "0.0.0.0:8080")]
     pub listen: SocketAddr,
     /// The operator routes (`/v1/admin/*`) and `/metrics`, apart from the public port (the
@@ -29,6 +29,9 @@ pub struct Config {
     /// Bearer token for the operator endpoints (at least 32 characters); unset disables them.
     #[arg(long, env = "TIDINGS_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
+    /// A file holding the operator token (a mounted Secret), instead of TIDINGS_ADMIN_TOKEN.
+    #[arg(long, env = "TIDINGS_ADMIN_TOKEN_FILE", conflicts_with = "admin_token")]
+    pub admin_token_file: Option<std::path::PathBuf>,
     /// Base64url VAPID public key served to browsers (`tidings-pusher vapid-keygen` prints it).
     #[arg(long, env = "TIDINGS_VAPID_PUBLIC_KEY")]
     pub vapid_public_key: Option<String>,
@@ -78,6 +81,8 @@ pub struct Config {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    #[error(transparent)]
+    Secret(#[from] tidings_runtime::secrets::SecretError),
     #[error("TIDINGS_ADMIN_TOKEN must be at least 32 characters")]
     WeakAdminToken,
     #[error("TIDINGS_MAX_WATCHES_PER_DEVICE must be between 1 and 1000000")]
@@ -96,7 +101,12 @@ pub enum ConfigError {
 
 impl Config {
     pub fn settings(&self) -> Result<Settings, ConfigError> {
-        let admin_token_hash = match &self.admin_token {
+        let admin_token = tidings_runtime::secrets::value_or_file(
+            "TIDINGS_ADMIN_TOKEN",
+            self.admin_token.as_deref(),
+            self.admin_token_file.as_deref(),
+        )?;
+        let admin_token_hash = match &admin_token {
             Some(t) if t.len() < 32 => return Err(ConfigError::WeakAdminToken),
             Some(t) => Some(token_hash(t)),
             None => None,

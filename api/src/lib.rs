@@ -284,8 +284,8 @@ pub enum Command {
     Serve(Box<Config>),
     /// Apply pending database migrations and exit.
     Migrate {
-        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-        database_url: String,
+        #[command(flatten)]
+        database: tidings_runtime::secrets::DatabaseArgs,
     },
     /// Print the OpenAPI document and exit.
     Openapi,
@@ -331,8 +331,9 @@ pub async fn run(command: Command, shutdown: CancellationToken) -> Result<(), St
             }
             // Connects on first use: the api serves (and answers /readyz 503) while Postgres
             // is not there yet, instead of exiting into a crash loop.
-            let pool = tidings_store::postgres(&config.database_url, config.db_pool)
-                .map_err(StartError::Database)?;
+            let url = config.database.url().map_err(config::ConfigError::from)?;
+            let pool =
+                tidings_store::postgres(&url, config.db_pool).map_err(StartError::Database)?;
             let listeners = Listeners {
                 public: bind(config.listen).await?,
                 ops: Some(bind(config.ops_listen).await?),
@@ -343,8 +344,9 @@ pub async fn run(command: Command, shutdown: CancellationToken) -> Result<(), St
                 .map_err(StartError::Serve)?;
             tracing::info!("api stopped");
         }
-        Command::Migrate { database_url } => {
-            let pool = tidings_store::postgres(&database_url, 1).map_err(StartError::Database)?;
+        Command::Migrate { database } => {
+            let url = database.url().map_err(config::ConfigError::from)?;
+            let pool = tidings_store::postgres(&url, 1).map_err(StartError::Database)?;
             let mut conn = pool.acquire().await.map_err(StartError::Connect)?;
             let migrated = tidings_store::schema::migrate(&mut conn).await?;
             if !migrated.newer.is_empty() {

@@ -41,7 +41,12 @@ async fn operator_routes_and_metrics_answer_on_the_ops_port_only_and_the_api_dra
     assert_eq!(status(&public, "/v1/admin/outbox/stats", admin).await, 404);
     assert_eq!(status(&public, "/metrics", None).await, 404);
     assert_eq!(status(&public, "/v1/vapid-public-key", None).await, 200);
-    assert_eq!(status(&public, "/readyz", None).await, 200);
+    // The public /readyz answers from the last check, which runs at start and every 2 s.
+    let started = Instant::now();
+    while status(&public, "/readyz", None).await != 200 {
+        assert!(started.elapsed() < Duration::from_secs(5), "never ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let doc: serde_json::Value = public
         .get("/openapi.json", None)
         .await

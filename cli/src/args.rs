@@ -73,8 +73,8 @@ pub enum Command {
     Vapid(Vapid),
     /// Apply the database schema (DATABASE_URL as the schema owner), as `tidings-api migrate`.
     Migrate {
-        #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-        database_url: String,
+        #[command(flatten)]
+        database: tidings_runtime::secrets::DatabaseArgs,
     },
     /// Check the deployment end to end and say what is wrong: api, schema, due backlog,
     /// streams, consumers and their lag, the VAPID key pair of the api and every pusher.

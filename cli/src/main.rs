@@ -35,7 +35,10 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
     let json = cli.json;
     match &cli.command {
         Command::Vapid(Vapid::Keygen) => return local::vapid_keygen(json),
-        Command::Migrate { database_url } => return local::migrate(database_url, json).await,
+        Command::Migrate { database } => {
+            let url = database.url().map_err(|e| CliError::Local(e.to_string()))?;
+            return local::migrate(&url, json).await;
+        }
         _ => {}
     }
     let api = Api::new(&cli.api, token(&cli)?)?;

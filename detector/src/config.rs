@@ -13,8 +13,8 @@ use tidings_source::SourceConfig;
 #[derive(clap::Parser, Clone, Debug)]
 #[command(name = "tidings-detector", version, about)]
 pub struct Config {
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
+    #[command(flatten)]
+    pub database: tidings_runtime::secrets::DatabaseArgs,
     #[command(flatten)]
     pub nats: NatsArgs,
     #[command(flatten)]
@@ -69,6 +69,8 @@ pub struct Config {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    #[error(transparent)]
+    Secret(#[from] tidings_runtime::secrets::SecretError),
     #[error("shard index {index} is not below shard count {count}")]
     Shard { index: u32, count: u32 },
     #[error("TIDINGS_SHARD_FROM_HOSTNAME: hostname {0:?} does not end in -<ordinal>")]

@@ -46,8 +46,8 @@ pub enum StartError {
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), StartError> {
     let settings = config.settings()?;
     let source = HttpSource::new(settings.source.clone())?;
-    let pool = tidings_store::postgres(&config.database_url, config.db_pool)
-        .map_err(StartError::DatabaseUrl)?;
+    let url = config.database.url().map_err(config::ConfigError::from)?;
+    let pool = tidings_store::postgres(&url, config.db_pool).map_err(StartError::DatabaseUrl)?;
     let (nats, bus) = config.nats.connect(&settings.subjects).await?;
     let dependencies = vec![tidings_store::dependency(pool.clone()), bus];
     config.ops.apply();

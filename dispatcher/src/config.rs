@@ -19,8 +19,8 @@ pub const LEASE_MARGIN: Duration = Duration::from_secs(5);
 #[derive(clap::Parser, Clone, Debug)]
 #[command(name = "tidings-dispatcher", version, about)]
 pub struct Config {
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: String,
+    #[command(flatten)]
+    pub database: tidings_runtime::secrets::DatabaseArgs,
     #[command(flatten)]
     pub nats: NatsArgs,
     #[command(flatten)]
@@ -108,6 +108,8 @@ pub struct Config {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    #[error(transparent)]
+    Secret(#[from] tidings_runtime::secrets::SecretError),
     #[error(
         "TIDINGS_RETRY_BASE ({0:?}) must be at least 100ms: retries would hammer the source and push services"
     )]

@@ -64,8 +64,8 @@ pub enum StartError {
 /// and NATS (unready, saying why, until they answer), then runs every loop until `shutdown`.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), StartError> {
     let settings = config.settings()?;
-    let pool = tidings_store::postgres(&config.database_url, settings.db_pool)
-        .map_err(StartError::DatabaseUrl)?;
+    let url = config.database.url().map_err(config::ConfigError::from)?;
+    let pool = tidings_store::postgres(&url, settings.db_pool).map_err(StartError::DatabaseUrl)?;
     let (nats, bus) = config.nats.connect(&settings.subjects).await?;
     let dependencies = vec![tidings_store::dependency(pool.clone()), bus];
     config.ops.apply();

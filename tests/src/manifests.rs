@@ -327,6 +327,25 @@ fn split_url(url: &str) -> Option<(&str, &str, &str)> {
     Some((scheme, &after[..end], &after[end..]))
 }
 
+/// A manifest's Postgres URL on the test's server and database, with the manifest's user kept.
+fn local_database_url(v: &str, local: &Local) -> String {
+    let (scheme, authority, _) =
+        split_url(v).unwrap_or_else(|| panic!("DATABASE_URL {v:?} is not a URL"));
+    assert!(
+        scheme.starts_with("postgres"),
+        "DATABASE_URL scheme {scheme}"
+    );
+    let user = authority
+        .rsplit_once('@')
+        .map(|(user, _)| format!("{user}@"))
+        .unwrap_or_default();
+    let (_, test_authority, test_rest) = split_url(&local.database_url).expect("test database URL");
+    let host = test_authority
+        .rsplit_once('@')
+        .map_or(test_authority, |(_, h)| h);
+    format!("{scheme}://{user}{host}{test_rest}")
+}
+
 /// Rewrites `container`'s environment for this machine (see the module's doc); returns the
 /// map from container ports to the local ports they became.
 pub fn localize(container: &mut Container, local: &Local) -> HashMap<u16, u16> {
@@ -347,24 +366,7 @@ pub fn localize(container: &mut Container, local: &Local) -> HashMap<u16, u16> {
                     .collect::<Vec<_>>()
                     .join(",");
             }
-            "DATABASE_URL" => {
-                let (scheme, authority, _) =
-                    split_url(v).unwrap_or_else(|| panic!("DATABASE_URL {v:?} is not a URL"));
-                assert!(
-                    scheme.starts_with("postgres"),
-                    "DATABASE_URL scheme {scheme}"
-                );
-                let user = authority
-                    .rsplit_once('@')
-                    .map(|(user, _)| format!("{user}@"))
-                    .unwrap_or_default();
-                let (_, test_authority, test_rest) =
-                    split_url(&local.database_url).expect("test database URL");
-                let host = test_authority
-                    .rsplit_once('@')
-                    .map_or(test_authority, |(_, h)| h);
-                *v = format!("{scheme}://{user}{host}{test_rest}");
-            }
+            "DATABASE_URL" => *v = local_database_url(v, local),
             "TIDINGS_SOURCE_URL" | "TIDINGS_SOURCE_BATCH_URL" | "TIDINGS_ITEM_PAGE_URL" => {
                 if let Some((_, _, rest)) = split_url(v) {
                     *v = format!("http://{}{rest}", local.catalog);
@@ -404,24 +406,60 @@ pub fn localize(container: &mut Container, local: &Local) -> HashMap<u16, u16> {
     ports
 }
 
-/// Writes each secret volume's files into `dir` and points the environment's paths there.
+/// Writes each secret volume's files into `dir` and points the environment's paths there; a
+/// Postgres URL given as a file (`DATABASE_URL_FILE`) is localized as [`localize`] does the
+/// variable.
 pub fn mount_secrets(
     container: &mut Container,
     overlay: &Overlay,
     secrets: &HashMap<(String, String), String>,
     dir: &Path,
+    servers: &Local,
 ) {
     for (i, (mount, secret)) in container.secret_mounts.clone().into_iter().enumerate() {
-        let local = dir.join(format!("mount-{i}"));
+        // One folder per container and volume: containers mount the same paths.
+        let local = dir.join(format!(
+            "{}-mount-{i}",
+            container.workload.replace('/', "-")
+        ));
         std::fs::create_dir_all(&local).expect("mount dir");
         for (key, value) in overlay.secret_files(&secret, secrets) {
             std::fs::write(local.join(&key), value).expect("secret file");
         }
         let local = local.display().to_string();
-        for (_, v) in container.env.iter_mut() {
-            if let Some(rest) = v.strip_prefix(mount.as_str()) {
+        for (k, v) in container.env.iter_mut() {
+            if let Some(rest) = v
+                .strip_prefix(mount.as_str())
+                .filter(|rest| rest.starts_with('/'))
+            {
                 *v = format!("{local}{rest}");
+                if k == "DATABASE_URL_FILE" {
+                    let url = std::fs::read_to_string(&*v).expect("DATABASE_URL_FILE");
+                    std::fs::write(&*v, local_database_url(url.trim_end(), servers))
+                        .expect("DATABASE_URL_FILE");
+                }
             }
         }
+    }
+}
+
+impl Container {
+    /// A secret setting's value, given as `key` or as a file `key_FILE` on a secret volume.
+    pub fn secret_value(
+        &self,
+        key: &str,
+        overlay: &Overlay,
+        secrets: &HashMap<(String, String), String>,
+    ) -> Option<String> {
+        if let Some(v) = self.var(key) {
+            return Some(v.to_owned());
+        }
+        let path = self.var(&format!("{key}_FILE"))?;
+        let (mount, secret) = self
+            .secret_mounts
+            .iter()
+            .find(|(mount, _)| path.starts_with(&format!("{mount}/")))?;
+        let file = path[mount.len()..].trim_start_matches('/');
+        overlay.secret_files(secret, secrets).remove(file)
     }
 }

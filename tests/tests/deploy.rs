@@ -429,11 +429,10 @@ async fn smoke(overlay: &str) {
                     .unwrap_or_else(|| panic!("{}: no {key}", c.workload))
             };
             prefix = c.var("TIDINGS_PREFIX").unwrap_or(prefix);
-            users.push((
-                service,
-                var("NATS_USER"),
-                format!("\"{}\"", var("NATS_PASSWORD")),
-            ));
+            let password = c
+                .secret_value("NATS_PASSWORD", &rendered, &secrets)
+                .unwrap_or_else(|| panic!("{}: no NATS_PASSWORD(_FILE)", c.workload));
+            users.push((service, var("NATS_USER"), format!("\"{password}\"")));
         }
     }
     let users: Vec<(Service, &str, &str)> =
@@ -471,7 +470,7 @@ async fn smoke(overlay: &str) {
     containers.sort_by_key(|c| !c.to_completion);
     for c in &mut containers {
         let ports = localize(c, &local);
-        mount_secrets(c, &rendered, &secrets, &dir);
+        mount_secrets(c, &rendered, &secrets, &dir, &local);
         let program = c.argv[0].rsplit('/').next().unwrap().to_owned();
         let service = program.trim_start_matches("tidings-").to_owned();
         let mut command = Command::new(binary(&service));

@@ -24,8 +24,9 @@ pub struct ConnectionArgs {
     /// A file holding an NKEY seed (`SU…`).
     #[arg(long, env = "NATS_NKEY", conflicts_with = "nats_user")]
     pub nats_nkey: Option<PathBuf>,
-    /// User name for user/password authentication (with `NATS_PASSWORD`).
-    #[arg(long, env = "NATS_USER", requires = "nats_password")]
+    /// User name for user/password authentication (with `NATS_PASSWORD` or
+    /// `NATS_PASSWORD_FILE`).
+    #[arg(long, env = "NATS_USER")]
     pub nats_user: Option<String>,
     #[arg(
         long,
@@ -34,6 +35,14 @@ pub struct ConnectionArgs {
         hide_env_values = true
     )]
     pub nats_password: Option<String>,
+    /// A file holding the password (a mounted Secret), instead of `NATS_PASSWORD`.
+    #[arg(
+        long,
+        env = "NATS_PASSWORD_FILE",
+        requires = "nats_user",
+        conflicts_with = "nats_password"
+    )]
+    pub nats_password_file: Option<PathBuf>,
     /// CA certificate(s) to trust for the servers' TLS certificates; setting it requires TLS.
     #[arg(long, env = "NATS_CA")]
     pub nats_ca: Option<PathBuf>,
@@ -61,6 +70,10 @@ pub enum ConnectionError {
         #[source]
         source: std::io::Error,
     },
+    #[error("NATS_USER is set but neither NATS_PASSWORD nor NATS_PASSWORD_FILE")]
+    NoPassword,
+    #[error(transparent)]
+    Secret(#[from] tidings_runtime::secrets::SecretError),
     #[error("NATS_NKEY {path}: the file holds no seed")]
     EmptySeed { path: String },
     #[error("NATS at {servers}: {source}")]
@@ -161,8 +174,14 @@ impl ConnectionArgs {
             }
             options = options.nkey(seed.to_owned());
         }
-        if let (Some(user), Some(password)) = (&self.nats_user, &self.nats_password) {
-            options = options.user_and_password(user.clone(), password.clone());
+        if let Some(user) = &self.nats_user {
+            let password = tidings_runtime::secrets::value_or_file(
+                "NATS_PASSWORD",
+                self.nats_password.as_deref(),
+                self.nats_password_file.as_deref(),
+            )?
+            .ok_or(ConnectionError::NoPassword)?;
+            options = options.user_and_password(user.clone(), password);
         }
         if let Some(ca) = &self.nats_ca {
             options = options
