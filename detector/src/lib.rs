@@ -48,7 +48,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
     let source = HttpSource::new(settings.source.clone())?;
     let url = config.database.url().map_err(config::ConfigError::from)?;
     let pool = tidings_store::postgres(&url, config.db_pool).map_err(StartError::DatabaseUrl)?;
-    let (nats, bus) = config.nats.connect(&settings.subjects).await?;
+    let (nats, bus) = config
+        .nats
+        .connect(&settings.subjects, tidings_bus::streams::Streams::Await)
+        .await?;
     let dependencies = vec![tidings_store::dependency(pool.clone()), bus];
     config.ops.apply();
     // `--once` is a command, not a service: no ops endpoint.

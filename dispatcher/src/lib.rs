@@ -66,7 +66,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
     let settings = config.settings()?;
     let url = config.database.url().map_err(config::ConfigError::from)?;
     let pool = tidings_store::postgres(&url, settings.db_pool).map_err(StartError::DatabaseUrl)?;
-    let (nats, bus) = config.nats.connect(&settings.subjects).await?;
+    let (nats, bus) = config
+        .nats
+        .connect(&settings.subjects, tidings_bus::streams::Streams::Create)
+        .await?;
     let dependencies = vec![tidings_store::dependency(pool.clone()), bus];
     config.ops.apply();
     if startup::start(Some(config.ops.ops_listen), dependencies, &shutdown)

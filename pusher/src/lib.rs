@@ -38,7 +38,10 @@ pub enum StartError {
 /// (unready, saying why, until it answers), then delivers until `shutdown`.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), StartError> {
     let settings = config.settings()?;
-    let (nats, bus) = config.nats.connect(&settings.subjects).await?;
+    let (nats, bus) = config
+        .nats
+        .connect(&settings.subjects, tidings_bus::streams::Streams::Await)
+        .await?;
     // Answers the api's roll call with the VAPID key it signs with (`doctor`).
     tokio::spawn(tidings_bus::roll_call::answer(
         nats.clone(),

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tidings_bus::consume::{self, Consumer, ConsumerError, Durable, Shape};
 use tidings_bus::delivered::{Delivery, DeliveryLog, DeliveryLogError};
-use tidings_bus::streams::ensure_streams;
+use tidings_bus::streams::require_streams;
 use tidings_domain::Channel;
 use tidings_domain::messages::{Outcome, PushRequest, PushResult, decode_requests};
 use tidings_domain::subjects::StreamKind;
@@ -42,8 +42,8 @@ pub const CONSUMER: &str = tidings_bus::streams::consumer_of(StreamKind::Push);
 
 #[derive(Debug, thiserror::Error)]
 pub enum PusherError {
-    #[error("streams: {0}")]
-    Streams(#[from] tidings_bus::streams::StreamError),
+    #[error(transparent)]
+    Streams(#[from] tidings_bus::streams::MissingStream),
     #[error(transparent)]
     DeliveryLog(#[from] DeliveryLogError),
     #[error(transparent)]
@@ -81,7 +81,7 @@ pub struct Pusher {
 
 impl Pusher {
     pub async fn new(js: jetstream::Context, settings: Settings) -> Result<Self, PusherError> {
-        ensure_streams(&js, &settings.subjects, &settings.streams).await?;
+        require_streams(&js, &settings.subjects).await?;
         metrics().may_fail(&["publish_result"]);
         // The latency by status class exists from the start; the request counts get their
         // series with their first push (a push host is not known before).

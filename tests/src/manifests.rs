@@ -179,10 +179,10 @@ impl Overlay {
                 .into_iter()
                 .flatten()
                 .filter_map(|v| {
-                    Some((
-                        v["name"].as_str()?.to_owned(),
-                        v["secret"]["secretName"].as_str()?.to_owned(),
-                    ))
+                    let source = v["secret"]["secretName"]
+                        .as_str()
+                        .or_else(|| v["configMap"]["name"].as_str())?;
+                    Some((v["name"].as_str()?.to_owned(), source.to_owned()))
                 })
                 .collect();
             let init = pod["initContainers"].as_array().into_iter().flatten();
@@ -292,13 +292,16 @@ impl Overlay {
         out
     }
 
-    /// The data of a Secret, rendered or given.
+    /// The data of a Secret or ConfigMap a volume mounts, rendered or given.
     fn secret_files(
         &self,
         name: &str,
         secrets: &HashMap<(String, String), String>,
     ) -> HashMap<String, String> {
-        self.data("Secret", name).unwrap_or_else(|| {
+        let rendered = self
+            .data("Secret", name)
+            .or_else(|| self.data("ConfigMap", name));
+        rendered.unwrap_or_else(|| {
             secrets
                 .iter()
                 .filter(|((s, _), _)| s == name)
@@ -343,7 +346,18 @@ fn local_database_url(v: &str, local: &Local) -> String {
     let host = test_authority
         .rsplit_once('@')
         .map_or(test_authority, |(_, h)| h);
-    format!("{scheme}://{user}{host}{test_rest}")
+    // The manifest's settings decide TLS (prod: PGSSLMODE=verify-full), not the test's URL.
+    let (path, query) = test_rest.split_once('?').unwrap_or((test_rest, ""));
+    let query: Vec<&str> = query
+        .split('&')
+        .filter(|p| !p.is_empty() && !p.starts_with("sslmode="))
+        .collect();
+    let query = if query.is_empty() {
+        String::new()
+    } else {
+        format!("?{}", query.join("&"))
+    };
+    format!("{scheme}://{user}{host}{path}{query}")
 }
 
 /// Rewrites `container`'s environment for this machine (see the module's doc); returns the

@@ -16,6 +16,10 @@ use tidings_tests::harness::{
 use tidings_tests::manifests::{Local, Overlay, localize, mount_secrets};
 use tidings_tests::services::binary;
 
+fn fixture(path: &str) -> String {
+    std::fs::read_to_string(repo().join("tests/fixtures").join(path)).unwrap()
+}
+
 fn repo() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
 }
@@ -410,6 +414,9 @@ async fn smoke(overlay: &str) {
             "token",
             "smoke-test-operator-token-0123456789abcdef".into(),
         ),
+        // The CA prod verifies Postgres and NATS against (a ConfigMap the operator creates):
+        // the test CA, which signed the local Postgres's and the brokers' certificates.
+        ("tidings-ca", "ca.pem", fixture("test-ca/ca.pem")),
     ]
     .into_iter()
     .map(|(s, k, v)| ((s.to_owned(), k.to_owned()), v))
@@ -437,7 +444,19 @@ async fn smoke(overlay: &str) {
     }
     let users: Vec<(Service, &str, &str)> =
         users.iter().map(|(s, u, p)| (*s, *u, p.as_str())).collect();
-    let config = server_config(prefix, &users, Some(("admin", "\"smoke-admin\"")));
+    let mut config = server_config(prefix, &users, Some(("admin", "\"smoke-admin\"")));
+    // An overlay that connects with tls:// gets brokers that offer TLS with the test CA's
+    // certificate (the harness's own clients may still connect without it).
+    let tls = containers
+        .iter()
+        .any(|c| c.var("NATS_URL").is_some_and(|u| u.starts_with("tls://")));
+    if tls {
+        let dir = repo().join("tests/fixtures/test-ca");
+        config.push_str(&format!(
+            "\ntls {{ cert_file: \"{0}/server.pem\", key_file: \"{0}/server-key.pem\" }}\nallow_non_tls: true\n",
+            dir.display()
+        ));
+    }
     let cluster = NatsCluster::with_config(Some(&config)).await.unwrap();
     let local = Local {
         nats: cluster
@@ -759,5 +778,60 @@ fn the_operations_secrets_table_lists_every_secret_and_key_the_prod_overlay_read
                 .is_some_and(|keys| keys.contains(&format!("`{key}`"))),
             "operations.md's Secrets table lacks the key {key} of {secret}: {row}"
         );
+    }
+}
+
+/// Prod verifies Postgres's certificate against the CA it mounts (PGSSLMODE=verify-full): the
+/// rendered migrate container, run against the local Postgres (TLS with the test CA's
+/// certificate), applies the schema with the test CA and is refused with another CA.
+#[tokio::test]
+async fn the_prod_overlay_refuses_a_postgres_its_ca_did_not_sign() {
+    for (ca, works) in [("tls/cert.pem", false), ("test-ca/ca.pem", true)] {
+        let db = TestDb::empty().await.unwrap();
+        // The other containers' references get placeholders: only migrate runs.
+        let placeholders = [
+            ("tidings-vapid", "public-key"),
+            ("tidings-nats-api", "user"),
+            ("tidings-nats-detector", "user"),
+            ("tidings-nats-dispatcher", "user"),
+            ("tidings-nats-pusher", "user"),
+        ]
+        .map(|key| (key, "-".to_owned()));
+        let secrets: HashMap<(String, String), String> = [
+            (("tidings-db-migrate", "url"), db.url.clone()),
+            (("tidings-ca", "ca.pem"), fixture(ca)),
+        ]
+        .into_iter()
+        .chain(placeholders)
+        .map(|((s, k), v)| ((s.to_owned(), k.to_owned()), v))
+        .collect();
+        let rendered = Overlay::render("prod");
+        let mut migrate = rendered
+            .containers(&secrets)
+            .into_iter()
+            .find(|c| c.to_completion && c.argv.ends_with(&["migrate".to_owned()]))
+            .expect("prod's migrate container");
+        assert_eq!(migrate.var("PGSSLMODE"), Some("verify-full"));
+        let local = Local {
+            nats: vec!["127.0.0.1:1".into()],
+            database_url: db.url.clone(),
+            catalog: "127.0.0.1:1".into(),
+            nowhere: "127.0.0.1:1".into(),
+        };
+        let dir = tempdir();
+        localize(&mut migrate, &local);
+        mount_secrets(&mut migrate, &rendered, &secrets, &dir, &local);
+        let out = Command::new(binary("api"))
+            .args(&migrate.argv[1..])
+            .env_clear()
+            .envs(migrate.env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.success(), works, "CA {ca}: {stderr}");
+        if !works {
+            assert!(stderr.contains("UnknownIssuer"), "{stderr}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

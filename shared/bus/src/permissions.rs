@@ -108,8 +108,9 @@ pub fn permissions(service: Service, prefix: &str) -> Permissions {
     for kind in StreamKind::ALL {
         let s = stream(prefix, kind);
         publish.push(format!("$JS.API.STREAM.INFO.{s}"));
-        // Every worker creates the streams it finds missing; the api only looks.
-        if service != Service::Api {
+        // Only the dispatcher creates the streams; the others wait for them (and the
+        // internet-facing pusher can neither make nor reshape one).
+        if service == Service::Dispatcher {
             publish.push(format!("$JS.API.STREAM.CREATE.{s}"));
         }
     }
@@ -408,12 +409,27 @@ mod tests {
             assert_eq!(p.subscribe.iter().any(|s| matches(s, &roll_call)), answers);
             assert_eq!(p.allow_responses, answers, "{service:?}");
         }
-        // The api creates nothing and consumes nothing.
-        assert!(!may_publish(
-            Service::Api,
-            "tidings",
-            "$JS.API.STREAM.CREATE.tidings_dlq"
-        ));
+        // Only the dispatcher creates streams: the api, the detector and the internet-facing
+        // pusher cannot make or reshape one.
+        for service in Service::ALL {
+            for stream in [
+                "tidings_enqueue",
+                "tidings_push",
+                "tidings_result",
+                "tidings_dlq",
+            ] {
+                assert_eq!(
+                    may_publish(
+                        service,
+                        "tidings",
+                        &format!("$JS.API.STREAM.CREATE.{stream}")
+                    ),
+                    service == Service::Dispatcher,
+                    "{service:?} creating {stream}"
+                );
+            }
+        }
+        // The api consumes nothing.
         assert!(!may_publish(
             Service::Api,
             "tidings",

@@ -74,6 +74,39 @@ pub struct StreamError {
     pub source: async_nats::jetstream::context::CreateStreamError,
 }
 
+/// A stream a service needs is not there: the dispatcher, which alone may create streams,
+/// has not run yet.
+#[derive(Debug, thiserror::Error)]
+#[error("stream {stream} does not exist yet (the dispatcher creates the streams): {source}")]
+pub struct MissingStream {
+    pub stream: String,
+    #[source]
+    pub source: async_nats::jetstream::context::GetStreamError,
+}
+
+/// Whether a service creates the streams it needs or waits for them: only the dispatcher
+/// creates (its NATS user alone may, so the internet-facing pusher cannot make or reshape one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Streams {
+    Create,
+    Await,
+}
+
+/// Ok once every stream exists.
+pub async fn require_streams(
+    js: &jetstream::Context,
+    subjects: &Subjects,
+) -> Result<(), MissingStream> {
+    for kind in StreamKind::ALL {
+        let name = subjects.stream(kind);
+        js.get_stream(&name).await.map_err(|source| MissingStream {
+            stream: name,
+            source,
+        })?;
+    }
+    Ok(())
+}
+
 /// The durable consumers the workers run: (stream, name). `doctor` checks that each exists.
 pub const CONSUMERS: [(StreamKind, &str); 3] = [
     (StreamKind::Enqueue, "dispatcher-ingest"),
@@ -179,8 +212,9 @@ impl NatsArgs {
     pub async fn connect(
         &self,
         subjects: &Subjects,
+        role: Streams,
     ) -> Result<(async_nats::Client, Dependency), ConnectionError> {
-        connect(&self.connection, subjects, &self.streams()).await
+        connect(&self.connection, subjects, &self.streams(), role).await
     }
 
     pub fn streams(&self) -> StreamSettings {
@@ -195,21 +229,33 @@ impl NatsArgs {
     }
 }
 
-/// Waits until NATS is connected and the streams exist (see `tidings_runtime::startup`).
+/// Waits until NATS is connected and the streams exist, creating them with [`Streams::Create`]
+/// (see `tidings_runtime::startup`).
 pub async fn wait_for_streams(
     client: &async_nats::Client,
     url: &str,
     subjects: &Subjects,
     settings: &StreamSettings,
+    role: Streams,
     starting: &Starting,
     shutdown: &CancellationToken,
 ) -> Option<()> {
     startup::wait_for_nats(client, url, starting, shutdown).await?;
     let js = jetstream::new(client.clone());
-    startup::retry("JetStream streams", starting, shutdown, || {
-        ensure_streams(&js, subjects, settings)
-    })
-    .await
+    match role {
+        Streams::Create => {
+            startup::retry("JetStream streams", starting, shutdown, || {
+                ensure_streams(&js, subjects, settings)
+            })
+            .await
+        }
+        Streams::Await => {
+            startup::retry("JetStream streams", starting, shutdown, || {
+                require_streams(&js, subjects)
+            })
+            .await
+        }
+    }
 }
 
 /// Connects to NATS as `connection` says (the connection keeps trying in the background until a
@@ -219,6 +265,7 @@ pub async fn connect(
     connection: &ConnectionArgs,
     subjects: &Subjects,
     settings: &StreamSettings,
+    role: Streams,
 ) -> Result<(async_nats::Client, Dependency), ConnectionError> {
     let client = connection.connect().await?;
     let (url, subjects, settings) = (
@@ -231,7 +278,10 @@ pub async fn connect(
         check: nats_check(client.clone()),
         wait: Box::new(move |starting, shutdown| {
             Box::pin(async move {
-                wait_for_streams(&waiting, &url, &subjects, &settings, &starting, &shutdown).await
+                wait_for_streams(
+                    &waiting, &url, &subjects, &settings, role, &starting, &shutdown,
+                )
+                .await
             })
         }),
     };
