@@ -38,6 +38,15 @@ pub struct Config {
     pub http_timeout: Duration,
     #[arg(long, env = "TIDINGS_PUSH_CONNECT_TIMEOUT", default_value = "3s", value_parser = parse_duration)]
     pub connect_timeout: Duration,
+    /// Ask the delivery log before every push, first attempts too. Off, only redelivered
+    /// requests and later attempts are looked up; on while recovering from a Postgres restore,
+    /// when restored rows repeat attempt numbers that were delivered (docs/operations.md).
+    #[arg(
+        long,
+        env = "TIDINGS_PUSH_CHECK_EVERY_ATTEMPT",
+        default_value_t = false
+    )]
+    pub check_every_attempt: bool,
     #[command(flatten)]
     pub endpoints: EndpointArgs,
     /// Extra PEM root certificate to trust (a local fake push service).
@@ -76,6 +85,8 @@ pub struct Settings {
     pub concurrency: usize,
     pub http_timeout: Duration,
     pub connect_timeout: Duration,
+    /// Look up every request in the delivery log (see [`Config::check_every_attempt`]).
+    pub check_every_attempt: bool,
     pub policy: EndpointPolicy,
     /// PEM root certificates to trust in addition to the system's.
     pub extra_roots: Vec<Vec<u8>>,
@@ -136,6 +147,7 @@ impl Config {
             concurrency: self.concurrency,
             http_timeout: self.http_timeout,
             connect_timeout: self.connect_timeout,
+            check_every_attempt: self.check_every_attempt,
             policy: self.endpoints.policy(),
             extra_roots,
         }

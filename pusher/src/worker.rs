@@ -231,7 +231,7 @@ impl Pusher {
         } else {
             tracing::Span::none()
         };
-        let earlier = if redelivered || req.attempt > 1 {
+        let earlier = if redelivered || req.attempt > 1 || inner.settings.check_every_attempt {
             // Unavailable counts as no record (logged and counted by the log): sending is then
             // what it would have been without the guard.
             inner.delivered.lookup(req.outbox_id).await.ok().flatten()

@@ -214,6 +214,12 @@ impl Pipeline {
         p
     }
 
+    /// Sets `key` for the services spawned from now on (a restart with another setting).
+    pub fn set_env(&mut self, key: &str, value: &str) {
+        self.env.retain(|(k, _)| k != key);
+        self.env.push((key.to_owned(), value.to_owned()));
+    }
+
     /// The process id of a running service.
     pub fn pid(&self, name: &str) -> Option<u32> {
         self.children.get(name).map(Child::id)
