@@ -1182,17 +1182,13 @@ async fn sigterm_during_a_burst_loses_nothing_and_delivers_nothing_twice() {
     s.catalog.set_price("SKU-1", 1000);
 
     // Mid-burst: some sent, not all.
-    let count = |sql: &'static str| {
-        let pool = s.db.pool.clone();
-        async move {
-            sqlx::query_scalar::<_, i64>(sql)
-                .fetch_one(&pool)
-                .await
-                .unwrap()
-        }
-    };
     let started = Instant::now();
-    while count("SELECT count(*) FROM outbox WHERE status = 'sent'").await < 50 {
+    while s
+        .db
+        .count("SELECT count(*) FROM outbox WHERE status = 'sent'")
+        .await
+        < 50
+    {
         poll_wait(started, 60, || {
             format!("nothing sent:\n{}", p.log("dispatcher"))
         })
@@ -1206,7 +1202,9 @@ async fn sigterm_during_a_burst_loses_nothing_and_delivers_nothing_twice() {
             p.log(name)
         );
     }
-    let sent_at_stop = count("SELECT count(*) FROM outbox WHERE status = 'sent'").await;
+    let sent_at_stop =
+        s.db.count("SELECT count(*) FROM outbox WHERE status = 'sent'")
+            .await;
     eprintln!("sent when stopped: {sent_at_stop} of {N}");
     assert!(
         sent_at_stop < N as i64,
@@ -1222,7 +1220,7 @@ async fn sigterm_during_a_burst_loses_nothing_and_delivers_nothing_twice() {
     let started = Instant::now();
     loop {
         let terminal =
-            count("SELECT count(*) FROM outbox WHERE status IN ('sent', 'dropped', 'failed')")
+            s.db.count("SELECT count(*) FROM outbox WHERE status IN ('sent', 'dropped', 'failed')")
                 .await;
         if terminal == N as i64 {
             break;
@@ -1233,12 +1231,13 @@ async fn sigterm_during_a_burst_loses_nothing_and_delivers_nothing_twice() {
         .await;
     }
     assert_eq!(
-        count("SELECT count(*) FROM outbox").await,
+        s.db.count("SELECT count(*) FROM outbox").await,
         N as i64,
         "one row per watch"
     );
     assert_eq!(
-        count("SELECT count(*) FROM outbox WHERE status = 'sent'").await,
+        s.db.count("SELECT count(*) FROM outbox WHERE status = 'sent'")
+            .await,
         N as i64
     );
     let received = push.received();

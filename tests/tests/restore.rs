@@ -75,19 +75,15 @@ async fn postgres_restored_to_a_dump_taken_mid_burst_strands_nothing_and_repeats
         .await
         .unwrap();
     s.catalog.set_price("SKU-1", 1000);
-    let count = |sql: &'static str| {
-        let pool = s.db.pool.clone();
-        async move {
-            sqlx::query_scalar::<_, i64>(sql)
-                .fetch_one(&pool)
-                .await
-                .unwrap()
-        }
-    };
 
     // Mid-burst: a dump while some rows are sent and others are not.
     let started = Instant::now();
-    while count("SELECT count(*) FROM outbox WHERE status = 'sent'").await < n / 10 {
+    while s
+        .db
+        .count("SELECT count(*) FROM outbox WHERE status = 'sent'")
+        .await
+        < n / 10
+    {
         poll_wait(started, 60, || {
             format!("nothing sent:\n{}", p.log("dispatcher"))
         })
@@ -98,7 +94,10 @@ async fn postgres_restored_to_a_dump_taken_mid_burst_strands_nothing_and_repeats
     run("pg_dump", &["-Fc", "-f", dump.to_str().unwrap(), &url]);
     // What the dump holds, read from it once restored; meanwhile the burst finishes.
     let started = Instant::now();
-    while count("SELECT count(*) FROM outbox WHERE status IN ('sent', 'dropped', 'failed')").await
+    while s
+        .db
+        .count("SELECT count(*) FROM outbox WHERE status IN ('sent', 'dropped', 'failed')")
+        .await
         < n
     {
         poll_wait(started, 120, || {
