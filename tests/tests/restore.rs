@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tidings_domain::OutboxId;
 use tidings_domain::messages::topic_for;
 use tidings_domain::subjects::StreamKind;
-use tidings_tests::fake_push::FakePushService;
+use tidings_tests::fake_push::{Answer, FakePushService};
 use tidings_tests::fixtures;
 use tidings_tests::harness::poll_wait;
 use tidings_tests::scenario::Scenario;
@@ -74,9 +74,14 @@ async fn postgres_restored_to_a_dump_taken_mid_burst_strands_nothing_and_repeats
     fixtures::crowd(&s.db.pool, "SKU-1", &sub, n as usize)
         .await
         .unwrap();
+    // Mid-burst, held there: the first tenth of the pushes is answered at once, the rest only
+    // after 5 s (accepted on arrival, well inside the pusher's 10 s timeout), so the dump below
+    // meets rows sent, rows in flight that the push service already has, and rows not yet
+    // claimed, however fast the machine is.
+    push.answer_always(&sub, Answer::CreatedAfter(Duration::from_secs(5)));
+    push.answer_next(&sub, &vec![Answer::Created; (n / 10) as usize]);
     s.catalog.set_price("SKU-1", 1000);
 
-    // Mid-burst: a dump while some rows are sent and others are not.
     let started = Instant::now();
     while s
         .db
@@ -92,6 +97,7 @@ async fn postgres_restored_to_a_dump_taken_mid_burst_strands_nothing_and_repeats
     let dump = std::env::temp_dir().join(format!("tidings-restore-{}.dump", s.db.name));
     let url = libpq(&s.db.url);
     run("pg_dump", &["-Fc", "-f", dump.to_str().unwrap(), &url]);
+    push.answer_always(&sub, Answer::Created);
     // What the dump holds, read from it once restored; meanwhile the burst finishes.
     let started = Instant::now();
     while s
