@@ -35,6 +35,14 @@ pub struct Config {
     /// Base64url VAPID public key served to browsers (`tidings-pusher vapid-keygen` prints it).
     #[arg(long, env = "TIDINGS_VAPID_PUBLIC_KEY")]
     pub vapid_public_key: Option<String>,
+    /// A file holding the VAPID public key (the pusher's mounted key Secret), instead of
+    /// TIDINGS_VAPID_PUBLIC_KEY.
+    #[arg(
+        long,
+        env = "TIDINGS_VAPID_PUBLIC_KEY_FILE",
+        conflicts_with = "vapid_public_key"
+    )]
+    pub vapid_public_key_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub endpoints: EndpointArgs,
     #[arg(long, env = "TIDINGS_MAX_WATCHES_PER_DEVICE", default_value_t = 100)]
@@ -124,9 +132,14 @@ impl Config {
         if !(1..=1000).contains(&self.create_batch) {
             return Err(ConfigError::CreateBatch);
         }
+        let vapid_public_key = tidings_runtime::secrets::value_or_file(
+            "TIDINGS_VAPID_PUBLIC_KEY",
+            self.vapid_public_key.as_deref(),
+            self.vapid_public_key_file.as_deref(),
+        )?;
         Ok(Settings {
             policy: self.endpoints.policy(),
-            vapid_public_key: self.vapid_public_key.clone(),
+            vapid_public_key,
             admin_token_hash,
             max_watches_per_device,
             max_triggers_per_watch: self.max_triggers_per_watch,
@@ -142,5 +155,64 @@ impl Config {
             streams: self.nats.streams(),
             bus: None,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        config: Config,
+    }
+
+    fn settings(args: &[&str]) -> Result<Settings, ConfigError> {
+        let mut argv = vec!["tidings-api", "--database-url", "postgres://x@127.0.0.1/x"];
+        argv.extend_from_slice(args);
+        Cli::try_parse_from(argv)
+            .expect("the flags parse")
+            .config
+            .settings()
+    }
+
+    #[test]
+    fn the_vapid_public_key_and_admin_token_may_come_from_files() {
+        let dir = std::env::temp_dir().join(format!("tidings-api-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = dir.join("public-key");
+        let token = dir.join("token");
+        std::fs::write(&key, "BPublicKey\n").unwrap();
+        std::fs::write(&token, "t".repeat(40)).unwrap();
+        let s = settings(&[
+            "--vapid-public-key-file",
+            key.to_str().unwrap(),
+            "--admin-token-file",
+            token.to_str().unwrap(),
+        ])
+        .unwrap();
+        assert_eq!(s.vapid_public_key.as_deref(), Some("BPublicKey"));
+        assert_eq!(s.admin_token_hash, Some(token_hash(&"t".repeat(40))));
+
+        std::fs::write(&key, "").unwrap();
+        let empty = settings(&["--vapid-public-key-file", key.to_str().unwrap()]);
+        assert!(matches!(empty, Err(ConfigError::Secret(_))), "{empty:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_value_and_a_file_for_one_setting_are_refused() {
+        let both = Cli::try_parse_from([
+            "tidings-api",
+            "--database-url",
+            "postgres://x@127.0.0.1/x",
+            "--vapid-public-key",
+            "B",
+            "--vapid-public-key-file",
+            "/nonexistent",
+        ]);
+        assert!(both.is_err());
     }
 }

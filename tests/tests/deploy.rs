@@ -426,24 +426,27 @@ async fn smoke(overlay: &str) {
     // The brokers know each service's user, as rendered, with its permissions for the
     // rendered prefix: a service missing its credentials, or needing a subject it is not
     // allowed, does not get ready.
-    let mut users: Vec<(Service, &str, String)> = Vec::new();
+    let mut users: Vec<(Service, String, String)> = Vec::new();
     let mut prefix = "tidings";
     for c in containers.iter().filter(|c| !c.to_completion) {
         let program = c.argv[0].rsplit('/').next().unwrap();
         if let Some(service) = Service::of_binary(program) {
-            let var = |key| {
-                c.var(key)
-                    .unwrap_or_else(|| panic!("{}: no {key}", c.workload))
-            };
             prefix = c.var("TIDINGS_PREFIX").unwrap_or(prefix);
-            let password = c
-                .secret_value("NATS_PASSWORD", &rendered, &secrets)
-                .unwrap_or_else(|| panic!("{}: no NATS_PASSWORD(_FILE)", c.workload));
-            users.push((service, var("NATS_USER"), format!("\"{password}\"")));
+            let secret = |key: &str| {
+                c.secret_value(key, &rendered, &secrets)
+                    .unwrap_or_else(|| panic!("{}: no {key}(_FILE)", c.workload))
+            };
+            users.push((
+                service,
+                secret("NATS_USER"),
+                format!("\"{}\"", secret("NATS_PASSWORD")),
+            ));
         }
     }
-    let users: Vec<(Service, &str, &str)> =
-        users.iter().map(|(s, u, p)| (*s, *u, p.as_str())).collect();
+    let users: Vec<(Service, &str, &str)> = users
+        .iter()
+        .map(|(s, u, p)| (*s, u.as_str(), p.as_str()))
+        .collect();
     let mut config = server_config(prefix, &users, Some(("admin", "\"smoke-admin\"")));
     // An overlay that connects with tls:// gets brokers that offer TLS with the test CA's
     // certificate (the harness's own clients may still connect without it).

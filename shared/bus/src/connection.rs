@@ -19,27 +19,26 @@ pub struct ConnectionArgs {
     #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
     pub nats_url: String,
     /// A credentials file (user JWT and NKEY seed, as `nsc` writes it).
-    #[arg(long, env = "NATS_CREDS", conflicts_with_all = ["nats_nkey", "nats_user"])]
+    #[arg(long, env = "NATS_CREDS", conflicts_with_all = ["nats_nkey", "user"])]
     pub nats_creds: Option<PathBuf>,
     /// A file holding an NKEY seed (`SU…`).
-    #[arg(long, env = "NATS_NKEY", conflicts_with = "nats_user")]
+    #[arg(long, env = "NATS_NKEY", conflicts_with = "user")]
     pub nats_nkey: Option<PathBuf>,
     /// User name for user/password authentication (with `NATS_PASSWORD` or
     /// `NATS_PASSWORD_FILE`).
-    #[arg(long, env = "NATS_USER")]
+    #[arg(long, env = "NATS_USER", group = "user")]
     pub nats_user: Option<String>,
-    #[arg(
-        long,
-        env = "NATS_PASSWORD",
-        requires = "nats_user",
-        hide_env_values = true
-    )]
+    /// A file holding the user name (a mounted Secret, beside its password), instead of
+    /// `NATS_USER`.
+    #[arg(long, env = "NATS_USER_FILE", group = "user")]
+    pub nats_user_file: Option<PathBuf>,
+    #[arg(long, env = "NATS_PASSWORD", requires = "user", hide_env_values = true)]
     pub nats_password: Option<String>,
     /// A file holding the password (a mounted Secret), instead of `NATS_PASSWORD`.
     #[arg(
         long,
         env = "NATS_PASSWORD_FILE",
-        requires = "nats_user",
+        requires = "user",
         conflicts_with = "nats_password"
     )]
     pub nats_password_file: Option<PathBuf>,
@@ -174,14 +173,19 @@ impl ConnectionArgs {
             }
             options = options.nkey(seed.to_owned());
         }
-        if let Some(user) = &self.nats_user {
+        let user = tidings_runtime::secrets::value_or_file(
+            "NATS_USER",
+            self.nats_user.as_deref(),
+            self.nats_user_file.as_deref(),
+        )?;
+        if let Some(user) = user {
             let password = tidings_runtime::secrets::value_or_file(
                 "NATS_PASSWORD",
                 self.nats_password.as_deref(),
                 self.nats_password_file.as_deref(),
             )?
             .ok_or(ConnectionError::NoPassword)?;
-            options = options.user_and_password(user.clone(), password);
+            options = options.user_and_password(user, password);
         }
         if let Some(ca) = &self.nats_ca {
             options = options
