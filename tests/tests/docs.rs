@@ -165,3 +165,169 @@ fn every_setting_named_in_the_docs_is_read_by_the_code() {
     assert!(named.len() > 50, "only {} settings found", named.len());
     assert!(unknown.is_empty(), "{unknown:#?}");
 }
+
+#[test]
+fn docs_stay_a_reference_of_at_most_110_kb() {
+    let size: u64 = std::fs::read_dir(repo().join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    assert!(
+        size <= 110_000,
+        "docs/ holds {size} bytes, more than 110 KB"
+    );
+}
+
+/// A figure that follows `name ` in `line` (`Postgres 137` → 137).
+fn figure_after(line: &str, name: &str) -> f64 {
+    // A word is followed by a space before its figure; `(~` is not.
+    let marker = if name.ends_with(char::is_alphanumeric) {
+        format!("{name} ")
+    } else {
+        name.to_owned()
+    };
+    let rest = line
+        .split(&marker)
+        .nth(1)
+        .unwrap_or_else(|| panic!("no `{name} N` in {line}"));
+    let digits: String = rest
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ',')
+        .filter(|c| *c != ',')
+        .collect();
+    digits
+        .parse()
+        .unwrap_or_else(|_| panic!("`{name}` in {line}"))
+}
+
+/// The line of `text` that starts with `start`.
+fn line_starting<'a>(text: &'a str, start: &str) -> &'a str {
+    text.lines()
+        .find(|l| l.starts_with(start))
+        .unwrap_or_else(|| panic!("no line starting {start:?}"))
+}
+
+fn thousands(n: f64) -> String {
+    let s = format!("{:.0}", n);
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// scaling.md's capacity model, computed from the current figures in benchmarks.md.
+fn capacity_model(benchmarks: &str) -> String {
+    // The pipeline benchmark's CPU per `sent` notification, by process; the fake catalog and
+    // push sink are the benchmark's, not a deployment's, so they are left out.
+    let cpu = line_starting(benchmarks, "| CPU per `sent` notification |");
+    let processes = [
+        "Postgres",
+        "pusher",
+        "nats-server",
+        "dispatcher",
+        "detector",
+    ];
+    let per: Vec<f64> = processes.iter().map(|p| figure_after(cpu, p)).collect();
+    let total: f64 = per.iter().sum();
+    let dedup = line_starting(benchmarks, "| nats-server memory per key in the window |");
+    let dedup_key_bytes: f64 = dedup
+        .split('|')
+        .nth(2)
+        .and_then(|cell| cell.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no figure in {dedup}"));
+    let detector = line_starting(benchmarks, "| peak RSS |");
+    let kib_per_watch = figure_after(detector, "(~");
+    // Measured with psql while timing migration 0010: 1,000,000 rows with their indexes took
+    // 912 MiB.
+    const OUTBOX_ROW_BYTES: f64 = 956.0;
+    const KIB_PER_WATCH_WITH_BASELINE: f64 = 1.0;
+    // Assumptions: peaks at 10 × the month's average, rows kept up to 37 days (30 of
+    // retention and a week), a 15 min duplicate window.
+    const PEAK: f64 = 10.0;
+    const KEPT_DAYS: f64 = 37.0;
+    const WINDOW_S: f64 = 900.0;
+    let gib = 1024.0 * 1024.0 * 1024.0;
+    let mut out = String::new();
+    out.push_str(&format!(
+        "Measured inputs:\n\n| unit | cost | from |\n|---|---|---|\n\
+         | CPU per `sent` notification, all Tidings processes | {total:.0} µs: {} | `bench pipeline` |\n\
+         | outbox row with its indexes | ~{OUTBOX_ROW_BYTES:.0} bytes | `psql`, while timing migration 0010 |\n\
+         | detector watchlist | {kib_per_watch} KiB per watch, ~{KIB_PER_WATCH_WITH_BASELINE:.0} KiB with a sent baseline | `bench detector` |\n\
+         | nats-server per dedup key in the duplicate window | {dedup_key_bytes:.0} bytes | `bench dedup` |\n\n",
+        processes
+            .iter()
+            .zip(&per)
+            .map(|(p, c)| format!("{p} {c:.0}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    out.push_str(
+        "Assumed, not measured: peaks at 10 × the month's average rate, rows kept up to 37 days \
+         (30 of retention and a week), one Postgres primary. At the peak rate:\n\n\
+         | watches | notifications per watch per month | average /s | peak /s | cores | of which Postgres | outbox on disk | NATS duplicate window | detector memory (all shards) |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
+    );
+    let mut largest = (0.0, 0.0);
+    for watches in [1e6, 1e7, 1e8] {
+        for per_month in [1.0, 10.0, 100.0] {
+            let average = watches * per_month / (30.0 * 86_400.0);
+            let peak = average * PEAK;
+            let cores = peak * total / 1e6;
+            let postgres = peak * per[0] / 1e6;
+            let outbox = watches * per_month * KEPT_DAYS / 30.0 * OUTBOX_ROW_BYTES / gib;
+            let window = peak * WINDOW_S * dedup_key_bytes / (1024.0 * 1024.0);
+            let memory = (
+                watches * kib_per_watch / (1024.0 * 1024.0),
+                watches * KIB_PER_WATCH_WITH_BASELINE / (1024.0 * 1024.0),
+            );
+            largest = (peak, cores);
+            out.push_str(&format!(
+                "| {} M | {per_month:.0} | {} | {} | {cores:.2} | {postgres:.2} | {} GiB | {} MiB | {:.1}–{:.1} GiB |\n",
+                thousands(watches / 1e6),
+                if average < 10.0 { format!("{average:.2}") } else { thousands(average) },
+                if peak < 10.0 { format!("{peak:.1}") } else { thousands(peak) },
+                thousands(outbox.max(1.0)),
+                thousands(window.max(1.0)),
+                memory.0,
+                memory.1,
+            ));
+        }
+    }
+    let (peak, cores) = largest;
+    out.push_str(&format!(
+        "\nOf the cores, {:.0} % are the pushers', {:.0} % Postgres', {:.0} % nats-server's and \
+         {:.0} % the dispatchers'. At {} notifications/s that is {:.1} cores of pushers, {:.1} of \
+         Postgres on one primary and {:.1} of dispatchers.\n",
+        100.0 * per[1] / total,
+        100.0 * per[0] / total,
+        100.0 * per[2] / total,
+        100.0 * per[3] / total,
+        thousands(peak),
+        peak * per[1] / 1e6,
+        peak * per[0] / 1e6,
+        peak * per[3] / 1e6,
+    ));
+    let _ = cores;
+    out
+}
+
+#[test]
+fn the_capacity_model_is_computed_from_the_current_benchmarks() {
+    let benchmarks = std::fs::read_to_string(repo().join("docs/benchmarks.md")).unwrap();
+    let path = repo().join("docs/scaling.md");
+    let scaling = std::fs::read_to_string(&path).unwrap();
+    let (begin, end) = ("<!-- capacity:begin -->\n", "<!-- capacity:end -->");
+    let head = &scaling[..scaling
+        .find(begin)
+        .expect("scaling.md has the capacity markers")];
+    let tail = &scaling[scaling
+        .find(end)
+        .expect("scaling.md has the capacity end marker")..];
+    let expected = format!("{head}{begin}{}{tail}", capacity_model(&benchmarks));
+    tidings_tests::harness::assert_generated(&path, &expected, "the capacity model test");
+}
