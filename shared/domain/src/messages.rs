@@ -184,21 +184,21 @@ impl EnqueueRequests {
     /// a differently made batch, after a restart, is stored again and absorbed by the outbox's
     /// unique key.)
     pub fn msg_id(&self) -> String {
-        use std::hash::{Hash, Hasher};
+        use sha2::Digest;
         let Some(first) = self.requests.first() else {
             return String::new();
         };
-        // SipHash with fixed keys: the same keys give the same id in every process.
-        let mut h = std::hash::DefaultHasher::new();
+        // SHA-256, whose output its specification fixes: every process of every release makes
+        // the same id for the same keys (std's DefaultHasher may change between Rust releases,
+        // so a rolling upgrade could have made new ids for old batches).
+        let mut h = sha2::Sha256::new();
         for r in &self.requests {
-            r.dedup_key().to_string().hash(&mut h);
+            h.update(r.dedup_key().to_string().as_bytes());
+            h.update(b"\n");
         }
-        format!(
-            "{}+{}#{:016x}",
-            first.dedup_key(),
-            self.requests.len(),
-            h.finish()
-        )
+        let digest = h.finalize();
+        let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+        format!("{}+{}#{hex}", first.dedup_key(), self.requests.len())
     }
 }
 
@@ -617,6 +617,23 @@ mod tests {
         assert!(ab.msg_id().starts_with(&format!("{}+2#", a.dedup_key())));
         // Same first key, same count, another second key: another message.
         assert_ne!(ab.msg_id(), EnqueueRequests::new(vec![a, c]).msg_id());
+    }
+
+    /// The id is pinned: a detector of another build (or Rust release) must name the same batch
+    /// the same way, or JetStream's duplicate window would store a retried publish twice.
+    #[test]
+    fn an_enqueue_batch_id_is_the_same_in_every_build() {
+        let with_watch = |n: u128| EnqueueRequest {
+            watch_id: WatchId(uuid::Uuid::from_u128(n)),
+            ..enqueue()
+        };
+        let batch = EnqueueRequests::new(vec![with_watch(1), with_watch(2)]);
+        // The first 8 bytes of SHA-256 over "<key>\n" per request, as Python's hashlib computes
+        // them for these two keys.
+        assert_eq!(
+            batch.msg_id(),
+            "00000000-0000-0000-0000-000000000001:price_below:1200:2026-12-01:web_push+2#37a591747b1aea83"
+        );
     }
 
     fn result(attempt: u32) -> PushResult {
