@@ -20,6 +20,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::{Postgres, QueryBuilder};
 use std::collections::BTreeMap;
+use tidings_domain::OutboxId;
 use tidings_domain::outbox::{Reason, Status};
 use tidings_runtime::telemetry;
 use tidings_store::db;
@@ -324,17 +325,23 @@ async fn run(app: &AppState, op: Operation, req: BulkRequest) -> Result<BulkRepo
         };
         *report.skipped.entry(why.to_owned()).or_default() += 1;
     }
+    let mut cancelled = None;
     if !ids.is_empty() {
         report.changed = match op {
             Operation::Replay => replay_rows(&mut tx, &ids, &days).await?,
-            Operation::Cancel => cancel_rows(&mut tx, &ids, &days).await?,
+            Operation::Cancel => {
+                let done = cancel_rows(&mut tx, &ids, &days).await?;
+                let n = done.count();
+                cancelled = Some(done);
+                n
+            }
         };
     }
     tx.commit()
         .await
         .map_err(db("committing a bulk operation"))?;
-    if op == Operation::Cancel && report.changed > 0 {
-        tidings_runtime::metrics::metrics().transition("dropped", "cancelled", report.changed);
+    if let Some(done) = cancelled {
+        done.record();
     }
     tracing::info!(
         operation = if op == Operation::Replay {
@@ -379,27 +386,19 @@ async fn replay_rows(
     Ok(inserted)
 }
 
-/// Ends due rows `dropped`/`cancelled` (the database guard allows that reason only from a due
-/// state; a row claimed meanwhile is `sending` and stays out of the update).
+/// Ends due rows `dropped`/`cancelled` through the store's transition path; a row claimed or
+/// ended meanwhile stays as it is.
 async fn cancel_rows(
     tx: &mut sqlx::PgConnection,
     ids: &[Uuid],
     days: &[chrono::NaiveDate],
-) -> Result<u64, ApiError> {
-    let changed = sqlx::query(concat!(
-        "UPDATE outbox o SET status = 'dropped', reason = 'cancelled', finished_at = now(),
-                last_error = 'cancelled by an operator'
-         FROM UNNEST($1::uuid[], $2::date[]) AS u(id, day)
-         WHERE o.id = u.id AND o.dedup_day = u.day AND o.status IN ",
-        tidings_store::status_sql!(cancellable),
-    ))
-    .bind(ids)
-    .bind(days)
-    .execute(&mut *tx)
-    .await
-    .map_err(db("cancelling outbox rows"))?
-    .rows_affected();
-    Ok(changed)
+) -> Result<tidings_store::cancel::Cancelled, ApiError> {
+    let rows: Vec<(OutboxId, chrono::NaiveDate)> = ids
+        .iter()
+        .zip(days)
+        .map(|(id, day)| (OutboxId(*id), *day))
+        .collect();
+    Ok(tidings_store::cancel::cancel(tx, &rows).await?)
 }
 
 #[utoipa::path(
@@ -482,9 +481,9 @@ pub async fn cancel(
         .begin()
         .await
         .map_err(db("cancelling an outbox row"))?;
-    let changed = cancel_rows(&mut tx, &[id], &[day]).await?;
+    let cancelled = cancel_rows(&mut tx, &[id], &[day]).await?;
     tx.commit().await.map_err(db("cancelling an outbox row"))?;
-    if changed == 0 {
+    if cancelled.count() == 0 {
         // Re-read: it may have been claimed or ended since the first read.
         let now: String = sqlx::query_scalar("SELECT status FROM outbox WHERE id = $1")
             .bind(id)
@@ -497,7 +496,7 @@ pub async fn cancel(
             detail: format!("row {id} is {now}; only pending or retrying rows can be cancelled"),
         });
     }
-    tidings_runtime::metrics::metrics().transition("dropped", "cancelled", 1);
+    cancelled.record();
     tracing::info!(outbox_id = %id, "outbox row cancelled");
     Ok(Json(Cancelled {
         id,

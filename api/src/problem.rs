@@ -96,6 +96,8 @@ pub enum ApiError {
     },
     #[error(transparent)]
     Db(#[from] DbError),
+    #[error(transparent)]
+    Cancel(#[from] tidings_store::cancel::CancelError),
     #[error("{0}")]
     Internal(String),
 }
@@ -120,7 +122,9 @@ impl ApiError {
             ApiError::Conflict { .. } => StatusCode::CONFLICT,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Db(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Db(_) | ApiError::Cancel(_) | ApiError::Internal(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         }
     }
 
@@ -136,7 +140,7 @@ impl ApiError {
             ApiError::Conflict { kind, .. } => kind,
             ApiError::Unavailable(_) => "unavailable",
             ApiError::RateLimited { .. } => "rate-limited",
-            ApiError::Db(_) | ApiError::Internal(_) => "internal",
+            ApiError::Db(_) | ApiError::Cancel(_) | ApiError::Internal(_) => "internal",
         }
     }
 
@@ -144,7 +148,7 @@ impl ApiError {
         let status = self.status();
         let detail = match self {
             // Internals stay in the log.
-            ApiError::Db(_) | ApiError::Internal(_) => {
+            ApiError::Db(_) | ApiError::Cancel(_) | ApiError::Internal(_) => {
                 "the server could not complete the request; it was logged".to_owned()
             }
             other => other.to_string(),

@@ -6,6 +6,7 @@
 
 pub mod attempts;
 pub mod baselines;
+pub mod cancel;
 mod outbox;
 pub mod partitions;
 pub mod schema;

@@ -1,0 +1,87 @@
+//! An operator's cancel. Due rows end `dropped`/`cancelled` through the same compare-and-set as
+//! every other state change ([`crate::transition`]), so the claim lease is cleared, the change is
+//! counted, and the state machine decides which rows may be cancelled.
+
+use crate::transition::{self, Change};
+use crate::{DbError, db};
+use chrono::NaiveDate;
+use sqlx::PgConnection;
+use std::collections::HashSet;
+use tidings_domain::OutboxId;
+use tidings_domain::outbox::{self, Event, Row, Status, UnknownStatus};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CancelError {
+    #[error(transparent)]
+    Db(#[from] DbError),
+    #[error("outbox row {id} has a status this build does not know")]
+    Status {
+        id: OutboxId,
+        #[source]
+        source: UnknownStatus,
+    },
+}
+
+/// What a cancel changed. Count it with [`Cancelled::record`] once the transaction commits.
+#[derive(Debug, Default)]
+pub struct Cancelled {
+    changes: Vec<Change>,
+    pub won: HashSet<OutboxId>,
+}
+
+impl Cancelled {
+    pub fn count(&self) -> u64 {
+        self.won.len() as u64
+    }
+
+    /// Counts the cancelled rows in `tidings_outbox_transitions_total`.
+    pub fn record(&self) {
+        transition::record(&self.changes, &self.won);
+    }
+}
+
+fn count(v: i32) -> u32 {
+    u32::try_from(v).unwrap_or(0)
+}
+
+/// Ends each of `rows` (id and dedup day) that is still pending or retrying as
+/// `dropped`/`cancelled`. A row that is `sending` (a push may be out) or has ended is left as it
+/// is, also when it got there after it was read.
+pub async fn cancel(
+    conn: &mut PgConnection,
+    rows: &[(OutboxId, NaiveDate)],
+) -> Result<Cancelled, CancelError> {
+    let ids: Vec<OutboxId> = rows.iter().map(|r| r.0).collect();
+    let days: Vec<NaiveDate> = rows.iter().map(|r| r.1).collect();
+    let found: Vec<(OutboxId, NaiveDate, String, i32, i32)> = sqlx::query_as(
+        "SELECT o.id, o.dedup_day, o.status::text, o.retry_count, o.attempt
+         FROM outbox o JOIN UNNEST($1::uuid[], $2::date[]) AS u(id, day)
+           ON o.id = u.id AND o.dedup_day = u.day",
+    )
+    .bind(&ids)
+    .bind(&days)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(db("reading outbox rows to cancel"))?;
+    let mut changes = Vec::new();
+    for (id, day, status, retry_count, attempt) in found {
+        let status: Status = status
+            .parse()
+            .map_err(|source| CancelError::Status { id, source })?;
+        let row = Row {
+            status,
+            retry_count: count(retry_count),
+            attempt: count(attempt),
+        };
+        // The state machine refuses a cancel of a row whose push may be out or that has ended.
+        if let Ok(t) = outbox::apply(row, Event::Cancelled, u32::MAX) {
+            let mut change = Change::new(id, day, row, t);
+            change.last_error = Some("cancelled by an operator".to_owned());
+            changes.push(change);
+        }
+    }
+    let won = transition::apply(conn, &changes)
+        .await
+        .map_err(db("cancelling outbox rows"))?;
+    Ok(Cancelled { changes, won })
+}
