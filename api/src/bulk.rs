@@ -166,7 +166,7 @@ pub struct BulkRequest {
 #[derive(Debug, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
 pub struct Sampled {
     pub id: Uuid,
-    pub status: String,
+    pub status: tidings_domain::outbox::Status,
     pub reason: Option<String>,
     pub item_code: Option<String>,
     pub device_id: Uuid,

@@ -34,8 +34,7 @@ pub struct Notification {
     pub item_code: Option<String>,
     pub trigger: Option<TriggerSpec>,
     pub channel: String,
-    /// pending, retry, sending, sent, dropped or failed.
-    pub status: String,
+    pub status: Status,
     /// Why a row was dropped (withheld) or failed, e.g. `condition_lost`.
     pub reason: Option<String>,
     /// What it means for the device: `in_progress`, `delivered`, `withheld`, `not_delivered`, or
@@ -92,7 +91,7 @@ pub(crate) struct NotificationRow {
     item_code: Option<String>,
     trigger: String,
     channel: String,
-    status: String,
+    status: Status,
     reason: Option<String>,
     detected_price: i64,
     detected_currency: String,
@@ -123,7 +122,7 @@ pub(crate) const NOTIFICATION_COLUMNS: &str =
 impl From<NotificationRow> for Notification {
     fn from(r: NotificationRow) -> Self {
         let delivery = Delivery::of(
-            r.status.parse().unwrap_or(Status::Pending),
+            r.status,
             r.reason.as_deref().and_then(Reason::parse),
             r.maybe_delivered,
         );

@@ -15,6 +15,7 @@ use axum::http::StatusCode;
 use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 use tidings_domain::OutboxId;
+use tidings_domain::outbox::Status;
 use tidings_runtime::telemetry;
 use tidings_store::db;
 use utoipa::{IntoParams, ToSchema};
@@ -220,7 +221,7 @@ pub async fn get_outbox_row(
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct StateCount {
-    pub status: String,
+    pub status: Status,
     pub reason: Option<String>,
     pub count: i64,
 }
@@ -247,7 +248,7 @@ pub async fn outbox_stats(
     State(app): State<AppState>,
     _: Operator,
 ) -> Result<Json<OutboxStats>, ApiError> {
-    let states: Vec<(String, Option<String>, i64)> = sqlx::query_as(
+    let states: Vec<(Status, Option<String>, i64)> = sqlx::query_as(
         "SELECT status, reason, count(*) FROM outbox GROUP BY status, reason ORDER BY status, reason",
     )
     .fetch_all(&app.pool)

@@ -424,6 +424,15 @@ impl Watchlist {
                 return false;
             }
         };
+        // A channel this build does not know is not delivered here: never read it as another.
+        let channel = match row.channel.parse::<Channel>() {
+            Ok(channel) => channel,
+            Err(e) => {
+                tracing::warn!(watch_id = %row.id, error = %e, "watch skipped: its channel is unknown to this build");
+                self.remove(row.id);
+                return false;
+            }
+        };
         let watch = Watch {
             id: row.id,
             device_id: row.device_id,
@@ -432,7 +441,7 @@ impl Watchlist {
                 chrono_tz::Tz::UTC
             }),
             triggers: row.triggers.0,
-            channel: row.channel.parse().unwrap_or(Channel::WebPush),
+            channel,
             reference_price: row.reference_price,
             last_in_stock: row.last_in_stock,
         };
@@ -486,6 +495,29 @@ mod tests {
             time_zone: chrono_tz::Tz::UTC,
             last_in_stock: None,
         }
+    }
+
+    fn row(id: WatchId, channel: &str) -> WatchRow {
+        WatchRow {
+            id,
+            device_id: DeviceId::new(),
+            item_code: "SKU-1".into(),
+            triggers: Json(vec![Trigger::PriceBelow { threshold: 1000 }]),
+            channel: channel.into(),
+            reference_price: None,
+            time_zone: "UTC".into(),
+            last_in_stock: None,
+            active: true,
+        }
+    }
+
+    /// Regression: an unknown channel was read as Web Push; now the watch is left out.
+    #[test]
+    fn a_watch_on_a_channel_this_build_does_not_know_is_skipped_not_sent_as_web_push() {
+        let mut l = Watchlist::new();
+        assert!(l.apply(row(WatchId::new(), "web_push")));
+        assert!(!l.apply(row(WatchId::new(), "carrier_pigeon")));
+        assert_eq!(l.len(), 1);
     }
 
     fn code(s: &str) -> ItemCode {

@@ -25,7 +25,7 @@ pub struct Claimed {
     pub dedup_day: NaiveDate,
     pub watch_id: WatchId,
     pub device_id: DeviceId,
-    pub status: String,
+    pub status: Status,
     pub trigger: String,
     pub detected_at: DateTime<Utc>,
     pub detected_price: i64,
@@ -69,11 +69,10 @@ impl Claimed {
         }
     }
 
-    /// The counters the state machine needs. A status the code does not know cannot come out of
-    /// the claim (it selects pending and retry only), so `Retry` is a safe reading of anything else.
+    /// The counters the state machine needs.
     pub fn row(&self) -> Row {
         Row {
-            status: self.status.parse().unwrap_or(Status::Retry),
+            status: self.status,
             retry_count: u32::try_from(self.retry_count).unwrap_or(0),
             attempt: u32::try_from(self.attempt).unwrap_or(0),
         }

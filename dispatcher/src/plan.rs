@@ -230,7 +230,7 @@ mod tests {
             dedup_day: at.date_naive(),
             watch_id,
             device_id: DeviceId::new(),
-            status: "pending".into(),
+            status: Status::Pending,
             trigger: Trigger::PriceBelow { threshold: 1200 }.key(),
             detected_at: at,
             detected_price: 1100,

@@ -59,7 +59,7 @@ pub enum ResultsError {
 struct Locked {
     id: OutboxId,
     dedup_day: NaiveDate,
-    status: String,
+    status: Status,
     attempt: i32,
     retry_count: i32,
     watch_id: WatchId,
@@ -378,7 +378,7 @@ pub async fn apply_in(
             continue;
         };
         let current = Row {
-            status: row.status.parse().unwrap_or(Status::Failed),
+            status: row.status,
             retry_count: u32::try_from(row.retry_count).unwrap_or(0),
             attempt: u32::try_from(row.attempt).unwrap_or(0),
         };

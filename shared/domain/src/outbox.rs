@@ -47,6 +47,11 @@ use std::fmt;
 /// Where an outbox row is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(
+    feature = "sqlx",
+    derive(sqlx::Type),
+    sqlx(type_name = "text", rename_all = "snake_case")
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     Pending,

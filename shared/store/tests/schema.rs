@@ -579,3 +579,22 @@ async fn migrate_tolerates_a_migration_newer_than_the_build() {
     assert_eq!(again.newer, vec![future]);
     assert_eq!(schema::check(&db.pool).await.unwrap(), future);
 }
+
+/// States decode as `Status` at the boundary: every one the schema allows, and an unknown one
+/// is an error, never a fallback.
+#[tokio::test]
+async fn outbox_states_decode_as_enums_and_an_unknown_one_is_an_error() {
+    let db = TestDb::new().await.unwrap();
+    for s in Status::ALL {
+        let back: Status = sqlx::query_scalar("SELECT $1::text")
+            .bind(s.as_str())
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert_eq!(back, s);
+    }
+    let unknown = sqlx::query_scalar::<_, Status>("SELECT 'carrier_pigeon'::text")
+        .fetch_one(&db.pool)
+        .await;
+    assert!(unknown.is_err(), "{unknown:?}");
+}
