@@ -313,7 +313,7 @@ impl consume::Handler for Ingest {
             result = insert(pool, chunk).await.map(|n| inserted + n);
         }
         if let Err(e) = &result {
-            if e.to_string().contains("no partition of relation") {
+            if tidings_store::partitions::is_missing(e) {
                 // A week this process thought was there has been dropped: ask again next time.
                 self.partitions.forget();
             }

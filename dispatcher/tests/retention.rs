@@ -431,3 +431,24 @@ async fn ingest_inserts_a_detection_whose_week_has_no_partition_yet() {
     }
     s.cleanup().await;
 }
+
+/// Ingest tells "no partition for this day" from other refusals by the error's code: it then
+/// forgets the weeks it knew and asks for them again.
+#[tokio::test]
+async fn a_row_for_a_week_without_a_partition_is_told_apart_by_its_code() {
+    let db = TestDb::new().await.unwrap();
+    let (device, watch) = watched(&db).await;
+    let at = Utc.with_ymd_and_hms(2001, 6, 1, 12, 0, 0).unwrap();
+    let req = fixtures::enqueue_request(&device, watch, BELOW_1200, 1100, at);
+    let e = tidings_dispatcher::ingest::insert(&db.pool, &[(&req, None)])
+        .await
+        .unwrap_err();
+    assert!(tidings_store::partitions::is_missing(&e), "{e}");
+    // A CHECK constraint's refusal (same SQLSTATE) is another matter: a 1-byte token hash.
+    let other = sqlx::query("INSERT INTO devices (id, token_hash) VALUES ($1, '\\x00')")
+        .bind(uuid::Uuid::now_v7())
+        .execute(&db.pool)
+        .await
+        .unwrap_err();
+    assert!(!tidings_store::partitions::is_missing(&other), "{other}");
+}

@@ -300,7 +300,20 @@ impl DeadLetters {
         let stream = self.stream().await?;
         match stream.delete_message(sequence).await {
             Ok(deleted) => Ok(deleted),
-            Err(e) if e.to_string().contains("no message found") => Ok(false),
+            // nats-server answers a delete of a missing message with the generic "delete
+            // failed" code; whether the message is there tells the two apart, not the text.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    jetstream::stream::DeleteMessageErrorKind::JetStream(js)
+                        if js.error_code() == jetstream::ErrorCode::STREAM_MESSAGE_DELETE_FAILED
+                ) && matches!(
+                    stream.get_raw_message(sequence).await.map_err(|e| e.kind()),
+                    Err(RawMessageErrorKind::NoMessageFound)
+                ) =>
+            {
+                Ok(false)
+            }
             Err(e) => Err(DeadLetterError::Delete {
                 stream: self.stream_name(),
                 sequence,

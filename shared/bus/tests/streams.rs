@@ -184,3 +184,28 @@ async fn push_storage_moves_only_the_push_and_result_streams() {
     );
     delete_streams(&js, &subjects).await;
 }
+
+/// Purging a dead letter that is not there answers "not there" (by JetStream's error code, not
+/// its text), and one that is there is deleted.
+#[tokio::test]
+async fn purging_a_dead_letter_that_is_gone_says_so() {
+    let js = jetstream::new(nats().await.unwrap());
+    let subjects = test_subjects();
+    ensure_streams(&js, &subjects, &StreamSettings::default())
+        .await
+        .unwrap();
+    let ack = js
+        .publish(
+            subjects.subject(StreamKind::Dlq, Channel::WebPush),
+            "{}".into(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let letters = tidings_bus::dead_letters::DeadLetters::new(js.clone(), subjects.clone());
+    assert!(letters.purge(ack.sequence).await.unwrap());
+    assert!(!letters.purge(ack.sequence).await.unwrap());
+    assert!(!letters.purge(ack.sequence + 1000).await.unwrap());
+    delete_streams(&js, &subjects).await;
+}

@@ -3,6 +3,13 @@
 
 use chrono::NaiveDate;
 
+/// Whether Postgres refused a row because no partition takes its day (a week dropped, or never
+/// made): a check violation that names no constraint, told apart by code, not by its text.
+pub fn is_missing(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d)
+        if d.code().as_deref() == Some("23514") && d.constraint().is_none())
+}
+
 /// The Monday of every week the outbox has a partition for, oldest first.
 pub async fn weeks<'c, E: sqlx::PgExecutor<'c>>(e: E) -> Result<Vec<NaiveDate>, sqlx::Error> {
     sqlx::query_scalar(
