@@ -12,6 +12,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use tidings_domain::OutboxId;
+use tidings_domain::messages::AttemptOutcome;
 use tidings_runtime::telemetry;
 use tidings_store::attempts::{ROW_ENDING_COLUMNS, Recorded, RowEnding, merged};
 use tidings_store::db;
@@ -31,7 +32,7 @@ pub struct AttemptRecord {
     pub push_host: Option<String>,
     /// `delivered`, `transient`, `gone`, `permanent`, `expired`, or `lease_expired` (no result
     /// before the lease ran out).
-    pub outcome: String,
+    pub outcome: AttemptOutcome,
     pub http_status: Option<i32>,
     pub error: Option<String>,
     pub duration_ms: Option<i64>,
@@ -106,7 +107,7 @@ pub struct AttemptSummary {
     pub at: DateTime<Utc>,
     /// `delivered`, `transient` (the push service was unavailable; tried again), `gone` (the
     /// subscription has expired), `permanent`, `expired` (too late to send), or `lease_expired`.
-    pub outcome: String,
+    pub outcome: AttemptOutcome,
 }
 
 /// The attempts of a page of rows, by row. One query; the days prune it to their partitions.

@@ -256,7 +256,7 @@ fn attempt_of(row: &Locked, result: &PushResult) -> Attempt {
         started_at: result.started_at,
         subscription_id: row.subscription_id,
         push_host: result.push_host.clone(),
-        outcome: result.outcome.as_str().to_owned(),
+        outcome: result.outcome.into(),
         http_status: result.http_status.map(i32::from),
         error: result.error.clone(),
         duration_ms: duration_of(result),
@@ -394,7 +394,7 @@ pub async fn apply_in(
         match (change, record) {
             (Some(mut c), _) if c.transition.to.is_terminal() => {
                 c.ending = Some(Ending {
-                    outcome: result.outcome.as_str(),
+                    outcome: result.outcome.into(),
                     started_at: result.started_at,
                     push_host: result.push_host.clone(),
                     duration_ms: duration_of(result),

@@ -24,7 +24,7 @@ use sqlx::PgPool;
 use std::sync::Arc;
 use tidings_bus::delivered::DeliveryLog;
 use tidings_domain::OutboxId;
-use tidings_domain::messages::{Outcome, PushResult};
+use tidings_domain::messages::{AttemptOutcome, Outcome, PushResult};
 use tidings_domain::outbox::{self, Event, Row, Status};
 use tokio_util::sync::CancellationToken;
 
@@ -34,7 +34,7 @@ use tidings_domain::SubscriptionId;
 use tidings_store::attempts::{self, Attempt};
 use tidings_store::transition::{self, Change, Ending};
 
-pub const LEASE_EXPIRED: &str = "lease_expired: no push result before the lease ran out";
+pub const LEASE_EXPIRED_ERROR: &str = "lease_expired: no push result before the lease ran out";
 
 /// Rows the sweeper looks at per transaction.
 const SWEEP_BATCH: i64 = 1000;
@@ -117,7 +117,7 @@ pub async fn sweep_once(
             Ok(_) => {
                 if let Ok(t) = outbox::apply(row, Event::Unknown, settings.retry.max_retries) {
                     let mut c = Change::new(id, day, row, t);
-                    c.last_error = Some(LEASE_EXPIRED.to_owned());
+                    c.last_error = Some(LEASE_EXPIRED_ERROR.to_owned());
                     if t.to == Status::Retry {
                         c.next_attempt_at =
                             Some(Utc::now() + settings.retry.delay(row.retry_count, None));
@@ -128,8 +128,10 @@ pub async fn sweep_once(
                     // its result turns up.
                     if t.to.is_terminal() {
                         c.ending = Some(Ending {
-                            outcome: attempts::LEASE_EXPIRED,
-                            ..Ending::default()
+                            outcome: AttemptOutcome::LeaseExpired,
+                            started_at: None,
+                            push_host: None,
+                            duration_ms: None,
                         });
                         changes.push(c);
                         continue;
@@ -142,9 +144,9 @@ pub async fn sweep_once(
                         started_at: None,
                         subscription_id: expired.subscription_id,
                         push_host: None,
-                        outcome: attempts::LEASE_EXPIRED.to_owned(),
+                        outcome: AttemptOutcome::LeaseExpired,
                         http_status: None,
-                        error: Some(LEASE_EXPIRED.to_owned()),
+                        error: Some(LEASE_EXPIRED_ERROR.to_owned()),
                         duration_ms: None,
                         push_message_id: None,
                     });

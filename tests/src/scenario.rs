@@ -474,7 +474,13 @@ impl Scenario {
             .expect("the row")
             .0
             .into_iter()
-            .map(|r| (r.attempt.attempt, r.attempt.outcome, r.attempt.http_status))
+            .map(|r| {
+                (
+                    r.attempt.attempt,
+                    r.attempt.outcome.as_str().to_owned(),
+                    r.attempt.http_status,
+                )
+            })
             .collect()
     }
 

@@ -371,6 +371,51 @@ impl Outcome {
     }
 }
 
+/// How a recorded attempt ended: the pusher's [`Outcome`], or no result at all before the row's
+/// lease ran out (the sweeper's record, replaced if the real result turns up). Only the outbox's
+/// records carry `LeaseExpired`; no pusher reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(
+    feature = "sqlx",
+    derive(sqlx::Type),
+    sqlx(type_name = "text", rename_all = "snake_case")
+)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptOutcome {
+    Delivered,
+    Transient,
+    Gone,
+    Permanent,
+    Expired,
+    LeaseExpired,
+}
+
+impl AttemptOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptOutcome::LeaseExpired => "lease_expired",
+            AttemptOutcome::Delivered => Outcome::Delivered.as_str(),
+            AttemptOutcome::Transient => Outcome::Transient.as_str(),
+            AttemptOutcome::Gone => Outcome::Gone.as_str(),
+            AttemptOutcome::Permanent => Outcome::Permanent.as_str(),
+            AttemptOutcome::Expired => Outcome::Expired.as_str(),
+        }
+    }
+}
+
+impl From<Outcome> for AttemptOutcome {
+    fn from(o: Outcome) -> Self {
+        match o {
+            Outcome::Delivered => AttemptOutcome::Delivered,
+            Outcome::Transient => AttemptOutcome::Transient,
+            Outcome::Gone => AttemptOutcome::Gone,
+            Outcome::Permanent => AttemptOutcome::Permanent,
+            Outcome::Expired => AttemptOutcome::Expired,
+        }
+    }
+}
+
 /// Pusher → dispatcher: how one attempt ended.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PushResult {
@@ -634,6 +679,24 @@ mod tests {
             batch.msg_id(),
             "00000000-0000-0000-0000-000000000001:price_below:1200:2026-12-01:web_push+2#37a591747b1aea83"
         );
+    }
+
+    #[test]
+    fn an_attempt_outcome_is_named_as_the_pushers_outcome_or_lease_expired() {
+        for o in [
+            Outcome::Delivered,
+            Outcome::Transient,
+            Outcome::Gone,
+            Outcome::Permanent,
+            Outcome::Expired,
+        ] {
+            let a = AttemptOutcome::from(o);
+            assert_eq!(a.as_str(), o.as_str());
+            assert_eq!(serde_json::to_value(a).unwrap(), o.as_str());
+        }
+        let lease = AttemptOutcome::LeaseExpired;
+        assert_eq!(serde_json::to_value(lease).unwrap(), lease.as_str());
+        assert_eq!(lease.as_str(), "lease_expired");
     }
 
     fn result(attempt: u32) -> PushResult {

@@ -6,10 +6,8 @@
 
 use chrono::{DateTime, NaiveDate, Utc};
 use sqlx::PgConnection;
+use tidings_domain::messages::AttemptOutcome;
 use tidings_domain::{OutboxId, SubscriptionId};
-
-/// The outcome the lease sweeper records for an attempt that produced no result.
-pub const LEASE_EXPIRED: &str = "lease_expired";
 
 /// One attempt as recorded.
 #[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
@@ -20,7 +18,7 @@ pub struct Attempt {
     pub started_at: Option<DateTime<Utc>>,
     pub subscription_id: Option<SubscriptionId>,
     pub push_host: Option<String>,
-    pub outcome: String,
+    pub outcome: AttemptOutcome,
     pub http_status: Option<i32>,
     pub error: Option<String>,
     pub duration_ms: Option<i64>,
@@ -108,7 +106,7 @@ pub struct RowEnding {
     pub id: OutboxId,
     pub dedup_day: NaiveDate,
     pub attempt: i32,
-    pub attempt_outcome: Option<String>,
+    pub attempt_outcome: Option<AttemptOutcome>,
     pub attempt_started_at: Option<DateTime<Utc>>,
     pub attempt_push_host: Option<String>,
     pub attempt_ms: Option<i64>,
@@ -127,10 +125,10 @@ pub const ROW_ENDING_COLUMNS: &str = "o.id, o.dedup_day, o.attempt, o.attempt_ou
 impl RowEnding {
     /// The ending attempt as a record, if an attempt ended the row.
     pub fn record(&self) -> Option<Recorded> {
-        let outcome = self.attempt_outcome.clone()?;
+        let outcome = self.attempt_outcome?;
         // `last_error` is "<outcome>: <error>" (or the outcome alone) when this attempt set it; a
         // delivered attempt leaves an earlier attempt's error there.
-        let error = (outcome != "delivered")
+        let error = (outcome != AttemptOutcome::Delivered)
             .then(|| {
                 self.last_error.as_deref().and_then(|e| {
                     e.strip_prefix(outcome.as_str())

@@ -9,6 +9,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde_json::Value;
 use sqlx::PgConnection;
 use std::collections::{HashMap, HashSet};
+use tidings_domain::messages::AttemptOutcome;
 use tidings_domain::outbox::{Row, Status, Transition};
 use tidings_domain::{OutboxId, SubscriptionId};
 
@@ -38,9 +39,9 @@ pub struct Change {
 
 /// What a row records of the attempt that ended it, besides its status, HTTP status, message id
 /// and error.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Ending {
-    pub outcome: &'static str,
+    pub outcome: AttemptOutcome,
     pub started_at: Option<DateTime<Utc>>,
     pub push_host: Option<String>,
     pub duration_ms: Option<i64>,
@@ -124,7 +125,7 @@ pub async fn apply(
             .map(|c| c.ending.as_ref().and_then(f))
             .collect::<Vec<_>>()
     };
-    let outcome = ending(&|e| Some(e.outcome.to_owned()));
+    let outcome = ending(&|e| Some(e.outcome.as_str().to_owned()));
     let host = ending(&|e| e.push_host.clone());
     let started_at: Vec<Option<DateTime<Utc>>> = changes
         .iter()
