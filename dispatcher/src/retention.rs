@@ -3,14 +3,12 @@
 //! have wholly left `TIDINGS_RETENTION` once every row in them is decided; then whatever was
 //! soft-deleted long enough ago that no retained row refers to it is purged (migration 0011).
 //! Ingest makes a week on demand when a detection falls outside what exists
-//! ([`Partitions::ensure`]). What to make and
+//! ([`tidings_store::partitions::Partitions::ensure`]). What to make and
 //! drop is decided by [`tidings_domain::retention::plan`]; the database functions re-check every
 //! drop, so a wrong plan cannot drop a week inside the window or with a row still to decide.
 
 use chrono::{NaiveDate, Utc};
 use sqlx::PgPool;
-use std::collections::HashSet;
-use std::sync::Mutex;
 use std::time::Duration;
 use tidings_domain::retention::{self, Partition, Retention};
 use tidings_store::{DbError, db};
@@ -185,44 +183,5 @@ pub async fn run(
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(interval) => {}
         }
-    }
-}
-
-/// The weeks ingest knows have a partition, so it asks the database only for a new one.
-#[derive(Default)]
-pub struct Partitions {
-    known: Mutex<HashSet<NaiveDate>>,
-}
-
-impl Partitions {
-    /// Makes sure each of `days`' weeks has a partition.
-    pub async fn ensure(
-        &self,
-        pool: &PgPool,
-        days: impl IntoIterator<Item = NaiveDate>,
-    ) -> Result<(), sqlx::Error> {
-        let missing: HashSet<NaiveDate> = {
-            let known = self.known.lock().unwrap_or_else(|e| e.into_inner());
-            days.into_iter()
-                .map(retention::week_of)
-                .filter(|w| !known.contains(w))
-                .collect()
-        };
-        for week in missing {
-            sqlx::query("SELECT outbox_ensure_partition($1)")
-                .bind(week)
-                .execute(pool)
-                .await?;
-            self.known
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(week);
-        }
-        Ok(())
-    }
-
-    /// Forgets what it knew (a week was dropped under it): the next batch asks again.
-    pub fn forget(&self) {
-        self.known.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 }

@@ -677,7 +677,7 @@ async fn seed_rows(s: &Scenario, item: &str, n: usize) {
         .collect();
     for chunk in reqs.chunks(1000) {
         let batch: Vec<_> = chunk.iter().map(|r| (r, None)).collect();
-        let inserted = tidings_dispatcher::ingest::insert(&s.db.pool, &batch)
+        let inserted = tidings_store::enqueue::insert(&s.db.pool, &batch)
             .await
             .unwrap();
         assert_eq!(inserted, chunk.len());

@@ -9,10 +9,11 @@
 use chrono::{Duration, NaiveDate, TimeZone, Utc};
 use serde_json::Value;
 use tidings_bus::consume::Handler as _;
-use tidings_dispatcher::retention::{self, Partitions};
+use tidings_dispatcher::retention;
 use tidings_domain::WatchId;
 use tidings_domain::retention::{Retention, week_of};
 use tidings_domain::trigger::Trigger;
+use tidings_store::partitions::Partitions;
 use tidings_tests::fixtures::{self, Device, Inserted};
 use tidings_tests::harness::TestDb;
 
@@ -440,7 +441,7 @@ async fn a_row_for_a_week_without_a_partition_is_told_apart_by_its_code() {
     let (device, watch) = watched(&db).await;
     let at = Utc.with_ymd_and_hms(2001, 6, 1, 12, 0, 0).unwrap();
     let req = fixtures::enqueue_request(&device, watch, BELOW_1200, 1100, at);
-    let e = tidings_dispatcher::ingest::insert(&db.pool, &[(&req, None)])
+    let e = tidings_store::enqueue::insert(&db.pool, &[(&req, None)])
         .await
         .unwrap_err();
     assert!(tidings_store::partitions::is_missing(&e), "{e}");

@@ -135,10 +135,10 @@ pub enum Inserted {
 /// One outbox row, written by ingest's own insert (its week's partition made first, as ingest
 /// does); a duplicate of the dedup key inserts nothing.
 pub async fn insert_outbox(pool: &PgPool, req: &EnqueueRequest) -> Result<Inserted, sqlx::Error> {
-    tidings_dispatcher::retention::Partitions::default()
+    tidings_store::partitions::Partitions::default()
         .ensure(pool, [req.dedup_day])
         .await?;
-    if tidings_dispatcher::ingest::insert(pool, &[(req, None)]).await? == 0 {
+    if tidings_store::enqueue::insert(pool, &[(req, None)]).await? == 0 {
         return Ok(Inserted::Duplicate);
     }
     let id = sqlx::query_scalar(

@@ -7,6 +7,7 @@
 pub mod attempts;
 pub mod baselines;
 pub mod cancel;
+pub mod enqueue;
 mod outbox;
 pub mod partitions;
 pub mod schema;

@@ -2,6 +2,10 @@
 //! retention round lists them; the api says how far back history reaches.
 
 use chrono::NaiveDate;
+use sqlx::PgPool;
+use std::collections::HashSet;
+use std::sync::Mutex;
+use tidings_domain::retention;
 
 /// Whether Postgres refused a row because no partition takes its day (a week dropped, or never
 /// made): a check violation that names no constraint, told apart by code, not by its text.
@@ -28,4 +32,43 @@ pub async fn kept_from<'c, E: sqlx::PgExecutor<'c>>(
     e: E,
 ) -> Result<Option<NaiveDate>, sqlx::Error> {
     Ok(weeks(e).await?.first().copied())
+}
+
+/// The weeks ingest knows have a partition, so it asks the database only for a new one.
+#[derive(Default)]
+pub struct Partitions {
+    known: Mutex<HashSet<NaiveDate>>,
+}
+
+impl Partitions {
+    /// Makes sure each of `days`' weeks has a partition.
+    pub async fn ensure(
+        &self,
+        pool: &PgPool,
+        days: impl IntoIterator<Item = NaiveDate>,
+    ) -> Result<(), sqlx::Error> {
+        let missing: HashSet<NaiveDate> = {
+            let known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+            days.into_iter()
+                .map(retention::week_of)
+                .filter(|w| !known.contains(w))
+                .collect()
+        };
+        for week in missing {
+            sqlx::query("SELECT outbox_ensure_partition($1)")
+                .bind(week)
+                .execute(pool)
+                .await?;
+            self.known
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(week);
+        }
+        Ok(())
+    }
+
+    /// Forgets what it knew (a week was dropped under it): the next batch asks again.
+    pub fn forget(&self) {
+        self.known.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
 }

@@ -464,7 +464,7 @@ async fn an_unpartitioned_outbox_is_partitioned_with_every_row_and_its_keys() {
             now - chrono::Duration::days(back),
         );
         assert_eq!(
-            tidings_dispatcher::ingest::insert(&db.pool, &[(&req, None)])
+            tidings_store::enqueue::insert(&db.pool, &[(&req, None)])
                 .await
                 .unwrap(),
             1
@@ -521,7 +521,7 @@ async fn an_unpartitioned_outbox_is_partitioned_with_every_row_and_its_keys() {
     assert_eq!(misplaced, 0);
     // The dedup key refuses a detection of a migrated day; a second replay of the row is refused.
     assert_eq!(
-        tidings_dispatcher::ingest::insert(&db.pool, &[(&ids[4], None)])
+        tidings_store::enqueue::insert(&db.pool, &[(&ids[4], None)])
             .await
             .unwrap(),
         0

@@ -268,7 +268,7 @@ async fn round(rows: usize) -> Round {
             threshold: 10_000_000 + i,
         };
         let started = Instant::now();
-        tidings_dispatcher::ingest::insert(&s.db.pool, &[(&r, None)])
+        tidings_store::enqueue::insert(&s.db.pool, &[(&r, None)])
             .await
             .expect("insert");
         let _ = tokio::time::timeout(Duration::from_secs(5), seen.next()).await;
