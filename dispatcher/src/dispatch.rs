@@ -25,9 +25,9 @@ use tidings_source::HttpSource;
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::Admission;
-use crate::claim;
 use crate::config::Settings;
 use crate::plan;
+use tidings_store::claim;
 use tidings_store::transition::{self, Change};
 use tidings_store::{DbError, db};
 

@@ -4,7 +4,7 @@
 //! - [`ingest`]: EnqueueRequests → outbox rows (batch insert, `ON CONFLICT DO NOTHING`, ack after
 //!   commit, undecodable messages dead-lettered), paused by [`admission`] while dispatch is
 //!   behind.
-//! - [`dispatch`]: claim due rows ([`claim`]) → pre-guards and re-check ([`plan`], [`recheck`];
+//! - [`dispatch`]: claim due rows (`tidings_store::claim`) → pre-guards and re-check ([`plan`], [`recheck`];
 //!   pure) → `sending` → PushRequest.
 //! - [`results`]: PushResults → `sent` (baseline advanced in the same transaction), `retry`,
 //!   `dropped` or `failed`.
@@ -17,7 +17,6 @@
 
 pub mod admission;
 pub mod backlog;
-pub mod claim;
 mod config;
 pub mod dispatch;
 pub mod ingest;

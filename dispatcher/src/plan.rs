@@ -15,9 +15,10 @@ use tidings_domain::trigger::{LastSent, SourceErrorKind, Trigger};
 use tidings_domain::{ItemCode, OutboxId, SubscriptionId, WatchId};
 use tidings_source::{Fetched, SourceError};
 
-use crate::claim::Claimed;
 use crate::config::Settings;
-use crate::recheck::{self, Decision, WatchState};
+use crate::recheck::{self, Decision};
+use tidings_store::claim::Claimed;
+use tidings_store::claim::WatchState;
 use tidings_store::transition::Change;
 
 /// A row the pre-guards let through, with the subscription it would go to.

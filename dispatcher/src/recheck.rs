@@ -10,17 +10,7 @@ use tidings_domain::trigger::{
 use tidings_domain::{SubscriptionId, Trigger, evaluate};
 use tidings_source::Fetched;
 
-/// What the database says about a row's watch right now.
-#[derive(Clone, Debug)]
-pub struct WatchState {
-    pub item_code: String,
-    pub paused: bool,
-    /// An operator paused the watch's device.
-    pub device_paused: bool,
-    /// The watch or its device was removed.
-    pub removed: bool,
-    pub subscription: Option<(SubscriptionId, Subscription)>,
-}
+use tidings_store::claim::WatchState;
 
 /// Checks that need no source call. `None` means the watch no longer exists at all.
 pub fn pre_guard(

@@ -689,7 +689,7 @@ async fn seed_rows(s: &Scenario, item: &str, n: usize) {
 /// plans that ignore the due index's order turned off; this checks the plan it gets.
 #[tokio::test]
 async fn a_claim_reads_due_rows_in_index_order_even_without_statistics() {
-    use tidings_dispatcher::claim::{CLAIM, PLAN_BY_DUE_INDEX};
+    use tidings_store::claim::{CLAIM, PLAN_BY_DUE_INDEX};
     let s = Scenario::new().await;
     seed_rows(&s, "SKU-1", 5000).await;
     let mut tx = s.db.pool.begin().await.unwrap();

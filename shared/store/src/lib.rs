@@ -7,6 +7,7 @@
 pub mod attempts;
 pub mod baselines;
 pub mod cancel;
+pub mod claim;
 pub mod enqueue;
 mod outbox;
 pub mod partitions;

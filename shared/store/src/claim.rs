@@ -7,6 +7,7 @@
 //! claim lease runs out. `claimed_until` is not indexed and the outbox leaves half of each page
 //! free (migration 0003), so a claim is a HOT update; every state transition clears it.
 
+use crate::baselines::BaselineRow;
 use chrono::{DateTime, NaiveDate, Utc};
 use sqlx::PgPool;
 use std::collections::HashMap;
@@ -15,9 +16,18 @@ use tidings_domain::messages::Subscription;
 use tidings_domain::outbox::{Row, Status};
 use tidings_domain::trigger::{Baseline, LastSent, Observation, Trigger};
 use tidings_domain::{DeviceId, OutboxId, SubscriptionId, WatchId};
-use tidings_store::baselines::BaselineRow;
 
-use crate::recheck::WatchState;
+/// What the database says about a claimed row's watch right now.
+#[derive(Clone, Debug)]
+pub struct WatchState {
+    pub item_code: String,
+    pub paused: bool,
+    /// An operator paused the watch's device.
+    pub device_paused: bool,
+    /// The watch or its device was removed.
+    pub removed: bool,
+    pub subscription: Option<(SubscriptionId, Subscription)>,
+}
 
 #[derive(Debug, sqlx::FromRow)]
 pub struct Claimed {
@@ -85,7 +95,7 @@ pub const CLAIM: &str = concat!(
     "WITH due AS (
          SELECT id, dedup_day FROM outbox
          WHERE status IN ",
-    tidings_store::status_sql!(due),
+    crate::status_sql!(due),
     " AND next_attempt_at <= now()
            AND (claimed_until IS NULL OR claimed_until <= now())
          ORDER BY next_attempt_at
@@ -95,7 +105,7 @@ pub const CLAIM: &str = concat!(
      UPDATE outbox o SET claimed_until = now() + make_interval(secs => $2)
      FROM due WHERE o.id = due.id AND o.dedup_day = due.dedup_day
      RETURNING o.id, o.dedup_day, o.watch_id, o.device_id, o.status, o.trigger, ",
-    tidings_store::snapshot_columns!(),
+    crate::snapshot_columns!(),
     ", o.attempt, o.retry_count, o.traceparent, o.next_attempt_at"
 );
 
