@@ -19,20 +19,19 @@
 //! transaction, so a result that is being applied right now wins and the sweeper leaves that
 //! row alone.
 
-use chrono::{NaiveDate, Utc};
+use chrono::Utc;
 use sqlx::PgPool;
 use std::sync::Arc;
-use tidings_bus::delivered::DeliveryLog;
-use tidings_domain::OutboxId;
+use tidings_bus::delivered::{Delivery, DeliveryLog};
 use tidings_domain::messages::{AttemptOutcome, Outcome, PushResult};
-use tidings_domain::outbox::{self, Event, Row, Status};
+use tidings_domain::outbox::{self, Event, Status};
+use tidings_store::attempts::{self, Attempt};
+use tidings_store::sweep::{self, Expired};
+use tidings_store::transition::{self, Change, Ending};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
 use crate::results;
-use tidings_domain::SubscriptionId;
-use tidings_store::attempts::{self, Attempt};
-use tidings_store::transition::{self, Change, Ending};
 
 pub const LEASE_EXPIRED_ERROR: &str = "lease_expired: no push result before the lease ran out";
 
@@ -56,13 +55,71 @@ impl SweepStats {
     }
 }
 
-#[derive(sqlx::FromRow)]
-struct Expired {
-    id: OutboxId,
-    dedup_day: NaiveDate,
-    attempt: i32,
-    retry_count: i32,
-    subscription_id: Option<SubscriptionId>,
+/// What one batch of expired rows comes to, before it is written.
+#[derive(Default)]
+struct Planned {
+    /// Rows the delivery log says were delivered: applied as results.
+    delivered: Vec<PushResult>,
+    /// Rows with no delivery on record: to `retry` (or `failed` at the cap).
+    changes: Vec<Change>,
+    /// The attempts of rows going back to `retry`, on record as `lease_expired`.
+    unknown: Vec<Attempt>,
+    deferred: usize,
+}
+
+/// A result for a row the delivery log says was delivered (by this attempt or an earlier one,
+/// whose push reached the user).
+fn found_delivered(expired: &Expired, done: Delivery) -> PushResult {
+    let row = expired.row();
+    tracing::warn!(outbox_id = %expired.id, attempt = row.attempt, delivered_by = done.attempt, "lease expired; the delivery log says it was delivered");
+    PushResult {
+        message_id: done.message_id,
+        error: Some(format!(
+            "result lost; attempt {} found in the delivery log",
+            done.attempt
+        )),
+        dedup_day: Some(expired.dedup_day),
+        ..PushResult::new(expired.id, row.attempt, Outcome::Delivered)
+    }
+}
+
+/// A row whose attempt nobody knows the outcome of: retried (or failed at the cap) and marked
+/// maybe delivered. The attempt that ends the row is recorded on it; one that sends it back to
+/// retry is on record as `lease_expired` until (unless) its result turns up.
+fn outcome_unknown(expired: &Expired, settings: &Settings, plan: &mut Planned) {
+    let row = expired.row();
+    let Ok(t) = outbox::apply(row, Event::Unknown, settings.retry.max_retries) else {
+        return;
+    };
+    let mut c = Change::new(expired.id, expired.dedup_day, row, t);
+    c.last_error = Some(LEASE_EXPIRED_ERROR.to_owned());
+    if t.to == Status::Retry {
+        c.next_attempt_at = Some(Utc::now() + settings.retry.delay(row.retry_count, None));
+    }
+    tracing::warn!(outbox_id = %expired.id, attempt = row.attempt, to = %t.to, "lease expired without a push result or a delivery on record");
+    if t.to.is_terminal() {
+        c.ending = Some(Ending {
+            outcome: AttemptOutcome::LeaseExpired,
+            started_at: None,
+            push_host: None,
+            duration_ms: None,
+        });
+    } else {
+        plan.unknown.push(Attempt {
+            outbox_id: expired.id,
+            dedup_day: expired.dedup_day,
+            attempt: expired.attempt,
+            started_at: None,
+            subscription_id: expired.subscription_id,
+            push_host: None,
+            outcome: AttemptOutcome::LeaseExpired,
+            http_status: None,
+            error: Some(LEASE_EXPIRED_ERROR.to_owned()),
+            duration_ms: None,
+            push_message_id: None,
+        });
+    }
+    plan.changes.push(c);
 }
 
 /// Sweeps one batch.
@@ -72,103 +129,36 @@ pub async fn sweep_once(
     log: &DeliveryLog,
 ) -> Result<SweepStats, sqlx::Error> {
     let mut tx = pool.begin().await?;
-    let expired: Vec<Expired> = sqlx::query_as(concat!(
-        "SELECT id, dedup_day, attempt, retry_count, subscription_id FROM outbox
-         WHERE status = ",
-        tidings_store::status_sql!(sending),
-        " AND lease_until < now()
-         ORDER BY lease_until
-         LIMIT $1
-         FOR UPDATE SKIP LOCKED",
-    ))
-    .bind(SWEEP_BATCH)
-    .fetch_all(&mut *tx)
-    .await?;
+    let expired = sweep::lock_expired(&mut tx, SWEEP_BATCH).await?;
     if expired.is_empty() {
         return Ok(SweepStats::default());
     }
     let lookups = futures::future::join_all(expired.iter().map(|e| log.lookup(e.id))).await;
-
-    let mut stats = SweepStats::default();
-    let mut delivered = Vec::new();
-    let mut changes = Vec::new();
-    let mut unknown = Vec::new();
-    for (expired, lookup) in expired.into_iter().zip(lookups) {
-        let (id, day) = (expired.id, expired.dedup_day);
-        let row = Row {
-            status: Status::Sending,
-            retry_count: u32::try_from(expired.retry_count).unwrap_or(0),
-            attempt: u32::try_from(expired.attempt).unwrap_or(0),
-        };
+    let mut plan = Planned::default();
+    for (expired, lookup) in expired.iter().zip(lookups) {
         match lookup {
-            // Delivered by this attempt (or an earlier one, whose push reached the user).
-            Ok(Some(done)) if done.attempt <= row.attempt => {
-                tracing::warn!(outbox_id = %id, attempt = row.attempt, delivered_by = done.attempt, "lease expired; the delivery log says it was delivered");
-                delivered.push(PushResult {
-                    message_id: done.message_id,
-                    error: Some(format!(
-                        "result lost; attempt {} found in the delivery log",
-                        done.attempt
-                    )),
-                    dedup_day: Some(day),
-                    ..PushResult::new(id, row.attempt, Outcome::Delivered)
-                });
+            Ok(Some(done)) if done.attempt <= expired.row().attempt => {
+                plan.delivered.push(found_delivered(expired, done));
             }
-            Ok(_) => {
-                if let Ok(t) = outbox::apply(row, Event::Unknown, settings.retry.max_retries) {
-                    let mut c = Change::new(id, day, row, t);
-                    c.last_error = Some(LEASE_EXPIRED_ERROR.to_owned());
-                    if t.to == Status::Retry {
-                        c.next_attempt_at =
-                            Some(Utc::now() + settings.retry.delay(row.retry_count, None));
-                    }
-                    tracing::warn!(outbox_id = %id, attempt = row.attempt, to = %t.to, "lease expired without a push result or a delivery on record");
-                    // The attempt that ends the row (at the retry cap) is recorded on it; one
-                    // that sends it back to retry is on record as `lease_expired` until (unless)
-                    // its result turns up.
-                    if t.to.is_terminal() {
-                        c.ending = Some(Ending {
-                            outcome: AttemptOutcome::LeaseExpired,
-                            started_at: None,
-                            push_host: None,
-                            duration_ms: None,
-                        });
-                        changes.push(c);
-                        continue;
-                    }
-                    changes.push(c);
-                    unknown.push(Attempt {
-                        outbox_id: id,
-                        dedup_day: day,
-                        attempt: expired.attempt,
-                        started_at: None,
-                        subscription_id: expired.subscription_id,
-                        push_host: None,
-                        outcome: AttemptOutcome::LeaseExpired,
-                        http_status: None,
-                        error: Some(LEASE_EXPIRED_ERROR.to_owned()),
-                        duration_ms: None,
-                        push_message_id: None,
-                    });
-                }
-            }
+            Ok(_) => outcome_unknown(expired, settings, &mut plan),
             // Logged and counted by the log.
-            Err(_) => stats.deferred += 1,
+            Err(_) => plan.deferred += 1,
         }
     }
-    let refs: Vec<&PushResult> = delivered.iter().collect();
+    let refs: Vec<&PushResult> = plan.delivered.iter().collect();
     let applied = results::apply_in(&mut tx, settings, &refs).await?;
-    let won = transition::apply(&mut tx, &changes).await?;
-    // The attempt is on record as `lease_expired` until (unless) its result turns up. The row
-    // was `sending` with that attempt under our lock, so nothing recorded it yet.
-    unknown.retain(|a| won.contains(&a.outbox_id));
-    attempts::insert_new(&mut tx, &unknown).await?;
+    let won = transition::apply(&mut tx, &plan.changes).await?;
+    // The row was `sending` with that attempt under our lock, so nothing recorded it yet.
+    plan.unknown.retain(|a| won.contains(&a.outbox_id));
+    attempts::insert_new(&mut tx, &plan.unknown).await?;
     tx.commit().await?;
     applied.record();
-    transition::record(&changes, &won);
-    stats.delivered = applied.count();
-    stats.expired = won.len();
-    Ok(stats)
+    transition::record(&plan.changes, &won);
+    Ok(SweepStats {
+        delivered: applied.count(),
+        expired: won.len(),
+        deferred: plan.deferred,
+    })
 }
 
 pub async fn run(

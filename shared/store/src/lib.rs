@@ -12,6 +12,7 @@ pub mod enqueue;
 mod outbox;
 pub mod partitions;
 pub mod schema;
+pub mod sweep;
 pub mod transition;
 
 use sqlx::postgres::PgPoolOptions;

@@ -1,0 +1,48 @@
+//! The lease sweeper's read: `sending` rows whose lease ran out, locked so that concurrent
+//! sweepers take disjoint rows.
+
+use chrono::NaiveDate;
+use sqlx::PgConnection;
+use tidings_domain::outbox::{Row, Status};
+use tidings_domain::{OutboxId, SubscriptionId};
+
+/// A `sending` row past its lease.
+#[derive(Debug, sqlx::FromRow)]
+pub struct Expired {
+    pub id: OutboxId,
+    pub dedup_day: NaiveDate,
+    pub attempt: i32,
+    pub retry_count: i32,
+    pub subscription_id: Option<SubscriptionId>,
+}
+
+impl Expired {
+    /// The row as the state machine sees it.
+    pub fn row(&self) -> Row {
+        Row {
+            status: Status::Sending,
+            retry_count: u32::try_from(self.retry_count).unwrap_or(0),
+            attempt: u32::try_from(self.attempt).unwrap_or(0),
+        }
+    }
+}
+
+/// Locks up to `limit` expired `sending` rows, the longest expired first, skipping rows another
+/// transaction holds.
+pub async fn lock_expired(
+    conn: &mut PgConnection,
+    limit: i64,
+) -> Result<Vec<Expired>, sqlx::Error> {
+    sqlx::query_as(concat!(
+        "SELECT id, dedup_day, attempt, retry_count, subscription_id FROM outbox
+         WHERE status = ",
+        crate::status_sql!(sending),
+        " AND lease_until < now()
+         ORDER BY lease_until
+         LIMIT $1
+         FOR UPDATE SKIP LOCKED",
+    ))
+    .bind(limit)
+    .fetch_all(conn)
+    .await
+}
