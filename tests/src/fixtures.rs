@@ -72,6 +72,37 @@ pub async fn watch(
     Ok(id)
 }
 
+/// A device in UTC with one watch of `item` on `trigger`, and `days` pending rows of it, one a
+/// day from 2026-11-20 (detected at 09:00 UTC).
+pub async fn pending_rows(
+    pool: &PgPool,
+    item: &str,
+    trigger: &Trigger,
+    days: u32,
+) -> Result<Vec<(OutboxId, chrono::NaiveDate)>, sqlx::Error> {
+    let device = device(pool, "UTC").await?;
+    let watch = watch(
+        pool,
+        device.id,
+        item,
+        std::slice::from_ref(trigger),
+        Some(1500),
+    )
+    .await?;
+    let mut rows = Vec::new();
+    for day in 0..days {
+        let at = chrono::TimeZone::with_ymd_and_hms(&chrono::Utc, 2026, 11, 20, 9, 0, 0)
+            .single()
+            .expect("a valid time")
+            + chrono::Duration::days(i64::from(day));
+        let req = enqueue_request(&device, watch, trigger.clone(), 1100, at);
+        if let Inserted::New(id) = insert_outbox(pool, &req).await? {
+            rows.push((id, req.dedup_day));
+        }
+    }
+    Ok(rows)
+}
+
 /// `n` watches of `item` below 1200 (reference 1500), spread over ten devices in UTC that all
 /// push to `sub`: a burst of `n` notifications once the item's price drops.
 pub async fn crowd(

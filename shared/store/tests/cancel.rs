@@ -4,35 +4,17 @@
 // Test code: a failed unwrap is a failed test, which is what we want.
 #![allow(clippy::unwrap_used)]
 
-use chrono::{TimeZone, Utc};
 use tidings_domain::OutboxId;
 use tidings_domain::trigger::Trigger;
-use tidings_tests::fixtures::{self, Inserted};
+use tidings_tests::fixtures;
 use tidings_tests::harness::TestDb;
 
 /// Pending rows of one watch, one per day.
 async fn rows(db: &TestDb, n: u32) -> Vec<(OutboxId, chrono::NaiveDate)> {
     let trigger = Trigger::PriceBelow { threshold: 1200 };
-    let device = fixtures::device(&db.pool, "UTC").await.unwrap();
-    let watch = fixtures::watch(
-        &db.pool,
-        device.id,
-        "SKU-1",
-        std::slice::from_ref(&trigger),
-        Some(1500),
-    )
-    .await
-    .unwrap();
-    let mut out = Vec::new();
-    for day in 0..n {
-        let at = Utc.with_ymd_and_hms(2026, 11, 20 + day, 9, 0, 0).unwrap();
-        let req = fixtures::enqueue_request(&device, watch, trigger.clone(), 1100, at);
-        let Inserted::New(id) = fixtures::insert_outbox(&db.pool, &req).await.unwrap() else {
-            panic!("expected a new row");
-        };
-        out.push((id, req.dedup_day));
-    }
-    out
+    fixtures::pending_rows(&db.pool, "SKU-1", &trigger, n)
+        .await
+        .unwrap()
 }
 
 /// (status, reason, claim cleared, finished, last error) of a row.

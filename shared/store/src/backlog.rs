@@ -1,0 +1,72 @@
+//! The outbox's undecided work: rows by state, the age of the oldest due row and how long the
+//! oldest `sending` row has been past its lease. Each partial index answers its part; terminal
+//! states are left out, since counting them would scan the whole history.
+
+use sqlx::PgPool;
+use tidings_domain::outbox::Status;
+
+/// One reading of the backlog.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Backlog {
+    pub pending: i64,
+    pub retry: i64,
+    pub sending: i64,
+    /// Seconds the oldest due row has waited (0: none).
+    pub oldest_due_seconds: f64,
+    /// Seconds the oldest `sending` row is past its lease (0: none).
+    pub lease_overdue_seconds: f64,
+}
+
+impl Backlog {
+    pub fn rows(&self, status: Status) -> i64 {
+        match status {
+            Status::Pending => self.pending,
+            Status::Retry => self.retry,
+            Status::Sending => self.sending,
+            Status::Sent | Status::Dropped | Status::Failed => 0,
+        }
+    }
+}
+
+/// Reads the backlog in two statements.
+pub async fn read(pool: &PgPool) -> Result<Backlog, sqlx::Error> {
+    let counts: Vec<(Status, i64)> = sqlx::query_as(concat!(
+        "SELECT status, count(*) FROM outbox WHERE status IN ",
+        crate::status_sql!(due),
+        " GROUP BY status
+         UNION ALL
+         SELECT ",
+        crate::status_sql!(sending),
+        ", count(*) FROM outbox WHERE status = ",
+        crate::status_sql!(sending),
+    ))
+    .fetch_all(pool)
+    .await?;
+    // Both ages in one round trip, each from its partial index.
+    let (oldest, overdue): (f64, f64) = sqlx::query_as(concat!(
+        "SELECT
+           COALESCE((SELECT EXTRACT(EPOCH FROM now() - min(next_attempt_at))::float8
+                     FROM outbox WHERE status IN ",
+        crate::status_sql!(due),
+        " AND next_attempt_at <= now()), 0),
+           COALESCE((SELECT EXTRACT(EPOCH FROM now() - min(lease_until))::float8
+                     FROM outbox WHERE status = ",
+        crate::status_sql!(sending),
+        " AND lease_until < now()), 0)",
+    ))
+    .fetch_one(pool)
+    .await?;
+    let of = |s: Status| {
+        counts
+            .iter()
+            .find(|(st, _)| *st == s)
+            .map_or(0, |(_, n)| *n)
+    };
+    Ok(Backlog {
+        pending: of(Status::Pending),
+        retry: of(Status::Retry),
+        sending: of(Status::Sending),
+        oldest_due_seconds: oldest,
+        lease_overdue_seconds: overdue,
+    })
+}
