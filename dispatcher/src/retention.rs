@@ -11,6 +11,7 @@ use chrono::{NaiveDate, Utc};
 use sqlx::PgPool;
 use std::time::Duration;
 use tidings_domain::retention::{self, Partition, Retention};
+use tidings_store::partitions::{self, DropError, DropOutcome};
 use tidings_store::{DbError, db};
 use tokio_util::sync::CancellationToken;
 
@@ -31,24 +32,17 @@ pub struct Round {
     pub purged: Purged,
 }
 
-#[derive(Debug, Default, PartialEq, Eq, Clone, Copy, sqlx::FromRow)]
-pub struct Purged {
-    pub watches: i64,
-    pub subscriptions: i64,
-    pub devices: i64,
-}
+pub use tidings_store::partitions::Purged;
 
 /// Rows of each kind one purge statement deletes: small enough to hold its locks briefly.
 const PURGE_BATCH: i32 = 5_000;
 
-/// Deletes everything removed long enough ago that no retained outbox row refers to it (the
-/// database function decides, from the oldest week it holds).
+/// Deletes everything removed long enough ago that no retained outbox row refers to it, a batch
+/// at a time.
 pub async fn purge_removed(pool: &PgPool) -> Result<Purged, DbError> {
     let mut total = Purged::default();
     loop {
-        let p: Purged = sqlx::query_as("SELECT * FROM tidings_purge_removed($1)")
-            .bind(PURGE_BATCH)
-            .fetch_one(pool)
+        let p = partitions::purge_removed_batch(pool, PURGE_BATCH)
             .await
             .map_err(db("purging removed watches, subscriptions and devices"))?;
         total.watches += p.watches;
@@ -61,78 +55,49 @@ pub async fn purge_removed(pool: &PgPool) -> Result<Purged, DbError> {
     }
 }
 
-/// The weekly partitions that exist, each with whether a row in it is still to be decided (asked
-/// only of expired weeks: the others are kept whatever they hold).
-async fn partitions(
-    tx: &mut sqlx::PgConnection,
-    retention: Retention,
-    today: NaiveDate,
-) -> Result<Vec<Partition>, sqlx::Error> {
-    let weeks = tidings_store::partitions::weeks(&mut *tx).await?;
-    let mut out = Vec::with_capacity(weeks.len());
-    for week in weeks {
-        let live = retention.expired(week, today)
-            && sqlx::query_scalar(
-                "SELECT EXISTS (SELECT 1 FROM outbox WHERE dedup_day >= $1 AND dedup_day < $1 + 7
-                                AND status IN ('pending', 'retry', 'sending'))",
-            )
-            .bind(week)
-            .fetch_one(&mut *tx)
-            .await?;
-        out.push(Partition { week, live });
-    }
-    Ok(out)
-}
-
 /// One round on `today`: make what is missing, drop what expired and is decided.
 pub async fn run_once(
     pool: &PgPool,
     retention: Retention,
     today: NaiveDate,
-) -> Result<Round, DbError> {
+) -> Result<Round, RetentionError> {
     let mut tx = pool
         .begin()
         .await
         .map_err(db("starting a retention round"))?;
-    let ours: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext($1))")
-        .bind(LOCK_KEY)
-        .fetch_one(&mut *tx)
+    if !partitions::try_lock(&mut tx, LOCK_KEY)
         .await
-        .map_err(db("taking the retention lock"))?;
-    if !ours {
+        .map_err(db("taking the retention lock"))?
+    {
         return Ok(Round::default());
     }
-    let existing = partitions(&mut tx, retention, today)
-        .await
-        .map_err(db("listing the outbox partitions"))?;
+    let existing: Vec<Partition> =
+        partitions::with_undecided_rows(&mut tx, |week| retention.expired(week, today))
+            .await
+            .map_err(db("listing the outbox partitions"))?
+            .into_iter()
+            .map(|(week, live)| Partition { week, live })
+            .collect();
     let plan = retention::plan(today, retention, &existing);
     let mut round = Round {
         ran: true,
+        kept: plan.kept,
         ..Round::default()
     };
     for week in plan.ensure {
-        let made: bool = sqlx::query_scalar("SELECT outbox_ensure_partition($1)")
-            .bind(week)
-            .fetch_one(&mut *tx)
+        if partitions::create(&mut tx, week)
             .await
-            .map_err(db("creating an outbox partition"))?;
-        if made {
+            .map_err(db("creating an outbox partition"))?
+        {
             round.created.push(week);
         }
     }
-    round.kept = plan.kept;
     for week in plan.drop {
-        let done: String = sqlx::query_scalar("SELECT outbox_drop_partition($1, $2)")
-            .bind(week)
-            .bind(i32::try_from(retention.in_days()).unwrap_or(i32::MAX))
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(db("dropping an expired outbox partition"))?;
-        match done.as_str() {
-            "dropped" => round.dropped.push(week),
-            // A row became live between the listing and the lock (a replay): next round.
-            "kept" => round.kept.push(week),
-            _ => {}
+        match partitions::drop_expired(&mut tx, week, retention.in_days()).await? {
+            DropOutcome::Dropped => round.dropped.push(week),
+            // A row became undecided between the listing and the lock (a replay): next round.
+            DropOutcome::Kept => round.kept.push(week),
+            DropOutcome::Absent => {}
         }
     }
     tx.commit()
@@ -140,6 +105,14 @@ pub async fn run_once(
         .map_err(db("committing a retention round"))?;
     round.purged = purge_removed(pool).await?;
     Ok(round)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RetentionError {
+    #[error(transparent)]
+    Db(#[from] DbError),
+    #[error("dropping an expired outbox partition: {0}")]
+    Drop(#[from] DropError),
 }
 
 /// Rounds every `interval` until `shutdown` (the first at once).

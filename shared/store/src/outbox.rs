@@ -27,6 +27,9 @@ macro_rules! status_sql {
     (terminal) => {
         "('sent', 'dropped', 'failed')"
     };
+    (undecided) => {
+        "('pending', 'retry', 'sending')"
+    };
     (replayable) => {
         "('dropped', 'failed')"
     };
@@ -60,6 +63,7 @@ mod tests {
         assert_eq!(listed(status_sql!(due)), all(Status::is_due_state));
         assert_eq!(listed(status_sql!(terminal)), all(Status::is_terminal));
         assert_eq!(listed(status_sql!(sending)), vec![Status::Sending]);
+        assert_eq!(listed(status_sql!(undecided)), all(|s| !s.is_terminal()));
         // An operator replays what ended without being sent.
         assert_eq!(
             listed(status_sql!(replayable)),

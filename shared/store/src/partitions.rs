@@ -72,3 +72,98 @@ impl Partitions {
         self.known.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 }
+
+/// Whether each week the outbox has a partition for still holds a row to be decided. Asked only
+/// of weeks `expired` says are past retention; the others are kept whatever they hold.
+pub async fn with_undecided_rows(
+    conn: &mut sqlx::PgConnection,
+    expired: impl Fn(NaiveDate) -> bool,
+) -> Result<Vec<(NaiveDate, bool)>, sqlx::Error> {
+    let found = weeks(&mut *conn).await?;
+    let mut out = Vec::with_capacity(found.len());
+    for week in found {
+        let live = expired(week)
+            && sqlx::query_scalar(concat!(
+                "SELECT EXISTS (SELECT 1 FROM outbox WHERE dedup_day >= $1 AND dedup_day < $1 + 7
+                                AND status IN ",
+                crate::status_sql!(undecided),
+                ")"
+            ))
+            .bind(week)
+            .fetch_one(&mut *conn)
+            .await?;
+        out.push((week, live));
+    }
+    Ok(out)
+}
+
+/// Takes the transaction-scoped lock named `key`; false if another session holds it.
+pub async fn try_lock(conn: &mut sqlx::PgConnection, key: &str) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext($1))")
+        .bind(key)
+        .fetch_one(conn)
+        .await
+}
+
+/// Makes the partition of `week`; true if it was not there.
+pub async fn create(conn: &mut sqlx::PgConnection, week: NaiveDate) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT outbox_ensure_partition($1)")
+        .bind(week)
+        .fetch_one(conn)
+        .await
+}
+
+/// What [`drop_expired`] did with a week.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropOutcome {
+    Dropped,
+    /// A row in it is still to be decided (it became so after the week was listed).
+    Kept,
+    /// There was no such partition.
+    Absent,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DropError {
+    #[error(transparent)]
+    Db(#[from] sqlx::Error),
+    #[error("outbox_drop_partition({week}) answered {answer:?}, which this build does not know")]
+    Unknown { week: NaiveDate, answer: String },
+}
+
+/// Drops the partition of `week` if every day of it is older than `retention_days` and none of
+/// its rows is undecided; the database function checks both again.
+pub async fn drop_expired(
+    conn: &mut sqlx::PgConnection,
+    week: NaiveDate,
+    retention_days: u32,
+) -> Result<DropOutcome, DropError> {
+    let answer: String = sqlx::query_scalar("SELECT outbox_drop_partition($1, $2)")
+        .bind(week)
+        .bind(i32::try_from(retention_days).unwrap_or(i32::MAX))
+        .fetch_one(conn)
+        .await?;
+    match answer.as_str() {
+        "dropped" => Ok(DropOutcome::Dropped),
+        "kept" => Ok(DropOutcome::Kept),
+        "absent" => Ok(DropOutcome::Absent),
+        _ => Err(DropError::Unknown { week, answer }),
+    }
+}
+
+/// Rows of each kind deleted for good.
+#[derive(Debug, Default, PartialEq, Eq, Clone, Copy, sqlx::FromRow)]
+pub struct Purged {
+    pub watches: i64,
+    pub subscriptions: i64,
+    pub devices: i64,
+}
+
+/// Deletes up to `batch` of each kind removed long enough ago that no retained outbox row refers
+/// to it (the database function decides, from the oldest week it holds).
+pub async fn purge_removed_batch(pool: &PgPool, batch: i32) -> Result<Purged, sqlx::Error> {
+    sqlx::query_as("SELECT * FROM tidings_purge_removed($1)")
+        .bind(batch)
+        .fetch_one(pool)
+        .await
+}
