@@ -20,18 +20,19 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tidings_bus::consume::{self, Consumer, ConsumerError, Durable, Shape};
+use tidings_domain::OutboxId;
 use tidings_domain::messages::{Outcome, PushResult, decode_results};
 use tidings_domain::outbox::{self, Event, Row, Status};
 use tidings_domain::push;
 use tidings_domain::subjects::StreamKind;
-use tidings_domain::trigger::Observation;
-use tidings_domain::{OutboxId, SubscriptionId, WatchId};
 use tidings_runtime::telemetry;
 
 use crate::config::Settings;
 use crate::stage::Stage;
 use tidings_store::attempts::{self, Attempt};
+use tidings_store::rows::{self, Locked};
 use tidings_store::transition::{self, Change, Ending};
+use tidings_store::{baselines, subscriptions};
 
 pub const CONSUMER: &str = tidings_bus::streams::consumer_of(StreamKind::Result);
 
@@ -53,21 +54,6 @@ pub enum ResultsError {
     },
     #[error(transparent)]
     Consumer(#[from] ConsumerError),
-}
-
-#[derive(sqlx::FromRow)]
-struct Locked {
-    id: OutboxId,
-    dedup_day: NaiveDate,
-    status: Status,
-    attempt: i32,
-    retry_count: i32,
-    watch_id: WatchId,
-    trigger: String,
-    sent_value: Option<Json<Observation>>,
-    subscription_id: Option<SubscriptionId>,
-    detected_at: DateTime<Utc>,
-    traceparent: Option<String>,
 }
 
 pub struct Results {
@@ -318,15 +304,6 @@ fn change_for(
     Some(c)
 }
 
-/// The rows a batch of results is about (`$1`: their ids).
-macro_rules! lock_rows {
-    () => {
-        "SELECT id, dedup_day, status, attempt, retry_count, watch_id, trigger, sent_value,
-                subscription_id, detected_at, traceparent
-         FROM outbox WHERE id = ANY($1)"
-    };
-}
-
 /// Applies results inside `tx`: rows locked in id order, transitions by compare-and-set, and
 /// for rows that became `sent` the baseline advanced to the value that was sent.
 pub async fn apply_in(
@@ -344,25 +321,7 @@ pub async fn apply_in(
         days.sort();
         days.dedup();
     }
-    // Two statements rather than one with `$2 IS NULL OR …`, which Postgres cannot prune by.
-    let locked: Vec<Locked> = match days {
-        Some(days) => {
-            sqlx::query_as(concat!(
-                lock_rows!(),
-                " AND dedup_day = ANY($2) ORDER BY id FOR UPDATE"
-            ))
-            .bind(&ids)
-            .bind(days)
-            .fetch_all(&mut *tx)
-            .await?
-        }
-        None => {
-            sqlx::query_as(concat!(lock_rows!(), " ORDER BY id FOR UPDATE"))
-                .bind(&ids)
-                .fetch_all(&mut *tx)
-                .await?
-        }
-    };
+    let locked = rows::lock(&mut *tx, &ids, days.as_deref()).await?;
     let rows: HashMap<OutboxId, &Locked> = locked.iter().map(|l| (l.id, l)).collect();
 
     let mut changes = Vec::new();
@@ -420,11 +379,7 @@ pub async fn apply_in(
     attempts::record(&mut *tx, &late).await?;
 
     // Baselines advance only for rows that became `sent` here.
-    let mut b_watch = Vec::new();
-    let mut b_trigger = Vec::new();
-    let mut b_price = Vec::new();
-    let mut b_stock = Vec::new();
-    let mut b_outbox = Vec::new();
+    let mut advanced = Vec::new();
     let mut gone_subs = Vec::new();
     let mut sent_detected_at = Vec::new();
     for c in changes.iter().filter(|c| won.contains(&c.id)) {
@@ -436,11 +391,13 @@ pub async fn apply_in(
         if c.transition.advances_baseline
             && let Some(Json(sent)) = &row.sent_value
         {
-            b_watch.push(row.watch_id);
-            b_trigger.push(row.trigger.as_str());
-            b_price.push(sent.price);
-            b_stock.push(sent.in_stock);
-            b_outbox.push(row.id);
+            advanced.push(baselines::Advance {
+                watch_id: row.watch_id,
+                trigger: row.trigger.as_str(),
+                price: sent.price,
+                in_stock: sent.in_stock,
+                outbox_id: row.id,
+            });
         }
         if c.transition.reason
             == Some(outbox::Reason::Dropped(
@@ -451,35 +408,8 @@ pub async fn apply_in(
             gone_subs.push(sub);
         }
     }
-    if !b_watch.is_empty() {
-        let now: DateTime<Utc> = Utc::now();
-        sqlx::query(
-            "INSERT INTO baselines (watch_id, trigger, price, in_stock, outbox_id, sent_at)
-             SELECT w, t, p, s, o, $6 FROM UNNEST($1::uuid[], $2::text[], $3::bigint[], $4::bool[], $5::uuid[])
-                  AS u(w, t, p, s, o)
-             ON CONFLICT (watch_id, trigger) DO UPDATE
-             SET price = EXCLUDED.price, in_stock = EXCLUDED.in_stock,
-                 outbox_id = EXCLUDED.outbox_id, sent_at = EXCLUDED.sent_at",
-        )
-        .bind(b_watch)
-        .bind(b_trigger)
-        .bind(b_price)
-        .bind(b_stock)
-        .bind(b_outbox)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
-    }
-    if !gone_subs.is_empty() {
-        sqlx::query(
-            "UPDATE push_subscriptions
-             SET active = false, deactivated_at = now(), deactivation_reason = 'gone'
-             WHERE id = ANY($1) AND active",
-        )
-        .bind(gone_subs)
-        .execute(&mut *tx)
-        .await?;
-    }
+    baselines::advance(&mut *tx, &advanced, Utc::now()).await?;
+    subscriptions::deactivate_gone(&mut *tx, &gone_subs).await?;
     Ok(Applied {
         changes,
         won,

@@ -12,7 +12,9 @@ pub mod claim;
 pub mod enqueue;
 mod outbox;
 pub mod partitions;
+pub mod rows;
 pub mod schema;
+pub mod subscriptions;
 pub mod sweep;
 pub mod transition;
 

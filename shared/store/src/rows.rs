@@ -1,0 +1,62 @@
+//! The outbox rows a batch of push results is about, locked for the transaction that applies
+//! them.
+
+use chrono::{DateTime, NaiveDate, Utc};
+use sqlx::PgConnection;
+use sqlx::types::Json;
+use tidings_domain::outbox::Status;
+use tidings_domain::trigger::Observation;
+use tidings_domain::{OutboxId, SubscriptionId, WatchId};
+
+/// A row as the results loop needs it.
+#[derive(Debug, sqlx::FromRow)]
+pub struct Locked {
+    pub id: OutboxId,
+    pub dedup_day: NaiveDate,
+    pub status: Status,
+    pub attempt: i32,
+    pub retry_count: i32,
+    pub watch_id: WatchId,
+    pub trigger: String,
+    pub sent_value: Option<Json<Observation>>,
+    pub subscription_id: Option<SubscriptionId>,
+    pub detected_at: DateTime<Utc>,
+    pub traceparent: Option<String>,
+}
+
+macro_rules! lock_rows {
+    () => {
+        "SELECT id, dedup_day, status, attempt, retry_count, watch_id, trigger, sent_value,
+                subscription_id, detected_at, traceparent
+         FROM outbox WHERE id = ANY($1)"
+    };
+}
+
+/// Locks rows `ids` in id order (so two transactions cannot deadlock). With `days` (every
+/// result carried its row's dedup day) only those days' partitions are read; without, every
+/// partition's primary-key index.
+pub async fn lock(
+    conn: &mut PgConnection,
+    ids: &[OutboxId],
+    days: Option<&[NaiveDate]>,
+) -> Result<Vec<Locked>, sqlx::Error> {
+    // Two statements rather than one with `$2 IS NULL OR …`, which Postgres cannot prune by.
+    match days {
+        Some(days) => {
+            sqlx::query_as(concat!(
+                lock_rows!(),
+                " AND dedup_day = ANY($2) ORDER BY id FOR UPDATE"
+            ))
+            .bind(ids)
+            .bind(days)
+            .fetch_all(conn)
+            .await
+        }
+        None => {
+            sqlx::query_as(concat!(lock_rows!(), " ORDER BY id FOR UPDATE"))
+                .bind(ids)
+                .fetch_all(conn)
+                .await
+        }
+    }
+}
