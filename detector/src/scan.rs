@@ -23,6 +23,7 @@ use crate::config::Settings;
 use crate::evaluate::detect;
 use crate::memory::Enqueued;
 use crate::watchlist::{Entry, Watchlist};
+use tidings_store::watches::Seen;
 use tidings_store::{DbError, db};
 
 /// What a scan did.
@@ -364,22 +365,17 @@ impl Detector {
             writes.entry(id).or_default().1 = Some(price);
         }
         if !writes.is_empty() {
-            let ids: Vec<WatchId> = writes.keys().copied().collect();
-            let states: Vec<Option<bool>> = ids.iter().map(|id| writes[id].0).collect();
-            let prices: Vec<Option<i64>> = ids.iter().map(|id| writes[id].1).collect();
-            sqlx::query(
-                "UPDATE watches w
-                 SET last_in_stock = COALESCE(u.s, w.last_in_stock),
-                     reference_price = COALESCE(w.reference_price, u.p)
-                 FROM UNNEST($1::uuid[], $2::bool[], $3::bigint[]) AS u(id, s, p)
-                 WHERE w.id = u.id",
-            )
-            .bind(&ids)
-            .bind(&states)
-            .bind(&prices)
-            .execute(&self.pool)
-            .await
-            .map_err(db("recording stock states and reference prices"))?;
+            let seen: Vec<Seen> = writes
+                .iter()
+                .map(|(id, (state, price))| Seen {
+                    watch_id: *id,
+                    in_stock: *state,
+                    reference_price: *price,
+                })
+                .collect();
+            tidings_store::watches::record_seen(&self.pool, &seen)
+                .await
+                .map_err(db("recording stock states and reference prices"))?;
             for (id, (state, price)) in writes {
                 if let Some(state) = state {
                     list.set_last_in_stock(id, state);

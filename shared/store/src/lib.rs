@@ -17,6 +17,7 @@ pub mod schema;
 pub mod subscriptions;
 pub mod sweep;
 pub mod transition;
+pub mod watches;
 
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, PgConnection, PgPool};
