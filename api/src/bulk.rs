@@ -362,28 +362,11 @@ async fn replay_rows(
     ids: &[Uuid],
     days: &[chrono::NaiveDate],
 ) -> Result<u64, ApiError> {
-    let new: Vec<Uuid> = ids.iter().map(|_| Uuid::now_v7()).collect();
     let traceparent = telemetry::forward(&tracing::Span::current(), None);
-    let inserted = sqlx::query(concat!(
-        "INSERT INTO outbox (id, watch_id, device_id, trigger, channel, dedup_day, ",
-        tidings_store::snapshot_columns!(),
-        ", replay_of, traceparent)
-         SELECT u.new_id, o.watch_id, o.device_id, o.trigger, o.channel, o.dedup_day, ",
-        tidings_store::snapshot_columns!(),
-        ", o.id, $4
-         FROM UNNEST($1::uuid[], $2::date[], $3::uuid[]) AS u(id, day, new_id)
-         JOIN outbox o ON o.id = u.id AND o.dedup_day = u.day
-         ON CONFLICT DO NOTHING",
-    ))
-    .bind(ids)
-    .bind(days)
-    .bind(new)
-    .bind(traceparent)
-    .execute(&mut *tx)
-    .await
-    .map_err(db("replaying outbox rows"))?
-    .rows_affected();
-    Ok(inserted)
+    let ids: Vec<OutboxId> = ids.iter().map(|id| OutboxId(*id)).collect();
+    Ok(tidings_store::replay::many(tx, &ids, days, traceparent)
+        .await
+        .map_err(db("replaying outbox rows"))?)
 }
 
 /// Ends due rows `dropped`/`cancelled` through the store's transition path; a row claimed or

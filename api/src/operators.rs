@@ -307,35 +307,22 @@ pub async fn replay(
     // replays: the new row carries this span's traceparent on through the pipeline.
     let request = tracing::Span::current();
     if telemetry::exporting() {
-        let replayed: Option<Option<String>> =
-            sqlx::query_scalar("SELECT traceparent FROM outbox WHERE id = $1")
-                .bind(original)
-                .fetch_optional(&app.pool)
-                .await
-                .map_err(db("reading an outbox row"))?;
+        let replayed = tidings_store::replay::traceparent_of(&app.pool, OutboxId(original))
+            .await
+            .map_err(db("reading an outbox row"))?;
         telemetry::add_link(&request, replayed.flatten().as_deref());
     }
     // The copy keeps the detection snapshot; the dispatcher re-checks it against the current
     // value and baseline as usual, so a replay never sends something that is no longer true.
-    let inserted = sqlx::query(concat!(
-        "INSERT INTO outbox (id, watch_id, device_id, trigger, channel, dedup_day, ",
-        tidings_store::snapshot_columns!(),
-        ", replay_of, traceparent)
-         SELECT $1, watch_id, device_id, trigger, channel, dedup_day, ",
-        tidings_store::snapshot_columns!(),
-        ", id, $3
-         FROM outbox WHERE id = $2 AND replay_of IS NULL AND status IN ",
-        tidings_store::status_sql!(replayable),
-        " ON CONFLICT DO NOTHING",
-    ))
-    .bind(new)
-    .bind(original)
-    .bind(telemetry::forward(&request, None))
-    .execute(&app.pool)
+    let inserted = tidings_store::replay::one(
+        &app.pool,
+        OutboxId(original),
+        new,
+        telemetry::forward(&request, None),
+    )
     .await
-    .map_err(db("replaying an outbox row"))?
-    .rows_affected();
-    if inserted == 1 {
+    .map_err(db("replaying an outbox row"))?;
+    if inserted {
         tracing::info!(outbox_id = %new, replay_of = %original, "outbox row replayed");
         return Ok((
             StatusCode::CREATED,

@@ -12,6 +12,7 @@ pub mod claim;
 pub mod enqueue;
 mod outbox;
 pub mod partitions;
+pub mod replay;
 pub mod rows;
 pub mod schema;
 pub mod subscriptions;

@@ -1,0 +1,78 @@
+//! An operator's replay: a `failed` or `dropped` row that is not itself a replay, and was not
+//! replayed before, becomes a new `pending` row linked to it (`replay_of`), with the same
+//! detection snapshot and dedup day. The dispatcher re-checks it like any row, so a replay never
+//! sends something that is no longer true; the original is never edited.
+
+use chrono::NaiveDate;
+use sqlx::{PgConnection, PgPool};
+use tidings_domain::OutboxId;
+
+/// Replays row `original` as row `new`; false if it is not replayable (its state, a replay, or
+/// replayed already).
+pub async fn one(
+    pool: &PgPool,
+    original: OutboxId,
+    new: OutboxId,
+    traceparent: Option<String>,
+) -> Result<bool, sqlx::Error> {
+    let inserted = sqlx::query(concat!(
+        "INSERT INTO outbox (id, watch_id, device_id, trigger, channel, dedup_day, ",
+        crate::snapshot_columns!(),
+        ", replay_of, traceparent)
+         SELECT $1, watch_id, device_id, trigger, channel, dedup_day, ",
+        crate::snapshot_columns!(),
+        ", id, $3
+         FROM outbox WHERE id = $2 AND replay_of IS NULL AND status IN ",
+        crate::status_sql!(replayable),
+        " ON CONFLICT DO NOTHING",
+    ))
+    .bind(new)
+    .bind(original)
+    .bind(traceparent)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    Ok(inserted == 1)
+}
+
+/// Replays rows `ids` (of days `days`, which the caller has checked are replayable) in `conn`'s
+/// transaction, each as a new row carrying `traceparent`; returns how many were made.
+pub async fn many(
+    conn: &mut PgConnection,
+    ids: &[OutboxId],
+    days: &[NaiveDate],
+    traceparent: Option<String>,
+) -> Result<u64, sqlx::Error> {
+    let new: Vec<OutboxId> = ids.iter().map(|_| OutboxId::new()).collect();
+    let inserted = sqlx::query(concat!(
+        "INSERT INTO outbox (id, watch_id, device_id, trigger, channel, dedup_day, ",
+        crate::snapshot_columns!(),
+        ", replay_of, traceparent)
+         SELECT u.new_id, o.watch_id, o.device_id, o.trigger, o.channel, o.dedup_day, ",
+        crate::snapshot_columns!(),
+        ", o.id, $4
+         FROM UNNEST($1::uuid[], $2::date[], $3::uuid[]) AS u(id, day, new_id)
+         JOIN outbox o ON o.id = u.id AND o.dedup_day = u.day
+         ON CONFLICT DO NOTHING",
+    ))
+    .bind(ids)
+    .bind(days)
+    .bind(new)
+    .bind(traceparent)
+    .execute(conn)
+    .await?
+    .rows_affected();
+    Ok(inserted)
+}
+
+/// The trace context row `id` carries, to link a replay's trace to it; `None` if there is no
+/// such row.
+pub async fn traceparent_of(
+    pool: &PgPool,
+    id: OutboxId,
+) -> Result<Option<Option<String>>, sqlx::Error> {
+    sqlx::query_scalar("SELECT traceparent FROM outbox WHERE id = $1")
+        .bind(id)
+        .fetch_optional(pool)
+        .await
+}
