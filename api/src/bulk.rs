@@ -225,6 +225,9 @@ fn matching<'a>(select: &str, filter: &Filter, up_to: Uuid) -> QueryBuilder<'a, 
     q
 }
 
+/// A row a batch looked at: (id, dedup day, is a replay, replayed already, eligible).
+type Candidate = (Uuid, chrono::NaiveDate, bool, bool, bool);
+
 async fn run(app: &AppState, op: Operation, req: BulkRequest) -> Result<BulkReport, ApiError> {
     let filter = req.filter.check()?;
     let batch = match req.batch.unwrap_or(500) {
@@ -249,82 +252,20 @@ async fn run(app: &AppState, op: Operation, req: BulkRequest) -> Result<BulkRepo
         up_to,
     };
     if req.dry_run {
-        let mut q = matching(
-            &format!("SELECT count(*), count(*) FILTER (WHERE {})", op.eligible()),
-            &filter,
-            up_to,
-        );
-        let (matched, eligible): (i64, i64) = q
-            .build_query_as()
-            .fetch_one(&app.pool)
-            .await
-            .map_err(db("counting the rows a filter matches"))?;
-        let mut q = matching(
-            "SELECT o.id, o.status, o.reason, w.item_code, o.device_id, o.detected_at,
-                    o.http_status, o.replay_of",
-            &filter,
-            up_to,
-        );
-        q.push(" AND ")
-            .push(op.eligible())
-            .push(" ORDER BY o.id LIMIT 10");
-        report.sample = q
-            .build_query_as()
-            .fetch_all(&app.pool)
-            .await
-            .map_err(db("sampling the rows a filter matches"))?;
-        report.matched = Some(matched);
-        report.would_change = Some(eligible);
+        dry_run(app, op, &filter, &mut report).await?;
         return Ok(report);
     }
-
     let mut tx = app
         .pool
         .begin()
         .await
         .map_err(db("starting a bulk operation"))?;
-    // The batch, locked so a dispatcher's claim or a concurrent bulk call cannot interleave.
-    let mut q = matching(
-        &format!(
-            "SELECT o.id, o.dedup_day, o.replay_of IS NOT NULL,
-                    EXISTS (SELECT 1 FROM outbox r WHERE r.replay_of = o.id AND r.dedup_day = o.dedup_day),
-                    {}",
-            op.eligible()
-        ),
-        &filter,
-        up_to,
-    );
-    if let Some(c) = req.cursor {
-        q.push(" AND o.id > ").push_bind(c);
-    }
-    q.push(" ORDER BY o.id LIMIT ")
-        .push_bind(batch)
-        .push(" FOR UPDATE OF o");
-    let rows: Vec<(Uuid, chrono::NaiveDate, bool, bool, bool)> = q
-        .build_query_as()
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(db("reading a batch of matching rows"))?;
+    let rows = lock_batch(&mut tx, op, &filter, up_to, req.cursor, batch).await?;
     report.examined = rows.len() as u64;
     if rows.len() as i64 == batch {
         report.next_cursor = rows.last().map(|r| r.0);
     }
-    let mut ids = Vec::new();
-    let mut days = Vec::new();
-    for (id, day, is_replay, replayed, eligible) in &rows {
-        if *eligible {
-            ids.push(*id);
-            days.push(*day);
-            continue;
-        }
-        let why = match op {
-            Operation::Replay if *is_replay => "is_a_replay",
-            Operation::Replay if *replayed => "already_replayed",
-            Operation::Replay => "not_replayable",
-            Operation::Cancel => "not_cancellable",
-        };
-        *report.skipped.entry(why.to_owned()).or_default() += 1;
-    }
+    let (ids, days) = sort_out(op, &rows, &mut report);
     let mut cancelled = None;
     if !ids.is_empty() {
         report.changed = match op {
@@ -354,6 +295,99 @@ async fn run(app: &AppState, op: Operation, req: BulkRequest) -> Result<BulkRepo
         "bulk outbox operation batch"
     );
     Ok(report)
+}
+
+/// Counts what the filter matches and what the operation would change, with a sample.
+async fn dry_run(
+    app: &AppState,
+    op: Operation,
+    filter: &Filter,
+    report: &mut BulkReport,
+) -> Result<(), ApiError> {
+    let mut q = matching(
+        &format!("SELECT count(*), count(*) FILTER (WHERE {})", op.eligible()),
+        filter,
+        report.up_to,
+    );
+    let (matched, eligible): (i64, i64) = q
+        .build_query_as()
+        .fetch_one(&app.pool)
+        .await
+        .map_err(db("counting the rows a filter matches"))?;
+    let mut q = matching(
+        "SELECT o.id, o.status, o.reason, w.item_code, o.device_id, o.detected_at,
+                o.http_status, o.replay_of",
+        filter,
+        report.up_to,
+    );
+    q.push(" AND ")
+        .push(op.eligible())
+        .push(" ORDER BY o.id LIMIT 10");
+    report.sample = q
+        .build_query_as()
+        .fetch_all(&app.pool)
+        .await
+        .map_err(db("sampling the rows a filter matches"))?;
+    report.matched = Some(matched);
+    report.would_change = Some(eligible);
+    Ok(())
+}
+
+/// The batch after `cursor`, locked so a dispatcher's claim or a concurrent bulk call cannot
+/// interleave.
+async fn lock_batch(
+    tx: &mut sqlx::PgConnection,
+    op: Operation,
+    filter: &Filter,
+    up_to: Uuid,
+    cursor: Option<Uuid>,
+    batch: i64,
+) -> Result<Vec<Candidate>, ApiError> {
+    let mut q = matching(
+        &format!(
+            "SELECT o.id, o.dedup_day, o.replay_of IS NOT NULL,
+                    EXISTS (SELECT 1 FROM outbox r WHERE r.replay_of = o.id AND r.dedup_day = o.dedup_day),
+                    {}",
+            op.eligible()
+        ),
+        filter,
+        up_to,
+    );
+    if let Some(c) = cursor {
+        q.push(" AND o.id > ").push_bind(c);
+    }
+    q.push(" ORDER BY o.id LIMIT ")
+        .push_bind(batch)
+        .push(" FOR UPDATE OF o");
+    Ok(q.build_query_as()
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db("reading a batch of matching rows"))?)
+}
+
+/// The eligible rows' ids and days; the others counted in the report by why they were skipped.
+fn sort_out(
+    op: Operation,
+    rows: &[Candidate],
+    report: &mut BulkReport,
+) -> (Vec<Uuid>, Vec<chrono::NaiveDate>) {
+    let mut ids = Vec::new();
+    let mut days = Vec::new();
+    for (id, day, is_replay, replayed, eligible) in rows {
+        if *eligible {
+            ids.push(*id);
+            days.push(*day);
+            continue;
+        }
+        let why = match op {
+            Operation::Replay if *is_replay => "is_a_replay",
+            Operation::Replay if *replayed => "already_replayed",
+            Operation::Replay => "not_replayable",
+            Operation::Cancel => "not_cancellable",
+        };
+        *report.skipped.entry(why.to_owned()).or_default() += 1;
+    }
+    (ids, days)
 }
 
 /// Replays rows (each a new pending row linked to its original, carrying this request's trace).
