@@ -311,6 +311,25 @@ pub async fn apply_in(
     settings: &Settings,
     results: &[&PushResult],
 ) -> Result<Applied, sqlx::Error> {
+    let locked = lock_rows_of(tx, results).await?;
+    let rows: HashMap<OutboxId, &Locked> = locked.iter().map(|l| (l.id, l)).collect();
+    let planned = plan(results, &rows, settings);
+    let won = transition::apply(&mut *tx, &planned.changes).await?;
+    attempts::insert_new(&mut *tx, &planned.fresh).await?;
+    attempts::record(&mut *tx, &planned.late).await?;
+    let sent_detected_at = follow_up(tx, &planned.changes, &won, &rows).await?;
+    Ok(Applied {
+        changes: planned.changes,
+        won,
+        sent_detected_at,
+    })
+}
+
+/// Locks the rows `results` are about, in id order.
+async fn lock_rows_of(
+    tx: &mut PgConnection,
+    results: &[&PushResult],
+) -> Result<Vec<Locked>, sqlx::Error> {
     let mut ids: Vec<OutboxId> = results.iter().map(|r| r.outbox_id).collect();
     ids.sort();
     ids.dedup();
@@ -321,15 +340,26 @@ pub async fn apply_in(
         days.sort();
         days.dedup();
     }
-    let locked = rows::lock(&mut *tx, &ids, days.as_deref()).await?;
-    let rows: HashMap<OutboxId, &Locked> = locked.iter().map(|l| (l.id, l)).collect();
+    rows::lock(&mut *tx, &ids, days.as_deref()).await
+}
 
-    let mut changes = Vec::new();
+/// What a batch of results does, before it is written.
+#[derive(Default)]
+struct Planned {
+    changes: Vec<Change>,
+    /// Attempts with no record yet: the row is still `sending` with that attempt, under our lock.
+    fresh: Vec<Attempt>,
+    /// Attempts that may have a record already: a late or repeated result.
+    late: Vec<Attempt>,
+}
+
+fn plan(
+    results: &[&PushResult],
+    rows: &HashMap<OutboxId, &Locked>,
+    settings: &Settings,
+) -> Planned {
+    let mut planned = Planned::default();
     let mut seen = HashSet::new();
-    // Attempts with no record yet (the row is still `sending` with that attempt, under our
-    // lock) and those that may have one (a late or repeated result).
-    let mut fresh = Vec::new();
-    let mut late = Vec::new();
     let mut recorded = HashSet::new();
     for result in results {
         let Some(row) = rows.get(&result.outbox_id) else {
@@ -358,27 +388,34 @@ pub async fn apply_in(
                     push_host: result.push_host.clone(),
                     duration_ms: duration_of(result),
                 });
-                changes.push(c);
+                planned.changes.push(c);
             }
             // A repeated result of the attempt that ended the row: that attempt is on record.
             (None, true) if current.status.is_terminal() && result.attempt == current.attempt => {}
             (change, true) => {
                 let a = attempt_of(row, result);
                 if current.status == Status::Sending && result.attempt == current.attempt {
-                    fresh.push(a);
+                    planned.fresh.push(a);
                 } else {
-                    late.push(a);
+                    planned.late.push(a);
                 }
-                changes.extend(change);
+                planned.changes.extend(change);
             }
-            (change, false) => changes.extend(change),
+            (change, false) => planned.changes.extend(change),
         }
     }
-    let won = transition::apply(&mut *tx, &changes).await?;
-    attempts::insert_new(&mut *tx, &fresh).await?;
-    attempts::record(&mut *tx, &late).await?;
+    planned
+}
 
-    // Baselines advance only for rows that became `sent` here.
+/// What follows from the changes that won: baselines advance for rows that became `sent`, and
+/// subscriptions a push service said are gone are deactivated. Returns the detection time (and
+/// trace) of each row sent.
+async fn follow_up(
+    tx: &mut PgConnection,
+    changes: &[Change],
+    won: &HashSet<OutboxId>,
+    rows: &HashMap<OutboxId, &Locked>,
+) -> Result<Vec<(DateTime<Utc>, Option<String>)>, sqlx::Error> {
     let mut advanced = Vec::new();
     let mut gone_subs = Vec::new();
     let mut sent_detected_at = Vec::new();
@@ -399,10 +436,10 @@ pub async fn apply_in(
                 outbox_id: row.id,
             });
         }
-        if c.transition.reason
-            == Some(outbox::Reason::Dropped(
-                outbox::DropReason::SubscriptionGone,
-            ))
+        let gone = Some(outbox::Reason::Dropped(
+            outbox::DropReason::SubscriptionGone,
+        ));
+        if c.transition.reason == gone
             && let Some(sub) = row.subscription_id
         {
             gone_subs.push(sub);
@@ -410,9 +447,5 @@ pub async fn apply_in(
     }
     baselines::advance(&mut *tx, &advanced, Utc::now()).await?;
     subscriptions::deactivate_gone(&mut *tx, &gone_subs).await?;
-    Ok(Applied {
-        changes,
-        won,
-        sent_detected_at,
-    })
+    Ok(sent_detected_at)
 }
