@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use tidings_domain::messages::{PushRequest, Subscription, Urgency, VERSION, topic_for};
 use tidings_domain::notification::render;
 use tidings_domain::outbox::{self, Event, Status};
-use tidings_domain::trigger::{LastSent, SourceErrorKind, Trigger};
+use tidings_domain::trigger::{Baseline, LastSent, Observation, SourceErrorKind, Trigger};
 use tidings_domain::{ItemCode, OutboxId, SubscriptionId, WatchId};
 use tidings_source::{Fetched, SourceError};
 
@@ -79,8 +79,6 @@ pub fn decide(
     settings: &Settings,
     now: DateTime<Utc>,
 ) -> Plan {
-    let deadline = now + settings.push_deadline;
-    let lease_until = now + settings.sending_lease;
     let mut plan = Plan::default();
     for g in guarded {
         let row = g.row;
@@ -92,23 +90,7 @@ pub fn decide(
                 .push(change(row, Event::Transient, Some(error), settings, now));
             continue;
         };
-        let item_code = watches
-            .get(&row.watch_id)
-            .map(|w| w.item_code.as_str())
-            .unwrap_or_default();
-        let item = ItemCode::parse(item_code);
-        let answer: Fetched = match &item {
-            Ok(code) => fetched.get(code).cloned().unwrap_or_else(|| {
-                Err(SourceError {
-                    kind: SourceErrorKind::Unavailable,
-                    detail: "no answer for item".into(),
-                })
-            }),
-            Err(e) => Err(SourceError {
-                kind: SourceErrorKind::NotFound,
-                detail: e.to_string(),
-            }),
-        };
+        let (item, answer) = answer_for(row, watches, fetched);
         let last = last_sent.get(&(row.watch_id, row.trigger.clone()));
         let decision = recheck::recheck(&trigger, &row.baseline(), row.detected_at, last, &answer);
         match (decision, item) {
@@ -128,43 +110,98 @@ pub fn decide(
                 },
                 Ok(code),
             ) => {
-                let payload = render(
-                    row.id,
-                    &trigger,
-                    &code,
-                    &observation,
-                    &baseline,
-                    settings.item_page_url.as_deref(),
-                );
-                let mut c = change(row, Event::Dispatched, None, settings, now);
-                c.sent_value = serde_json::to_value(&observation).ok();
-                c.payload = serde_json::to_value(&payload).ok();
-                c.subscription_id = Some(g.subscription_id);
-                c.deadline = Some(deadline);
-                c.lease_until = Some(lease_until);
-                plan.requests.insert(
-                    row.id,
-                    PushRequest {
-                        v: VERSION,
-                        outbox_id: row.id,
-                        attempt: c.transition.attempt,
-                        deadline,
-                        subscription: g.subscription.clone(),
-                        payload,
-                        ttl: u32::try_from(settings.push_ttl.as_secs()).unwrap_or(u32::MAX),
-                        urgency: urgency(&trigger),
-                        topic: topic_for(row.id),
-                        dedup_day: Some(row.dedup_day),
-                        traceparent: None,
-                    },
-                );
-                plan.changes.push(c);
+                let checked = Checked {
+                    trigger: &trigger,
+                    code: &code,
+                    observation: &observation,
+                    baseline: &baseline,
+                };
+                send(&mut plan, g, checked, settings, now);
             }
             // An unparsable item code was classified not_found above, so it never holds.
             (Decision::Send { .. }, Err(_)) => {}
         }
     }
     plan
+}
+
+/// The row's item and the source's answer for it: an unparsable code is `not_found`, an item
+/// the fetch has no answer for `unavailable`.
+fn answer_for(
+    row: &Claimed,
+    watches: &HashMap<WatchId, WatchState>,
+    fetched: &HashMap<ItemCode, Fetched>,
+) -> (Result<ItemCode, tidings_domain::item::InvalidItemCode>, Fetched) {
+    let item_code = watches
+        .get(&row.watch_id)
+        .map(|w| w.item_code.as_str())
+        .unwrap_or_default();
+    let item = ItemCode::parse(item_code);
+    let answer: Fetched = match &item {
+        Ok(code) => fetched.get(code).cloned().unwrap_or_else(|| {
+            Err(SourceError {
+                kind: SourceErrorKind::Unavailable,
+                detail: "no answer for item".into(),
+            })
+        }),
+        Err(e) => Err(SourceError {
+            kind: SourceErrorKind::NotFound,
+            detail: e.to_string(),
+        }),
+    };
+    (item, answer)
+}
+
+/// What the re-check found still holds.
+struct Checked<'a> {
+    trigger: &'a Trigger,
+    code: &'a ItemCode,
+    observation: &'a Observation,
+    baseline: &'a Baseline,
+}
+
+/// Moves the row to `sending` with the notification rendered from the re-fetched value, and
+/// plans its PushRequest.
+fn send(
+    plan: &mut Plan,
+    g: &Guarded<'_>,
+    checked: Checked<'_>,
+    settings: &Settings,
+    now: DateTime<Utc>,
+) {
+    let row = g.row;
+    let deadline = now + settings.push_deadline;
+    let payload = render(
+        row.id,
+        checked.trigger,
+        checked.code,
+        checked.observation,
+        checked.baseline,
+        settings.item_page_url.as_deref(),
+    );
+    let mut c = change(row, Event::Dispatched, None, settings, now);
+    c.sent_value = serde_json::to_value(checked.observation).ok();
+    c.payload = serde_json::to_value(&payload).ok();
+    c.subscription_id = Some(g.subscription_id);
+    c.deadline = Some(deadline);
+    c.lease_until = Some(now + settings.sending_lease);
+    plan.requests.insert(
+        row.id,
+        PushRequest {
+            v: VERSION,
+            outbox_id: row.id,
+            attempt: c.transition.attempt,
+            deadline,
+            subscription: g.subscription.clone(),
+            payload,
+            ttl: u32::try_from(settings.push_ttl.as_secs()).unwrap_or(u32::MAX),
+            urgency: urgency(checked.trigger),
+            topic: topic_for(row.id),
+            dedup_day: Some(row.dedup_day),
+            traceparent: None,
+        },
+    );
+    plan.changes.push(c);
 }
 
 /// The change `event` makes to a claimed row.
