@@ -271,11 +271,8 @@ enum Action {
     Purge,
 }
 
-async fn bulk(
-    app: &AppState,
-    action: Action,
-    req: DeadLetterBulk,
-) -> Result<DeadLetterReport, ApiError> {
+/// The batch size asked for, after checking it and the sequences named.
+fn checked_batch(req: &DeadLetterBulk) -> Result<usize, ApiError> {
     let batch = match req.batch.unwrap_or(200) {
         n @ 1..=1000 => n as usize,
         n => {
@@ -283,10 +280,6 @@ async fn bulk(
                 "batch must be between 1 and 1000, got {n}"
             )));
         }
-    };
-    let filter = DeadLetterFilter {
-        from: req.filter.from.map(StreamKind::from),
-        reason: req.filter.reason.clone(),
     };
     if let Some(big) = req
         .filter
@@ -299,6 +292,50 @@ async fn bulk(
             "sequence {big} is larger than {MAX_SEQUENCE}"
         )));
     }
+    Ok(batch)
+}
+
+/// Redrives or purges one dead letter (or, in a dry run, counts what would be done).
+async fn handle(
+    dlq: &DeadLetters,
+    action: Action,
+    letter: &DeadLetter,
+    dry_run: bool,
+    report: &mut DeadLetterReport,
+) -> Result<(), ApiError> {
+    match action {
+        Action::Redrive => match dlq.target(letter) {
+            Err(DeadLetterError::NotRedrivable { why, .. }) => {
+                *report.skipped.entry(why).or_default() += 1;
+            }
+            Err(e) => return Err(bus_error(e)),
+            Ok(subject) => {
+                if !dry_run {
+                    dlq.redrive(letter).await.map_err(bus_error)?;
+                }
+                report.done += 1;
+                *report.redriven_to.entry(subject).or_default() += 1;
+            }
+        },
+        Action::Purge => {
+            if dry_run || dlq.purge(letter.sequence).await.map_err(bus_error)? {
+                report.done += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn bulk(
+    app: &AppState,
+    action: Action,
+    req: DeadLetterBulk,
+) -> Result<DeadLetterReport, ApiError> {
+    let batch = checked_batch(&req)?;
+    let filter = DeadLetterFilter {
+        from: req.filter.from.map(StreamKind::from),
+        reason: req.filter.reason.clone(),
+    };
     let dlq = dead_letters(app)?;
     let page = dlq
         .list(&filter, sequence_bound(req.cursor)?, batch, EXAMINE)
@@ -324,26 +361,7 @@ async fn bulk(
         if req.dry_run && report.sample.len() < 10 {
             report.sample.push(DeadLetterSummary::from(letter));
         }
-        match action {
-            Action::Redrive => match dlq.target(letter) {
-                Err(DeadLetterError::NotRedrivable { why, .. }) => {
-                    *report.skipped.entry(why).or_default() += 1;
-                }
-                Err(e) => return Err(bus_error(e)),
-                Ok(subject) => {
-                    if !req.dry_run {
-                        dlq.redrive(letter).await.map_err(bus_error)?;
-                    }
-                    report.done += 1;
-                    *report.redriven_to.entry(subject).or_default() += 1;
-                }
-            },
-            Action::Purge => {
-                if req.dry_run || dlq.purge(letter.sequence).await.map_err(bus_error)? {
-                    report.done += 1;
-                }
-            }
-        }
+        handle(&dlq, action, letter, req.dry_run, &mut report).await?;
     }
     tracing::info!(
         action = if action == Action::Redrive {

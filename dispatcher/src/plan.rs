@@ -131,7 +131,10 @@ fn answer_for(
     row: &Claimed,
     watches: &HashMap<WatchId, WatchState>,
     fetched: &HashMap<ItemCode, Fetched>,
-) -> (Result<ItemCode, tidings_domain::item::InvalidItemCode>, Fetched) {
+) -> (
+    Result<ItemCode, tidings_domain::item::InvalidItemCode>,
+    Fetched,
+) {
     let item_code = watches
         .get(&row.watch_id)
         .map(|w| w.item_code.as_str())
