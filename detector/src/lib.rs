@@ -66,7 +66,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
             shard: settings.shard_index.to_string(),
         })
         .set(i64::from(settings.shard_count));
-    tidings_runtime::metrics::metrics().may_fail(&["scan"]);
+    tidings_runtime::metrics::metrics().may_fail(&[tidings_runtime::metrics::Failure::Scan]);
     tidings_runtime::metrics::at_zero(
         &tidings_runtime::metrics::metrics().detections,
         [
@@ -137,7 +137,8 @@ impl scan::Detector {
                     )
                 }
                 Err(e) => {
-                    tidings_runtime::metrics::metrics().failed("scan");
+                    tidings_runtime::metrics::metrics()
+                        .failed(tidings_runtime::metrics::Failure::Scan);
                     tracing::error!(error = %e, "scan failed");
                 }
             }

@@ -259,7 +259,8 @@ impl Dispatcher {
         stats.published = published;
         stats.unconfirmed = failed.len();
         for (id, error) in failed {
-            tidings_runtime::metrics::metrics().failed("publish_push");
+            tidings_runtime::metrics::metrics()
+                .failed(tidings_runtime::metrics::Failure::PublishPush);
             // A publish without its ack is not a publish that failed: the request may be stored
             // (the ack was lost when the broker died) or sent on reconnect (the client buffers),
             // and then pushed. Taking the row back now would re-check and maybe withhold or
@@ -358,7 +359,8 @@ impl Dispatcher {
             let full = match self.dispatch_up_to(room).await {
                 Ok(stats) => room > 0 && stats.claimed as i64 >= room,
                 Err(e) => {
-                    tidings_runtime::metrics::metrics().failed("dispatch");
+                    tidings_runtime::metrics::metrics()
+                        .failed(tidings_runtime::metrics::Failure::Dispatch);
                     tracing::error!(error = %e, "dispatch batch failed");
                     false
                 }

@@ -114,12 +114,15 @@ pub async fn run_with(
     settings.validate()?;
     let settings = Arc::new(settings);
     tidings_store::transition::init_metrics();
-    tidings_runtime::metrics::metrics().may_fail(&[
-        "dispatch",
-        "publish_push",
-        "sweep",
-        "retention",
-    ]);
+    {
+        use tidings_runtime::metrics::Failure;
+        tidings_runtime::metrics::metrics().may_fail(&[
+            Failure::Dispatch,
+            Failure::PublishPush,
+            Failure::Sweep,
+            Failure::Retention,
+        ]);
+    }
     ensure_streams(&js, &settings.subjects, &settings.streams).await?;
     let source = Arc::new(HttpSource::new(settings.source.clone())?);
     let admission = Arc::new(admission::Admission::new(settings.admission_lag));

@@ -148,7 +148,8 @@ pub async fn run(
             }
             Ok(_) => {}
             Err(e) => {
-                tidings_runtime::metrics::metrics().failed("retention");
+                tidings_runtime::metrics::metrics()
+                    .failed(tidings_runtime::metrics::Failure::Retention);
                 tracing::error!(error = %e, "retention round failed; the next one tries again");
             }
         }

@@ -181,7 +181,8 @@ pub async fn run(
             }
             Ok(_) => {}
             Err(e) => {
-                tidings_runtime::metrics::metrics().failed("sweep");
+                tidings_runtime::metrics::metrics()
+                    .failed(tidings_runtime::metrics::Failure::Sweep);
                 tracing::error!(error = %e, "sweep failed");
             }
         }

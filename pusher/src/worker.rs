@@ -82,7 +82,7 @@ pub struct Pusher {
 impl Pusher {
     pub async fn new(js: jetstream::Context, settings: Settings) -> Result<Self, PusherError> {
         require_streams(&js, &settings.subjects).await?;
-        metrics().may_fail(&["publish_result"]);
+        metrics().may_fail(&[tidings_runtime::metrics::Failure::PublishResult]);
         // The latency by status class exists from the start; the request counts get their
         // series with their first push (a push host is not known before).
         for class in ["2xx", "4xx", "5xx"] {
@@ -299,7 +299,7 @@ impl Pusher {
         record_metrics(&result, host, &handled, telemetry::trace_id(&span));
         result.traceparent = telemetry::forward(&span, incoming.as_deref());
         if let Err(e) = inner.reporter.report(result).await {
-            metrics().failed("publish_result");
+            metrics().failed(tidings_runtime::metrics::Failure::PublishResult);
             tracing::error!(outbox_id = %req.outbox_id, attempt = req.attempt, error = %e, "could not publish PushResult; request will be redelivered");
             return Handled::Retried;
         }

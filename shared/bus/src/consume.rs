@@ -230,7 +230,7 @@ async fn durable(
         &m.dead_lettered,
         tidings_runtime::metrics::kinds([kind.as_str()]),
     );
-    m.may_fail(&[name]);
+    m.may_fail(&[tidings_runtime::metrics::Failure::Consumer(name)]);
     let stream_name = subjects.stream(kind);
     let stream = js
         .get_stream(&stream_name)
@@ -451,7 +451,7 @@ where
                     let work = handle(ok);
                     in_flight.spawn(async move {
                         if let Err(e) = work.await {
-                            tidings_runtime::metrics::metrics().failed(&consumer);
+                            tidings_runtime::metrics::metrics().failed(tidings_runtime::metrics::Failure::Consumer(&consumer));
                             tracing::error!(consumer = %consumer, error = %e, "batch failed; it will be redelivered");
                         }
                     });

@@ -310,6 +310,40 @@ pub struct VersionLabels {
     pub version: String,
 }
 
+/// An operation that fails and is tried again, as `tidings_failures_total` counts it. An enum,
+/// so a misspelt operation cannot make a series of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure<'a> {
+    /// A detector's scan.
+    Scan,
+    /// A dispatcher's claim-and-dispatch cycle.
+    Dispatch,
+    /// Publishing PushRequests.
+    PublishPush,
+    /// The lease sweeper.
+    Sweep,
+    /// The retention round.
+    Retention,
+    /// The pusher publishing results.
+    PublishResult,
+    /// A consumer's batch, by the consumer's durable name.
+    Consumer(&'a str),
+}
+
+impl Failure<'_> {
+    pub fn as_str(&self) -> &str {
+        match self {
+            Failure::Scan => "scan",
+            Failure::Dispatch => "dispatch",
+            Failure::PublishPush => "publish_push",
+            Failure::Sweep => "sweep",
+            Failure::Retention => "retention",
+            Failure::PublishResult => "publish_result",
+            Failure::Consumer(name) => name,
+        }
+    }
+}
+
 impl Metrics {
     fn new() -> Metrics {
         let mut registry = Registry::default();
@@ -641,20 +675,20 @@ impl Metrics {
     }
 
     /// Counts a failed `operation` (see `tidings_failures_total`).
-    pub fn failed(&self, operation: &str) {
+    pub fn failed(&self, operation: Failure<'_>) {
         self.failures
             .get_or_create(&OperationLabels {
-                operation: operation.to_owned(),
+                operation: operation.as_str().to_owned(),
             })
             .inc();
     }
 
     /// Creates the `tidings_failures_total` series of `operations` at 0.
-    pub fn may_fail(&self, operations: &[&str]) {
+    pub fn may_fail(&self, operations: &[Failure<'_>]) {
         at_zero(
             &self.failures,
             operations.iter().map(|o| OperationLabels {
-                operation: (*o).to_owned(),
+                operation: o.as_str().to_owned(),
             }),
         );
     }
