@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use tidings_domain::OutboxId;
 use tidings_domain::messages::AttemptOutcome;
 use tidings_runtime::telemetry;
-use tidings_store::attempts::{ROW_ENDING_COLUMNS, Recorded, RowEnding, merged};
+use tidings_store::attempts::{Recorded, merged};
 use tidings_store::db;
 use utoipa::ToSchema;
 use uuid::Uuid;
@@ -123,14 +123,9 @@ pub(crate) async fn summaries(
     let mut days: Vec<NaiveDate> = rows.iter().map(|r| r.1).collect();
     days.sort();
     days.dedup();
-    let endings: Vec<RowEnding> = sqlx::query_as(&format!(
-        "SELECT {ROW_ENDING_COLUMNS} FROM outbox o WHERE o.id = ANY($1) AND o.dedup_day = ANY($2)"
-    ))
-    .bind(&ids)
-    .bind(&days)
-    .fetch_all(&app.pool)
-    .await
-    .map_err(db("reading how rows ended"))?;
+    let endings = tidings_store::attempts::endings(&app.pool, &ids, &days)
+        .await
+        .map_err(db("reading how rows ended"))?;
     let mut recorded: HashMap<Uuid, Vec<Recorded>> = HashMap::new();
     for r in tidings_store::attempts::recorded(&app.pool, &ids, &days)
         .await

@@ -16,7 +16,9 @@ use axum::extract::{Path, State};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use tidings_domain::outbox::Status;
 use tidings_domain::trigger::Trigger;
+use tidings_domain::{DeviceId, WatchId};
 use tidings_store::db;
 use utoipa::ToSchema;
 use uuid::Uuid;
@@ -76,12 +78,9 @@ async fn device_view(app: &AppState, id: Uuid) -> Result<DeviceView, ApiError> {
     .fetch_all(&app.pool)
     .await
     .map_err(db("reading a device's subscriptions"))?;
-    let outbox: Vec<(String, i64)> =
-        sqlx::query_as("SELECT status, count(*) FROM outbox WHERE device_id = $1 GROUP BY status")
-            .bind(id)
-            .fetch_all(&app.pool)
-            .await
-            .map_err(db("counting a device's notifications"))?;
+    let outbox = tidings_store::counts::of_device(&app.pool, DeviceId(id))
+        .await
+        .map_err(db("counting a device's notifications"))?;
     Ok(DeviceView {
         id: row.id,
         time_zone: row.time_zone,
@@ -90,7 +89,7 @@ async fn device_view(app: &AppState, id: Uuid) -> Result<DeviceView, ApiError> {
         paused_at: row.paused_at,
         watch_count: row.watch_count,
         subscriptions,
-        outbox: outbox.into_iter().collect(),
+        outbox: by_state(outbox),
     })
 }
 
@@ -213,12 +212,9 @@ async fn watch_view(app: &AppState, id: Uuid) -> Result<WatchView, ApiError> {
     .await
     .map_err(db("reading a watch"))?
     .ok_or(ApiError::NotFound("watch"))?;
-    let outbox: Vec<(String, i64)> =
-        sqlx::query_as("SELECT status, count(*) FROM outbox WHERE watch_id = $1 GROUP BY status")
-            .bind(id)
-            .fetch_all(&app.pool)
-            .await
-            .map_err(db("counting a watch's notifications"))?;
+    let outbox = tidings_store::counts::of_watch(&app.pool, WatchId(id))
+        .await
+        .map_err(db("counting a watch's notifications"))?;
     Ok(WatchView {
         id: w.id,
         device_id: w.device_id,
@@ -229,7 +225,7 @@ async fn watch_view(app: &AppState, id: Uuid) -> Result<WatchView, ApiError> {
         created_at: w.created_at,
         updated_at: w.updated_at,
         removed_at: w.removed_at,
-        outbox: outbox.into_iter().collect(),
+        outbox: by_state(outbox),
     })
 }
 
@@ -309,4 +305,12 @@ pub async fn admin_resume_watch(
 ) -> Result<Json<WatchView>, ApiError> {
     let id = resource_id(id, "watch")?;
     set_watch_pause(&app, id, false).await
+}
+
+/// Counts by state as the api shows them: keyed by the state's name.
+fn by_state(counts: Vec<(Status, i64)>) -> BTreeMap<String, i64> {
+    counts
+        .into_iter()
+        .map(|(s, n)| (s.as_str().to_owned(), n))
+        .collect()
 }

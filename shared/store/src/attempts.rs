@@ -207,3 +207,19 @@ pub async fn of_row(
     let found = recorded(pool, &[id], &[row.ending.dedup_day]).await?;
     Ok(Some((merged(found, &row.ending), row.traceparent)))
 }
+
+/// How rows `ids` (of days `days`, which prune the read to their partitions) ended, as
+/// [`RowEnding`]s.
+pub async fn endings<'c, E: sqlx::PgExecutor<'c>>(
+    e: E,
+    ids: &[OutboxId],
+    days: &[NaiveDate],
+) -> Result<Vec<RowEnding>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {ROW_ENDING_COLUMNS} FROM outbox o WHERE o.id = ANY($1) AND o.dedup_day = ANY($2)"
+    ))
+    .bind(ids)
+    .bind(days)
+    .fetch_all(e)
+    .await
+}

@@ -9,6 +9,7 @@ pub mod backlog;
 pub mod baselines;
 pub mod cancel;
 pub mod claim;
+pub mod counts;
 pub mod enqueue;
 mod outbox;
 pub mod partitions;
