@@ -103,6 +103,18 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
 /// How often a dispatcher makes the coming weeks' partitions and drops expired ones.
 const RETENTION_INTERVAL: Duration = Duration::from_secs(3600);
 
+/// Creates at 0 the series this service's alerts take the `increase()` of.
+fn init_metrics() {
+    use tidings_runtime::metrics::Failure;
+    tidings_store::transition::init_metrics();
+    tidings_runtime::metrics::metrics().may_fail(&[
+        Failure::Dispatch,
+        Failure::PublishPush,
+        Failure::Sweep,
+        Failure::Retention,
+    ]);
+}
+
 /// Runs every loop on connections made elsewhere (tests and benchmarks make their own) until
 /// `shutdown`, then lets each finish (and ack) its batch in flight.
 pub async fn run_with(
@@ -113,16 +125,7 @@ pub async fn run_with(
 ) -> Result<(), StartError> {
     settings.validate()?;
     let settings = Arc::new(settings);
-    tidings_store::transition::init_metrics();
-    {
-        use tidings_runtime::metrics::Failure;
-        tidings_runtime::metrics::metrics().may_fail(&[
-            Failure::Dispatch,
-            Failure::PublishPush,
-            Failure::Sweep,
-            Failure::Retention,
-        ]);
-    }
+    init_metrics();
     ensure_streams(&js, &settings.subjects, &settings.streams).await?;
     let source = Arc::new(HttpSource::new(settings.source.clone())?);
     let admission = Arc::new(admission::Admission::new(settings.admission_lag));
