@@ -19,26 +19,13 @@
 // Test code: a failed unwrap is a failed test, which is what we want.
 #![allow(clippy::unwrap_used)]
 
+mod support;
+
+use support::{migrations_dir, released};
+
 use sqlx::{Connection, PgConnection};
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 use tidings_tests::harness::TestDb;
-
-fn migrations_dir() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../migrations"))
-}
-
-/// The highest migration of the last release, from migrations/README.md.
-fn released() -> i64 {
-    std::fs::read_to_string(migrations_dir().join("README.md"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("Released: "))
-        .expect("migrations/README.md has a `Released: NNNN` line")
-        .trim()
-        .parse()
-        .unwrap()
-}
 
 /// What old code can depend on, keyed by object (`table.column`, `table:constraint`, …) with a
 /// definition to compare.

@@ -4,7 +4,9 @@
 // Test code: a failed unwrap is a failed test, which is what we want.
 #![allow(clippy::unwrap_used)]
 
-use std::path::PathBuf;
+mod support;
+
+use support::{migrations_dir, released};
 
 /// Statements the previous release may not survive, as upper-case fragments of a statement.
 const BREAKING: &[&str] = &[
@@ -47,22 +49,6 @@ fn breaking(sql: &str) -> Vec<String> {
                 || (s.contains("ADD COLUMN") && s.contains("NOT NULL") && !s.contains("DEFAULT"))
         })
         .collect()
-}
-
-fn migrations_dir() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../migrations"))
-}
-
-/// The highest migration of the last release, from migrations/README.md.
-fn released() -> i64 {
-    let readme = std::fs::read_to_string(migrations_dir().join("README.md")).unwrap();
-    readme
-        .lines()
-        .find_map(|l| l.strip_prefix("Released: "))
-        .expect("migrations/README.md has a `Released: NNNN` line")
-        .trim()
-        .parse()
-        .unwrap()
 }
 
 #[test]
