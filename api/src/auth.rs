@@ -83,13 +83,9 @@ impl<S: Send + Sync> FromRequestParts<S> for DeviceToken {
 impl DeviceToken {
     /// The live device this token belongs to.
     pub async fn device(&self, app: &AppState) -> Result<Device, ApiError> {
-        let id: Option<DeviceId> = sqlx::query_scalar(
-            "SELECT id FROM devices WHERE token_hash = $1 AND removed_at IS NULL",
-        )
-        .bind(&self.hash)
-        .fetch_optional(&app.pool)
-        .await
-        .map_err(db("authenticating a device"))?;
+        let id = tidings_store::devices::authenticate(&app.pool, &self.hash)
+            .await
+            .map_err(db("authenticating a device"))?;
         id.map(|id| Device { id })
             .ok_or(ApiError::Unauthorized("invalid device token"))
     }

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use tidings_domain::dedup::parse_time_zone;
 use tidings_domain::{DeviceId, SubscriptionId};
 use tidings_store::db;
+use tidings_store::devices::{self, NewSubscription};
 use tidings_webpush::endpoint::{EndpointPolicy, check};
 use tidings_webpush::webpush::{KeyError, UaKeys};
 use utoipa::ToSchema;
@@ -106,6 +107,16 @@ pub async fn validate_subscription(
     Ok(())
 }
 
+/// A validated subscription as the store takes it.
+fn new_subscription(id: SubscriptionId, sub: &SubscriptionIn) -> NewSubscription<'_> {
+    NewSubscription {
+        id,
+        endpoint: &sub.endpoint,
+        p256dh: &sub.keys.p256dh,
+        auth: &sub.keys.auth,
+    }
+}
+
 #[utoipa::path(
     post, path = "/v1/devices", tag = "devices",
     request_body = CreateDevice,
@@ -130,21 +141,10 @@ pub async fn create_device(
     let (token, hash) = new_token()?;
     let device = DeviceId::new();
     let subscription = SubscriptionId::new();
-    sqlx::query(
-        "WITH d AS (INSERT INTO devices (id, token_hash, time_zone) VALUES ($1, $2, $3) RETURNING id)
-         INSERT INTO push_subscriptions (id, device_id, endpoint, p256dh, auth)
-         SELECT $4, d.id, $5, $6, $7 FROM d",
-    )
-    .bind(device)
-    .bind(hash)
-    .bind(&time_zone)
-    .bind(subscription)
-    .bind(&req.subscription.endpoint)
-    .bind(&req.subscription.keys.p256dh)
-    .bind(&req.subscription.keys.auth)
-    .execute(&app.pool)
-    .await
-    .map_err(db("registering a device"))?;
+    let first = new_subscription(subscription, &req.subscription);
+    devices::register(&app.pool, device, &hash, &time_zone, first)
+        .await
+        .map_err(db("registering a device"))?;
     tracing::info!(device_id = %device, "device registered");
     Ok((
         StatusCode::CREATED,
@@ -183,27 +183,9 @@ pub async fn replace_subscription(
         .begin()
         .await
         .map_err(db("replacing a subscription"))?;
-    sqlx::query(
-        "UPDATE push_subscriptions SET active = false, deactivated_at = now(),
-                deactivation_reason = 'replaced'
-         WHERE device_id = $1 AND active",
-    )
-    .bind(device.id)
-    .execute(&mut *tx)
-    .await
-    .map_err(db("deactivating the old subscription"))?;
-    sqlx::query(
-        "INSERT INTO push_subscriptions (id, device_id, endpoint, p256dh, auth)
-         VALUES ($1, $2, $3, $4, $5)",
-    )
-    .bind(id)
-    .bind(device.id)
-    .bind(&sub.endpoint)
-    .bind(&sub.keys.p256dh)
-    .bind(&sub.keys.auth)
-    .execute(&mut *tx)
-    .await
-    .map_err(db("inserting the new subscription"))?;
+    devices::replace_subscription(&mut tx, device.id, new_subscription(id, &sub))
+        .await
+        .map_err(db("replacing a subscription"))?;
     tx.commit().await.map_err(db("replacing a subscription"))?;
     tracing::info!(device_id = %device.id, subscription_id = %id, "subscription replaced");
     Ok(Json(SubscriptionReplaced {
@@ -223,21 +205,11 @@ pub async fn delete_device(
     State(app): State<AppState>,
     device: Device,
 ) -> Result<StatusCode, ApiError> {
-    // Soft deletes in one statement: history stays explainable, and the dispatcher's pre-guard
-    // drops whatever is still pending (watch_removed / subscription_inactive).
-    sqlx::query(
-        "WITH d AS (UPDATE devices SET removed_at = now() WHERE id = $1 AND removed_at IS NULL RETURNING id),
-              w AS (UPDATE watches SET removed_at = now(), updated_at = now()
-                    WHERE device_id IN (SELECT id FROM d) AND removed_at IS NULL),
-              s AS (UPDATE push_subscriptions SET active = false, deactivated_at = now(),
-                           deactivation_reason = 'device_removed'
-                    WHERE device_id IN (SELECT id FROM d) AND active)
-         SELECT count(*) FROM d",
-    )
-    .bind(device.id)
-    .execute(&app.pool)
-    .await
-    .map_err(db("removing a device"))?;
+    // The dispatcher's pre-guard drops whatever is still pending (watch_removed /
+    // subscription_inactive).
+    devices::remove(&app.pool, device.id)
+        .await
+        .map_err(db("removing a device"))?;
     tracing::info!(device_id = %device.id, "device removed");
     Ok(StatusCode::NO_CONTENT)
 }

@@ -50,14 +50,6 @@ impl Modify for Security {
     }
 }
 
-/// Delivery channels (only Web Push today).
-#[derive(utoipa::ToSchema)]
-#[schema(rename_all = "snake_case")]
-#[allow(dead_code)] // Never built; it exists for its schema.
-pub enum ChannelName {
-    WebPush,
-}
-
 /// The public routes: devices, their watches and history, probes, this document.
 fn public() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())

@@ -17,14 +17,13 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use tidings_domain::outbox::Status;
-use tidings_domain::trigger::Trigger;
-use tidings_domain::{DeviceId, WatchId};
-use tidings_store::db;
+use tidings_domain::{Channel, DeviceId, WatchId};
+use tidings_store::{db, devices, watches};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
 /// A push subscription as operators see it (no keys).
-#[derive(Debug, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct SubscriptionView {
     pub id: Uuid,
     pub push_host: Option<String>,
@@ -49,46 +48,38 @@ pub struct DeviceView {
     pub outbox: BTreeMap<String, i64>,
 }
 
-#[derive(sqlx::FromRow)]
-struct DeviceRow {
-    id: Uuid,
-    time_zone: String,
-    created_at: DateTime<Utc>,
-    removed_at: Option<DateTime<Utc>>,
-    paused_at: Option<DateTime<Utc>>,
-    watch_count: i32,
+impl From<devices::Subscription> for SubscriptionView {
+    fn from(s: devices::Subscription) -> Self {
+        SubscriptionView {
+            id: s.id.0,
+            push_host: s.push_host,
+            active: s.active,
+            created_at: s.created_at,
+            deactivated_at: s.deactivated_at,
+            deactivation_reason: s.deactivation_reason,
+        }
+    }
 }
 
 async fn device_view(app: &AppState, id: Uuid) -> Result<DeviceView, ApiError> {
-    let row: DeviceRow = sqlx::query_as(
-        "SELECT id, time_zone, created_at, removed_at, paused_at, watch_count
-         FROM devices WHERE id = $1",
-    )
-    .bind(id)
-    .fetch_optional(&app.pool)
-    .await
-    .map_err(db("reading a device"))?
-    .ok_or(ApiError::NotFound("device"))?;
-    let subscriptions: Vec<SubscriptionView> = sqlx::query_as(
-        "SELECT id, substring(endpoint FROM '^[a-z]+://([^/:?#]+)') AS push_host, active,
-                created_at, deactivated_at, deactivation_reason
-         FROM push_subscriptions WHERE device_id = $1 ORDER BY created_at DESC",
-    )
-    .bind(id)
-    .fetch_all(&app.pool)
-    .await
-    .map_err(db("reading a device's subscriptions"))?;
+    let row = devices::read(&app.pool, DeviceId(id))
+        .await
+        .map_err(db("reading a device"))?
+        .ok_or(ApiError::NotFound("device"))?;
+    let subscriptions = devices::subscriptions(&app.pool, DeviceId(id))
+        .await
+        .map_err(db("reading a device's subscriptions"))?;
     let outbox = tidings_store::counts::of_device(&app.pool, DeviceId(id))
         .await
         .map_err(db("counting a device's notifications"))?;
     Ok(DeviceView {
-        id: row.id,
+        id: row.id.0,
         time_zone: row.time_zone,
         created_at: row.created_at,
         removed_at: row.removed_at,
         paused_at: row.paused_at,
         watch_count: row.watch_count,
-        subscriptions,
+        subscriptions: subscriptions.into_iter().map(Into::into).collect(),
         outbox: by_state(outbox),
     })
 }
@@ -118,17 +109,10 @@ async fn set_device_pause(
     pause: bool,
 ) -> Result<Json<DeviceView>, ApiError> {
     // Pausing twice keeps the first pause's time.
-    let found = sqlx::query(
-        "UPDATE devices SET paused_at = CASE WHEN $2 THEN COALESCE(paused_at, now()) END
-         WHERE id = $1",
-    )
-    .bind(id)
-    .bind(pause)
-    .execute(&app.pool)
-    .await
-    .map_err(db("pausing or resuming a device"))?
-    .rows_affected();
-    if found == 0 {
+    let found = devices::set_paused(&app.pool, DeviceId(id), pause)
+        .await
+        .map_err(db("pausing or resuming a device"))?;
+    if !found {
         return Err(ApiError::NotFound("device"));
     }
     tracing::info!(device_id = %id, paused = pause, "device paused or resumed by an operator");
@@ -179,7 +163,7 @@ pub struct WatchView {
     pub device_id: Uuid,
     pub item_code: String,
     pub triggers: Vec<TriggerSpec>,
-    pub channel: String,
+    pub channel: Channel,
     pub paused: bool,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
@@ -188,36 +172,17 @@ pub struct WatchView {
     pub outbox: BTreeMap<String, i64>,
 }
 
-#[derive(sqlx::FromRow)]
-struct WatchRow {
-    id: Uuid,
-    device_id: Uuid,
-    item_code: String,
-    triggers: sqlx::types::Json<Vec<Trigger>>,
-    channel: String,
-    paused: bool,
-    created_at: DateTime<Utc>,
-    updated_at: DateTime<Utc>,
-    removed_at: Option<DateTime<Utc>>,
-}
-
 async fn watch_view(app: &AppState, id: Uuid) -> Result<WatchView, ApiError> {
-    let w: WatchRow = sqlx::query_as(
-        "SELECT id, device_id, item_code, triggers, channel, paused, created_at, updated_at,
-                removed_at
-         FROM watches WHERE id = $1",
-    )
-    .bind(id)
-    .fetch_optional(&app.pool)
-    .await
-    .map_err(db("reading a watch"))?
-    .ok_or(ApiError::NotFound("watch"))?;
+    let w = watches::inspect(&app.pool, WatchId(id))
+        .await
+        .map_err(db("reading a watch"))?
+        .ok_or(ApiError::NotFound("watch"))?;
     let outbox = tidings_store::counts::of_watch(&app.pool, WatchId(id))
         .await
         .map_err(db("counting a watch's notifications"))?;
     Ok(WatchView {
-        id: w.id,
-        device_id: w.device_id,
+        id: w.id.0,
+        device_id: w.device_id.0,
         item_code: w.item_code,
         triggers: w.triggers.0.iter().map(TriggerSpec::from_trigger).collect(),
         channel: w.channel,
@@ -253,16 +218,10 @@ async fn set_watch_pause(
     id: Uuid,
     pause: bool,
 ) -> Result<Json<WatchView>, ApiError> {
-    let found = sqlx::query(
-        "UPDATE watches SET paused = $2, updated_at = now() WHERE id = $1 AND paused <> $2",
-    )
-    .bind(id)
-    .bind(pause)
-    .execute(&app.pool)
-    .await
-    .map_err(db("pausing or resuming a watch"))?
-    .rows_affected();
-    if found == 1 {
+    let changed = watches::set_paused(&app.pool, WatchId(id), pause)
+        .await
+        .map_err(db("pausing or resuming a watch"))?;
+    if changed {
         tracing::info!(watch_id = %id, paused = pause, "watch paused or resumed by an operator");
     }
     // Already in that state, or absent (404 from the read).

@@ -6,7 +6,6 @@
 
 use crate::AppState;
 use crate::auth::{Device, DeviceToken};
-use crate::coalesce::{Admission, NewWatch, one_create_statement};
 use crate::extract::{ApiQuery, ClientAddr, JsonBody, cursor, limit, page, resource_id, within};
 use crate::problem::{ApiError, BodyRejected, Problem, Unauthorized};
 use aws_lc_rs::digest::{SHA256, digest};
@@ -18,12 +17,13 @@ use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
-use sqlx::types::Json as SqlJson;
 use std::collections::HashSet;
 use std::time::Duration;
 use tidings_domain::trigger::Trigger;
 use tidings_domain::{Channel, ItemCode, WatchId};
 use tidings_store::db;
+use tidings_store::watch_creates::{self, Admission, NewWatch};
+use tidings_store::{idempotency, watches};
 use tokio_util::sync::CancellationToken;
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
@@ -104,7 +104,7 @@ pub struct CreateWatch {
     pub triggers: Vec<TriggerSpec>,
     /// Delivery channel; `web_push` (the default) is the only one today.
     #[serde(default)]
-    #[schema(value_type = Option<crate::openapi::ChannelName>)]
+    #[schema(value_type = Option<Channel>)]
     pub channel: Option<String>,
 }
 
@@ -121,7 +121,7 @@ pub struct Watch {
     pub id: Uuid,
     pub item_code: String,
     pub triggers: Vec<TriggerSpec>,
-    pub channel: String,
+    pub channel: Channel,
     pub paused: bool,
     /// The first price seen for the item: `price_drop`'s reference until a notification is sent.
     pub reference_price: Option<i64>,
@@ -147,22 +147,10 @@ pub struct ListWatches {
     pub limit: Option<u32>,
 }
 
-#[derive(sqlx::FromRow)]
-struct WatchRow {
-    id: Uuid,
-    item_code: String,
-    triggers: SqlJson<Vec<Trigger>>,
-    channel: String,
-    paused: bool,
-    reference_price: Option<i64>,
-    created_at: DateTime<Utc>,
-    updated_at: DateTime<Utc>,
-}
-
-impl From<WatchRow> for Watch {
-    fn from(r: WatchRow) -> Self {
+impl From<watches::Watch> for Watch {
+    fn from(r: watches::Watch) -> Self {
         Watch {
-            id: r.id,
+            id: r.id.0,
             item_code: r.item_code,
             triggers: r.triggers.0.iter().map(TriggerSpec::from_trigger).collect(),
             channel: r.channel,
@@ -173,9 +161,6 @@ impl From<WatchRow> for Watch {
         }
     }
 }
-
-const WATCH_COLUMNS: &str =
-    "id, item_code, triggers, channel, paused, reference_price, created_at, updated_at";
 
 fn validate(req: &CreateWatch, max_triggers: usize) -> Result<NewWatch, ApiError> {
     let item = ItemCode::parse(&req.item_code).map_err(|e| ApiError::invalid("/item_code", e))?;
@@ -229,14 +214,7 @@ async fn insert_watch(
 ) -> Result<Watch, ApiError> {
     let id = WatchId::new();
     let max = app.settings.max_watches_per_device;
-    let row: Option<WatchRow> = sqlx::query_as(&one_create_statement("id = $2", WATCH_COLUMNS))
-        .bind(id)
-        .bind(device.id)
-        .bind(new.item.as_str())
-        .bind(SqlJson(&new.triggers))
-        .bind(new.channel.as_str())
-        .bind(max)
-        .fetch_optional(conn)
+    let row = watch_creates::for_device(conn, device.id, id, new, max)
         .await
         .map_err(db("creating a watch"))?;
     let row = row.ok_or_else(|| at_limit(max))?;
@@ -266,7 +244,7 @@ async fn create_queued(
                 id: id.0,
                 item_code: new.item.as_str().to_owned(),
                 triggers: new.triggers.iter().map(TriggerSpec::from_trigger).collect(),
-                channel: new.channel.as_str().to_owned(),
+                channel: new.channel,
                 paused: false,
                 reference_price: None,
                 created_at: at,
@@ -372,44 +350,28 @@ pub async fn create_watch(
     // waits on the key's unique index until then, and finds the stored response.
     let request_hash = digest(&SHA256, &body.raw).as_ref().to_vec();
     let mut tx = app.pool.begin().await.map_err(db("creating a watch"))?;
-    let claimed = sqlx::query(
-        "INSERT INTO idempotency_keys (device_id, key, request_hash, status, response)
-         VALUES ($1, $2, $3, 0, 'null') ON CONFLICT DO NOTHING",
-    )
-    .bind(device.id)
-    .bind(&key)
-    .bind(&request_hash)
-    .execute(&mut *tx)
-    .await
-    .map_err(db("recording an idempotency key"))?
-    .rows_affected()
-        == 1;
+    let claimed = idempotency::claim(&mut tx, device.id, &key, &request_hash)
+        .await
+        .map_err(db("recording an idempotency key"))?;
     if claimed {
         let watch = insert_watch(&mut tx, &app, &device, &new).await?;
         let response =
             serde_json::to_value(&watch).map_err(|e| ApiError::Internal(e.to_string()))?;
-        sqlx::query(
-            "UPDATE idempotency_keys SET status = 201, response = $3 WHERE device_id = $1 AND key = $2",
-        )
-        .bind(device.id)
-        .bind(&key)
-        .bind(&response)
-        .execute(&mut *tx)
-        .await
-        .map_err(db("recording an idempotent response"))?;
+        idempotency::record(&mut tx, device.id, &key, 201, &response)
+            .await
+            .map_err(db("recording an idempotent response"))?;
         tx.commit().await.map_err(db("creating a watch"))?;
         return created(&watch);
     }
     tx.rollback().await.map_err(db("creating a watch"))?;
 
-    let (stored_hash, status, response): (Vec<u8>, i16, serde_json::Value) = sqlx::query_as(
-        "SELECT request_hash, status, response FROM idempotency_keys WHERE device_id = $1 AND key = $2",
-    )
-    .bind(device.id)
-    .bind(&key)
-    .fetch_one(&app.pool)
-    .await
-    .map_err(db("reading an idempotency key"))?;
+    let idempotency::Stored {
+        request_hash: stored_hash,
+        status,
+        response,
+    } = idempotency::read(&app.pool, device.id, &key)
+        .await
+        .map_err(db("reading an idempotency key"))?;
     if stored_hash != request_hash {
         return Err(ApiError::invalid(
             "Idempotency-Key",
@@ -423,15 +385,9 @@ pub async fn create_watch(
         .and_then(|id| id.as_str())
         .and_then(|id| Uuid::parse_str(id).ok())
     {
-        let removed: bool = sqlx::query_scalar(
-            "SELECT removed_at IS NOT NULL FROM watches WHERE id = $1 AND device_id = $2",
-        )
-        .bind(id)
-        .bind(device.id)
-        .fetch_optional(&app.pool)
-        .await
-        .map_err(db("reading an idempotent create's watch"))?
-        .unwrap_or(true);
+        let removed = watches::is_removed(&app.pool, WatchId(id), device.id)
+            .await
+            .map_err(db("reading an idempotent create's watch"))?;
         if removed {
             return Err(ApiError::Conflict {
                 kind: "idempotency-key-spent",
@@ -460,10 +416,7 @@ pub async fn expire_idempotency_keys(
     shutdown: CancellationToken,
 ) {
     loop {
-        let delete = sqlx::query(
-            "DELETE FROM idempotency_keys WHERE created_at < now() - interval '24 hours'",
-        )
-        .execute(&pool);
+        let delete = idempotency::expire(&pool);
         // While Postgres is away the delete waits for a connection; shutdown must not.
         let result = tokio::select! {
             () = shutdown.cancelled() => return,
@@ -496,18 +449,10 @@ pub async fn list_watches(
 ) -> Result<Json<WatchList>, ApiError> {
     let after = cursor(q.cursor.as_deref())?;
     let limit = limit(q.limit)?;
-    let rows: Vec<WatchRow> = sqlx::query_as(&format!(
-        "SELECT {WATCH_COLUMNS} FROM watches
-         WHERE device_id = $1 AND removed_at IS NULL AND ($2::uuid IS NULL OR id > $2)
-         ORDER BY id LIMIT $3"
-    ))
-    .bind(device.id)
-    .bind(after)
-    .bind(limit + 1)
-    .fetch_all(&app.pool)
-    .await
-    .map_err(db("listing watches"))?;
-    let (items, next_cursor) = page(rows, limit, |r| r.id, Watch::from);
+    let rows = watches::list(&app.pool, device.id, after.map(WatchId), limit + 1)
+        .await
+        .map_err(db("listing watches"))?;
+    let (items, next_cursor) = page(rows, limit, |r| r.id.0, Watch::from);
     Ok(Json(WatchList { items, next_cursor }))
 }
 
@@ -527,14 +472,9 @@ pub async fn get_watch(
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Watch>, ApiError> {
     let id = resource_id(id, "watch")?;
-    let row: Option<WatchRow> = sqlx::query_as(&format!(
-        "SELECT {WATCH_COLUMNS} FROM watches WHERE id = $1 AND device_id = $2 AND removed_at IS NULL"
-    ))
-    .bind(id)
-    .bind(device.id)
-    .fetch_optional(&app.pool)
-    .await
-    .map_err(db("reading a watch"))?;
+    let row = watches::get(&app.pool, WatchId(id), device.id)
+        .await
+        .map_err(db("reading a watch"))?;
     row.map(|r| Json(r.into()))
         .ok_or(ApiError::NotFound("watch"))
 }
@@ -559,17 +499,9 @@ pub async fn update_watch(
     body: JsonBody<UpdateWatch>,
 ) -> Result<Json<Watch>, ApiError> {
     let id = resource_id(id, "watch")?;
-    let row: Option<WatchRow> = sqlx::query_as(&format!(
-        "UPDATE watches SET paused = $3, updated_at = now()
-         WHERE id = $1 AND device_id = $2 AND removed_at IS NULL
-         RETURNING {WATCH_COLUMNS}"
-    ))
-    .bind(id)
-    .bind(device.id)
-    .bind(body.value.paused)
-    .fetch_optional(&app.pool)
-    .await
-    .map_err(db("updating a watch"))?;
+    let row = watches::set_paused_for_device(&app.pool, WatchId(id), device.id, body.value.paused)
+        .await
+        .map_err(db("updating a watch"))?;
     let row = row.ok_or(ApiError::NotFound("watch"))?;
     tracing::info!(device_id = %device.id, watch_id = %id, paused = row.paused, "watch updated");
     Ok(Json(row.into()))
@@ -591,19 +523,12 @@ pub async fn delete_watch(
     id: Result<Path<String>, PathRejection>,
 ) -> Result<StatusCode, ApiError> {
     let id = resource_id(id, "watch")?;
-    let removed: Option<i64> = sqlx::query_scalar(
-        "WITH w AS (UPDATE watches SET removed_at = now(), updated_at = now()
-                    WHERE id = $1 AND device_id = $2 AND removed_at IS NULL RETURNING device_id),
-              d AS (UPDATE devices SET watch_count = watch_count - 1
-                    WHERE id IN (SELECT device_id FROM w) RETURNING id)
-         SELECT count(*) FROM d HAVING count(*) > 0",
-    )
-    .bind(id)
-    .bind(device.id)
-    .fetch_optional(&app.pool)
-    .await
-    .map_err(db("removing a watch"))?;
-    removed.ok_or(ApiError::NotFound("watch"))?;
+    let removed = watches::remove(&app.pool, WatchId(id), device.id)
+        .await
+        .map_err(db("removing a watch"))?;
+    if !removed {
+        return Err(ApiError::NotFound("watch"));
+    }
     tracing::info!(device_id = %device.id, watch_id = %id, "watch removed");
     Ok(StatusCode::NO_CONTENT)
 }

@@ -720,15 +720,15 @@ async fn concurrent_creates_never_exceed_the_watch_limit() {
     api.stop().await;
 }
 
-/// The statement concurrent creates share (api/src/coalesce.rs), given a batch directly so its
+/// The statement concurrent creates share (tidings_store::watch_creates), given a batch directly so its
 /// contents are known: each create is authenticated on its own, a device's creates are admitted
 /// in order up to its limit, the one-create statement agrees, and two batches racing for one
 /// device never exceed it.
 #[tokio::test]
 async fn a_shared_create_statement_authenticates_each_create_and_keeps_every_limit() {
     use tidings_api::auth::token_hash;
-    use tidings_api::coalesce::{Admission, Create, NewWatch, insert, insert_one};
     use tidings_domain::{Channel, ItemCode};
+    use tidings_store::watch_creates::{Admission, Create, NewWatch, many, one};
 
     let db = TestDb::new().await.unwrap();
     let api = ApiServer::start(db.pool.clone(), test_settings()).await;
@@ -773,7 +773,7 @@ async fn a_shared_create_statement_authenticates_each_create_and_keeps_every_lim
         .iter()
         .map(|t| Create::new(token_hash(t), WatchId::new(), &new))
         .collect();
-    let got = insert(&db.pool, 3, &creates).await.unwrap();
+    let got = many(&db.pool, 3, &creates).await.unwrap();
     let a_id: DeviceId = DeviceId(a.parse().unwrap());
     let b_id: DeviceId = DeviceId(b.parse().unwrap());
     let kinds: Vec<String> = got
@@ -834,7 +834,7 @@ async fn a_shared_create_statement_authenticates_each_create_and_keeps_every_lim
         (&token_gone, Admission::UnknownToken),
     ] {
         let create = Create::new(token_hash(token), WatchId::new(), &new);
-        assert_eq!(insert_one(&db.pool, 3, &create).await.unwrap(), expected);
+        assert_eq!(one(&db.pool, 3, &create).await.unwrap(), expected);
     }
     assert_eq!(counts(a_id).await, (3, 3));
 
@@ -844,8 +844,8 @@ async fn a_shared_create_statement_authenticates_each_create_and_keeps_every_lim
             .map(|_| Create::new(token_hash(&token_b), WatchId::new(), &new))
             .collect()
     };
-    let (one, two) = (batch(), batch());
-    let (x, y) = tokio::join!(insert(&db.pool, 3, &one), insert(&db.pool, 3, &two));
+    let (first, second) = (batch(), batch());
+    let (x, y) = tokio::join!(many(&db.pool, 3, &first), many(&db.pool, 3, &second));
     let admitted = x
         .unwrap()
         .into_iter()
@@ -863,9 +863,10 @@ async fn a_shared_create_statement_authenticates_each_create_and_keeps_every_lim
 #[tokio::test]
 async fn a_create_postgres_refuses_fails_alone_and_its_neighbours_are_created() {
     use tidings_api::auth::token_hash;
-    use tidings_api::coalesce::{Admission, CreateQueue, NewWatch};
+    use tidings_api::coalesce::CreateQueue;
     use tidings_api::problem::ApiError;
     use tidings_domain::{Channel, ItemCode};
+    use tidings_store::watch_creates::{Admission, NewWatch};
 
     let db = TestDb::new().await.unwrap();
     let api = ApiServer::start(db.pool.clone(), test_settings()).await;

@@ -6,6 +6,12 @@ use std::fmt;
 /// Where a notification is delivered. Only Web Push exists today; the enum keeps subjects,
 /// dedup keys and the outbox unique key ready for more.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(
+    feature = "sqlx",
+    derive(sqlx::Type),
+    sqlx(type_name = "text", rename_all = "snake_case")
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Channel {
     WebPush,

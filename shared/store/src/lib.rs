@@ -10,7 +10,9 @@ pub mod baselines;
 pub mod cancel;
 pub mod claim;
 pub mod counts;
+pub mod devices;
 pub mod enqueue;
+pub mod idempotency;
 mod outbox;
 pub mod partitions;
 pub mod replay;
@@ -19,6 +21,7 @@ pub mod schema;
 pub mod subscriptions;
 pub mod sweep;
 pub mod transition;
+pub mod watch_creates;
 pub mod watches;
 
 use sqlx::postgres::PgPoolOptions;

@@ -1,8 +1,11 @@
-//! What the detector records on watches: the item's stock state it last saw, and the first price
-//! a `price_drop` watch is measured from.
+//! Watches: what the detector records on them (the item's stock state it last saw, and the first
+//! price a `price_drop` watch is measured from), and what a device reads and changes of its own.
 
+use chrono::{DateTime, Utc};
 use sqlx::PgPool;
-use tidings_domain::WatchId;
+use sqlx::types::Json;
+use tidings_domain::trigger::Trigger;
+use tidings_domain::{Channel, DeviceId, WatchId};
 
 /// One watch's scan record; `None` leaves that column as it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,4 +38,143 @@ pub async fn record_seen(pool: &PgPool, seen: &[Seen]) -> Result<(), sqlx::Error
     .execute(pool)
     .await?;
     Ok(())
+}
+
+/// A watch as the api shows it to its device.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Watch {
+    pub id: WatchId,
+    pub item_code: String,
+    pub triggers: Json<Vec<Trigger>>,
+    pub channel: Channel,
+    pub paused: bool,
+    /// The first price seen for the item: `price_drop`'s reference until a notification is sent.
+    pub reference_price: Option<i64>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// The columns [`Watch`] reads, for `SELECT` and `RETURNING`.
+pub(crate) const WATCH_COLUMNS: &str =
+    "id, item_code, triggers, channel, paused, reference_price, created_at, updated_at";
+
+/// Device `device`'s live watches after `after`, in id order, at most `limit`.
+pub async fn list(
+    pool: &PgPool,
+    device: DeviceId,
+    after: Option<WatchId>,
+    limit: i64,
+) -> Result<Vec<Watch>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {WATCH_COLUMNS} FROM watches
+         WHERE device_id = $1 AND removed_at IS NULL AND ($2::uuid IS NULL OR id > $2)
+         ORDER BY id LIMIT $3"
+    ))
+    .bind(device)
+    .bind(after)
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+}
+
+/// Live watch `id` if device `device` owns it.
+pub async fn get(
+    pool: &PgPool,
+    id: WatchId,
+    device: DeviceId,
+) -> Result<Option<Watch>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT {WATCH_COLUMNS} FROM watches WHERE id = $1 AND device_id = $2 AND removed_at IS NULL"
+    ))
+    .bind(id)
+    .bind(device)
+    .fetch_optional(pool)
+    .await
+}
+
+/// Pauses or resumes live watch `id` of device `device`; `None` if it has no such watch.
+pub async fn set_paused_for_device(
+    pool: &PgPool,
+    id: WatchId,
+    device: DeviceId,
+    paused: bool,
+) -> Result<Option<Watch>, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "UPDATE watches SET paused = $3, updated_at = now()
+         WHERE id = $1 AND device_id = $2 AND removed_at IS NULL
+         RETURNING {WATCH_COLUMNS}"
+    ))
+    .bind(id)
+    .bind(device)
+    .bind(paused)
+    .fetch_optional(pool)
+    .await
+}
+
+/// Soft-deletes live watch `id` of device `device` and gives its slot back under the device's
+/// limit, in one statement; false if it has no such watch.
+pub async fn remove(pool: &PgPool, id: WatchId, device: DeviceId) -> Result<bool, sqlx::Error> {
+    let removed: Option<i64> = sqlx::query_scalar(
+        "WITH w AS (UPDATE watches SET removed_at = now(), updated_at = now()
+                    WHERE id = $1 AND device_id = $2 AND removed_at IS NULL RETURNING device_id),
+              d AS (UPDATE devices SET watch_count = watch_count - 1
+                    WHERE id IN (SELECT device_id FROM w) RETURNING id)
+         SELECT count(*) FROM d HAVING count(*) > 0",
+    )
+    .bind(id)
+    .bind(device)
+    .fetch_optional(pool)
+    .await?;
+    Ok(removed.is_some())
+}
+
+/// Whether watch `id` of device `device` is gone (deleted, or never its).
+pub async fn is_removed(pool: &PgPool, id: WatchId, device: DeviceId) -> Result<bool, sqlx::Error> {
+    let removed: Option<bool> = sqlx::query_scalar(
+        "SELECT removed_at IS NOT NULL FROM watches WHERE id = $1 AND device_id = $2",
+    )
+    .bind(id)
+    .bind(device)
+    .fetch_optional(pool)
+    .await?;
+    Ok(removed.unwrap_or(true))
+}
+
+/// A watch as operators see it, removed or not.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Inspected {
+    pub id: WatchId,
+    pub device_id: DeviceId,
+    pub item_code: String,
+    pub triggers: Json<Vec<Trigger>>,
+    pub channel: Channel,
+    pub paused: bool,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub removed_at: Option<DateTime<Utc>>,
+}
+
+/// Watch `id` as operators see it.
+pub async fn inspect(pool: &PgPool, id: WatchId) -> Result<Option<Inspected>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, device_id, item_code, triggers, channel, paused, created_at, updated_at,
+                removed_at
+         FROM watches WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(pool)
+    .await
+}
+
+/// Pauses or resumes watch `id` for an operator; false if it was already so (or is absent).
+pub async fn set_paused(pool: &PgPool, id: WatchId, paused: bool) -> Result<bool, sqlx::Error> {
+    let changed = sqlx::query(
+        "UPDATE watches SET paused = $2, updated_at = now() WHERE id = $1 AND paused <> $2",
+    )
+    .bind(id)
+    .bind(paused)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    Ok(changed == 1)
 }

@@ -1,0 +1,166 @@
+//! Devices and their push subscriptions as the api changes them: registering, authenticating,
+//! replacing a subscription, removing, pausing, and what operators read of one.
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgPool};
+use tidings_domain::{DeviceId, SubscriptionId};
+
+/// A Web Push subscription as the browser gave it.
+#[derive(Debug, Clone, Copy)]
+pub struct NewSubscription<'a> {
+    pub id: SubscriptionId,
+    pub endpoint: &'a str,
+    pub p256dh: &'a str,
+    pub auth: &'a str,
+}
+
+/// Inserts device `id` (authenticated by `token_hash`) with its first subscription.
+pub async fn register(
+    pool: &PgPool,
+    id: DeviceId,
+    token_hash: &[u8],
+    time_zone: &str,
+    sub: NewSubscription<'_>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "WITH d AS (INSERT INTO devices (id, token_hash, time_zone) VALUES ($1, $2, $3) RETURNING id)
+         INSERT INTO push_subscriptions (id, device_id, endpoint, p256dh, auth)
+         SELECT $4, d.id, $5, $6, $7 FROM d",
+    )
+    .bind(id)
+    .bind(token_hash)
+    .bind(time_zone)
+    .bind(sub.id)
+    .bind(sub.endpoint)
+    .bind(sub.p256dh)
+    .bind(sub.auth)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// The live device whose token hashes to `token_hash`.
+pub async fn authenticate(
+    pool: &PgPool,
+    token_hash: &[u8],
+) -> Result<Option<DeviceId>, sqlx::Error> {
+    sqlx::query_scalar("SELECT id FROM devices WHERE token_hash = $1 AND removed_at IS NULL")
+        .bind(token_hash)
+        .fetch_optional(pool)
+        .await
+}
+
+/// Whether a live device has this token.
+pub async fn is_live(pool: &PgPool, token_hash: &[u8]) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM devices WHERE token_hash = $1 AND removed_at IS NULL)",
+    )
+    .bind(token_hash)
+    .fetch_one(pool)
+    .await
+}
+
+/// Makes `sub` device `device`'s only active subscription, in `conn`'s transaction so there is
+/// never a moment with two, or none.
+pub async fn replace_subscription(
+    conn: &mut PgConnection,
+    device: DeviceId,
+    sub: NewSubscription<'_>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE push_subscriptions SET active = false, deactivated_at = now(),
+                deactivation_reason = 'replaced'
+         WHERE device_id = $1 AND active",
+    )
+    .bind(device)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(
+        "INSERT INTO push_subscriptions (id, device_id, endpoint, p256dh, auth)
+         VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(sub.id)
+    .bind(device)
+    .bind(sub.endpoint)
+    .bind(sub.p256dh)
+    .bind(sub.auth)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Soft-deletes device `id` with its watches and subscriptions in one statement, so history
+/// stays explainable and the dispatcher's pre-guard drops whatever is still pending.
+pub async fn remove(pool: &PgPool, id: DeviceId) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "WITH d AS (UPDATE devices SET removed_at = now() WHERE id = $1 AND removed_at IS NULL RETURNING id),
+              w AS (UPDATE watches SET removed_at = now(), updated_at = now()
+                    WHERE device_id IN (SELECT id FROM d) AND removed_at IS NULL),
+              s AS (UPDATE push_subscriptions SET active = false, deactivated_at = now(),
+                           deactivation_reason = 'device_removed'
+                    WHERE device_id IN (SELECT id FROM d) AND active)
+         SELECT count(*) FROM d",
+    )
+    .bind(id)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Pauses (keeping the first pause's time) or resumes device `id`; false if there is none.
+pub async fn set_paused(pool: &PgPool, id: DeviceId, pause: bool) -> Result<bool, sqlx::Error> {
+    let found = sqlx::query(
+        "UPDATE devices SET paused_at = CASE WHEN $2 THEN COALESCE(paused_at, now()) END
+         WHERE id = $1",
+    )
+    .bind(id)
+    .bind(pause)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    Ok(found == 1)
+}
+
+/// A device as operators see it.
+#[derive(Debug, sqlx::FromRow)]
+pub struct Device {
+    pub id: DeviceId,
+    pub time_zone: String,
+    pub created_at: DateTime<Utc>,
+    pub removed_at: Option<DateTime<Utc>>,
+    pub paused_at: Option<DateTime<Utc>>,
+    pub watch_count: i32,
+}
+
+pub async fn read(pool: &PgPool, id: DeviceId) -> Result<Option<Device>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, time_zone, created_at, removed_at, paused_at, watch_count
+         FROM devices WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(pool)
+    .await
+}
+
+/// A subscription as operators see it: its push service's host, never its keys.
+#[derive(Debug, sqlx::FromRow)]
+pub struct Subscription {
+    pub id: SubscriptionId,
+    pub push_host: Option<String>,
+    pub active: bool,
+    pub created_at: DateTime<Utc>,
+    pub deactivated_at: Option<DateTime<Utc>>,
+    pub deactivation_reason: Option<String>,
+}
+
+/// Device `id`'s subscriptions, newest first.
+pub async fn subscriptions(pool: &PgPool, id: DeviceId) -> Result<Vec<Subscription>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, substring(endpoint FROM '^[a-z]+://([^/:?#]+)') AS push_host, active,
+                created_at, deactivated_at, deactivation_reason
+         FROM push_subscriptions WHERE device_id = $1 ORDER BY created_at DESC",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await
+}
