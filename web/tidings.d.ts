@@ -21,7 +21,7 @@ export interface Watch {
   id: string;
   item_code: string;
   triggers: Trigger[];
-  channel: string;
+  channel: 'web_push';
   paused: boolean;
   reference_price: number | null;
   created_at: string;
@@ -44,8 +44,8 @@ export interface Notification {
   id: string;
   watch_id: string;
   item_code: string | null;
-  trigger: Trigger | null;
-  channel: string;
+  trigger: Trigger;
+  channel: 'web_push';
   status: 'pending' | 'retry' | 'sending' | 'sent' | 'dropped' | 'failed';
   reason: string | null;
   delivery: Delivery;

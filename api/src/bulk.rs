@@ -16,14 +16,16 @@ use crate::problem::{ApiError, Problem, Unauthorized};
 use axum::Json;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
+use chrono::NaiveDate;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use sqlx::{Postgres, QueryBuilder};
 use std::collections::BTreeMap;
-use tidings_domain::OutboxId;
-use tidings_domain::outbox::{Reason, Status};
+use tidings_domain::outbox::Reason;
+use tidings_domain::{DeviceId, OutboxId, WatchId};
 use tidings_runtime::telemetry;
+use tidings_store::bulk::{self, Candidate, Operation};
 use tidings_store::db;
+use tidings_store::history::{self, Filter};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
@@ -53,20 +55,6 @@ pub struct OutboxFilter {
     pub to: Option<DateTime<Utc>>,
 }
 
-/// An [`OutboxFilter`] whose names were checked.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Filter {
-    status: Option<Status>,
-    reason: Option<Reason>,
-    device_id: Option<Uuid>,
-    watch_id: Option<Uuid>,
-    item: Option<String>,
-    push_host: Option<String>,
-    http_status: Option<i32>,
-    from: Option<DateTime<Utc>>,
-    to: Option<DateTime<Utc>>,
-}
-
 pub(crate) fn reason_filter(name: Option<&str>) -> Result<Option<Reason>, ApiError> {
     name.map(|name| {
         Reason::parse(name).ok_or_else(|| {
@@ -91,56 +79,14 @@ impl OutboxFilter {
         Ok(Filter {
             status: status_filter(self.status.as_deref())?,
             reason: reason_filter(self.reason.as_deref())?,
-            device_id: self.device_id,
-            watch_id: self.watch_id,
+            device_id: self.device_id.map(DeviceId),
+            watch_id: self.watch_id.map(WatchId),
             item: self.item.clone(),
             push_host: self.push_host.clone(),
             http_status: self.http_status.map(i32::from),
             from: self.from,
             to: self.to,
         })
-    }
-}
-
-impl Filter {
-    /// Appends the filter's conditions to a query over `outbox o LEFT JOIN watches w` that
-    /// already has a `WHERE`.
-    pub(crate) fn push(&self, q: &mut QueryBuilder<'_, Postgres>) {
-        if let Some(s) = self.status {
-            q.push(" AND o.status = ").push_bind(s.as_str());
-        }
-        if let Some(r) = self.reason {
-            q.push(" AND o.reason = ").push_bind(r.as_str());
-        }
-        if let Some(d) = self.device_id {
-            q.push(" AND o.device_id = ").push_bind(d);
-        }
-        if let Some(w) = self.watch_id {
-            q.push(" AND o.watch_id = ").push_bind(w);
-        }
-        if let Some(item) = &self.item {
-            q.push(" AND w.item_code = ").push_bind(item.clone());
-        }
-        if let Some(host) = &self.push_host {
-            // The attempt that ended a row is on the row; earlier ones in outbox_attempts.
-            q.push(" AND (o.attempt_push_host = ")
-                .push_bind(host.clone())
-                .push(
-                    " OR EXISTS (SELECT 1 FROM outbox_attempts a
-                        WHERE a.outbox_id = o.id AND a.dedup_day = o.dedup_day AND a.push_host = ",
-                )
-                .push_bind(host.clone())
-                .push("))");
-        }
-        if let Some(h) = self.http_status {
-            q.push(" AND o.http_status = ").push_bind(h);
-        }
-        if let Some(from) = self.from {
-            q.push(" AND o.detected_at >= ").push_bind(from);
-        }
-        if let Some(to) = self.to {
-            q.push(" AND o.detected_at < ").push_bind(to);
-        }
     }
 }
 
@@ -163,7 +109,7 @@ pub struct BulkRequest {
 }
 
 /// A matching row, as a dry run samples it.
-#[derive(Debug, Serialize, Deserialize, ToSchema, sqlx::FromRow)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Sampled {
     pub id: Uuid,
     pub status: tidings_domain::outbox::Status,
@@ -196,37 +142,20 @@ pub struct BulkReport {
     pub up_to: Uuid,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Operation {
-    Replay,
-    Cancel,
-}
-
-impl Operation {
-    /// SQL deciding whether row `o` is one this operation changes.
-    fn eligible(self) -> &'static str {
-        match self {
-            Operation::Replay => concat!(
-                "o.status IN ",
-                tidings_store::status_sql!(replayable),
-                " AND o.replay_of IS NULL
-                 AND NOT EXISTS (SELECT 1 FROM outbox r WHERE r.replay_of = o.id AND r.dedup_day = o.dedup_day)"
-            ),
-            Operation::Cancel => concat!("o.status IN ", tidings_store::status_sql!(cancellable)),
+impl From<bulk::Sampled> for Sampled {
+    fn from(r: bulk::Sampled) -> Self {
+        Sampled {
+            id: r.id.0,
+            status: r.status,
+            reason: r.reason.map(|r| r.as_str().to_owned()),
+            item_code: r.item_code,
+            device_id: r.device_id.0,
+            detected_at: r.detected_at,
+            http_status: r.http_status,
+            replay_of: r.replay_of.map(|id| id.0),
         }
     }
 }
-
-fn matching<'a>(select: &str, filter: &Filter, up_to: Uuid) -> QueryBuilder<'a, Postgres> {
-    let mut q = QueryBuilder::new(select);
-    q.push(" FROM outbox o LEFT JOIN watches w ON w.id = o.watch_id WHERE o.id < ");
-    q.push_bind(up_to);
-    filter.push(&mut q);
-    q
-}
-
-/// A row a batch looked at: (id, dedup day, is a replay, replayed already, eligible).
-type Candidate = (Uuid, chrono::NaiveDate, bool, bool, bool);
 
 async fn run(app: &AppState, op: Operation, req: BulkRequest) -> Result<BulkReport, ApiError> {
     let filter = req.filter.check()?;
@@ -260,18 +189,27 @@ async fn run(app: &AppState, op: Operation, req: BulkRequest) -> Result<BulkRepo
         .begin()
         .await
         .map_err(db("starting a bulk operation"))?;
-    let rows = lock_batch(&mut tx, op, &filter, up_to, req.cursor, batch).await?;
+    let rows = bulk::lock_batch(
+        &mut tx,
+        op,
+        &filter,
+        OutboxId(up_to),
+        req.cursor.map(OutboxId),
+        batch,
+    )
+    .await
+    .map_err(db("reading a batch of matching rows"))?;
     report.examined = rows.len() as u64;
     if rows.len() as i64 == batch {
-        report.next_cursor = rows.last().map(|r| r.0);
+        report.next_cursor = rows.last().map(|r| r.id.0);
     }
-    let (ids, days) = sort_out(op, &rows, &mut report);
+    let eligible = sort_out(op, &rows, &mut report);
     let mut cancelled = None;
-    if !ids.is_empty() {
+    if !eligible.is_empty() {
         report.changed = match op {
-            Operation::Replay => replay_rows(&mut tx, &ids, &days).await?,
+            Operation::Replay => replay_rows(&mut tx, &eligible).await?,
             Operation::Cancel => {
-                let done = cancel_rows(&mut tx, &ids, &days).await?;
+                let done = tidings_store::cancel::cancel(&mut tx, &eligible).await?;
                 let n = done.count();
                 cancelled = Some(done);
                 n
@@ -285,11 +223,7 @@ async fn run(app: &AppState, op: Operation, req: BulkRequest) -> Result<BulkRepo
         done.record();
     }
     tracing::info!(
-        operation = if op == Operation::Replay {
-            "replay"
-        } else {
-            "cancel"
-        },
+        operation = op.as_str(),
         examined = report.examined,
         changed = report.changed,
         "bulk outbox operation batch"
@@ -304,65 +238,17 @@ async fn dry_run(
     filter: &Filter,
     report: &mut BulkReport,
 ) -> Result<(), ApiError> {
-    let mut q = matching(
-        &format!("SELECT count(*), count(*) FILTER (WHERE {})", op.eligible()),
-        filter,
-        report.up_to,
-    );
-    let (matched, eligible): (i64, i64) = q
-        .build_query_as()
-        .fetch_one(&app.pool)
+    let up_to = OutboxId(report.up_to);
+    let (matched, eligible) = bulk::count(&app.pool, op, filter, up_to)
         .await
         .map_err(db("counting the rows a filter matches"))?;
-    let mut q = matching(
-        "SELECT o.id, o.status, o.reason, w.item_code, o.device_id, o.detected_at,
-                o.http_status, o.replay_of",
-        filter,
-        report.up_to,
-    );
-    q.push(" AND ")
-        .push(op.eligible())
-        .push(" ORDER BY o.id LIMIT 10");
-    report.sample = q
-        .build_query_as()
-        .fetch_all(&app.pool)
+    let sample = bulk::sample(&app.pool, op, filter, up_to)
         .await
         .map_err(db("sampling the rows a filter matches"))?;
+    report.sample = sample.into_iter().map(Sampled::from).collect();
     report.matched = Some(matched);
     report.would_change = Some(eligible);
     Ok(())
-}
-
-/// The batch after `cursor`, locked so a dispatcher's claim or a concurrent bulk call cannot
-/// interleave.
-async fn lock_batch(
-    tx: &mut sqlx::PgConnection,
-    op: Operation,
-    filter: &Filter,
-    up_to: Uuid,
-    cursor: Option<Uuid>,
-    batch: i64,
-) -> Result<Vec<Candidate>, ApiError> {
-    let mut q = matching(
-        &format!(
-            "SELECT o.id, o.dedup_day, o.replay_of IS NOT NULL,
-                    EXISTS (SELECT 1 FROM outbox r WHERE r.replay_of = o.id AND r.dedup_day = o.dedup_day),
-                    {}",
-            op.eligible()
-        ),
-        filter,
-        up_to,
-    );
-    if let Some(c) = cursor {
-        q.push(" AND o.id > ").push_bind(c);
-    }
-    q.push(" ORDER BY o.id LIMIT ")
-        .push_bind(batch)
-        .push(" FOR UPDATE OF o");
-    Ok(q.build_query_as()
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(db("reading a batch of matching rows"))?)
 }
 
 /// The eligible rows' ids and days; the others counted in the report by why they were skipped.
@@ -370,52 +256,34 @@ fn sort_out(
     op: Operation,
     rows: &[Candidate],
     report: &mut BulkReport,
-) -> (Vec<Uuid>, Vec<chrono::NaiveDate>) {
-    let mut ids = Vec::new();
-    let mut days = Vec::new();
-    for (id, day, is_replay, replayed, eligible) in rows {
-        if *eligible {
-            ids.push(*id);
-            days.push(*day);
+) -> Vec<(OutboxId, NaiveDate)> {
+    let mut eligible = Vec::new();
+    for row in rows {
+        if row.eligible {
+            eligible.push((row.id, row.dedup_day));
             continue;
         }
         let why = match op {
-            Operation::Replay if *is_replay => "is_a_replay",
-            Operation::Replay if *replayed => "already_replayed",
+            Operation::Replay if row.is_replay => "is_a_replay",
+            Operation::Replay if row.replayed => "already_replayed",
             Operation::Replay => "not_replayable",
             Operation::Cancel => "not_cancellable",
         };
         *report.skipped.entry(why.to_owned()).or_default() += 1;
     }
-    (ids, days)
+    eligible
 }
 
 /// Replays rows (each a new pending row linked to its original, carrying this request's trace).
 async fn replay_rows(
     tx: &mut sqlx::PgConnection,
-    ids: &[Uuid],
-    days: &[chrono::NaiveDate],
+    rows: &[(OutboxId, NaiveDate)],
 ) -> Result<u64, ApiError> {
     let traceparent = telemetry::forward(&tracing::Span::current(), None);
-    let ids: Vec<OutboxId> = ids.iter().map(|id| OutboxId(*id)).collect();
-    Ok(tidings_store::replay::many(tx, &ids, days, traceparent)
+    let (ids, days): (Vec<OutboxId>, Vec<NaiveDate>) = rows.iter().copied().unzip();
+    Ok(tidings_store::replay::many(tx, &ids, &days, traceparent)
         .await
         .map_err(db("replaying outbox rows"))?)
-}
-
-/// Ends due rows `dropped`/`cancelled` through the store's transition path; a row claimed or
-/// ended meanwhile stays as it is.
-async fn cancel_rows(
-    tx: &mut sqlx::PgConnection,
-    ids: &[Uuid],
-    days: &[chrono::NaiveDate],
-) -> Result<tidings_store::cancel::Cancelled, ApiError> {
-    let rows: Vec<(OutboxId, chrono::NaiveDate)> = ids
-        .iter()
-        .zip(days)
-        .map(|(id, day)| (OutboxId(*id), *day))
-        .collect();
-    Ok(tidings_store::cancel::cancel(tx, &rows).await?)
 }
 
 #[utoipa::path(
@@ -465,7 +333,7 @@ pub async fn bulk_cancel(
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Cancelled {
     pub id: Uuid,
-    pub status: String,
+    pub status: tidings_domain::outbox::Status,
     pub reason: String,
 }
 
@@ -486,28 +354,23 @@ pub async fn cancel(
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Cancelled>, ApiError> {
     let id = resource_id(id, "outbox row")?;
-    let found: Option<(chrono::NaiveDate, String)> =
-        sqlx::query_as("SELECT dedup_day, status FROM outbox WHERE id = $1")
-            .bind(id)
-            .fetch_optional(&app.pool)
-            .await
-            .map_err(db("reading an outbox row"))?;
+    let found = history::status_of(&app.pool, OutboxId(id))
+        .await
+        .map_err(db("reading an outbox row"))?;
     let (day, status) = found.ok_or(ApiError::NotFound("outbox row"))?;
     let mut tx = app
         .pool
         .begin()
         .await
         .map_err(db("cancelling an outbox row"))?;
-    let cancelled = cancel_rows(&mut tx, &[id], &[day]).await?;
+    let cancelled = tidings_store::cancel::cancel(&mut tx, &[(OutboxId(id), day)]).await?;
     tx.commit().await.map_err(db("cancelling an outbox row"))?;
     if cancelled.count() == 0 {
         // Re-read: it may have been claimed or ended since the first read.
-        let now: String = sqlx::query_scalar("SELECT status FROM outbox WHERE id = $1")
-            .bind(id)
-            .fetch_one(&app.pool)
-            .await
-            .map_err(db("reading an outbox row"))
-            .unwrap_or(status);
+        let now = match history::status_of(&app.pool, OutboxId(id)).await {
+            Ok(Some((_, now))) => now,
+            Ok(None) | Err(_) => status,
+        };
         return Err(ApiError::Conflict {
             kind: "not-cancellable",
             detail: format!("row {id} is {now}; only pending or retrying rows can be cancelled"),
@@ -517,7 +380,7 @@ pub async fn cancel(
     tracing::info!(outbox_id = %id, "outbox row cancelled");
     Ok(Json(Cancelled {
         id,
-        status: "dropped".into(),
+        status: tidings_domain::outbox::Status::Dropped,
         reason: "cancelled".into(),
     }))
 }

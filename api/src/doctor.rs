@@ -71,15 +71,8 @@ async fn database(app: &AppState, max_due_age: u64, checks: &mut Vec<Check>) {
             return;
         }
     }
-    let due: Result<(i64, f64), sqlx::Error> = sqlx::query_as(concat!(
-        "SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(next_attempt_at))::float8, 0)
-         FROM outbox WHERE status IN ",
-        tidings_store::status_sql!(due),
-        " AND next_attempt_at <= now()",
-    ))
-    .fetch_one(&app.pool)
-    .await;
-    checks.push(match due {
+    let due = tidings_store::backlog::due(&app.pool).await;
+    checks.push(match due.map(|d| (d.rows, d.oldest_seconds)) {
         Ok((n, age)) if age <= max_due_age as f64 => check(
             "outbox backlog",
             true,

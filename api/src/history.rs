@@ -11,9 +11,9 @@ use axum::Json;
 use axum::extract::State;
 use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
-use tidings_domain::outbox::{Delivery, Reason, Status};
-use tidings_domain::trigger::Trigger;
-use tidings_store::db;
+use tidings_domain::outbox::{Delivery, Status};
+use tidings_domain::{Channel, OutboxId};
+use tidings_store::{db, history};
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
@@ -32,8 +32,8 @@ pub struct Notification {
     pub id: Uuid,
     pub watch_id: Uuid,
     pub item_code: Option<String>,
-    pub trigger: Option<TriggerSpec>,
-    pub channel: String,
+    pub trigger: TriggerSpec,
+    pub channel: Channel,
     pub status: Status,
     /// Why a row was dropped (withheld) or failed, e.g. `condition_lost`.
     pub reason: Option<String>,
@@ -84,57 +84,17 @@ pub struct ListNotifications {
     pub limit: Option<u32>,
 }
 
-#[derive(sqlx::FromRow)]
-pub(crate) struct NotificationRow {
-    id: Uuid,
-    watch_id: Uuid,
-    item_code: Option<String>,
-    trigger: String,
-    channel: String,
-    status: Status,
-    reason: Option<String>,
-    detected_price: i64,
-    detected_currency: String,
-    detected_in_stock: bool,
-    detected_at: DateTime<Utc>,
-    checked: Option<serde_json::Value>,
-    sent_value: Option<serde_json::Value>,
-    created_at: DateTime<Utc>,
-    updated_at: DateTime<Utc>,
-    finished_at: Option<DateTime<Utc>>,
-    replay_of: Option<Uuid>,
-    maybe_delivered: bool,
-    dedup_day: NaiveDate,
-}
-
-impl NotificationRow {
-    pub(crate) fn id(&self) -> Uuid {
-        self.id
-    }
-}
-
-pub(crate) const NOTIFICATION_COLUMNS: &str =
-    "o.id, o.watch_id, w.item_code, o.trigger, o.channel, o.status, o.reason,
-     o.detected_price, o.detected_currency, o.detected_in_stock, o.detected_at, o.checked,
-     o.sent_value, o.created_at, o.updated_at, o.finished_at, o.replay_of, o.maybe_delivered,
-     o.dedup_day";
-
-impl From<NotificationRow> for Notification {
-    fn from(r: NotificationRow) -> Self {
-        let delivery = Delivery::of(
-            r.status,
-            r.reason.as_deref().and_then(Reason::parse),
-            r.maybe_delivered,
-        );
+impl From<history::Notification> for Notification {
+    fn from(r: history::Notification) -> Self {
         Notification {
-            id: r.id,
-            watch_id: r.watch_id,
+            id: r.id.0,
+            watch_id: r.watch_id.0,
             item_code: r.item_code,
-            trigger: Trigger::from_key(&r.trigger).map(|t| TriggerSpec::from_trigger(&t)),
+            trigger: TriggerSpec::from_trigger(&r.trigger),
             channel: r.channel,
             status: r.status,
-            reason: r.reason,
-            delivery,
+            reason: r.reason.map(|r| r.as_str().to_owned()),
+            delivery: Delivery::of(r.status, r.reason, r.maybe_delivered),
             detected: Detected {
                 price: r.detected_price,
                 currency: r.detected_currency,
@@ -146,7 +106,7 @@ impl From<NotificationRow> for Notification {
             created_at: r.created_at,
             updated_at: r.updated_at,
             finished_at: r.finished_at,
-            replay_of: r.replay_of,
+            replay_of: r.replay_of.map(|id| id.0),
             dedup_day: r.dedup_day,
             attempts: Vec::new(),
         }
@@ -196,22 +156,16 @@ pub async fn list_notifications(
     let status = status_filter(q.status.as_deref())?;
     let before = cursor(q.cursor.as_deref())?;
     let limit = limit(q.limit)?;
-    // UUIDv7 ids are time-ordered: "newest first" is id order, served by outbox_device.
-    let rows: Vec<NotificationRow> = sqlx::query_as(&format!(
-        "SELECT {NOTIFICATION_COLUMNS}
-         FROM outbox o LEFT JOIN watches w ON w.id = o.watch_id
-         WHERE o.device_id = $1 AND ($2::text IS NULL OR o.status = $2)
-           AND ($3::uuid IS NULL OR o.id < $3)
-         ORDER BY o.id DESC LIMIT $4"
-    ))
-    .bind(device.id)
-    .bind(status.map(Status::as_str))
-    .bind(before)
-    .bind(limit + 1)
-    .fetch_all(&app.pool)
+    let rows = history::of_device(
+        &app.pool,
+        device.id,
+        status,
+        before.map(OutboxId),
+        limit + 1,
+    )
     .await
     .map_err(db("listing notifications"))?;
-    let (mut items, next_cursor) = page(rows, limit, |r| r.id, Notification::from);
+    let (mut items, next_cursor) = page(rows, limit, |r| r.id.0, Notification::from);
     with_attempts(&app, items.iter_mut()).await?;
     let kept_from = tidings_store::partitions::kept_from(&app.pool)
         .await

@@ -6,7 +6,7 @@ use crate::AppState;
 use crate::auth::Operator;
 use crate::bulk::OutboxFilter;
 use crate::extract::{ApiQuery, cursor, limit, page, resource_id};
-use crate::history::{NOTIFICATION_COLUMNS, Notification, NotificationRow, with_attempts};
+use crate::history::{Notification, with_attempts};
 use crate::problem::{ApiError, Problem, Unauthorized};
 use axum::Json;
 use axum::extract::rejection::PathRejection;
@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use tidings_domain::OutboxId;
 use tidings_domain::outbox::Status;
 use tidings_runtime::telemetry;
-use tidings_store::db;
+use tidings_store::{db, history};
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
@@ -101,29 +101,11 @@ pub struct OutboxRow {
     pub replays: Vec<Uuid>,
 }
 
-#[derive(sqlx::FromRow)]
-struct DeliveryRow {
-    #[sqlx(flatten)]
-    notification: NotificationRow,
-    device_id: Uuid,
-    attempt: i32,
-    retry_count: i32,
-    next_attempt_at: DateTime<Utc>,
-    lease_until: Option<DateTime<Utc>>,
-    deadline: Option<DateTime<Utc>>,
-    last_error: Option<String>,
-    http_status: Option<i32>,
-    push_message_id: Option<String>,
-    subscription_id: Option<Uuid>,
-    traceparent: Option<String>,
-    replays: Vec<Uuid>,
-}
-
-impl From<DeliveryRow> for OutboxRow {
-    fn from(r: DeliveryRow) -> Self {
+impl From<history::Delivery> for OutboxRow {
+    fn from(r: history::Delivery) -> Self {
         OutboxRow {
             notification: r.notification.into(),
-            device_id: r.device_id,
+            device_id: r.device_id.0,
             attempt: r.attempt,
             retry_count: r.retry_count,
             next_attempt_at: r.next_attempt_at,
@@ -132,22 +114,11 @@ impl From<DeliveryRow> for OutboxRow {
             last_error: r.last_error,
             http_status: r.http_status,
             push_message_id: r.push_message_id,
-            subscription_id: r.subscription_id,
+            subscription_id: r.subscription_id.map(|id| id.0),
             traceparent: r.traceparent,
-            replays: r.replays,
+            replays: r.replays.into_iter().map(|id| id.0).collect(),
         }
     }
-}
-
-fn delivery_query(filter: &str) -> String {
-    format!(
-        "SELECT {NOTIFICATION_COLUMNS}, o.device_id, o.attempt, o.retry_count, o.next_attempt_at,
-                o.lease_until, o.deadline, o.last_error, o.http_status, o.push_message_id,
-                o.subscription_id, o.traceparent,
-                ARRAY(SELECT r.id FROM outbox r WHERE r.replay_of = o.id) AS replays
-         FROM outbox o LEFT JOIN watches w ON w.id = o.watch_id
-         {filter}"
-    )
 }
 
 #[utoipa::path(
@@ -168,20 +139,10 @@ pub async fn list_outbox(
     let filter = q.filter().check()?;
     let before = cursor(q.cursor.as_deref())?;
     let limit = limit(q.limit)?;
-    let mut query = sqlx::QueryBuilder::new(delivery_query("WHERE TRUE"));
-    filter.push(&mut query);
-    if let Some(before) = before {
-        query.push(" AND o.id < ").push_bind(before);
-    }
-    query
-        .push(" ORDER BY o.id DESC LIMIT ")
-        .push_bind(limit + 1);
-    let rows: Vec<DeliveryRow> = query
-        .build_query_as()
-        .fetch_all(&app.pool)
+    let rows = history::deliveries(&app.pool, &filter, before.map(OutboxId), limit + 1)
         .await
         .map_err(db("listing outbox rows"))?;
-    let (mut items, next_cursor) = page(rows, limit, |r| r.notification.id(), OutboxRow::from);
+    let (mut items, next_cursor) = page(rows, limit, |r| r.notification.id.0, OutboxRow::from);
     with_attempts(&app, items.iter_mut().map(|r| &mut r.notification)).await?;
     let kept_from = tidings_store::partitions::kept_from(&app.pool)
         .await
@@ -209,9 +170,7 @@ pub async fn get_outbox_row(
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<OutboxRow>, ApiError> {
     let id = resource_id(id, "outbox row")?;
-    let row: Option<DeliveryRow> = sqlx::query_as(&delivery_query("WHERE o.id = $1"))
-        .bind(id)
-        .fetch_optional(&app.pool)
+    let row = history::delivery(&app.pool, OutboxId(id))
         .await
         .map_err(db("reading an outbox row"))?;
     let mut row: OutboxRow = row.ok_or(ApiError::NotFound("outbox row"))?.into();
@@ -248,33 +207,23 @@ pub async fn outbox_stats(
     State(app): State<AppState>,
     _: Operator,
 ) -> Result<Json<OutboxStats>, ApiError> {
-    let states: Vec<(Status, Option<String>, i64)> = sqlx::query_as(
-        "SELECT status, reason, count(*) FROM outbox GROUP BY status, reason ORDER BY status, reason",
-    )
-    .fetch_all(&app.pool)
-    .await
-    .map_err(db("counting outbox rows"))?;
-    let (due, oldest): (i64, f64) = sqlx::query_as(concat!(
-        "SELECT count(*),
-                COALESCE(EXTRACT(EPOCH FROM now() - min(next_attempt_at))::float8, 0)
-         FROM outbox WHERE status IN ",
-        tidings_store::status_sql!(due),
-        " AND next_attempt_at <= now()",
-    ))
-    .fetch_one(&app.pool)
-    .await
-    .map_err(db("measuring the due backlog"))?;
+    let states = history::by_state_and_reason(&app.pool)
+        .await
+        .map_err(db("counting outbox rows"))?;
+    let due = tidings_store::backlog::due(&app.pool)
+        .await
+        .map_err(db("measuring the due backlog"))?;
     Ok(Json(OutboxStats {
         states: states
             .into_iter()
             .map(|(status, reason, count)| StateCount {
                 status,
-                reason,
+                reason: reason.map(|r| r.as_str().to_owned()),
                 count,
             })
             .collect(),
-        due,
-        oldest_due_age_seconds: oldest,
+        due: due.rows,
+        oldest_due_age_seconds: due.oldest_seconds,
     }))
 }
 
@@ -332,15 +281,10 @@ pub async fn replay(
             }),
         ));
     }
-    let found: Option<(String, Option<Uuid>, Option<Uuid>)> = sqlx::query_as(
-        "SELECT status, (SELECT r.id FROM outbox r WHERE r.replay_of = o.id), replay_of
-         FROM outbox o WHERE id = $1",
-    )
-    .bind(original)
-    .fetch_optional(&app.pool)
-    .await
-    .map_err(db("reading an outbox row"))?;
-    match found {
+    let found = tidings_store::replay::replayability(&app.pool, OutboxId(original))
+        .await
+        .map_err(db("reading an outbox row"))?;
+    match found.map(|r| (r.status, r.replayed_as, r.replay_of)) {
         None => Err(ApiError::NotFound("outbox row")),
         // One replay per notification: a replay of a replay would chain without end.
         Some((_, _, Some(first))) => Err(ApiError::Conflict {

@@ -11,13 +11,13 @@
 
 use chrono::{DateTime, NaiveDate, Utc};
 use chrono_tz::Tz;
-use sqlx::types::Json;
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::PgPool;
 use std::collections::{BTreeMap, HashMap};
 use tidings_domain::dedup::{dedup_day, parse_time_zone};
-use tidings_domain::trigger::{LastSent, Observation, Trigger};
-use tidings_domain::{Channel, DeviceId, ItemCode, WatchId};
-use tidings_store::baselines::{BASELINE_COLUMNS, BaselineRow};
+use tidings_domain::trigger::{LastSent, Observation};
+use tidings_domain::{Channel, ItemCode, WatchId};
+use tidings_store::baselines::BaselineRow;
+use tidings_store::scan::{ScannedWatch, Shard, Snapshot};
 
 use crate::config::Settings;
 use crate::evaluate::Watch;
@@ -271,28 +271,24 @@ impl Watchlist {
 
     /// Brings the list up to date with the database in one repeatable-read snapshot: every
     /// active watch of this shard on the first call, the rows written since the previous read
-    /// afterwards. `pg_snapshot_xmin` is cluster-wide, so a transaction running anywhere (another
-    /// database included) holds it back and rows written after it started are read again by
-    /// the next read; such a row, unchanged, changes nothing here.
+    /// afterwards.
     pub async fn refresh(
         &mut self,
         pool: &PgPool,
         settings: &Settings,
     ) -> Result<Refreshed, sqlx::Error> {
-        let mut tx = pool.begin().await?;
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            .execute(&mut *tx)
-            .await?;
-        let read_below: String =
-            sqlx::query_scalar("SELECT pg_snapshot_xmin(pg_current_snapshot())::text")
-                .fetch_one(&mut *tx)
-                .await?;
+        let mut snapshot = Snapshot::begin(pool).await?;
+        let shard = Shard {
+            count: i32::try_from(settings.shard_count).unwrap_or(1),
+            index: i32::try_from(settings.shard_index).unwrap_or(0),
+        };
         let refreshed = match self.read_below.take() {
             None => {
                 *self = Watchlist::new();
-                self.read_all(&mut tx, settings).await?
+                self.read_all(&mut snapshot, shard, settings.page_size)
+                    .await?
             }
-            Some(since) => match self.read_changes(&mut tx, settings, &since).await {
+            Some(since) => match self.read_changes(&mut snapshot, shard, &since).await {
                 Ok(r) => r,
                 Err(e) => {
                     // Part of the changes may be applied; the next read starts from the same
@@ -302,44 +298,33 @@ impl Watchlist {
                 }
             },
         };
-        tx.commit().await?;
+        let read_below = snapshot.read_below.clone();
+        snapshot.commit().await?;
         self.read_below = Some(read_below);
         Ok(refreshed)
     }
 
     async fn read_all(
         &mut self,
-        tx: &mut Transaction<'_, Postgres>,
-        settings: &Settings,
+        snapshot: &mut Snapshot,
+        shard: Shard,
+        page_size: i64,
     ) -> Result<Refreshed, sqlx::Error> {
         let mut refreshed = Refreshed::default();
-        // Keyset pagination in (item_code, id) order over the scan index; no OFFSET.
         let mut after = (String::new(), WatchId(sqlx::types::Uuid::nil()));
         loop {
-            let page: Vec<WatchRow> = sqlx::query_as(&format!(
-                "SELECT {WATCH_COLUMNS} FROM watches w JOIN devices d ON d.id = w.device_id
-                 WHERE w.removed_at IS NULL AND NOT w.paused AND d.removed_at IS NULL
-                   AND (w.item_code, w.id) > ($1, $2) AND {}
-                 ORDER BY w.item_code, w.id
-                 LIMIT $3",
-                in_shard("$4", "$5")
-            ))
-            .bind(&after.0)
-            .bind(after.1)
-            .bind(settings.page_size)
-            .bind(i32::try_from(settings.shard_count).unwrap_or(1))
-            .bind(i32::try_from(settings.shard_index).unwrap_or(0))
-            .fetch_all(&mut **tx)
-            .await?;
+            let page = snapshot
+                .active_after(shard, (&after.0, after.1), page_size)
+                .await?;
             let Some(last) = page.last() else { break };
             after = (last.item_code.clone(), last.id);
-            let full_page = page.len() as i64 >= settings.page_size;
+            let full_page = page.len() as i64 >= page_size;
             let ids: Vec<WatchId> = page.iter().map(|w| w.id).collect();
             refreshed.watches += page.len();
             for row in page {
                 self.apply(row);
             }
-            refreshed.baselines += self.read_baselines_of(tx, &ids).await?;
+            refreshed.baselines += self.set_baselines(snapshot.baselines_of(&ids).await?);
             if !full_page {
                 break;
             }
@@ -349,20 +334,11 @@ impl Watchlist {
 
     async fn read_changes(
         &mut self,
-        tx: &mut Transaction<'_, Postgres>,
-        settings: &Settings,
+        snapshot: &mut Snapshot,
+        shard: Shard,
         since: &str,
     ) -> Result<Refreshed, sqlx::Error> {
-        let changed: Vec<WatchRow> = sqlx::query_as(&format!(
-            "SELECT {WATCH_COLUMNS} FROM watches w JOIN devices d ON d.id = w.device_id
-             WHERE w.changed_xid >= $1::text::xid8 AND {}",
-            in_shard("$2", "$3")
-        ))
-        .bind(since)
-        .bind(i32::try_from(settings.shard_count).unwrap_or(1))
-        .bind(i32::try_from(settings.shard_index).unwrap_or(0))
-        .fetch_all(&mut **tx)
-        .await?;
+        let changed = snapshot.watches_changed(shard, since).await?;
         let mut refreshed = Refreshed {
             watches: changed.len(),
             ..Refreshed::default()
@@ -375,43 +351,24 @@ impl Watchlist {
             })
             .collect();
         if !new.is_empty() {
-            refreshed.baselines += self.read_baselines_of(tx, &new).await?;
+            refreshed.baselines += self.set_baselines(snapshot.baselines_of(&new).await?);
         }
-        let rows: Vec<BaselineRow> = sqlx::query_as(&format!(
-            "SELECT {BASELINE_COLUMNS} FROM baselines WHERE changed_xid >= $1::text::xid8"
-        ))
-        .bind(since)
-        .fetch_all(&mut **tx)
-        .await?;
-        refreshed.baselines += rows.len();
-        for b in rows {
-            let last = b.last_sent();
-            self.set_baseline(b.watch_id, b.trigger, last);
-        }
+        refreshed.baselines += self.set_baselines(snapshot.baselines_changed(since).await?);
         Ok(refreshed)
     }
 
-    async fn read_baselines_of(
-        &mut self,
-        tx: &mut Transaction<'_, Postgres>,
-        ids: &[WatchId],
-    ) -> Result<usize, sqlx::Error> {
-        let rows: Vec<BaselineRow> = sqlx::query_as(&format!(
-            "SELECT {BASELINE_COLUMNS} FROM baselines WHERE watch_id = ANY($1)"
-        ))
-        .bind(ids)
-        .fetch_all(&mut **tx)
-        .await?;
+    /// Holds `rows` as the baselines they are; returns how many.
+    fn set_baselines(&mut self, rows: Vec<BaselineRow>) -> usize {
         let n = rows.len();
         for b in rows {
             let last = b.last_sent();
             self.set_baseline(b.watch_id, b.trigger, last);
         }
-        Ok(n)
+        n
     }
 
     /// Applies one watch row; returns whether it added a watch this list did not hold.
-    fn apply(&mut self, row: WatchRow) -> bool {
+    fn apply(&mut self, row: ScannedWatch) -> bool {
         if !row.active {
             self.remove(row.id);
             return false;
@@ -449,37 +406,13 @@ impl Watchlist {
     }
 }
 
-/// Which watches belong to this shard: a hash of the watch id, with the shard count and this
-/// shard's index bound as the parameters named.
-fn in_shard(count: &str, index: &str) -> String {
-    format!(
-        "({count}::int = 1
-          OR ((get_byte(uuid_send(w.id), 14) * 256 + get_byte(uuid_send(w.id), 15)) % {count}::int) = {index}::int)"
-    )
-}
-
-const WATCH_COLUMNS: &str =
-    "w.id, w.device_id, w.item_code, w.triggers, w.channel, w.reference_price,
-     d.time_zone, w.last_in_stock,
-     (w.removed_at IS NULL AND NOT w.paused AND d.removed_at IS NULL) AS active";
-
-#[derive(sqlx::FromRow)]
-struct WatchRow {
-    id: WatchId,
-    device_id: DeviceId,
-    item_code: String,
-    triggers: Json<Vec<Trigger>>,
-    channel: String,
-    reference_price: Option<i64>,
-    time_zone: String,
-    last_in_stock: Option<bool>,
-    active: bool,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use chrono::TimeZone;
+    use sqlx::types::Json;
+    use tidings_domain::DeviceId;
+    use tidings_domain::trigger::Trigger;
 
     fn at(hour: u32) -> DateTime<Utc> {
         Utc.with_ymd_and_hms(2026, 11, 30, hour, 0, 0).unwrap()
@@ -497,8 +430,8 @@ mod tests {
         }
     }
 
-    fn row(id: WatchId, channel: &str) -> WatchRow {
-        WatchRow {
+    fn row(id: WatchId, channel: &str) -> ScannedWatch {
+        ScannedWatch {
             id,
             device_id: DeviceId::new(),
             item_code: "SKU-1".into(),

@@ -106,12 +106,7 @@ impl Ingest {
             .collect();
         ids.sort();
         ids.dedup();
-        let rows: Vec<(WatchId, DeviceId)> =
-            sqlx::query_as("SELECT id, device_id FROM watches WHERE id = ANY($1)")
-                .bind(ids)
-                .fetch_all(&self.stage.pool)
-                .await?;
-        Ok(rows.into_iter().collect())
+        tidings_store::watches::owners(&self.stage.pool, &ids).await
     }
 
     /// Stores in the DLQ the requests of `msg` that were refused, when others of it were

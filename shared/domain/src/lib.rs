@@ -27,6 +27,8 @@ pub mod notification;
 pub mod outbox;
 pub mod push;
 pub mod retention;
+#[cfg(feature = "sqlx")]
+pub mod sql;
 pub mod subjects;
 pub mod trigger;
 

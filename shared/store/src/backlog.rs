@@ -70,3 +70,27 @@ pub async fn read(pool: &PgPool) -> Result<Backlog, sqlx::Error> {
         lease_overdue_seconds: overdue,
     })
 }
+
+/// Rows due for the dispatcher now, and how long the oldest of them has waited.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Due {
+    pub rows: i64,
+    /// Seconds (0: none is due).
+    pub oldest_seconds: f64,
+}
+
+/// Reads the due backlog in one statement.
+pub async fn due(pool: &PgPool) -> Result<Due, sqlx::Error> {
+    let (rows, oldest_seconds): (i64, f64) = sqlx::query_as(concat!(
+        "SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(next_attempt_at))::float8, 0)
+         FROM outbox WHERE status IN ",
+        crate::status_sql!(due),
+        " AND next_attempt_at <= now()",
+    ))
+    .fetch_one(pool)
+    .await?;
+    Ok(Due {
+        rows,
+        oldest_seconds,
+    })
+}

@@ -6,6 +6,7 @@
 use chrono::NaiveDate;
 use sqlx::{PgConnection, PgPool};
 use tidings_domain::OutboxId;
+use tidings_domain::outbox::Status;
 
 /// Replays row `original` as row `new`; false if it is not replayable (its state, a replay, or
 /// replayed already).
@@ -75,4 +76,27 @@ pub async fn traceparent_of(
         .bind(id)
         .fetch_optional(pool)
         .await
+}
+
+/// Why row `id` was not replayed: its state, the replay it already has, and the row it is
+/// itself a replay of. `None` if there is no such row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
+pub struct Replayability {
+    pub status: Status,
+    pub replayed_as: Option<OutboxId>,
+    pub replay_of: Option<OutboxId>,
+}
+
+pub async fn replayability(
+    pool: &PgPool,
+    id: OutboxId,
+) -> Result<Option<Replayability>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT status, (SELECT r.id FROM outbox r WHERE r.replay_of = o.id) AS replayed_as,
+                replay_of
+         FROM outbox o WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(pool)
+    .await
 }

@@ -178,3 +178,16 @@ pub async fn set_paused(pool: &PgPool, id: WatchId, paused: bool) -> Result<bool
     .rows_affected();
     Ok(changed == 1)
 }
+
+/// The device of each of watches `ids` that exists (removed or not).
+pub async fn owners(
+    pool: &PgPool,
+    ids: &[WatchId],
+) -> Result<std::collections::HashMap<WatchId, DeviceId>, sqlx::Error> {
+    let rows: Vec<(WatchId, DeviceId)> =
+        sqlx::query_as("SELECT id, device_id FROM watches WHERE id = ANY($1)")
+            .bind(ids)
+            .fetch_all(pool)
+            .await?;
+    Ok(rows.into_iter().collect())
+}

@@ -1,0 +1,200 @@
+//! Outbox rows as records of what happened: a device's history, and the operators' view of rows
+//! with their delivery record, selected by a [`Filter`].
+
+use chrono::{DateTime, NaiveDate, Utc};
+use sqlx::{PgPool, Postgres, QueryBuilder};
+use tidings_domain::outbox::{Reason, Status};
+use tidings_domain::trigger::Trigger;
+use tidings_domain::{Channel, DeviceId, OutboxId, SubscriptionId, WatchId};
+
+/// One notification, from detection to its outcome.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Notification {
+    pub id: OutboxId,
+    pub watch_id: WatchId,
+    /// `None` once the watch is gone (the join found nothing).
+    pub item_code: Option<String>,
+    pub trigger: Trigger,
+    pub channel: Channel,
+    pub status: Status,
+    pub reason: Option<Reason>,
+    pub detected_price: i64,
+    pub detected_currency: String,
+    pub detected_in_stock: bool,
+    pub detected_at: DateTime<Utc>,
+    pub checked: Option<serde_json::Value>,
+    pub sent_value: Option<serde_json::Value>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub replay_of: Option<OutboxId>,
+    pub maybe_delivered: bool,
+    pub dedup_day: NaiveDate,
+}
+
+const NOTIFICATION_COLUMNS: &str =
+    "o.id, o.watch_id, w.item_code, o.trigger, o.channel, o.status, o.reason,
+     o.detected_price, o.detected_currency, o.detected_in_stock, o.detected_at, o.checked,
+     o.sent_value, o.created_at, o.updated_at, o.finished_at, o.replay_of, o.maybe_delivered,
+     o.dedup_day";
+
+/// Device `device`'s rows before `before` (newest first), of `status` if given, at most `limit`.
+pub async fn of_device(
+    pool: &PgPool,
+    device: DeviceId,
+    status: Option<Status>,
+    before: Option<OutboxId>,
+    limit: i64,
+) -> Result<Vec<Notification>, sqlx::Error> {
+    // UUIDv7 ids are time-ordered: "newest first" is id order, served by outbox_device.
+    sqlx::query_as(&format!(
+        "SELECT {NOTIFICATION_COLUMNS}
+         FROM outbox o LEFT JOIN watches w ON w.id = o.watch_id
+         WHERE o.device_id = $1 AND ($2::text IS NULL OR o.status = $2)
+           AND ($3::uuid IS NULL OR o.id < $3)
+         ORDER BY o.id DESC LIMIT $4"
+    ))
+    .bind(device)
+    .bind(status)
+    .bind(before)
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+}
+
+/// Which outbox rows an operator means. Every field narrows the set; none means every row.
+#[derive(Clone, Debug, Default)]
+pub struct Filter {
+    pub status: Option<Status>,
+    pub reason: Option<Reason>,
+    pub device_id: Option<DeviceId>,
+    pub watch_id: Option<WatchId>,
+    pub item: Option<String>,
+    /// Rows with an attempt through this push service host.
+    pub push_host: Option<String>,
+    /// Rows whose last push answer had this HTTP status.
+    pub http_status: Option<i32>,
+    /// Detected at or after.
+    pub from: Option<DateTime<Utc>>,
+    /// Detected before.
+    pub to: Option<DateTime<Utc>>,
+}
+
+impl Filter {
+    /// Appends the filter's conditions to a query over `outbox o LEFT JOIN watches w` that
+    /// already has a `WHERE`.
+    pub(crate) fn push(&self, q: &mut QueryBuilder<'_, Postgres>) {
+        if let Some(s) = self.status {
+            q.push(" AND o.status = ").push_bind(s);
+        }
+        if let Some(r) = self.reason {
+            q.push(" AND o.reason = ").push_bind(r);
+        }
+        if let Some(d) = self.device_id {
+            q.push(" AND o.device_id = ").push_bind(d);
+        }
+        if let Some(w) = self.watch_id {
+            q.push(" AND o.watch_id = ").push_bind(w);
+        }
+        if let Some(item) = &self.item {
+            q.push(" AND w.item_code = ").push_bind(item.clone());
+        }
+        if let Some(host) = &self.push_host {
+            // The attempt that ended a row is on the row; earlier ones in outbox_attempts.
+            q.push(" AND (o.attempt_push_host = ")
+                .push_bind(host.clone())
+                .push(
+                    " OR EXISTS (SELECT 1 FROM outbox_attempts a
+                        WHERE a.outbox_id = o.id AND a.dedup_day = o.dedup_day AND a.push_host = ",
+                )
+                .push_bind(host.clone())
+                .push("))");
+        }
+        if let Some(h) = self.http_status {
+            q.push(" AND o.http_status = ").push_bind(h);
+        }
+        if let Some(from) = self.from {
+            q.push(" AND o.detected_at >= ").push_bind(from);
+        }
+        if let Some(to) = self.to {
+            q.push(" AND o.detected_at < ").push_bind(to);
+        }
+    }
+}
+
+/// An outbox row as operators see it: the notification plus its delivery record.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Delivery {
+    #[sqlx(flatten)]
+    pub notification: Notification,
+    pub device_id: DeviceId,
+    pub attempt: i32,
+    pub retry_count: i32,
+    pub next_attempt_at: DateTime<Utc>,
+    pub lease_until: Option<DateTime<Utc>>,
+    pub deadline: Option<DateTime<Utc>>,
+    pub last_error: Option<String>,
+    pub http_status: Option<i32>,
+    pub push_message_id: Option<String>,
+    pub subscription_id: Option<SubscriptionId>,
+    pub traceparent: Option<String>,
+    /// Replays of this row (at most one).
+    pub replays: Vec<OutboxId>,
+}
+
+fn delivery_query(filter: &str) -> String {
+    format!(
+        "SELECT {NOTIFICATION_COLUMNS}, o.device_id, o.attempt, o.retry_count, o.next_attempt_at,
+                o.lease_until, o.deadline, o.last_error, o.http_status, o.push_message_id,
+                o.subscription_id, o.traceparent,
+                ARRAY(SELECT r.id FROM outbox r WHERE r.replay_of = o.id) AS replays
+         FROM outbox o LEFT JOIN watches w ON w.id = o.watch_id
+         {filter}"
+    )
+}
+
+/// Rows `filter` matches before `before`, newest first, at most `limit`.
+pub async fn deliveries(
+    pool: &PgPool,
+    filter: &Filter,
+    before: Option<OutboxId>,
+    limit: i64,
+) -> Result<Vec<Delivery>, sqlx::Error> {
+    let mut query = QueryBuilder::new(delivery_query("WHERE TRUE"));
+    filter.push(&mut query);
+    if let Some(before) = before {
+        query.push(" AND o.id < ").push_bind(before);
+    }
+    query.push(" ORDER BY o.id DESC LIMIT ").push_bind(limit);
+    query.build_query_as().fetch_all(pool).await
+}
+
+/// Row `id` with its delivery record.
+pub async fn delivery(pool: &PgPool, id: OutboxId) -> Result<Option<Delivery>, sqlx::Error> {
+    sqlx::query_as(&delivery_query("WHERE o.id = $1"))
+        .bind(id)
+        .fetch_optional(pool)
+        .await
+}
+
+/// Row `id`'s dedup day and state.
+pub async fn status_of(
+    pool: &PgPool,
+    id: OutboxId,
+) -> Result<Option<(NaiveDate, Status)>, sqlx::Error> {
+    sqlx::query_as("SELECT dedup_day, status FROM outbox WHERE id = $1")
+        .bind(id)
+        .fetch_optional(pool)
+        .await
+}
+
+/// Rows by state and reason, over the whole outbox.
+pub async fn by_state_and_reason(
+    pool: &PgPool,
+) -> Result<Vec<(Status, Option<Reason>, i64)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT status, reason, count(*) FROM outbox GROUP BY status, reason ORDER BY status, reason",
+    )
+    .fetch_all(pool)
+    .await
+}

@@ -1,0 +1,139 @@
+//! What a detector shard reads to scan: its active watches and their baselines, all at once on
+//! the first read and only the rows written since afterwards (migration 0005 marks each row with
+//! the transaction that wrote it), each read in one repeatable-read snapshot.
+
+use crate::baselines::{BASELINE_COLUMNS, BaselineRow};
+use sqlx::types::Json;
+use sqlx::{PgPool, Postgres, Transaction};
+use tidings_domain::trigger::Trigger;
+use tidings_domain::{DeviceId, WatchId};
+
+/// Which share of the watches a detector replica scans: those whose id hashes to `index` of
+/// `count`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    pub count: i32,
+    pub index: i32,
+}
+
+/// A watch as the detector reads it, with its device's time zone.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ScannedWatch {
+    pub id: WatchId,
+    pub device_id: DeviceId,
+    pub item_code: String,
+    pub triggers: Json<Vec<Trigger>>,
+    /// Text, so that one watch on a channel this build does not know is skipped by the detector
+    /// (and logged) rather than failing the whole read.
+    pub channel: String,
+    pub reference_price: Option<i64>,
+    pub time_zone: String,
+    pub last_in_stock: Option<bool>,
+    /// Not removed, not paused, and its device not removed.
+    pub active: bool,
+}
+
+const WATCH_COLUMNS: &str =
+    "w.id, w.device_id, w.item_code, w.triggers, w.channel, w.reference_price,
+     d.time_zone, w.last_in_stock,
+     (w.removed_at IS NULL AND NOT w.paused AND d.removed_at IS NULL) AS active";
+
+/// The shard condition on `w.id`, with the shard count and index bound as the parameters named.
+fn in_shard(count: &str, index: &str) -> String {
+    format!(
+        "({count}::int = 1
+          OR ((get_byte(uuid_send(w.id), 14) * 256 + get_byte(uuid_send(w.id), 15)) % {count}::int) = {index}::int)"
+    )
+}
+
+/// One read, in one read-only repeatable-read snapshot.
+pub struct Snapshot {
+    tx: Transaction<'static, Postgres>,
+    /// Rows written by transactions from here on are read by the next snapshot.
+    /// `pg_snapshot_xmin` is cluster-wide, so a transaction running anywhere holds it back and a
+    /// row may be read twice; reading an unchanged row again changes nothing.
+    pub read_below: String,
+}
+
+impl Snapshot {
+    pub async fn begin(pool: &PgPool) -> Result<Self, sqlx::Error> {
+        let mut tx = pool.begin().await?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            .execute(&mut *tx)
+            .await?;
+        let read_below = sqlx::query_scalar("SELECT pg_snapshot_xmin(pg_current_snapshot())::text")
+            .fetch_one(&mut *tx)
+            .await?;
+        Ok(Snapshot { tx, read_below })
+    }
+
+    /// The shard's active watches after `after` in (item code, id) order, at most `limit`: keyset
+    /// pagination over the scan index.
+    pub async fn active_after(
+        &mut self,
+        shard: Shard,
+        after: (&str, WatchId),
+        limit: i64,
+    ) -> Result<Vec<ScannedWatch>, sqlx::Error> {
+        sqlx::query_as(&format!(
+            "SELECT {WATCH_COLUMNS} FROM watches w JOIN devices d ON d.id = w.device_id
+             WHERE w.removed_at IS NULL AND NOT w.paused AND d.removed_at IS NULL
+               AND (w.item_code, w.id) > ($1, $2) AND {}
+             ORDER BY w.item_code, w.id
+             LIMIT $3",
+            in_shard("$4", "$5")
+        ))
+        .bind(after.0)
+        .bind(after.1)
+        .bind(limit)
+        .bind(shard.count)
+        .bind(shard.index)
+        .fetch_all(&mut *self.tx)
+        .await
+    }
+
+    /// The shard's watches written since snapshot `since` read, active or not.
+    pub async fn watches_changed(
+        &mut self,
+        shard: Shard,
+        since: &str,
+    ) -> Result<Vec<ScannedWatch>, sqlx::Error> {
+        sqlx::query_as(&format!(
+            "SELECT {WATCH_COLUMNS} FROM watches w JOIN devices d ON d.id = w.device_id
+             WHERE w.changed_xid >= $1::text::xid8 AND {}",
+            in_shard("$2", "$3")
+        ))
+        .bind(since)
+        .bind(shard.count)
+        .bind(shard.index)
+        .fetch_all(&mut *self.tx)
+        .await
+    }
+
+    /// The baselines of watches `ids`.
+    pub async fn baselines_of(&mut self, ids: &[WatchId]) -> Result<Vec<BaselineRow>, sqlx::Error> {
+        sqlx::query_as(&format!(
+            "SELECT {BASELINE_COLUMNS} FROM baselines WHERE watch_id = ANY($1)"
+        ))
+        .bind(ids)
+        .fetch_all(&mut *self.tx)
+        .await
+    }
+
+    /// The baselines written since snapshot `since` read.
+    pub async fn baselines_changed(
+        &mut self,
+        since: &str,
+    ) -> Result<Vec<BaselineRow>, sqlx::Error> {
+        sqlx::query_as(&format!(
+            "SELECT {BASELINE_COLUMNS} FROM baselines WHERE changed_xid >= $1::text::xid8"
+        ))
+        .bind(since)
+        .fetch_all(&mut *self.tx)
+        .await
+    }
+
+    pub async fn commit(self) -> Result<(), sqlx::Error> {
+        self.tx.commit().await
+    }
+}
