@@ -29,6 +29,7 @@ COPY shared/bus/Cargo.toml shared/bus/
 COPY shared/webpush/Cargo.toml shared/webpush/
 COPY shared/source/Cargo.toml shared/source/
 COPY shared/store/Cargo.toml shared/store/build.rs shared/store/
+COPY shared/testkit/Cargo.toml shared/testkit/
 COPY api/Cargo.toml api/
 COPY dispatcher/Cargo.toml dispatcher/
 COPY pusher/Cargo.toml pusher/
@@ -36,12 +37,13 @@ COPY detector/Cargo.toml detector/
 COPY cli/Cargo.toml cli/
 COPY tests/Cargo.toml tests/
 COPY tests/benches/Cargo.toml tests/benches/
-RUN for c in shared/domain shared/runtime shared/bus shared/webpush shared/source shared/store \
+RUN for c in shared/domain shared/runtime shared/bus shared/webpush shared/source shared/store shared/testkit \
              api dispatcher pusher detector cli tests; do \
       mkdir -p "$c/src/bin" && echo "fn main() {}" > "$c/src/main.rs" && touch "$c/src/lib.rs"; \
     done \
  && mkdir -p tests/benches/src/bin && touch tests/benches/src/lib.rs \
- && for b in tidings_fakes tidings_demo; do echo "fn main() {}" > "tests/src/bin/$b.rs"; done \
+ && echo "fn main() {}" > shared/testkit/src/bin/tidings_fakes.rs \
+ && echo "fn main() {}" > tests/src/bin/tidings_demo.rs \
  && for b in bench_dispatcher bench_pusher bench_detector bench_api bench_pipeline bench_dedup chaos; do \
       echo "fn main() {}" > "tests/benches/src/bin/$b.rs"; \
     done \

@@ -21,9 +21,10 @@ use tidings_domain::{Channel, OutboxId};
 use tidings_pusher::Settings;
 use tidings_pusher::report::{BATCH, ReportError, Reporter};
 use tidings_pusher::worker::{Handled, Pusher};
-use tidings_tests::fake_push::{Answer, FakePushService, NAMED_HOSTS, pusher_settings};
+use tidings_tests::fake_push::{Answer, FakePushService, NAMED_HOSTS};
 use tidings_tests::fixtures;
 use tidings_tests::harness::{delete_streams, nats, test_subjects};
+use tidings_tests::pushers::{self, pusher_settings};
 use tidings_webpush::endpoint::EndpointPolicy;
 
 const WAIT: Duration = Duration::from_millis(300);
@@ -268,7 +269,7 @@ async fn a_redelivery_answered_gone_may_have_been_delivered() {
     // it; the subscription is gone when it comes round again.
     let held = w.request(&sub);
     w.publish(&held, &held.msg_id()).await;
-    let consumer = fixtures::pusher_consumer(&w.js, &w.subjects).await;
+    let consumer = pushers::pusher_consumer(&w.js, &w.subjects).await;
     let taken = consume::fetch(&consumer, 1, WAIT).await.unwrap();
     assert_eq!(taken.len(), 1);
     taken[0].ack_with(AckKind::Nak(None)).await.unwrap();
@@ -289,7 +290,7 @@ async fn a_redelivery_past_its_deadline_may_have_been_delivered() {
     // Another pusher took the request and died holding it (a NAK stands in for its ack wait).
     let held = w.expired_request(&w.push.subscription());
     w.publish(&held, &held.msg_id()).await;
-    let consumer = fixtures::pusher_consumer(&w.js, &w.subjects).await;
+    let consumer = pushers::pusher_consumer(&w.js, &w.subjects).await;
     let taken = consume::fetch(&consumer, 1, WAIT).await.unwrap();
     assert_eq!(taken.len(), 1);
     taken[0].ack_with(AckKind::Nak(None)).await.unwrap();
@@ -345,7 +346,7 @@ async fn a_redelivered_request_that_was_delivered_is_not_sent_again() {
     // The pusher delivers and reports, then dies before its ack: JetStream redelivers (a NAK
     // stands in for the ack timeout, so the test does not wait it out).
     assert_eq!(
-        fixtures::deliver_then_redeliver(&pusher, &w.js, &w.subjects, &req).await,
+        pushers::deliver_then_redeliver(&pusher, &w.js, &w.subjects, &req).await,
         [Handled::AlreadyDelivered]
     );
     assert_eq!(
@@ -576,7 +577,7 @@ async fn a_batch_is_delivered_request_by_request_in_the_pushers_slots_and_acked_
         );
     }
     // One message, acked once its five results were stored.
-    let info = fixtures::pusher_consumer(&w.js, &w.subjects)
+    let info = pushers::pusher_consumer(&w.js, &w.subjects)
         .await
         .info()
         .await
@@ -605,7 +606,7 @@ async fn a_redelivered_batch_sends_again_only_what_was_not_delivered() {
 
     // The pusher handles the batch, then dies before its ack: JetStream redelivers it (a NAK
     // stands in for the ack timeout).
-    let mut fetched = fixtures::pusher_consumer(&w.js, &w.subjects)
+    let mut fetched = pushers::pusher_consumer(&w.js, &w.subjects)
         .await
         .fetch()
         .max_messages(1)

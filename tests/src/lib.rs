@@ -1,20 +1,18 @@
-//! Test support shared by every Tidings test, and the fakes the tests and the demo run against.
+//! Test support that needs the services, the cross-service tests' world, and the demo. What
+//! needs no service is in `tidings-testkit`, re-exported here so a service's tests use one crate.
 //!
-//! - [`harness`]: the one Postgres and one NATS that `deploy/local/stack test` started, a fresh
-//!   migrated database per test and a unique subject prefix per test, so tests run in parallel.
-//! - [`brokers`]: nats-servers of a test's own — one (with authentication or TLS if asked) or
-//!   a three-node JetStream cluster.
-//! - [`fixtures`]: devices, subscriptions and watches to build a story on.
 //! - [`api`]: the api served in-process, and a browser-like client.
+//! - [`pushers`]: a pusher driven by hand against the fake push service.
+//! - [`scenario`]: a story-test world (NATS streams, the dispatcher's loops in-process).
+//! - [`services`]: the real binaries, started by a test.
+//! - [`demo`]: the README's demo, also run by `tidings-demo`.
+
+pub use tidings_testkit::{brokers, fake_catalog, fake_push, fixtures, harness};
 
 pub mod api;
-pub mod brokers;
 pub mod demo;
-pub mod fake_catalog;
-pub mod fake_push;
-pub mod fixtures;
-pub mod harness;
 pub mod manifests;
 pub mod otlp;
+pub mod pushers;
 pub mod scenario;
 pub mod services;

@@ -338,7 +338,7 @@ fn the_dockerfile_covers_the_workspace_and_every_service() {
             "the dependency layer does not copy {member}/Cargo.toml"
         );
     }
-    for crate_dir in ["tests", "tests/benches"] {
+    for crate_dir in ["shared/testkit", "tests", "tests/benches"] {
         let manifest = std::fs::read_to_string(repo().join(crate_dir).join("Cargo.toml")).unwrap();
         for bin in manifest
             .lines()
@@ -346,7 +346,8 @@ fn the_dockerfile_covers_the_workspace_and_every_service() {
             .map(|p| p.trim_end_matches(".rs\""))
         {
             assert!(
-                dockerfile.contains(&format!(" {bin}")) || dockerfile.contains(&format!(" {bin};")),
+                dockerfile.contains(&format!(" {bin}"))
+                    || dockerfile.contains(&format!(" {crate_dir}/src/bin/{bin}.rs")),
                 "the dependency layer has no stub for {crate_dir}/src/bin/{bin}.rs"
             );
         }

@@ -14,9 +14,10 @@ use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
 use tidings_pusher::worker::{Handled, Pusher};
 use tidings_tests::brokers::PrivateNats;
-use tidings_tests::fake_push::{Answer, FakePushService, pusher_settings};
+use tidings_tests::fake_push::{Answer, FakePushService};
 use tidings_tests::fixtures;
 use tidings_tests::harness::{delete_streams, poll_wait, test_subjects};
+use tidings_tests::pushers::{self, pusher_settings};
 use tidings_tests::scenario::{Scenario, Watcher};
 
 const BELOW_1200: Trigger = Trigger::PriceBelow { threshold: 1200 };
@@ -223,7 +224,7 @@ async fn after_a_broker_restart_a_running_pusher_still_sends_a_redelivered_push_
         }
         let req = fixtures::push_request(&sub);
         assert_eq!(
-            fixtures::deliver_then_redeliver(&pusher, &b.js, &b.subjects, &req).await,
+            pushers::deliver_then_redeliver(&pusher, &b.js, &b.subjects, &req).await,
             [Handled::AlreadyDelivered]
         );
         let received = push.received_by(&sub).len();

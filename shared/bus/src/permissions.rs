@@ -478,7 +478,7 @@ mod tests {
     fn the_checked_in_configurations_are_the_generated_ones() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         for (path, prefix, admin) in CHECKED_IN {
-            tidings_tests::harness::assert_generated(
+            tidings_testkit::harness::assert_generated(
                 &root.join(path),
                 &checked_in_config(prefix, admin),
                 "tidings_bus::permissions",

@@ -8,7 +8,7 @@ use async_nats::connection::State;
 use std::path::PathBuf;
 use std::time::Duration;
 use tidings_bus::connection::ConnectionArgs;
-use tidings_tests::brokers::PrivateNats;
+use tidings_testkit::brokers::PrivateNats;
 
 /// Whether a client with these flags is connected (and can round-trip) within `wait`.
 async fn connects(args: &ConnectionArgs, wait: Duration) -> bool {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tidings_bus::streams::{StreamSettings, ensure_streams};
 use tidings_domain::Channel;
 use tidings_domain::subjects::StreamKind;
-use tidings_tests::harness::{delete_streams, nats, stream_len, test_subjects};
+use tidings_testkit::harness::{delete_streams, nats, stream_len, test_subjects};
 
 #[tokio::test]
 async fn the_enqueue_stream_drops_a_republished_dedup_key() {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tidings_domain::ItemCode;
 use tidings_domain::trigger::SourceErrorKind;
 use tidings_source::HttpSource;
-use tidings_tests::fake_catalog::{Behavior, FakeCatalog, Item};
+use tidings_testkit::fake_catalog::{Behavior, FakeCatalog, Item};
 
 fn codes(names: &[&str]) -> Vec<ItemCode> {
     names.iter().map(|n| ItemCode::parse(n).unwrap()).collect()

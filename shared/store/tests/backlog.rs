@@ -5,8 +5,8 @@
 
 use tidings_domain::outbox::Status;
 use tidings_domain::trigger::Trigger;
-use tidings_tests::fixtures;
-use tidings_tests::harness::TestDb;
+use tidings_testkit::fixtures;
+use tidings_testkit::harness::TestDb;
 
 #[tokio::test]
 async fn the_backlog_counts_undecided_rows_and_the_oldest_waits() {

@@ -6,8 +6,8 @@
 
 use tidings_domain::OutboxId;
 use tidings_domain::trigger::Trigger;
-use tidings_tests::fixtures;
-use tidings_tests::harness::TestDb;
+use tidings_testkit::fixtures;
+use tidings_testkit::harness::TestDb;
 
 /// Pending rows of one watch, one per day.
 async fn rows(db: &TestDb, n: u32) -> Vec<(OutboxId, chrono::NaiveDate)> {

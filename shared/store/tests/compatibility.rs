@@ -25,7 +25,7 @@ use support::{migrations_dir, released};
 
 use sqlx::{Connection, PgConnection};
 use std::collections::{BTreeMap, BTreeSet};
-use tidings_tests::harness::TestDb;
+use tidings_testkit::harness::TestDb;
 
 /// What old code can depend on, keyed by object (`table.column`, `table:constraint`, …) with a
 /// definition to compare.

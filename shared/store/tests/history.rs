@@ -9,8 +9,8 @@ use tidings_domain::outbox::{DropReason, Reason, Status};
 use tidings_domain::trigger::Trigger;
 use tidings_domain::{DeviceId, OutboxId};
 use tidings_store::history::{self, Filter};
-use tidings_tests::fixtures;
-use tidings_tests::harness::TestDb;
+use tidings_testkit::fixtures;
+use tidings_testkit::harness::TestDb;
 
 async fn device_of(db: &TestDb, id: OutboxId) -> DeviceId {
     sqlx::query_scalar("SELECT device_id FROM outbox WHERE id = $1")

@@ -7,7 +7,7 @@
 use sqlx::PgPool;
 use std::time::Duration;
 use tidings_store::{PING_IF_IDLE_FOR, needs_ping};
-use tidings_tests::harness::TestDb;
+use tidings_testkit::harness::TestDb;
 
 async fn backend_pid(pool: &PgPool) -> Result<i32, sqlx::Error> {
     sqlx::query_scalar("SELECT pg_backend_pid()")

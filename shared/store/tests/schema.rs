@@ -7,8 +7,8 @@ use chrono::{NaiveDate, TimeZone, Utc};
 use tidings_domain::outbox::Status;
 use tidings_domain::trigger::Trigger;
 use tidings_domain::{OutboxId, WatchId};
-use tidings_tests::fixtures::{self, Device, Inserted};
-use tidings_tests::harness::TestDb;
+use tidings_testkit::fixtures::{self, Device, Inserted};
+use tidings_testkit::harness::TestDb;
 use uuid::Uuid;
 
 const BELOW_1200: Trigger = Trigger::PriceBelow { threshold: 1200 };

@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::path::PathBuf;
-use tidings_tests::harness::TestDb;
+use tidings_testkit::harness::TestDb;
 
 fn fixture(path: &str) -> String {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

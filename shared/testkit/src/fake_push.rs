@@ -28,12 +28,12 @@ use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_util::task::AbortOnDropHandle;
 
-pub const CERT_PEM: &[u8] = include_bytes!("../fixtures/tls/cert.pem");
+pub const CERT_PEM: &[u8] = include_bytes!("../../../tests/fixtures/tls/cert.pem");
 
 /// The push hosts a pusher must allow for [`FakePushService::named_subscription`] and
 /// [`FakePushService::subscription`] (`TIDINGS_PUSH_ALLOWED_HOSTS`).
 pub const NAMED_HOSTS: &str = "localhost:*,127.0.0.1:*";
-const KEY_PEM: &[u8] = include_bytes!("../fixtures/tls/key.pem");
+const KEY_PEM: &[u8] = include_bytes!("../../../tests/fixtures/tls/key.pem");
 
 /// How the service answers a push.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -601,26 +601,4 @@ impl FakePushService {
     pub fn rejected(&self) -> Vec<String> {
         lock(&self.inner.rejected).clone()
     }
-}
-
-/// Pusher settings for delivering to a fake push service: a new VAPID key, 1 s timeouts,
-/// endpoints on loopback allowed and the fake's certificate trusted.
-pub fn pusher_settings(subjects: tidings_domain::subjects::Subjects) -> tidings_pusher::Settings {
-    let (private, _) = tidings_webpush::vapid::VapidKey::generate().expect("VAPID key");
-    let signer = tidings_webpush::vapid::VapidSigner::new(
-        tidings_webpush::vapid::VapidKey::parse(&private).expect("VAPID key"),
-        "mailto:ops@tidings.invalid",
-    )
-    .expect("VAPID signer");
-    let mut settings = tidings_pusher::Settings::new(subjects, signer);
-    settings.http_timeout = std::time::Duration::from_secs(1);
-    settings.connect_timeout = std::time::Duration::from_secs(1);
-    settings.concurrency = 64;
-    settings.policy = tidings_webpush::endpoint::EndpointPolicy {
-        allowed_hosts: vec!["127.0.0.1:*".into()],
-        allow_private: true,
-        allow_http: false,
-    };
-    settings.extra_roots = vec![CERT_PEM.to_vec()];
-    settings
 }

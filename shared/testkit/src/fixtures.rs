@@ -1,19 +1,14 @@
 //! Rows to build a test story on, inserted directly (the api has its own tests).
 
-use async_nats::jetstream::AckKind;
-use async_nats::jetstream::consumer::PullConsumer;
 use chrono::{DateTime, Utc};
-use futures::StreamExt;
 use sqlx::PgPool;
 use tidings_domain::dedup::{dedup_day, parse_time_zone};
 use tidings_domain::messages::{
-    EnqueueRequest, Outcome, Payload, PushRequest, Subscription, Urgency, VERSION, encode,
-    topic_for,
+    EnqueueRequest, Payload, PushRequest, Subscription, Urgency, VERSION, encode, topic_for,
 };
 use tidings_domain::subjects::{StreamKind, Subjects};
 use tidings_domain::trigger::{Baseline, Observation, Trigger};
 use tidings_domain::{Channel, DeviceId, OutboxId, SubscriptionId, WatchId};
-use tidings_pusher::worker::{Handled, Pusher};
 
 pub struct Device {
     pub id: DeviceId,
@@ -227,44 +222,4 @@ pub async fn publish_push(
     .expect("publish PushRequest")
     .await
     .expect("PushRequest stored");
-}
-
-/// The pushers' durable consumer (it exists once a `Pusher` was made).
-pub async fn pusher_consumer(
-    js: &async_nats::jetstream::Context,
-    subjects: &Subjects,
-) -> PullConsumer {
-    js.get_stream(subjects.stream(StreamKind::Push))
-        .await
-        .expect("push stream")
-        .get_consumer(tidings_pusher::worker::CONSUMER)
-        .await
-        .expect("pusher consumer")
-}
-
-/// Publishes `req`; a pusher delivers it and dies before its ack would (a NAK stands in for the
-/// ack timeout, so the test does not wait it out); returns how the redelivery is handled.
-pub async fn deliver_then_redeliver(
-    pusher: &Pusher,
-    js: &async_nats::jetstream::Context,
-    subjects: &Subjects,
-    req: &PushRequest,
-) -> Vec<Handled> {
-    publish_push(js, subjects, req, &req.msg_id()).await;
-    let wait = std::time::Duration::from_secs(2);
-    let mut batch = pusher_consumer(js, subjects)
-        .await
-        .fetch()
-        .max_messages(1)
-        .expires(wait)
-        .messages()
-        .await
-        .expect("fetch");
-    let msg = batch.next().await.expect("a request").expect("a message");
-    assert_eq!(
-        pusher.process(&msg).await,
-        [Handled::Reported(Outcome::Delivered)]
-    );
-    msg.ack_with(AckKind::Nak(None)).await.expect("nak");
-    pusher.run_once(wait).await.expect("redelivery")
 }

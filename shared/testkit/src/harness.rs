@@ -52,7 +52,7 @@ fn nats_passwords(get: impl Fn(&str) -> Option<String>) -> Vec<(String, String)>
 }
 
 fn stack_script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/local/stack")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/local/stack")
 }
 
 fn discover() -> Result<Stack, HarnessError> {

@@ -5,8 +5,8 @@
 //! runs until SIGTERM or Ctrl-C.
 
 use std::net::SocketAddr;
-use tidings_tests::fake_catalog::FakeCatalog;
-use tidings_tests::fake_push::FakePushService;
+use tidings_testkit::fake_catalog::FakeCatalog;
+use tidings_testkit::fake_push::FakePushService;
 
 fn addr(flag: &str) -> SocketAddr {
     let args: Vec<String> = std::env::args().collect();

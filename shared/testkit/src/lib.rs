@@ -1,0 +1,15 @@
+//! Test support shared by every Tidings test, and the fakes the tests and the demo run against.
+//! It depends on the library crates only, so a library's tests never compile a service.
+//!
+//! - [`harness`]: the one Postgres and one NATS that `deploy/local/stack test` started, a fresh
+//!   migrated database per test and a unique subject prefix per test, so tests run in parallel.
+//! - [`brokers`]: nats-servers of a test's own — one (with authentication or TLS if asked) or
+//!   a three-node JetStream cluster.
+//! - [`fixtures`]: devices, subscriptions, watches and outbox rows to build a story on.
+//! - [`fake_catalog`], [`fake_push`]: the outside world, served on loopback.
+
+pub mod brokers;
+pub mod fake_catalog;
+pub mod fake_push;
+pub mod fixtures;
+pub mod harness;
