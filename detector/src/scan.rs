@@ -8,15 +8,17 @@
 
 use async_nats::jetstream;
 use chrono::{DateTime, Utc};
+use chrono_tz::Tz;
 use sqlx::PgPool;
 use std::collections::{HashMap, HashSet};
+use std::ops::Range;
 use tidings_bus::publish::{Outgoing, publish_all};
 use tidings_domain::messages::{EnqueueRequest, EnqueueRequests, encode};
 use tidings_domain::subjects::StreamKind;
-use tidings_domain::trigger::Trigger;
+use tidings_domain::trigger::{Observation, Trigger};
 use tidings_domain::{ItemCode, WatchId};
 use tidings_runtime::telemetry;
-use tidings_source::HttpSource;
+use tidings_source::{Fetched, HttpSource};
 use tokio::sync::Mutex;
 
 use crate::config::Settings;
@@ -151,6 +153,8 @@ impl Detector {
         Ok(stats)
     }
 
+    /// One page of items: fetch → evaluate → select → publish → record. Each step takes what the
+    /// one before it found.
     async fn scan_page(
         &self,
         list: &mut Watchlist,
@@ -165,154 +169,67 @@ impl Detector {
         // large scan takes seconds; stamping every page with the scan's start would overstate
         // detection → delivery latency by up to that).
         let now = scan_now + chrono::Duration::from_std(scan_started.elapsed()).unwrap_or_default();
-        for (item, answer) in &fetched {
-            if let Err(e) = answer {
-                stats.source_errors += 1;
-                tracing::warn!(item = %item, kind = e.kind.as_str(), error = %e, "source could not answer for item");
-            }
-        }
-
-        let mut detections = Vec::new();
-        // The time zone of each detection's watch, in the same order.
-        let mut zones = Vec::new();
-        let mut stock_changes = Vec::new();
-        let mut references = Vec::new();
-        // Per evaluated item: its detections (a range of `detections`) and whether it has a
-        // state to record.
-        let mut evaluated = Vec::new();
-        for code in &items {
-            let Some(Ok(obs)) = fetched.get(code) else {
-                continue;
-            };
-            let entries = list.to_evaluate(code, obs, now);
-            if entries.is_empty() {
-                continue;
-            }
-            let first = detections.len();
-            let writes_before = stock_changes.len() + references.len();
-            for Entry {
-                watch: w,
-                last_sent,
-                ..
-            } in entries
-            {
-                stats.evaluated += 1;
-                let found = detect(w, obs, last_sent, now);
-                zones.extend(found.iter().map(|_| w.time_zone));
-                detections.extend(found);
-                // Only back_in_stock reads the previous stock state; other watches need no write.
-                if w.last_in_stock != Some(obs.in_stock)
-                    && w.triggers.contains(&Trigger::BackInStock)
-                {
-                    stock_changes.push((w.id, obs.in_stock));
-                }
-                // A watch made through the api has no reference price yet: price_drop measures
-                // from the first price this watch saw.
-                if w.reference_price.is_none()
-                    && w.triggers
-                        .iter()
-                        .any(|t| matches!(t, Trigger::PriceDrop { .. }))
-                {
-                    references.push((w.id, obs.price));
-                }
-            }
-            let writes = stock_changes.len() + references.len() > writes_before;
-            evaluated.push((code, obs, first..detections.len(), writes));
-        }
-        let holding = detections.len();
-        stats.holding += holding;
-        // Each detection's dedup key, formatted once: it is the memory's key and the Nats-Msg-Id.
-        let keys: Vec<String> = detections
-            .iter()
-            .map(|d| d.dedup_key().to_string())
-            .collect();
+        count_source_errors(&fetched, stats);
+        let found = evaluate(list, &items, &fetched, now, stats);
 
         let mut memory = self.memory.lock().await;
         let republish_at = memory.trusted_until(now);
-        let mut unsent: Vec<usize> = (0..holding)
-            .filter(|&i| !memory.contains(&keys[i], now))
-            .collect();
-        stats.remembered += holding - unsent.len();
-        let deferred = budget.take(&mut unsent);
-        stats.deferred += deferred.len();
-        if let Some(&first) = deferred.first()
-            && budget.stopped_at.is_none()
-        {
-            budget.stopped_at = evaluated
-                .iter()
-                .find(|(_, _, found, _)| found.contains(&first))
-                .map(|(code, ..)| (*code).clone());
-        }
-        let fresh: Vec<(&EnqueueRequest, &String)> =
-            unsent.iter().map(|&i| (&detections[i], &keys[i])).collect();
+        let chosen = select(&memory, &found, now, budget, stats);
         if self.settings.dry_run {
-            for (d, _) in &fresh {
-                println!("{}", serde_json::to_string(d).unwrap_or_default());
+            for &i in &chosen.fresh {
+                println!(
+                    "{}",
+                    serde_json::to_string(&found.detections[i].request).unwrap_or_default()
+                );
             }
-            stats.published += fresh.len();
+            stats.published += chosen.fresh.len();
             // Nothing was enqueued: what held is still to do.
-            for (code, obs, found, writes) in evaluated {
-                let quiet = found.is_empty() && !writes;
-                list.evaluated(code, obs, quiet.then(Vec::new), republish_at);
+            for item in &found.items {
+                let quiet = item.found.is_empty() && !item.writes;
+                list.evaluated(item.code, item.obs, quiet.then(Vec::new), republish_at);
             }
             return Ok(());
         }
-        // A detection starts its notification's trace; the span's context travels in the
-        // EnqueueRequest's headers.
-        let spans: Vec<tracing::Span> = if telemetry::exporting() {
-            fresh
+        let mut failed = self
+            .publish(&found.detections, &chosen.fresh, &mut memory, now, stats)
+            .await;
+        // Deferred triggers count as not yet published: their items stay to do.
+        failed.extend(
+            chosen
+                .deferred
                 .iter()
-                .map(|(d, key)| {
-                    tracing::info_span!(
-                        "detect",
-                        otel.kind = "producer",
-                        messaging.system = "nats",
-                        messaging.operation.type = "publish",
-                        messaging.destination.name =
-                            %self.settings.subjects.subject(StreamKind::Enqueue, d.channel),
-                        messaging.message.id = key.as_str(),
-                        watch_id = %d.watch_id,
-                        trigger = %d.trigger,
-                        channel = d.channel.as_str(),
-                        price = d.detected.price,
-                    )
-                })
-                .collect()
-        } else {
-            Vec::new()
-        };
-        // New detections and re-publishes alike go in batches of up to `publish_batch`, one
-        // channel to a message. A batch's id names its keys, so a re-publish of the same
-        // triggers together (they were trusted until the same scan) is answered `duplicate`
-        // like a lone key's; one made differently reaches ingest, whose unique key absorbs it.
-        let mut by_channel: Vec<Vec<usize>> = Vec::new();
-        for i in 0..fresh.len() {
-            match by_channel
-                .iter_mut()
-                .find(|g| fresh[g[0]].0.channel == fresh[i].0.channel)
-            {
-                Some(g) => g.push(i),
-                None => by_channel.push(vec![i]),
-            }
-        }
-        let batch = self.settings.publish_batch.max(1);
-        let groups: Vec<Vec<usize>> = by_channel
-            .iter()
-            .flat_map(|g| g.chunks(batch).map(<[usize]>::to_vec))
-            .collect();
+                .map(|&i| found.detections[i].request.watch_id),
+        );
+        settle(list, &found, &memory, now, republish_at);
+        drop(memory);
+        self.record(list, found.writes, &failed).await
+    }
+
+    /// Publishes detections `fresh` (indices into `detections`) in batches of up to
+    /// `publish_batch`, one channel to a message, remembering each that JetStream took; returns
+    /// the watches whose triggers could not be published.
+    async fn publish(
+        &self,
+        detections: &[Found],
+        fresh: &[usize],
+        memory: &mut Enqueued,
+        now: DateTime<Utc>,
+        stats: &mut ScanStats,
+    ) -> HashSet<WatchId> {
+        let spans = self.detect_spans(detections, fresh);
+        // A batch's id names its keys, so a re-publish of the same triggers together (they were
+        // trusted until the same scan) is answered `duplicate` like a lone key's; one made
+        // differently reaches ingest, whose unique key absorbs it.
+        let groups = batches(detections, fresh, self.settings.publish_batch.max(1));
         let outgoing = groups
             .iter()
-            .map(|group| self.message(group, &fresh, &spans))
+            .map(|group| self.message(group, detections, &spans))
             .collect();
-        // Deferred triggers count as not yet published: their items stay to do.
-        let mut failed: HashSet<WatchId> =
-            deferred.iter().map(|&i| detections[i].watch_id).collect();
-        for (group, ack) in groups
-            .iter()
-            .zip(publish_all(&self.js, outgoing, 1024).await)
-        {
-            for &i in group {
-                let (d, key) = fresh[i];
+        let mut failed = HashSet::new();
+        let acks = publish_all(&self.js, outgoing, 1024).await;
+        for (group, ack) in groups.iter().zip(acks) {
+            for &(i, span) in group {
+                let d = &detections[i];
                 match &ack {
                     Ok(ack) => {
                         if ack.duplicate {
@@ -320,107 +237,129 @@ impl Detector {
                         } else {
                             stats.published += 1;
                         }
-                        memory.remember(key.clone(), d.dedup_day, now);
+                        memory.remember(d.key.clone(), d.request.dedup_day, now);
                     }
                     Err(e) => {
                         stats.publish_errors += 1;
-                        failed.insert(d.watch_id);
-                        if let Some(span) = spans.get(i) {
+                        failed.insert(d.request.watch_id);
+                        if let Some(span) = spans.get(span) {
                             telemetry::fail(
                                 span,
                                 &format!("publishing EnqueueRequest failed: {e}"),
                             );
                         }
-                        tracing::error!(watch_id = %d.watch_id, trigger = %d.trigger, error = %e, "publishing EnqueueRequest failed; the next scan tries again");
+                        tracing::error!(watch_id = %d.request.watch_id, trigger = %d.request.trigger, error = %e, "publishing EnqueueRequest failed; the next scan tries again");
                     }
                 }
             }
         }
-        // An item is settled when every trigger that held for it is now enqueued for its day
-        // and nothing is left to record.
-        for (code, obs, found, writes) in evaluated {
-            let done = (!writes && keys[found.clone()].iter().all(|k| memory.contains(k, now)))
-                .then(|| {
-                    detections[found.clone()]
-                        .iter()
-                        .zip(&zones[found])
-                        .map(|(d, tz)| (*tz, d.dedup_day))
-                        .collect()
-                });
-            list.evaluated(code, obs, done, republish_at);
-        }
-        drop(memory);
-        drop(spans);
+        failed
+    }
 
-        // The stock state moves on only where nothing failed to publish, so a back_in_stock that
-        // could not be enqueued is detected again next scan. One statement for both kinds of
-        // write, one entry per watch (an UPDATE … FROM applies one joined row per watch).
-        let mut writes: HashMap<WatchId, (Option<bool>, Option<i64>)> = HashMap::new();
-        for (id, state) in stock_changes {
+    /// A detection starts its notification's trace: one span per fresh detection (in `fresh`'s
+    /// order) while traces are exported, whose context travels in the EnqueueRequest.
+    fn detect_spans(&self, detections: &[Found], fresh: &[usize]) -> Vec<tracing::Span> {
+        if !telemetry::exporting() {
+            return Vec::new();
+        }
+        fresh
+            .iter()
+            .map(|&i| {
+                let (d, key) = (&detections[i].request, &detections[i].key);
+                tracing::info_span!(
+                    "detect",
+                    otel.kind = "producer",
+                    messaging.system = "nats",
+                    messaging.operation.type = "publish",
+                    messaging.destination.name =
+                        %self.settings.subjects.subject(StreamKind::Enqueue, d.channel),
+                    messaging.message.id = key.as_str(),
+                    watch_id = %d.watch_id,
+                    trigger = %d.trigger,
+                    channel = d.channel.as_str(),
+                    price = d.detected.price,
+                )
+            })
+            .collect()
+    }
+
+    /// Records stock states and first prices in one statement, and in the list. The stock state
+    /// moves on only where nothing failed to publish, so a back_in_stock that could not be
+    /// enqueued is detected again next scan.
+    async fn record(
+        &self,
+        list: &mut Watchlist,
+        writes: Writes,
+        failed: &HashSet<WatchId>,
+    ) -> Result<(), ScanError> {
+        // One entry per watch: an UPDATE … FROM applies one joined row per watch.
+        let mut seen: HashMap<WatchId, Seen> = HashMap::new();
+        let nothing = |watch_id| Seen {
+            watch_id,
+            in_stock: None,
+            reference_price: None,
+        };
+        for (id, state) in writes.stock {
             if !failed.contains(&id) {
-                writes.entry(id).or_default().0 = Some(state);
+                seen.entry(id).or_insert_with(|| nothing(id)).in_stock = Some(state);
             }
         }
-        for (id, price) in references {
-            writes.entry(id).or_default().1 = Some(price);
+        for (id, price) in writes.references {
+            seen.entry(id)
+                .or_insert_with(|| nothing(id))
+                .reference_price = Some(price);
         }
-        if !writes.is_empty() {
-            let seen: Vec<Seen> = writes
-                .iter()
-                .map(|(id, (state, price))| Seen {
-                    watch_id: *id,
-                    in_stock: *state,
-                    reference_price: *price,
-                })
-                .collect();
-            tidings_store::watches::record_seen(&self.pool, &seen)
-                .await
-                .map_err(db("recording stock states and reference prices"))?;
-            for (id, (state, price)) in writes {
-                if let Some(state) = state {
-                    list.set_last_in_stock(id, state);
-                }
-                if let Some(price) = price {
-                    list.set_reference_price(id, price);
-                }
+        if seen.is_empty() {
+            return Ok(());
+        }
+        let seen: Vec<Seen> = seen.into_values().collect();
+        tidings_store::watches::record_seen(&self.pool, &seen)
+            .await
+            .map_err(db("recording stock states and reference prices"))?;
+        for s in seen {
+            if let Some(state) = s.in_stock {
+                list.set_last_in_stock(s.watch_id, state);
+            }
+            if let Some(price) = s.reference_price {
+                list.set_reference_price(s.watch_id, price);
             }
         }
         Ok(())
     }
 
-    /// The message for `group` (indices into `fresh`, one channel): a request alone, with its
-    /// dedup key as `Nats-Msg-Id` and its span's trace in the header, or an [`EnqueueRequests`]
-    /// batch whose requests each carry their own trace.
+    /// The message for `group` (one channel): a request alone, with its dedup key as
+    /// `Nats-Msg-Id` and its span's trace in the header, or an [`EnqueueRequests`] batch whose
+    /// requests each carry their own trace.
     fn message(
         &self,
-        group: &[usize],
-        fresh: &[(&EnqueueRequest, &String)],
+        group: &[(usize, usize)],
+        detections: &[Found],
         spans: &[tracing::Span],
     ) -> Outgoing {
-        let traceparent = |i: usize| spans.get(i).and_then(telemetry::traceparent);
-        let (first, key) = fresh[group[0]];
+        let traceparent = |span: usize| spans.get(span).and_then(telemetry::traceparent);
+        let first = &detections[group[0].0];
         let subject = self
             .settings
             .subjects
-            .subject(StreamKind::Enqueue, first.channel);
+            .subject(StreamKind::Enqueue, first.request.channel);
         let mut headers = async_nats::HeaderMap::new();
-        if let [only] = group {
-            headers.insert("Nats-Msg-Id", key.as_str());
-            if let Some(tp) = traceparent(*only) {
+        if let [(_, span)] = group {
+            headers.insert("Nats-Msg-Id", first.key.as_str());
+            if let Some(tp) = traceparent(*span) {
                 headers.insert("traceparent", tp.as_str());
             }
             return Outgoing {
                 subject,
                 headers,
-                payload: encode(first),
+                payload: encode(&first.request),
             };
         }
         let batch = EnqueueRequests::new(
             group
                 .iter()
-                .map(|&i| EnqueueRequest {
-                    traceparent: traceparent(i),
-                    ..fresh[i].0.clone()
+                .map(|&(i, span)| EnqueueRequest {
+                    traceparent: traceparent(span),
+                    ..detections[i].request.clone()
                 })
                 .collect(),
         );
@@ -448,5 +387,180 @@ impl Budget {
         let keep = unsent.len().min(*left);
         *left -= keep;
         unsent.split_off(keep)
+    }
+}
+
+/// One detection: the request, its dedup key (the memory's key and the `Nats-Msg-Id`, formatted
+/// once) and its watch's time zone (which day the key counts in).
+struct Found {
+    request: EnqueueRequest,
+    key: String,
+    zone: Tz,
+}
+
+/// An evaluated item: its detections (a range of [`Evaluation::detections`]) and whether it has a
+/// state to record.
+struct ItemEvaluated<'a> {
+    code: &'a ItemCode,
+    obs: &'a Observation,
+    found: Range<usize>,
+    writes: bool,
+}
+
+/// What the watches' states need: a new stock state for back_in_stock, a first price for
+/// price_drop.
+#[derive(Default)]
+struct Writes {
+    stock: Vec<(WatchId, bool)>,
+    references: Vec<(WatchId, i64)>,
+}
+
+/// What evaluating a page found.
+#[derive(Default)]
+struct Evaluation<'a> {
+    detections: Vec<Found>,
+    items: Vec<ItemEvaluated<'a>>,
+    writes: Writes,
+}
+
+fn count_source_errors(fetched: &HashMap<ItemCode, Fetched>, stats: &mut ScanStats) {
+    for (item, answer) in fetched {
+        if let Err(e) = answer {
+            stats.source_errors += 1;
+            tracing::warn!(item = %item, kind = e.kind.as_str(), error = %e, "source could not answer for item");
+        }
+    }
+}
+
+/// Evaluates the watches of each answered item that changed since an evaluation that found
+/// nothing to do.
+fn evaluate<'a>(
+    list: &Watchlist,
+    items: &'a [ItemCode],
+    fetched: &'a HashMap<ItemCode, Fetched>,
+    now: DateTime<Utc>,
+    stats: &mut ScanStats,
+) -> Evaluation<'a> {
+    let mut out = Evaluation::default();
+    for code in items {
+        let Some(Ok(obs)) = fetched.get(code) else {
+            continue;
+        };
+        let entries = list.to_evaluate(code, obs, now);
+        if entries.is_empty() {
+            continue;
+        }
+        let first = out.detections.len();
+        let writes_before = out.writes.stock.len() + out.writes.references.len();
+        for Entry {
+            watch: w,
+            last_sent,
+            ..
+        } in entries
+        {
+            stats.evaluated += 1;
+            out.detections
+                .extend(
+                    detect(w, obs, last_sent, now)
+                        .into_iter()
+                        .map(|request| Found {
+                            key: request.dedup_key().to_string(),
+                            request,
+                            zone: w.time_zone,
+                        }),
+                );
+            // Only back_in_stock reads the previous stock state; other watches need no write.
+            if w.last_in_stock != Some(obs.in_stock) && w.triggers.contains(&Trigger::BackInStock) {
+                out.writes.stock.push((w.id, obs.in_stock));
+            }
+            // A watch made through the api has no reference price yet: price_drop measures from
+            // the first price this watch saw.
+            if w.reference_price.is_none()
+                && w.triggers
+                    .iter()
+                    .any(|t| matches!(t, Trigger::PriceDrop { .. }))
+            {
+                out.writes.references.push((w.id, obs.price));
+            }
+        }
+        let writes = out.writes.stock.len() + out.writes.references.len() > writes_before;
+        out.items.push(ItemEvaluated {
+            code,
+            obs,
+            found: first..out.detections.len(),
+            writes,
+        });
+    }
+    stats.holding += out.detections.len();
+    out
+}
+
+/// Which detections to publish: those this detector has not enqueued today, within the budget.
+struct Selection {
+    /// Indices into [`Evaluation::detections`].
+    fresh: Vec<usize>,
+    /// Past the budget: left for a later scan.
+    deferred: Vec<usize>,
+}
+
+fn select(
+    memory: &Enqueued,
+    found: &Evaluation<'_>,
+    now: DateTime<Utc>,
+    budget: &mut Budget,
+    stats: &mut ScanStats,
+) -> Selection {
+    let mut fresh: Vec<usize> = (0..found.detections.len())
+        .filter(|&i| !memory.contains(&found.detections[i].key, now))
+        .collect();
+    stats.remembered += found.detections.len() - fresh.len();
+    let deferred = budget.take(&mut fresh);
+    stats.deferred += deferred.len();
+    if let Some(&first) = deferred.first()
+        && budget.stopped_at.is_none()
+    {
+        budget.stopped_at = found
+            .items
+            .iter()
+            .find(|item| item.found.contains(&first))
+            .map(|item| item.code.clone());
+    }
+    Selection { fresh, deferred }
+}
+
+/// Detections `fresh` grouped for publishing: one channel to a group, at most `batch` to a
+/// group; each entry is (index into the detections, index into `fresh`, which is its span's).
+fn batches(detections: &[Found], fresh: &[usize], batch: usize) -> Vec<Vec<(usize, usize)>> {
+    let mut by_channel: Vec<Vec<(usize, usize)>> = Vec::new();
+    for (n, &i) in fresh.iter().enumerate() {
+        let channel = detections[i].request.channel;
+        match by_channel
+            .iter_mut()
+            .find(|g| detections[g[0].0].request.channel == channel)
+        {
+            Some(g) => g.push((i, n)),
+            None => by_channel.push(vec![(i, n)]),
+        }
+    }
+    by_channel
+        .iter()
+        .flat_map(|g| g.chunks(batch).map(<[(usize, usize)]>::to_vec))
+        .collect()
+}
+
+/// Marks each evaluated item: settled when every trigger that held for it is now enqueued for
+/// its day and nothing is left to record, to do again otherwise.
+fn settle(
+    list: &mut Watchlist,
+    found: &Evaluation<'_>,
+    memory: &Enqueued,
+    now: DateTime<Utc>,
+    republish_at: DateTime<Utc>,
+) {
+    for item in &found.items {
+        let held = &found.detections[item.found.clone()];
+        let done = (!item.writes && held.iter().all(|d| memory.contains(&d.key, now)))
+            .then(|| held.iter().map(|d| (d.zone, d.request.dedup_day)).collect());
+        list.evaluated(item.code, item.obs, done, republish_at);
     }
 }
