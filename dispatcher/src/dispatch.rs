@@ -18,16 +18,16 @@ use tidings_bus::publish::{Outgoing, publish_all};
 use tidings_domain::messages::{PushRequest, PushRequests, encode};
 use tidings_domain::outbox::Status;
 use tidings_domain::subjects::StreamKind;
-use tidings_domain::{Channel, ItemCode, OutboxId};
+use tidings_domain::{Channel, ItemCode, OutboxId, WatchId};
 use tidings_runtime::liveness::Progress;
 use tidings_runtime::telemetry;
-use tidings_source::HttpSource;
+use tidings_source::{Fetched, HttpSource};
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::Admission;
 use crate::config::Settings;
 use crate::plan;
-use tidings_store::claim;
+use tidings_store::claim::{self, Claimed, WatchState};
 use tidings_store::transition::{self, Change};
 use tidings_store::{DbError, db};
 
@@ -146,44 +146,81 @@ impl Dispatcher {
         let last_sent = claim::baselines(&self.pool, &rows)
             .await
             .map_err(db("reading baselines"))?;
-
-        // One span per row, a child of its ingest span, covering pre-guards, re-fetch, re-check
-        // and publish; the PushRequest carries it on.
-        let spans: HashMap<OutboxId, tracing::Span> = if telemetry::exporting() {
-            let push_subject = s.subjects.subject(StreamKind::Push, Channel::WebPush);
-            rows.iter()
-                .map(|r| {
-                    let span = tracing::info_span!(
-                        "recheck",
-                        otel.kind = "producer",
-                        messaging.system = "nats",
-                        messaging.operation.type = "publish",
-                        messaging.destination.name = push_subject.as_str(),
-                        outbox_id = %r.id,
-                        watch_id = %r.watch_id,
-                        trigger = r.trigger.as_str(),
-                        channel = "web_push",
-                        outcome = tracing::field::Empty,
-                        reason = tracing::field::Empty,
-                    );
-                    telemetry::set_parent(&span, r.traceparent.as_deref());
-                    (r.id, span)
-                })
-                .collect()
-        } else {
-            HashMap::new()
-        };
+        let spans = self.recheck_spans(&rows);
 
         let (guarded, mut changes) = plan::guard(&rows, &watches, s, Utc::now());
-        let items = plan::items(&guarded, &watches);
-        // A row's re-fetch, as a CLIENT span under its re-check: the catalog's answer (or the
-        // error) for this notification's item, timed by the request that carried it.
+        let fetched = self.refetch(&guarded, &watches, &spans).await;
+        let decided = plan::decide(&guarded, &watches, &last_sent, &fetched, s, Utc::now());
+        changes.extend(decided.changes);
+
+        let won = match self.write(&changes, "writing dispatch transitions").await {
+            Ok(won) => won,
+            Err(e) => {
+                telemetry::fail_all(spans.values(), &e.to_string());
+                return Err(e);
+            }
+        };
+        count_written(&changes, &won, &spans, &mut stats);
+        let to_publish: Vec<PushRequest> = decided
+            .requests
+            .into_iter()
+            .filter(|(id, _)| won.contains(id))
+            .map(|(_, r)| r)
+            .collect();
+        let (published, failed) = self.publish(to_publish, &traceparents(&rows, &spans)).await;
+        stats.published = published;
+        stats.unconfirmed = failed.len();
+        unconfirmed(failed, &spans);
+        Ok(stats)
+    }
+
+    /// One span per row while traces are exported, a child of its ingest span, covering
+    /// pre-guards, re-fetch, re-check and publish; the PushRequest carries it on.
+    fn recheck_spans(&self, rows: &[Claimed]) -> HashMap<OutboxId, tracing::Span> {
+        if !telemetry::exporting() {
+            return HashMap::new();
+        }
+        let push_subject = self
+            .settings
+            .subjects
+            .subject(StreamKind::Push, Channel::WebPush);
+        rows.iter()
+            .map(|r| {
+                let span = tracing::info_span!(
+                    "recheck",
+                    otel.kind = "producer",
+                    messaging.system = "nats",
+                    messaging.operation.type = "publish",
+                    messaging.destination.name = push_subject.as_str(),
+                    outbox_id = %r.id,
+                    watch_id = %r.watch_id,
+                    trigger = r.trigger.as_str(),
+                    channel = "web_push",
+                    outcome = tracing::field::Empty,
+                    reason = tracing::field::Empty,
+                );
+                telemetry::set_parent(&span, r.traceparent.as_deref());
+                (r.id, span)
+            })
+            .collect()
+    }
+
+    /// Re-fetches the guarded rows' items, batched. A row's re-fetch is a CLIENT span under its
+    /// re-check: the catalog's answer (or the error) for this notification's item, timed by the
+    /// request that carried it.
+    async fn refetch(
+        &self,
+        guarded: &[plan::Guarded<'_>],
+        watches: &HashMap<WatchId, WatchState>,
+        spans: &HashMap<OutboxId, tracing::Span>,
+    ) -> HashMap<ItemCode, Fetched> {
+        let items = plan::items(guarded, watches);
         let fetch_spans: Vec<(tracing::Span, ItemCode)> = guarded
             .iter()
             .filter(|_| !spans.is_empty())
             .filter_map(|g| {
                 let parent = spans.get(&g.row.id)?;
-                let item = plan::item_of(g, &watches)?;
+                let item = plan::item_of(g, watches)?;
                 let span = tracing::info_span!(
                     parent: parent,
                     "fetch",
@@ -208,69 +245,7 @@ impl Dispatcher {
                 None => {}
             }
         }
-        let decided = plan::decide(&guarded, &watches, &last_sent, &fetched, s, Utc::now());
-        changes.extend(decided.changes);
-        let requests = decided.requests;
-
-        let won = match self.write(&changes, "writing dispatch transitions").await {
-            Ok(won) => won,
-            Err(e) => {
-                telemetry::fail_all(spans.values(), &e.to_string());
-                return Err(e);
-            }
-        };
-        for c in &changes {
-            if !won.contains(&c.id) {
-                stats.lost_races += 1;
-                continue;
-            }
-            match c.transition.to {
-                Status::Dropped => stats.dropped += 1,
-                Status::Retry => stats.retried += 1,
-                Status::Failed => stats.failed += 1,
-                _ => {}
-            }
-            if let Some(span) = spans.get(&c.id) {
-                span.record("outcome", c.transition.to.as_str());
-                if let Some(reason) = c.transition.reason {
-                    span.record("reason", reason.as_str());
-                }
-            }
-        }
-        // Borrowed from the rows unless a recheck span stands in between.
-        let traceparents: HashMap<OutboxId, Cow<'_, str>> = rows
-            .iter()
-            .filter_map(|r| {
-                let tp = match spans.get(&r.id) {
-                    Some(span) => {
-                        telemetry::forward(span, r.traceparent.as_deref()).map(Cow::Owned)
-                    }
-                    None => r.traceparent.as_deref().map(Cow::Borrowed),
-                };
-                Some((r.id, tp?))
-            })
-            .collect();
-        let to_publish: Vec<PushRequest> = requests
-            .into_iter()
-            .filter(|(id, _)| won.contains(id))
-            .map(|(_, r)| r)
-            .collect();
-        let (published, failed) = self.publish(to_publish, &traceparents).await;
-        stats.published = published;
-        stats.unconfirmed = failed.len();
-        for (id, error) in failed {
-            tidings_runtime::metrics::metrics()
-                .failed(tidings_runtime::metrics::Failure::PublishPush);
-            // A publish without its ack is not a publish that failed: the request may be stored
-            // (the ack was lost when the broker died) or sent on reconnect (the client buffers),
-            // and then pushed. Taking the row back now would re-check and maybe withhold or
-            // resend a notification that arrives all the same. So it stays `sending`: its result,
-            // the delivery log or, failing both, the lease sweeper decides.
-            let span = spans.get(&id).cloned().unwrap_or_else(tracing::Span::none);
-            telemetry::fail(&span, &format!("PushRequest not confirmed: {error}"));
-            tracing::warn!(parent: &span, outbox_id = %id, %error, "PushRequest not confirmed by JetStream; the row waits for its result or its lease");
-        }
-        Ok(stats)
+        fetched
     }
 
     /// Publishes with many acks in flight; returns how many requests were stored and which
@@ -372,5 +347,64 @@ impl Dispatcher {
                 }
             }
         }
+    }
+}
+
+/// Counts the changes that were written (`won`) by where they took their rows, and records each
+/// on its row's span.
+fn count_written(
+    changes: &[Change],
+    won: &HashSet<OutboxId>,
+    spans: &HashMap<OutboxId, tracing::Span>,
+    stats: &mut DispatchStats,
+) {
+    for c in changes {
+        if !won.contains(&c.id) {
+            stats.lost_races += 1;
+            continue;
+        }
+        match c.transition.to {
+            Status::Dropped => stats.dropped += 1,
+            Status::Retry => stats.retried += 1,
+            Status::Failed => stats.failed += 1,
+            _ => {}
+        }
+        if let Some(span) = spans.get(&c.id) {
+            span.record("outcome", c.transition.to.as_str());
+            if let Some(reason) = c.transition.reason {
+                span.record("reason", reason.as_str());
+            }
+        }
+    }
+}
+
+/// The trace context each row's PushRequest carries: borrowed from the row unless a recheck
+/// span stands in between.
+fn traceparents<'a>(
+    rows: &'a [Claimed],
+    spans: &HashMap<OutboxId, tracing::Span>,
+) -> HashMap<OutboxId, Cow<'a, str>> {
+    rows.iter()
+        .filter_map(|r| {
+            let tp = match spans.get(&r.id) {
+                Some(span) => telemetry::forward(span, r.traceparent.as_deref()).map(Cow::Owned),
+                None => r.traceparent.as_deref().map(Cow::Borrowed),
+            };
+            Some((r.id, tp?))
+        })
+        .collect()
+}
+
+/// Reports the PushRequests JetStream did not confirm. A publish without its ack is not a
+/// publish that failed: the request may be stored (the ack was lost when the broker died) or
+/// sent on reconnect (the client buffers), and then pushed. Taking the row back now would
+/// re-check and maybe withhold or resend a notification that arrives all the same. So it stays
+/// `sending`: its result, the delivery log or, failing both, the lease sweeper decides.
+fn unconfirmed(failed: Vec<(OutboxId, String)>, spans: &HashMap<OutboxId, tracing::Span>) {
+    for (id, error) in failed {
+        tidings_runtime::metrics::metrics().failed(tidings_runtime::metrics::Failure::PublishPush);
+        let span = spans.get(&id).cloned().unwrap_or_else(tracing::Span::none);
+        telemetry::fail(&span, &format!("PushRequest not confirmed: {error}"));
+        tracing::warn!(parent: &span, outbox_id = %id, %error, "PushRequest not confirmed by JetStream; the row waits for its result or its lease");
     }
 }

@@ -190,22 +190,8 @@ impl consume::Handler for Ingest {
     /// an `EnqueueRequests` batch), then acks them. On a database error every message is nak'ed
     /// for redelivery and the error returned.
     async fn handle(&self, messages: Vec<jetstream::Message>) -> Result<IngestStats, IngestError> {
-        let subjects = &self.stage.settings.subjects;
         let total = messages.len();
-        let mut decoded = Vec::with_capacity(total);
-        for msg in messages {
-            if let Some(reqs) = consume::decode_with_or_dead_letter(
-                &self.stage.js,
-                subjects,
-                StreamKind::Enqueue,
-                &msg,
-                decode_enqueues,
-            )
-            .await
-            {
-                decoded.push((msg, reqs));
-            }
-        }
+        let decoded = self.decode(messages).await;
         let mut stats = IngestStats {
             dead_lettered: total - decoded.len(),
             ..IngestStats::default()
@@ -223,27 +209,80 @@ impl consume::Handler for Ingest {
                 });
             }
         };
-        // Per message: the requests to insert and those refused. A message refused whole is
-        // dead-lettered as it is; one refused in part has its refused requests dead-lettered
-        // once the rest are committed.
-        let mut valid: Vec<(jetstream::Message, Vec<EnqueueRequest>)> = Vec::new();
-        let mut refused_parts = Vec::new();
-        for (msg, reqs) in decoded {
-            let mut ok = Vec::with_capacity(reqs.len());
-            let mut refused = Vec::new();
-            for r in reqs {
-                match refusal(&r, &owners) {
-                    None => ok.push(r),
-                    Some(why) => {
-                        tracing::warn!(watch_id = %r.watch_id, reason = %why, "dead-lettering enqueue request");
-                        refused.push((r, why));
-                    }
-                }
+        let sorted = self.sort_out(decoded, &owners, &mut stats).await;
+        if sorted.valid.is_empty() {
+            return Ok(stats);
+        }
+        let (requests, spans) = traced(&sorted.valid);
+        let count = requests.len();
+        let result = self.insert(&requests, &spans).await;
+        drop(spans);
+        drop(requests);
+        match result {
+            Ok(inserted) => {
+                stats.inserted = inserted;
+                stats.duplicates = count - inserted;
+                self.settle(sorted, &mut stats).await;
+                Ok(stats)
             }
+            Err(source) => {
+                consume::nak_all(sorted.valid.iter().map(|(m, _)| m)).await;
+                Err(IngestError::Db { count, source })
+            }
+        }
+    }
+}
+
+/// A batch's messages after validation.
+struct Sorted {
+    /// Each message with the requests of it to insert.
+    valid: Vec<(jetstream::Message, Vec<EnqueueRequest>)>,
+    /// The requests refused from a message otherwise valid (by its index in `valid`): they are
+    /// dead-lettered once the rest are committed.
+    refused_parts: Vec<(usize, Vec<(EnqueueRequest, String)>)>,
+}
+
+impl Ingest {
+    /// The messages' requests; a message that cannot be decoded is dead-lettered.
+    async fn decode(
+        &self,
+        messages: Vec<jetstream::Message>,
+    ) -> Vec<(jetstream::Message, Vec<EnqueueRequest>)> {
+        let mut decoded = Vec::with_capacity(messages.len());
+        for msg in messages {
+            if let Some(reqs) = consume::decode_with_or_dead_letter(
+                &self.stage.js,
+                &self.stage.settings.subjects,
+                StreamKind::Enqueue,
+                &msg,
+                decode_enqueues,
+            )
+            .await
+            {
+                decoded.push((msg, reqs));
+            }
+        }
+        decoded
+    }
+
+    /// Splits each message's requests into those to insert and those refused. A message refused
+    /// whole is dead-lettered as it is.
+    async fn sort_out(
+        &self,
+        decoded: Vec<(jetstream::Message, Vec<EnqueueRequest>)>,
+        owners: &HashMap<WatchId, DeviceId>,
+        stats: &mut IngestStats,
+    ) -> Sorted {
+        let mut sorted = Sorted {
+            valid: Vec::new(),
+            refused_parts: Vec::new(),
+        };
+        for (msg, reqs) in decoded {
+            let (ok, refused) = validate(reqs, owners);
             if ok.is_empty() {
                 match dead_letter(
                     &self.stage.js,
-                    subjects,
+                    &self.stage.settings.subjects,
                     StreamKind::Enqueue,
                     &msg,
                     &reasons(&refused),
@@ -258,52 +297,24 @@ impl consume::Handler for Ingest {
                 continue;
             }
             if !refused.is_empty() {
-                refused_parts.push((valid.len(), refused));
+                sorted.refused_parts.push((sorted.valid.len(), refused));
             }
-            valid.push((msg, ok));
+            sorted.valid.push((msg, ok));
         }
-        if valid.is_empty() {
-            return Ok(stats);
-        }
-        // One span per request, a child of the detection's: the row stores this span's
-        // traceparent, so the dispatch of the row continues the same trace. A request in a
-        // batch carries its detection's trace itself; one alone, in its message's header.
-        let mut spans = Vec::new();
-        let requests: Vec<(&EnqueueRequest, Option<String>)> = valid
-            .iter()
-            .flat_map(|(msg, reqs)| reqs.iter().map(move |req| (msg, req)))
-            .map(|(msg, req)| {
-                let incoming = req.traceparent.as_deref().or_else(|| {
-                    msg.headers
-                        .as_ref()
-                        .and_then(|h| h.get("traceparent"))
-                        .map(|v| v.as_str())
-                });
-                if !telemetry::exporting() {
-                    return (req, incoming.map(str::to_owned));
-                }
-                let span = tracing::info_span!(
-                    "ingest",
-                    otel.kind = "consumer",
-                    messaging.system = "nats",
-                    messaging.operation.type = "process",
-                    messaging.destination.name = msg.subject.as_str(),
-                    messaging.message.id = consume::message_id(msg),
-                    watch_id = %req.watch_id,
-                    trigger = %req.trigger,
-                    channel = req.channel.as_str(),
-                );
-                telemetry::set_parent(&span, incoming);
-                let traceparent = telemetry::forward(&span, incoming);
-                spans.push(span);
-                (req, traceparent)
-            })
-            .collect();
+        sorted
+    }
+
+    /// Inserts `requests` (with the traceparent each row stores) in statements of at most
+    /// `TIDINGS_INGEST_BATCH` rows, however many requests the messages carry; returns how many
+    /// rows are new.
+    async fn insert(
+        &self,
+        requests: &[(&EnqueueRequest, Option<String>)],
+        spans: &[tracing::Span],
+    ) -> Result<usize, sqlx::Error> {
         let pool = &self.stage.pool;
         let days = requests.iter().map(|(r, _)| r.dedup_day);
         let mut result = self.partitions.ensure(pool, days).await.map(|()| 0);
-        // Statements of at most TIDINGS_INGEST_BATCH rows, however many requests the messages
-        // carry.
         for chunk in requests.chunks(self.stage.settings.ingest_batch.max(1)) {
             let Ok(inserted) = result else { break };
             result = insert(pool, chunk).await.map(|n| inserted + n);
@@ -313,50 +324,102 @@ impl consume::Handler for Ingest {
                 // A week this process thought was there has been dropped: ask again next time.
                 self.partitions.forget();
             }
-            telemetry::fail_all(&spans, &format!("inserting outbox rows failed: {e}"));
+            telemetry::fail_all(spans, &format!("inserting outbox rows failed: {e}"));
         }
-        drop(spans);
-        let count = requests.len();
-        drop(requests);
-        match result {
-            Ok(inserted) => {
-                stats.inserted = inserted;
-                stats.duplicates = count - inserted;
-                let m = tidings_runtime::metrics::metrics();
-                m.ingested
-                    .get_or_create(&ResultLabels {
-                        result: "new".into(),
-                    })
-                    .inc_by(inserted as u64);
-                m.ingested
-                    .get_or_create(&ResultLabels {
-                        result: "duplicate".into(),
-                    })
-                    .inc_by(stats.duplicates as u64);
-                let mut ack = vec![true; valid.len()];
-                for (at, refused) in refused_parts {
-                    let n = refused.len();
-                    ack[at] = self.dead_letter_refused(&valid[at].0, refused).await;
-                    if ack[at] {
-                        stats.dead_lettered += n;
-                    }
-                }
-                let (to_ack, to_nak): (Vec<_>, Vec<_>) =
-                    valid.iter().zip(&ack).partition(|(_, ack)| **ack);
-                consume::ack_all(to_ack.into_iter().map(|((m, _), _)| m)).await;
-                consume::nak_all(to_nak.into_iter().map(|((m, _), _)| m)).await;
-                if stats.duplicates > 0 {
-                    tracing::debug!(
-                        duplicates = stats.duplicates,
-                        "duplicate enqueue requests absorbed"
-                    );
-                }
-                Ok(stats)
+        result
+    }
+
+    /// After the insert committed: counts it, dead-letters the refused parts, and acks each
+    /// message (or naks one whose refused requests could not be stored, so they come back).
+    async fn settle(&self, sorted: Sorted, stats: &mut IngestStats) {
+        let m = tidings_runtime::metrics::metrics();
+        for (result, n) in [("new", stats.inserted), ("duplicate", stats.duplicates)] {
+            m.ingested
+                .get_or_create(&ResultLabels {
+                    result: result.into(),
+                })
+                .inc_by(n as u64);
+        }
+        let Sorted {
+            valid,
+            refused_parts,
+        } = sorted;
+        let mut ack = vec![true; valid.len()];
+        for (at, refused) in refused_parts {
+            let n = refused.len();
+            ack[at] = self.dead_letter_refused(&valid[at].0, refused).await;
+            if ack[at] {
+                stats.dead_lettered += n;
             }
-            Err(source) => {
-                consume::nak_all(valid.iter().map(|(m, _)| m)).await;
-                Err(IngestError::Db { count, source })
+        }
+        let (to_ack, to_nak): (Vec<_>, Vec<_>) = valid.iter().zip(&ack).partition(|(_, ack)| **ack);
+        consume::ack_all(to_ack.into_iter().map(|((m, _), _)| m)).await;
+        consume::nak_all(to_nak.into_iter().map(|((m, _), _)| m)).await;
+        if stats.duplicates > 0 {
+            tracing::debug!(
+                duplicates = stats.duplicates,
+                "duplicate enqueue requests absorbed"
+            );
+        }
+    }
+}
+
+/// A message's requests: those whose watch exists and is their device's, and the others with
+/// why they are refused.
+fn validate(
+    reqs: Vec<EnqueueRequest>,
+    owners: &HashMap<WatchId, DeviceId>,
+) -> (Vec<EnqueueRequest>, Vec<(EnqueueRequest, String)>) {
+    let mut ok = Vec::with_capacity(reqs.len());
+    let mut refused = Vec::new();
+    for r in reqs {
+        match refusal(&r, owners) {
+            None => ok.push(r),
+            Some(why) => {
+                tracing::warn!(watch_id = %r.watch_id, reason = %why, "dead-lettering enqueue request");
+                refused.push((r, why));
             }
         }
     }
+    (ok, refused)
+}
+
+/// Each request with the traceparent its row stores, and the spans that made them. One span per
+/// request, a child of the detection's, so the dispatch of the row continues the same trace. A
+/// request in a batch carries its detection's trace itself; one alone, in its message's header.
+fn traced(
+    valid: &[(jetstream::Message, Vec<EnqueueRequest>)],
+) -> (Vec<(&EnqueueRequest, Option<String>)>, Vec<tracing::Span>) {
+    let mut spans = Vec::new();
+    let requests = valid
+        .iter()
+        .flat_map(|(msg, reqs)| reqs.iter().map(move |req| (msg, req)))
+        .map(|(msg, req)| {
+            let incoming = req.traceparent.as_deref().or_else(|| {
+                msg.headers
+                    .as_ref()
+                    .and_then(|h| h.get("traceparent"))
+                    .map(|v| v.as_str())
+            });
+            if !telemetry::exporting() {
+                return (req, incoming.map(str::to_owned));
+            }
+            let span = tracing::info_span!(
+                "ingest",
+                otel.kind = "consumer",
+                messaging.system = "nats",
+                messaging.operation.type = "process",
+                messaging.destination.name = msg.subject.as_str(),
+                messaging.message.id = consume::message_id(msg),
+                watch_id = %req.watch_id,
+                trigger = %req.trigger,
+                channel = req.channel.as_str(),
+            );
+            telemetry::set_parent(&span, incoming);
+            let traceparent = telemetry::forward(&span, incoming);
+            spans.push(span);
+            (req, traceparent)
+        })
+        .collect();
+    (requests, spans)
 }
