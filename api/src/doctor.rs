@@ -12,12 +12,14 @@ use crate::AppState;
 use crate::auth::Operator;
 use crate::extract::ApiQuery;
 use crate::problem::{ApiError, Unauthorized};
+use async_nats::jetstream::consumer::AckPolicy;
+use async_nats::jetstream::stream::Config as StreamConfig;
 use axum::Json;
 use axum::extract::State;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use tidings_bus::streams::{CONSUMERS, stream_config};
-use tidings_domain::subjects::StreamKind;
+use tidings_domain::subjects::{StreamKind, Subjects};
 use utoipa::{IntoParams, ToSchema};
 
 /// One check and what it found.
@@ -99,142 +101,155 @@ async fn streams(
     let subjects = &app.settings.subjects;
     for kind in StreamKind::ALL {
         let want = stream_config(subjects, kind, &app.settings.streams);
-        let name = format!("stream {}", kind.as_str());
-        let info = match js.get_stream(&want.name).await {
-            Ok(mut s) => match s.info().await {
-                Ok(i) => i.clone(),
-                Err(e) => {
-                    checks.push(check(name, false, format!("{}: {e}", want.name)));
-                    continue;
-                }
-            },
-            Err(e) => {
-                checks.push(check(
-                    name,
-                    false,
-                    format!(
-                        "{} is missing ({e}): start a worker (it creates the streams) and check \
-                         TIDINGS_PREFIX matches",
-                        want.name
-                    ),
-                ));
-                continue;
-            }
-        };
-        let got = &info.config;
-        let mut wrong = Vec::new();
-        if got.subjects != want.subjects {
-            wrong.push(format!(
-                "subjects {:?}, expected {:?}",
-                got.subjects, want.subjects
-            ));
-        }
-        if got.retention != want.retention {
-            wrong.push(format!(
-                "retention {:?}, expected {:?}",
-                got.retention, want.retention
-            ));
-        }
-        if got.storage != want.storage {
-            wrong.push(format!(
-                "storage {:?}, expected {:?}",
-                got.storage, want.storage
-            ));
-        }
-        if got.num_replicas != want.num_replicas {
-            wrong.push(format!(
-                "{} replicas, expected {} (TIDINGS_STREAM_REPLICAS)",
-                got.num_replicas, want.num_replicas
-            ));
-        }
-        if got.duplicate_window != want.duplicate_window {
-            wrong.push(format!(
-                "duplicate window {:?}, expected {:?} (TIDINGS_DUPLICATE_WINDOW)",
-                got.duplicate_window, want.duplicate_window
-            ));
-        }
-        if got.max_age != want.max_age {
-            wrong.push(format!(
-                "max age {:?}, expected {:?}",
-                got.max_age, want.max_age
-            ));
-        }
-        checks.push(if wrong.is_empty() {
-            check(
-                name,
-                true,
-                format!(
-                    "{} messages, {} bytes",
-                    info.state.messages, info.state.bytes
-                ),
-            )
-        } else {
-            check(name, false, format!("{}: {}", want.name, wrong.join("; ")))
-        });
+        checks.push(stream(js, kind, &want).await);
     }
     for (kind, durable) in CONSUMERS {
-        let stream = subjects.stream(kind);
-        let name = format!("consumer {durable}");
-        let info = match js.get_stream_no_info(&stream).await {
-            Ok(s) => s.consumer_info(durable).await,
-            Err(e) => {
-                checks.push(check(name, false, format!("stream {stream}: {e}")));
-                continue;
-            }
-        };
-        let info = match info {
-            Ok(i) => i,
-            Err(e) => {
-                checks.push(check(
-                    name,
-                    false,
-                    format!(
-                        "{durable} on {stream} is missing ({e}): is its service running and ready?"
-                    ),
-                ));
-                continue;
-            }
-        };
-        let c = &info.config;
-        let mut wrong = Vec::new();
-        if c.ack_policy != async_nats::jetstream::consumer::AckPolicy::Explicit {
-            wrong.push(format!("ack policy {:?}, expected Explicit", c.ack_policy));
-        }
-        if c.max_deliver != -1 {
-            wrong.push(format!("max deliver {}, expected unlimited", c.max_deliver));
-        }
-        // The whole stream, or one channel's subject of it (the pusher consumes per channel).
-        let within = format!("{}.{}.", subjects.prefix(), kind.as_str());
-        if !c.filter_subject.starts_with(&within) {
-            wrong.push(format!(
-                "filter {:?}, expected {:?} or one channel's subject",
-                c.filter_subject,
-                subjects.all(kind)
-            ));
-        }
-        let waiting = info.num_pending + u64::try_from(info.num_ack_pending).unwrap_or(0);
-        if waiting > max_lag {
-            wrong.push(format!(
-                "{} waiting and {} unacknowledged (more than {max_lag}): its service is not keeping up",
-                info.num_pending, info.num_ack_pending
-            ));
-        }
-        checks.push(if wrong.is_empty() {
-            check(
-                name,
-                true,
-                format!(
-                    "{} waiting, {} unacknowledged",
-                    info.num_pending, info.num_ack_pending
-                ),
-            )
-        } else {
-            check(
+        checks.push(consumer(js, subjects, kind, durable, max_lag).await);
+    }
+}
+
+/// Whether stream `kind` is there as this build configures it (`want`).
+async fn stream(
+    js: &async_nats::jetstream::Context,
+    kind: StreamKind,
+    want: &StreamConfig,
+) -> Check {
+    let name = format!("stream {}", kind.as_str());
+    let info = match js.get_stream(&want.name).await {
+        Ok(mut s) => match s.info().await {
+            Ok(i) => i.clone(),
+            Err(e) => return check(name, false, format!("{}: {e}", want.name)),
+        },
+        Err(e) => {
+            return check(
                 name,
                 false,
-                format!("{durable} on {stream}: {}", wrong.join("; ")),
-            )
-        });
+                format!(
+                    "{} is missing ({e}): start a worker (it creates the streams) and check \
+                     TIDINGS_PREFIX matches",
+                    want.name
+                ),
+            );
+        }
+    };
+    let wrong = stream_drift(&info.config, want);
+    if wrong.is_empty() {
+        let detail = format!(
+            "{} messages, {} bytes",
+            info.state.messages, info.state.bytes
+        );
+        check(name, true, detail)
+    } else {
+        check(name, false, format!("{}: {}", want.name, wrong.join("; ")))
+    }
+}
+
+/// How a stream's configuration differs from what this build makes.
+fn stream_drift(got: &StreamConfig, want: &StreamConfig) -> Vec<String> {
+    let mut wrong = Vec::new();
+    let mut differs = |differ: bool, what: String| {
+        if differ {
+            wrong.push(what);
+        }
+    };
+    differs(
+        got.subjects != want.subjects,
+        format!("subjects {:?}, expected {:?}", got.subjects, want.subjects),
+    );
+    differs(
+        got.retention != want.retention,
+        format!(
+            "retention {:?}, expected {:?}",
+            got.retention, want.retention
+        ),
+    );
+    differs(
+        got.storage != want.storage,
+        format!("storage {:?}, expected {:?}", got.storage, want.storage),
+    );
+    differs(
+        got.num_replicas != want.num_replicas,
+        format!(
+            "{} replicas, expected {} (TIDINGS_STREAM_REPLICAS)",
+            got.num_replicas, want.num_replicas
+        ),
+    );
+    differs(
+        got.duplicate_window != want.duplicate_window,
+        format!(
+            "duplicate window {:?}, expected {:?} (TIDINGS_DUPLICATE_WINDOW)",
+            got.duplicate_window, want.duplicate_window
+        ),
+    );
+    differs(
+        got.max_age != want.max_age,
+        format!("max age {:?}, expected {:?}", got.max_age, want.max_age),
+    );
+    wrong
+}
+
+/// Whether consumer `durable` is there as its service makes it, and keeping up.
+async fn consumer(
+    js: &async_nats::jetstream::Context,
+    subjects: &Subjects,
+    kind: StreamKind,
+    durable: &str,
+    max_lag: u64,
+) -> Check {
+    let stream = subjects.stream(kind);
+    let name = format!("consumer {durable}");
+    let info = match js.get_stream_no_info(&stream).await {
+        Ok(s) => s.consumer_info(durable).await,
+        Err(e) => return check(name, false, format!("stream {stream}: {e}")),
+    };
+    let info = match info {
+        Ok(i) => i,
+        Err(e) => {
+            return check(
+                name,
+                false,
+                format!(
+                    "{durable} on {stream} is missing ({e}): is its service running and ready?"
+                ),
+            );
+        }
+    };
+    let mut wrong = Vec::new();
+    let c = &info.config;
+    if c.ack_policy != AckPolicy::Explicit {
+        wrong.push(format!("ack policy {:?}, expected Explicit", c.ack_policy));
+    }
+    if c.max_deliver != -1 {
+        wrong.push(format!("max deliver {}, expected unlimited", c.max_deliver));
+    }
+    // The whole stream, or one channel's subject of it (the pusher consumes per channel).
+    let within = format!("{}.{}.", subjects.prefix(), kind.as_str());
+    if !c.filter_subject.starts_with(&within) {
+        wrong.push(format!(
+            "filter {:?}, expected {:?} or one channel's subject",
+            c.filter_subject,
+            subjects.all(kind)
+        ));
+    }
+    let waiting = info.num_pending + u64::try_from(info.num_ack_pending).unwrap_or(0);
+    if waiting > max_lag {
+        wrong.push(format!(
+            "{} waiting and {} unacknowledged (more than {max_lag}): its service is not keeping up",
+            info.num_pending, info.num_ack_pending
+        ));
+    }
+    if wrong.is_empty() {
+        let detail = format!(
+            "{} waiting, {} unacknowledged",
+            info.num_pending, info.num_ack_pending
+        );
+        check(name, true, detail)
+    } else {
+        check(
+            name,
+            false,
+            format!("{durable} on {stream}: {}", wrong.join("; ")),
+        )
     }
 }
 

@@ -345,31 +345,50 @@ pub async fn create_watch(
         return created(&create_queued(&app, &token, &new).await?);
     };
     let device = token.device(&app).await?;
+    create_with_key(&app, &device, &key, &body.raw, &new).await
+}
 
-    // The key's record and the watch commit together. A concurrent retry with the same key
-    // waits on the key's unique index until then, and finds the stored response.
-    let request_hash = digest(&SHA256, &body.raw).as_ref().to_vec();
+/// A create with an Idempotency-Key. The key's record and the watch commit together; a
+/// concurrent retry with the same key waits on the key's unique index until then, and finds the
+/// stored response.
+async fn create_with_key(
+    app: &AppState,
+    device: &Device,
+    key: &str,
+    raw: &[u8],
+    new: &NewWatch,
+) -> Result<Response, ApiError> {
+    let request_hash = digest(&SHA256, raw).as_ref().to_vec();
     let mut tx = app.pool.begin().await.map_err(db("creating a watch"))?;
-    let claimed = idempotency::claim(&mut tx, device.id, &key, &request_hash)
+    let claimed = idempotency::claim(&mut tx, device.id, key, &request_hash)
         .await
         .map_err(db("recording an idempotency key"))?;
     if claimed {
-        let watch = insert_watch(&mut tx, &app, &device, &new).await?;
+        let watch = insert_watch(&mut tx, app, device, new).await?;
         let response =
             serde_json::to_value(&watch).map_err(|e| ApiError::Internal(e.to_string()))?;
-        idempotency::record(&mut tx, device.id, &key, 201, &response)
+        idempotency::record(&mut tx, device.id, key, 201, &response)
             .await
             .map_err(db("recording an idempotent response"))?;
         tx.commit().await.map_err(db("creating a watch"))?;
         return created(&watch);
     }
     tx.rollback().await.map_err(db("creating a watch"))?;
+    replay(app, device, key, &request_hash).await
+}
 
+/// The stored answer to the first request with `key`, if this one is the same request.
+async fn replay(
+    app: &AppState,
+    device: &Device,
+    key: &str,
+    request_hash: &[u8],
+) -> Result<Response, ApiError> {
     let idempotency::Stored {
         request_hash: stored_hash,
         status,
         response,
-    } = idempotency::read(&app.pool, device.id, &key)
+    } = idempotency::read(&app.pool, device.id, key)
         .await
         .map_err(db("reading an idempotency key"))?;
     if stored_hash != request_hash {

@@ -187,25 +187,7 @@ async fn change(
                 "give row ids or filter options to {verb}, not both"
             )));
         }
-        // Row by row: each answer (or refusal) said, the exit code the worst of them.
-        let mut worst = exit::OK;
-        for id in ids {
-            match api
-                .post(&format!("/v1/admin/outbox/{id}/{verb}"), &Value::Null)
-                .await
-            {
-                Ok(done) if json_out => println!("{done}"),
-                Ok(done) => match change {
-                    Change::Replay => println!("{id}: replayed as {}", cell(&done["id"])),
-                    Change::Cancel => println!("{id}: cancelled"),
-                },
-                Err(e) => {
-                    eprintln!("{id}: {e}");
-                    worst = worst.max(e.exit_code());
-                }
-            }
-        }
-        return Ok(worst);
+        return Ok(change_rows(api, json_out, change, ids).await);
     }
     if filter.is_empty() && !bulk.all {
         return Err(CliError::Usage(format!(
@@ -213,58 +195,22 @@ async fn change(
         )));
     }
     let path = format!("/v1/admin/outbox/{verb}");
-    let filter_json: serde_json::Map<String, Value> = filter
-        .pairs()
-        .into_iter()
-        .map(|(k, v)| {
-            let v = match k {
-                "http_status" => v.parse::<u16>().map(Value::from).unwrap_or(Value::from(v)),
-                _ => Value::from(v),
-            };
-            (k.to_owned(), v)
-        })
-        .collect();
+    let filter_json = filter_body(&filter);
     let dry = api
         .post(
             &path,
             &json!({"filter": filter_json, "dry_run": true, "up_to": bulk.up_to}),
         )
         .await?;
-    let total = dry["would_change"].as_u64().unwrap_or(0);
     if bulk.dry_run || !bulk.yes {
         if json_out {
             println!("{dry}");
         } else {
-            println!(
-                "{} rows match; {total} would be {}{}",
-                cell(&dry["matched"]),
-                change.done(),
-                if total > 0 { ", for example:" } else { "" }
-            );
-            let rows: Vec<Vec<String>> = dry["sample"]
-                .as_array()
-                .map(Vec::as_slice)
-                .unwrap_or(&[])
-                .iter()
-                .map(|r| {
-                    vec![
-                        cell(&r["id"]),
-                        cell(&r["status"]),
-                        cell(&r["reason"]),
-                        cell(&r["item_code"]),
-                        cell(&r["http_status"]),
-                    ]
-                })
-                .collect();
-            if !rows.is_empty() {
-                table::print(&["id", "status", "reason", "item", "http"], &rows);
-            }
-            if !bulk.dry_run {
-                println!("run again with --yes to {verb} them");
-            }
+            print_dry_run(&dry, change, bulk.dry_run);
         }
         return Ok(exit::OK);
     }
+    let total = dry["would_change"].as_u64().unwrap_or(0);
     let bar = if json_out {
         ProgressBar::hidden()
     } else {
@@ -275,37 +221,14 @@ async fn change(
     )) {
         bar.set_style(style);
     }
-    let up_to = dry["up_to"].clone();
-    let mut cursor = bulk.cursor.clone().map(Value::from).unwrap_or(Value::Null);
-    let (mut examined, mut changed) = (0u64, 0u64);
-    let mut skipped: std::collections::BTreeMap<String, u64> = Default::default();
-    loop {
-        let body =
-            json!({"filter": filter_json, "batch": bulk.batch, "cursor": cursor, "up_to": up_to});
-        let report = match api.post(&path, &body).await {
-            Ok(r) => r,
-            Err(e) => {
-                bar.abandon();
-                eprintln!(
-                    "stopped after {changed} rows; resume with --cursor {} --up-to {}",
-                    cell(&cursor),
-                    cell(&up_to)
-                );
-                return Err(e);
-            }
-        };
-        examined += report["examined"].as_u64().unwrap_or(0);
-        let done = report["changed"].as_u64().unwrap_or(0);
-        changed += done;
-        bar.inc(done);
-        for (why, n) in report["skipped"].as_object().into_iter().flatten() {
-            *skipped.entry(why.clone()).or_default() += n.as_u64().unwrap_or(0);
-        }
-        match &report["next_cursor"] {
-            Value::Null => break,
-            next => cursor = next.clone(),
-        }
-    }
+    let batches = Batches {
+        path: &path,
+        filter: &filter_json,
+        batch: bulk.batch,
+        up_to: dry["up_to"].clone(),
+    };
+    let cursor = bulk.cursor.clone().map(Value::from).unwrap_or(Value::Null);
+    let (examined, changed, skipped) = batches.run(api, cursor, &bar).await?;
     bar.finish_and_clear();
     let summary = json!({"examined": examined, "changed": changed, "skipped": skipped});
     if json_out {
@@ -317,4 +240,122 @@ async fn change(
         }
     }
     Ok(exit::OK)
+}
+
+/// Row by row: each answer (or refusal) said; the exit code is the worst of them.
+async fn change_rows(api: &Api, json_out: bool, change: Change, ids: Vec<String>) -> u8 {
+    let verb = change.verb();
+    let mut worst = exit::OK;
+    for id in ids {
+        match api
+            .post(&format!("/v1/admin/outbox/{id}/{verb}"), &Value::Null)
+            .await
+        {
+            Ok(done) if json_out => println!("{done}"),
+            Ok(done) => match change {
+                Change::Replay => println!("{id}: replayed as {}", cell(&done["id"])),
+                Change::Cancel => println!("{id}: cancelled"),
+            },
+            Err(e) => {
+                eprintln!("{id}: {e}");
+                worst = worst.max(e.exit_code());
+            }
+        }
+    }
+    worst
+}
+
+/// The filter options as the api's `OutboxFilter`.
+fn filter_body(filter: &Filter) -> serde_json::Map<String, Value> {
+    filter
+        .pairs()
+        .into_iter()
+        .map(|(k, v)| {
+            let v = match k {
+                "http_status" => v.parse::<u16>().map(Value::from).unwrap_or(Value::from(v)),
+                _ => Value::from(v),
+            };
+            (k.to_owned(), v)
+        })
+        .collect()
+}
+
+/// A dry run's counts and sample, as a table.
+fn print_dry_run(dry: &Value, change: Change, asked_for_dry_run: bool) {
+    let total = dry["would_change"].as_u64().unwrap_or(0);
+    println!(
+        "{} rows match; {total} would be {}{}",
+        cell(&dry["matched"]),
+        change.done(),
+        if total > 0 { ", for example:" } else { "" }
+    );
+    let rows: Vec<Vec<String>> = dry["sample"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or(&[])
+        .iter()
+        .map(|r| {
+            ["id", "status", "reason", "item_code", "http_status"]
+                .iter()
+                .map(|field| cell(&r[*field]))
+                .collect()
+        })
+        .collect();
+    if !rows.is_empty() {
+        table::print(&["id", "status", "reason", "item", "http"], &rows);
+    }
+    if !asked_for_dry_run {
+        println!("run again with --yes to {} them", change.verb());
+    }
+}
+
+/// A bulk operation's calls after its dry run, each one batch.
+struct Batches<'a> {
+    path: &'a str,
+    filter: &'a serde_json::Map<String, Value>,
+    batch: u32,
+    up_to: Value,
+}
+
+type Skipped = std::collections::BTreeMap<String, u64>;
+
+impl Batches<'_> {
+    /// Calls batch after batch from `cursor` until the api says it is done; returns the rows
+    /// examined and changed, and those left alone by why. Interrupted, it says how to resume.
+    async fn run(
+        &self,
+        api: &Api,
+        mut cursor: Value,
+        bar: &ProgressBar,
+    ) -> Result<(u64, u64, Skipped), CliError> {
+        let (mut examined, mut changed) = (0u64, 0u64);
+        let mut skipped = Skipped::new();
+        loop {
+            let body = json!({"filter": self.filter, "batch": self.batch, "cursor": cursor, "up_to": self.up_to});
+            let report = match api.post(self.path, &body).await {
+                Ok(r) => r,
+                Err(e) => {
+                    bar.abandon();
+                    eprintln!(
+                        "stopped after {changed} rows; resume with --cursor {} --up-to {}",
+                        cell(&cursor),
+                        cell(&self.up_to)
+                    );
+                    return Err(e);
+                }
+            };
+            examined += report["examined"].as_u64().unwrap_or(0);
+            let done = report["changed"].as_u64().unwrap_or(0);
+            changed += done;
+            bar.inc(done);
+            for (why, n) in report["skipped"].as_object().into_iter().flatten() {
+                *skipped.entry(why.clone()).or_default() += n.as_u64().unwrap_or(0);
+            }
+            match &report["next_cursor"] {
+                Value::Null => break,
+                next => cursor = next.clone(),
+            }
+        }
+        Ok((examined, changed, skipped))
+    }
 }

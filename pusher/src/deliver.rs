@@ -66,44 +66,9 @@ impl Deliverer {
 
     pub async fn deliver(&self, req: &PushRequest) -> PushResult {
         let started = Instant::now();
-        let now = Utc::now();
-        let url = match self.guard.check(&req.subscription.endpoint).await {
-            Ok(url) => url,
-            Err(e) => return refused(req, FailReason::EndpointRefused, e.to_string(), started),
-        };
-        let host = url.host_str().unwrap_or_default().to_owned();
-        let keys = match UaKeys::parse(&req.subscription.p256dh, &req.subscription.auth) {
-            Ok(k) => k,
-            Err(e) => {
-                return refused(
-                    req,
-                    FailReason::PushRejected,
-                    format!("subscription keys: {e}"),
-                    started,
-                );
-            }
-        };
-        let plaintext = match serde_json::to_vec(&req.payload) {
-            Ok(p) => p,
-            Err(e) => {
-                return refused(
-                    req,
-                    FailReason::PushRejected,
-                    format!("payload: {e}"),
-                    started,
-                );
-            }
-        };
-        let body = match webpush::encrypt(&keys, &plaintext) {
-            Ok(b) => b,
-            Err(e @ EncryptError::TooLarge(_)) => {
-                return refused(req, FailReason::PayloadTooLarge, e.to_string(), started);
-            }
-            Err(e) => return refused(req, FailReason::PushRejected, e.to_string(), started),
-        };
-        let authorization = match self.vapid.authorization(url.as_str(), now) {
-            Ok(a) => a,
-            Err(e) => return refused(req, FailReason::VapidRejected, e.to_string(), started),
+        let ready = match self.prepare(req).await {
+            Ok(ready) => ready,
+            Err((reason, error)) => return refused(req, reason, error, started),
         };
         // The deadline is the freshness bound: the value in this request was re-checked at most
         // the dispatcher's TIDINGS_PUSH_DEADLINE before it. Checked last, right before the POST,
@@ -120,18 +85,18 @@ impl Deliverer {
         }
         let sent = self
             .client
-            .post(url)
+            .post(ready.url)
             .header("TTL", req.ttl.to_string())
             .header("Urgency", req.urgency.as_str())
             .header("Topic", req.topic.as_str())
             .header("Content-Encoding", "aes128gcm")
             .header("Content-Type", "application/octet-stream")
-            .header("Authorization", authorization)
-            .body(body)
+            .header("Authorization", ready.authorization)
+            .body(ready.body)
             .send()
             .await;
-        let mut resp = match sent {
-            Ok(r) => r,
+        match sent {
+            Ok(resp) => answered(req, resp, &ready.host, started).await,
             Err(e) => {
                 let what = if e.is_timeout() {
                     "timeout"
@@ -140,53 +105,95 @@ impl Deliverer {
                 } else {
                     "request"
                 };
-                return PushResult {
+                PushResult {
                     error: Some(format!("{what}: {e}")),
                     // Only a connection that never opened proves the request did not arrive;
                     // after that, a timeout or a broken exchange may follow an accepted push.
                     maybe_delivered: !e.is_connect(),
                     ..result(req, Outcome::Transient, started)
-                };
-            }
-        };
-        let status = resp.status().as_u16();
-        let outcome = classify(status, &host);
-        let header = |name: &str| {
-            resp.headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        };
-        let message_id = header("location");
-        let retry = header("retry-after").and_then(|v| retry_after(&v, Utc::now()));
-        let mut error = None;
-        if outcome != Outcome::Delivered {
-            let mut text = Vec::new();
-            while let Ok(Some(chunk)) = resp.chunk().await {
-                text.extend_from_slice(&chunk[..chunk.len().min(MAX_ERROR_BODY - text.len())]);
-                if text.len() >= MAX_ERROR_BODY {
-                    break;
                 }
             }
-            error = Some(format!(
-                "HTTP {status}: {}",
-                String::from_utf8_lossy(&text).trim()
-            ));
         }
-        if matches!(status, 401 | 403) {
-            tracing::error!(
-                outbox_id = %req.outbox_id,
-                host = %host,
-                http_status = status,
-                "push service rejected our VAPID credentials: check TIDINGS_VAPID_PRIVATE_KEY and TIDINGS_VAPID_SUBJECT"
-            );
+    }
+
+    /// The checked endpoint, the encrypted body and the VAPID authorization; or why the request
+    /// cannot be sent at all.
+    async fn prepare(&self, req: &PushRequest) -> Result<Ready, (FailReason, String)> {
+        let url = (self.guard.check(&req.subscription.endpoint).await)
+            .map_err(|e| (FailReason::EndpointRefused, e.to_string()))?;
+        let host = url.host_str().unwrap_or_default().to_owned();
+        let keys = UaKeys::parse(&req.subscription.p256dh, &req.subscription.auth)
+            .map_err(|e| (FailReason::PushRejected, format!("subscription keys: {e}")))?;
+        let plaintext = serde_json::to_vec(&req.payload)
+            .map_err(|e| (FailReason::PushRejected, format!("payload: {e}")))?;
+        let body = webpush::encrypt(&keys, &plaintext).map_err(|e| match e {
+            EncryptError::TooLarge(_) => (FailReason::PayloadTooLarge, e.to_string()),
+            e => (FailReason::PushRejected, e.to_string()),
+        })?;
+        let authorization = (self.vapid.authorization(url.as_str(), Utc::now()))
+            .map_err(|e| (FailReason::VapidRejected, e.to_string()))?;
+        Ok(Ready {
+            url,
+            host,
+            body,
+            authorization,
+        })
+    }
+}
+
+/// A push ready to send.
+struct Ready {
+    url: reqwest::Url,
+    host: String,
+    body: Vec<u8>,
+    authorization: String,
+}
+
+/// What the push service's answer means: its outcome, its message id (`Location`), when to try
+/// again (`Retry-After`) and, when it refused, the start of its body.
+async fn answered(
+    req: &PushRequest,
+    mut resp: reqwest::Response,
+    host: &str,
+    started: Instant,
+) -> PushResult {
+    let status = resp.status().as_u16();
+    let outcome = classify(status, host);
+    let header = |name: &str| {
+        resp.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let message_id = header("location");
+    let retry = header("retry-after").and_then(|v| retry_after(&v, Utc::now()));
+    let mut error = None;
+    if outcome != Outcome::Delivered {
+        let mut text = Vec::new();
+        while let Ok(Some(chunk)) = resp.chunk().await {
+            text.extend_from_slice(&chunk[..chunk.len().min(MAX_ERROR_BODY - text.len())]);
+            if text.len() >= MAX_ERROR_BODY {
+                break;
+            }
         }
-        PushResult {
-            http_status: Some(status),
-            retry_after: retry,
-            message_id,
-            error,
-            ..result(req, outcome, started)
-        }
+        error = Some(format!(
+            "HTTP {status}: {}",
+            String::from_utf8_lossy(&text).trim()
+        ));
+    }
+    if matches!(status, 401 | 403) {
+        tracing::error!(
+            outbox_id = %req.outbox_id,
+            host = %host,
+            http_status = status,
+            "push service rejected our VAPID credentials: check TIDINGS_VAPID_PRIVATE_KEY and TIDINGS_VAPID_SUBJECT"
+        );
+    }
+    PushResult {
+        http_status: Some(status),
+        retry_after: retry,
+        message_id,
+        error,
+        ..result(req, outcome, started)
     }
 }

@@ -208,94 +208,13 @@ impl Pusher {
             .ok()
             .and_then(|u| u.host_str().map(str::to_owned));
         let started_at = chrono::Utc::now();
-        let span = if telemetry::exporting() {
-            // An HTTP client span (the push service's request), carrying the message it came in.
-            let span = tracing::info_span!(
-                "push",
-                otel.kind = "client",
-                otel.status_code = tracing::field::Empty,
-                otel.status_message = tracing::field::Empty,
-                http.request.method = "POST",
-                server.address = host.as_deref().unwrap_or_default(),
-                http.response.status_code = tracing::field::Empty,
-                messaging.system = "nats",
-                messaging.destination.name = msg.subject.as_str(),
-                outbox_id = %req.outbox_id,
-                // i64: tracing-opentelemetry exports unsigned fields as strings.
-                attempt = i64::from(req.attempt),
-                channel = "web_push",
-                outcome = tracing::field::Empty,
-            );
-            telemetry::set_parent(&span, incoming.as_deref());
-            span
-        } else {
-            tracing::Span::none()
-        };
-        let earlier = if redelivered || req.attempt > 1 || inner.settings.check_every_attempt {
-            // Unavailable counts as no record (logged and counted by the log): sending is then
-            // what it would have been without the guard.
-            inner.delivered.lookup(req.outbox_id).await.ok().flatten()
-        } else {
-            None
-        };
-        let (mut result, handled) = match earlier {
-            Some(done) => (
-                PushResult {
-                    message_id: done.message_id,
-                    error: (done.attempt != req.attempt)
-                        .then(|| format!("not sent again: attempt {} was delivered", done.attempt)),
-                    ..PushResult::new(req.outbox_id, req.attempt, Outcome::Delivered)
-                },
-                Handled::AlreadyDelivered,
-            ),
-            None => {
-                let mut r = inner.deliverer.deliver(&req).await;
-                // A redelivered request the log does not know may still have reached the push
-                // service: the pusher that held it before can have died after the service
-                // accepted it and before recording it. Not delivering now proves nothing then,
-                // whatever this attempt's answer (a subscription gone since, say).
-                if redelivered && r.outcome != Outcome::Delivered {
-                    r.maybe_delivered = true;
-                }
-                if r.outcome == Outcome::Delivered {
-                    let delivery = Delivery {
-                        attempt: req.attempt,
-                        message_id: r.message_id.clone(),
-                    };
-                    // Still reported when this fails: the record only narrows the duplicate
-                    // window, and the failure is logged and counted by the log.
-                    let _ = inner.delivered.record(req.outbox_id, &delivery).await;
-                }
-                let handled = Handled::Reported(r.outcome);
-                (r, handled)
-            }
-        };
+        let span = push_span(msg, &req, host.as_deref(), incoming.as_deref());
+        let (mut result, handled) = self.attempt(&req, redelivered).await;
         // Back to the row's partition (absent from an older dispatcher's request).
         result.dedup_day = req.dedup_day;
         result.started_at = Some(started_at);
         result.push_host = host.clone();
-        // In the push span, so the line carries its notification's trace id.
-        tracing::info!(
-            parent: &span,
-            outbox_id = %req.outbox_id,
-            attempt = req.attempt,
-            outcome = result.outcome.as_str(),
-            http_status = result.http_status,
-            latency_ms = result.latency_ms,
-            error = result.error.as_deref(),
-            "push attempt finished"
-        );
-        span.record("outcome", result.outcome.as_str());
-        if let Some(status) = result.http_status {
-            span.record("http.response.status_code", i64::from(status));
-        }
-        if !matches!(result.outcome, Outcome::Delivered | Outcome::Gone) {
-            span.record("otel.status_code", "ERROR");
-            span.record(
-                "otel.status_message",
-                result.error.as_deref().unwrap_or(result.outcome.as_str()),
-            );
-        }
+        finish_span(&span, &result);
         record_metrics(&result, host, &handled, telemetry::trace_id(&span));
         result.traceparent = telemetry::forward(&span, incoming.as_deref());
         if let Err(e) = inner.reporter.report(result).await {
@@ -304,6 +223,46 @@ impl Pusher {
             return Handled::Retried;
         }
         handled
+    }
+
+    /// Delivers `req`, unless the delivery log says an attempt of its row was delivered already.
+    async fn attempt(&self, req: &PushRequest, redelivered: bool) -> (PushResult, Handled) {
+        let inner = &self.inner;
+        let earlier = if redelivered || req.attempt > 1 || inner.settings.check_every_attempt {
+            // Unavailable counts as no record (logged and counted by the log): sending is then
+            // what it would have been without the guard.
+            inner.delivered.lookup(req.outbox_id).await.ok().flatten()
+        } else {
+            None
+        };
+        if let Some(done) = earlier {
+            let result = PushResult {
+                message_id: done.message_id,
+                error: (done.attempt != req.attempt)
+                    .then(|| format!("not sent again: attempt {} was delivered", done.attempt)),
+                ..PushResult::new(req.outbox_id, req.attempt, Outcome::Delivered)
+            };
+            return (result, Handled::AlreadyDelivered);
+        }
+        let mut r = inner.deliverer.deliver(req).await;
+        // A redelivered request the log does not know may still have reached the push service:
+        // the pusher that held it before can have died after the service accepted it and before
+        // recording it. Not delivering now proves nothing then, whatever this attempt's answer
+        // (a subscription gone since, say).
+        if redelivered && r.outcome != Outcome::Delivered {
+            r.maybe_delivered = true;
+        }
+        if r.outcome == Outcome::Delivered {
+            let delivery = Delivery {
+                attempt: req.attempt,
+                message_id: r.message_id.clone(),
+            };
+            // Still reported when this fails: the record only narrows the duplicate window, and
+            // the failure is logged and counted by the log.
+            let _ = inner.delivered.record(req.outbox_id, &delivery).await;
+        }
+        let handled = Handled::Reported(r.outcome);
+        (r, handled)
     }
 
     /// One batch of whatever is available now, handled concurrently (tests).
@@ -384,5 +343,62 @@ fn record_metrics(
                 tidings_runtime::metrics::exemplar(trace_id),
                 None,
             );
+    }
+}
+
+/// An HTTP client span for the push service's request, carrying the message it came in (none
+/// while traces are not exported).
+fn push_span(
+    msg: &jetstream::Message,
+    req: &PushRequest,
+    host: Option<&str>,
+    incoming: Option<&str>,
+) -> tracing::Span {
+    if !telemetry::exporting() {
+        return tracing::Span::none();
+    }
+    let span = tracing::info_span!(
+        "push",
+        otel.kind = "client",
+        otel.status_code = tracing::field::Empty,
+        otel.status_message = tracing::field::Empty,
+        http.request.method = "POST",
+        server.address = host.unwrap_or_default(),
+        http.response.status_code = tracing::field::Empty,
+        messaging.system = "nats",
+        messaging.destination.name = msg.subject.as_str(),
+        outbox_id = %req.outbox_id,
+        // i64: tracing-opentelemetry exports unsigned fields as strings.
+        attempt = i64::from(req.attempt),
+        channel = "web_push",
+        outcome = tracing::field::Empty,
+    );
+    telemetry::set_parent(&span, incoming);
+    span
+}
+
+/// Logs the attempt in its span (so the line carries its notification's trace id) and records
+/// its outcome on the span.
+fn finish_span(span: &tracing::Span, result: &PushResult) {
+    tracing::info!(
+        parent: span,
+        outbox_id = %result.outbox_id,
+        attempt = result.attempt,
+        outcome = result.outcome.as_str(),
+        http_status = result.http_status,
+        latency_ms = result.latency_ms,
+        error = result.error.as_deref(),
+        "push attempt finished"
+    );
+    span.record("outcome", result.outcome.as_str());
+    if let Some(status) = result.http_status {
+        span.record("http.response.status_code", i64::from(status));
+    }
+    if !matches!(result.outcome, Outcome::Delivered | Outcome::Gone) {
+        span.record("otel.status_code", "ERROR");
+        span.record(
+            "otel.status_message",
+            result.error.as_deref().unwrap_or(result.outcome.as_str()),
+        );
     }
 }

@@ -378,24 +378,14 @@ where
         detail,
     };
     let batch = shape.batch.max(1);
-    let messages = consumer
-        .stream()
-        .max_messages_per_batch(shape.pull.max(1))
-        .heartbeat(Duration::from_secs(5))
-        .expires(Duration::from_secs(30))
-        .messages()
+    let mut chunks = pull_stream(consumer, shape.pull)
         .await
-        .map_err(|e| err(e.to_string()))?;
-    let mut chunks = messages.ready_chunks(batch);
+        .map_err(|e| err(e.to_string()))?
+        .ready_chunks(batch);
     let mut in_flight = tokio::task::JoinSet::new();
     let mut result = Ok(());
     // Never finishes; it ends with this loop, also when the loop ends in an error.
-    let purging = async {
-        match purger {
-            Some(p) => p.run().await,
-            None => std::future::pending().await,
-        }
-    };
+    let purging = purge(purger);
     tokio::pin!(purging);
     // Progress: a free slot (the loop can take work, or there is none to take) or a closed gate
     // (held on purpose); all slots busy past the bound means a handler hangs.
@@ -429,32 +419,10 @@ where
                     result = Err(err("message stream ended".into()));
                     break;
                 };
-                if chunk.len() < batch && !shape.linger.is_zero() {
-                    let deadline = tokio::time::Instant::now() + shape.linger;
-                    while chunk.len() < batch {
-                        match tokio::time::timeout_at(deadline, chunks.next()).await {
-                            Ok(Some(more)) => chunk.extend(more),
-                            _ => break,
-                        }
-                    }
-                }
-                let mut ok = Vec::with_capacity(chunk.len());
-                for m in chunk {
-                    match m {
-                        Ok(m) => ok.push(m),
-                        // Missed heartbeats and the like: the stream recovers by itself.
-                        Err(e) => tracing::warn!(consumer = %name, error = %e, "consumer hiccup"),
-                    }
-                }
+                linger(&mut chunk, &mut chunks, batch, shape.linger).await;
+                let ok = usable(chunk, &name);
                 if !ok.is_empty() {
-                    let consumer = name.clone();
-                    let work = handle(ok);
-                    in_flight.spawn(async move {
-                        if let Err(e) = work.await {
-                            tidings_runtime::metrics::metrics().failed(tidings_runtime::metrics::Failure::Consumer(&consumer));
-                            tracing::error!(consumer = %consumer, error = %e, "batch failed; it will be redelivered");
-                        }
-                    });
+                    in_flight.spawn(reported(name.clone(), handle(ok)));
                 }
             }
         }
@@ -464,6 +432,76 @@ where
     drop(pulled);
     while in_flight.join_next().await.is_some() {}
     result
+}
+
+/// Purges acked messages while the loop runs (never finishes; without a purger, does nothing).
+async fn purge(purger: Option<&Purger>) {
+    match purger {
+        Some(p) => p.run().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The consumer's messages, pulled `pull` at a time.
+async fn pull_stream(
+    consumer: &PullConsumer,
+    pull: usize,
+) -> Result<
+    async_nats::jetstream::consumer::pull::Stream,
+    async_nats::jetstream::consumer::StreamError,
+> {
+    consumer
+        .stream()
+        .max_messages_per_batch(pull.max(1))
+        .heartbeat(Duration::from_secs(5))
+        .expires(Duration::from_secs(30))
+        .messages()
+        .await
+}
+
+/// A handler call whose failure is counted and logged (its messages are redelivered).
+async fn reported<T, E: std::fmt::Display>(
+    consumer: String,
+    work: impl Future<Output = Result<T, E>>,
+) {
+    if let Err(e) = work.await {
+        tidings_runtime::metrics::metrics()
+            .failed(tidings_runtime::metrics::Failure::Consumer(&consumer));
+        tracing::error!(consumer = %consumer, error = %e, "batch failed; it will be redelivered");
+    }
+}
+
+/// Waits up to `wait` for a short `chunk` to fill to `batch` from `chunks`.
+async fn linger<S, I>(chunk: &mut Vec<I>, chunks: &mut S, batch: usize, wait: Duration)
+where
+    S: futures::Stream<Item = Vec<I>> + Unpin,
+{
+    if chunk.len() >= batch || wait.is_zero() {
+        return;
+    }
+    let deadline = tokio::time::Instant::now() + wait;
+    while chunk.len() < batch {
+        match tokio::time::timeout_at(deadline, chunks.next()).await {
+            Ok(Some(more)) => chunk.extend(more),
+            _ => break,
+        }
+    }
+}
+
+/// The messages of a chunk; the stream's errors (missed heartbeats and the like, from which it
+/// recovers by itself) are logged.
+fn usable<E: std::fmt::Display>(
+    chunk: Vec<Result<jetstream::Message, E>>,
+    consumer: &str,
+) -> Vec<jetstream::Message> {
+    let mut ok = Vec::with_capacity(chunk.len());
+    for m in chunk {
+        match m {
+            Ok(m) => ok.push(m),
+            Err(e) => tracing::warn!(consumer = %consumer, error = %e, "consumer hiccup"),
+        }
+    }
+    ok
 }
 
 /// Until `gate` changes (never without one).

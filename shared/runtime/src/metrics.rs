@@ -390,238 +390,264 @@ impl Metrics {
             process_open_fds: Gauge::default(),
             registry: Registry::default(),
         };
-        register(
-            &mut registry,
-            "tidings_outbox_transitions",
-            "Outbox state changes by target state and reason (dropped = correctly withheld)",
-            m.transitions.clone(),
-        );
-        register(
-            &mut registry,
-            "tidings_outbox_rows",
-            "Non-terminal outbox rows by state (pending, retry, sending)",
-            m.outbox_rows.clone(),
-        );
-        register(
-            &mut registry,
-            "tidings_outbox_oldest_due_seconds",
-            "Age of the oldest due outbox row",
-            m.oldest_due_seconds.clone(),
-        );
-        register(
-            &mut registry,
-            "tidings_ingest_admitted",
-            "1 while ingest takes new notifications; 0 while dispatch is behind (its oldest \
-             claimed row was due longer than TIDINGS_INGEST_ADMISSION_LAG) and they wait in the \
-             enqueue stream",
-            m.ingest_admitted.clone(),
-        );
-        register(
-            &mut registry,
-            "tidings_outbox_lease_overdue_seconds",
-            "How long the oldest sending row has been past its lease (0: none is); the lease \
-             sweeper takes such rows back, so this stays near 0 while it works",
-            m.lease_overdue_seconds.clone(),
-        );
-        register(
-            &mut registry,
-            "tidings_ingested",
-            "EnqueueRequests ingested by result (new, duplicate, invalid)",
-            m.ingested.clone(),
-        );
-        register(
-            &mut registry,
-            "tidings_dead_lettered",
-            "Messages sent to the dead-letter stream, by stream kind",
-            m.dead_lettered.clone(),
-        );
-        register(
-            &mut registry,
-            "tidings_source_errors",
-            "Source (catalog) errors by kind",
-            m.source_errors.clone(),
-        );
-        register(
-            &mut registry,
-            "tidings_push_requests",
-            "Push requests by outcome, HTTP status class and push-service host",
-            m.pushes.clone(),
-        );
-        register(
-            &mut registry,
-            "tidings_push_duration_seconds",
-            "Push request latency by HTTP status class",
-            m.push_duration.clone(),
-        );
-        register(
-            &mut registry,
-            "tidings_detection_to_delivery_seconds",
-            "Time from detection to the push service accepting the notification",
-            m.detection_to_delivery.clone(),
-        );
-        register(
-            &mut registry,
-            "tidings_consumer_pending_messages",
-            "JetStream messages not yet delivered to the consumer (lag)",
-            m.consumer_pending.clone(),
-        );
-        register(
-            &mut registry,
-            "tidings_consumer_ack_pending_messages",
-            "JetStream messages delivered and not yet acknowledged",
-            m.consumer_ack_pending.clone(),
-        );
-        register(
-            &mut registry,
-            "tidings_detector_scans",
-            "Completed detector scans",
-            m.scans.clone(),
-        );
-        register(
-            &mut registry,
-            "tidings_detector_held",
-            "1 while the detector holds its scans back because more than \
-             TIDINGS_DETECTOR_HOLD_BACKLOG notifications wait in the enqueue stream for ingest",
-            m.detector_held.clone(),
-        );
-        register(
-            &mut registry,
-            "tidings_detector_shard_count",
-            "How many shards split the watches (TIDINGS_SHARD_COUNT), labelled with this \
-             detector's shard",
-            m.detector_shard_count.clone(),
-        );
-        register(
-            &mut registry,
-            "tidings_detector_scan_duration_seconds",
-            "Duration of a full detector scan",
-            m.scan_duration.clone(),
-        );
-        register(
-            &mut registry,
-            "tidings_detections",
-            "Detections by result (published, duplicate, remembered, publish_error)",
-            m.detections.clone(),
-        );
-        register(
-            &mut registry,
-            "tidings_detector_watches",
-            "Active watches this detector holds in memory (its shard)",
-            m.detector_watches.clone(),
-        );
-        register(
-            &mut registry,
-            "tidings_detector_evaluated_watches",
-            "Watches evaluated by scans (those whose item value, watch or baseline changed)",
-            m.evaluated_watches.clone(),
-        );
-        register(
-            &mut registry,
-            "tidings_http_requests",
-            "API requests by route template, method and status",
-            m.http_requests.clone(),
-        );
-        register(
-            &mut registry,
-            "tidings_http_request_duration_seconds",
-            "API request latency by route template",
-            m.http_duration.clone(),
-        );
-        register(
-            &mut registry,
-            "tidings_api_create_batch_size",
-            "Watch creates per insert statement (the api shares statements under load)",
-            m.create_batch_size.clone(),
-        );
-        register(
-            &mut registry,
-            "tidings_delivery_log_errors",
-            "Delivery-log operations (record, lookup) that failed even after recreating the bucket: \
-             while this moves, a redelivered push may be sent twice",
-            m.delivery_log_errors.clone(),
-        );
-        register(
-            &mut registry,
-            "tidings_api_rate_limited",
-            "API requests refused by an abuse limit (429), by limit",
-            m.rate_limited.clone(),
-        );
-        register(
-            &mut registry,
-            "tidings_ready",
-            "1 while the service is ready (what /readyz answers), else 0; evaluated on every \
-             scrape",
-            m.ready.clone(),
-        );
-        register(
-            &mut registry,
-            "tidings_build_info",
-            "1, labelled with the version of the running build",
-            m.build_info.clone(),
-        );
-        register(
-            &mut registry,
-            "tidings_dlq_messages",
-            "Messages in the dead-letter stream (kept 14 days), for an operator to read",
-            m.dlq_messages.clone(),
-        );
-        register(
-            &mut registry,
-            "tidings_outbox_expired_partitions_kept",
-            "Outbox weeks wholly older than TIDINGS_RETENTION that are kept because a row in \
-             them is still pending, retrying or sending (0 normally)",
-            m.expired_partitions_kept.clone(),
-        );
-        register(
-            &mut registry,
-            "tidings_failures",
-            "Operations that failed and are tried again (a scan, a dispatch batch, a consumer's \
-             batch, the sweep, a publish), by operation: while one keeps moving, work waits",
-            m.failures.clone(),
-        );
-        register(
-            &mut registry,
-            "tidings_db_pool_connections",
-            "Postgres connections the service's pool holds, by state (in_use, idle)",
-            m.db_pool_connections.clone(),
-        );
-        register(
-            &mut registry,
-            "tidings_db_pool_max_connections",
-            "The most Postgres connections the service's pool opens",
-            m.db_pool_max.clone(),
-        );
-        register(
-            &mut registry,
-            "tidings_db_pool_acquire_seconds",
-            "Time to get a connection from the Postgres pool (waits: the pool was full or \
-             opening one)",
-            m.db_pool_acquire.clone(),
-        );
-        register(
-            &mut registry,
-            "process_cpu_seconds",
-            "CPU time the process has used (user and system)",
-            m.process_cpu_seconds.clone(),
-        );
-        register(
-            &mut registry,
-            "process_resident_memory_bytes",
-            "Resident memory of the process",
-            m.process_rss_bytes.clone(),
-        );
-        register(
-            &mut registry,
-            "process_open_fds",
-            "File descriptors the process holds open",
-            m.process_open_fds.clone(),
-        );
+        m.register_outbox(&mut registry);
+        m.register_detector(&mut registry);
+        m.register_pusher(&mut registry);
+        m.register_api(&mut registry);
+        m.register_health(&mut registry);
         m.build_info
             .get_or_create(&VersionLabels {
                 version: env!("CARGO_PKG_VERSION").to_owned(),
             })
             .set(1);
         Metrics { registry, ..m }
+    }
+
+    /// The outbox and the pipeline between the services: states, backlog, ingest, dead letters,
+    /// source errors, consumers.
+    fn register_outbox(&self, registry: &mut Registry) {
+        register(
+            registry,
+            "tidings_outbox_transitions",
+            "Outbox state changes by target state and reason (dropped = correctly withheld)",
+            self.transitions.clone(),
+        );
+        register(
+            registry,
+            "tidings_outbox_rows",
+            "Non-terminal outbox rows by state (pending, retry, sending)",
+            self.outbox_rows.clone(),
+        );
+        register(
+            registry,
+            "tidings_outbox_oldest_due_seconds",
+            "Age of the oldest due outbox row",
+            self.oldest_due_seconds.clone(),
+        );
+        register(
+            registry,
+            "tidings_ingest_admitted",
+            "1 while ingest takes new notifications; 0 while dispatch is behind (its oldest \
+             claimed row was due longer than TIDINGS_INGEST_ADMISSION_LAG) and they wait in the \
+             enqueue stream",
+            self.ingest_admitted.clone(),
+        );
+        register(
+            registry,
+            "tidings_outbox_lease_overdue_seconds",
+            "How long the oldest sending row has been past its lease (0: none is); the lease \
+             sweeper takes such rows back, so this stays near 0 while it works",
+            self.lease_overdue_seconds.clone(),
+        );
+        register(
+            registry,
+            "tidings_ingested",
+            "EnqueueRequests ingested by result (new, duplicate, invalid)",
+            self.ingested.clone(),
+        );
+        register(
+            registry,
+            "tidings_dead_lettered",
+            "Messages sent to the dead-letter stream, by stream kind",
+            self.dead_lettered.clone(),
+        );
+        register(
+            registry,
+            "tidings_source_errors",
+            "Source (catalog) errors by kind",
+            self.source_errors.clone(),
+        );
+        register(
+            registry,
+            "tidings_consumer_pending_messages",
+            "JetStream messages not yet delivered to the consumer (lag)",
+            self.consumer_pending.clone(),
+        );
+        register(
+            registry,
+            "tidings_consumer_ack_pending_messages",
+            "JetStream messages delivered and not yet acknowledged",
+            self.consumer_ack_pending.clone(),
+        );
+    }
+
+    /// The detector's scans.
+    fn register_detector(&self, registry: &mut Registry) {
+        register(
+            registry,
+            "tidings_detector_scans",
+            "Completed detector scans",
+            self.scans.clone(),
+        );
+        register(
+            registry,
+            "tidings_detector_held",
+            "1 while the detector holds its scans back because more than \
+             TIDINGS_DETECTOR_HOLD_BACKLOG notifications wait in the enqueue stream for ingest",
+            self.detector_held.clone(),
+        );
+        register(
+            registry,
+            "tidings_detector_shard_count",
+            "How many shards split the watches (TIDINGS_SHARD_COUNT), labelled with this \
+             detector's shard",
+            self.detector_shard_count.clone(),
+        );
+        register(
+            registry,
+            "tidings_detector_scan_duration_seconds",
+            "Duration of a full detector scan",
+            self.scan_duration.clone(),
+        );
+        register(
+            registry,
+            "tidings_detections",
+            "Detections by result (published, duplicate, remembered, publish_error)",
+            self.detections.clone(),
+        );
+        register(
+            registry,
+            "tidings_detector_watches",
+            "Active watches this detector holds in memory (its shard)",
+            self.detector_watches.clone(),
+        );
+        register(
+            registry,
+            "tidings_detector_evaluated_watches",
+            "Watches evaluated by scans (those whose item value, watch or baseline changed)",
+            self.evaluated_watches.clone(),
+        );
+    }
+
+    /// The pusher's pushes, their latency, detection to delivery, and its delivery log.
+    fn register_pusher(&self, registry: &mut Registry) {
+        register(
+            registry,
+            "tidings_push_requests",
+            "Push requests by outcome, HTTP status class and push-service host",
+            self.pushes.clone(),
+        );
+        register(
+            registry,
+            "tidings_push_duration_seconds",
+            "Push request latency by HTTP status class",
+            self.push_duration.clone(),
+        );
+        register(
+            registry,
+            "tidings_detection_to_delivery_seconds",
+            "Time from detection to the push service accepting the notification",
+            self.detection_to_delivery.clone(),
+        );
+        register(
+            registry,
+            "tidings_delivery_log_errors",
+            "Delivery-log operations (record, lookup) that failed even after recreating the bucket: \
+             while this moves, a redelivered push may be sent twice",
+            self.delivery_log_errors.clone(),
+        );
+    }
+
+    /// The api's requests.
+    fn register_api(&self, registry: &mut Registry) {
+        register(
+            registry,
+            "tidings_http_requests",
+            "API requests by route template, method and status",
+            self.http_requests.clone(),
+        );
+        register(
+            registry,
+            "tidings_http_request_duration_seconds",
+            "API request latency by route template",
+            self.http_duration.clone(),
+        );
+        register(
+            registry,
+            "tidings_api_create_batch_size",
+            "Watch creates per insert statement (the api shares statements under load)",
+            self.create_batch_size.clone(),
+        );
+        register(
+            registry,
+            "tidings_api_rate_limited",
+            "API requests refused by an abuse limit (429), by limit",
+            self.rate_limited.clone(),
+        );
+    }
+
+    /// Health every service reports: readiness, build, failures, the Postgres pool and the process.
+    fn register_health(&self, registry: &mut Registry) {
+        register(
+            registry,
+            "tidings_ready",
+            "1 while the service is ready (what /readyz answers), else 0; evaluated on every \
+             scrape",
+            self.ready.clone(),
+        );
+        register(
+            registry,
+            "tidings_build_info",
+            "1, labelled with the version of the running build",
+            self.build_info.clone(),
+        );
+        register(
+            registry,
+            "tidings_dlq_messages",
+            "Messages in the dead-letter stream (kept 14 days), for an operator to read",
+            self.dlq_messages.clone(),
+        );
+        register(
+            registry,
+            "tidings_outbox_expired_partitions_kept",
+            "Outbox weeks wholly older than TIDINGS_RETENTION that are kept because a row in \
+             them is still pending, retrying or sending (0 normally)",
+            self.expired_partitions_kept.clone(),
+        );
+        register(
+            registry,
+            "tidings_failures",
+            "Operations that failed and are tried again (a scan, a dispatch batch, a consumer's \
+             batch, the sweep, a publish), by operation: while one keeps moving, work waits",
+            self.failures.clone(),
+        );
+        register(
+            registry,
+            "tidings_db_pool_connections",
+            "Postgres connections the service's pool holds, by state (in_use, idle)",
+            self.db_pool_connections.clone(),
+        );
+        register(
+            registry,
+            "tidings_db_pool_max_connections",
+            "The most Postgres connections the service's pool opens",
+            self.db_pool_max.clone(),
+        );
+        register(
+            registry,
+            "tidings_db_pool_acquire_seconds",
+            "Time to get a connection from the Postgres pool (waits: the pool was full or \
+             opening one)",
+            self.db_pool_acquire.clone(),
+        );
+        register(
+            registry,
+            "process_cpu_seconds",
+            "CPU time the process has used (user and system)",
+            self.process_cpu_seconds.clone(),
+        );
+        register(
+            registry,
+            "process_resident_memory_bytes",
+            "Resident memory of the process",
+            self.process_rss_bytes.clone(),
+        );
+        register(
+            registry,
+            "process_open_fds",
+            "File descriptors the process holds open",
+            self.process_open_fds.clone(),
+        );
     }
 
     /// The Prometheus text exposition of every metric, after reading what is read at scrape

@@ -236,52 +236,21 @@ async fn push(
     // When the push arrived: what a real push service would call its acceptance, before this
     // fake spends time verifying and decrypting.
     let arrived_ms = chrono::Utc::now().timestamp_millis();
-    if inner.sink.load(std::sync::atomic::Ordering::Relaxed) {
-        let topic = headers
-            .get("topic")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_owned();
-        let flaky = inner
-            .flaky_one_in
-            .load(std::sync::atomic::Ordering::Relaxed);
-        if flaky > 0
-            && topic_hash(&topic).is_multiple_of(flaky)
-            && lock(&inner.flaked).insert(topic.clone())
-        {
-            return (StatusCode::SERVICE_UNAVAILABLE, [("retry-after", "2")]).into_response();
-        }
-        lock(&inner.sunk).push((topic, chrono::Utc::now().timestamp_millis()));
-        let n = inner.hits.load(std::sync::atomic::Ordering::Relaxed) as u64;
-        let sample = inner
-            .sample_one_in
-            .load(std::sync::atomic::Ordering::Relaxed);
-        if sample == 0 || !n.is_multiple_of(sample) {
-            return (StatusCode::CREATED, [("location", "/m/sink")]).into_response();
-        }
-        // A sampled push goes on to full verification and decryption below.
+    if inner.sink.load(std::sync::atomic::Ordering::Relaxed)
+        && let Some(answer) = sunk(&inner, &headers)
+    {
+        return answer;
     }
     let origin = addressed_origin(&lock(&inner.origin), &uri, &headers);
-    let (claims, vapid_key) = match verify_vapid(&headers, &origin) {
+    let (vapid_claims, vapid_public_key) = match verify_vapid(&headers, &origin) {
         Ok(v) => v,
         Err(e) => {
             lock(&inner.rejected).push(format!("{id}: VAPID: {e}"));
             return (StatusCode::UNAUTHORIZED, e).into_response();
         }
     };
-    let (answer, secret, auth) = {
-        let mut subs = lock(&inner.subs);
-        let Some(sub) = subs.get_mut(&id) else {
-            return StatusCode::NOT_FOUND.into_response();
-        };
-        let answer = match sub.answers.pop_front() {
-            Some(a) => a,
-            None if sub.default == Answer::Created => {
-                inner.fault().unwrap_or_else(|| sub.default.clone())
-            }
-            None => sub.default.clone(),
-        };
-        (answer, sub.secret.clone(), sub.auth)
+    let Some((answer, secret, auth)) = inner.next_answer(&id) else {
+        return StatusCode::NOT_FOUND.into_response();
     };
     if answer == Answer::Hang {
         return std::future::pending().await;
@@ -291,24 +260,21 @@ async fn push(
             return StatusCode::INTERNAL_SERVER_ERROR.into_response();
         };
         let auth = web_push_native::Auth::clone_from_slice(&auth);
+        let header = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
         match web_push_native::decrypt(body.to_vec(), &secret, &auth) {
             Ok(plaintext) => lock(&inner.received).push(Received {
                 subscription: id.clone(),
                 plaintext,
-                ttl: headers
-                    .get("ttl")
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_owned),
-                urgency: headers
-                    .get("urgency")
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_owned),
-                topic: headers
-                    .get("topic")
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_owned),
-                vapid_claims: claims,
-                vapid_public_key: vapid_key,
+                ttl: header("ttl"),
+                urgency: header("urgency"),
+                topic: header("topic"),
+                vapid_claims,
+                vapid_public_key,
                 at_ms: arrived_ms,
             }),
             Err(e) => {
@@ -317,36 +283,79 @@ async fn push(
             }
         }
     }
-    match answer {
-        Answer::CreatedAfter(delay) => {
-            tokio::time::sleep(delay).await;
-            (
-                StatusCode::CREATED,
-                [("location", format!("{origin}/m/late"))],
+    inner.respond(answer, &origin).await
+}
+
+/// In sink mode: the answer to a push that is only counted (or refused once, when flaky); `None`
+/// for a sampled push, which goes on to full verification and decryption.
+fn sunk(inner: &Inner, headers: &HeaderMap) -> Option<Response> {
+    let topic = headers
+        .get("topic")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let flaky = inner
+        .flaky_one_in
+        .load(std::sync::atomic::Ordering::Relaxed);
+    if flaky > 0
+        && topic_hash(&topic).is_multiple_of(flaky)
+        && lock(&inner.flaked).insert(topic.clone())
+    {
+        return Some((StatusCode::SERVICE_UNAVAILABLE, [("retry-after", "2")]).into_response());
+    }
+    lock(&inner.sunk).push((topic, chrono::Utc::now().timestamp_millis()));
+    let n = inner.hits.load(std::sync::atomic::Ordering::Relaxed) as u64;
+    let sample = inner
+        .sample_one_in
+        .load(std::sync::atomic::Ordering::Relaxed);
+    if sample == 0 || !n.is_multiple_of(sample) {
+        return Some((StatusCode::CREATED, [("location", "/m/sink")]).into_response());
+    }
+    None
+}
+
+impl Inner {
+    /// Subscription `id`'s next scripted answer (or its default), with its keys; `None` if there
+    /// is no such subscription.
+    fn next_answer(&self, id: &str) -> Option<(Answer, Vec<u8>, [u8; 16])> {
+        let mut subs = lock(&self.subs);
+        let sub = subs.get_mut(id)?;
+        let answer = match sub.answers.pop_front() {
+            Some(a) => a,
+            None if sub.default == Answer::Created => {
+                self.fault().unwrap_or_else(|| sub.default.clone())
+            }
+            None => sub.default.clone(),
+        };
+        Some((answer, sub.secret.clone(), sub.auth))
+    }
+
+    /// The HTTP answer a scripted `answer` stands for.
+    async fn respond(&self, answer: Answer, origin: &str) -> Response {
+        match answer {
+            Answer::CreatedAfter(delay) => {
+                tokio::time::sleep(delay).await;
+                let location = format!("{origin}/m/late");
+                (StatusCode::CREATED, [("location", location)]).into_response()
+            }
+            Answer::Created => {
+                let location = format!("{origin}/m/{}", lock(&self.received).len());
+                (StatusCode::CREATED, [("location", location)]).into_response()
+            }
+            Answer::NotFound => StatusCode::NOT_FOUND.into_response(),
+            Answer::Gone => StatusCode::GONE.into_response(),
+            Answer::TooLarge => StatusCode::PAYLOAD_TOO_LARGE.into_response(),
+            Answer::TooManyRequests { retry_after } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                [("retry-after", retry_after)],
             )
-                .into_response()
+                .into_response(),
+            Answer::ServerError => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "upstream exploded").into_response()
+            }
+            Answer::Unauthorized => StatusCode::UNAUTHORIZED.into_response(),
+            Answer::Hang => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
         }
-        Answer::Created => {
-            let n = lock(&inner.received).len();
-            (
-                StatusCode::CREATED,
-                [("location", format!("{origin}/m/{n}"))],
-            )
-                .into_response()
-        }
-        Answer::NotFound => StatusCode::NOT_FOUND.into_response(),
-        Answer::Gone => StatusCode::GONE.into_response(),
-        Answer::TooLarge => StatusCode::PAYLOAD_TOO_LARGE.into_response(),
-        Answer::TooManyRequests { retry_after } => (
-            StatusCode::TOO_MANY_REQUESTS,
-            [("retry-after", retry_after)],
-        )
-            .into_response(),
-        Answer::ServerError => {
-            (StatusCode::INTERNAL_SERVER_ERROR, "upstream exploded").into_response()
-        }
-        Answer::Unauthorized => StatusCode::UNAUTHORIZED.into_response(),
-        Answer::Hang => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
     }
 }
 
