@@ -147,44 +147,25 @@ async fn stream(
 /// How a stream's configuration differs from what this build makes.
 fn stream_drift(got: &StreamConfig, want: &StreamConfig) -> Vec<String> {
     let mut wrong = Vec::new();
-    let mut differs = |differ: bool, what: String| {
-        if differ {
-            wrong.push(what);
-        }
-    };
-    differs(
-        got.subjects != want.subjects,
-        format!("subjects {:?}, expected {:?}", got.subjects, want.subjects),
+    macro_rules! differs {
+        ($field:ident, $what:literal) => {
+            if got.$field != want.$field {
+                wrong.push(format!(
+                    concat!($what, " {:?}, expected {:?}"),
+                    got.$field, want.$field
+                ));
+            }
+        };
+    }
+    differs!(subjects, "subjects");
+    differs!(retention, "retention");
+    differs!(storage, "storage");
+    differs!(num_replicas, "replicas (TIDINGS_STREAM_REPLICAS):");
+    differs!(
+        duplicate_window,
+        "duplicate window (TIDINGS_DUPLICATE_WINDOW):"
     );
-    differs(
-        got.retention != want.retention,
-        format!(
-            "retention {:?}, expected {:?}",
-            got.retention, want.retention
-        ),
-    );
-    differs(
-        got.storage != want.storage,
-        format!("storage {:?}, expected {:?}", got.storage, want.storage),
-    );
-    differs(
-        got.num_replicas != want.num_replicas,
-        format!(
-            "{} replicas, expected {} (TIDINGS_STREAM_REPLICAS)",
-            got.num_replicas, want.num_replicas
-        ),
-    );
-    differs(
-        got.duplicate_window != want.duplicate_window,
-        format!(
-            "duplicate window {:?}, expected {:?} (TIDINGS_DUPLICATE_WINDOW)",
-            got.duplicate_window, want.duplicate_window
-        ),
-    );
-    differs(
-        got.max_age != want.max_age,
-        format!("max age {:?}, expected {:?}", got.max_age, want.max_age),
-    );
+    differs!(max_age, "max age");
     wrong
 }
 
@@ -359,4 +340,33 @@ pub async fn doctor(
         ok: checks.iter().all(|c| c.ok),
         checks,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_made_otherwise_is_named_field_by_field() {
+        let want = StreamConfig {
+            name: "T_ENQUEUE".into(),
+            subjects: vec!["t.enqueue.>".into()],
+            num_replicas: 3,
+            max_age: Duration::from_secs(3600),
+            ..StreamConfig::default()
+        };
+        assert!(stream_drift(&want, &want).is_empty());
+        let got = StreamConfig {
+            num_replicas: 1,
+            max_age: Duration::from_secs(60),
+            ..want.clone()
+        };
+        assert_eq!(
+            stream_drift(&got, &want),
+            [
+                "replicas (TIDINGS_STREAM_REPLICAS): 1, expected 3",
+                "max age 60s, expected 3600s"
+            ]
+        );
+    }
 }
