@@ -277,7 +277,7 @@ async fn vapid(app: &AppState, client: &async_nats::Client, checks: &mut Vec<Che
                     false,
                     format!(
                         "{}: push services will answer 401/403; give the api and every pusher \
-                         the same pair (tidings vapid keygen)",
+                         the same pair (tidings-pusher vapid-keygen)",
                         wrong.join("; ")
                     ),
                 )

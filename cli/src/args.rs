@@ -68,14 +68,6 @@ pub enum Command {
     /// A watch: show, pause, resume.
     #[command(subcommand)]
     Watch(Object),
-    /// VAPID keys.
-    #[command(subcommand)]
-    Vapid(Vapid),
-    /// Apply the database schema (DATABASE_URL as the schema owner), as `tidings-api migrate`.
-    Migrate {
-        #[command(flatten)]
-        database: tidings_runtime::secrets::DatabaseArgs,
-    },
     /// Check the deployment end to end and say what is wrong: api, schema, due backlog,
     /// streams, consumers and their lag, the VAPID key pair of the api and every pusher.
     Doctor {
@@ -268,11 +260,4 @@ pub enum Object {
     Pause { id: String },
     /// Resume it.
     Resume { id: String },
-}
-
-#[derive(Debug, Subcommand)]
-pub enum Vapid {
-    /// Make a VAPID key pair: the private key for every pusher (TIDINGS_VAPID_PRIVATE_KEY) and
-    /// the public key for the api (TIDINGS_VAPID_PUBLIC_KEY). Made here; nothing is sent.
-    Keygen,
 }

@@ -1,16 +1,16 @@
-//! `tidings`: the operator's command line. Everything but `vapid keygen` and `migrate` goes
-//! through the operator api; see `tidings --help` for the commands and exit codes.
+//! `tidings`: the operator's command line over the operator api; see `tidings --help` for the
+//! commands and exit codes. (The schema is applied by `tidings-api migrate`, and VAPID keys are
+//! made by `tidings-pusher vapid-keygen`: one command each.)
 
 mod args;
 mod client;
 mod dead_letters;
 mod doctor;
-mod local;
 mod objects;
 mod outbox;
 mod table;
 
-use args::{Cli, Command, Vapid};
+use args::{Cli, Command};
 use clap::Parser;
 use client::{Api, CliError};
 use std::process::ExitCode;
@@ -33,14 +33,6 @@ fn token(cli: &Cli) -> Result<String, CliError> {
 
 async fn run(cli: Cli) -> Result<u8, CliError> {
     let json = cli.json;
-    match &cli.command {
-        Command::Vapid(Vapid::Keygen) => return local::vapid_keygen(json),
-        Command::Migrate { database } => {
-            let url = database.url().map_err(|e| CliError::Local(e.to_string()))?;
-            return local::migrate(&url, json).await;
-        }
-        _ => {}
-    }
     let api = Api::new(&cli.api, token(&cli)?)?;
     match cli.command {
         Command::Outbox(c) => outbox::run(&api, json, *c).await,
@@ -52,7 +44,6 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
             max_lag,
             max_due_age,
         } => doctor::run(&api, json, max_lag, max_due_age).await,
-        Command::Vapid(_) | Command::Migrate { .. } => Ok(client::exit::OK),
     }
 }
 

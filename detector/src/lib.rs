@@ -69,15 +69,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
     tidings_runtime::metrics::metrics().may_fail(&[tidings_runtime::metrics::Failure::Scan]);
     tidings_runtime::metrics::at_zero(
         &tidings_runtime::metrics::metrics().detections,
-        [
-            "published",
-            "duplicate",
-            "publish_error",
-            "remembered",
-            "deferred",
-        ]
-        .map(|result| tidings_runtime::metrics::ResultLabels {
-            result: result.to_owned(),
+        Detection::ALL.map(|result| tidings_runtime::metrics::ResultLabels {
+            result: result.as_str().to_owned(),
         }),
     );
     let js = async_nats::jetstream::new(nats);
@@ -164,17 +157,58 @@ fn record(stats: &scan::ScanStats, took: Duration, dry_run: bool) {
     if dry_run {
         return;
     }
-    for (result, n) in [
-        ("published", stats.published),
-        ("duplicate", stats.duplicates),
-        ("publish_error", stats.publish_errors),
-        ("remembered", stats.remembered),
-        ("deferred", stats.deferred),
-    ] {
+    for result in Detection::ALL {
         m.detections
             .get_or_create(&tidings_runtime::metrics::ResultLabels {
-                result: result.to_owned(),
+                result: result.as_str().to_owned(),
             })
-            .inc_by(n as u64);
+            .inc_by(result.count(stats) as u64);
+    }
+}
+
+/// What became of a trigger that held, as `tidings_detections_total{result}` counts it. An
+/// enum, so every result's series exists from the start and a misspelt one cannot make its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Detection {
+    /// JetStream stored it.
+    Published,
+    /// JetStream's duplicate window already had its key.
+    Duplicate,
+    /// Publishing failed; the next scan tries again.
+    PublishError,
+    /// This detector had enqueued it today already.
+    Remembered,
+    /// Past the scan's budget; left for a later scan.
+    Deferred,
+}
+
+impl Detection {
+    pub const ALL: [Detection; 5] = [
+        Detection::Published,
+        Detection::Duplicate,
+        Detection::PublishError,
+        Detection::Remembered,
+        Detection::Deferred,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Detection::Published => "published",
+            Detection::Duplicate => "duplicate",
+            Detection::PublishError => "publish_error",
+            Detection::Remembered => "remembered",
+            Detection::Deferred => "deferred",
+        }
+    }
+
+    /// How many of a scan's triggers ended so.
+    pub fn count(self, stats: &scan::ScanStats) -> usize {
+        match self {
+            Detection::Published => stats.published,
+            Detection::Duplicate => stats.duplicates,
+            Detection::PublishError => stats.publish_errors,
+            Detection::Remembered => stats.remembered,
+            Detection::Deferred => stats.deferred,
+        }
     }
 }

@@ -53,6 +53,26 @@ pub enum IngestError {
     Consumer(#[from] ConsumerError),
 }
 
+/// What became of an ingested request, as `tidings_ingested_total{result}` counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ingested {
+    /// A new outbox row.
+    New,
+    /// Its dedup key was there already: absorbed.
+    Duplicate,
+}
+
+impl Ingested {
+    pub const ALL: [Ingested; 2] = [Ingested::New, Ingested::Duplicate];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ingested::New => "new",
+            Ingested::Duplicate => "duplicate",
+        }
+    }
+}
+
 pub struct Ingest {
     stage: Stage,
     partitions: Partitions,
@@ -79,8 +99,8 @@ impl Ingest {
         let stage = Stage::new(pool, js, settings, durable).await?;
         tidings_runtime::metrics::at_zero(
             &tidings_runtime::metrics::metrics().ingested,
-            ["new", "duplicate"].map(|result| tidings_runtime::metrics::ResultLabels {
-                result: result.to_owned(),
+            Ingested::ALL.map(|result| tidings_runtime::metrics::ResultLabels {
+                result: result.as_str().to_owned(),
             }),
         );
         Ok(Ingest {
@@ -333,10 +353,13 @@ impl Ingest {
     /// message (or naks one whose refused requests could not be stored, so they come back).
     async fn settle(&self, sorted: Sorted, stats: &mut IngestStats) {
         let m = tidings_runtime::metrics::metrics();
-        for (result, n) in [("new", stats.inserted), ("duplicate", stats.duplicates)] {
+        for (result, n) in [
+            (Ingested::New, stats.inserted),
+            (Ingested::Duplicate, stats.duplicates),
+        ] {
             m.ingested
                 .get_or_create(&ResultLabels {
-                    result: result.into(),
+                    result: result.as_str().into(),
                 })
                 .inc_by(n as u64);
         }

@@ -442,7 +442,7 @@ impl Metrics {
         register(
             registry,
             "tidings_ingested",
-            "EnqueueRequests ingested by result (new, duplicate, invalid)",
+            "EnqueueRequests ingested by result (new; duplicate: absorbed by the dedup key)",
             self.ingested.clone(),
         );
         register(
