@@ -128,7 +128,7 @@ impl Pusher {
 
     /// Handles one message: [`Pusher::process`], then ack (or nak for redelivery if a result
     /// could not be published). How each of its requests was handled, in order.
-    pub async fn handle(&self, msg: jetstream::Message) -> Vec<Handled> {
+    pub async fn handle_message(&self, msg: jetstream::Message) -> Vec<Handled> {
         let handled = self.process(&msg).await;
         if handled.contains(&Handled::Retried) {
             let _ = msg
@@ -265,8 +265,9 @@ impl Pusher {
         (r, handled)
     }
 
-    /// One batch of whatever is available now, handled concurrently (tests).
-    pub async fn run_once(&self, wait: Duration) -> Result<Vec<Handled>, PusherError> {
+    /// One batch of whatever is available now, each message handled as it arrives, concurrently
+    /// (tests). Named apart from [`consume::Handler::run_once`], which takes the batch first.
+    pub async fn handle_available(&self, wait: Duration) -> Result<Vec<Handled>, PusherError> {
         let pull = self.consumer.pull();
         let mut batch = pull
             .fetch()
@@ -283,7 +284,7 @@ impl Pusher {
         let mut handles = Vec::new();
         while let Some(Ok(msg)) = batch.next().await {
             let this = self.clone();
-            handles.push(tokio::spawn(async move { this.handle(msg).await }));
+            handles.push(tokio::spawn(async move { this.handle_message(msg).await }));
         }
         let mut out = Vec::new();
         for h in handles {
@@ -308,7 +309,7 @@ impl consume::Handler for Pusher {
 
     async fn handle(&self, messages: Vec<jetstream::Message>) -> Result<(), Self::Error> {
         for msg in messages {
-            Pusher::handle(self, msg).await;
+            self.handle_message(msg).await;
         }
         Ok(())
     }

@@ -123,7 +123,7 @@ impl World {
     /// Publishes one request for `sub`, lets the pusher handle it, returns its result.
     async fn push_one(&self, pusher: &Pusher, req: &PushRequest) -> PushResult {
         self.publish(req, &req.msg_id()).await;
-        let handled = pusher.run_once(WAIT).await.unwrap();
+        let handled = pusher.handle_available(WAIT).await.unwrap();
         assert_eq!(handled.len(), 1, "{handled:?}");
         let mut results = self.results().await;
         assert_eq!(results.len(), 1);
@@ -275,7 +275,7 @@ async fn a_redelivery_answered_gone_may_have_been_delivered() {
     taken[0].ack_with(AckKind::Nak(None)).await.unwrap();
     w.push.answer_next(&sub, &[Answer::Gone]);
     assert_eq!(
-        pusher.run_once(WAIT).await.unwrap(),
+        pusher.handle_available(WAIT).await.unwrap(),
         [Handled::Reported(Outcome::Gone)]
     );
     let results = w.results().await;
@@ -295,7 +295,7 @@ async fn a_redelivery_past_its_deadline_may_have_been_delivered() {
     assert_eq!(taken.len(), 1);
     taken[0].ack_with(AckKind::Nak(None)).await.unwrap();
     assert_eq!(
-        pusher.run_once(WAIT).await.unwrap(),
+        pusher.handle_available(WAIT).await.unwrap(),
         [Handled::Reported(Outcome::Expired)]
     );
     let results = w.results().await;
@@ -549,7 +549,7 @@ async fn a_batch_is_delivered_request_by_request_in_the_pushers_slots_and_acked_
     let batch = PushRequests::new(requests.iter().map(|(_, r)| r.clone()).collect());
     w.publish(&batch, &batch.msg_id()).await;
 
-    let handled = pusher.run_once(WAIT).await.unwrap();
+    let handled = pusher.handle_available(WAIT).await.unwrap();
     assert_eq!(handled, [Handled::Reported(Outcome::Delivered); 5]);
     for (sub, req) in &requests {
         let got = w.push.received_by(sub);
@@ -625,7 +625,10 @@ async fn a_redelivered_batch_sends_again_only_what_was_not_delivered() {
     );
     msg.ack_with(AckKind::Nak(None)).await.unwrap();
     assert_eq!(
-        pusher.run_once(Duration::from_secs(2)).await.unwrap(),
+        pusher
+            .handle_available(Duration::from_secs(2))
+            .await
+            .unwrap(),
         [
             Handled::AlreadyDelivered,
             Handled::Reported(Outcome::Delivered),
@@ -648,7 +651,7 @@ async fn an_undecodable_batch_is_dead_lettered_whole_and_nothing_is_sent() {
     w.publish(&batch, &batch.msg_id()).await;
 
     assert_eq!(
-        pusher.run_once(WAIT).await.unwrap(),
+        pusher.handle_available(WAIT).await.unwrap(),
         [Handled::DeadLettered]
     );
     assert_eq!(w.push.hits(), 0);

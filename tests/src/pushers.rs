@@ -69,5 +69,5 @@ pub async fn deliver_then_redeliver(
         [Handled::Reported(Outcome::Delivered)]
     );
     msg.ack_with(AckKind::Nak(None)).await.expect("nak");
-    pusher.run_once(wait).await.expect("redelivery")
+    pusher.handle_available(wait).await.expect("redelivery")
 }
