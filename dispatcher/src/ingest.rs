@@ -14,9 +14,9 @@ use sqlx::PgPool;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tidings_bus::consume::{self, Consumer, ConsumerError, Durable, Shape};
+use tidings_bus::consume::{self, Consumer, ConsumerError, Delivery, Durable, Shape};
 use tidings_bus::dlq::{self, dead_letter};
-use tidings_domain::messages::{EnqueueRequest, EnqueueRequests, decode_enqueues, encode};
+use tidings_domain::messages::{EnqueueRequest, EnqueueRequests, encode};
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::{DeviceId, WatchId};
 use tidings_runtime::metrics::ResultLabels;
@@ -118,11 +118,11 @@ impl Ingest {
 
     async fn watch_owners(
         &self,
-        decoded: &[(jetstream::Message, Vec<EnqueueRequest>)],
+        decoded: &[Delivery<EnqueueRequest>],
     ) -> Result<HashMap<WatchId, DeviceId>, sqlx::Error> {
         let mut ids: Vec<WatchId> = decoded
             .iter()
-            .flat_map(|(_, reqs)| reqs.iter().map(|r| r.watch_id))
+            .flat_map(|d| d.items.iter().map(|r| r.watch_id))
             .collect();
         ids.sort();
         ids.dedup();
@@ -210,10 +210,10 @@ impl consume::Handler for Ingest {
     /// an `EnqueueRequests` batch), then acks them. On a database error every message is nak'ed
     /// for redelivery and the error returned.
     async fn handle(&self, messages: Vec<jetstream::Message>) -> Result<IngestStats, IngestError> {
-        let total = messages.len();
-        let decoded = self.decode(messages).await;
+        let (decoded, undecodable) =
+            consume::decode_all(&self.stage.js, &self.stage.settings.subjects, messages).await;
         let mut stats = IngestStats {
-            dead_lettered: total - decoded.len(),
+            dead_lettered: undecodable,
             ..IngestStats::default()
         };
         if decoded.is_empty() {
@@ -222,7 +222,7 @@ impl consume::Handler for Ingest {
         let owners = match self.watch_owners(&decoded).await {
             Ok(o) => o,
             Err(source) => {
-                consume::nak_all(decoded.iter().map(|(m, _)| m)).await;
+                consume::nak_all(decoded.iter().map(|d| &d.message)).await;
                 return Err(IngestError::Db {
                     count: decoded.len(),
                     source,
@@ -246,7 +246,7 @@ impl consume::Handler for Ingest {
                 Ok(stats)
             }
             Err(source) => {
-                consume::nak_all(sorted.valid.iter().map(|(m, _)| m)).await;
+                consume::nak_all(sorted.valid.iter().map(|d| &d.message)).await;
                 Err(IngestError::Db { count, source })
             }
         }
@@ -256,40 +256,18 @@ impl consume::Handler for Ingest {
 /// A batch's messages after validation.
 struct Sorted {
     /// Each message with the requests of it to insert.
-    valid: Vec<(jetstream::Message, Vec<EnqueueRequest>)>,
+    valid: Vec<Delivery<EnqueueRequest>>,
     /// The requests refused from a message otherwise valid (by its index in `valid`): they are
     /// dead-lettered once the rest are committed.
     refused_parts: Vec<(usize, Vec<(EnqueueRequest, String)>)>,
 }
 
 impl Ingest {
-    /// The messages' requests; a message that cannot be decoded is dead-lettered.
-    async fn decode(
-        &self,
-        messages: Vec<jetstream::Message>,
-    ) -> Vec<(jetstream::Message, Vec<EnqueueRequest>)> {
-        let mut decoded = Vec::with_capacity(messages.len());
-        for msg in messages {
-            if let Some(reqs) = consume::decode_with_or_dead_letter(
-                &self.stage.js,
-                &self.stage.settings.subjects,
-                StreamKind::Enqueue,
-                &msg,
-                decode_enqueues,
-            )
-            .await
-            {
-                decoded.push((msg, reqs));
-            }
-        }
-        decoded
-    }
-
     /// Splits each message's requests into those to insert and those refused. A message refused
     /// whole is dead-lettered as it is.
     async fn sort_out(
         &self,
-        decoded: Vec<(jetstream::Message, Vec<EnqueueRequest>)>,
+        decoded: Vec<Delivery<EnqueueRequest>>,
         owners: &HashMap<WatchId, DeviceId>,
         stats: &mut IngestStats,
     ) -> Sorted {
@@ -297,7 +275,11 @@ impl Ingest {
             valid: Vec::new(),
             refused_parts: Vec::new(),
         };
-        for (msg, reqs) in decoded {
+        for Delivery {
+            message: msg,
+            items: reqs,
+        } in decoded
+        {
             let (ok, refused) = validate(reqs, owners);
             if ok.is_empty() {
                 match dead_letter(
@@ -319,7 +301,10 @@ impl Ingest {
             if !refused.is_empty() {
                 sorted.refused_parts.push((sorted.valid.len(), refused));
             }
-            sorted.valid.push((msg, ok));
+            sorted.valid.push(Delivery {
+                message: msg,
+                items: ok,
+            });
         }
         sorted
     }
@@ -370,14 +355,14 @@ impl Ingest {
         let mut ack = vec![true; valid.len()];
         for (at, refused) in refused_parts {
             let n = refused.len();
-            ack[at] = self.dead_letter_refused(&valid[at].0, refused).await;
+            ack[at] = self.dead_letter_refused(&valid[at].message, refused).await;
             if ack[at] {
                 stats.dead_lettered += n;
             }
         }
         let (to_ack, to_nak): (Vec<_>, Vec<_>) = valid.iter().zip(&ack).partition(|(_, ack)| **ack);
-        consume::ack_all(to_ack.into_iter().map(|((m, _), _)| m)).await;
-        consume::nak_all(to_nak.into_iter().map(|((m, _), _)| m)).await;
+        consume::ack_all(to_ack.into_iter().map(|(d, _)| &d.message)).await;
+        consume::nak_all(to_nak.into_iter().map(|(d, _)| &d.message)).await;
         if stats.duplicates > 0 {
             tracing::debug!(
                 duplicates = stats.duplicates,
@@ -411,19 +396,14 @@ fn validate(
 /// request, a child of the detection's, so the dispatch of the row continues the same trace. A
 /// request in a batch carries its detection's trace itself; one alone, in its message's header.
 fn traced(
-    valid: &[(jetstream::Message, Vec<EnqueueRequest>)],
+    valid: &[Delivery<EnqueueRequest>],
 ) -> (Vec<(&EnqueueRequest, Option<String>)>, Vec<tracing::Span>) {
     let mut spans = Vec::new();
     let requests = valid
         .iter()
-        .flat_map(|(msg, reqs)| reqs.iter().map(move |req| (msg, req)))
-        .map(|(msg, req)| {
-            let incoming = req.traceparent.as_deref().or_else(|| {
-                msg.headers
-                    .as_ref()
-                    .and_then(|h| h.get("traceparent"))
-                    .map(|v| v.as_str())
-            });
+        .flat_map(|d| d.items.iter().map(move |req| (d, req)))
+        .map(|(d, req)| {
+            let (msg, incoming) = (&d.message, d.traceparent(req));
             if !telemetry::exporting() {
                 return (req, incoming.map(str::to_owned));
             }

@@ -19,9 +19,9 @@ use sqlx::{PgConnection, PgPool};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
-use tidings_bus::consume::{self, Consumer, ConsumerError, Durable, Shape};
+use tidings_bus::consume::{self, Consumer, ConsumerError, Delivery, Durable, Shape};
 use tidings_domain::OutboxId;
-use tidings_domain::messages::{Outcome, PushResult, decode_results};
+use tidings_domain::messages::{Outcome, PushResult};
 use tidings_domain::outbox::{self, Event, Row, Status};
 use tidings_domain::push;
 use tidings_domain::subjects::StreamKind;
@@ -113,26 +113,11 @@ impl consume::Handler for Results {
     }
 
     async fn handle(&self, messages: Vec<jetstream::Message>) -> Result<ResultStats, ResultsError> {
-        let total = messages.len();
         let (js, subjects) = (&self.stage.js, &self.stage.settings.subjects);
-        // Each message's results, and for each result the index of the message it came in.
-        let mut decoded = Vec::with_capacity(total);
-        let mut results: Vec<(usize, PushResult)> = Vec::with_capacity(total);
-        for msg in messages {
-            let got = consume::decode_with_or_dead_letter(
-                js,
-                subjects,
-                StreamKind::Result,
-                &msg,
-                decode_results,
-            );
-            if let Some(rs) = got.await {
-                results.extend(rs.into_iter().map(|r| (decoded.len(), r)));
-                decoded.push(msg);
-            }
-        }
+        let (decoded, undecodable) =
+            consume::decode_all::<PushResult>(js, subjects, messages).await;
         let mut stats = ResultStats {
-            dead_lettered: total - decoded.len(),
+            dead_lettered: undecodable,
             ..ResultStats::default()
         };
         if decoded.is_empty() {
@@ -140,14 +125,14 @@ impl consume::Handler for Results {
         }
         // The last span of a notification's trace: a child of the push that produced the result.
         let spans: Vec<tracing::Span> = if telemetry::exporting() {
-            results
+            decoded
                 .iter()
-                .map(|(i, r)| result_span(&decoded[*i], r))
+                .flat_map(|d| d.items.iter().map(move |r| result_span(d, r)))
                 .collect()
         } else {
             Vec::new()
         };
-        let results: Vec<&PushResult> = results.iter().map(|(_, r)| r).collect();
+        let results: Vec<&PushResult> = decoded.iter().flat_map(|d| &d.items).collect();
         let applied = self.apply_all(&results).await;
         if let Err(e) = &applied {
             telemetry::fail_all(&spans, &format!("applying push results failed: {e}"));
@@ -157,11 +142,11 @@ impl consume::Handler for Results {
             Ok(applied) => {
                 stats.applied = applied;
                 stats.ignored = results.len() - applied;
-                consume::ack_all(&decoded).await;
+                consume::ack_all(decoded.iter().map(|d| &d.message)).await;
                 Ok(stats)
             }
             Err(source) => {
-                consume::nak_all(&decoded).await;
+                consume::nak_all(decoded.iter().map(|d| &d.message)).await;
                 Err(ResultsError::Db {
                     count: results.len(),
                     source,
@@ -176,7 +161,8 @@ const RESULTS_PER_TRANSACTION: usize = 1000;
 
 /// The span of one result, a child of its push: the trace context is the result's own in a
 /// batch, its message's header when it came alone.
-fn result_span(msg: &jetstream::Message, r: &PushResult) -> tracing::Span {
+fn result_span(d: &Delivery<PushResult>, r: &PushResult) -> tracing::Span {
+    let msg = &d.message;
     let span = tracing::info_span!(
         "result",
         otel.kind = "consumer",
@@ -190,9 +176,7 @@ fn result_span(msg: &jetstream::Message, r: &PushResult) -> tracing::Span {
         outcome = r.outcome.as_str(),
         http.response.status_code = r.http_status.map(i64::from),
     );
-    let header = msg.headers.as_ref().and_then(|h| h.get("traceparent"));
-    let parent = r.traceparent.as_deref().or(header.map(|v| v.as_str()));
-    telemetry::set_parent(&span, parent);
+    telemetry::set_parent(&span, d.traceparent(r));
     span
 }
 

@@ -28,7 +28,7 @@ use tidings_bus::consume::{self, Consumer, ConsumerError, Durable, Shape};
 use tidings_bus::delivered::{Delivery, DeliveryLog, DeliveryLogError};
 use tidings_bus::streams::require_streams;
 use tidings_domain::Channel;
-use tidings_domain::messages::{Outcome, PushRequest, PushResult, decode_requests};
+use tidings_domain::messages::{Outcome, PushRequest, PushResult};
 use tidings_domain::subjects::StreamKind;
 use tidings_runtime::metrics::{PushLabels, StatusLabels, metrics, status_class};
 use tidings_runtime::telemetry;
@@ -146,33 +146,20 @@ impl Pusher {
     /// report each request the message carries, each in a slot of its own.
     pub async fn process(&self, msg: &jetstream::Message) -> Vec<Handled> {
         let inner = &self.inner;
-        let subjects = &inner.settings.subjects;
-        let decoded = consume::decode_with_or_dead_letter(
-            &inner.js,
-            subjects,
-            StreamKind::Push,
-            msg,
-            decode_requests,
-        );
+        let decoded = consume::decode_one::<PushRequest>(&inner.js, &inner.settings.subjects, msg);
         let Some(mut requests) = decoded.await else {
             return vec![Handled::DeadLettered];
         };
-        // A request alone carries its trace context as the message's header, one of a batch in
-        // its own field.
-        let header = msg
-            .headers
-            .as_ref()
-            .and_then(|h| h.get("traceparent"))
-            .map(|v| v.as_str().to_owned());
+        let incoming = |req: &PushRequest| consume::traceparent_of(msg, req).map(str::to_owned);
         // Only a redelivery or a retry can repeat a row that was already delivered.
         let redelivered = msg.info().map(|i| i.delivered > 1).unwrap_or(true);
         if requests.len() == 1 {
             let req = requests.remove(0);
-            let incoming = req.traceparent.clone().or(header);
+            let incoming = incoming(&req);
             return vec![self.push(msg, req, incoming, redelivered).await];
         }
         let pushes = futures::future::join_all(requests.into_iter().map(|req| {
-            let incoming = req.traceparent.clone().or_else(|| header.clone());
+            let incoming = incoming(&req);
             self.push(msg, req, incoming, redelivered)
         }));
         tokio::pin!(pushes);

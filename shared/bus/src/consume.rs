@@ -17,7 +17,7 @@ use futures::StreamExt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use tidings_domain::messages::{DecodeError, Message, decode};
+use tidings_domain::messages::DecodeError;
 use tidings_domain::subjects::{StreamKind, Subjects};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -266,20 +266,112 @@ pub fn message_id(msg: &jetstream::Message) -> Option<&str> {
     Some(msg.headers.as_ref()?.get("Nats-Msg-Id")?.as_str())
 }
 
-/// Decodes a message; one that cannot be decoded is dead-lettered (and so acknowledged) and
-/// `None` returned. If dead-lettering fails too, the message is left for redelivery.
-pub async fn decode_or_dead_letter<M: Message>(
-    js: &jetstream::Context,
-    subjects: &Subjects,
-    kind: StreamKind,
-    msg: &jetstream::Message,
-) -> Option<M> {
-    decode_with_or_dead_letter(js, subjects, kind, msg, decode::<M>).await
+/// What a message on one of the pipeline's streams carries: one item alone, or a batch of them.
+/// A batch's items each carry their own trace context; an item alone carries it in its
+/// message's `traceparent` header.
+pub trait Carried: Sized {
+    /// The stream the messages come from (where an undecodable one is dead-lettered from).
+    const STREAM: StreamKind;
+
+    /// The items of a message's payload, alone or batched.
+    fn decode_payload(bytes: &[u8]) -> Result<Vec<Self>, DecodeError>;
+
+    /// The item's own trace context, if it carries one.
+    fn own_traceparent(&self) -> Option<&str>;
 }
 
-/// [`decode_or_dead_letter`] with a decoder of its own, for a stream whose messages come in more
-/// than one shape (the result stream's batches and single results).
-pub async fn decode_with_or_dead_letter<T>(
+impl Carried for tidings_domain::messages::EnqueueRequest {
+    const STREAM: StreamKind = StreamKind::Enqueue;
+    fn decode_payload(bytes: &[u8]) -> Result<Vec<Self>, DecodeError> {
+        tidings_domain::messages::decode_enqueues(bytes)
+    }
+    fn own_traceparent(&self) -> Option<&str> {
+        self.traceparent.as_deref()
+    }
+}
+
+impl Carried for tidings_domain::messages::PushRequest {
+    const STREAM: StreamKind = StreamKind::Push;
+    fn decode_payload(bytes: &[u8]) -> Result<Vec<Self>, DecodeError> {
+        tidings_domain::messages::decode_requests(bytes)
+    }
+    fn own_traceparent(&self) -> Option<&str> {
+        self.traceparent.as_deref()
+    }
+}
+
+impl Carried for tidings_domain::messages::PushResult {
+    const STREAM: StreamKind = StreamKind::Result;
+    fn decode_payload(bytes: &[u8]) -> Result<Vec<Self>, DecodeError> {
+        tidings_domain::messages::decode_results(bytes)
+    }
+    fn own_traceparent(&self) -> Option<&str> {
+        self.traceparent.as_deref()
+    }
+}
+
+/// A message decoded at the edge: the message itself (to ack or nak once its work is done) and
+/// the items it carries.
+pub struct Delivery<T> {
+    pub message: jetstream::Message,
+    pub items: Vec<T>,
+}
+
+impl<T: Carried> Delivery<T> {
+    /// The trace context `item` (one of this delivery's) continues.
+    pub fn traceparent<'a>(&'a self, item: &'a T) -> Option<&'a str> {
+        traceparent_of(&self.message, item)
+    }
+}
+
+/// The trace context `item` (carried by `message`) continues: its own, or its message's header
+/// for an item alone. The one place the two shapes are told apart.
+pub fn traceparent_of<'a, T: Carried>(
+    message: &'a jetstream::Message,
+    item: &'a T,
+) -> Option<&'a str> {
+    item.own_traceparent().or_else(|| {
+        message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("traceparent"))
+            .map(|v| v.as_str())
+    })
+}
+
+/// The items `message` carries; if it cannot be decoded it is dead-lettered (or, if that fails
+/// too, left for redelivery) and `None` returned.
+pub async fn decode_one<T: Carried>(
+    js: &jetstream::Context,
+    subjects: &Subjects,
+    message: &jetstream::Message,
+) -> Option<Vec<T>> {
+    decode_with_or_dead_letter(js, subjects, T::STREAM, message, T::decode_payload).await
+}
+
+/// Decodes `messages` from `T`'s stream; each that cannot be decoded is dead-lettered (and so
+/// acknowledged), or, if dead-lettering fails too, left for redelivery. Returns the others in
+/// order, and how many were left out.
+pub async fn decode_all<T: Carried>(
+    js: &jetstream::Context,
+    subjects: &Subjects,
+    messages: Vec<jetstream::Message>,
+) -> (Vec<Delivery<T>>, usize) {
+    let total = messages.len();
+    let mut decoded = Vec::with_capacity(total);
+    for message in messages {
+        if let Some(items) = decode_one(js, subjects, &message).await {
+            decoded.push(Delivery { message, items });
+        }
+    }
+    let left_out = total - decoded.len();
+    (decoded, left_out)
+}
+
+/// Decodes a message with `decoder`; one that cannot be decoded is dead-lettered (and so
+/// acknowledged) and `None` returned. If dead-lettering fails too, the message is left for
+/// redelivery. Every consumer's undecodable messages go through here.
+async fn decode_with_or_dead_letter<T>(
     js: &jetstream::Context,
     subjects: &Subjects,
     kind: StreamKind,
