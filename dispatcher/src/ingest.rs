@@ -14,7 +14,7 @@ use sqlx::PgPool;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tidings_bus::consume::{self, Consumer, ConsumerError, Delivery, Durable, Shape};
+use tidings_bus::consume::{self, Consumer, ConsumerError, Decoded, Durable, Incoming, Shape};
 use tidings_bus::dlq::{self, dead_letter};
 use tidings_domain::messages::{EnqueueRequest, EnqueueRequests, encode};
 use tidings_domain::subjects::StreamKind;
@@ -118,7 +118,7 @@ impl Ingest {
 
     async fn watch_owners(
         &self,
-        decoded: &[Delivery<EnqueueRequest>],
+        decoded: &[Incoming<EnqueueRequest>],
     ) -> Result<HashMap<WatchId, DeviceId>, sqlx::Error> {
         let mut ids: Vec<WatchId> = decoded
             .iter()
@@ -195,6 +195,7 @@ fn refusal(req: &EnqueueRequest, owners: &HashMap<WatchId, DeviceId>) -> Option<
 }
 
 impl consume::Handler for Ingest {
+    type Item = EnqueueRequest;
     type Done = IngestStats;
     type Error = IngestError;
 
@@ -206,14 +207,17 @@ impl consume::Handler for Ingest {
         self.gate.clone()
     }
 
+    fn dead_letters(&self) -> (&jetstream::Context, &tidings_domain::subjects::Subjects) {
+        (&self.stage.js, &self.stage.settings.subjects)
+    }
+
     /// Decodes, validates and inserts the requests of a batch of messages (each one request or
     /// an `EnqueueRequests` batch), then acks them. On a database error every message is nak'ed
     /// for redelivery and the error returned.
-    async fn handle(&self, messages: Vec<jetstream::Message>) -> Result<IngestStats, IngestError> {
-        let (decoded, undecodable) =
-            consume::decode_all(&self.stage.js, &self.stage.settings.subjects, messages).await;
+    async fn handle(&self, batch: Decoded<EnqueueRequest>) -> Result<IngestStats, IngestError> {
+        let decoded = batch.deliveries;
         let mut stats = IngestStats {
-            dead_lettered: undecodable,
+            dead_lettered: batch.dead_lettered,
             ..IngestStats::default()
         };
         if decoded.is_empty() {
@@ -256,7 +260,7 @@ impl consume::Handler for Ingest {
 /// A batch's messages after validation.
 struct Sorted {
     /// Each message with the requests of it to insert.
-    valid: Vec<Delivery<EnqueueRequest>>,
+    valid: Vec<Incoming<EnqueueRequest>>,
     /// The requests refused from a message otherwise valid (by its index in `valid`): they are
     /// dead-lettered once the rest are committed.
     refused_parts: Vec<(usize, Vec<(EnqueueRequest, String)>)>,
@@ -267,7 +271,7 @@ impl Ingest {
     /// whole is dead-lettered as it is.
     async fn sort_out(
         &self,
-        decoded: Vec<Delivery<EnqueueRequest>>,
+        decoded: Vec<Incoming<EnqueueRequest>>,
         owners: &HashMap<WatchId, DeviceId>,
         stats: &mut IngestStats,
     ) -> Sorted {
@@ -275,7 +279,7 @@ impl Ingest {
             valid: Vec::new(),
             refused_parts: Vec::new(),
         };
-        for Delivery {
+        for Incoming {
             message: msg,
             items: reqs,
         } in decoded
@@ -301,7 +305,7 @@ impl Ingest {
             if !refused.is_empty() {
                 sorted.refused_parts.push((sorted.valid.len(), refused));
             }
-            sorted.valid.push(Delivery {
+            sorted.valid.push(Incoming {
                 message: msg,
                 items: ok,
             });
@@ -396,7 +400,7 @@ fn validate(
 /// request, a child of the detection's, so the dispatch of the row continues the same trace. A
 /// request in a batch carries its detection's trace itself; one alone, in its message's header.
 fn traced(
-    valid: &[Delivery<EnqueueRequest>],
+    valid: &[Incoming<EnqueueRequest>],
 ) -> (Vec<(&EnqueueRequest, Option<String>)>, Vec<tracing::Span>) {
     let mut spans = Vec::new();
     let requests = valid

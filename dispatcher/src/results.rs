@@ -19,7 +19,7 @@ use sqlx::{PgConnection, PgPool};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
-use tidings_bus::consume::{self, Consumer, ConsumerError, Delivery, Durable, Shape};
+use tidings_bus::consume::{self, Consumer, ConsumerError, Decoded, Durable, Incoming, Shape};
 use tidings_domain::OutboxId;
 use tidings_domain::messages::{Outcome, PushResult};
 use tidings_domain::outbox::{self, Event, Row, Status};
@@ -105,6 +105,7 @@ impl Results {
 }
 
 impl consume::Handler for Results {
+    type Item = PushResult;
     type Done = ResultStats;
     type Error = ResultsError;
 
@@ -112,12 +113,14 @@ impl consume::Handler for Results {
         &self.stage.consumer
     }
 
-    async fn handle(&self, messages: Vec<jetstream::Message>) -> Result<ResultStats, ResultsError> {
-        let (js, subjects) = (&self.stage.js, &self.stage.settings.subjects);
-        let (decoded, undecodable) =
-            consume::decode_all::<PushResult>(js, subjects, messages).await;
+    fn dead_letters(&self) -> (&jetstream::Context, &tidings_domain::subjects::Subjects) {
+        (&self.stage.js, &self.stage.settings.subjects)
+    }
+
+    async fn handle(&self, batch: Decoded<PushResult>) -> Result<ResultStats, ResultsError> {
+        let decoded = batch.deliveries;
         let mut stats = ResultStats {
-            dead_lettered: undecodable,
+            dead_lettered: batch.dead_lettered,
             ..ResultStats::default()
         };
         if decoded.is_empty() {
@@ -161,7 +164,7 @@ const RESULTS_PER_TRANSACTION: usize = 1000;
 
 /// The span of one result, a child of its push: the trace context is the result's own in a
 /// batch, its message's header when it came alone.
-fn result_span(d: &Delivery<PushResult>, r: &PushResult) -> tracing::Span {
+fn result_span(d: &Incoming<PushResult>, r: &PushResult) -> tracing::Span {
     let msg = &d.message;
     let span = tracing::info_span!(
         "result",

@@ -24,7 +24,7 @@ use async_nats::jetstream::{self, AckKind};
 use futures::StreamExt;
 use std::sync::Arc;
 use std::time::Duration;
-use tidings_bus::consume::{self, Consumer, ConsumerError, Durable, Shape};
+use tidings_bus::consume::{self, Consumer, ConsumerError, Decoded, Durable, Incoming, Shape};
 use tidings_bus::delivered::{Delivery, DeliveryLog, DeliveryLogError};
 use tidings_bus::streams::require_streams;
 use tidings_domain::Channel;
@@ -130,26 +130,28 @@ impl Pusher {
     /// could not be published). How each of its requests was handled, in order.
     pub async fn handle_message(&self, msg: jetstream::Message) -> Vec<Handled> {
         let handled = self.process(&msg).await;
-        if handled.contains(&Handled::Retried) {
-            let _ = msg
-                .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
-                .await;
-        } else if handled != [Handled::DeadLettered]
-            && let Err(e) = msg.ack().await
-        {
-            tracing::warn!(subject = %msg.subject, error = %e, "ack failed; a redelivery will be absorbed");
-        }
+        settle(&msg, &handled).await;
         handled
     }
 
-    /// Everything but the ack: decode, then deliver (or recognise a redelivery), record and
-    /// report each request the message carries, each in a slot of its own.
+    /// Everything but the ack: decode, then [`Pusher::deliver_all`].
     pub async fn process(&self, msg: &jetstream::Message) -> Vec<Handled> {
         let inner = &self.inner;
         let decoded = consume::decode_one::<PushRequest>(&inner.js, &inner.settings.subjects, msg);
-        let Some(mut requests) = decoded.await else {
-            return vec![Handled::DeadLettered];
-        };
+        match decoded.await {
+            Some(requests) => self.deliver_all(msg, requests).await,
+            None => vec![Handled::DeadLettered],
+        }
+    }
+
+    /// Delivers (or recognises a redelivery of), records and reports each request `msg`
+    /// carries, each in a slot of its own.
+    async fn deliver_all(
+        &self,
+        msg: &jetstream::Message,
+        mut requests: Vec<PushRequest>,
+    ) -> Vec<Handled> {
+        let inner = &self.inner;
         let incoming = |req: &PushRequest| consume::traceparent_of(msg, req).map(str::to_owned);
         // Only a redelivery or a retry can repeat a row that was already delivered.
         let redelivered = msg.info().map(|i| i.delivered > 1).unwrap_or(true);
@@ -287,6 +289,7 @@ impl Pusher {
 /// pulled but not started and finish what is in flight) hands the pusher one message per call,
 /// `concurrency` at a time.
 impl consume::Handler for Pusher {
+    type Item = PushRequest;
     type Done = ();
     type Error = PusherError;
 
@@ -294,11 +297,30 @@ impl consume::Handler for Pusher {
         &self.consumer
     }
 
-    async fn handle(&self, messages: Vec<jetstream::Message>) -> Result<(), Self::Error> {
-        for msg in messages {
-            self.handle_message(msg).await;
+    fn dead_letters(&self) -> (&jetstream::Context, &tidings_domain::subjects::Subjects) {
+        (&self.inner.js, &self.inner.settings.subjects)
+    }
+
+    async fn handle(&self, batch: Decoded<PushRequest>) -> Result<(), Self::Error> {
+        for Incoming { message, items } in batch.deliveries {
+            let handled = self.deliver_all(&message, items).await;
+            settle(&message, &handled).await;
         }
         Ok(())
+    }
+}
+
+/// Acks `msg` once its requests were handled, or naks it for redelivery if a result could not
+/// be published. A dead-lettered message was acknowledged by dead-lettering.
+async fn settle(msg: &jetstream::Message, handled: &[Handled]) {
+    if handled.contains(&Handled::Retried) {
+        let _ = msg
+            .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+            .await;
+    } else if handled != [Handled::DeadLettered]
+        && let Err(e) = msg.ack().await
+    {
+        tracing::warn!(subject = %msg.subject, error = %e, "ack failed; a redelivery will be absorbed");
     }
 }
 

@@ -112,19 +112,38 @@ pub struct Consumer {
     shape: Shape,
 }
 
-/// What a consumer does with its messages: a batch at a time, acking (or nak'ing) each message
-/// itself once its work is committed (or failed). [`Handler::run`] is the service's loop,
-/// [`Handler::run_once`] one step of it for tests and benchmarks.
+/// What a consumer does with its messages: a batch at a time, decoded at the edge (the loop
+/// dead-letters what cannot be decoded), acking (or nak'ing) each message itself once its work is
+/// committed (or failed). [`Handler::run`] is the service's loop, [`Handler::run_once`] one step
+/// of it for tests and benchmarks.
 pub trait Handler: Send + Sync + Sized + 'static {
+    /// What the stream's messages carry.
+    type Item: Carried + Send + Sync + 'static;
     type Done: Send + 'static;
     type Error: std::fmt::Display + From<ConsumerError> + Send + 'static;
 
     fn consumer(&self) -> &Consumer;
 
+    /// Where undecodable messages are dead-lettered: the broker and the deployment's subjects.
+    fn dead_letters(&self) -> (&jetstream::Context, &Subjects);
+
+    /// One decoded batch, and how many of its messages were dead-lettered undecoded.
     fn handle(
         &self,
-        messages: Vec<jetstream::Message>,
+        batch: Decoded<Self::Item>,
     ) -> impl Future<Output = Result<Self::Done, Self::Error>> + Send;
+
+    /// Decodes `messages` (dead-lettering what cannot be), then [`Handler::handle`]s them.
+    fn decode_and_handle(
+        &self,
+        messages: Vec<jetstream::Message>,
+    ) -> impl Future<Output = Result<Self::Done, Self::Error>> + Send {
+        async move {
+            let (js, subjects) = self.dead_letters();
+            let batch = decode_all(js, subjects, messages).await;
+            self.handle(batch).await
+        }
+    }
 
     /// A gate the loop waits on before it takes more messages: while it holds `false` nothing
     /// new is taken, and JetStream keeps the rest (e.g. ingest while dispatch is behind).
@@ -137,7 +156,7 @@ pub trait Handler: Send + Sync + Sized + 'static {
     fn run_once(&self, wait: Duration) -> impl Future<Output = Result<Self::Done, Self::Error>> {
         async move {
             let messages = self.consumer().fetch(wait).await?;
-            self.handle(messages).await
+            self.decode_and_handle(messages).await
         }
     }
 
@@ -210,7 +229,7 @@ impl Consumer {
     ) -> Result<(), ConsumerError> {
         let handle = |messages| {
             let handler = Arc::clone(&handler);
-            async move { handler.handle(messages).await }
+            async move { handler.decode_and_handle(messages).await }
         };
         let purger = self.purger.as_ref();
         let gate = handler.gate();
@@ -312,12 +331,12 @@ impl Carried for tidings_domain::messages::PushResult {
 
 /// A message decoded at the edge: the message itself (to ack or nak once its work is done) and
 /// the items it carries.
-pub struct Delivery<T> {
+pub struct Incoming<T> {
     pub message: jetstream::Message,
     pub items: Vec<T>,
 }
 
-impl<T: Carried> Delivery<T> {
+impl<T: Carried> Incoming<T> {
     /// The trace context `item` (one of this delivery's) continues.
     pub fn traceparent<'a>(&'a self, item: &'a T) -> Option<&'a str> {
         traceparent_of(&self.message, item)
@@ -349,23 +368,40 @@ pub async fn decode_one<T: Carried>(
     decode_with_or_dead_letter(js, subjects, T::STREAM, message, T::decode_payload).await
 }
 
+/// A batch of messages decoded at the edge.
+pub struct Decoded<T> {
+    /// The messages that decoded, in order.
+    pub deliveries: Vec<Incoming<T>>,
+    /// How many did not, and were dead-lettered (or left for redelivery if that failed).
+    pub dead_lettered: usize,
+}
+
+impl<T> Decoded<T> {
+    /// Every message of the batch that decoded.
+    pub fn messages(&self) -> impl Iterator<Item = &jetstream::Message> {
+        self.deliveries.iter().map(|d| &d.message)
+    }
+}
+
 /// Decodes `messages` from `T`'s stream; each that cannot be decoded is dead-lettered (and so
-/// acknowledged), or, if dead-lettering fails too, left for redelivery. Returns the others in
-/// order, and how many were left out.
+/// acknowledged), or, if dead-lettering fails too, left for redelivery.
 pub async fn decode_all<T: Carried>(
     js: &jetstream::Context,
     subjects: &Subjects,
     messages: Vec<jetstream::Message>,
-) -> (Vec<Delivery<T>>, usize) {
+) -> Decoded<T> {
     let total = messages.len();
-    let mut decoded = Vec::with_capacity(total);
+    let mut deliveries = Vec::with_capacity(total);
     for message in messages {
         if let Some(items) = decode_one(js, subjects, &message).await {
-            decoded.push(Delivery { message, items });
+            deliveries.push(Incoming { message, items });
         }
     }
-    let left_out = total - decoded.len();
-    (decoded, left_out)
+    let dead_lettered = total - deliveries.len();
+    Decoded {
+        deliveries,
+        dead_lettered,
+    }
 }
 
 /// Decodes a message with `decoder`; one that cannot be decoded is dead-lettered (and so
