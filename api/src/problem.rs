@@ -53,6 +53,36 @@ pub enum BodyRejected {
     WrongType(Problem),
 }
 
+/// The answers of an operator's bulk operation (replay, cancel, redrive, purge) to a body it
+/// cannot take.
+#[derive(IntoResponses)]
+pub enum BulkRejected {
+    #[response(
+        status = 400,
+        description = "Bad filter value or batch size",
+        content_type = "application/problem+json"
+    )]
+    BadFilter(Problem),
+    #[response(
+        status = 413,
+        description = "Body too large",
+        content_type = "application/problem+json"
+    )]
+    TooLarge(Problem),
+    #[response(
+        status = 415,
+        description = "Body is not application/json",
+        content_type = "application/problem+json"
+    )]
+    WrongType(Problem),
+    #[response(
+        status = 422,
+        description = "A body of the wrong shape (an unknown field, a wrong type)",
+        content_type = "application/problem+json"
+    )]
+    WrongShape(Problem),
+}
+
 /// A route's answer to a missing or wrong bearer token (which token, the route's `security`
 /// says: a device's or the operator's).
 #[derive(IntoResponses)]

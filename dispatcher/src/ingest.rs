@@ -208,16 +208,19 @@ impl consume::Handler for Ingest {
     }
 
     fn dead_letters(&self) -> (&jetstream::Context, &tidings_domain::subjects::Subjects) {
-        (&self.stage.js, &self.stage.settings.subjects)
+        self.stage.dead_letters()
     }
 
     /// Decodes, validates and inserts the requests of a batch of messages (each one request or
     /// an `EnqueueRequests` batch), then acks them. On a database error every message is nak'ed
     /// for redelivery and the error returned.
     async fn handle(&self, batch: Decoded<EnqueueRequest>) -> Result<IngestStats, IngestError> {
-        let decoded = batch.deliveries;
+        let Decoded {
+            deliveries: decoded,
+            dead_lettered,
+        } = batch;
         let mut stats = IngestStats {
-            dead_lettered: batch.dead_lettered,
+            dead_lettered,
             ..IngestStats::default()
         };
         if decoded.is_empty() {

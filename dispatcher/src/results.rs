@@ -114,13 +114,16 @@ impl consume::Handler for Results {
     }
 
     fn dead_letters(&self) -> (&jetstream::Context, &tidings_domain::subjects::Subjects) {
-        (&self.stage.js, &self.stage.settings.subjects)
+        self.stage.dead_letters()
     }
 
     async fn handle(&self, batch: Decoded<PushResult>) -> Result<ResultStats, ResultsError> {
-        let decoded = batch.deliveries;
+        let Decoded {
+            deliveries: decoded,
+            dead_lettered,
+        } = batch;
         let mut stats = ResultStats {
-            dead_lettered: batch.dead_lettered,
+            dead_lettered,
             ..ResultStats::default()
         };
         if decoded.is_empty() {
