@@ -358,14 +358,24 @@ pub fn traceparent_of<'a, T: Carried>(
     })
 }
 
-/// The items `message` carries; if it cannot be decoded it is dead-lettered (or, if that fails
-/// too, left for redelivery) and `None` returned.
+/// The items `message` carries; if it cannot be decoded it is dead-lettered (and so
+/// acknowledged) and `None` returned. If dead-lettering fails too, the message is left for
+/// redelivery. Every consumer's undecodable messages go through here.
 pub async fn decode_one<T: Carried>(
     js: &jetstream::Context,
     subjects: &Subjects,
     message: &jetstream::Message,
 ) -> Option<Vec<T>> {
-    decode_with_or_dead_letter(js, subjects, T::STREAM, message, T::decode_payload).await
+    match T::decode_payload(&message.payload) {
+        Ok(items) => Some(items),
+        Err(e) => {
+            tracing::warn!(subject = %message.subject, error = %e, "dead-lettering undecodable message");
+            if let Err(dlq) = dead_letter(js, subjects, T::STREAM, message, &e.to_string()).await {
+                tracing::error!(subject = %message.subject, error = %dlq, "could not dead-letter message; it will be redelivered");
+            }
+            None
+        }
+    }
 }
 
 /// A batch of messages decoded at the edge.
@@ -374,13 +384,6 @@ pub struct Decoded<T> {
     pub deliveries: Vec<Incoming<T>>,
     /// How many did not, and were dead-lettered (or left for redelivery if that failed).
     pub dead_lettered: usize,
-}
-
-impl<T> Decoded<T> {
-    /// Every message of the batch that decoded.
-    pub fn messages(&self) -> impl Iterator<Item = &jetstream::Message> {
-        self.deliveries.iter().map(|d| &d.message)
-    }
 }
 
 /// Decodes `messages` from `T`'s stream; each that cannot be decoded is dead-lettered (and so
@@ -401,28 +404,6 @@ pub async fn decode_all<T: Carried>(
     Decoded {
         deliveries,
         dead_lettered,
-    }
-}
-
-/// Decodes a message with `decoder`; one that cannot be decoded is dead-lettered (and so
-/// acknowledged) and `None` returned. If dead-lettering fails too, the message is left for
-/// redelivery. Every consumer's undecodable messages go through here.
-async fn decode_with_or_dead_letter<T>(
-    js: &jetstream::Context,
-    subjects: &Subjects,
-    kind: StreamKind,
-    msg: &jetstream::Message,
-    decoder: impl FnOnce(&[u8]) -> Result<T, DecodeError>,
-) -> Option<T> {
-    match decoder(&msg.payload) {
-        Ok(m) => Some(m),
-        Err(e) => {
-            tracing::warn!(subject = %msg.subject, error = %e, "dead-lettering undecodable message");
-            if let Err(dlq) = dead_letter(js, subjects, kind, msg, &e.to_string()).await {
-                tracing::error!(subject = %msg.subject, error = %dlq, "could not dead-letter message; it will be redelivered");
-            }
-            None
-        }
     }
 }
 
