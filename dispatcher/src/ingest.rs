@@ -207,10 +207,6 @@ impl consume::Handler for Ingest {
         self.gate.clone()
     }
 
-    fn dead_letters(&self) -> (&jetstream::Context, &tidings_domain::subjects::Subjects) {
-        self.stage.dead_letters()
-    }
-
     /// Decodes, validates and inserts the requests of a batch of messages (each one request or
     /// an `EnqueueRequests` batch), then acks them. On a database error every message is nak'ed
     /// for redelivery and the error returned.

@@ -113,10 +113,6 @@ impl consume::Handler for Results {
         &self.stage.consumer
     }
 
-    fn dead_letters(&self) -> (&jetstream::Context, &tidings_domain::subjects::Subjects) {
-        self.stage.dead_letters()
-    }
-
     async fn handle(&self, batch: Decoded<PushResult>) -> Result<ResultStats, ResultsError> {
         let Decoded {
             deliveries: decoded,

@@ -16,11 +16,6 @@ pub struct Stage {
 }
 
 impl Stage {
-    /// Where the stage's undecodable messages are dead-lettered.
-    pub fn dead_letters(&self) -> (&jetstream::Context, &tidings_domain::subjects::Subjects) {
-        (&self.js, &self.settings.subjects)
-    }
-
     /// Binds to (creating or updating) the stage's durable consumer.
     pub async fn new(
         pool: PgPool,

@@ -297,10 +297,6 @@ impl consume::Handler for Pusher {
         &self.consumer
     }
 
-    fn dead_letters(&self) -> (&jetstream::Context, &tidings_domain::subjects::Subjects) {
-        (&self.inner.js, &self.inner.settings.subjects)
-    }
-
     async fn handle(&self, batch: Decoded<PushRequest>) -> Result<(), Self::Error> {
         for Incoming { message, items } in batch.deliveries {
             let handled = self.deliver_all(&message, items).await;

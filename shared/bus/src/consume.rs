@@ -110,6 +110,9 @@ pub struct Consumer {
     pull: PullConsumer,
     purger: Option<Purger>,
     shape: Shape,
+    /// Where undecodable messages go: the broker and the deployment's subjects.
+    js: jetstream::Context,
+    subjects: Subjects,
 }
 
 /// What a consumer does with its messages: a batch at a time, decoded at the edge (the loop
@@ -124,9 +127,6 @@ pub trait Handler: Send + Sync + Sized + 'static {
 
     fn consumer(&self) -> &Consumer;
 
-    /// Where undecodable messages are dead-lettered: the broker and the deployment's subjects.
-    fn dead_letters(&self) -> (&jetstream::Context, &Subjects);
-
     /// One decoded batch, and how many of its messages were dead-lettered undecoded.
     fn handle(
         &self,
@@ -139,8 +139,8 @@ pub trait Handler: Send + Sync + Sized + 'static {
         messages: Vec<jetstream::Message>,
     ) -> impl Future<Output = Result<Self::Done, Self::Error>> + Send {
         async move {
-            let (js, subjects) = self.dead_letters();
-            let batch = decode_all(js, subjects, messages).await;
+            let c = self.consumer();
+            let batch = decode_all(&c.js, &c.subjects, messages).await;
             self.handle(batch).await
         }
     }
@@ -193,6 +193,8 @@ impl Consumer {
             pull,
             purger,
             shape,
+            js: js.clone(),
+            subjects: subjects.clone(),
         })
     }
 

@@ -23,6 +23,7 @@ pub mod duration;
 mod ids;
 pub mod item;
 pub mod messages;
+pub mod names;
 pub mod notification;
 pub mod outbox;
 pub mod push;

@@ -6,6 +6,7 @@
 
 use crate::WatchId;
 use crate::dedup::DedupKey;
+use crate::names::names;
 use crate::trigger::{Baseline, Observation, Trigger};
 use crate::{Channel, DeviceId, OutboxId};
 use chrono::{DateTime, NaiveDate, Utc};
@@ -234,24 +235,13 @@ pub struct Payload {
     pub data: serde_json::Value,
 }
 
-/// Web Push `Urgency` (RFC 8030 §5.3).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Urgency {
-    VeryLow,
-    Low,
-    Normal,
-    High,
-}
-
-impl Urgency {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Urgency::VeryLow => "very-low",
-            Urgency::Low => "low",
-            Urgency::Normal => "normal",
-            Urgency::High => "high",
-        }
+names! {
+    /// Web Push `Urgency` (RFC 8030 §5.3).
+    pub enum Urgency("urgency") {
+        VeryLow = "very-low",
+        Low = "low",
+        Normal = "normal",
+        High = "high",
     }
 }
 
@@ -342,65 +332,34 @@ impl Message for PushRequest {
     }
 }
 
-/// How a push attempt ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    /// 2xx: the push service accepted it.
-    Delivered,
-    /// 429, 5xx, timeouts, connection errors: try again later. With
-    /// [`PushResult::maybe_delivered`] the request may have reached the push service all the same.
-    Transient,
-    /// 404, 410: the subscription no longer exists.
-    Gone,
-    /// 400, 401, 403, 413, or a refused endpoint: trying again will not help.
-    Permanent,
-    /// The request reached the pusher after its deadline and was not sent.
-    Expired,
-}
-
-impl Outcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Delivered => "delivered",
-            Outcome::Transient => "transient",
-            Outcome::Gone => "gone",
-            Outcome::Permanent => "permanent",
-            Outcome::Expired => "expired",
-        }
+names! {
+    /// How a push attempt ended.
+    pub enum Outcome("push outcome") {
+        /// 2xx: the push service accepted it.
+        Delivered = "delivered",
+        /// 429, 5xx, timeouts, connection errors: try again later. With
+        /// [`PushResult::maybe_delivered`] the request may have reached the push service all the same.
+        Transient = "transient",
+        /// 404, 410: the subscription no longer exists.
+        Gone = "gone",
+        /// 400, 401, 403, 413, or a refused endpoint: trying again will not help.
+        Permanent = "permanent",
+        /// The request reached the pusher after its deadline and was not sent.
+        Expired = "expired",
     }
 }
 
-/// How a recorded attempt ended: the pusher's [`Outcome`], or no result at all before the row's
-/// lease ran out (the sweeper's record, replaced if the real result turns up). Only the outbox's
-/// records carry `LeaseExpired`; no pusher reports it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[cfg_attr(
-    feature = "sqlx",
-    derive(sqlx::Type),
-    sqlx(type_name = "text", rename_all = "snake_case")
-)]
-#[serde(rename_all = "snake_case")]
-pub enum AttemptOutcome {
-    Delivered,
-    Transient,
-    Gone,
-    Permanent,
-    Expired,
-    LeaseExpired,
-}
-
-impl AttemptOutcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AttemptOutcome::LeaseExpired => "lease_expired",
-            AttemptOutcome::Delivered => Outcome::Delivered.as_str(),
-            AttemptOutcome::Transient => Outcome::Transient.as_str(),
-            AttemptOutcome::Gone => Outcome::Gone.as_str(),
-            AttemptOutcome::Permanent => Outcome::Permanent.as_str(),
-            AttemptOutcome::Expired => Outcome::Expired.as_str(),
-        }
+names! {
+    /// How a recorded attempt ended: the pusher's [`Outcome`], or no result at all before the
+    /// row's lease ran out (the sweeper's record, replaced if the real result turns up). Only the
+    /// outbox's records carry `LeaseExpired`; no pusher reports it.
+    pub enum AttemptOutcome("attempt outcome") {
+        Delivered = "delivered",
+        Transient = "transient",
+        Gone = "gone",
+        Permanent = "permanent",
+        Expired = "expired",
+        LeaseExpired = "lease_expired",
     }
 }
 

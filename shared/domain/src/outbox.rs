@@ -41,48 +41,21 @@
 //! The database enforces the same (from, to) pairs with a trigger (see `migrations/`), and a test
 //! checks that the two lists agree.
 
-use serde::{Deserialize, Serialize};
-use std::fmt;
+use crate::names::names;
 
-/// Where an outbox row is in its life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[cfg_attr(
-    feature = "sqlx",
-    derive(sqlx::Type),
-    sqlx(type_name = "text", rename_all = "snake_case")
-)]
-#[serde(rename_all = "snake_case")]
-pub enum Status {
-    Pending,
-    Retry,
-    Sending,
-    Sent,
-    Dropped,
-    Failed,
+names! {
+    /// Where an outbox row is in its life.
+    pub enum Status("outbox status") {
+        Pending = "pending",
+        Retry = "retry",
+        Sending = "sending",
+        Sent = "sent",
+        Dropped = "dropped",
+        Failed = "failed",
+    }
 }
 
 impl Status {
-    pub const ALL: [Status; 6] = [
-        Status::Pending,
-        Status::Retry,
-        Status::Sending,
-        Status::Sent,
-        Status::Dropped,
-        Status::Failed,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Pending => "pending",
-            Status::Retry => "retry",
-            Status::Sending => "sending",
-            Status::Sent => "sent",
-            Status::Dropped => "dropped",
-            Status::Failed => "failed",
-        }
-    }
-
     pub fn is_terminal(self) -> bool {
         matches!(self, Status::Sent | Status::Dropped | Status::Failed)
     }
@@ -119,107 +92,37 @@ impl Status {
     }
 }
 
-impl fmt::Display for Status {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+names! {
+    /// Why a notification was correctly withheld.
+    pub enum DropReason("drop reason") {
+        WatchRemoved = "watch_removed",
+        WatchPaused = "watch_paused",
+        SubscriptionInactive = "subscription_inactive",
+        OutOfStock = "out_of_stock",
+        ItemPaused = "item_paused",
+        NotFound = "not_found",
+        ConditionLost = "condition_lost",
+        SubscriptionGone = "subscription_gone",
+        /// An operator paused the device.
+        DevicePaused = "device_paused",
+        /// An operator cancelled the notification before it was sent.
+        Cancelled = "cancelled",
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown outbox status {0:?}")]
-pub struct UnknownStatus(pub String);
-
-impl std::str::FromStr for Status {
-    type Err = UnknownStatus;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Status::ALL
-            .into_iter()
-            .find(|st| st.as_str() == s)
-            .ok_or_else(|| UnknownStatus(s.to_owned()))
-    }
-}
-
-/// Why a notification was correctly withheld.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DropReason {
-    WatchRemoved,
-    WatchPaused,
-    SubscriptionInactive,
-    OutOfStock,
-    ItemPaused,
-    NotFound,
-    ConditionLost,
-    SubscriptionGone,
-    /// An operator paused the device.
-    DevicePaused,
-    /// An operator cancelled the notification before it was sent.
-    Cancelled,
-}
-
-impl DropReason {
-    pub const ALL: [DropReason; 10] = [
-        DropReason::WatchRemoved,
-        DropReason::WatchPaused,
-        DropReason::SubscriptionInactive,
-        DropReason::OutOfStock,
-        DropReason::ItemPaused,
-        DropReason::NotFound,
-        DropReason::ConditionLost,
-        DropReason::SubscriptionGone,
-        DropReason::DevicePaused,
-        DropReason::Cancelled,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DropReason::WatchRemoved => "watch_removed",
-            DropReason::WatchPaused => "watch_paused",
-            DropReason::SubscriptionInactive => "subscription_inactive",
-            DropReason::OutOfStock => "out_of_stock",
-            DropReason::ItemPaused => "item_paused",
-            DropReason::NotFound => "not_found",
-            DropReason::ConditionLost => "condition_lost",
-            DropReason::SubscriptionGone => "subscription_gone",
-            DropReason::DevicePaused => "device_paused",
-            DropReason::Cancelled => "cancelled",
-        }
-    }
-}
-
-/// Why a notification could not be delivered and will not be tried again.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FailReason {
-    /// Transient failures until `max_retries`.
-    RetriesExhausted,
-    /// The push service rejected the request as malformed (400).
-    PushRejected,
-    /// The push service rejected our VAPID credentials (401, 403): an operator must act.
-    VapidRejected,
-    /// The encrypted payload was too large for the push service (413).
-    PayloadTooLarge,
-    /// The endpoint failed the SSRF guard: not https, not an allowed host, or a private address.
-    EndpointRefused,
-}
-
-impl FailReason {
-    pub const ALL: [FailReason; 5] = [
-        FailReason::RetriesExhausted,
-        FailReason::PushRejected,
-        FailReason::VapidRejected,
-        FailReason::PayloadTooLarge,
-        FailReason::EndpointRefused,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FailReason::RetriesExhausted => "retries_exhausted",
-            FailReason::PushRejected => "push_rejected",
-            FailReason::VapidRejected => "vapid_rejected",
-            FailReason::PayloadTooLarge => "payload_too_large",
-            FailReason::EndpointRefused => "endpoint_refused",
-        }
+names! {
+    /// Why a notification could not be delivered and will not be tried again.
+    pub enum FailReason("failure reason") {
+        /// Transient failures until `max_retries`.
+        RetriesExhausted = "retries_exhausted",
+        /// The push service rejected the request as malformed (400).
+        PushRejected = "push_rejected",
+        /// The push service rejected our VAPID credentials (401, 403): an operator must act.
+        VapidRejected = "vapid_rejected",
+        /// The encrypted payload was too large for the push service (413).
+        PayloadTooLarge = "payload_too_large",
+        /// The endpoint failed the SSRF guard: not https, not an allowed host, or a private address.
+        EndpointRefused = "endpoint_refused",
     }
 }
 
@@ -245,21 +148,21 @@ impl Reason {
     }
 }
 
-/// What a row means to the person it was for: what a device's history shows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Delivery {
-    /// Not decided yet (pending, retry, sending).
-    InProgress,
-    /// The push service accepted it.
-    Delivered,
-    /// Ended without a confirmed delivery, but an attempt's outcome was unknown (a timeout after
-    /// the request went out): the notification may have arrived.
-    MayHaveBeenDelivered,
-    /// Tidings decided not to send it (the condition no longer held, the watch was paused, …).
-    Withheld,
-    /// It could not be delivered (subscription gone, rejected, retries exhausted).
-    NotDelivered,
+names! {
+    /// What a row means to the person it was for: what a device's history shows.
+    pub enum Delivery("delivery") {
+        /// Not decided yet (pending, retry, sending).
+        InProgress = "in_progress",
+        /// The push service accepted it.
+        Delivered = "delivered",
+        /// Ended without a confirmed delivery, but an attempt's outcome was unknown (a timeout after
+        /// the request went out): the notification may have arrived.
+        MayHaveBeenDelivered = "may_have_been_delivered",
+        /// Tidings decided not to send it (the condition no longer held, the watch was paused, …).
+        Withheld = "withheld",
+        /// It could not be delivered (subscription gone, rejected, retries exhausted).
+        NotDelivered = "not_delivered",
+    }
 }
 
 impl Delivery {

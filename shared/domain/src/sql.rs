@@ -1,52 +1,56 @@
-//! Triggers and reasons as Postgres text: the outbox stores a trigger's key and a reason's name,
-//! and both read back as the enum. A value this build does not know is a decode error (sqlx names
-//! the column), never a fallback.
+//! Names as Postgres text: the outbox stores states, channels, outcomes, a trigger's key and a
+//! reason's name as text, and each reads back as its enum. A value this build does not know is a
+//! decode error ([`UnknownName`], which sqlx reports with the column), never a fallback.
 
+use crate::names::UnknownName;
 use crate::outbox::Reason;
 use crate::trigger::Trigger;
-use sqlx::encode::IsNull;
-use sqlx::error::BoxDynError;
-use sqlx::postgres::{PgArgumentBuffer, PgTypeInfo, PgValueRef};
-use sqlx::{Decode, Encode, Postgres, Type};
 
-/// A stored trigger key or reason name that this build does not know.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum UnknownValue {
-    #[error("unknown trigger key {0:?}")]
-    Trigger(String),
-    #[error("unknown reason {0:?}")]
-    Reason(String),
-}
-
+/// Makes `$t` a Postgres `text` value: written by `$to_text`, read by `$from_text` (which fails
+/// on a name it does not know).
 macro_rules! as_text {
     ($t:ty, $to_text:expr, $from_text:expr) => {
-        impl Type<Postgres> for $t {
-            fn type_info() -> PgTypeInfo {
-                <&str as Type<Postgres>>::type_info()
+        impl ::sqlx::Type<::sqlx::Postgres> for $t {
+            fn type_info() -> ::sqlx::postgres::PgTypeInfo {
+                <&str as ::sqlx::Type<::sqlx::Postgres>>::type_info()
             }
-            fn compatible(ty: &PgTypeInfo) -> bool {
-                <&str as Type<Postgres>>::compatible(ty)
+            fn compatible(ty: &::sqlx::postgres::PgTypeInfo) -> bool {
+                <&str as ::sqlx::Type<::sqlx::Postgres>>::compatible(ty)
             }
         }
 
-        impl<'r> Decode<'r, Postgres> for $t {
-            fn decode(value: PgValueRef<'r>) -> Result<Self, BoxDynError> {
-                let text = <&str as Decode<Postgres>>::decode(value)?;
-                let parse: fn(&str) -> Result<$t, UnknownValue> = $from_text;
+        impl<'r> ::sqlx::Decode<'r, ::sqlx::Postgres> for $t {
+            fn decode(
+                value: ::sqlx::postgres::PgValueRef<'r>,
+            ) -> Result<Self, ::sqlx::error::BoxDynError> {
+                let text = <&str as ::sqlx::Decode<::sqlx::Postgres>>::decode(value)?;
+                let parse: fn(&str) -> Result<$t, $crate::names::UnknownName> = $from_text;
                 Ok(parse(text)?)
             }
         }
 
-        impl Encode<'_, Postgres> for $t {
-            fn encode_by_ref(&self, buf: &mut PgArgumentBuffer) -> Result<IsNull, BoxDynError> {
+        impl ::sqlx::Encode<'_, ::sqlx::Postgres> for $t {
+            fn encode_by_ref(
+                &self,
+                buf: &mut ::sqlx::postgres::PgArgumentBuffer,
+            ) -> Result<::sqlx::encode::IsNull, ::sqlx::error::BoxDynError> {
                 let to_text: fn(&$t) -> String = $to_text;
-                <String as Encode<Postgres>>::encode(to_text(self), buf)
+                <String as ::sqlx::Encode<::sqlx::Postgres>>::encode(to_text(self), buf)
             }
         }
     };
 }
 
+pub(crate) use as_text;
+
+fn unknown(set: &'static str, value: &str) -> UnknownName {
+    UnknownName {
+        set,
+        value: value.to_owned(),
+    }
+}
+
 as_text!(Trigger, Trigger::key, |s| Trigger::from_key(s)
-    .ok_or_else(|| UnknownValue::Trigger(s.to_owned())));
+    .ok_or_else(|| unknown("trigger key", s)));
 as_text!(Reason, |r| r.as_str().to_owned(), |s| Reason::parse(s)
-    .ok_or_else(|| UnknownValue::Reason(s.to_owned())));
+    .ok_or_else(|| unknown("reason", s)));

@@ -2,36 +2,20 @@
 //! runs) share a NATS server without seeing each other.
 
 use crate::Channel;
+use crate::names::names;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid subject prefix {0:?}: use 1 to 32 characters from a-z, A-Z, 0-9, '_' and '-'")]
 pub struct InvalidPrefix(pub String);
 
-/// The streams Tidings uses. Each has its own subject space under the prefix.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum StreamKind {
-    Enqueue,
-    Push,
-    Result,
-    /// Messages that could not be decoded, kept for an operator.
-    Dlq,
-}
-
-impl StreamKind {
-    pub const ALL: [StreamKind; 4] = [
-        StreamKind::Enqueue,
-        StreamKind::Push,
-        StreamKind::Result,
-        StreamKind::Dlq,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StreamKind::Enqueue => "enqueue",
-            StreamKind::Push => "push",
-            StreamKind::Result => "result",
-            StreamKind::Dlq => "dlq",
-        }
+names! {
+    /// The streams Tidings uses. Each has its own subject space under the prefix.
+    pub enum StreamKind("stream") {
+        Enqueue = "enqueue",
+        Push = "push",
+        Result = "result",
+        /// Messages that could not be decoded, kept for an operator.
+        Dlq = "dlq",
     }
 }
 

@@ -4,6 +4,7 @@
 //! has exactly one answer. Prices are integer minor units (cents): comparisons are exact, and a
 //! threshold of `120000` means 1,200.00 in the item's currency.
 
+use crate::names::names;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -121,31 +122,23 @@ impl Observation {
     }
 }
 
-/// What a source can answer instead of an observation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SourceErrorKind {
-    /// The item does not exist (any more).
-    NotFound,
-    /// The item exists but has nothing to sell.
-    Empty,
-    /// The upstream asked us to slow down (429).
-    RateLimited,
-    /// Timeout, connection failure, 5xx.
-    Unavailable,
-    /// The upstream answered something we could not understand.
-    BadData,
+names! {
+    /// What a source can answer instead of an observation.
+    pub enum SourceErrorKind("source error") {
+        /// The item does not exist (any more).
+        NotFound = "not_found",
+        /// The item exists but has nothing to sell.
+        Empty = "empty",
+        /// The upstream asked us to slow down (429).
+        RateLimited = "rate_limited",
+        /// Timeout, connection failure, 5xx.
+        Unavailable = "unavailable",
+        /// The upstream answered something we could not understand.
+        BadData = "bad_data",
+    }
 }
 
 impl SourceErrorKind {
-    pub const ALL: [SourceErrorKind; 5] = [
-        SourceErrorKind::NotFound,
-        SourceErrorKind::Empty,
-        SourceErrorKind::RateLimited,
-        SourceErrorKind::Unavailable,
-        SourceErrorKind::BadData,
-    ];
-
     /// Worth asking again later. `bad_data` counts as transient: it is more often a passing
     /// upstream fault than a permanent state of the item, and the retry cap bounds it.
     pub fn is_transient(self) -> bool {
@@ -153,16 +146,6 @@ impl SourceErrorKind {
             self,
             SourceErrorKind::RateLimited | SourceErrorKind::Unavailable | SourceErrorKind::BadData
         )
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SourceErrorKind::NotFound => "not_found",
-            SourceErrorKind::Empty => "empty",
-            SourceErrorKind::RateLimited => "rate_limited",
-            SourceErrorKind::Unavailable => "unavailable",
-            SourceErrorKind::BadData => "bad_data",
-        }
     }
 }
 

@@ -8,7 +8,8 @@ use chrono::NaiveDate;
 use sqlx::PgConnection;
 use std::collections::HashSet;
 use tidings_domain::OutboxId;
-use tidings_domain::outbox::{self, Event, Row, Status, UnknownStatus};
+use tidings_domain::names::UnknownName;
+use tidings_domain::outbox::{self, Event, Row, Status};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CancelError {
@@ -18,7 +19,7 @@ pub enum CancelError {
     Status {
         id: OutboxId,
         #[source]
-        source: UnknownStatus,
+        source: UnknownName,
     },
 }
 
