@@ -117,7 +117,7 @@ async fn collect(
 async fn run(pool: &PgPool, max_watches: i32, creates: Vec<Pending>) {
     let (batch, replies): (Vec<Create>, Vec<_>) =
         creates.into_iter().map(|p| (p.create, p.reply)).unzip();
-    tidings_runtime::metrics::metrics()
+    crate::metrics::metrics()
         .create_batch_size
         .observe(batch.len() as f64);
     if batch.len() > 1 {

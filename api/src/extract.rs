@@ -137,7 +137,7 @@ pub fn within<K: std::hash::Hash + Eq + Clone>(
     limit
         .take(key, std::time::Instant::now())
         .map_err(|retry_after| {
-            tidings_runtime::metrics::metrics()
+            crate::metrics::metrics()
                 .rate_limited
                 .get_or_create(&tidings_runtime::metrics::KindLabels {
                     kind: what.to_owned(),

@@ -23,6 +23,7 @@ mod extract;
 pub mod health;
 mod history;
 pub mod limits;
+pub mod metrics;
 mod openapi;
 mod operators;
 mod pause;
@@ -252,7 +253,7 @@ async fn trace_request(request: Request, next: Next) -> Response {
         span.record("otel.status_code", "ERROR");
     }
     let elapsed = started.elapsed().as_secs_f64();
-    let m = tidings_runtime::metrics::metrics();
+    let m = metrics::metrics();
     m.http_requests
         .get_or_create(&HttpLabels {
             route: route.clone(),

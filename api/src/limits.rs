@@ -118,7 +118,7 @@ pub struct Limits {
 impl Limits {
     pub fn new(settings: &crate::Settings) -> Self {
         tidings_runtime::metrics::at_zero(
-            &tidings_runtime::metrics::metrics().rate_limited,
+            &crate::metrics::metrics().rate_limited,
             tidings_runtime::metrics::kinds([
                 "register",
                 "watches_per_address",

@@ -1958,7 +1958,7 @@ async fn registrations_and_creates_beyond_their_rate_get_429_with_retry_after() 
         let labels = tidings_runtime::metrics::KindLabels {
             kind: kind.to_owned(),
         };
-        tidings_runtime::metrics::metrics()
+        tidings_api::metrics::metrics()
             .rate_limited
             .get_or_create(&labels)
             .get()

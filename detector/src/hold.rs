@@ -174,9 +174,7 @@ impl Hold {
     fn set(&mut self, next: bool, waiting: u64) -> bool {
         if next != self.held {
             self.held = next;
-            tidings_runtime::metrics::metrics()
-                .detector_held
-                .set(i64::from(next));
+            crate::metrics::metrics().held.set(i64::from(next));
             if next {
                 tracing::warn!(
                     waiting,

@@ -15,6 +15,7 @@ mod config;
 mod evaluate;
 pub mod hold;
 mod memory;
+pub mod metrics;
 pub mod scan;
 mod watchlist;
 
@@ -60,19 +61,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
         return Ok(());
     }
     let interval = settings.scan_interval;
-    tidings_runtime::metrics::metrics()
-        .detector_shard_count
-        .get_or_create(&tidings_runtime::metrics::ShardLabels {
-            shard: settings.shard_index.to_string(),
-        })
-        .set(i64::from(settings.shard_count));
-    tidings_runtime::metrics::metrics().may_fail(&[tidings_runtime::metrics::Failure::Scan]);
-    tidings_runtime::metrics::at_zero(
-        &tidings_runtime::metrics::metrics().detections,
-        Detection::ALL.map(|result| tidings_runtime::metrics::ResultLabels {
-            result: result.as_str().to_owned(),
-        }),
-    );
+    metrics::init(&settings);
     let js = async_nats::jetstream::new(nats);
     // A dry run publishes nothing, so it has no backlog to wait for.
     let limit = if settings.dry_run {
@@ -112,7 +101,7 @@ impl scan::Detector {
             let started = tokio::time::Instant::now();
             match self.scan_within(chrono::Utc::now(), budget).await {
                 Ok(stats) => {
-                    record(&stats, started.elapsed(), self.is_dry_run());
+                    metrics::record(&stats, started.elapsed(), self.is_dry_run());
                     tracing::info!(
                         watches = stats.watches,
                         rows_read = stats.rows_read,
@@ -142,73 +131,6 @@ impl scan::Detector {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep_until(started + interval) => {}
             }
-        }
-    }
-}
-
-/// A finished scan in the metrics. A dry run publishes nothing, so its detections are not counted.
-fn record(stats: &scan::ScanStats, took: Duration, dry_run: bool) {
-    let m = tidings_runtime::metrics::metrics();
-    m.scans.inc();
-    m.scan_duration.observe(took.as_secs_f64());
-    m.detector_watches
-        .set(i64::try_from(stats.watches).unwrap_or(i64::MAX));
-    m.evaluated_watches.inc_by(stats.evaluated as u64);
-    if dry_run {
-        return;
-    }
-    for result in Detection::ALL {
-        m.detections
-            .get_or_create(&tidings_runtime::metrics::ResultLabels {
-                result: result.as_str().to_owned(),
-            })
-            .inc_by(result.count(stats) as u64);
-    }
-}
-
-/// What became of a trigger that held, as `tidings_detections_total{result}` counts it. An
-/// enum, so every result's series exists from the start and a misspelt one cannot make its own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Detection {
-    /// JetStream stored it.
-    Published,
-    /// JetStream's duplicate window already had its key.
-    Duplicate,
-    /// Publishing failed; the next scan tries again.
-    PublishError,
-    /// This detector had enqueued it today already.
-    Remembered,
-    /// Past the scan's budget; left for a later scan.
-    Deferred,
-}
-
-impl Detection {
-    pub const ALL: [Detection; 5] = [
-        Detection::Published,
-        Detection::Duplicate,
-        Detection::PublishError,
-        Detection::Remembered,
-        Detection::Deferred,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Detection::Published => "published",
-            Detection::Duplicate => "duplicate",
-            Detection::PublishError => "publish_error",
-            Detection::Remembered => "remembered",
-            Detection::Deferred => "deferred",
-        }
-    }
-
-    /// How many of a scan's triggers ended so.
-    pub fn count(self, stats: &scan::ScanStats) -> usize {
-        match self {
-            Detection::Published => stats.published,
-            Detection::Duplicate => stats.duplicates,
-            Detection::PublishError => stats.publish_errors,
-            Detection::Remembered => stats.remembered,
-            Detection::Deferred => stats.deferred,
         }
     }
 }

@@ -54,7 +54,7 @@ impl Admission {
                 return false;
             }
             *open = next;
-            tidings_runtime::metrics::metrics()
+            crate::metrics::metrics()
                 .ingest_admitted
                 .set(i64::from(next));
             if next {

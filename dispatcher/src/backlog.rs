@@ -2,10 +2,11 @@
 //! how long the oldest `sending` row has been past its lease (read by `tidings_store::backlog`).
 //! Terminal states are counted by `tidings_outbox_transitions_total` instead.
 
+use crate::metrics::metrics;
 use sqlx::PgPool;
 use std::time::Duration;
 use tidings_domain::outbox::Status;
-use tidings_runtime::metrics::{StatusLabels, metrics};
+use tidings_runtime::metrics::StatusLabels;
 use tokio_util::sync::CancellationToken;
 
 /// Reads the backlog once and sets the gauges.

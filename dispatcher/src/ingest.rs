@@ -98,7 +98,7 @@ impl Ingest {
         };
         let stage = Stage::new(pool, js, settings, durable).await?;
         tidings_runtime::metrics::at_zero(
-            &tidings_runtime::metrics::metrics().ingested,
+            &crate::metrics::metrics().ingested,
             Ingested::ALL.map(|result| tidings_runtime::metrics::ResultLabels {
                 result: result.as_str().to_owned(),
             }),
@@ -340,7 +340,7 @@ impl Ingest {
     /// After the insert committed: counts it, dead-letters the refused parts, and acks each
     /// message (or naks one whose refused requests could not be stored, so they come back).
     async fn settle(&self, sorted: Sorted, stats: &mut IngestStats) {
-        let m = tidings_runtime::metrics::metrics();
+        let m = crate::metrics::metrics();
         for (result, n) in [
             (Ingested::New, stats.inserted),
             (Ingested::Duplicate, stats.duplicates),

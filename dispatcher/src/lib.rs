@@ -20,6 +20,7 @@ pub mod backlog;
 mod config;
 pub mod dispatch;
 pub mod ingest;
+pub mod metrics;
 mod plan;
 mod recheck;
 pub mod results;
@@ -129,7 +130,7 @@ pub async fn run_with(
     ensure_streams(&js, &settings.subjects, &settings.streams).await?;
     let source = Arc::new(HttpSource::new(settings.source.clone())?);
     let admission = Arc::new(admission::Admission::new(settings.admission_lag));
-    tidings_runtime::metrics::metrics().ingest_admitted.set(1);
+    metrics::metrics().ingest_admitted.set(1);
     let ingest = ingest::Ingest::new(pool.clone(), js.clone(), settings.clone())
         .await?
         .with_gate(admission.gate());

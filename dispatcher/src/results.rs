@@ -200,7 +200,7 @@ impl Applied {
     pub fn record(&self) {
         transition::record(&self.changes, &self.won);
         let now = Utc::now();
-        let latency = &tidings_runtime::metrics::metrics().detection_to_delivery;
+        let latency = &crate::metrics::metrics().detection_to_delivery;
         for (detected_at, trace_id) in &self.sent_detected_at {
             latency.observe(
                 (now - *detected_at).as_seconds_f64().max(0.0),

@@ -128,7 +128,7 @@ pub async fn run(
         let today = Utc::now().date_naive();
         match run_once(&pool, retention, today).await {
             Ok(round) if round.ran => {
-                tidings_runtime::metrics::metrics()
+                crate::metrics::metrics()
                     .expired_partitions_kept
                     .set(i64::try_from(round.kept.len()).unwrap_or(i64::MAX));
                 if !round.created.is_empty() || !round.dropped.is_empty() {

@@ -1043,7 +1043,7 @@ async fn a_sweeper_that_cannot_ask_the_delivery_log_leaves_the_row_sending() {
     assert_eq!(s.row(push.outbox_id).await.status, "sending");
     // What TidingsSendingPastLease watches.
     let overdue = || {
-        tidings_runtime::metrics::metrics()
+        tidings_dispatcher::metrics::metrics()
             .lease_overdue_seconds
             .get()
     };

@@ -13,6 +13,7 @@
 
 pub mod config;
 mod deliver;
+pub mod metrics;
 pub mod report;
 pub mod worker;
 

@@ -30,7 +30,7 @@ use tidings_bus::streams::require_streams;
 use tidings_domain::Channel;
 use tidings_domain::messages::{Outcome, PushRequest, PushResult};
 use tidings_domain::subjects::StreamKind;
-use tidings_runtime::metrics::{PushLabels, StatusLabels, metrics, status_class};
+use tidings_runtime::metrics::{Failure, metrics};
 use tidings_runtime::telemetry;
 use tokio::sync::Semaphore;
 
@@ -82,14 +82,7 @@ pub struct Pusher {
 impl Pusher {
     pub async fn new(js: jetstream::Context, settings: Settings) -> Result<Self, PusherError> {
         require_streams(&js, &settings.subjects).await?;
-        metrics().may_fail(&[tidings_runtime::metrics::Failure::PublishResult]);
-        // The latency by status class exists from the start; the request counts get their
-        // series with their first push (a push host is not known before).
-        for class in ["2xx", "4xx", "5xx"] {
-            let _ = metrics().push_duration.get_or_create(&StatusLabels {
-                status: class.to_owned(),
-            });
-        }
+        crate::metrics::init();
         let delivered = DeliveryLog::new(js.clone(), &settings.subjects, &settings.streams);
         delivered.ensure().await?;
         // Updated on start: a changed ack wait (it follows the HTTP timeout) takes effect.
@@ -207,7 +200,7 @@ impl Pusher {
         record_metrics(&result, host, &handled, telemetry::trace_id(&span));
         result.traceparent = telemetry::forward(&span, incoming.as_deref());
         if let Err(e) = inner.reporter.report(result).await {
-            metrics().failed(tidings_runtime::metrics::Failure::PublishResult);
+            metrics().failed(Failure::PublishResult);
             tracing::error!(outbox_id = %req.outbox_id, attempt = req.attempt, error = %e, "could not publish PushResult; request will be redelivered");
             return Handled::Retried;
         }
@@ -331,25 +324,7 @@ fn record_metrics(
     if matches!(handled, Handled::AlreadyDelivered) {
         return;
     }
-    let class = status_class(result.http_status);
-    let host = host.unwrap_or_else(|| "invalid".to_owned());
-    let m = metrics();
-    m.pushes
-        .get_or_create(&PushLabels {
-            outcome: result.outcome.as_str().to_owned(),
-            status_class: class.clone(),
-            host,
-        })
-        .inc();
-    if result.http_status.is_some() {
-        m.push_duration
-            .get_or_create(&StatusLabels { status: class })
-            .observe(
-                result.latency_ms as f64 / 1000.0,
-                tidings_runtime::metrics::exemplar(trace_id),
-                None,
-            );
-    }
+    crate::metrics::record(result, host, trace_id);
 }
 
 /// An HTTP client span for the push service's request, carrying the message it came in (none

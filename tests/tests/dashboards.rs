@@ -301,6 +301,54 @@ async fn every_dashboard_and_alert_query_reads_series_the_services_export_at_sta
 
 /// The check has teeth: an unknown family, a misspelt label value, a label the family does not
 /// have and a family the named service does not export are each reported; a good query is not.
+/// Every family a crate registers is listed in `tidings_runtime::metrics::FAMILIES` (what the
+/// dashboards, the alerts and deploy/check go by) with its type, and every listed family is
+/// registered by some crate. A process that is none of the services registers them all.
+#[test]
+fn the_families_the_crates_register_are_the_listed_ones() {
+    use tidings_runtime::metrics::{FAMILIES, metrics};
+    // A family shows up in the exposition once it has a series.
+    macro_rules! touch {
+        ($m:expr => $($family:ident),*) => { $( let _ = $m.$family.get_or_create(&Default::default()); )* };
+    }
+    tidings_store::transition::init_metrics();
+    touch!(metrics() => consumer_pending, consumer_ack_pending, db_pool_connections, failures);
+    touch!(tidings_bus::metrics::metrics() => dead_lettered, delivery_log_errors);
+    touch!(tidings_source::metrics() => source_errors);
+    touch!(tidings_detector::metrics::metrics() => shard_count, detections);
+    touch!(tidings_dispatcher::metrics::metrics() => outbox_rows, ingested);
+    touch!(tidings_pusher::metrics::metrics() => pushes, push_duration);
+    touch!(tidings_api::metrics::metrics() => http_requests, http_duration, rate_limited);
+    let text = metrics().encode();
+    let mut registered: Vec<(String, String)> = text
+        .lines()
+        .filter_map(|line| {
+            let mut parts = line.strip_prefix("# TYPE ")?.split(' ');
+            Some((parts.next()?.to_owned(), parts.next()?.to_owned()))
+        })
+        .collect();
+    registered.sort();
+    let mut listed: Vec<(String, String)> = FAMILIES
+        .iter()
+        .map(|(n, k, _)| ((*n).to_owned(), (*k).to_owned()))
+        .collect();
+    listed.sort();
+    assert_eq!(registered, listed);
+    // The longest retry schedule (~1.5 h) fits below detection to delivery's last finite bucket.
+    let last = text
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("tidings_detection_to_delivery_seconds_bucket{le=\"")?
+                .split('"')
+                .next()?
+                .parse::<f64>()
+                .ok()
+        })
+        .filter(|b| b.is_finite())
+        .fold(0.0, f64::max);
+    assert!(last >= 2.0 * 3600.0, "{last}");
+}
+
 #[test]
 fn the_query_check_finds_what_would_leave_a_panel_empty() {
     let mut by_service: HashMap<&str, Exposed> =

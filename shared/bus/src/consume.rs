@@ -246,12 +246,12 @@ async fn durable(
 ) -> Result<(PullConsumer, jetstream::stream::Stream), ConsumerError> {
     let (name, kind) = (d.name, d.kind);
     // What this consumer may dead-letter, and its failed batches, counted from 0.
-    let m = tidings_runtime::metrics::metrics();
     tidings_runtime::metrics::at_zero(
-        &m.dead_lettered,
+        &crate::metrics::metrics().dead_lettered,
         tidings_runtime::metrics::kinds([kind.as_str()]),
     );
-    m.may_fail(&[tidings_runtime::metrics::Failure::Consumer(name)]);
+    tidings_runtime::metrics::metrics()
+        .may_fail(&[tidings_runtime::metrics::Failure::Consumer(name)]);
     let stream_name = subjects.stream(kind);
     let stream = js
         .get_stream(&stream_name)

@@ -57,7 +57,7 @@ impl DeliveryLog {
     /// and a service can start while NATS is still coming up.
     pub fn new(js: jetstream::Context, subjects: &Subjects, streams: &StreamSettings) -> Self {
         tidings_runtime::metrics::at_zero(
-            &tidings_runtime::metrics::metrics().delivery_log_errors,
+            &crate::metrics::metrics().delivery_log_errors,
             ["record", "lookup"].map(|operation| tidings_runtime::metrics::OperationLabels {
                 operation: operation.to_owned(),
             }),
@@ -196,7 +196,7 @@ impl DeliveryLog {
     fn count<T>(&self, result: &Result<T, DeliveryLogError>, operation: &str, outbox_id: OutboxId) {
         if let Err(e) = result {
             tracing::error!(outbox_id = %outbox_id, error = %e, "delivery log unavailable: the guard against a second push is off for this row");
-            tidings_runtime::metrics::metrics()
+            crate::metrics::metrics()
                 .delivery_log_errors
                 .get_or_create(&tidings_runtime::metrics::OperationLabels {
                     operation: operation.to_owned(),

@@ -61,7 +61,7 @@ pub async fn dead_letter_part(
         .map_err(|e| publish_err(e.to_string()))?
         .await
         .map_err(|e| publish_err(e.to_string()))?;
-    tidings_runtime::metrics::metrics()
+    crate::metrics::metrics()
         .dead_lettered
         .get_or_create(&tidings_runtime::metrics::KindLabels {
             kind: from.as_str().to_owned(),

@@ -10,6 +10,7 @@ pub mod consume;
 pub mod dead_letters;
 pub mod delivered;
 pub mod dlq;
+pub mod metrics;
 pub mod permissions;
 pub mod publish;
 mod pull;

@@ -19,11 +19,13 @@ use chrono::Utc;
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::LazyLock;
 use std::time::Duration;
 use tidings_domain::duration::parse_duration;
 use tidings_domain::item::ItemCode;
 use tidings_domain::trigger::{Observation, SourceErrorKind};
 use tidings_runtime::flags;
+use tidings_runtime::metrics::{Counter, Family, KindLabels};
 use tokio::sync::Semaphore;
 
 #[derive(Clone, Debug)]
@@ -58,6 +60,25 @@ pub enum SourceConfigError {
     Client(#[from] reqwest::Error),
 }
 
+tidings_runtime::families! {
+    /// What sources answer instead of observations (exported by the detector and the
+    /// dispatcher, the services that read the catalog).
+    pub struct SourceMetrics {
+        source_errors: Family<KindLabels, Counter> = Family::default()
+            => "tidings_source_errors", "Source (catalog) errors by kind";
+    }
+}
+
+/// This process's [`SourceMetrics`], registered on first use.
+pub fn metrics() -> &'static SourceMetrics {
+    static METRICS: LazyLock<SourceMetrics> = LazyLock::new(SourceMetrics::registered);
+    &METRICS
+}
+
+fn source_errors() -> &'static Family<KindLabels, Counter> {
+    &metrics().source_errors
+}
+
 /// A source answer that is not an observation.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{}: {detail}", kind.as_str())]
@@ -69,8 +90,7 @@ pub struct SourceError {
 impl SourceError {
     /// Every source error is made here, so this is where they are counted.
     fn new(kind: SourceErrorKind, detail: impl Into<String>) -> Self {
-        tidings_runtime::metrics::metrics()
-            .source_errors
+        source_errors()
             .get_or_create(&tidings_runtime::metrics::KindLabels {
                 kind: kind.as_str().to_owned(),
             })
@@ -165,9 +185,8 @@ fn host_of(template: &str, placeholder: &'static str) -> Result<String, SourceCo
 
 impl HttpSource {
     pub fn new(config: SourceConfig) -> Result<Self, SourceConfigError> {
-        let m = tidings_runtime::metrics::metrics();
         tidings_runtime::metrics::at_zero(
-            &m.source_errors,
+            source_errors(),
             tidings_runtime::metrics::kinds(SourceErrorKind::ALL.map(SourceErrorKind::as_str)),
         );
         let mut limits = HashMap::new();

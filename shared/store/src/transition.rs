@@ -9,9 +9,11 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde_json::Value;
 use sqlx::PgConnection;
 use std::collections::{HashMap, HashSet};
+use std::sync::LazyLock;
 use tidings_domain::messages::AttemptOutcome;
-use tidings_domain::outbox::{Row, Status, Transition};
+use tidings_domain::outbox::{Reason, Row, Status, Transition};
 use tidings_domain::{OutboxId, SubscriptionId};
+use tidings_runtime::metrics::{Counter, Family, TransitionLabels};
 
 /// One planned compare-and-set. Optional columns left `None` keep their value.
 #[derive(Clone, Debug)]
@@ -215,33 +217,55 @@ pub async fn apply(
     Ok(won.into_iter().collect())
 }
 
+tidings_runtime::families! {
+    /// The outbox's state changes, counted by the store that makes them.
+    pub struct TransitionMetrics {
+        transitions: Family<TransitionLabels, Counter> = Family::default()
+            => "tidings_outbox_transitions",
+            "Outbox state changes by target state and reason (dropped = correctly withheld)";
+    }
+}
+
+fn metrics() -> &'static TransitionMetrics {
+    static METRICS: LazyLock<TransitionMetrics> = LazyLock::new(TransitionMetrics::registered);
+    &METRICS
+}
+
+/// Counts `n` changes to `to` (with `reason`, if it records one).
+fn count(to: Status, reason: Option<Reason>, n: u64) {
+    metrics()
+        .transitions
+        .get_or_create(&TransitionLabels {
+            to: to.as_str().to_owned(),
+            reason: reason.map_or("", Reason::as_str).to_owned(),
+        })
+        .inc_by(n);
+}
+
 /// Creates every (state, reason) series of `tidings_outbox_transitions_total` at 0 (a service
 /// that moves rows calls it at start).
 pub fn init_metrics() {
-    use tidings_domain::outbox::{DropReason, FailReason, Status};
-    let m = tidings_runtime::metrics::metrics();
     for to in [Status::Sending, Status::Sent, Status::Retry] {
-        m.transition(to.as_str(), "", 0);
+        count(to, None, 0);
     }
-    for r in DropReason::ALL {
-        m.transition(Status::Dropped.as_str(), r.as_str(), 0);
-    }
-    for r in FailReason::ALL {
-        m.transition(Status::Failed.as_str(), r.as_str(), 0);
+    for r in Reason::all() {
+        let to = match r {
+            Reason::Dropped(_) => Status::Dropped,
+            Reason::Failed(_) => Status::Failed,
+        };
+        count(to, Some(r), 0);
     }
 }
 
 /// Counts the changes that won in the metrics, by target state and reason. Call after commit.
 pub fn record(changes: &[Change], won: &HashSet<OutboxId>) {
-    let mut counts: HashMap<(&'static str, &'static str), u64> = HashMap::new();
+    let mut counts: HashMap<(Status, Option<Reason>), u64> = HashMap::new();
     for c in changes.iter().filter(|c| won.contains(&c.id)) {
-        let reason = c.transition.reason.map_or("", |r| r.as_str());
         *counts
-            .entry((c.transition.to.as_str(), reason))
+            .entry((c.transition.to, c.transition.reason))
             .or_default() += 1;
     }
-    let m = tidings_runtime::metrics::metrics();
     for ((to, reason), n) in counts {
-        m.transition(to, reason, n);
+        count(to, reason, n);
     }
 }

@@ -1,0 +1,128 @@
+//! The detector's metric families, and what a scan and a start feed them.
+
+use crate::Settings;
+use crate::scan::ScanStats;
+use std::sync::LazyLock;
+use std::time::Duration;
+use tidings_runtime::metrics::{
+    Counter, Failure, Family, Gauge, Histogram, ResultLabels, ShardLabels, latency,
+};
+
+tidings_runtime::families! {
+    pub struct DetectorMetrics {
+        scans: Counter = Counter::default()
+            => "tidings_detector_scans", "Completed detector scans";
+        /// 1 while the detector holds its scans back because the enqueue stream is deep.
+        held: Gauge = Gauge::default()
+            => "tidings_detector_held",
+            "1 while the detector holds its scans back because more than \
+             TIDINGS_DETECTOR_HOLD_BACKLOG notifications wait in the enqueue stream for ingest";
+        /// How many shards split the watches, labelled with this detector's own `shard`: the
+        /// alerts compare the shards that report with the count they should be.
+        shard_count: Family<ShardLabels, Gauge> = Family::default()
+            => "tidings_detector_shard_count",
+            "How many shards split the watches (TIDINGS_SHARD_COUNT), labelled with this \
+             detector's shard";
+        scan_duration: Histogram = latency()
+            => "tidings_detector_scan_duration_seconds", "Duration of a full detector scan";
+        detections: Family<ResultLabels, Counter> = Family::default()
+            => "tidings_detections",
+            "Detections by result (published, duplicate, remembered, publish_error)";
+        watches: Gauge = Gauge::default()
+            => "tidings_detector_watches",
+            "Active watches this detector holds in memory (its shard)";
+        evaluated_watches: Counter = Counter::default()
+            => "tidings_detector_evaluated_watches",
+            "Watches evaluated by scans (those whose item value, watch or baseline changed)";
+    }
+}
+
+/// This process's [`DetectorMetrics`], registered on first use.
+pub fn metrics() -> &'static DetectorMetrics {
+    static METRICS: LazyLock<DetectorMetrics> = LazyLock::new(DetectorMetrics::registered);
+    &METRICS
+}
+
+/// At start: the shard count, and every series a scan moves at 0.
+pub(crate) fn init(settings: &Settings) {
+    metrics()
+        .shard_count
+        .get_or_create(&ShardLabels {
+            shard: settings.shard_index.to_string(),
+        })
+        .set(i64::from(settings.shard_count));
+    tidings_runtime::metrics::metrics().may_fail(&[Failure::Scan]);
+    tidings_runtime::metrics::at_zero(
+        &metrics().detections,
+        Detection::ALL.map(|result| ResultLabels {
+            result: result.as_str().to_owned(),
+        }),
+    );
+}
+
+/// A finished scan in the metrics. A dry run publishes nothing, so its detections are not counted.
+pub(crate) fn record(stats: &ScanStats, took: Duration, dry_run: bool) {
+    let m = metrics();
+    m.scans.inc();
+    m.scan_duration.observe(took.as_secs_f64());
+    m.watches
+        .set(i64::try_from(stats.watches).unwrap_or(i64::MAX));
+    m.evaluated_watches.inc_by(stats.evaluated as u64);
+    if dry_run {
+        return;
+    }
+    for result in Detection::ALL {
+        m.detections
+            .get_or_create(&ResultLabels {
+                result: result.as_str().to_owned(),
+            })
+            .inc_by(result.count(stats) as u64);
+    }
+}
+
+/// What became of a trigger that held, as `tidings_detections_total{result}` counts it. An
+/// enum, so every result's series exists from the start and a misspelt one cannot make its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Detection {
+    /// JetStream stored it.
+    Published,
+    /// JetStream's duplicate window already had its key.
+    Duplicate,
+    /// Publishing failed; the next scan tries again.
+    PublishError,
+    /// This detector had enqueued it today already.
+    Remembered,
+    /// Past the scan's budget; left for a later scan.
+    Deferred,
+}
+
+impl Detection {
+    pub const ALL: [Detection; 5] = [
+        Detection::Published,
+        Detection::Duplicate,
+        Detection::PublishError,
+        Detection::Remembered,
+        Detection::Deferred,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Detection::Published => "published",
+            Detection::Duplicate => "duplicate",
+            Detection::PublishError => "publish_error",
+            Detection::Remembered => "remembered",
+            Detection::Deferred => "deferred",
+        }
+    }
+
+    /// How many of a scan's triggers ended so.
+    pub fn count(self, stats: &ScanStats) -> usize {
+        match self {
+            Detection::Published => stats.published,
+            Detection::Duplicate => stats.duplicates,
+            Detection::PublishError => stats.publish_errors,
+            Detection::Remembered => stats.remembered,
+            Detection::Deferred => stats.deferred,
+        }
+    }
+}
