@@ -30,6 +30,7 @@ COPY shared/webpush/Cargo.toml shared/webpush/
 COPY shared/source/Cargo.toml shared/source/
 COPY shared/store/Cargo.toml shared/store/build.rs shared/store/
 COPY shared/testkit/Cargo.toml shared/testkit/
+COPY shared/api-types/Cargo.toml shared/api-types/
 COPY api/Cargo.toml api/
 COPY dispatcher/Cargo.toml dispatcher/
 COPY pusher/Cargo.toml pusher/
@@ -37,7 +38,7 @@ COPY detector/Cargo.toml detector/
 COPY cli/Cargo.toml cli/
 COPY tests/Cargo.toml tests/
 COPY tests/benches/Cargo.toml tests/benches/
-RUN for c in shared/domain shared/runtime shared/bus shared/webpush shared/source shared/store shared/testkit \
+RUN for c in shared/domain shared/runtime shared/bus shared/webpush shared/source shared/store shared/testkit shared/api-types \
              api dispatcher pusher detector cli tests; do \
       mkdir -p "$c/src/bin" && echo "fn main() {}" > "$c/src/main.rs" && touch "$c/src/lib.rs"; \
     done \

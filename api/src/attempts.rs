@@ -8,64 +8,31 @@ use crate::problem::{ApiError, Problem, Unauthorized};
 use axum::Json;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
-use chrono::{DateTime, NaiveDate, Utc};
-use serde::{Deserialize, Serialize};
+use chrono::NaiveDate;
 use std::collections::HashMap;
+use tidings_api_types::attempts::{AttemptList, AttemptRecord, AttemptSummary};
 use tidings_domain::OutboxId;
-use tidings_domain::messages::AttemptOutcome;
 use tidings_runtime::telemetry;
 use tidings_store::attempts::{Recorded, merged};
 use tidings_store::db;
-use utoipa::ToSchema;
 use uuid::Uuid;
 
-/// One delivery attempt, as operators see it.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct AttemptRecord {
-    pub attempt: i32,
-    /// When the pusher started it; absent when no result came (`lease_expired`).
-    pub started_at: Option<DateTime<Utc>>,
-    /// When its outcome was recorded.
-    pub recorded_at: DateTime<Utc>,
-    pub subscription_id: Option<Uuid>,
-    /// The push service's host.
-    pub push_host: Option<String>,
-    /// `delivered`, `transient`, `gone`, `permanent`, `expired`, or `lease_expired` (no result
-    /// before the lease ran out).
-    pub outcome: AttemptOutcome,
-    pub http_status: Option<i32>,
-    pub error: Option<String>,
-    pub duration_ms: Option<i64>,
-    /// The push service's message id (its `Location`).
-    pub push_message_id: Option<String>,
-    /// The notification's trace.
-    pub trace_id: Option<String>,
-}
-
-impl AttemptRecord {
-    fn new(r: Recorded, trace_id: Option<String>) -> Self {
-        let a = r.attempt;
-        AttemptRecord {
-            attempt: a.attempt,
-            started_at: a.started_at,
-            recorded_at: r.recorded_at,
-            subscription_id: a.subscription_id.map(|s| s.0),
-            push_host: a.push_host,
-            outcome: a.outcome,
-            http_status: a.http_status,
-            error: a.error,
-            duration_ms: a.duration_ms,
-            push_message_id: a.push_message_id,
-            trace_id,
-        }
+/// Attempt `r` as operators see it, in the row's trace `trace_id`.
+fn record(r: Recorded, trace_id: Option<String>) -> AttemptRecord {
+    let a = r.attempt;
+    AttemptRecord {
+        attempt: a.attempt,
+        started_at: a.started_at,
+        recorded_at: r.recorded_at,
+        subscription_id: a.subscription_id.map(|s| s.0),
+        push_host: a.push_host,
+        outcome: a.outcome,
+        http_status: a.http_status,
+        error: a.error,
+        duration_ms: a.duration_ms,
+        push_message_id: a.push_message_id,
+        trace_id,
     }
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct AttemptList {
-    pub outbox_id: Uuid,
-    /// First to last.
-    pub items: Vec<AttemptRecord>,
 }
 
 #[utoipa::path(
@@ -92,22 +59,12 @@ pub async fn list_attempts(
     let trace_id = traceparent.as_deref().and_then(telemetry::trace_id_of);
     let items = found
         .into_iter()
-        .map(|r| AttemptRecord::new(r, trace_id.clone()))
+        .map(|r| record(r, trace_id.clone()))
         .collect();
     Ok(Json(AttemptList {
         outbox_id: id,
         items,
     }))
-}
-
-/// One delivery attempt, as the device sees it: when and how it ended, nothing internal.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct AttemptSummary {
-    pub attempt: i32,
-    pub at: DateTime<Utc>,
-    /// `delivered`, `transient` (the push service was unavailable; tried again), `gone` (the
-    /// subscription has expired), `permanent`, `expired` (too late to send), or `lease_expired`.
-    pub outcome: AttemptOutcome,
 }
 
 /// The attempts of a page of rows, by row. One query; the days prune it to their partitions.

@@ -20,6 +20,7 @@ use chrono::NaiveDate;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use tidings_api_types::outbox::{BulkReport, Cancelled, Sampled};
 use tidings_domain::outbox::Reason;
 use tidings_domain::{DeviceId, OutboxId, WatchId};
 use tidings_runtime::telemetry;
@@ -108,52 +109,17 @@ pub struct BulkRequest {
     pub batch: Option<u32>,
 }
 
-/// A matching row, as a dry run samples it.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct Sampled {
-    pub id: Uuid,
-    pub status: tidings_domain::outbox::Status,
-    pub reason: Option<String>,
-    pub item_code: Option<String>,
-    pub device_id: Uuid,
-    pub detected_at: DateTime<Utc>,
-    pub http_status: Option<i32>,
-    pub replay_of: Option<Uuid>,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct BulkReport {
-    pub dry_run: bool,
-    /// Dry run: every row the filter matches, and how many of them the operation would change.
-    pub matched: Option<i64>,
-    pub would_change: Option<i64>,
-    /// Dry run: up to 10 of the rows it would change.
-    pub sample: Vec<Sampled>,
-    /// Rows examined by this call.
-    pub examined: u64,
-    /// Rows this call changed (replayed or cancelled).
-    pub changed: u64,
-    /// Rows this call left alone, by why: `is_a_replay`, `already_replayed`, `not_replayable`,
-    /// `not_cancellable`.
-    pub skipped: BTreeMap<String, u64>,
-    /// Pass it back as `cursor` to take the next batch; absent when the operation is done.
-    pub next_cursor: Option<Uuid>,
-    /// The operation's end of the id range; pass it back with every later call.
-    pub up_to: Uuid,
-}
-
-impl From<bulk::Sampled> for Sampled {
-    fn from(r: bulk::Sampled) -> Self {
-        Sampled {
-            id: r.id.0,
-            status: r.status,
-            reason: r.reason.map(|r| r.as_str().to_owned()),
-            item_code: r.item_code,
-            device_id: r.device_id.0,
-            detected_at: r.detected_at,
-            http_status: r.http_status,
-            replay_of: r.replay_of.map(|id| id.0),
-        }
+/// A sampled row as the report shows it.
+fn sampled(r: bulk::Sampled) -> Sampled {
+    Sampled {
+        id: r.id.0,
+        status: r.status,
+        reason: r.reason.map(|r| r.as_str().to_owned()),
+        item_code: r.item_code,
+        device_id: r.device_id.0,
+        detected_at: r.detected_at,
+        http_status: r.http_status,
+        replay_of: r.replay_of.map(|id| id.0),
     }
 }
 
@@ -245,7 +211,7 @@ async fn dry_run(
     let sample = bulk::sample(&app.pool, op, filter, up_to)
         .await
         .map_err(db("sampling the rows a filter matches"))?;
-    report.sample = sample.into_iter().map(Sampled::from).collect();
+    report.sample = sample.into_iter().map(sampled).collect();
     report.matched = Some(matched);
     report.would_change = Some(eligible);
     Ok(())
@@ -322,13 +288,6 @@ pub async fn bulk_cancel(
 ) -> Result<Json<BulkReport>, ApiError> {
     crate::extract::require_object(&raw)?;
     run(&app, Operation::Cancel, req).await.map(Json)
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct Cancelled {
-    pub id: Uuid,
-    pub status: tidings_domain::outbox::Status,
-    pub reason: String,
 }
 
 #[utoipa::path(

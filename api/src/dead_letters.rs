@@ -11,9 +11,11 @@ use axum::Json;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use base64::Engine;
-use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use tidings_api_types::dead_letters::{
+    DeadLetterDetail, DeadLetterList, DeadLetterReport, DeadLetterSummary,
+};
 use tidings_bus::dead_letters::{DeadLetter, DeadLetterError, DeadLetterFilter, DeadLetters};
 use tidings_domain::subjects::StreamKind;
 use utoipa::{IntoParams, ToSchema};
@@ -61,49 +63,18 @@ impl From<Source> for StreamKind {
     }
 }
 
-/// A dead letter in a listing.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct DeadLetterSummary {
-    /// Its sequence in the dead-letter stream: its id here.
-    pub sequence: u64,
-    /// The stream it was consumed from: `enqueue`, `push` or `result`.
-    pub from: Option<String>,
-    pub original_subject: Option<String>,
-    /// Why it was dead-lettered.
-    pub reason: Option<String>,
-    pub msg_id: Option<String>,
-    /// How often it had been redriven before it came back.
-    pub redrives: u32,
-    pub at: DateTime<Utc>,
-    pub size: usize,
-}
-
-impl From<&DeadLetter> for DeadLetterSummary {
-    fn from(d: &DeadLetter) -> Self {
-        DeadLetterSummary {
-            sequence: d.sequence,
-            from: d.from.map(|k| k.as_str().to_owned()),
-            original_subject: d.original_subject.clone(),
-            reason: d.reason.clone(),
-            msg_id: d.msg_id.clone(),
-            redrives: d.redrives,
-            at: d.at,
-            size: d.payload.len(),
-        }
+/// Dead letter `d` in a listing.
+fn summary(d: &DeadLetter) -> DeadLetterSummary {
+    DeadLetterSummary {
+        sequence: d.sequence,
+        from: d.from.map(|k| k.as_str().to_owned()),
+        original_subject: d.original_subject.clone(),
+        reason: d.reason.clone(),
+        msg_id: d.msg_id.clone(),
+        redrives: d.redrives,
+        at: d.at,
+        size: d.payload.len(),
     }
-}
-
-/// One dead letter, whole.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct DeadLetterDetail {
-    #[serde(flatten)]
-    pub summary: DeadLetterSummary,
-    /// Every header, the dead-letter reason and original subject included.
-    pub headers: Vec<(String, String)>,
-    /// The payload as text when it is UTF-8.
-    pub payload: Option<String>,
-    /// The payload in base64 when it is not.
-    pub payload_base64: Option<String>,
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -130,12 +101,6 @@ fn sequence_bound(cursor: Option<u64>) -> Result<u64, ApiError> {
             "cursor {c} is larger than {MAX_SEQUENCE}"
         ))),
     }
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct DeadLetterList {
-    pub items: Vec<DeadLetterSummary>,
-    pub next_cursor: Option<u64>,
 }
 
 /// Dead letters read to fill one page or batch at most, so a rare reason cannot make one call
@@ -173,7 +138,7 @@ pub async fn list_dead_letters(
         .await
         .map_err(bus_error)?;
     Ok(Json(DeadLetterList {
-        items: page.items.iter().map(DeadLetterSummary::from).collect(),
+        items: page.items.iter().map(summary).collect(),
         next_cursor: page.last,
     }))
 }
@@ -212,7 +177,7 @@ pub async fn get_dead_letter(
         ),
     };
     Ok(Json(DeadLetterDetail {
-        summary: DeadLetterSummary::from(&letter),
+        summary: summary(&letter),
         headers: letter.headers,
         payload,
         payload_base64,
@@ -246,23 +211,6 @@ pub struct DeadLetterBulk {
     #[serde(default, deserialize_with = "crate::extract::whole::opt")]
     #[schema(minimum = 1, maximum = 1000)]
     pub batch: Option<u32>,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct DeadLetterReport {
-    pub dry_run: bool,
-    /// Dead letters in this batch that the filter matched.
-    pub matched: u64,
-    /// Redriven or purged (a dry run: would be).
-    pub done: u64,
-    /// Left alone, by why (a dry run: would be).
-    pub skipped: BTreeMap<String, u64>,
-    /// Dry run: up to 10 of the matched ones.
-    pub sample: Vec<DeadLetterSummary>,
-    /// Where each redriven message went (subject → count).
-    pub redriven_to: BTreeMap<String, u64>,
-    /// Pass it back as `cursor` for the next batch; absent when done.
-    pub next_cursor: Option<u64>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -359,7 +307,7 @@ async fn bulk(
     for letter in page.items.iter().filter(|d| wanted(d)) {
         report.matched += 1;
         if req.dry_run && report.sample.len() < 10 {
-            report.sample.push(DeadLetterSummary::from(letter));
+            report.sample.push(summary(letter));
         }
         handle(&dlq, action, letter, req.dry_run, &mut report).await?;
     }

@@ -16,28 +16,12 @@ use async_nats::jetstream::consumer::AckPolicy;
 use async_nats::jetstream::stream::Config as StreamConfig;
 use axum::Json;
 use axum::extract::State;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use std::time::Duration;
+use tidings_api_types::doctor::{Check, Diagnosis};
 use tidings_bus::streams::{CONSUMERS, stream_config};
 use tidings_domain::subjects::{StreamKind, Subjects};
-use utoipa::{IntoParams, ToSchema};
-
-/// One check and what it found.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct Check {
-    /// e.g. `schema`, `stream enqueue`, `consumer pusher`, `vapid`.
-    pub name: String,
-    pub ok: bool,
-    /// What was found; when not ok, what is wrong and what to do.
-    pub detail: String,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct Diagnosis {
-    /// Every check passed.
-    pub ok: bool,
-    pub checks: Vec<Check>,
-}
+use utoipa::IntoParams;
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]

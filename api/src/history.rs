@@ -2,73 +2,21 @@
 //! Tidings withheld and why ("the price went back up before we sent it").
 
 use crate::AppState;
-use crate::attempts::{self, AttemptSummary};
+use crate::attempts;
 use crate::auth::Device;
 use crate::extract::{ApiQuery, cursor, limit, page};
 use crate::problem::{ApiError, Problem, Unauthorized};
 use crate::watches::TriggerSpec;
 use axum::Json;
 use axum::extract::State;
-use chrono::{DateTime, NaiveDate, Utc};
-use serde::{Deserialize, Serialize};
+use chrono::NaiveDate;
+use serde::Deserialize;
+use tidings_api_types::outbox::{Detected, Notification, NotificationList};
+use tidings_domain::OutboxId;
 use tidings_domain::outbox::{Delivery, Status};
-use tidings_domain::{Channel, OutboxId};
 use tidings_store::{db, history};
-use utoipa::{IntoParams, ToSchema};
+use utoipa::IntoParams;
 use uuid::Uuid;
-
-/// What detection saw.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct Detected {
-    pub price: i64,
-    pub currency: String,
-    pub in_stock: bool,
-    pub at: DateTime<Utc>,
-}
-
-/// One notification, from detection to its outcome.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct Notification {
-    pub id: Uuid,
-    pub watch_id: Uuid,
-    pub item_code: Option<String>,
-    pub trigger: TriggerSpec,
-    pub channel: Channel,
-    pub status: Status,
-    /// Why a row was dropped (withheld) or failed, e.g. `condition_lost`.
-    pub reason: Option<String>,
-    /// What it means for the device: `in_progress`, `delivered`, `withheld`, `not_delivered`, or
-    /// `may_have_been_delivered` (no confirmed delivery, but an attempt timed out after it was
-    /// sent, so the notification may have arrived).
-    #[schema(value_type = String)]
-    pub delivery: Delivery,
-    pub detected: Detected,
-    /// The value seen by the re-check right before sending (recorded when it withheld the row).
-    #[schema(value_type = Option<Object>)]
-    pub checked: Option<serde_json::Value>,
-    /// The value that was sent, when one was.
-    #[schema(value_type = Option<Object>)]
-    pub sent: Option<serde_json::Value>,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
-    pub finished_at: Option<DateTime<Utc>>,
-    /// Set on an operator replay: the row it replays.
-    pub replay_of: Option<Uuid>,
-    /// The day its dedup key counts (one notification per watch, trigger and day).
-    pub dedup_day: NaiveDate,
-    /// Its delivery attempts, first to last.
-    #[serde(default)]
-    pub attempts: Vec<AttemptSummary>,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct NotificationList {
-    pub items: Vec<Notification>,
-    pub next_cursor: Option<String>,
-    /// How far back history reaches: notifications detected before this day have left with
-    /// the retention (TIDINGS_RETENTION, at least 8 days).
-    pub kept_from: Option<NaiveDate>,
-}
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -84,32 +32,31 @@ pub struct ListNotifications {
     pub limit: Option<u32>,
 }
 
-impl From<history::Notification> for Notification {
-    fn from(r: history::Notification) -> Self {
-        Notification {
-            id: r.id.0,
-            watch_id: r.watch_id.0,
-            item_code: r.item_code,
-            trigger: TriggerSpec::from_trigger(&r.trigger),
-            channel: r.channel,
-            status: r.status,
-            reason: r.reason.map(|r| r.as_str().to_owned()),
-            delivery: Delivery::of(r.status, r.reason, r.maybe_delivered),
-            detected: Detected {
-                price: r.detected_price,
-                currency: r.detected_currency,
-                in_stock: r.detected_in_stock,
-                at: r.detected_at,
-            },
-            checked: r.checked,
-            sent: r.sent_value,
-            created_at: r.created_at,
-            updated_at: r.updated_at,
-            finished_at: r.finished_at,
-            replay_of: r.replay_of.map(|id| id.0),
-            dedup_day: r.dedup_day,
-            attempts: Vec::new(),
-        }
+/// Row `r` as its device's history shows it (its attempts are added by [`with_attempts`]).
+pub(crate) fn notification(r: history::Notification) -> Notification {
+    Notification {
+        id: r.id.0,
+        watch_id: r.watch_id.0,
+        item_code: r.item_code,
+        trigger: TriggerSpec::from_trigger(&r.trigger),
+        channel: r.channel,
+        status: r.status,
+        reason: r.reason.map(|r| r.as_str().to_owned()),
+        delivery: Delivery::of(r.status, r.reason, r.maybe_delivered),
+        detected: Detected {
+            price: r.detected_price,
+            currency: r.detected_currency,
+            in_stock: r.detected_in_stock,
+            at: r.detected_at,
+        },
+        checked: r.checked,
+        sent: r.sent_value,
+        created_at: r.created_at,
+        updated_at: r.updated_at,
+        finished_at: r.finished_at,
+        replay_of: r.replay_of.map(|id| id.0),
+        dedup_day: r.dedup_day,
+        attempts: Vec::new(),
     }
 }
 
@@ -165,7 +112,7 @@ pub async fn list_notifications(
     )
     .await
     .map_err(db("listing notifications"))?;
-    let (mut items, next_cursor) = page(rows, limit, |r| r.id.0, Notification::from);
+    let (mut items, next_cursor) = page(rows, limit, |r| r.id.0, notification);
     with_attempts(&app, items.iter_mut()).await?;
     let kept_from = tidings_store::partitions::kept_from(&app.pool)
         .await

@@ -6,19 +6,19 @@ use crate::AppState;
 use crate::auth::Operator;
 use crate::bulk::OutboxFilter;
 use crate::extract::{ApiQuery, cursor, limit, page, resource_id};
-use crate::history::{Notification, with_attempts};
+use crate::history::with_attempts;
 use crate::problem::{ApiError, Problem, Unauthorized};
 use axum::Json;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use chrono::{DateTime, NaiveDate, Utc};
-use serde::{Deserialize, Serialize};
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use tidings_api_types::outbox::{OutboxList, OutboxRow, OutboxStats, Replayed, StateCount};
 use tidings_domain::OutboxId;
-use tidings_domain::outbox::Status;
 use tidings_runtime::telemetry;
 use tidings_store::{db, history};
-use utoipa::{IntoParams, ToSchema};
+use utoipa::IntoParams;
 use uuid::Uuid;
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -67,57 +67,22 @@ impl ListOutbox {
     }
 }
 
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct OutboxList {
-    pub items: Vec<OutboxRow>,
-    pub next_cursor: Option<String>,
-    /// How far back the outbox reaches: rows of earlier dedup days have been dropped with
-    /// their week (TIDINGS_RETENTION).
-    pub kept_from: Option<NaiveDate>,
-}
-
-/// An outbox row as operators see it: the notification plus its delivery record.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct OutboxRow {
-    #[serde(flatten)]
-    pub notification: Notification,
-    pub device_id: Uuid,
-    /// Push attempts made (each one a PushRequest).
-    pub attempt: i32,
-    /// Times the row went back to `retry`.
-    pub retry_count: i32,
-    pub next_attempt_at: DateTime<Utc>,
-    pub lease_until: Option<DateTime<Utc>>,
-    pub deadline: Option<DateTime<Utc>>,
-    /// The last error: source failure, push-service answer, or lease expiry.
-    pub last_error: Option<String>,
-    /// The push service's last HTTP status.
-    pub http_status: Option<i32>,
-    /// The push service's message id (its `Location`) once delivered.
-    pub push_message_id: Option<String>,
-    pub subscription_id: Option<Uuid>,
-    pub traceparent: Option<String>,
-    /// Replays of this row (at most one).
-    pub replays: Vec<Uuid>,
-}
-
-impl From<history::Delivery> for OutboxRow {
-    fn from(r: history::Delivery) -> Self {
-        OutboxRow {
-            notification: r.notification.into(),
-            device_id: r.device_id.0,
-            attempt: r.attempt,
-            retry_count: r.retry_count,
-            next_attempt_at: r.next_attempt_at,
-            lease_until: r.lease_until,
-            deadline: r.deadline,
-            last_error: r.last_error,
-            http_status: r.http_status,
-            push_message_id: r.push_message_id,
-            subscription_id: r.subscription_id.map(|id| id.0),
-            traceparent: r.traceparent,
-            replays: r.replays.into_iter().map(|id| id.0).collect(),
-        }
+/// Row `r` with its delivery record, as operators see it.
+fn outbox_row(r: history::Delivery) -> OutboxRow {
+    OutboxRow {
+        notification: crate::history::notification(r.notification),
+        device_id: r.device_id.0,
+        attempt: r.attempt,
+        retry_count: r.retry_count,
+        next_attempt_at: r.next_attempt_at,
+        lease_until: r.lease_until,
+        deadline: r.deadline,
+        last_error: r.last_error,
+        http_status: r.http_status,
+        push_message_id: r.push_message_id,
+        subscription_id: r.subscription_id.map(|id| id.0),
+        traceparent: r.traceparent,
+        replays: r.replays.into_iter().map(|id| id.0).collect(),
     }
 }
 
@@ -142,7 +107,7 @@ pub async fn list_outbox(
     let rows = history::deliveries(&app.pool, &filter, before.map(OutboxId), limit + 1)
         .await
         .map_err(db("listing outbox rows"))?;
-    let (mut items, next_cursor) = page(rows, limit, |r| r.notification.id.0, OutboxRow::from);
+    let (mut items, next_cursor) = page(rows, limit, |r| r.notification.id.0, outbox_row);
     with_attempts(&app, items.iter_mut().map(|r| &mut r.notification)).await?;
     let kept_from = tidings_store::partitions::kept_from(&app.pool)
         .await
@@ -173,26 +138,9 @@ pub async fn get_outbox_row(
     let row = history::delivery(&app.pool, OutboxId(id))
         .await
         .map_err(db("reading an outbox row"))?;
-    let mut row: OutboxRow = row.ok_or(ApiError::NotFound("outbox row"))?.into();
+    let mut row = outbox_row(row.ok_or(ApiError::NotFound("outbox row"))?);
     with_attempts(&app, std::iter::once(&mut row.notification)).await?;
     Ok(Json(row))
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct StateCount {
-    pub status: Status,
-    pub reason: Option<String>,
-    pub count: i64,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct OutboxStats {
-    /// Rows by state and reason.
-    pub states: Vec<StateCount>,
-    /// Rows due for the dispatcher now (pending, or retry whose time has come).
-    pub due: i64,
-    /// How long the oldest due row has been waiting, in seconds (0 when none is due).
-    pub oldest_due_age_seconds: f64,
 }
 
 #[utoipa::path(
@@ -225,13 +173,6 @@ pub async fn outbox_stats(
         due: due.rows,
         oldest_due_age_seconds: due.oldest_seconds,
     }))
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct Replayed {
-    /// The new row.
-    pub id: Uuid,
-    pub replay_of: Uuid,
 }
 
 #[utoipa::path(

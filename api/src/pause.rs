@@ -13,51 +13,22 @@ use crate::watches::TriggerSpec;
 use axum::Json;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
-use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use tidings_api_types::objects::{DeviceView, SubscriptionView, WatchView};
 use tidings_domain::outbox::Status;
-use tidings_domain::{Channel, DeviceId, WatchId};
+use tidings_domain::{DeviceId, WatchId};
 use tidings_store::{db, devices, watches};
-use utoipa::ToSchema;
 use uuid::Uuid;
 
-/// A push subscription as operators see it (no keys).
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct SubscriptionView {
-    pub id: Uuid,
-    pub push_host: Option<String>,
-    pub active: bool,
-    pub created_at: DateTime<Utc>,
-    pub deactivated_at: Option<DateTime<Utc>>,
-    pub deactivation_reason: Option<String>,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct DeviceView {
-    pub id: Uuid,
-    pub time_zone: String,
-    pub created_at: DateTime<Utc>,
-    pub removed_at: Option<DateTime<Utc>>,
-    /// Set while an operator has the device paused.
-    pub paused_at: Option<DateTime<Utc>>,
-    pub watch_count: i32,
-    /// Newest first.
-    pub subscriptions: Vec<SubscriptionView>,
-    /// Its outbox rows by status.
-    pub outbox: BTreeMap<String, i64>,
-}
-
-impl From<devices::Subscription> for SubscriptionView {
-    fn from(s: devices::Subscription) -> Self {
-        SubscriptionView {
-            id: s.id.0,
-            push_host: s.push_host,
-            active: s.active,
-            created_at: s.created_at,
-            deactivated_at: s.deactivated_at,
-            deactivation_reason: s.deactivation_reason,
-        }
+/// Subscription `s` as operators see it (no keys).
+fn subscription_view(s: devices::Subscription) -> SubscriptionView {
+    SubscriptionView {
+        id: s.id.0,
+        push_host: s.push_host,
+        active: s.active,
+        created_at: s.created_at,
+        deactivated_at: s.deactivated_at,
+        deactivation_reason: s.deactivation_reason,
     }
 }
 
@@ -79,7 +50,7 @@ async fn device_view(app: &AppState, id: Uuid) -> Result<DeviceView, ApiError> {
         removed_at: row.removed_at,
         paused_at: row.paused_at,
         watch_count: row.watch_count,
-        subscriptions: subscriptions.into_iter().map(Into::into).collect(),
+        subscriptions: subscriptions.into_iter().map(subscription_view).collect(),
         outbox: by_state(outbox),
     })
 }
@@ -155,21 +126,6 @@ pub async fn admin_resume_device(
 ) -> Result<Json<DeviceView>, ApiError> {
     let id = resource_id(id, "device")?;
     set_device_pause(&app, id, false).await
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct WatchView {
-    pub id: Uuid,
-    pub device_id: Uuid,
-    pub item_code: String,
-    pub triggers: Vec<TriggerSpec>,
-    pub channel: Channel,
-    pub paused: bool,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
-    pub removed_at: Option<DateTime<Utc>>,
-    /// Its outbox rows by status.
-    pub outbox: BTreeMap<String, i64>,
 }
 
 async fn watch_view(app: &AppState, id: Uuid) -> Result<WatchView, ApiError> {

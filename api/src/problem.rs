@@ -4,30 +4,9 @@
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
+pub use tidings_api_types::problem::{FieldError, Problem};
 use tidings_store::DbError;
-use utoipa::{IntoResponses, ToSchema};
-
-/// An RFC 9457 problem document.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct Problem {
-    /// A URI reference naming the kind of problem, e.g. `/problems/validation`.
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub title: String,
-    pub status: u16,
-    pub detail: String,
-    /// For validation problems: which part of the request is wrong (a JSON Pointer into the
-    /// body, or a parameter name) and why.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub errors: Vec<FieldError>,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct FieldError {
-    pub pointer: String,
-    pub detail: String,
-}
+use utoipa::IntoResponses;
 
 /// The answers every route with a JSON body can give before its handler runs, for the OpenAPI
 /// document (a route lists them as `BodyRejected` instead of spelling each one out).

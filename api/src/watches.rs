@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 use std::collections::HashSet;
 use std::time::Duration;
+pub use tidings_api_types::triggers::TriggerSpec;
 use tidings_domain::trigger::Trigger;
 use tidings_domain::{Channel, ItemCode, WatchId};
 use tidings_store::db;
@@ -31,60 +32,28 @@ use uuid::Uuid;
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
 
-/// A trigger and its parameters. Prices are integer minor units (cents).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub enum TriggerSpec {
-    /// The price is below `threshold` (and below the last price notified about).
-    PriceBelow {
-        #[schema(minimum = 1, maximum = 1_000_000_000_000_i64)]
-        threshold: i64,
-    },
-    /// The price fell by at least `percent` % from the last notified price (or the first price
-    /// seen after the watch was created).
-    PriceDrop {
-        #[schema(minimum = 1, maximum = 99)]
-        percent: i64,
-    },
-    /// The item went from out of stock to in stock.
-    // A struct variant, not a unit one: serde ignores unknown fields next to the tag of a unit
-    // variant even under `deny_unknown_fields`.
-    BackInStock {},
-}
-
-impl TriggerSpec {
-    fn to_trigger(&self, at: &str) -> Result<Trigger, ApiError> {
-        let trigger = match *self {
-            TriggerSpec::PriceBelow { threshold } => Trigger::PriceBelow { threshold },
-            TriggerSpec::PriceDrop { percent } => Trigger::PriceDrop {
-                percent: u8::try_from(percent).map_err(|_| {
-                    ApiError::invalid(
-                        format!("{at}/percent"),
-                        format!("price_drop percent must be between 1 and 99, got {percent}"),
-                    )
-                })?,
-            },
-            TriggerSpec::BackInStock {} => Trigger::BackInStock,
+/// The trigger `spec` asks for, checked; a problem names `at`, its place in the body.
+fn trigger_of(spec: &TriggerSpec, at: &str) -> Result<Trigger, ApiError> {
+    let trigger = match *spec {
+        TriggerSpec::PriceBelow { threshold } => Trigger::PriceBelow { threshold },
+        TriggerSpec::PriceDrop { percent } => Trigger::PriceDrop {
+            percent: u8::try_from(percent).map_err(|_| {
+                ApiError::invalid(
+                    format!("{at}/percent"),
+                    format!("price_drop percent must be between 1 and 99, got {percent}"),
+                )
+            })?,
+        },
+        TriggerSpec::BackInStock {} => Trigger::BackInStock,
+    };
+    trigger.validate().map_err(|e| {
+        let field = match spec {
+            TriggerSpec::PriceBelow { .. } => "threshold",
+            _ => "percent",
         };
-        trigger.validate().map_err(|e| {
-            let field = match self {
-                TriggerSpec::PriceBelow { .. } => "threshold",
-                _ => "percent",
-            };
-            ApiError::invalid(format!("{at}/{field}"), e)
-        })?;
-        Ok(trigger)
-    }
-
-    pub fn from_trigger(t: &Trigger) -> Self {
-        match *t {
-            Trigger::PriceBelow { threshold } => TriggerSpec::PriceBelow { threshold },
-            Trigger::PriceDrop { percent } => TriggerSpec::PriceDrop {
-                percent: i64::from(percent),
-            },
-            Trigger::BackInStock => TriggerSpec::BackInStock {},
-        }
-    }
+        ApiError::invalid(format!("{at}/{field}"), e)
+    })?;
+    Ok(trigger)
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -183,7 +152,7 @@ fn validate(req: &CreateWatch, max_triggers: usize) -> Result<NewWatch, ApiError
     let mut triggers = Vec::with_capacity(req.triggers.len());
     for (i, spec) in req.triggers.iter().enumerate() {
         let at = format!("/triggers/{i}");
-        let trigger = spec.to_trigger(&at)?;
+        let trigger = trigger_of(spec, &at)?;
         if !seen.insert(trigger.key()) {
             return Err(ApiError::invalid(
                 at,

@@ -1672,6 +1672,39 @@ async fn the_cli_replays_cancels_and_pauses_with_exit_codes_scripts_rely_on() {
     api.stop().await;
 }
 
+/// The CLI decodes each answer as the api's own type: an answer of another shape (another
+/// version of Tidings behind the URL) is an error that says so (exit code 6), not a table of
+/// dashes.
+#[tokio::test]
+async fn the_cli_refuses_an_answer_it_cannot_read() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for mut conn in listener.incoming().flatten() {
+            let mut request = [0u8; 4096];
+            let _ = conn.read(&mut request);
+            let body = r#"{"healthy": true}"#;
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let run = tokio::task::spawn_blocking(move || cli(&base, ADMIN_TOKEN, &["doctor"]))
+        .await
+        .unwrap();
+    assert_eq!(run.code, 6, "{run:?}");
+    assert!(
+        run.stderr
+            .contains("/v1/admin/doctor: the answer is not what this version of tidings expects"),
+        "{run:?}"
+    );
+    assert!(run.stderr.contains("missing field `ok`"), "{run:?}");
+    assert!(!run.stdout.contains("ok    api"), "{run:?}");
+}
+
 #[tokio::test]
 async fn health_probes_answer() {
     let db = TestDb::new().await.unwrap();

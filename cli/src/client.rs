@@ -1,7 +1,11 @@
 //! The operator api over HTTP, and what can go wrong, each with the exit code scripts rely on.
 
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 use std::time::Duration;
+use tidings_api_types::dead_letters::DeadLetterList;
+use tidings_api_types::outbox::OutboxList;
+use tidings_api_types::problem::Problem;
 
 /// Exit codes (also in `tidings --help`).
 pub mod exit {
@@ -33,6 +37,13 @@ pub enum CliError {
         status: u16,
         detail: String,
     },
+    /// The api answered with something this CLI cannot read (another version of Tidings?).
+    #[error("{path}: the answer is not what this version of tidings expects")]
+    Answer {
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
     #[error("reading the operator token from {path}: {detail}")]
     TokenFile { path: String, detail: String },
     #[error("{0}")]
@@ -43,7 +54,9 @@ impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::Usage(_) | CliError::TokenFile { .. } => exit::USAGE,
-            CliError::Unreachable { .. } | CliError::Local(_) => exit::UNAVAILABLE,
+            CliError::Unreachable { .. } | CliError::Local(_) | CliError::Answer { .. } => {
+                exit::UNAVAILABLE
+            }
             CliError::Api { status, .. } => match status {
                 400 | 422 => exit::USAGE,
                 401 | 403 => exit::UNAUTHORIZED,
@@ -75,13 +88,13 @@ impl Api {
         })
     }
 
-    async fn send(
+    async fn send<T: DeserializeOwned>(
         &self,
         method: &'static str,
         path: &str,
         query: &[(&str, String)],
         body: Option<&Value>,
-    ) -> Result<Value, CliError> {
+    ) -> Result<T, CliError> {
         let mut url = reqwest::Url::parse(&format!("{}{path}", self.base))
             .map_err(|e| CliError::Usage(format!("--api {}: {e}", self.base)))?;
         if !query.is_empty() {
@@ -96,23 +109,20 @@ impl Api {
         if let Some(b) = body {
             req = req.json(b);
         }
-        let resp = req.send().await.map_err(|e| CliError::Unreachable {
+        let unreachable = |e: reqwest::Error| CliError::Unreachable {
             url: self.base.clone(),
             detail: e.to_string(),
-        })?;
+        };
+        let resp = req.send().await.map_err(unreachable)?;
         let status = resp.status().as_u16();
-        let text = resp.text().await.map_err(|e| CliError::Unreachable {
-            url: self.base.clone(),
-            detail: e.to_string(),
-        })?;
-        let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        let text = resp.text().await.map_err(unreachable)?;
         if !(200..300).contains(&status) {
             // A problem document (RFC 9457) says what was wrong.
-            let detail = value["detail"]
-                .as_str()
-                .or(value["title"].as_str())
-                .map(str::to_owned)
-                .unwrap_or(text);
+            let detail = match serde_json::from_str::<Problem>(&text) {
+                Ok(p) if !p.detail.is_empty() => p.detail,
+                Ok(p) => p.title,
+                Err(_) => text,
+            };
             return Err(CliError::Api {
                 method,
                 path: path.to_owned(),
@@ -120,22 +130,29 @@ impl Api {
                 detail,
             });
         }
-        Ok(value)
+        serde_json::from_str(&text).map_err(|source| CliError::Answer {
+            path: path.to_owned(),
+            source,
+        })
     }
 
-    pub async fn get(&self, path: &str, query: &[(&str, String)]) -> Result<Value, CliError> {
+    pub async fn get<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        query: &[(&str, String)],
+    ) -> Result<T, CliError> {
         self.send("GET", path, query, None).await
     }
 
     /// Up to `limit` items of a listing at `path`, following its `next_cursor` page by page
     /// (at most 200 a page).
-    pub async fn list(
+    pub async fn list<P: Page>(
         &self,
         path: &str,
         query: &[(&'static str, String)],
         limit: usize,
-    ) -> Result<Vec<Value>, CliError> {
-        let mut items: Vec<Value> = Vec::new();
+    ) -> Result<Vec<P::Item>, CliError> {
+        let mut items = Vec::new();
         let mut cursor: Option<String> = None;
         while items.len() < limit {
             let mut q = query.to_vec();
@@ -143,18 +160,37 @@ impl Api {
             if let Some(c) = &cursor {
                 q.push(("cursor", c.clone()));
             }
-            let page = self.get(path, &q).await?;
-            items.extend(page["items"].as_array().cloned().unwrap_or_default());
-            cursor = match &page["next_cursor"] {
-                Value::Null => break,
-                Value::String(c) => Some(c.clone()),
-                other => Some(other.to_string()),
-            };
+            let (page, next) = self.get::<P>(path, &q).await?.split();
+            items.extend(page);
+            match next {
+                Some(c) => cursor = Some(c),
+                None => break,
+            }
         }
         Ok(items)
     }
 
-    pub async fn post(&self, path: &str, body: &Value) -> Result<Value, CliError> {
+    pub async fn post<T: DeserializeOwned>(&self, path: &str, body: &Value) -> Result<T, CliError> {
         self.send("POST", path, &[], Some(body)).await
+    }
+}
+
+/// A page of a listing: its items, and the cursor of the next page (none on the last).
+pub trait Page: DeserializeOwned {
+    type Item;
+    fn split(self) -> (Vec<Self::Item>, Option<String>);
+}
+
+impl Page for OutboxList {
+    type Item = tidings_api_types::outbox::OutboxRow;
+    fn split(self) -> (Vec<Self::Item>, Option<String>) {
+        (self.items, self.next_cursor)
+    }
+}
+
+impl Page for DeadLetterList {
+    type Item = tidings_api_types::dead_letters::DeadLetterSummary;
+    fn split(self) -> (Vec<Self::Item>, Option<String>) {
+        (self.items, self.next_cursor.map(|c| c.to_string()))
     }
 }

@@ -6,6 +6,7 @@ use crate::table::{self, cell};
 use indicatif::ProgressBar;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
+use tidings_api_types::dead_letters::{DeadLetterDetail, DeadLetterList, DeadLetterReport};
 
 pub async fn run(api: &Api, json_out: bool, command: Dlq) -> Result<u8, CliError> {
     match command {
@@ -36,21 +37,23 @@ fn query(filter: &DlqFilter) -> Vec<(&'static str, String)> {
 }
 
 async fn ls(api: &Api, json_out: bool, filter: &DlqFilter, limit: usize) -> Result<u8, CliError> {
-    let items = api.list("/v1/admin/dlq", &query(filter), limit).await?;
+    let items = api
+        .list::<DeadLetterList>("/v1/admin/dlq", &query(filter), limit)
+        .await?;
     if json_out {
-        println!("{}", Value::Array(items));
+        println!("{}", cell(&items));
         return Ok(exit::OK);
     }
     let rows: Vec<Vec<String>> = items
         .iter()
         .map(|d| {
             vec![
-                cell(&d["sequence"]),
-                cell(&d["from"]),
-                cell(&d["at"]),
-                cell(&d["redrives"]),
-                cell(&d["msg_id"]),
-                cell(&d["reason"]),
+                cell(&d.sequence),
+                cell(&d.from),
+                cell(&d.at),
+                cell(&d.redrives),
+                cell(&d.msg_id),
+                cell(&d.reason),
             ]
         })
         .collect();
@@ -62,9 +65,9 @@ async fn ls(api: &Api, json_out: bool, filter: &DlqFilter, limit: usize) -> Resu
 }
 
 async fn show(api: &Api, json_out: bool, sequence: u64) -> Result<u8, CliError> {
-    let d = api.get(&format!("/v1/admin/dlq/{sequence}"), &[]).await?;
+    let d: DeadLetterDetail = api.get(&format!("/v1/admin/dlq/{sequence}"), &[]).await?;
     if json_out {
-        println!("{d}");
+        println!("{}", cell(&d));
         return Ok(exit::OK);
     }
     table::fields(
@@ -81,13 +84,13 @@ async fn show(api: &Api, json_out: bool, sequence: u64) -> Result<u8, CliError> 
         ],
     );
     println!("\nheaders:");
-    for h in d["headers"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
-        println!("  {}: {}", cell(&h[0]), cell(&h[1]));
+    for (name, value) in &d.headers {
+        println!("  {name}: {value}");
     }
     println!("\npayload:");
-    match d["payload"].as_str() {
+    match &d.payload {
         Some(text) => println!("{text}"),
-        None => println!("(base64) {}", cell(&d["payload_base64"])),
+        None => println!("(base64) {}", cell(&d.payload_base64)),
     }
     Ok(exit::OK)
 }
@@ -122,20 +125,20 @@ async fn act(
     let mut to: BTreeMap<String, u64> = BTreeMap::new();
     loop {
         let body = json!({"filter": selection, "dry_run": dry_run, "cursor": cursor});
-        let report = api.post(&path, &body).await?;
-        matched += report["matched"].as_u64().unwrap_or(0);
-        done += report["done"].as_u64().unwrap_or(0);
-        for (why, n) in report["skipped"].as_object().into_iter().flatten() {
-            *skipped.entry(why.clone()).or_default() += n.as_u64().unwrap_or(0);
+        let report: DeadLetterReport = api.post(&path, &body).await?;
+        matched += report.matched;
+        done += report.done;
+        for (why, n) in report.skipped {
+            *skipped.entry(why).or_default() += n;
         }
-        for (subject, n) in report["redriven_to"].as_object().into_iter().flatten() {
-            *to.entry(subject.clone()).or_default() += n.as_u64().unwrap_or(0);
+        for (subject, n) in report.redriven_to {
+            *to.entry(subject).or_default() += n;
         }
         bar.set_message(format!("{verb}: {done} of {matched}"));
         bar.tick();
-        match &report["next_cursor"] {
-            Value::Null => break,
-            next => cursor = next.clone(),
+        match report.next_cursor {
+            None => break,
+            Some(next) => cursor = Value::from(next),
         }
     }
     bar.finish_and_clear();

@@ -2,7 +2,8 @@
 //! exit code 1 when any failed. Not reaching the api at all is the first fault (exit code 6).
 
 use crate::client::{Api, CliError, exit};
-use serde_json::Value;
+use crate::table::cell;
+use tidings_api_types::doctor::Diagnosis;
 
 pub async fn run(
     api: &Api,
@@ -10,7 +11,7 @@ pub async fn run(
     max_lag: u64,
     max_due_age: u64,
 ) -> Result<u8, CliError> {
-    let d = api
+    let d: Diagnosis = api
         .get(
             "/v1/admin/doctor",
             &[
@@ -20,25 +21,13 @@ pub async fn run(
         )
         .await?;
     if json_out {
-        println!("{d}");
+        println!("{}", cell(&d));
     } else {
         println!("ok    api: reachable, operator token accepted");
-        for c in d["checks"].as_array().map(Vec::as_slice).unwrap_or(&[]) {
-            let mark = if c["ok"] == Value::Bool(true) {
-                "ok  "
-            } else {
-                "FAIL"
-            };
-            println!(
-                "{mark}  {}: {}",
-                c["name"].as_str().unwrap_or("?"),
-                c["detail"].as_str().unwrap_or("")
-            );
+        for c in &d.checks {
+            let mark = if c.ok { "ok  " } else { "FAIL" };
+            println!("{mark}  {}: {}", c.name, c.detail);
         }
     }
-    Ok(if d["ok"] == Value::Bool(true) {
-        exit::OK
-    } else {
-        exit::FAULT
-    })
+    Ok(if d.ok { exit::OK } else { exit::FAULT })
 }

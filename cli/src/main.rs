@@ -53,7 +53,14 @@ async fn main() -> ExitCode {
     match run(cli).await {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("tidings: {e}");
+            // The whole chain: an answer that cannot be read says which field was wrong.
+            let mut text = e.to_string();
+            let mut cause = std::error::Error::source(&e);
+            while let Some(c) = cause {
+                text.push_str(&format!(": {c}"));
+                cause = c.source();
+            }
+            eprintln!("tidings: {text}");
             ExitCode::from(e.exit_code())
         }
     }

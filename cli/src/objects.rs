@@ -3,7 +3,11 @@
 use crate::args::Object;
 use crate::client::{Api, CliError, exit};
 use crate::table::{self, cell};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
+use std::collections::BTreeMap;
+use tidings_api_types::objects::{DeviceView, SubscriptionView, WatchView};
 
 /// Which kind of object: its path under `/v1/admin` and the fields shown.
 #[derive(Clone, Copy)]
@@ -52,38 +56,69 @@ pub async fn run(api: &Api, json_out: bool, kind: Kind, command: Object) -> Resu
         Object::Resume { id } => (id, Some("resume")),
     };
     let path = format!("/v1/admin/{}/{id}", kind.path());
-    let v = match action {
-        None => api.get(&path, &[]).await?,
-        Some(a) => api.post(&format!("{path}/{a}"), &Value::Null).await?,
-    };
-    if json_out {
-        println!("{v}");
-        return Ok(exit::OK);
+    match kind {
+        Kind::Device => {
+            let device: DeviceView = fetch(api, &path, action).await?;
+            show(
+                json_out,
+                &device,
+                kind,
+                Some(&device.subscriptions),
+                &device.outbox,
+            );
+        }
+        Kind::Watch => {
+            let watch: WatchView = fetch(api, &path, action).await?;
+            show(json_out, &watch, kind, None, &watch.outbox);
+        }
     }
-    table::fields(&v, kind.fields());
-    if let Some(subs) = v["subscriptions"].as_array() {
+    Ok(exit::OK)
+}
+
+/// The object at `path`, after `action` (pause, resume) if one is asked.
+async fn fetch<T: DeserializeOwned>(
+    api: &Api,
+    path: &str,
+    action: Option<&str>,
+) -> Result<T, CliError> {
+    match action {
+        None => api.get(path, &[]).await,
+        Some(a) => api.post(&format!("{path}/{a}"), &Value::Null).await,
+    }
+}
+
+fn show<T: Serialize>(
+    json_out: bool,
+    v: &T,
+    kind: Kind,
+    subscriptions: Option<&[SubscriptionView]>,
+    outbox: &BTreeMap<String, i64>,
+) {
+    if json_out {
+        println!("{}", cell(v));
+        return;
+    }
+    table::fields(v, kind.fields());
+    if let Some(subs) = subscriptions {
         println!("\nsubscriptions:");
         let rows: Vec<Vec<String>> = subs
             .iter()
             .map(|s| {
                 vec![
-                    cell(&s["id"]),
-                    cell(&s["push_host"]),
-                    cell(&s["active"]),
-                    cell(&s["created_at"]),
-                    cell(&s["deactivation_reason"]),
+                    cell(&s.id),
+                    cell(&s.push_host),
+                    cell(&s.active),
+                    cell(&s.created_at),
+                    cell(&s.deactivation_reason),
                 ]
             })
             .collect();
         table::print(&["id", "host", "active", "created", "deactivated"], &rows);
     }
     println!("\nnotifications:");
-    let rows: Vec<Vec<String>> = v["outbox"]
-        .as_object()
-        .into_iter()
-        .flatten()
-        .map(|(status, n)| vec![status.clone(), cell(n)])
+    let rows: Vec<Vec<String>> = outbox
+        .iter()
+        .map(|(status, n)| vec![status.clone(), n.to_string()])
         .collect();
     table::print(&["status", "rows"], &rows);
-    Ok(exit::OK)
 }

@@ -5,6 +5,11 @@ use crate::client::{Api, CliError, exit};
 use crate::table::{self, cell};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
+use tidings_api_types::attempts::{AttemptList, AttemptRecord};
+use tidings_api_types::outbox::{
+    BulkReport, Cancelled, OutboxList, OutboxRow, OutboxStats, Replayed,
+};
+use uuid::Uuid;
 
 pub async fn run(api: &Api, json_out: bool, command: Outbox) -> Result<u8, CliError> {
     match command {
@@ -21,22 +26,25 @@ pub async fn run(api: &Api, json_out: bool, command: Outbox) -> Result<u8, CliEr
 }
 
 async fn ls(api: &Api, json_out: bool, filter: &Filter, limit: usize) -> Result<u8, CliError> {
-    let items = api.list("/v1/admin/outbox", &filter.pairs(), limit).await?;
+    let items = api
+        .list::<OutboxList>("/v1/admin/outbox", &filter.pairs(), limit)
+        .await?;
     if json_out {
-        println!("{}", Value::Array(items));
+        println!("{}", cell(&items));
         return Ok(exit::OK);
     }
     let rows: Vec<Vec<String>> = items
         .iter()
         .map(|r| {
+            let n = &r.notification;
             vec![
-                cell(&r["id"]),
-                cell(&r["status"]),
-                cell(&r["reason"]),
-                cell(&r["item_code"]),
-                cell(&r["attempt"]),
-                cell(&r["http_status"]),
-                cell(&r["detected"]["at"]),
+                cell(&n.id),
+                cell(&n.status),
+                cell(&n.reason),
+                cell(&n.item_code),
+                cell(&r.attempt),
+                cell(&r.http_status),
+                cell(&n.detected.at),
             ]
         })
         .collect();
@@ -49,21 +57,20 @@ async fn ls(api: &Api, json_out: bool, filter: &Filter, limit: usize) -> Result<
     Ok(exit::OK)
 }
 
-fn attempts_table(items: &[Value]) {
+fn attempts_table(items: &[AttemptRecord]) {
     let rows: Vec<Vec<String>> = items
         .iter()
         .map(|a| {
             vec![
-                cell(&a["attempt"]),
-                cell(&a["started_at"]),
-                cell(&a["outcome"]),
-                cell(&a["http_status"]),
-                cell(&a["push_host"]),
-                a["duration_ms"]
-                    .as_i64()
+                cell(&a.attempt),
+                cell(&a.started_at),
+                cell(&a.outcome),
+                cell(&a.http_status),
+                cell(&a.push_host),
+                a.duration_ms
                     .map(|ms| format!("{ms} ms"))
                     .unwrap_or_else(|| "—".into()),
-                cell(&a["error"]),
+                cell(&a.error),
             ]
         })
         .collect();
@@ -76,12 +83,12 @@ fn attempts_table(items: &[Value]) {
 }
 
 async fn show(api: &Api, json_out: bool, id: &str) -> Result<u8, CliError> {
-    let row = api.get(&format!("/v1/admin/outbox/{id}"), &[]).await?;
-    let attempts = api
+    let row: OutboxRow = api.get(&format!("/v1/admin/outbox/{id}"), &[]).await?;
+    let attempts: AttemptList = api
         .get(&format!("/v1/admin/outbox/{id}/attempts"), &[])
         .await?;
     if json_out {
-        println!("{}", json!({"row": row, "attempts": attempts["items"]}));
+        println!("{}", json!({"row": row, "attempts": attempts.items}));
         return Ok(exit::OK);
     }
     table::fields(
@@ -107,45 +114,37 @@ async fn show(api: &Api, json_out: bool, id: &str) -> Result<u8, CliError> {
         ],
     );
     println!();
-    attempts_table(
-        attempts["items"]
-            .as_array()
-            .map(Vec::as_slice)
-            .unwrap_or(&[]),
-    );
+    attempts_table(&attempts.items);
     Ok(exit::OK)
 }
 
 pub async fn attempts(api: &Api, json_out: bool, id: &str) -> Result<u8, CliError> {
-    let found = api
+    let found: AttemptList = api
         .get(&format!("/v1/admin/outbox/{id}/attempts"), &[])
         .await?;
     if json_out {
-        println!("{}", found["items"]);
+        println!("{}", cell(&found.items));
     } else {
-        attempts_table(found["items"].as_array().map(Vec::as_slice).unwrap_or(&[]));
+        attempts_table(&found.items);
     }
     Ok(exit::OK)
 }
 
 async fn stats(api: &Api, json_out: bool) -> Result<u8, CliError> {
-    let s = api.get("/v1/admin/outbox/stats", &[]).await?;
+    let s: OutboxStats = api.get("/v1/admin/outbox/stats", &[]).await?;
     if json_out {
-        println!("{s}");
+        println!("{}", cell(&s));
         return Ok(exit::OK);
     }
-    let rows: Vec<Vec<String>> = s["states"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or(&[])
+    let rows: Vec<Vec<String>> = s
+        .states
         .iter()
-        .map(|r| vec![cell(&r["status"]), cell(&r["reason"]), cell(&r["count"])])
+        .map(|r| vec![cell(&r.status), cell(&r.reason), cell(&r.count)])
         .collect();
     table::print(&["status", "reason", "rows"], &rows);
     println!(
         "\ndue now: {} (the oldest waiting {:.0} s)",
-        cell(&s["due"]),
-        s["oldest_due_age_seconds"].as_f64().unwrap_or(0.0)
+        s.due, s.oldest_due_age_seconds
     );
     Ok(exit::OK)
 }
@@ -196,7 +195,7 @@ async fn change(
     }
     let path = format!("/v1/admin/outbox/{verb}");
     let filter_json = filter_body(&filter);
-    let dry = api
+    let dry: BulkReport = api
         .post(
             &path,
             &json!({"filter": filter_json, "dry_run": true, "up_to": bulk.up_to}),
@@ -204,13 +203,13 @@ async fn change(
         .await?;
     if bulk.dry_run || !bulk.yes {
         if json_out {
-            println!("{dry}");
+            println!("{}", cell(&dry));
         } else {
             print_dry_run(&dry, change, bulk.dry_run);
         }
         return Ok(exit::OK);
     }
-    let total = dry["would_change"].as_u64().unwrap_or(0);
+    let total = dry.would_change.unwrap_or(0).max(0) as u64;
     let bar = if json_out {
         ProgressBar::hidden()
     } else {
@@ -225,7 +224,7 @@ async fn change(
         path: &path,
         filter: &filter_json,
         batch: bulk.batch,
-        up_to: dry["up_to"].clone(),
+        up_to: dry.up_to,
     };
     let cursor = bulk.cursor.clone().map(Value::from).unwrap_or(Value::Null);
     let (examined, changed, skipped) = batches.run(api, cursor, &bar).await?;
@@ -247,15 +246,18 @@ async fn change_rows(api: &Api, json_out: bool, change: Change, ids: Vec<String>
     let verb = change.verb();
     let mut worst = exit::OK;
     for id in ids {
-        match api
-            .post(&format!("/v1/admin/outbox/{id}/{verb}"), &Value::Null)
-            .await
-        {
-            Ok(done) if json_out => println!("{done}"),
-            Ok(done) => match change {
-                Change::Replay => println!("{id}: replayed as {}", cell(&done["id"])),
-                Change::Cancel => println!("{id}: cancelled"),
-            },
+        let path = format!("/v1/admin/outbox/{id}/{verb}");
+        let done = match change {
+            Change::Replay => api.post::<Replayed>(&path, &Value::Null).await.map(|r| {
+                let text = format!("{id}: replayed as {}", r.id);
+                (cell(&r), text)
+            }),
+            Change::Cancel => (api.post::<Cancelled>(&path, &Value::Null).await)
+                .map(|c| (cell(&c), format!("{id}: cancelled"))),
+        };
+        match done {
+            Ok((json, _)) if json_out => println!("{json}"),
+            Ok((_, text)) => println!("{text}"),
             Err(e) => {
                 eprintln!("{id}: {e}");
                 worst = worst.max(e.exit_code());
@@ -281,24 +283,25 @@ fn filter_body(filter: &Filter) -> serde_json::Map<String, Value> {
 }
 
 /// A dry run's counts and sample, as a table.
-fn print_dry_run(dry: &Value, change: Change, asked_for_dry_run: bool) {
-    let total = dry["would_change"].as_u64().unwrap_or(0);
+fn print_dry_run(dry: &BulkReport, change: Change, asked_for_dry_run: bool) {
+    let total = dry.would_change.unwrap_or(0);
     println!(
         "{} rows match; {total} would be {}{}",
-        cell(&dry["matched"]),
+        cell(&dry.matched),
         change.done(),
         if total > 0 { ", for example:" } else { "" }
     );
-    let rows: Vec<Vec<String>> = dry["sample"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or(&[])
+    let rows: Vec<Vec<String>> = dry
+        .sample
         .iter()
         .map(|r| {
-            ["id", "status", "reason", "item_code", "http_status"]
-                .iter()
-                .map(|field| cell(&r[*field]))
-                .collect()
+            vec![
+                cell(&r.id),
+                cell(&r.status),
+                cell(&r.reason),
+                cell(&r.item_code),
+                cell(&r.http_status),
+            ]
         })
         .collect();
     if !rows.is_empty() {
@@ -314,7 +317,7 @@ struct Batches<'a> {
     path: &'a str,
     filter: &'a serde_json::Map<String, Value>,
     batch: u32,
-    up_to: Value,
+    up_to: Uuid,
 }
 
 type Skipped = std::collections::BTreeMap<String, u64>;
@@ -332,7 +335,7 @@ impl Batches<'_> {
         let mut skipped = Skipped::new();
         loop {
             let body = json!({"filter": self.filter, "batch": self.batch, "cursor": cursor, "up_to": self.up_to});
-            let report = match api.post(self.path, &body).await {
+            let report: BulkReport = match api.post(self.path, &body).await {
                 Ok(r) => r,
                 Err(e) => {
                     bar.abandon();
@@ -344,16 +347,15 @@ impl Batches<'_> {
                     return Err(e);
                 }
             };
-            examined += report["examined"].as_u64().unwrap_or(0);
-            let done = report["changed"].as_u64().unwrap_or(0);
-            changed += done;
-            bar.inc(done);
-            for (why, n) in report["skipped"].as_object().into_iter().flatten() {
-                *skipped.entry(why.clone()).or_default() += n.as_u64().unwrap_or(0);
+            examined += report.examined;
+            changed += report.changed;
+            bar.inc(report.changed);
+            for (why, n) in report.skipped {
+                *skipped.entry(why).or_default() += n;
             }
-            match &report["next_cursor"] {
-                Value::Null => break,
-                next => cursor = next.clone(),
+            match report.next_cursor {
+                None => break,
+                Some(next) => cursor = Value::from(next.to_string()),
             }
         }
         Ok((examined, changed, skipped))

@@ -1,9 +1,14 @@
 //! Human output: aligned columns, and JSON values as short text.
 
+use serde::Serialize;
 use serde_json::Value;
 
-/// A JSON value as a table cell: strings bare, null as `—`.
-pub fn cell(v: &Value) -> String {
+/// An answer's field as a table cell, shown as its JSON: strings and times bare, none as `—`.
+pub fn cell<T: Serialize + ?Sized>(v: &T) -> String {
+    text(&serde_json::to_value(v).unwrap_or(Value::Null))
+}
+
+fn text(v: &Value) -> String {
     match v {
         Value::Null => "—".to_owned(),
         Value::String(s) => s.clone(),
@@ -47,10 +52,11 @@ pub fn print(headers: &[&str], rows: &[Vec<String>]) {
     }
 }
 
-/// Prints `key: value` lines for the named fields of `v`.
-pub fn fields(v: &Value, names: &[&str]) {
+/// Prints `key: value` lines for the named fields of answer `v`.
+pub fn fields<T: Serialize>(v: &T, names: &[&str]) {
+    let v = serde_json::to_value(v).unwrap_or(Value::Null);
     let width = names.iter().map(|n| n.len()).max().unwrap_or(0) + 1;
     for n in names {
-        println!("{:<width$} {}", format!("{n}:"), cell(&v[*n]));
+        println!("{:<width$} {}", format!("{n}:"), text(&v[*n]));
     }
 }

@@ -1,0 +1,50 @@
+//! Devices and watches as operators inspect them.
+
+use crate::triggers::TriggerSpec;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use tidings_domain::Channel;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+/// A push subscription as operators see it (no keys).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SubscriptionView {
+    pub id: Uuid,
+    pub push_host: Option<String>,
+    pub active: bool,
+    pub created_at: DateTime<Utc>,
+    pub deactivated_at: Option<DateTime<Utc>>,
+    pub deactivation_reason: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DeviceView {
+    pub id: Uuid,
+    pub time_zone: String,
+    pub created_at: DateTime<Utc>,
+    pub removed_at: Option<DateTime<Utc>>,
+    /// Set while an operator has the device paused.
+    pub paused_at: Option<DateTime<Utc>>,
+    pub watch_count: i32,
+    /// Newest first.
+    pub subscriptions: Vec<SubscriptionView>,
+    /// Its outbox rows by status.
+    pub outbox: BTreeMap<String, i64>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct WatchView {
+    pub id: Uuid,
+    pub device_id: Uuid,
+    pub item_code: String,
+    pub triggers: Vec<TriggerSpec>,
+    pub channel: Channel,
+    pub paused: bool,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub removed_at: Option<DateTime<Utc>>,
+    /// Its outbox rows by status.
+    pub outbox: BTreeMap<String, i64>,
+}
