@@ -12,7 +12,7 @@ use crate::AppState;
 use crate::auth::Operator;
 use crate::extract::{JsonBody, resource_id};
 use crate::history::status_filter;
-use crate::problem::{ApiError, BulkRejected, Problem, Unauthorized};
+use crate::problem::{ApiError, BodyRejected, BulkRejected, Problem, Unauthorized};
 use axum::Json;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
@@ -258,6 +258,7 @@ async fn replay_rows(
     security(("admin_token" = [])),
     responses(
         (status = 200, description = "One batch replayed (or, with `dry_run`, counted and sampled). Only failed or dropped rows that are not themselves replays and were not replayed before are replayed, once each; each replay is re-checked like any notification.", body = BulkReport),
+        BodyRejected,
         BulkRejected,
         Unauthorized,
     )
@@ -277,6 +278,7 @@ pub async fn bulk_replay(
     security(("admin_token" = [])),
     responses(
         (status = 200, description = "One batch cancelled (or, with `dry_run`, counted and sampled). Only pending and retrying rows are cancelled: they end `dropped` with reason `cancelled`.", body = BulkReport),
+        BodyRejected,
         BulkRejected,
         Unauthorized,
     )

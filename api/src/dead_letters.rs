@@ -6,7 +6,7 @@
 use crate::AppState;
 use crate::auth::Operator;
 use crate::extract::{ApiQuery, JsonBody};
-use crate::problem::{ApiError, BulkRejected, Problem, Unauthorized};
+use crate::problem::{ApiError, BodyRejected, BulkRejected, Problem, Unauthorized};
 use axum::Json;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
@@ -331,6 +331,7 @@ async fn bulk(
     security(("admin_token" = [])),
     responses(
         (status = 200, description = "One batch redriven (or, with `dry_run`, counted): each message goes back to its original subject with a new message id and a `Tidings-Redriven-From` header, then leaves the dead-letter stream. Push requests are not redriven (the lease sweeper retries their rows).", body = DeadLetterReport),
+        BodyRejected,
         BulkRejected,
         Unauthorized,
         (status = 503, description = "The api has no NATS connection, or NATS did not answer", body = Problem, content_type = "application/problem+json"),
@@ -351,6 +352,7 @@ pub async fn redrive_dead_letters(
     security(("admin_token" = [])),
     responses(
         (status = 200, description = "One batch deleted from the dead-letter stream (or, with `dry_run`, counted)", body = DeadLetterReport),
+        BodyRejected,
         BulkRejected,
         Unauthorized,
         (status = 503, description = "The api has no NATS connection, or NATS did not answer", body = Problem, content_type = "application/problem+json"),

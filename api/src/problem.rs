@@ -32,28 +32,17 @@ pub enum BodyRejected {
     WrongType(Problem),
 }
 
-/// The answers of an operator's bulk operation (replay, cancel, redrive, purge) to a body it
-/// cannot take.
+/// What an operator's bulk operation (replay, cancel, redrive, purge) answers besides
+/// [`BodyRejected`] to a body it cannot take: a route lists both, this one second, so its 400
+/// (which includes a body that is not JSON) replaces the generic one.
 #[derive(IntoResponses)]
 pub enum BulkRejected {
     #[response(
         status = 400,
-        description = "Bad filter value or batch size",
+        description = "Body is not JSON, or a bad filter value or batch size",
         content_type = "application/problem+json"
     )]
     BadFilter(Problem),
-    #[response(
-        status = 413,
-        description = "Body too large",
-        content_type = "application/problem+json"
-    )]
-    TooLarge(Problem),
-    #[response(
-        status = 415,
-        description = "Body is not application/json",
-        content_type = "application/problem+json"
-    )]
-    WrongType(Problem),
     #[response(
         status = 422,
         description = "A body of the wrong shape (an unknown field, a wrong type)",

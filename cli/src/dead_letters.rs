@@ -44,22 +44,16 @@ async fn ls(api: &Api, json_out: bool, filter: &DlqFilter, limit: usize) -> Resu
         println!("{}", cell(&items));
         return Ok(exit::OK);
     }
-    let rows: Vec<Vec<String>> = items
-        .iter()
-        .map(|d| {
-            vec![
-                cell(&d.sequence),
-                cell(&d.from),
-                cell(&d.at),
-                cell(&d.redrives),
-                cell(&d.msg_id),
-                cell(&d.reason),
-            ]
-        })
-        .collect();
-    table::print(
-        &["sequence", "from", "at", "redrives", "msg id", "reason"],
-        &rows,
+    table::list(
+        &items,
+        &[
+            ("sequence", "/sequence"),
+            ("from", "/from"),
+            ("at", "/at"),
+            ("redrives", "/redrives"),
+            ("msg id", "/msg_id"),
+            ("reason", "/reason"),
+        ],
     );
     Ok(exit::OK)
 }

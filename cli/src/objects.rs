@@ -101,19 +101,16 @@ fn show<T: Serialize>(
     table::fields(v, kind.fields());
     if let Some(subs) = subscriptions {
         println!("\nsubscriptions:");
-        let rows: Vec<Vec<String>> = subs
-            .iter()
-            .map(|s| {
-                vec![
-                    cell(&s.id),
-                    cell(&s.push_host),
-                    cell(&s.active),
-                    cell(&s.created_at),
-                    cell(&s.deactivation_reason),
-                ]
-            })
-            .collect();
-        table::print(&["id", "host", "active", "created", "deactivated"], &rows);
+        table::list(
+            subs,
+            &[
+                ("id", "/id"),
+                ("host", "/push_host"),
+                ("active", "/active"),
+                ("created", "/created_at"),
+                ("deactivated", "/deactivation_reason"),
+            ],
+        );
     }
     println!("\nnotifications:");
     let rows: Vec<Vec<String>> = outbox

@@ -33,52 +33,33 @@ async fn ls(api: &Api, json_out: bool, filter: &Filter, limit: usize) -> Result<
         println!("{}", cell(&items));
         return Ok(exit::OK);
     }
-    let rows: Vec<Vec<String>> = items
-        .iter()
-        .map(|r| {
-            let n = &r.notification;
-            vec![
-                cell(&n.id),
-                cell(&n.status),
-                cell(&n.reason),
-                cell(&n.item_code),
-                cell(&r.attempt),
-                cell(&r.http_status),
-                cell(&n.detected.at),
-            ]
-        })
-        .collect();
-    table::print(
+    table::list(
+        &items,
         &[
-            "id", "status", "reason", "item", "attempts", "http", "detected",
+            ("id", "/id"),
+            ("status", "/status"),
+            ("reason", "/reason"),
+            ("item", "/item_code"),
+            ("attempts", "/attempt"),
+            ("http", "/http_status"),
+            ("detected", "/detected/at"),
         ],
-        &rows,
     );
     Ok(exit::OK)
 }
 
 fn attempts_table(items: &[AttemptRecord]) {
-    let rows: Vec<Vec<String>> = items
-        .iter()
-        .map(|a| {
-            vec![
-                cell(&a.attempt),
-                cell(&a.started_at),
-                cell(&a.outcome),
-                cell(&a.http_status),
-                cell(&a.push_host),
-                a.duration_ms
-                    .map(|ms| format!("{ms} ms"))
-                    .unwrap_or_else(|| "—".into()),
-                cell(&a.error),
-            ]
-        })
-        .collect();
-    table::print(
+    table::list(
+        items,
         &[
-            "attempt", "started", "outcome", "http", "host", "took", "error",
+            ("attempt", "/attempt"),
+            ("started", "/started_at"),
+            ("outcome", "/outcome"),
+            ("http", "/http_status"),
+            ("host", "/push_host"),
+            ("ms", "/duration_ms"),
+            ("error", "/error"),
         ],
-        &rows,
     );
 }
 
@@ -136,12 +117,12 @@ async fn stats(api: &Api, json_out: bool) -> Result<u8, CliError> {
         println!("{}", cell(&s));
         return Ok(exit::OK);
     }
-    let rows: Vec<Vec<String>> = s
-        .states
-        .iter()
-        .map(|r| vec![cell(&r.status), cell(&r.reason), cell(&r.count)])
-        .collect();
-    table::print(&["status", "reason", "rows"], &rows);
+    let columns = [
+        ("status", "/status"),
+        ("reason", "/reason"),
+        ("rows", "/count"),
+    ];
+    table::list(&s.states, &columns);
     println!(
         "\ndue now: {} (the oldest waiting {:.0} s)",
         s.due, s.oldest_due_age_seconds
@@ -291,21 +272,17 @@ fn print_dry_run(dry: &BulkReport, change: Change, asked_for_dry_run: bool) {
         change.done(),
         if total > 0 { ", for example:" } else { "" }
     );
-    let rows: Vec<Vec<String>> = dry
-        .sample
-        .iter()
-        .map(|r| {
-            vec![
-                cell(&r.id),
-                cell(&r.status),
-                cell(&r.reason),
-                cell(&r.item_code),
-                cell(&r.http_status),
-            ]
-        })
-        .collect();
-    if !rows.is_empty() {
-        table::print(&["id", "status", "reason", "item", "http"], &rows);
+    if !dry.sample.is_empty() {
+        table::list(
+            &dry.sample,
+            &[
+                ("id", "/id"),
+                ("status", "/status"),
+                ("reason", "/reason"),
+                ("item", "/item_code"),
+                ("http", "/http_status"),
+            ],
+        );
     }
     if !asked_for_dry_run {
         println!("run again with --yes to {} them", change.verb());

@@ -52,6 +52,23 @@ pub fn print(headers: &[&str], rows: &[Vec<String>]) {
     }
 }
 
+/// Prints `items` (answers of one type) under `columns`: each a header and the JSON Pointer of
+/// its value in an item (`/detected/at`).
+pub fn list<T: Serialize>(items: &[T], columns: &[(&str, &str)]) {
+    let headers: Vec<&str> = columns.iter().map(|(h, _)| *h).collect();
+    let rows: Vec<Vec<String>> = items
+        .iter()
+        .map(|item| {
+            let v = serde_json::to_value(item).unwrap_or(Value::Null);
+            columns
+                .iter()
+                .map(|(_, at)| text(v.pointer(at).unwrap_or(&Value::Null)))
+                .collect()
+        })
+        .collect();
+    print(&headers, &rows);
+}
+
 /// Prints `key: value` lines for the named fields of answer `v`.
 pub fn fields<T: Serialize>(v: &T, names: &[&str]) {
     let v = serde_json::to_value(v).unwrap_or(Value::Null);

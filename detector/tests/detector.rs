@@ -662,7 +662,7 @@ async fn scans_wait_while_the_enqueue_backlog_is_deep_and_then_find_what_changed
     }
     let rows = s.rows(w.watch).await;
     assert_eq!(rows.len(), 1, "found after the hold, once");
-    assert_eq!(rows[0].detected_price, 1100);
+    assert_eq!(rows[0].notification.detected_price, 1100);
     stop.cancel();
     run.await.unwrap();
     let _ = ingesting.await.unwrap();

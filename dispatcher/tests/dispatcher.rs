@@ -17,6 +17,7 @@ use tidings_domain::messages::{
     EnqueueRequest, EnqueueRequests, Outcome, PushRequest, PushResult, decode_enqueues,
     decode_requests, encode,
 };
+use tidings_domain::outbox::Status;
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
 use tidings_tests::api::{ADMIN_TOKEN, ApiServer, test_settings};
@@ -88,9 +89,13 @@ async fn a_price_still_below_at_send_is_sent_with_the_refetched_price() {
     assert!(push.deadline > Utc::now());
 
     let row = s.row(push.outbox_id).await;
-    assert_eq!(row.status, "sending");
-    assert_eq!(row.detected_price, 1100, "what we detected");
-    assert_eq!(row.sent_value.unwrap()["price"], 1050, "what we said");
+    assert_eq!(row.notification.status, Status::Sending);
+    assert_eq!(row.notification.detected_price, 1100, "what we detected");
+    assert_eq!(
+        row.notification.sent_value.unwrap()["price"],
+        1050,
+        "what we said"
+    );
     s.cleanup().await;
 }
 
@@ -105,10 +110,16 @@ async fn a_price_that_reverted_before_send_is_dropped_and_nothing_is_published()
     assert_eq!((stats.published, stats.dropped), (0, 1));
 
     let rows = s.rows(w.watch).await;
-    assert_eq!(rows[0].status, "dropped");
-    assert_eq!(rows[0].reason.as_deref(), Some("condition_lost"));
-    assert_eq!(rows[0].detected_price, 1100);
-    assert_eq!(rows[0].checked.as_ref().unwrap()["price"], 1300);
+    assert_eq!(rows[0].notification.status, Status::Dropped);
+    assert_eq!(
+        rows[0].notification.reason.map(|r| r.as_str()),
+        Some("condition_lost")
+    );
+    assert_eq!(rows[0].notification.detected_price, 1100);
+    assert_eq!(
+        rows[0].notification.checked.as_ref().unwrap()["price"],
+        1300
+    );
     assert_eq!(s.stream_len(StreamKind::Push).await, 0);
     let baselines = s.db.count("SELECT count(*) FROM baselines").await;
     assert_eq!(baselines, 0, "a dropped row never moves the baseline");
@@ -127,7 +138,10 @@ async fn a_rate_limited_source_is_retried_with_backoff_then_failed_at_the_cap() 
     let before = Utc::now();
     assert_eq!(d.dispatch_once().await.unwrap().retried, 1);
     let row = &s.rows(w.watch).await[0];
-    assert_eq!((row.status.as_str(), row.retry_count), ("retry", 1));
+    assert_eq!(
+        (row.notification.status, row.retry_count),
+        (Status::Retry, 1)
+    );
     assert!(row.last_error.as_deref().unwrap().contains("rate_limited"));
     let wait = (row.next_attempt_at - before).num_milliseconds();
     assert!(
@@ -152,8 +166,11 @@ async fn a_rate_limited_source_is_retried_with_backoff_then_failed_at_the_cap() 
     s.make_due().await;
     assert_eq!(d.dispatch_once().await.unwrap().failed, 1);
     let row = &s.rows(w.watch).await[0];
-    assert_eq!(row.status, "failed");
-    assert_eq!(row.reason.as_deref(), Some("retries_exhausted"));
+    assert_eq!(row.notification.status, Status::Failed);
+    assert_eq!(
+        row.notification.reason.map(|r| r.as_str()),
+        Some("retries_exhausted")
+    );
     assert_eq!(s.stream_len(StreamKind::Push).await, 0);
     s.cleanup().await;
 }
@@ -172,7 +189,7 @@ async fn a_source_that_hangs_is_a_timeout_and_a_retry() {
         "bounded by the source timeout"
     );
     let row = &s.rows(w.watch).await[0];
-    assert_eq!(row.status, "retry");
+    assert_eq!(row.notification.status, Status::Retry);
     assert!(row.last_error.as_deref().unwrap().contains("unavailable"));
     s.cleanup().await;
 }
@@ -187,7 +204,10 @@ async fn an_item_that_no_longer_exists_is_dropped_not_found() {
     assert_eq!(s.dispatcher().dispatch_once().await.unwrap().dropped, 1);
     let row = &s.rows(w.watch).await[0];
     assert_eq!(
-        (row.status.as_str(), row.reason.as_deref()),
+        (
+            row.notification.status.as_str(),
+            row.notification.reason.map(|r| r.as_str())
+        ),
         ("dropped", Some("not_found"))
     );
     s.cleanup().await;
@@ -230,7 +250,13 @@ async fn pre_guards_drop_paused_and_removed_watches_and_inactive_subscriptions()
         (&removed, "watch_removed"),
         (&unsubscribed, "subscription_inactive"),
     ] {
-        assert_eq!(s.rows(w.watch).await[0].reason.as_deref(), Some(reason));
+        assert_eq!(
+            s.rows(w.watch).await[0]
+                .notification
+                .reason
+                .map(|r| r.as_str()),
+            Some(reason)
+        );
     }
     assert_eq!(
         s.catalog.requests(),
@@ -263,12 +289,15 @@ async fn a_paused_device_is_withheld_at_the_recheck_until_resumed() {
     assert_eq!((dispatched.dropped, dispatched.published), (1, 1));
     let row = &s.rows(w.watch).await[0];
     assert_eq!(
-        (row.status.as_str(), row.reason.as_deref()),
+        (
+            row.notification.status.as_str(),
+            row.notification.reason.map(|r| r.as_str())
+        ),
         ("dropped", Some("device_paused"))
     );
     assert_eq!(
-        s.rows(other.watch).await[0].status,
-        "sending",
+        s.rows(other.watch).await[0].notification.status,
+        Status::Sending,
         "another device is not paused"
     );
 
@@ -283,7 +312,7 @@ async fn a_paused_device_is_withheld_at_the_recheck_until_resumed() {
     assert_eq!(s.dispatcher().dispatch_once().await.unwrap().published, 1);
     let rows = s.rows(w.watch).await;
     assert_eq!(rows.len(), 2);
-    assert_eq!(rows[1].status, "sending");
+    assert_eq!(rows[1].notification.status, Status::Sending);
     api.stop().await;
     s.cleanup().await;
 }
@@ -320,7 +349,10 @@ async fn results_are_applied_once_and_move_the_baseline_only_on_sent() {
     );
 
     let row = s.row(push.outbox_id).await;
-    assert_eq!((row.status.as_str(), row.http_status), ("sent", Some(201)));
+    assert_eq!(
+        (row.notification.status, row.http_status),
+        (Status::Sent, Some(201))
+    );
     assert_eq!(
         s.attempts(push.outbox_id).await,
         [(1, "delivered".to_owned(), Some(201))],
@@ -342,7 +374,10 @@ async fn results_are_applied_once_and_move_the_baseline_only_on_sent() {
     s.publish_result(&s.result(&push, Outcome::Transient, Some(500)))
         .await;
     assert_eq!(results.run_once(WAIT).await.unwrap().applied, 0);
-    assert_eq!(s.row(push.outbox_id).await.status, "sent");
+    assert_eq!(
+        s.row(push.outbox_id).await.notification.status,
+        Status::Sent
+    );
     // The attempt is on the row, which it ended: the repeated results wrote no record of their
     // own, and the record is still the delivery.
     assert_eq!(
@@ -400,7 +435,7 @@ async fn results_batched_in_one_message_are_applied_and_a_bad_batch_is_dead_lett
         "{stats:?}"
     );
     for p in &pushes {
-        assert_eq!(s.row(p.outbox_id).await.status, "sent");
+        assert_eq!(s.row(p.outbox_id).await.notification.status, Status::Sent);
     }
     for w in &watchers {
         assert_eq!(s.baseline_price(w.watch).await, Some(1100));
@@ -423,7 +458,10 @@ async fn a_gone_subscription_drops_the_row_and_deactivates_the_subscription() {
     assert_eq!(s.results().await.run_once(WAIT).await.unwrap().applied, 1);
     let row = s.row(push.outbox_id).await;
     assert_eq!(
-        (row.status.as_str(), row.reason.as_deref()),
+        (
+            row.notification.status.as_str(),
+            row.notification.reason.map(|r| r.as_str())
+        ),
         ("dropped", Some("subscription_gone"))
     );
     let active: bool =
@@ -450,9 +488,9 @@ async fn a_gone_result_that_may_follow_a_delivery_marks_the_row() {
     let row = s.row(push.outbox_id).await;
     assert_eq!(
         (
-            row.status.as_str(),
-            row.reason.as_deref(),
-            row.maybe_delivered
+            row.notification.status.as_str(),
+            row.notification.reason.map(|r| r.as_str()),
+            row.notification.maybe_delivered
         ),
         ("dropped", Some("subscription_gone"), true)
     );
@@ -471,7 +509,10 @@ async fn a_429_with_retry_after_is_not_retried_sooner() {
     s.publish_result(&throttled).await;
     assert_eq!(s.results().await.run_once(WAIT).await.unwrap().applied, 1);
     let row = s.row(push.outbox_id).await;
-    assert_eq!((row.status.as_str(), row.retry_count), ("retry", 1));
+    assert_eq!(
+        (row.notification.status, row.retry_count),
+        (Status::Retry, 1)
+    );
     assert!(row.next_attempt_at >= before + ChronoDuration::seconds(120));
     assert!(row.next_attempt_at <= Utc::now() + ChronoDuration::seconds(121));
 
@@ -875,10 +916,10 @@ async fn a_late_delivered_result_ends_an_expired_row_sent_and_it_is_not_pushed_a
     tokio::time::sleep(s.settings.sending_lease + Duration::from_millis(100)).await;
     assert_eq!(s.sweep().await.expired, 1);
     let row = s.row(push.outbox_id).await;
-    assert_eq!(row.status, "retry");
+    assert_eq!(row.notification.status, Status::Retry);
     assert!(row.last_error.unwrap().starts_with("lease_expired"));
     assert!(
-        row.maybe_delivered,
+        row.notification.maybe_delivered,
         "nobody knows whether attempt 1 arrived"
     );
     assert_eq!(
@@ -892,7 +933,7 @@ async fn a_late_delivered_result_ends_an_expired_row_sent_and_it_is_not_pushed_a
         .await;
     assert_eq!(s.results().await.run_once(WAIT).await.unwrap().applied, 1);
     let row = s.row(push.outbox_id).await;
-    assert_eq!((row.status.as_str(), row.attempt), ("sent", 1));
+    assert_eq!((row.notification.status, row.attempt), (Status::Sent, 1));
     assert_eq!(
         s.attempts(push.outbox_id).await,
         [(1, "delivered".to_owned(), Some(201))],
@@ -927,7 +968,10 @@ async fn a_late_transient_result_changes_nothing_and_a_stale_attempt_is_ignored(
         .await;
     assert_eq!(s.results().await.run_once(WAIT).await.unwrap().applied, 0);
     let row = s.row(first.outbox_id).await;
-    assert_eq!((row.status.as_str(), row.retry_count), ("retry", 1));
+    assert_eq!(
+        (row.notification.status, row.retry_count),
+        (Status::Retry, 1)
+    );
 
     // Attempt 2 starts; attempt 1's delivered result now comes too late to count.
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -938,7 +982,10 @@ async fn a_late_transient_result_changes_nothing_and_a_stale_attempt_is_ignored(
     s.publish_result(&s.result(&first, Outcome::Delivered, Some(201)))
         .await;
     assert_eq!(s.results().await.run_once(WAIT).await.unwrap().applied, 0);
-    assert_eq!(s.row(first.outbox_id).await.status, "sending");
+    assert_eq!(
+        s.row(first.outbox_id).await.notification.status,
+        Status::Sending
+    );
     // Attempt 1 is on record with its first real result; attempt 2 has none yet.
     assert_eq!(
         s.attempts(first.outbox_id).await,
@@ -969,8 +1016,8 @@ async fn an_expired_lease_whose_delivery_is_on_record_ends_sent_without_its_resu
     let stats = s.sweep().await;
     assert_eq!((stats.delivered, stats.expired), (1, 0));
     let row = s.row(push.outbox_id).await;
-    assert_eq!(row.status, "sent");
-    assert!(!row.maybe_delivered);
+    assert_eq!(row.notification.status, Status::Sent);
+    assert!(!row.notification.maybe_delivered);
     assert_eq!(
         row.push_message_id.as_deref(),
         Some("https://push.example/m/1")
@@ -993,15 +1040,15 @@ async fn an_unconfirmed_publish_leaves_the_row_sending_until_its_outcome_is_know
     assert_eq!((stats.published, stats.unconfirmed), (0, 1));
     let row = &s.rows(w.watch).await[0];
     assert_eq!(
-        (row.status.as_str(), row.attempt),
-        ("sending", 1),
+        (row.notification.status, row.attempt),
+        (Status::Sending, 1),
         "not taken back: the request may be out there"
     );
 
     // It was delivered after all: once the lease runs out, the delivery log says so.
     s.delivery_log()
         .record(
-            row.id,
+            row.notification.id,
             &Delivery {
                 attempt: 1,
                 message_id: None,
@@ -1013,7 +1060,10 @@ async fn an_unconfirmed_publish_leaves_the_row_sending_until_its_outcome_is_know
     assert_eq!(s.dispatcher().dispatch_once().await.unwrap().claimed, 0);
     tokio::time::sleep(s.settings.sending_lease + Duration::from_millis(100)).await;
     assert_eq!(s.sweep().await.delivered, 1);
-    assert_eq!(s.row(row.id).await.status, "sent");
+    assert_eq!(
+        s.row(row.notification.id).await.notification.status,
+        Status::Sent
+    );
     assert_eq!(s.baseline_price(w.watch).await, Some(1100));
     s.cleanup().await;
 }
@@ -1040,7 +1090,10 @@ async fn a_sweeper_that_cannot_ask_the_delivery_log_leaves_the_row_sending() {
         .await
         .unwrap();
     assert_eq!((stats.deferred, stats.moved()), (1, 0));
-    assert_eq!(s.row(push.outbox_id).await.status, "sending");
+    assert_eq!(
+        s.row(push.outbox_id).await.notification.status,
+        Status::Sending
+    );
     // What TidingsSendingPastLease watches.
     let overdue = || {
         tidings_dispatcher::metrics::metrics()
@@ -1053,8 +1106,8 @@ async fn a_sweeper_that_cannot_ask_the_delivery_log_leaves_the_row_sending() {
     // Once the log answers (nothing on record), the row is retried, marked maybe delivered.
     assert_eq!(s.sweep().await.expired, 1);
     let row = s.row(push.outbox_id).await;
-    assert_eq!(row.status, "retry");
-    assert!(row.maybe_delivered);
+    assert_eq!(row.notification.status, Status::Retry);
+    assert!(row.notification.maybe_delivered);
     backlog::measure(&s.db.pool).await.unwrap();
     assert_eq!(overdue(), 0.0);
     s.cleanup().await;
@@ -1263,8 +1316,8 @@ async fn with_push_batches_a_claims_requests_go_batch_by_batch_and_every_row_is_
     for w in &watchers {
         let of_watch = s.rows(w.watch).await;
         assert_eq!(of_watch.len(), 1);
-        assert_eq!(of_watch[0].status, "sending");
-        rows.insert(of_watch[0].id);
+        assert_eq!(of_watch[0].notification.status, Status::Sending);
+        rows.insert(of_watch[0].notification.id);
     }
     let requested: HashSet<_> = pushes.iter().map(|p| p.outbox_id).collect();
     assert_eq!(requested, rows, "one request per row");
@@ -1277,7 +1330,7 @@ async fn with_push_batches_a_claims_requests_go_batch_by_batch_and_every_row_is_
     s.publish_results(&results).await;
     assert_eq!(s.results().await.run_once(WAIT).await.unwrap().applied, 3);
     for p in &pushes {
-        assert_eq!(s.row(p.outbox_id).await.status, "sent");
+        assert_eq!(s.row(p.outbox_id).await.notification.status, Status::Sent);
     }
     s.cleanup().await;
 }

@@ -5,7 +5,6 @@
 use async_nats::jetstream::{self, consumer::PullConsumer, consumer::pull};
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
-use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
 use tidings_bus::consume::Handler as _;
@@ -25,6 +24,7 @@ use tidings_domain::subjects::{StreamKind, Subjects};
 use tidings_domain::trigger::Trigger;
 use tidings_domain::{Channel, OutboxId, WatchId};
 use tidings_source::HttpSource;
+use tidings_store::history;
 
 use crate::fake_catalog::FakeCatalog;
 use crate::fixtures::{self, Device};
@@ -72,24 +72,9 @@ impl Watcher {
     }
 }
 
-/// An outbox row as tests look at it.
-#[derive(Debug, sqlx::FromRow)]
-pub struct OutboxRow {
-    pub id: OutboxId,
-    pub status: String,
-    pub reason: Option<String>,
-    pub attempt: i32,
-    pub retry_count: i32,
-    pub next_attempt_at: DateTime<Utc>,
-    pub last_error: Option<String>,
-    pub detected_price: i64,
-    pub checked: Option<Value>,
-    pub sent_value: Option<Value>,
-    pub payload: Option<Value>,
-    pub http_status: Option<i32>,
-    pub push_message_id: Option<String>,
-    pub maybe_delivered: bool,
-}
+/// An outbox row as tests look at it: the store's own reading, typed (its notification, and
+/// its delivery record).
+pub type OutboxRow = tidings_store::history::Delivery;
 
 impl Scenario {
     /// Settings suited to tests: short timeouts and leases, so recovery paths run in seconds.
@@ -442,28 +427,24 @@ impl Scenario {
             .expect("result ack");
     }
 
+    /// Watch `watch`'s rows, oldest first.
     pub async fn rows(&self, watch: WatchId) -> Vec<OutboxRow> {
-        sqlx::query_as(
-            "SELECT id, status, reason, attempt, retry_count, next_attempt_at, last_error, detected_price,
-                    checked, sent_value, payload, http_status, push_message_id, maybe_delivered
-             FROM outbox WHERE watch_id = $1 ORDER BY created_at",
-        )
-        .bind(watch)
-        .fetch_all(&self.db.pool)
-        .await
-        .expect("outbox rows")
+        let filter = history::Filter {
+            watch_id: Some(watch),
+            ..history::Filter::default()
+        };
+        let mut rows = history::deliveries(&self.db.pool, &filter, None, 100_000)
+            .await
+            .expect("outbox rows");
+        rows.reverse();
+        rows
     }
 
     pub async fn row(&self, id: OutboxId) -> OutboxRow {
-        sqlx::query_as(
-            "SELECT id, status, reason, attempt, retry_count, next_attempt_at, last_error, detected_price,
-                    checked, sent_value, payload, http_status, push_message_id, maybe_delivered
-             FROM outbox WHERE id = $1",
-        )
-        .bind(id)
-        .fetch_one(&self.db.pool)
-        .await
-        .expect("outbox row")
+        history::delivery(&self.db.pool, id)
+            .await
+            .expect("outbox row")
+            .expect("the row exists")
     }
 
     /// The row's recorded attempts: (attempt, outcome, HTTP status), first to last.

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+use tidings_domain::outbox::Status;
 
 pub const SERVICES: [&str; 4] = ["api", "dispatcher", "pusher", "detector"];
 pub const ADMIN_TOKEN: &str = "end-to-end-operator-token-0123456789abcdef";
@@ -275,6 +276,25 @@ impl Pipeline {
     /// `http://127.0.0.1:<port>`: the api, or a worker's ops endpoint.
     pub fn url(&self, name: &str) -> String {
         format!("http://127.0.0.1:{}", self.ports[name])
+    }
+
+    /// Waits (at most `limit_secs`) until at least `n` outbox rows are in any of `states`; on
+    /// time-out, fails with the dispatcher's log.
+    pub async fn wait_for_rows(&self, s: &Scenario, states: &[Status], n: i64, limit_secs: u64) {
+        let started = Instant::now();
+        loop {
+            let now = s.db.rows_in(states).await;
+            if now >= n {
+                return;
+            }
+            poll_wait(started, limit_secs, || {
+                format!(
+                    "{now} of {n} rows in {states:?}:\n{}",
+                    self.log("dispatcher")
+                )
+            })
+            .await;
+        }
     }
 
     pub fn log(&self, name: &str) -> String {

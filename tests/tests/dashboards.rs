@@ -8,6 +8,7 @@ use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::Instant;
+use tidings_domain::outbox::Status;
 use tidings_domain::trigger::Trigger;
 use tidings_tests::fake_push::FakePushService;
 use tidings_tests::harness::{poll_wait, tool};
@@ -457,8 +458,8 @@ async fn trace_panels_exemplars_and_log_links_lead_to_what_the_services_send() {
     let started = Instant::now();
     let got = loop {
         let got = spans.lock().unwrap().clone();
-        let sent = s.rows(w.watch).await.first().map(|r| r.status.clone());
-        if sent.as_deref() == Some("sent") && got.iter().any(|sp| sp["name"] == "result") {
+        let sent = s.rows(w.watch).await.first().map(|r| r.notification.status);
+        if sent == Some(Status::Sent) && got.iter().any(|sp| sp["name"] == "result") {
             break got;
         }
         poll_wait(started, 30, || p.log("dispatcher")).await;

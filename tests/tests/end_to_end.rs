@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use tidings_bus::permissions::{Service, server_config};
 use tidings_domain::Channel;
 use tidings_domain::messages::Subscription;
+use tidings_domain::outbox::Status;
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
 use tidings_tests::brokers::PrivateNats;
@@ -939,7 +940,7 @@ async fn a_retried_notification_is_one_trace_with_a_failed_push_then_a_delivered
     assert_eq!(attr(&pushes[0], "outcome").as_deref(), Some("transient"));
     let rows = s.rows(w.watch).await;
     assert_eq!(rows.len(), 1);
-    assert_eq!(rows[0].status, "sent");
+    assert_eq!(rows[0].notification.status, Status::Sent);
     p.stop().await;
     s.cleanup().await;
 }
@@ -981,7 +982,7 @@ async fn a_catalog_error_at_recheck_is_an_error_fetch_span() {
     let message = fetch["status"]["message"].as_str().unwrap_or("");
     assert!(message.starts_with("unavailable"), "{fetch}");
     let row = s.rows(w.watch).await.into_iter().next().expect("the row");
-    assert_eq!(row.status, "retry", "{row:?}");
+    assert_eq!(row.notification.status, Status::Retry, "{row:?}");
     p.stop().await;
     s.cleanup().await;
 }
@@ -1049,7 +1050,13 @@ async fn a_failed_outbox_write_is_an_error_span_and_the_redelivery_carries_on() 
     assert_eq!(recheck["parentSpanId"], ingested["spanId"], "{recheck}");
     assert_ne!(recheck["status"]["code"], 2, "{recheck}");
     let started = Instant::now();
-    while s.rows(w.watch).await.first().map(|r| r.status.as_str()) != Some("sent") {
+    while s
+        .rows(w.watch)
+        .await
+        .first()
+        .map(|r| r.notification.status.as_str())
+        != Some("sent")
+    {
         poll_wait(started, 30, || p.log("dispatcher")).await;
     }
     p.stop().await;
@@ -1085,10 +1092,13 @@ async fn a_withheld_notification_and_its_replay_are_linked_traces() {
     let withheld = loop {
         let found = s.rows(w.watch).await.into_iter().next();
         if let Some(row) = &found
-            && row.status == "dropped"
+            && row.notification.status == Status::Dropped
         {
-            assert_eq!(row.reason.as_deref(), Some("condition_lost"));
-            break row.id.0;
+            assert_eq!(
+                row.notification.reason.map(|r| r.as_str()),
+                Some("condition_lost")
+            );
+            break row.notification.id.0;
         }
         poll_wait(started, 20, || {
             format!("row {found:?}\n{}", p.log("dispatcher"))
@@ -1182,18 +1192,7 @@ async fn sigterm_during_a_burst_loses_nothing_and_delivers_nothing_twice() {
     s.catalog.set_price("SKU-1", 1000);
 
     // Mid-burst: some sent, not all.
-    let started = Instant::now();
-    while s
-        .db
-        .count("SELECT count(*) FROM outbox WHERE status = 'sent'")
-        .await
-        < 50
-    {
-        poll_wait(started, 60, || {
-            format!("nothing sent:\n{}", p.log("dispatcher"))
-        })
-        .await;
-    }
+    p.wait_for_rows(&s, &[Status::Sent], 50, 60).await;
     for name in ["detector", "dispatcher", "pusher"] {
         let status = p.terminate(name, Duration::from_secs(20)).await;
         assert!(
@@ -1202,9 +1201,7 @@ async fn sigterm_during_a_burst_loses_nothing_and_delivers_nothing_twice() {
             p.log(name)
         );
     }
-    let sent_at_stop =
-        s.db.count("SELECT count(*) FROM outbox WHERE status = 'sent'")
-            .await;
+    let sent_at_stop = s.db.rows_in(&[Status::Sent]).await;
     eprintln!("sent when stopped: {sent_at_stop} of {N}");
     assert!(
         sent_at_stop < N as i64,
@@ -1217,29 +1214,14 @@ async fn sigterm_during_a_burst_loses_nothing_and_delivers_nothing_twice() {
     for name in ["detector", "dispatcher", "pusher"] {
         p.wait_ready(name).await;
     }
-    let started = Instant::now();
-    loop {
-        let terminal =
-            s.db.count("SELECT count(*) FROM outbox WHERE status IN ('sent', 'dropped', 'failed')")
-                .await;
-        if terminal == N as i64 {
-            break;
-        }
-        poll_wait(started, 120, || {
-            format!("{terminal} of {N} terminal:\n{}", p.log("dispatcher"))
-        })
-        .await;
-    }
+    let terminal = [Status::Sent, Status::Dropped, Status::Failed];
+    p.wait_for_rows(&s, &terminal, N as i64, 120).await;
     assert_eq!(
         s.db.count("SELECT count(*) FROM outbox").await,
         N as i64,
         "one row per watch"
     );
-    assert_eq!(
-        s.db.count("SELECT count(*) FROM outbox WHERE status = 'sent'")
-            .await,
-        N as i64
-    );
+    assert_eq!(s.db.rows_in(&[Status::Sent]).await, N as i64);
     let received = push.received();
     let topics: HashSet<Option<String>> = received.iter().map(|r| r.topic.clone()).collect();
     assert_eq!(

@@ -7,6 +7,7 @@
 
 use serde_json::Value;
 use std::time::Instant;
+use tidings_domain::outbox::Status;
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
 use tidings_tests::fake_push::FakePushService;
@@ -247,14 +248,7 @@ async fn a_dead_letter_redriven_after_its_cause_is_fixed_is_delivered() {
     assert_eq!(done.code, 0, "{done:?}");
     assert_eq!(done.json()["done"], 1, "{done:?}");
     let started = Instant::now();
-    while s
-        .rows(w.watch)
-        .await
-        .first()
-        .map(|r| r.status.clone())
-        .as_deref()
-        != Some("sent")
-    {
+    while s.rows(w.watch).await.first().map(|r| r.notification.status) != Some(Status::Sent) {
         poll_wait(started, 20, || {
             format!("not sent: {:?}", p.log("dispatcher"))
         })

@@ -10,6 +10,7 @@ use tidings_bus::consume::Handler as _;
 use tidings_bus::streams::ensure_streams;
 use tidings_dispatcher::results;
 use tidings_domain::messages::{Outcome, PushRequest, decode_results};
+use tidings_domain::outbox::Status;
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
 use tidings_pusher::worker::{Handled, Pusher};
@@ -113,9 +114,9 @@ async fn results_a_frozen_dispatcher_holds_past_the_lease_change_nothing_the_use
         let rows = s.rows(w.watch).await;
         assert_eq!(rows.len(), 1);
         let row = &rows[0];
-        assert_eq!((row.status.as_str(), row.attempt), ("sent", 1));
+        assert_eq!((row.notification.status, row.attempt), (Status::Sent, 1));
         assert!(row.push_message_id.is_some());
-        assert_eq!(row.sent_value.as_ref().unwrap()["price"], 1100);
+        assert_eq!(row.notification.sent_value.as_ref().unwrap()["price"], 1100);
         assert_eq!(s.baseline_price(w.watch).await, Some(1100));
     }
     s.cleanup().await;
@@ -138,8 +139,8 @@ async fn a_push_accepted_after_the_timeout_then_withheld_is_recorded_as_maybe_de
     assert_eq!(push.received_by(&sub).len(), 1, "the user got it");
     assert_eq!(s.results().await.run_once(WAIT).await.unwrap().applied, 1);
     let row = &s.rows(w.watch).await[0];
-    assert_eq!(row.status, "retry");
-    assert!(row.maybe_delivered);
+    assert_eq!(row.notification.status, Status::Retry);
+    assert!(row.notification.maybe_delivered);
 
     // Before the retry the price goes back up: the retry is withheld, and the record says the
     // first attempt may have arrived.
@@ -149,10 +150,16 @@ async fn a_push_accepted_after_the_timeout_then_withheld_is_recorded_as_maybe_de
     assert_eq!(s.dispatcher().dispatch_once().await.unwrap().dropped, 1);
     let row = &s.rows(w.watch).await[0];
     assert_eq!(
-        (row.status.as_str(), row.reason.as_deref()),
+        (
+            row.notification.status.as_str(),
+            row.notification.reason.map(|r| r.as_str())
+        ),
         ("dropped", Some("condition_lost"))
     );
-    assert!(row.maybe_delivered, "history shows may have been delivered");
+    assert!(
+        row.notification.maybe_delivered,
+        "history shows may have been delivered"
+    );
     s.cleanup().await;
 }
 

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tidings_domain::OutboxId;
 use tidings_domain::messages::topic_for;
+use tidings_domain::outbox::Status;
 use tidings_domain::subjects::StreamKind;
 use tidings_tests::fake_push::{Answer, FakePushService};
 use tidings_tests::fixtures;
@@ -82,18 +83,7 @@ async fn postgres_restored_to_a_dump_taken_mid_burst_strands_nothing_and_repeats
     push.answer_next(&sub, &vec![Answer::Created; (n / 10) as usize]);
     s.catalog.set_price("SKU-1", 1000);
 
-    let started = Instant::now();
-    while s
-        .db
-        .count("SELECT count(*) FROM outbox WHERE status = 'sent'")
-        .await
-        < n / 10
-    {
-        poll_wait(started, 60, || {
-            format!("nothing sent:\n{}", p.log("dispatcher"))
-        })
-        .await;
-    }
+    p.wait_for_rows(&s, &[Status::Sent], n / 10, 60).await;
     let dump = std::env::temp_dir().join(format!("tidings-restore-{}.dump", s.db.name));
     let url = libpq(&s.db.url);
     run("pg_dump", &["-Fc", "-f", dump.to_str().unwrap(), &url]);

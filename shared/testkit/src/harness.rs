@@ -257,6 +257,17 @@ impl TestDb {
         Self::create(true).await
     }
 
+    /// Outbox rows in any of `states`, read through the store's typed counts.
+    pub async fn rows_in(&self, states: &[tidings_domain::outbox::Status]) -> i64 {
+        tidings_store::history::by_state_and_reason(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("counting outbox rows: {e}"))
+            .into_iter()
+            .filter(|(status, _, _)| states.contains(status))
+            .map(|(_, _, n)| n)
+            .sum()
+    }
+
     /// A database with nothing in it, as before the migration Job has run.
     pub async fn empty() -> Result<Self, HarnessError> {
         Self::create(false).await
