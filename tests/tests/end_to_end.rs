@@ -10,8 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tidings_bus::permissions::{Service, server_config};
 use tidings_domain::Channel;
+use tidings_domain::WatchId;
 use tidings_domain::messages::Subscription;
-use tidings_domain::outbox::Status;
+use tidings_domain::outbox::{DropReason, Reason, Status};
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
 use tidings_tests::brokers::PrivateNats;
@@ -77,25 +78,62 @@ fn sample(m: &HashMap<String, f64>, key: &str) -> f64 {
     m.get(key).copied().unwrap_or(0.0)
 }
 
+type Scrapes = HashMap<&'static str, HashMap<String, f64>>;
+
+/// Every service's metrics, parsed.
+async fn scrape_all(p: &Pipeline) -> Scrapes {
+    let mut m = HashMap::new();
+    for name in SERVICES {
+        m.insert(name, parse_metrics(&metrics(p, name).await));
+    }
+    m
+}
+
 #[tokio::test]
 async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
     let s = Scenario::new().await;
     let push = FakePushService::start().await.unwrap();
     let push_admin = serve(push.admin_router()).await;
     let p = Pipeline::start(&s, &[]).await;
-    let before: HashMap<&str, HashMap<String, f64>> = {
-        let mut m = HashMap::new();
-        for name in SERVICES {
-            m.insert(name, parse_metrics(&metrics(&p, name).await));
-        }
-        m
-    };
+    let before = scrape_all(&p).await;
+    series_at_start(&before);
+
+    let report = demo::run(
+        Endpoints {
+            api: p.url("api"),
+            operators: p.ops_url("api"),
+            catalog_admin: format!("http://{}/admin/items", s.catalog.addr),
+            push_admin: format!("{push_admin}/admin/push"),
+            admin_token: ADMIN_TOKEN.into(),
+        },
+        |line| eprintln!("{line}"),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\ndispatcher:\n{}", p.log("dispatcher")));
+
+    each_service_logged_in_as_its_own_user(&s).await;
+    rows_ended_as_the_story_says(&s, &report).await;
+    attempts_as_the_operator_api_and_the_cli_show_them(&p, &report);
+    history_shows_the_attempts_without_internals(&report);
+    assert_eq!(
+        s.db.count("SELECT count(*) FROM baselines").await,
+        2,
+        "A and C moved their baselines; B did not"
+    );
+    pushes_as_the_push_service_decrypted_them(&push);
+    metrics_moved_as_the_scenario_ran(&before, &scrape_all(&p).await);
+
+    p.stop().await;
+    s.cleanup().await;
+}
+
+/// Each service is ready, and the series that alerts take the `increase()` of exist at 0 from
+/// the start on the services that feed them; a service exports only the families it feeds.
+fn series_at_start(before: &Scrapes) {
     // A ready service says so to a scrape too (the TidingsNotReady alert reads it).
     for name in SERVICES {
         assert_eq!(before[name].get("tidings_ready{}"), Some(&1.0), "{name}");
     }
-    // Series that alerts take the increase() of exist at 0 from the start, on the services that
-    // feed them; a service exports only the families it feeds.
     for (name, series) in [
         (
             "dispatcher",
@@ -163,21 +201,10 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
             "{name} exports {prefix}"
         );
     }
+}
 
-    let report = demo::run(
-        Endpoints {
-            api: p.url("api"),
-            operators: p.ops_url("api"),
-            catalog_admin: format!("http://{}/admin/items", s.catalog.addr),
-            push_admin: format!("{push_admin}/admin/push"),
-            admin_token: ADMIN_TOKEN.into(),
-        },
-        |line| eprintln!("{line}"),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\ndispatcher:\n{}", p.log("dispatcher")));
-
-    // Every service did its part logged in as its own user (docs/security.md), not the owner.
+/// Every service did its part logged in as its own user (docs/security.md), not the owner.
+async fn each_service_logged_in_as_its_own_user(s: &Scenario) {
     let users: Vec<String> = sqlx::query_scalar(
         "SELECT DISTINCT usename::text FROM pg_stat_activity
           WHERE datname = current_database() AND pid <> pg_backend_pid() AND usename <> current_user
@@ -189,51 +216,52 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
     let mut logins: Vec<&str> = DB_LOGINS.iter().map(|(_, login, _)| *login).collect();
     logins.sort_unstable();
     assert_eq!(users, logins, "the users connected to the test's database");
+}
 
-    // From the database.
-    let watch = |code: &str| {
-        report
-            .watches
-            .iter()
-            .find(|(c, _)| c == code)
-            .map(|(_, w)| w.parse::<uuid::Uuid>().unwrap())
-            .unwrap()
+/// A sent at once; B withheld because the re-check saw the price recover; C sent after a 429
+/// and a 500.
+async fn rows_ended_as_the_story_says(s: &Scenario, report: &demo::Report) {
+    let rows = |code: &str| {
+        let (_, w) = report.watches.iter().find(|(c, _)| c == code).unwrap();
+        s.rows(WatchId(w.parse().unwrap()))
     };
-    let row = |code: &str| {
-        let w = watch(code);
-        let pool = s.db.pool.clone();
-        async move {
-            sqlx::query_as::<_, (String, Option<String>, i32, i32, Option<Value>)>(
-                "SELECT status, reason, attempt, retry_count, checked FROM outbox WHERE watch_id = $1",
-            )
-            .bind(w)
-            .fetch_all(&pool)
-            .await
-            .unwrap()
-        }
-    };
-    let a = row("SKU-A").await;
+    let a = rows("SKU-A").await;
     assert_eq!(a.len(), 1);
-    assert_eq!((a[0].0.as_str(), a[0].2, a[0].3), ("sent", 1, 0));
-    let b = row("SKU-B").await;
+    assert_eq!(
+        (a[0].notification.status, a[0].attempt, a[0].retry_count),
+        (Status::Sent, 1, 0)
+    );
+    let b = rows("SKU-B").await;
     assert_eq!(b.len(), 1);
     assert_eq!(
-        (b[0].0.as_str(), b[0].1.as_deref(), b[0].2),
-        ("dropped", Some("condition_lost"), 0)
+        (
+            b[0].notification.status,
+            b[0].notification.reason,
+            b[0].attempt
+        ),
+        (
+            Status::Dropped,
+            Some(Reason::Dropped(DropReason::ConditionLost)),
+            0
+        )
     );
     assert_eq!(
-        b[0].4.as_ref().unwrap()["price"],
+        b[0].notification.checked.as_ref().unwrap()["price"],
         1500,
         "the re-check saw the recovery"
     );
-    let c = row("SKU-C").await;
+    let c = rows("SKU-C").await;
     assert_eq!(c.len(), 1);
     assert_eq!(
-        (c[0].0.as_str(), c[0].2, c[0].3),
-        ("sent", 3, 2),
+        (c[0].notification.status, c[0].attempt, c[0].retry_count),
+        (Status::Sent, 3, 2),
         "a 429, a 500, then sent"
     );
-    // Its three attempts, as the operator api reports them.
+}
+
+/// C's three attempts, as the operator api reports them, and the same from the CLI, for
+/// scripts and for people.
+fn attempts_as_the_operator_api_and_the_cli_show_them(p: &Pipeline, report: &demo::Report) {
     let attempts: Vec<(i64, &str, Option<i64>)> = report
         .attempts
         .iter()
@@ -245,14 +273,14 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
             )
         })
         .collect();
-    assert_eq!(
-        attempts,
-        [
-            (1, "transient", Some(429)),
-            (2, "transient", Some(500)),
-            (3, "delivered", Some(201))
-        ]
-    );
+    let expected = [
+        (1, "transient", 429),
+        (2, "transient", 500),
+        (3, "delivered", 201),
+    ];
+    let expected_api: Vec<(i64, &str, Option<i64>)> =
+        expected.iter().map(|&(n, o, h)| (n, o, Some(h))).collect();
+    assert_eq!(attempts, expected_api);
     let c_row = &report
         .outbox
         .iter()
@@ -265,13 +293,10 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
             a["started_at"].is_string() && a["duration_ms"].is_i64(),
             "{a}"
         );
-        assert_eq!(
-            a["trace_id"].as_str(),
-            c_row["traceparent"]
-                .as_str()
-                .and_then(|t| t.split('-').nth(1)),
-            "{a}"
-        );
+        let trace_id = c_row["traceparent"]
+            .as_str()
+            .and_then(|t| t.split('-').nth(1));
+        assert_eq!(a["trace_id"].as_str(), trace_id, "{a}");
     }
     assert!(
         report.attempts[0]["error"]
@@ -283,8 +308,17 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
         report.attempts[2]["push_message_id"], c_row["push_message_id"],
         "the delivering attempt names the push service's message"
     );
-    // The same three from the CLI, for scripts and for people.
-    let c_id = c_row["id"].as_str().unwrap();
+    cli_shows_the_same(p, report, c_row["id"].as_str().unwrap(), expected);
+}
+
+/// C's attempts and rows from the CLI: the same JSON as the api, a table for people, the rows a
+/// push host served, and one row in full.
+fn cli_shows_the_same(
+    p: &Pipeline,
+    report: &demo::Report,
+    c_id: &str,
+    expected: [(i64, &str, i64); 3],
+) {
     let ops = p.ops_url("api");
     let from_cli = cli(&ops, ADMIN_TOKEN, &["attempts", c_id, "--json"]);
     assert_eq!(from_cli.code, 0, "{from_cli:?}");
@@ -292,11 +326,7 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
     let table = cli(&ops, ADMIN_TOKEN, &["attempts", c_id]);
     let lines: Vec<&str> = table.stdout.lines().collect();
     assert_eq!(lines.len(), 4, "a header and three attempts: {table:?}");
-    for (line, (n, outcome, http)) in lines[1..].iter().zip([
-        (1, "transient", 429),
-        (2, "transient", 500),
-        (3, "delivered", 201),
-    ]) {
+    for (line, (n, outcome, http)) in lines[1..].iter().zip(expected) {
         let cells: Vec<&str> = line.split_whitespace().collect();
         assert_eq!(
             (cells[0], cells[2], cells[3]),
@@ -321,7 +351,10 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
     assert_eq!(items, ["SKU-A", "SKU-C"], "{by_host:?}");
     let shown = cli(&ops, ADMIN_TOKEN, &["outbox", "show", c_id]);
     assert!(shown.stdout.contains("status:          sent"), "{shown:?}");
-    // The device's own history has the same three, without the internals.
+}
+
+/// The device's own history has C's three attempts, without the internals.
+fn history_shows_the_attempts_without_internals(report: &demo::Report) {
     let c_history = report
         .history
         .iter()
@@ -344,10 +377,10 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
         summary,
         [(1, "transient"), (2, "transient"), (3, "delivered")]
     );
-    let baselines = s.db.count("SELECT count(*) FROM baselines").await;
-    assert_eq!(baselines, 2, "A and C moved their baselines; B did not");
+}
 
-    // From what the push service decrypted.
+/// What the push service decrypted: A's and C's notifications, after C's 429 and 500.
+fn pushes_as_the_push_service_decrypted_them(push: &FakePushService) {
     let bodies: Vec<Value> = push.received().iter().map(|r| r.json()).collect();
     let titles: Vec<&str> = bodies.iter().filter_map(|b| b["title"].as_str()).collect();
     assert_eq!(
@@ -360,69 +393,55 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
     );
     assert!(push.rejected().is_empty(), "{:?}", push.rejected());
     assert_eq!(push.hits(), 4, "A, C's 429 and 500, C");
+}
 
-    // The metrics moved as the scenario ran.
-    let after: HashMap<&str, HashMap<String, f64>> = {
-        let mut m = HashMap::new();
-        for name in SERVICES {
-            m.insert(name, parse_metrics(&metrics(&p, name).await));
-        }
-        m
-    };
+fn metrics_moved_as_the_scenario_ran(before: &Scrapes, after: &Scrapes) {
     let moved = |svc: &str, key: &str| sample(&after[svc], key) - sample(&before[svc], key);
-    assert_eq!(
-        moved(
+    let push = |outcome: &str, class: &str| {
+        format!(
+            r#"tidings_push_requests_total{{host="127.0.0.1",outcome="{outcome}",status_class="{class}"}}"#
+        )
+    };
+    for (svc, key, n) in [
+        (
             "dispatcher",
-            r#"tidings_outbox_transitions_total{reason="",to="sent"}"#
+            r#"tidings_outbox_transitions_total{reason="",to="sent"}"#.to_owned(),
+            2.0,
         ),
-        2.0
-    );
-    assert_eq!(
-        moved(
+        (
             "dispatcher",
-            r#"tidings_outbox_transitions_total{reason="condition_lost",to="dropped"}"#
+            r#"tidings_outbox_transitions_total{reason="condition_lost",to="dropped"}"#.to_owned(),
+            1.0,
         ),
-        1.0
-    );
-    assert_eq!(
-        moved(
+        (
             "dispatcher",
-            r#"tidings_outbox_transitions_total{reason="",to="retry"}"#
+            r#"tidings_outbox_transitions_total{reason="",to="retry"}"#.to_owned(),
+            2.0,
         ),
-        2.0
-    );
-    assert_eq!(
-        moved("dispatcher", r#"tidings_ingested_total{result="new"}"#),
-        3.0
-    );
-    assert_eq!(
-        moved(
+        (
             "dispatcher",
-            "tidings_detection_to_delivery_seconds_count{}"
+            r#"tidings_ingested_total{result="new"}"#.to_owned(),
+            3.0,
         ),
-        2.0
-    );
-    assert_eq!(
-        moved(
-            "pusher",
-            r#"tidings_push_requests_total{host="127.0.0.1",outcome="delivered",status_class="2xx"}"#
+        (
+            "dispatcher",
+            "tidings_detection_to_delivery_seconds_count{}".to_owned(),
+            2.0,
         ),
-        2.0
-    );
-    assert_eq!(
-        moved(
-            "pusher",
-            r#"tidings_push_requests_total{host="127.0.0.1",outcome="transient",status_class="4xx"}"#
+        ("pusher", push("delivered", "2xx"), 2.0),
+        ("pusher", push("transient", "4xx"), 1.0),
+        ("pusher", push("transient", "5xx"), 1.0),
+        (
+            "api",
+            r#"tidings_http_requests_total{method="POST",route="/v1/watches",status="201"}"#
+                .to_owned(),
+            3.0,
         ),
-        1.0
-    );
-    assert_eq!(
-        moved(
-            "pusher",
-            r#"tidings_push_requests_total{host="127.0.0.1",outcome="transient",status_class="5xx"}"#
-        ),
-        1.0
-    );
+        // The three creates went through the create queue, each counted in one statement.
+        ("api", "tidings_api_create_batch_size_sum{}".to_owned(), 3.0),
+    ] {
+        assert_eq!(moved(svc, &key), n, "{svc}: {key}");
+    }
     assert!(moved("detector", "tidings_detector_scans_total{}") >= 1.0);
     // The demo's three watches are held in the detector's watchlist and were evaluated.
     assert_eq!(
@@ -436,19 +455,6 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
             r#"tidings_detections_total{result="published"}"#
         ) >= 3.0
     );
-    assert!(
-        moved(
-            "api",
-            r#"tidings_http_requests_total{method="POST",route="/v1/watches",status="201"}"#
-        ) == 3.0,
-        "{:?}",
-        after["api"]
-            .keys()
-            .filter(|k| k.contains("http_requests"))
-            .collect::<Vec<_>>()
-    );
-    // The three creates went through the create queue, each counted in one statement.
-    assert_eq!(moved("api", "tidings_api_create_batch_size_sum{}"), 3.0);
     // Every service with a pool timed its acquires (the dispatcher's loops take many).
     for svc in ["api", "dispatcher", "detector"] {
         assert!(
@@ -457,9 +463,6 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
         );
     }
     assert!(!after["pusher"].contains_key("tidings_db_pool_acquire_seconds_count{}"));
-
-    p.stop().await;
-    s.cleanup().await;
 }
 
 /// Without `OTEL_EXPORTER_OTLP_PROTOCOL` a service exports protobuf, as documented, under the
