@@ -34,7 +34,6 @@ pub struct Notification {
     /// What it means for the device: `in_progress`, `delivered`, `withheld`, `not_delivered`, or
     /// `may_have_been_delivered` (no confirmed delivery, but an attempt timed out after it was
     /// sent, so the notification may have arrived).
-    #[schema(value_type = String)]
     pub delivery: Delivery,
     pub detected: Detected,
     /// The value seen by the re-check right before sending (recorded when it withheld the row).

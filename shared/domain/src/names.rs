@@ -12,11 +12,14 @@ pub struct UnknownName {
 }
 
 /// Declares an enum of names: `enum Status("outbox status") { Pending = "pending", … }`.
+// Each text is taken as a `tt`, not a `literal`: a `literal` fragment reaches the derives
+// wrapped in an invisible group, which serde reads but utoipa skips, so the OpenAPI schema showed
+// the variants' Rust names (a test on the api's document checks it).
 macro_rules! names {
     (
         $(#[$meta:meta])*
         $vis:vis enum $name:ident ($set:literal) {
-            $( $(#[$vmeta:meta])* $variant:ident = $text:literal ),+ $(,)?
+            $( $(#[$vmeta:meta])* $variant:ident = $text:tt ),+ $(,)?
         }
     ) => {
         $(#[$meta])*
