@@ -4,7 +4,7 @@
 use crate::AppState;
 use crate::auth::Operator;
 use crate::extract::resource_id;
-use crate::problem::{ApiError, Problem, Unauthorized};
+use crate::problem::{ApiError, NoSuchRow, Unauthorized};
 use axum::Json;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
@@ -42,7 +42,7 @@ fn record(r: Recorded, trace_id: Option<String>) -> AttemptRecord {
     responses(
         (status = 200, description = "The row's delivery attempts, first to last", body = AttemptList),
         Unauthorized,
-        (status = 404, description = "No such row", body = Problem, content_type = "application/problem+json"),
+        NoSuchRow,
     )
 )]
 pub async fn list_attempts(

@@ -12,7 +12,7 @@ use crate::AppState;
 use crate::auth::Operator;
 use crate::extract::{JsonBody, resource_id};
 use crate::history::status_filter;
-use crate::problem::{ApiError, BodyRejected, BulkRejected, Problem, Unauthorized};
+use crate::problem::{ApiError, BodyRejected, BulkRejected, NoSuchRow, Problem, Unauthorized};
 use axum::Json;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
@@ -299,7 +299,7 @@ pub async fn bulk_cancel(
     responses(
         (status = 200, description = "The row is now `dropped` with reason `cancelled`", body = Cancelled),
         Unauthorized,
-        (status = 404, description = "No such row", body = Problem, content_type = "application/problem+json"),
+        NoSuchRow,
         (status = 409, description = "The row is not pending or retrying (a push may be out, or it has ended)", body = Problem, content_type = "application/problem+json"),
     )
 )]

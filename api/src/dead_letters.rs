@@ -6,7 +6,9 @@
 use crate::AppState;
 use crate::auth::Operator;
 use crate::extract::{ApiQuery, JsonBody};
-use crate::problem::{ApiError, BodyRejected, BulkRejected, Problem, Unauthorized};
+use crate::problem::{
+    ApiError, BadListQuery, BodyRejected, BulkRejected, NatsUnavailable, Problem, Unauthorized,
+};
 use axum::Json;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
@@ -113,9 +115,9 @@ const EXAMINE: usize = 10_000;
     security(("admin_token" = [])),
     responses(
         (status = 200, description = "Dead letters, oldest first", body = DeadLetterList),
-        (status = 400, description = "Bad filter, cursor or limit", body = Problem, content_type = "application/problem+json"),
+        BadListQuery,
         Unauthorized,
-        (status = 503, description = "The api has no NATS connection, or NATS did not answer", body = Problem, content_type = "application/problem+json"),
+        NatsUnavailable,
     )
 )]
 pub async fn list_dead_letters(
@@ -151,7 +153,7 @@ pub async fn list_dead_letters(
         (status = 200, description = "The dead letter with its headers and payload", body = DeadLetterDetail),
         Unauthorized,
         (status = 404, description = "No such dead letter", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The api has no NATS connection, or NATS did not answer", body = Problem, content_type = "application/problem+json"),
+        NatsUnavailable,
     )
 )]
 pub async fn get_dead_letter(
@@ -334,7 +336,7 @@ async fn bulk(
         BodyRejected,
         BulkRejected,
         Unauthorized,
-        (status = 503, description = "The api has no NATS connection, or NATS did not answer", body = Problem, content_type = "application/problem+json"),
+        NatsUnavailable,
     )
 )]
 pub async fn redrive_dead_letters(
@@ -355,7 +357,7 @@ pub async fn redrive_dead_letters(
         BodyRejected,
         BulkRejected,
         Unauthorized,
-        (status = 503, description = "The api has no NATS connection, or NATS did not answer", body = Problem, content_type = "application/problem+json"),
+        NatsUnavailable,
     )
 )]
 pub async fn purge_dead_letters(

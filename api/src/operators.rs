@@ -7,7 +7,7 @@ use crate::auth::Operator;
 use crate::bulk::OutboxFilter;
 use crate::extract::{ApiQuery, cursor, limit, page, resource_id};
 use crate::history::with_attempts;
-use crate::problem::{ApiError, Problem, Unauthorized};
+use crate::problem::{ApiError, BadListQuery, NoSuchRow, Problem, Unauthorized};
 use axum::Json;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
@@ -92,7 +92,7 @@ fn outbox_row(r: history::Delivery) -> OutboxRow {
     security(("admin_token" = [])),
     responses(
         (status = 200, description = "Outbox rows, newest first", body = OutboxList),
-        (status = 400, description = "Bad filter, cursor or limit", body = Problem, content_type = "application/problem+json"),
+        BadListQuery,
         Unauthorized,
     )
 )]
@@ -126,7 +126,7 @@ pub async fn list_outbox(
     responses(
         (status = 200, description = "The row with its delivery record", body = OutboxRow),
         Unauthorized,
-        (status = 404, description = "No such row", body = Problem, content_type = "application/problem+json"),
+        NoSuchRow,
     )
 )]
 pub async fn get_outbox_row(
@@ -182,7 +182,7 @@ pub async fn outbox_stats(
     responses(
         (status = 201, description = "A new pending row linked to the old one; it goes through the re-check like any other", body = Replayed),
         Unauthorized,
-        (status = 404, description = "No such row", body = Problem, content_type = "application/problem+json"),
+        NoSuchRow,
         (status = 409, description = "The row is not failed or dropped, was already replayed, or is itself a replay", body = Problem, content_type = "application/problem+json"),
     )
 )]

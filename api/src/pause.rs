@@ -8,7 +8,7 @@
 use crate::AppState;
 use crate::auth::Operator;
 use crate::extract::resource_id;
-use crate::problem::{ApiError, Problem, Unauthorized};
+use crate::problem::{ApiError, NoSuchDevice, NoSuchWatch, Unauthorized};
 use crate::watches::TriggerSpec;
 use axum::Json;
 use axum::extract::rejection::PathRejection;
@@ -62,7 +62,7 @@ async fn device_view(app: &AppState, id: Uuid) -> Result<DeviceView, ApiError> {
     responses(
         (status = 200, description = "The device, its subscriptions and its notifications by status", body = DeviceView),
         Unauthorized,
-        (status = 404, description = "No such device", body = Problem, content_type = "application/problem+json"),
+        NoSuchDevice,
     )
 )]
 pub async fn admin_get_device(
@@ -97,7 +97,7 @@ async fn set_device_pause(
     responses(
         (status = 200, description = "Paused: its due notifications are withheld (`device_paused`) at the re-check until it is resumed", body = DeviceView),
         Unauthorized,
-        (status = 404, description = "No such device", body = Problem, content_type = "application/problem+json"),
+        NoSuchDevice,
     )
 )]
 pub async fn admin_pause_device(
@@ -116,7 +116,7 @@ pub async fn admin_pause_device(
     responses(
         (status = 200, description = "Resumed: its notifications are sent again", body = DeviceView),
         Unauthorized,
-        (status = 404, description = "No such device", body = Problem, content_type = "application/problem+json"),
+        NoSuchDevice,
     )
 )]
 pub async fn admin_resume_device(
@@ -157,7 +157,7 @@ async fn watch_view(app: &AppState, id: Uuid) -> Result<WatchView, ApiError> {
     responses(
         (status = 200, description = "The watch and its notifications by status", body = WatchView),
         Unauthorized,
-        (status = 404, description = "No such watch", body = Problem, content_type = "application/problem+json"),
+        NoSuchWatch,
     )
 )]
 pub async fn admin_get_watch(
@@ -191,7 +191,7 @@ async fn set_watch_pause(
     responses(
         (status = 200, description = "Paused: not scanned, and its due notifications are withheld (`watch_paused`)", body = WatchView),
         Unauthorized,
-        (status = 404, description = "No such watch", body = Problem, content_type = "application/problem+json"),
+        NoSuchWatch,
     )
 )]
 pub async fn admin_pause_watch(
@@ -210,7 +210,7 @@ pub async fn admin_pause_watch(
     responses(
         (status = 200, description = "Resumed", body = WatchView),
         Unauthorized,
-        (status = 404, description = "No such watch", body = Problem, content_type = "application/problem+json"),
+        NoSuchWatch,
     )
 )]
 pub async fn admin_resume_watch(

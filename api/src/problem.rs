@@ -51,15 +51,36 @@ pub enum BulkRejected {
     WrongShape(Problem),
 }
 
-/// A route's answer to a missing or wrong bearer token (which token, the route's `security`
-/// says: a device's or the operator's).
-#[derive(IntoResponses)]
-#[response(
-    status = 401,
-    description = "Missing or invalid token",
-    content_type = "application/problem+json"
-)]
-pub struct Unauthorized(pub Problem);
+/// Declares a route's answer that is a problem document, with its status and description, for
+/// routes to list by name. The status and text are `tt`s: utoipa skips a `literal` fragment
+/// (macro_rules wraps it in an invisible group).
+macro_rules! problem_answer {
+    ($(#[$meta:meta])* $name:ident, $status:tt, $description:tt) => {
+        $(#[$meta])*
+        #[derive(IntoResponses)]
+        #[response(
+            status = $status,
+            description = $description,
+            content_type = "application/problem+json"
+        )]
+        pub struct $name(pub Problem);
+    };
+}
+
+problem_answer!(
+    /// A route's answer to a missing or wrong bearer token (which token, the route's `security`
+    /// says: a device's or the operator's).
+    Unauthorized, 401, "Missing or invalid token"
+);
+problem_answer!(NoSuchRow, 404, "No such row");
+problem_answer!(NoSuchDevice, 404, "No such device");
+problem_answer!(NoSuchWatch, 404, "No such watch");
+problem_answer!(NoSuchDevicesWatch, 404, "No such watch for this device");
+problem_answer!(BadListQuery, 400, "Bad filter, cursor or limit");
+problem_answer!(
+    /// The dead-letter routes without NATS.
+    NatsUnavailable, 503, "The api has no NATS connection, or NATS did not answer"
+);
 
 /// Everything a handler can fail with.
 #[derive(Debug, thiserror::Error)]

@@ -7,7 +7,7 @@
 use crate::AppState;
 use crate::auth::{Device, DeviceToken};
 use crate::extract::{ApiQuery, ClientAddr, JsonBody, cursor, limit, page, resource_id, within};
-use crate::problem::{ApiError, BodyRejected, Problem, Unauthorized};
+use crate::problem::{ApiError, BodyRejected, NoSuchDevicesWatch, Problem, Unauthorized};
 use aws_lc_rs::digest::{SHA256, digest};
 use axum::Json;
 use axum::extract::rejection::PathRejection;
@@ -451,7 +451,7 @@ pub async fn list_watches(
     responses(
         (status = 200, description = "The watch", body = Watch),
         Unauthorized,
-        (status = 404, description = "No such watch for this device", body = Problem, content_type = "application/problem+json"),
+        NoSuchDevicesWatch,
     )
 )]
 pub async fn get_watch(
@@ -476,7 +476,7 @@ pub async fn get_watch(
         (status = 200, description = "The updated watch", body = Watch),
         BodyRejected,
         Unauthorized,
-        (status = 404, description = "No such watch for this device", body = Problem, content_type = "application/problem+json"),
+        NoSuchDevicesWatch,
         (status = 422, description = "Unknown or invalid field (only `paused` can change)", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -502,7 +502,7 @@ pub async fn update_watch(
     responses(
         (status = 204, description = "Watch removed; its pending notifications will be dropped"),
         Unauthorized,
-        (status = 404, description = "No such watch for this device", body = Problem, content_type = "application/problem+json"),
+        NoSuchDevicesWatch,
     )
 )]
 pub async fn delete_watch(
