@@ -9,7 +9,6 @@ use crate::AppState;
 use crate::auth::Operator;
 use crate::extract::resource_id;
 use crate::problem::{ApiError, NoSuchDevice, NoSuchWatch, Unauthorized};
-use crate::watches::TriggerSpec;
 use axum::Json;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
@@ -137,14 +136,8 @@ async fn watch_view(app: &AppState, id: Uuid) -> Result<WatchView, ApiError> {
         .await
         .map_err(db("counting a watch's notifications"))?;
     Ok(WatchView {
-        id: w.id.0,
+        watch: crate::watches::watch_of(w.watch),
         device_id: w.device_id.0,
-        item_code: w.item_code,
-        triggers: w.triggers.0.iter().map(TriggerSpec::from_trigger).collect(),
-        channel: w.channel,
-        paused: w.paused,
-        created_at: w.created_at,
-        updated_at: w.updated_at,
         removed_at: w.removed_at,
         outbox: by_state(outbox),
     })

@@ -14,11 +14,11 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use sqlx::PgConnection;
 use std::collections::HashSet;
 use std::time::Duration;
+pub use tidings_api_types::objects::{Watch, WatchList};
 pub use tidings_api_types::triggers::TriggerSpec;
 use tidings_domain::trigger::Trigger;
 use tidings_domain::{Channel, ItemCode, WatchId};
@@ -85,26 +85,6 @@ pub struct UpdateWatch {
     pub paused: bool,
 }
 
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct Watch {
-    pub id: Uuid,
-    pub item_code: String,
-    pub triggers: Vec<TriggerSpec>,
-    pub channel: Channel,
-    pub paused: bool,
-    /// The first price seen for the item: `price_drop`'s reference until a notification is sent.
-    pub reference_price: Option<i64>,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct WatchList {
-    pub items: Vec<Watch>,
-    /// Pass as `cursor` for the next page; absent on the last page.
-    pub next_cursor: Option<String>,
-}
-
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ListWatches {
@@ -116,18 +96,17 @@ pub struct ListWatches {
     pub limit: Option<u32>,
 }
 
-impl From<watches::Watch> for Watch {
-    fn from(r: watches::Watch) -> Self {
-        Watch {
-            id: r.id.0,
-            item_code: r.item_code,
-            triggers: r.triggers.0.iter().map(TriggerSpec::from_trigger).collect(),
-            channel: r.channel,
-            paused: r.paused,
-            reference_price: r.reference_price,
-            created_at: r.created_at,
-            updated_at: r.updated_at,
-        }
+/// Watch `r` as the api shows it.
+pub(crate) fn watch_of(r: watches::Watch) -> Watch {
+    Watch {
+        id: r.id.0,
+        item_code: r.item_code,
+        triggers: r.triggers.0.iter().map(TriggerSpec::from_trigger).collect(),
+        channel: r.channel,
+        paused: r.paused,
+        reference_price: r.reference_price,
+        created_at: r.created_at,
+        updated_at: r.updated_at,
     }
 }
 
@@ -188,7 +167,7 @@ async fn insert_watch(
         .map_err(db("creating a watch"))?;
     let row = row.ok_or_else(|| at_limit(max))?;
     tracing::info!(device_id = %device.id, watch_id = %id, item = new.item.as_str(), "watch created");
-    Ok(row.into())
+    Ok(watch_of(row))
 }
 
 fn at_limit(max: i32) -> ApiError {
@@ -440,7 +419,7 @@ pub async fn list_watches(
     let rows = watches::list(&app.pool, device.id, after.map(WatchId), limit + 1)
         .await
         .map_err(db("listing watches"))?;
-    let (items, next_cursor) = page(rows, limit, |r| r.id.0, Watch::from);
+    let (items, next_cursor) = page(rows, limit, |r| r.id.0, watch_of);
     Ok(Json(WatchList { items, next_cursor }))
 }
 
@@ -463,7 +442,7 @@ pub async fn get_watch(
     let row = watches::get(&app.pool, WatchId(id), device.id)
         .await
         .map_err(db("reading a watch"))?;
-    row.map(|r| Json(r.into()))
+    row.map(|r| Json(watch_of(r)))
         .ok_or(ApiError::NotFound("watch"))
 }
 
@@ -492,7 +471,7 @@ pub async fn update_watch(
         .map_err(db("updating a watch"))?;
     let row = row.ok_or(ApiError::NotFound("watch"))?;
     tracing::info!(device_id = %device.id, watch_id = %id, paused = row.paused, "watch updated");
-    Ok(Json(row.into()))
+    Ok(Json(watch_of(row)))
 }
 
 #[utoipa::path(

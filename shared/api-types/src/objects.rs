@@ -36,15 +36,30 @@ pub struct DeviceView {
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct WatchView {
-    pub id: Uuid,
+    #[serde(flatten)]
+    pub watch: Watch,
     pub device_id: Uuid,
+    pub removed_at: Option<DateTime<Utc>>,
+    /// Its outbox rows by status.
+    pub outbox: BTreeMap<String, i64>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Watch {
+    pub id: Uuid,
     pub item_code: String,
     pub triggers: Vec<TriggerSpec>,
     pub channel: Channel,
     pub paused: bool,
+    /// The first price seen for the item: `price_drop`'s reference until a notification is sent.
+    pub reference_price: Option<i64>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
-    pub removed_at: Option<DateTime<Utc>>,
-    /// Its outbox rows by status.
-    pub outbox: BTreeMap<String, i64>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct WatchList {
+    pub items: Vec<Watch>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    pub next_cursor: Option<String>,
 }

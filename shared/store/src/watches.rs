@@ -143,24 +143,17 @@ pub async fn is_removed(pool: &PgPool, id: WatchId, device: DeviceId) -> Result<
 /// A watch as operators see it, removed or not.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct Inspected {
-    pub id: WatchId,
+    #[sqlx(flatten)]
+    pub watch: Watch,
     pub device_id: DeviceId,
-    pub item_code: String,
-    pub triggers: Json<Vec<Trigger>>,
-    pub channel: Channel,
-    pub paused: bool,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
     pub removed_at: Option<DateTime<Utc>>,
 }
 
 /// Watch `id` as operators see it.
 pub async fn inspect(pool: &PgPool, id: WatchId) -> Result<Option<Inspected>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT id, device_id, item_code, triggers, channel, paused, created_at, updated_at,
-                removed_at
-         FROM watches WHERE id = $1",
-    )
+    sqlx::query_as(&format!(
+        "SELECT {WATCH_COLUMNS}, device_id, removed_at FROM watches WHERE id = $1"
+    ))
     .bind(id)
     .fetch_optional(pool)
     .await
