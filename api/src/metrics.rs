@@ -1,6 +1,5 @@
 //! The api's metric families: its requests, their latency, shared creates and abuse limits.
 
-use std::sync::LazyLock;
 use tidings_runtime::metrics::{
     Counter, Family, Histogram, HttpLabels, KindLabels, RouteLabels, TracedHist,
     exponential_buckets, fast_latency,
@@ -21,10 +20,4 @@ tidings_runtime::families! {
         rate_limited: Family<KindLabels, Counter> = Family::default()
             => "tidings_api_rate_limited", "API requests refused by an abuse limit (429), by limit";
     }
-}
-
-/// This process's [`ApiMetrics`], registered on first use.
-pub fn metrics() -> &'static ApiMetrics {
-    static METRICS: LazyLock<ApiMetrics> = LazyLock::new(ApiMetrics::registered);
-    &METRICS
 }

@@ -2,7 +2,6 @@
 
 use crate::Settings;
 use crate::scan::ScanStats;
-use std::sync::LazyLock;
 use std::time::Duration;
 use tidings_runtime::metrics::{
     Counter, Failure, Family, Gauge, Histogram, ResultLabels, ShardLabels, latency,
@@ -35,12 +34,6 @@ tidings_runtime::families! {
             => "tidings_detector_evaluated_watches",
             "Watches evaluated by scans (those whose item value, watch or baseline changed)";
     }
-}
-
-/// This process's [`DetectorMetrics`], registered on first use.
-pub fn metrics() -> &'static DetectorMetrics {
-    static METRICS: LazyLock<DetectorMetrics> = LazyLock::new(DetectorMetrics::registered);
-    &METRICS
 }
 
 /// At start: the shard count, and every series a scan moves at 0.

@@ -1,6 +1,5 @@
 //! The dispatcher's metric families: the outbox backlog, ingest, and detection to delivery.
 
-use std::sync::LazyLock;
 use tidings_runtime::metrics::{
     Counter, Family, Gauge, ResultLabels, StatusLabels, Traced, exponential_buckets,
 };
@@ -36,10 +35,4 @@ tidings_runtime::families! {
             => "tidings_detection_to_delivery_seconds",
             "Time from detection to the push service accepting the notification";
     }
-}
-
-/// This process's [`DispatcherMetrics`], registered on first use.
-pub fn metrics() -> &'static DispatcherMetrics {
-    static METRICS: LazyLock<DispatcherMetrics> = LazyLock::new(DispatcherMetrics::registered);
-    &METRICS
 }

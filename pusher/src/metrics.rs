@@ -1,6 +1,5 @@
 //! The pusher's metric families: its pushes and their latency.
 
-use std::sync::LazyLock;
 use tidings_domain::messages::PushResult;
 use tidings_runtime::metrics::{
     Counter, Failure, Family, PushLabels, StatusLabels, TracedHist, exemplar, fast_latency,
@@ -15,12 +14,6 @@ tidings_runtime::families! {
         push_duration: TracedHist<StatusLabels> = Family::new_with_constructor(fast_latency)
             => "tidings_push_duration_seconds", "Push request latency by HTTP status class";
     }
-}
-
-/// This process's [`PusherMetrics`], registered on first use.
-pub fn metrics() -> &'static PusherMetrics {
-    static METRICS: LazyLock<PusherMetrics> = LazyLock::new(PusherMetrics::registered);
-    &METRICS
 }
 
 /// At start: the latency by status class exists from the start; the request counts get their

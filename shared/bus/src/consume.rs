@@ -301,34 +301,25 @@ pub trait Carried: Sized {
     fn own_traceparent(&self) -> Option<&str>;
 }
 
-impl Carried for tidings_domain::messages::EnqueueRequest {
-    const STREAM: StreamKind = StreamKind::Enqueue;
-    fn decode_payload(bytes: &[u8]) -> Result<Vec<Self>, DecodeError> {
-        tidings_domain::messages::decode_enqueues(bytes)
-    }
-    fn own_traceparent(&self) -> Option<&str> {
-        self.traceparent.as_deref()
-    }
+/// `Carried` for a message type: its stream and its decoder (each carries its own trace field).
+macro_rules! carried {
+    ($($item:ident on $stream:ident by $decode:ident;)*) => {$(
+        impl Carried for tidings_domain::messages::$item {
+            const STREAM: StreamKind = StreamKind::$stream;
+            fn decode_payload(bytes: &[u8]) -> Result<Vec<Self>, DecodeError> {
+                tidings_domain::messages::$decode(bytes)
+            }
+            fn own_traceparent(&self) -> Option<&str> {
+                self.traceparent.as_deref()
+            }
+        }
+    )*};
 }
 
-impl Carried for tidings_domain::messages::PushRequest {
-    const STREAM: StreamKind = StreamKind::Push;
-    fn decode_payload(bytes: &[u8]) -> Result<Vec<Self>, DecodeError> {
-        tidings_domain::messages::decode_requests(bytes)
-    }
-    fn own_traceparent(&self) -> Option<&str> {
-        self.traceparent.as_deref()
-    }
-}
-
-impl Carried for tidings_domain::messages::PushResult {
-    const STREAM: StreamKind = StreamKind::Result;
-    fn decode_payload(bytes: &[u8]) -> Result<Vec<Self>, DecodeError> {
-        tidings_domain::messages::decode_results(bytes)
-    }
-    fn own_traceparent(&self) -> Option<&str> {
-        self.traceparent.as_deref()
-    }
+carried! {
+    EnqueueRequest on Enqueue by decode_enqueues;
+    PushRequest on Push by decode_requests;
+    PushResult on Result by decode_results;
 }
 
 /// A message decoded at the edge: the message itself (to ack or nak once its work is done) and

@@ -1,7 +1,6 @@
 //! The families the bus feeds: dead-lettered messages and delivery-log failures (exported by
 //! the services that consume: the dispatcher and the pusher).
 
-use std::sync::LazyLock;
 use tidings_runtime::metrics::{Counter, Family, KindLabels, OperationLabels};
 
 tidings_runtime::families! {
@@ -13,10 +12,4 @@ tidings_runtime::families! {
             "Delivery-log operations (record, lookup) that failed even after recreating the \
              bucket: while this moves, a redelivered push may be sent twice";
     }
-}
-
-/// This process's [`BusMetrics`], registered on first use.
-pub fn metrics() -> &'static BusMetrics {
-    static METRICS: LazyLock<BusMetrics> = LazyLock::new(BusMetrics::registered);
-    &METRICS
 }

@@ -193,9 +193,9 @@ pub fn exports(service: &str, family: &str) -> bool {
         .any(|(f, _, owners)| *f == family && owners.contains(&name))
 }
 
-/// Declares a crate's metric families: a struct of them whose `registered()` creates each and
-/// registers it ([`register`]) under its family name and help. A crate keeps the result in a
-/// static, so its families are registered once, by the crate that feeds them.
+/// Declares a crate's metric families: a struct of them, and `metrics()`, which creates each on
+/// first use and registers it ([`register`]) under its family name and help, so a crate's
+/// families are registered once, by the crate that feeds them.
 #[macro_export]
 macro_rules! families {
     (
@@ -212,13 +212,14 @@ macro_rules! families {
             $( $(#[$fmeta])* pub $field: $ty, )*
         }
 
-        impl $name {
-            /// Creates every family and registers it with the process's registry.
-            pub fn registered() -> Self {
+        /// This process's families, created and registered on first use.
+        $vis fn metrics() -> &'static $name {
+            static METRICS: ::std::sync::LazyLock<$name> = ::std::sync::LazyLock::new(|| {
                 let m = $name { $( $field: $init, )* };
                 $( $crate::metrics::register($family, $help, m.$field.clone()); )*
                 m
-            }
+            });
+            &METRICS
         }
     };
 }
@@ -296,7 +297,7 @@ families! {
             "1 while the service is ready (what /readyz answers), else 0; evaluated on every \
              scrape";
         /// 1, labelled with the build's version.
-        build_info: Family<VersionLabels, Gauge> = Family::default()
+        build_info: Family<VersionLabels, Gauge> = build_info()
             => "tidings_build_info", "1, labelled with the version of the running build";
         /// Messages in the dead-letter stream.
         dlq_messages: Gauge = Gauge::default()
@@ -482,18 +483,15 @@ pub fn on_scrape(hook: impl Fn() + Send + Sync + 'static) {
     }
 }
 
-/// This process's [`Metrics`], registered on first use.
-pub fn metrics() -> &'static Metrics {
-    static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
-        let m = Metrics::registered();
-        m.build_info
-            .get_or_create(&VersionLabels {
-                version: env!("CARGO_PKG_VERSION").to_owned(),
-            })
-            .set(1);
-        m
-    });
-    &METRICS
+/// `tidings_build_info`: one series, 1, labelled with this build's version.
+fn build_info() -> Family<VersionLabels, Gauge> {
+    let family = Family::<VersionLabels, Gauge>::default();
+    family
+        .get_or_create(&VersionLabels {
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+        })
+        .set(1);
+    family
 }
 
 /// "2xx", "4xx", "5xx"; "none" without an HTTP answer.

@@ -19,7 +19,6 @@ use chrono::Utc;
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::LazyLock;
 use std::time::Duration;
 use tidings_domain::duration::parse_duration;
 use tidings_domain::item::ItemCode;
@@ -67,12 +66,6 @@ tidings_runtime::families! {
         source_errors: Family<KindLabels, Counter> = Family::default()
             => "tidings_source_errors", "Source (catalog) errors by kind";
     }
-}
-
-/// This process's [`SourceMetrics`], registered on first use.
-pub fn metrics() -> &'static SourceMetrics {
-    static METRICS: LazyLock<SourceMetrics> = LazyLock::new(SourceMetrics::registered);
-    &METRICS
 }
 
 fn source_errors() -> &'static Family<KindLabels, Counter> {

@@ -9,7 +9,6 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde_json::Value;
 use sqlx::PgConnection;
 use std::collections::{HashMap, HashSet};
-use std::sync::LazyLock;
 use tidings_domain::messages::AttemptOutcome;
 use tidings_domain::outbox::{Reason, Row, Status, Transition};
 use tidings_domain::{OutboxId, SubscriptionId};
@@ -224,11 +223,6 @@ tidings_runtime::families! {
             => "tidings_outbox_transitions",
             "Outbox state changes by target state and reason (dropped = correctly withheld)";
     }
-}
-
-fn metrics() -> &'static TransitionMetrics {
-    static METRICS: LazyLock<TransitionMetrics> = LazyLock::new(TransitionMetrics::registered);
-    &METRICS
 }
 
 /// Counts `n` changes to `to` (with `reason`, if it records one).
