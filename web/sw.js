@@ -3,9 +3,10 @@
 // (not a module) so every browser with Web Push can run it; the page registers it with
 // tidings.js, which stores the device's token where this worker reads it (IndexedDB).
 //
-// The push payload is what the pusher encrypts: { title, body, tag, url?, icon?, data }. `tag`
-// is the notification's id, so a push delivered twice replaces the first notification
-// instead of showing a second.
+// The push payload is what the pusher encrypts: { id, title, body, tag, observed_at,
+// valid_until, url?, icon?, data }. `id` is the notification's outbox row; `tag` names its watch
+// and trigger, so a newer notification of the same watch, or a push delivered twice, replaces
+// the one shown instead of showing a second.
 
 /* global clients */
 
@@ -55,7 +56,7 @@ self.addEventListener('push', (event) => {
     body: p.body || '',
     tag: p.tag || undefined,
     icon: p.icon || ICON,
-    data: { url: p.url || null, id: p.tag || null, item: p.data && p.data.item },
+    data: { url: p.url || null, id: p.id || p.tag || null, item: p.data && p.data.item },
   });
   // Open pages refresh their history.
   const told = clients

@@ -7,6 +7,7 @@ use tidings_domain::backoff::RetryPolicy;
 use tidings_domain::duration::parse_duration;
 use tidings_domain::retention::{Retention, parse_retention};
 use tidings_domain::subjects::{InvalidPrefix, Subjects};
+use tidings_domain::validity::Validity;
 use tidings_runtime::flags;
 use tidings_runtime::ops::OpsArgs;
 use tidings_source::SourceArgs;
@@ -97,9 +98,18 @@ pub struct Config {
     /// (dispatch workers + 2 × consumer concurrency + 2: 12 with the defaults).
     #[arg(long, env = "TIDINGS_DISPATCHER_DB_POOL", default_value_t = 12)]
     pub db_pool: u32,
-    /// Web Push TTL: how long a push service keeps a message for an offline device.
+    /// Web Push TTL: the longest a push service keeps a message for an offline device. A
+    /// notification's own TTL is what is left of its validity, at most this.
     #[arg(long, env = "TIDINGS_PUSH_TTL", default_value = "1h", value_parser = parse_duration)]
     pub push_ttl: Duration,
+    /// How long a price notification (`price_below`, `price_drop`) may be shown as current
+    /// after its re-check: its push TTL at most, and the window in which a broken condition
+    /// corrects it.
+    #[arg(long, env = "TIDINGS_VALIDITY_PRICE", default_value = "20m", value_parser = parse_duration)]
+    pub validity_price: Duration,
+    /// The same for a `back_in_stock` notification (stock changes less often than prices).
+    #[arg(long, env = "TIDINGS_VALIDITY_STOCK", default_value = "1h", value_parser = parse_duration)]
+    pub validity_stock: Duration,
     /// How long outbox rows are kept, in whole days (at least 8d): a week whose every day is
     /// older is dropped once all its rows are decided, so rows stay between this and 7 days more.
     #[arg(long, env = "TIDINGS_RETENTION", default_value = "30d", value_parser = parse_retention)]
@@ -142,6 +152,10 @@ pub enum ConfigError {
     #[error("{name} must be at least 1")]
     Zero { name: &'static str },
     #[error(
+        "{name} ({value:?}) must be at least 1s: a notification with no validity left is never sent"
+    )]
+    ValidityTooShort { name: &'static str, value: Duration },
+    #[error(
         "TIDINGS_DISPATCH_PUSH_BATCH ({0}) must be 1 to {max}: a push-stream message carries at \
          most that many requests",
         max = tidings_domain::messages::MAX_REQUESTS_PER_MESSAGE
@@ -178,6 +192,7 @@ pub struct Settings {
     pub lease_margin: Duration,
     pub sweep_interval: Duration,
     pub push_ttl: Duration,
+    pub validity: Validity,
     pub push_backlog_limit: u64,
     pub push_batch: usize,
     pub admission_lag: Duration,
@@ -245,6 +260,14 @@ impl Settings {
                 return Err(ConfigError::Zero { name });
             }
         }
+        for (name, value) in [
+            ("TIDINGS_VALIDITY_PRICE", self.validity.price),
+            ("TIDINGS_VALIDITY_STOCK", self.validity.stock),
+        ] {
+            if value < Duration::from_secs(1) {
+                return Err(ConfigError::ValidityTooShort { name, value });
+            }
+        }
         if !(1..=tidings_domain::messages::MAX_REQUESTS_PER_MESSAGE).contains(&self.push_batch) {
             return Err(ConfigError::PushBatch(self.push_batch));
         }
@@ -285,6 +308,10 @@ impl Config {
             lease_margin: LEASE_MARGIN,
             sweep_interval: self.sweep_interval,
             push_ttl: self.push_ttl,
+            validity: Validity {
+                price: self.validity_price,
+                stock: self.validity_stock,
+            },
             push_backlog_limit: self.push_backlog_limit,
             push_batch: self.push_batch,
             admission_lag: self.admission_lag,
@@ -360,6 +387,24 @@ mod tests {
         let mut s = settings();
         s.claim_batch = 0;
         assert!(matches!(s.validate(), Err(ConfigError::Zero { .. })));
+    }
+
+    #[test]
+    fn a_validity_under_a_second_is_refused() {
+        let mut s = settings();
+        assert_eq!(
+            s.validity,
+            Validity::default(),
+            "the flags' defaults are the domain's"
+        );
+        s.validity.stock = Duration::from_millis(500);
+        assert!(matches!(
+            s.validate(),
+            Err(ConfigError::ValidityTooShort {
+                name: "TIDINGS_VALIDITY_STOCK",
+                ..
+            })
+        ));
     }
 
     #[test]

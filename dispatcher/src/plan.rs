@@ -8,10 +8,11 @@
 
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;
-use tidings_domain::messages::{PushRequest, Subscription, Urgency, VERSION, topic_for};
-use tidings_domain::notification::render;
+use tidings_domain::messages::{PushRequest, Subscription, Urgency, VERSION};
+use tidings_domain::notification::{Notice, render};
 use tidings_domain::outbox::{self, Event, Status};
 use tidings_domain::trigger::{Baseline, LastSent, Observation, SourceErrorKind, Trigger};
+use tidings_domain::validity;
 use tidings_domain::{ItemCode, OutboxId, SubscriptionId, WatchId};
 use tidings_source::{Fetched, SourceError};
 
@@ -173,15 +174,22 @@ fn send(
     now: DateTime<Utc>,
 ) {
     let row = g.row;
-    let deadline = now + settings.push_deadline;
-    let payload = render(
-        row.id,
-        checked.trigger,
-        checked.code,
-        checked.observation,
-        checked.baseline,
-        settings.item_page_url.as_deref(),
-    );
+    let valid_until = settings
+        .validity
+        .until(checked.trigger, checked.observation.observed_at);
+    // A push that cannot go out while it is still true is not sent at all (the pusher reports
+    // it outlived): the deadline never lets it wait past its validity.
+    let deadline = (now + settings.push_deadline).min(valid_until);
+    let payload = render(&Notice {
+        id: row.id,
+        watch: row.watch_id,
+        trigger: checked.trigger,
+        item: checked.code,
+        now: checked.observation,
+        baseline: checked.baseline,
+        valid_until,
+        item_url: settings.item_page_url.as_deref(),
+    });
     let mut c = change(row, Event::Dispatched, None, settings, now);
     c.sent_value = serde_json::to_value(checked.observation).ok();
     c.payload = serde_json::to_value(&payload).ok();
@@ -197,9 +205,9 @@ fn send(
             deadline,
             subscription: g.subscription.clone(),
             payload,
-            ttl: u32::try_from(settings.push_ttl.as_secs()).unwrap_or(u32::MAX),
+            ttl: validity::ttl(valid_until, now, settings.push_ttl).unwrap_or(0),
             urgency: urgency(checked.trigger),
-            topic: topic_for(row.id),
+            topic: validity::topic(row.watch_id, checked.trigger),
             dedup_day: Some(row.dedup_day),
             traceparent: None,
         },

@@ -20,6 +20,7 @@ use tidings_domain::messages::{
 use tidings_domain::outbox::Status;
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
+use tidings_domain::validity;
 use tidings_tests::api::{ADMIN_TOKEN, ApiServer, test_settings};
 use tidings_tests::brokers::PrivateNats;
 use tidings_tests::fake_catalog::Behavior;
@@ -85,8 +86,16 @@ async fn a_price_still_below_at_send_is_sent_with_the_refetched_price() {
     assert_eq!(push.payload.data["price"], 1050);
     assert_eq!(push.attempt, 1);
     assert_eq!(push.subscription.endpoint, "https://push.example/sub/1");
-    assert_eq!(push.topic.len(), 32);
-    assert!(push.deadline > Utc::now());
+    // One topic and tag per watch and trigger; current for the price validity after the re-check,
+    // which the push's TTL and deadline never outlast.
+    assert_eq!(push.topic, validity::topic(w.watch, &w.trigger));
+    assert_eq!(push.payload.tag, Some(validity::tag(w.watch, &w.trigger)));
+    assert_eq!(push.payload.id, Some(push.outbox_id));
+    let observed_at = push.payload.observed_at.unwrap();
+    let valid_until = push.payload.valid_until.unwrap();
+    assert_eq!(valid_until - observed_at, chrono::Duration::minutes(20));
+    assert!(push.deadline > Utc::now() && push.deadline <= valid_until);
+    assert!((1190..=1200).contains(&push.ttl), "TTL {}", push.ttl);
 
     let row = s.row(push.outbox_id).await;
     assert_eq!(row.notification.status, Status::Sending);

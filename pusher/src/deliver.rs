@@ -2,11 +2,12 @@
 //! the answer classified into a PushResult. Never panics and never retries by itself: retries are
 //! the dispatcher's decision.
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tidings_domain::messages::{Outcome, PushRequest, PushResult};
 use tidings_domain::outbox::FailReason;
+use tidings_domain::validity;
 use tidings_webpush::endpoint::{Guard, GuardedResolver};
 use tidings_webpush::vapid::VapidSigner;
 use tidings_webpush::webpush::{self, EncryptError, UaKeys};
@@ -35,6 +36,23 @@ fn refused(req: &PushRequest, reason: FailReason, error: String, started: Instan
         refused: Some(reason),
         error: Some(error),
         ..result(req, Outcome::Permanent, started)
+    }
+}
+
+/// Not sent: the notification stopped being current at `until`, before it could go out.
+fn outlived(
+    req: &PushRequest,
+    until: DateTime<Utc>,
+    now: DateTime<Utc>,
+    started: Instant,
+) -> PushResult {
+    PushResult {
+        outlived: true,
+        error: Some(format!(
+            "its validity ran out {} ms ago, at {until}; not sent",
+            (now - until).num_milliseconds()
+        )),
+        ..result(req, Outcome::Expired, started)
     }
 }
 
@@ -71,9 +89,17 @@ impl Deliverer {
             Err((reason, error)) => return refused(req, reason, error, started),
         };
         // The deadline is the freshness bound: the value in this request was re-checked at most
-        // the dispatcher's TIDINGS_PUSH_DEADLINE before it. Checked last, right before the POST,
-        // so nothing above (DNS, encryption) can stretch it.
+        // the dispatcher's TIDINGS_PUSH_DEADLINE before it, and the notification is current until
+        // its `valid_until`. Checked last, right before the POST, so nothing above (DNS,
+        // encryption) can stretch either.
         let now = Utc::now();
+        let ttl = match req.payload.valid_until {
+            Some(until) => match validity::ttl(until, now, Duration::from_secs(req.ttl.into())) {
+                Some(ttl) => ttl,
+                None => return outlived(req, until, now, started),
+            },
+            None => req.ttl,
+        };
         if now > req.deadline {
             return PushResult {
                 error: Some(format!(
@@ -86,7 +112,7 @@ impl Deliverer {
         let sent = self
             .client
             .post(ready.url)
-            .header("TTL", req.ttl.to_string())
+            .header("TTL", ttl.to_string())
             .header("Urgency", req.urgency.as_str())
             .header("Topic", req.topic.as_str())
             .header("Content-Encoding", "aes128gcm")

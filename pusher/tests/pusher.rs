@@ -162,7 +162,9 @@ async fn the_push_service_decrypts_exactly_the_body_with_a_valid_vapid_token() {
         got[0].json()["body"],
         "Now 10.50 EUR (your limit: 12.00 EUR)."
     );
-    assert_eq!(got[0].ttl.as_deref(), Some("3600"));
+    // The request allows an hour; what is left of the notification's twenty minutes wins.
+    let ttl: u32 = got[0].ttl.as_deref().unwrap().parse().unwrap();
+    assert!((1190..=1200).contains(&ttl), "TTL {ttl}");
     assert_eq!(got[0].urgency.as_deref(), Some("high"));
     assert_eq!(got[0].topic.as_deref(), Some(req.topic.as_str()));
     assert_eq!(
@@ -255,6 +257,71 @@ async fn a_request_past_its_deadline_is_never_sent() {
     );
     assert_eq!(w.push.hits(), 0, "no request reached the push service");
     w.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_request_whose_validity_ran_out_is_not_sent_and_says_so() {
+    let (w, pusher) = World::with_pusher().await;
+    let mut req = w.request(&w.push.subscription());
+    req.payload.valid_until = Some(Utc::now() - ChronoDuration::milliseconds(10));
+    let r = w.push_one(&pusher, &req).await;
+    assert_eq!((r.outcome, r.outlived), (Outcome::Expired, true));
+    assert!(!r.maybe_delivered);
+    assert!(
+        r.error.as_deref().unwrap().contains("validity ran out"),
+        "{:?}",
+        r.error
+    );
+    assert_eq!(w.push.hits(), 0, "no request reached the push service");
+    // Past its deadline but still current: expired as before, to be retried.
+    let r = w
+        .push_one(&pusher, &w.expired_request(&w.push.subscription()))
+        .await;
+    assert_eq!((r.outcome, r.outlived), (Outcome::Expired, false));
+    w.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_push_without_a_ttl_topic_or_urgency_is_refused_by_the_fake_as_by_a_real_service() {
+    let push = tidings_tests::fake_push::FakePushService::start()
+        .await
+        .unwrap();
+    let sub = push.subscription();
+    let client = reqwest::Client::builder()
+        .add_root_certificate(
+            reqwest::Certificate::from_pem(tidings_tests::fake_push::CERT_PEM).unwrap(),
+        )
+        .build()
+        .unwrap();
+    for (ttl, urgency, topic) in [
+        (None, Some("high"), Some("t")),
+        (Some("soon"), Some("high"), Some("t")),
+        (Some("60"), None, Some("t")),
+        (Some("60"), Some("urgent"), Some("t")),
+        (Some("60"), Some("high"), None),
+        (Some("60"), Some("high"), Some("a/b")),
+        (
+            Some("60"),
+            Some("high"),
+            Some("0123456789abcdef0123456789abcdef0"),
+        ),
+    ] {
+        let mut r = client.post(&sub.endpoint).body("x");
+        for (name, value) in [("ttl", ttl), ("urgency", urgency), ("topic", topic)] {
+            if let Some(v) = value {
+                r = r.header(name, v);
+            }
+        }
+        let status = r.send().await.unwrap().status();
+        assert_eq!(status, 400, "{ttl:?} {urgency:?} {topic:?}");
+    }
+    assert_eq!(push.rejected().len(), 7);
+    assert!(
+        push.rejected().iter().all(|e| e.contains("headers")),
+        "{:?}",
+        push.rejected()
+    );
+    assert!(push.received().is_empty());
 }
 
 /// Regression (found by the CI chaos run): a pusher killed after the push service accepted a
@@ -410,14 +477,14 @@ async fn a_pusher_killed_mid_batch_leaves_every_request_with_exactly_one_result(
         .map(|r| (r.outcome, r.error.clone()))
         .collect();
     assert!(undelivered.is_empty(), "{undelivered:?}");
-    let delivered_topics: HashSet<String> = w
+    let delivered_rows: HashSet<String> = w
         .push
         .received_by(&sub)
         .iter()
-        .filter_map(|r| r.topic.clone())
+        .filter_map(|r| r.notification_id())
         .collect();
     assert_eq!(
-        delivered_topics.len(),
+        delivered_rows.len(),
         requests.len(),
         "nothing lost at the push service"
     );

@@ -161,9 +161,11 @@ async function main() {
     const payload = JSON.parse(plaintext);
     log('decrypted in the page:', plaintext);
     assert.match(payload.body, /9\.00 EUR/, 'the re-fetched price is in the payload');
-    assert.match(payload.tag, /^[0-9a-f-]{36}$/, 'the tag is the outbox row id');
+    assert.match(payload.id, /^[0-9a-f-]{36}$/, 'the id is the outbox row id');
+    assert.match(payload.tag, /^[0-9a-f]{32}\/price_below:1000$/, 'the tag names the watch and trigger');
+    assert.ok(Date.parse(payload.valid_until) > Date.parse(payload.observed_at), 'valid after it was observed');
     assert.equal(payload.data.item, 'SKU-BROWSER');
-    report.sent_id = payload.tag;
+    report.sent_id = payload.id;
 
     // Delivered to the service worker as a push service would: one notification, shown once
     // even when the same push comes twice.
@@ -221,8 +223,8 @@ async function main() {
     assert.equal(twice.length, 1, `a second delivery of the same push added a notification: ${JSON.stringify(twice)}`);
     report.notifications = twice;
     // The worker told the page, which shows the row as sent.
-    await page.waitForSelector(`#history-list li[data-id="${payload.tag}"][data-state="sent"]`, { timeout: 15000 });
-    report.sent_text = await page.textContent(`#history-list li[data-id="${payload.tag}"] .state`);
+    await page.waitForSelector(`#history-list li[data-id="${payload.id}"][data-state="sent"]`, { timeout: 15000 });
+    report.sent_text = await page.textContent(`#history-list li[data-id="${payload.id}"] .state`);
     assert.equal(report.sent_text, 'Sent at 9.00 EUR.');
 
     // A drop the re-check no longer sees (the price is back up when the dispatcher asks):

@@ -137,10 +137,12 @@ async fn a_node_killed_mid_burst_loses_no_notification_and_repeats_none_unmarked
     );
     assert_eq!(s.db.count(sent).await, N, "every notification sent");
 
-    // Deliveries per row, by the push Topic (the outbox id).
+    // Deliveries per row, by the notification's id.
     let mut deliveries: HashMap<String, usize> = HashMap::new();
     for r in push.received() {
-        *deliveries.entry(r.topic.unwrap_or_default()).or_default() += 1;
+        *deliveries
+            .entry(r.notification_id().unwrap_or_default())
+            .or_default() += 1;
     }
     let rows: Vec<(uuid::Uuid, bool)> = sqlx::query_as("SELECT id, maybe_delivered FROM outbox")
         .fetch_all(&s.db.pool)
@@ -148,14 +150,14 @@ async fn a_node_killed_mid_burst_loses_no_notification_and_repeats_none_unmarked
         .unwrap();
     let lost: Vec<_> = rows
         .iter()
-        .filter(|(id, _)| !deliveries.contains_key(&id.simple().to_string()))
+        .filter(|(id, _)| !deliveries.contains_key(&id.to_string()))
         .collect();
     assert!(lost.is_empty(), "sent but never delivered: {lost:?}");
     // A second delivery is allowed only where the row says it may have happened (an attempt
     // whose outcome the killed node took with it); any other is a duplicate.
     let repeated_unmarked: Vec<_> = rows
         .iter()
-        .filter(|(id, marked)| deliveries[&id.simple().to_string()] > 1 && !marked)
+        .filter(|(id, marked)| deliveries[&id.to_string()] > 1 && !marked)
         .collect();
     assert!(
         repeated_unmarked.is_empty(),

@@ -43,13 +43,15 @@ async fn ingested_watchers(s: &Scenario, push: &FakePushService, n: usize) -> Ve
     watchers
 }
 
-/// Topic → how many times the push service accepted a push with it.
+/// Outbox row → how many times the push service accepted a notification of it.
 fn deliveries(push: &FakePushService) -> HashMap<String, usize> {
-    let mut by_topic = HashMap::new();
+    let mut by_row = HashMap::new();
     for r in push.received() {
-        *by_topic.entry(r.topic.unwrap_or_default()).or_default() += 1;
+        *by_row
+            .entry(r.notification_id().unwrap_or_default())
+            .or_default() += 1;
     }
-    by_topic
+    by_row
 }
 
 #[tokio::test]
@@ -103,13 +105,13 @@ async fn results_a_frozen_dispatcher_holds_past_the_lease_change_nothing_the_use
     }
     assert_eq!(results.run_once(WAIT).await.unwrap().applied, 0);
 
-    let by_topic = deliveries(&push);
+    let by_row = deliveries(&push);
     assert_eq!(
-        by_topic.len(),
+        by_row.len(),
         10,
         "every notification reached the push service"
     );
-    assert!(by_topic.values().all(|n| *n == 1), "and once: {by_topic:?}");
+    assert!(by_row.values().all(|n| *n == 1), "and once: {by_row:?}");
     for w in &watchers {
         let rows = s.rows(w.watch).await;
         assert_eq!(rows.len(), 1);

@@ -8,8 +8,6 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use tidings_domain::OutboxId;
-use tidings_domain::messages::topic_for;
 use tidings_domain::outbox::Status;
 use tidings_domain::subjects::StreamKind;
 use tidings_tests::fake_push::{Answer, FakePushService};
@@ -190,26 +188,26 @@ async fn postgres_restored_to_a_dump_taken_mid_burst_strands_nothing_and_repeats
         .unwrap();
     let marked: HashMap<String, (uuid::Uuid, bool)> = marked
         .into_iter()
-        .map(|(id, m)| (topic_for(OutboxId(id)), (id, m)))
+        .map(|(id, m)| (id.to_string(), (id, m)))
         .collect();
-    let mut by_topic: HashMap<String, usize> = HashMap::new();
+    let mut by_row: HashMap<String, usize> = HashMap::new();
     for r in push.received() {
-        *by_topic
-            .entry(r.topic.clone().unwrap_or_default())
+        *by_row
+            .entry(r.notification_id().unwrap_or_default())
             .or_default() += 1;
     }
     let mut repeated = 0;
-    for (topic, times) in &by_topic {
+    for (row, times) in &by_row {
         if *times > 1 {
             repeated += 1;
-            let (id, maybe) = marked.get(topic).copied().unwrap_or_default();
+            let (id, maybe) = marked.get(row).copied().unwrap_or_default();
             assert!(
                 maybe,
                 "row {id} reached the push service {times} times, unmarked"
             );
         }
     }
-    let once = by_topic.values().filter(|t| **t == 1).count();
+    let once = by_row.values().filter(|t| **t == 1).count();
     eprintln!(
         "{n} watches: {undecided} rows undecided and {} missing in the dump; after the restore \
          {} pushes in all, {once} rows pushed once, {repeated} more than once (each marked)",

@@ -11,6 +11,7 @@
 //! - [`messages`] and [`subjects`]: the wire contract between services; [`push`]: what a push
 //!   service's answer means, as a reported outcome and as an outbox event.
 //! - [`notification`]: the text a user receives, from the value re-checked at send time.
+//! - [`validity`]: how long a notification stays current, its push TTL, topic and tag.
 //! - [`ids`], [`channel`], [`item`], [`duration`]: the values everything else is built from.
 //!
 //! The `sqlx` feature lets the ids be bound as Postgres values by the crates that talk to the
@@ -32,6 +33,7 @@ pub mod retention;
 pub mod sql;
 pub mod subjects;
 pub mod trigger;
+pub mod validity;
 
 pub use channel::Channel;
 pub use ids::{DeviceId, OutboxId, SubscriptionId, WatchId};

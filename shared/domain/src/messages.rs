@@ -225,14 +225,41 @@ pub struct Subscription {
 pub struct Payload {
     pub title: String,
     pub body: String,
-    /// The notification's tag: its outbox row's id, so a browser shows a redelivered push in
-    /// place of the first rather than beside it. Rows rendered before it existed have none.
+    /// The notification's outbox row: what the service worker asks the api about when it shows
+    /// it, and what a click hands the page. Rows rendered before it existed have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<OutboxId>,
+    /// The notification's tag: its watch and trigger ([`crate::validity::tag`]), so a browser
+    /// shows a newer notification of the same watch, or a redelivery, in place of the older one.
+    /// Rows rendered by earlier releases carry their row id, or no tag at all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tag: Option<String>,
+    /// When the value the text states was observed (the re-check).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_at: Option<DateTime<Utc>>,
+    /// Until when the text may be shown as current ([`crate::validity`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub valid_until: Option<DateTime<Utc>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
     #[serde(default)]
     pub data: serde_json::Value,
+}
+
+impl Payload {
+    /// A notification with a title and a body and nothing else, for callers to add to.
+    pub fn new(title: impl Into<String>, body: impl Into<String>) -> Self {
+        Payload {
+            title: title.into(),
+            body: body.into(),
+            id: None,
+            tag: None,
+            observed_at: None,
+            valid_until: None,
+            url: None,
+            data: serde_json::Value::Null,
+        }
+    }
 }
 
 names! {
@@ -307,12 +334,6 @@ pub fn decode_requests(bytes: &[u8]) -> Result<Vec<PushRequest>, DecodeError> {
     decode_batched(bytes)
 }
 
-/// The Web Push `Topic` for a row: its id as 32 hex characters, which fits the header's limit of
-/// 32 base64url characters, so a push service replaces an undelivered duplicate of the same row.
-pub fn topic_for(outbox_id: OutboxId) -> String {
-    outbox_id.0.simple().to_string()
-}
-
 impl Message for PushRequest {
     fn version(&self) -> u32 {
         self.v
@@ -322,7 +343,7 @@ impl Message for PushRequest {
         if self.attempt == 0 {
             return Err(DecodeError::Invalid("attempt must be at least 1".into()));
         }
-        if self.topic.len() > 32 {
+        if self.topic.len() > crate::validity::MAX_TOPIC_LEN {
             return Err(DecodeError::Invalid(format!(
                 "topic is {} characters; Web Push allows 32",
                 self.topic.len()
@@ -344,7 +365,8 @@ names! {
         Gone = "gone",
         /// 400, 401, 403, 413, or a refused endpoint: trying again will not help.
         Permanent = "permanent",
-        /// The request reached the pusher after its deadline and was not sent.
+        /// The request reached the pusher after its deadline, or after its notification's
+        /// validity ran out ([`PushResult::outlived`]), and was not sent.
         Expired = "expired",
     }
 }
@@ -404,6 +426,11 @@ pub struct PushResult {
     /// it died. Older pushers omit it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub maybe_delivered: bool,
+    /// On an `expired` outcome: the request was not sent because its notification's validity
+    /// ([`Payload::valid_until`]) had run out, so the row is withheld rather than retried. Older
+    /// dispatchers ignore it and retry, as for any expired request.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub outlived: bool,
     /// The request's `dedup_day`, when it had one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dedup_day: Option<NaiveDate>,
@@ -435,6 +462,7 @@ impl PushResult {
             latency_ms: 0,
             refused: None,
             maybe_delivered: false,
+            outlived: false,
             dedup_day: None,
             started_at: None,
             push_host: None,
@@ -699,13 +727,6 @@ mod tests {
         assert!(matches!(decode_results(b"[1]"), Err(DecodeError::Json(_))));
     }
 
-    #[test]
-    fn topic_fits_web_push_limits() {
-        let t = topic_for(OutboxId::new());
-        assert_eq!(t.len(), 32);
-        assert!(t.bytes().all(|b| b.is_ascii_alphanumeric()));
-    }
-
     fn request(attempt: u32) -> PushRequest {
         let outbox_id = OutboxId::new();
         PushRequest {
@@ -719,15 +740,12 @@ mod tests {
                 auth: "AA".into(),
             },
             payload: Payload {
-                title: "SKU-1".into(),
-                body: "Now 10.50".into(),
-                tag: Some(outbox_id.to_string()),
-                url: None,
-                data: serde_json::Value::Null,
+                id: Some(outbox_id),
+                ..Payload::new("SKU-1", "Now 10.50")
             },
             ttl: 3600,
             urgency: Urgency::High,
-            topic: topic_for(outbox_id),
+            topic: crate::validity::topic(WatchId::new(), &Trigger::BackInStock),
             dedup_day: NaiveDate::from_ymd_opt(2026, 12, 1),
             traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
         }

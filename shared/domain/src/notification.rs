@@ -1,10 +1,11 @@
 //! What the user reads. Built from the value re-fetched at send time, never from the detection
 //! snapshot (docs/design.md), so the text is true when it is sent.
 
-use crate::OutboxId;
 use crate::item::ItemCode;
 use crate::messages::Payload;
 use crate::trigger::{Baseline, Observation, Trigger};
+use crate::{OutboxId, WatchId, validity};
+use chrono::{DateTime, Utc};
 
 /// `1234` minor units → `12.34`. Assumes two decimals, true of the currencies we serve today;
 /// a currency table belongs here when zero- or three-decimal currencies arrive.
@@ -19,16 +20,29 @@ pub fn format_money(minor: i64, currency: &str) -> String {
     }
 }
 
-/// Notification `id` for `trigger` on `item` at the current observation `now`. `item_url` is
-/// a template with `{item}` for the link the notification opens.
-pub fn render(
-    id: OutboxId,
-    trigger: &Trigger,
-    item: &ItemCode,
-    now: &Observation,
-    baseline: &Baseline,
-    item_url: Option<&str>,
-) -> Payload {
+/// What a notification is about: row `id` of `watch`, whose `trigger` holds for `item` at the
+/// re-checked observation `now`, current until `valid_until`.
+pub struct Notice<'a> {
+    pub id: OutboxId,
+    pub watch: WatchId,
+    pub trigger: &'a Trigger,
+    pub item: &'a ItemCode,
+    pub now: &'a Observation,
+    pub baseline: &'a Baseline,
+    pub valid_until: DateTime<Utc>,
+    /// A template with `{item}` for the link the notification opens.
+    pub item_url: Option<&'a str>,
+}
+
+/// The notification a person is shown for `n`.
+pub fn render(n: &Notice<'_>) -> Payload {
+    let Notice {
+        trigger,
+        item,
+        now,
+        baseline,
+        ..
+    } = *n;
     let price = format_money(now.price, &now.currency);
     let (title, body) = match *trigger {
         Trigger::PriceBelow { threshold } => (
@@ -59,8 +73,11 @@ pub fn render(
     Payload {
         title,
         body,
-        tag: Some(id.to_string()),
-        url: item_url.map(|t| t.replace("{item}", item.as_str())),
+        id: Some(n.id),
+        tag: Some(validity::tag(n.watch, trigger)),
+        observed_at: Some(now.observed_at),
+        valid_until: Some(n.valid_until),
+        url: n.item_url.map(|t| t.replace("{item}", item.as_str())),
         data: serde_json::json!({
             "item": item.as_str(),
             "trigger": trigger.key(),
@@ -91,31 +108,40 @@ mod tests {
     fn the_body_carries_the_current_price() {
         let item = ItemCode::parse("SKU-1").unwrap();
         let id = OutboxId::new();
-        let p = render(
+        let watch = WatchId::new();
+        let below = Trigger::PriceBelow { threshold: 120000 };
+        let now = obs(110050);
+        let valid_until = now.observed_at + chrono::Duration::minutes(20);
+        let notice = Notice {
             id,
-            &Trigger::PriceBelow { threshold: 120000 },
-            &item,
-            &obs(110050),
-            &Baseline::default(),
-            Some("https://shop.example/i/{item}"),
-        );
+            watch,
+            trigger: &below,
+            item: &item,
+            now: &now,
+            baseline: &Baseline::default(),
+            valid_until,
+            item_url: Some("https://shop.example/i/{item}"),
+        };
+        let p = render(&notice);
         assert_eq!(p.title, "SKU-1 is below your price");
         assert_eq!(p.body, "Now 1100.50 EUR (your limit: 1200.00 EUR).");
         assert_eq!(p.url.as_deref(), Some("https://shop.example/i/SKU-1"));
         assert_eq!(p.data["price"], 110050);
-        assert_eq!(p.tag, Some(id.to_string()));
-        let p = render(
-            OutboxId::new(),
-            &Trigger::PriceDrop { percent: 10 },
-            &item,
-            &obs(900),
-            &Baseline {
+        assert_eq!(p.id, Some(id));
+        assert_eq!(p.tag, Some(validity::tag(watch, &below)));
+        assert_eq!(p.observed_at, Some(now.observed_at));
+        assert_eq!(p.valid_until, Some(valid_until));
+        let p = render(&Notice {
+            trigger: &Trigger::PriceDrop { percent: 10 },
+            now: &obs(900),
+            baseline: &Baseline {
                 price: None,
                 reference: Some(1000),
                 in_stock: None,
             },
-            None,
-        );
+            item_url: None,
+            ..notice
+        });
         assert_eq!(p.body, "Now 9.00 EUR, down from 10.00 EUR.");
     }
 }

@@ -22,6 +22,7 @@
 //! | sending         | `Transient` (push, lease)     | retry, or failed at the cap |
 //! | sending         | `Gone`                        | dropped (subscription_gone) |
 //! | sending         | `Rejected(reason)`            | failed                      |
+//! | sending         | `Outlived` (validity ran out before the push went out) | dropped (validity_expired) |
 //! | sending         | `Unknown` (timeout after the request went out, lease expired with no record) | retry, or failed at the cap; the row is marked *maybe delivered* |
 //! | retry           | `Delivered` / `Gone` / `Rejected` (a late result of the row's last attempt) | sent / dropped / failed |
 //!
@@ -107,6 +108,8 @@ names! {
         DevicePaused = "device_paused",
         /// An operator cancelled the notification before it was sent.
         Cancelled = "cancelled",
+        /// Its validity ran out before the push could go out (docs/design.md).
+        ValidityExpired = "validity_expired",
     }
 }
 
@@ -215,6 +218,8 @@ pub enum Event {
     /// An operator cancelled it. Only a row no push is out for can be cancelled: once `sending`,
     /// the push may already have reached the user.
     Cancelled,
+    /// The pusher did not send the row's push because its validity had run out.
+    Outlived,
 }
 
 /// The outcome of applying an [`Event`].
@@ -276,7 +281,10 @@ pub fn apply(row: Row, event: Event, max_retries: u32) -> Result<Transition, Ill
     };
     let t = match (row.status, event) {
         (Status::Pending | Status::Retry, Event::Withheld(reason))
-            if !matches!(reason, DropReason::SubscriptionGone | DropReason::Cancelled) =>
+            if !matches!(
+                reason,
+                DropReason::SubscriptionGone | DropReason::Cancelled | DropReason::ValidityExpired
+            ) =>
         {
             stay(Status::Dropped, Some(Reason::Dropped(reason)))
         }
@@ -320,6 +328,11 @@ pub fn apply(row: Row, event: Event, max_retries: u32) -> Result<Transition, Ill
         {
             stay(Status::Failed, Some(Reason::Failed(reason)))
         }
+        // Only from `sending`: a row already retrying gets a fresh re-check and validity.
+        (Status::Sending, Event::Outlived) => stay(
+            Status::Dropped,
+            Some(Reason::Dropped(DropReason::ValidityExpired)),
+        ),
         _ => return Err(illegal),
     };
     debug_assert!(row.status.can_move_to(t.to));
@@ -406,6 +419,12 @@ mod tests {
             (Status::Pending, Event::Rejected(FailReason::PushRejected)),
             (Status::Pending, Event::Unknown),
             (Status::Retry, Event::Unknown),
+            (Status::Pending, Event::Outlived),
+            (Status::Retry, Event::Outlived),
+            (
+                Status::Pending,
+                Event::Withheld(DropReason::ValidityExpired),
+            ),
         ] {
             assert_eq!(
                 apply(row(status), event, 5),
@@ -448,6 +467,18 @@ mod tests {
         let paused = Some(Reason::Dropped(DropReason::DevicePaused));
         assert_eq!(
             Delivery::of(Status::Dropped, paused, false),
+            Delivery::Withheld
+        );
+    }
+
+    #[test]
+    fn a_push_that_outlived_its_validity_is_withheld() {
+        let t = apply(row(Status::Sending), Event::Outlived, 5).unwrap();
+        assert_eq!(t.to, Status::Dropped);
+        assert_eq!(t.reason, Some(Reason::Dropped(DropReason::ValidityExpired)));
+        assert!(!t.advances_baseline && !t.maybe_delivered);
+        assert_eq!(
+            Delivery::of(t.to, t.reason, t.maybe_delivered),
             Delivery::Withheld
         );
     }
@@ -545,6 +576,7 @@ mod tests {
             Just(Event::Gone),
             proptest::sample::select(FailReason::ALL.to_vec()).prop_map(Event::Rejected),
             Just(Event::Cancelled),
+            Just(Event::Outlived),
         ]
     }
 
@@ -591,6 +623,14 @@ mod tests {
                         );
                         if event == Event::Cancelled {
                             prop_assert!(r.status.is_due_state());
+                        }
+                        // Only a push the pusher held back records `validity_expired`.
+                        prop_assert_eq!(
+                            t.reason == Some(Reason::Dropped(DropReason::ValidityExpired)),
+                            event == Event::Outlived
+                        );
+                        if event == Event::Outlived {
+                            prop_assert_eq!(r.status, Status::Sending);
                         }
                         if t.advances_baseline {
                             prop_assert!(!sent_once, "baseline advanced twice");

@@ -34,6 +34,7 @@ pub fn retry_after(value: &str, now: DateTime<Utc>) -> Option<u64> {
 pub fn event(result: &PushResult) -> Event {
     match result.outcome {
         Outcome::Delivered => Event::Delivered,
+        Outcome::Expired if result.outlived && !result.maybe_delivered => Event::Outlived,
         Outcome::Transient | Outcome::Expired if result.maybe_delivered => Event::Unknown,
         Outcome::Transient | Outcome::Expired => Event::Transient,
         Outcome::Gone => Event::Gone,
@@ -91,6 +92,23 @@ mod tests {
                 PushResult {
                     maybe_delivered: true,
                     ..result(Outcome::Transient, None)
+                },
+                Event::Unknown,
+            ),
+            // Not sent because its validity ran out: withheld, not retried.
+            (
+                PushResult {
+                    outlived: true,
+                    ..result(Outcome::Expired, None)
+                },
+                Event::Outlived,
+            ),
+            // Unless an earlier holder of the same request may have sent it.
+            (
+                PushResult {
+                    outlived: true,
+                    maybe_delivered: true,
+                    ..result(Outcome::Expired, None)
                 },
                 Event::Unknown,
             ),

@@ -72,6 +72,43 @@ impl Received {
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.plaintext).unwrap_or(serde_json::Value::Null)
     }
+
+    /// The outbox row the notification is for (its payload's `id`): what counts deliveries per
+    /// row now that a `Topic` names a watch.
+    pub fn notification_id(&self) -> Option<String> {
+        self.json()["id"].as_str().map(str::to_owned)
+    }
+}
+
+/// What RFC 8030 asks of a push's headers, refused here as a push service would (400): `TTL` a
+/// whole number of seconds, `Urgency` one of its four words, `Topic` at most 32 characters of
+/// the URL-safe base64 alphabet. Tidings sends all three on every push.
+fn check_headers(headers: &HeaderMap) -> Result<(), String> {
+    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    match get("ttl") {
+        Some(t) if t.parse::<u32>().is_ok() => {}
+        other => return Err(format!("TTL {other:?} is not a whole number of seconds")),
+    }
+    match get("urgency") {
+        Some("very-low" | "low" | "normal" | "high") => {}
+        other => {
+            return Err(format!(
+                "Urgency {other:?} is not very-low, low, normal or high"
+            ));
+        }
+    }
+    match get("topic") {
+        Some(t)
+            if (1..=32).contains(&t.len())
+                && t.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') => {}
+        other => {
+            return Err(format!(
+                "Topic {other:?} is not 1 to 32 URL-safe base64 characters"
+            ));
+        }
+    }
+    Ok(())
 }
 
 struct Sub {
@@ -85,7 +122,7 @@ struct Sub {
 struct Inner {
     subs: Mutex<HashMap<String, Sub>>,
     received: Mutex<Vec<Received>>,
-    /// Requests refused for a bad VAPID token or a body that does not decrypt.
+    /// Requests refused for their headers, a bad VAPID token or a body that does not decrypt.
     rejected: Mutex<Vec<String>>,
     origin: Mutex<String>,
     /// Every request that reached the handler, whatever happened to it.
@@ -236,6 +273,10 @@ async fn push(
     // When the push arrived: what a real push service would call its acceptance, before this
     // fake spends time verifying and decrypting.
     let arrived_ms = chrono::Utc::now().timestamp_millis();
+    if let Err(e) = check_headers(&headers) {
+        lock(&inner.rejected).push(format!("{id}: headers: {e}"));
+        return (StatusCode::BAD_REQUEST, e).into_response();
+    }
     if inner.sink.load(std::sync::atomic::Ordering::Relaxed)
         && let Some(answer) = sunk(&inner, &headers)
     {
@@ -606,7 +647,7 @@ impl FakePushService {
         self.inner.hits.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// Requests refused for a bad VAPID token or an undecryptable body.
+    /// Requests refused for their headers, a bad VAPID token or an undecryptable body.
     pub fn rejected(&self) -> Vec<String> {
         lock(&self.inner.rejected).clone()
     }

@@ -4,10 +4,11 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use tidings_domain::dedup::{dedup_day, parse_time_zone};
 use tidings_domain::messages::{
-    EnqueueRequest, Payload, PushRequest, Subscription, Urgency, VERSION, encode, topic_for,
+    EnqueueRequest, Payload, PushRequest, Subscription, Urgency, VERSION, encode,
 };
 use tidings_domain::subjects::{StreamKind, Subjects};
 use tidings_domain::trigger::{Baseline, Observation, Trigger};
+use tidings_domain::validity;
 use tidings_domain::{Channel, DeviceId, OutboxId, SubscriptionId, WatchId};
 
 pub struct Device {
@@ -179,9 +180,12 @@ pub async fn insert_outbox(pool: &PgPool, req: &EnqueueRequest) -> Result<Insert
     Ok(Inserted::New(id))
 }
 
-/// A PushRequest as the dispatcher publishes it for `sub`: attempt 1, a deadline 30 s away.
+/// A PushRequest as the dispatcher publishes it for `sub`: attempt 1, a deadline 30 s away, a
+/// `price_below` notification of a new watch current for 20 minutes.
 pub fn push_request(sub: &Subscription) -> PushRequest {
     let id = OutboxId::new();
+    let watch = WatchId::new();
+    let trigger = Trigger::PriceBelow { threshold: 1200 };
     PushRequest {
         v: VERSION,
         outbox_id: id,
@@ -189,15 +193,20 @@ pub fn push_request(sub: &Subscription) -> PushRequest {
         deadline: Utc::now() + chrono::Duration::seconds(30),
         subscription: sub.clone(),
         payload: Payload {
-            title: "SKU-1 is below your price".into(),
-            body: "Now 10.50 EUR (your limit: 12.00 EUR).".into(),
-            tag: Some(id.to_string()),
+            id: Some(id),
+            tag: Some(validity::tag(watch, &trigger)),
+            observed_at: Some(Utc::now()),
+            valid_until: Some(Utc::now() + chrono::Duration::minutes(20)),
             url: Some("https://shop.example/i/SKU-1".into()),
             data: serde_json::json!({"item": "SKU-1", "price": 1050}),
+            ..Payload::new(
+                "SKU-1 is below your price",
+                "Now 10.50 EUR (your limit: 12.00 EUR).",
+            )
         },
         ttl: 3600,
         urgency: Urgency::High,
-        topic: topic_for(id),
+        topic: validity::topic(watch, &trigger),
         dedup_day: None,
         traceparent: None,
     }

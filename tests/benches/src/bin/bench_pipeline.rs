@@ -30,11 +30,12 @@ use tidings_benches::procstat::{
 use tidings_benches::rng::Rng;
 use tidings_domain::messages::{
     Outcome, PushRequest, Subscription, Urgency, VERSION, decode_enqueues, decode_results, encode,
-    topic_for,
 };
-use tidings_domain::notification::render;
+use tidings_domain::notification::{Notice, render};
 use tidings_domain::subjects::StreamKind;
-use tidings_domain::{Channel, ItemCode, OutboxId};
+use tidings_domain::trigger::Trigger;
+use tidings_domain::validity;
+use tidings_domain::{Channel, ItemCode, OutboxId, WatchId};
 use tidings_tests::fake_catalog::Item;
 use tidings_tests::fake_push::{FakePushService, NAMED_HOSTS};
 use tidings_tests::scenario::Scenario;
@@ -494,8 +495,10 @@ async fn stale_phase(naive: bool) -> Value {
     // price the catalog answered and when the dispatcher read that answer.
     let mut rechecked: HashMap<String, (i64, i64)> = HashMap::new();
     if !naive {
-        let rows: Vec<(uuid::Uuid, String, Option<String>, Option<i64>)> = sqlx::query_as(
-            "SELECT o.id, w.item_code, o.sent_value->>'observed_at',
+        // (watch, trigger key, item, observed at, price) of each row's last re-check.
+        type Rechecked = (uuid::Uuid, String, String, Option<String>, Option<i64>);
+        let rows: Vec<Rechecked> = sqlx::query_as(
+            "SELECT o.watch_id, o.trigger_key, w.item_code, o.sent_value->>'observed_at',
                     (o.sent_value->>'price')::bigint
              FROM outbox o JOIN watches w ON w.id = o.watch_id",
         )
@@ -503,8 +506,12 @@ async fn stale_phase(naive: bool) -> Value {
         .await
         .unwrap_or_default();
         let mut t = topics.lock().unwrap_or_else(|e| e.into_inner());
-        for (id, item, observed, price) in rows {
-            let topic = id.simple().to_string();
+        // A watch's trigger sends one row a day, so its topic names the row.
+        for (watch, key, item, observed, price) in rows {
+            let Some(trigger) = Trigger::from_key(&key) else {
+                continue;
+            };
+            let topic = validity::topic(WatchId(watch), &trigger);
             let observed = observed.and_then(|o| chrono::DateTime::parse_from_rfc3339(&o).ok());
             if let (Some(at), Some(price)) = (observed, price) {
                 rechecked.insert(topic.clone(), (at.timestamp_millis(), price));
@@ -693,17 +700,21 @@ async fn naive_forwarder(
                             attempt: 1,
                             deadline: Utc::now() + chrono::Duration::seconds(30),
                             subscription: sub.clone(),
-                            payload: render(
+                            payload: render(&Notice {
                                 id,
-                                &req.trigger,
-                                &code,
-                                &req.detected,
-                                &req.baseline,
-                                None,
-                            ),
+                                watch: req.watch_id,
+                                trigger: &req.trigger,
+                                item: &code,
+                                now: &req.detected,
+                                baseline: &req.baseline,
+                                valid_until: req.detected.observed_at
+                                    + chrono::Duration::minutes(20),
+                                item_url: None,
+                            }),
                             ttl: 3600,
                             urgency: Urgency::Normal,
-                            topic: topic_for(id),
+                            // The naive pipeline names each push by its row.
+                            topic: id.0.simple().to_string(),
                             dedup_day: None,
                             traceparent: None,
                         };

@@ -10,7 +10,7 @@ use tidings_benches::procstat::CpuSplit;
 use tidings_bus::consume::Handler as _;
 use tidings_bus::publish::{Outgoing, publish_all};
 use tidings_bus::streams::{StreamSettings, ensure_streams};
-use tidings_domain::messages::{Payload, PushRequest, Urgency, VERSION, encode, topic_for};
+use tidings_domain::messages::{Payload, PushRequest, Urgency, VERSION, encode};
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::{Channel, OutboxId};
 use tidings_pusher::Settings;
@@ -35,11 +35,10 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn payload() -> Payload {
     Payload {
-        title: "SKU-1 is below your price".into(),
-        body: "x".repeat(900),
-        tag: Some("0193a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b".into()),
+        tag: Some("0193a1b2c3d47e5f8a9b0c1d2e3f4a5b/price_below:1200".into()),
         url: Some("https://shop.example/i/SKU-1".into()),
         data: serde_json::json!({"item": "SKU-1", "price": 1050}),
+        ..Payload::new("SKU-1 is below your price", "x".repeat(900))
     }
 }
 
@@ -78,7 +77,7 @@ async fn round(pushes: usize) -> (f64, CpuSplit) {
                 payload: payload(),
                 ttl: 3600,
                 urgency: Urgency::Normal,
-                topic: topic_for(id),
+                topic: id.0.simple().to_string(),
                 dedup_day: None,
                 traceparent: None,
             };

@@ -284,22 +284,20 @@ async fn main() {
          GROUP BY watch_id, trigger, dedup_day, channel HAVING count(*) > 1) d",
     )
     .await;
+    // Deliveries by the row they were for (the payload's id).
     let mut delivered: HashMap<String, Vec<i64>> = HashMap::new();
     for r in push.received() {
         delivered
-            .entry(r.topic.clone().unwrap_or_default())
+            .entry(r.notification_id().unwrap_or_default())
             .or_default()
             .push(r.at_ms);
     }
-    let by_topic: HashMap<String, usize> = rows
+    let by_id: HashMap<String, usize> = rows
         .iter()
         .enumerate()
-        .map(|(i, r)| (r.id.simple().to_string(), i))
+        .map(|(i, r)| (r.id.to_string(), i))
         .collect();
-    let unattributed = delivered
-        .keys()
-        .filter(|t| !by_topic.contains_key(*t))
-        .count();
+    let unattributed = delivered.keys().filter(|t| !by_id.contains_key(*t)).count();
     let (mut sent_not_delivered, mut delivered_unflagged, mut delivered_flagged) = (0, 0, 0);
     let mut flagged_not_delivered = 0;
     // Delivered more than once without the maybe-delivered mark: a second push the delivery log
@@ -309,9 +307,9 @@ async fn main() {
     let (mut stale_inside, mut stale_outside, mut fresh) = (0, 0, 0);
     // How long after the price went back up the latest stale delivery came (ms).
     let mut worst_lag = 0;
-    for (topic, &i) in &by_topic {
+    for (id, &i) in &by_id {
         let row = &rows[i];
-        let times = delivered.get(topic).cloned().unwrap_or_default();
+        let times = delivered.get(id).cloned().unwrap_or_default();
         *per_row.entry(times.len()).or_default() += 1;
         if times.len() > 1 && !row.maybe_delivered {
             repeated_unmarked += 1;
