@@ -70,10 +70,16 @@ export interface NotificationPage {
 
 /** What the service worker receives in a push (and shows). */
 export interface PushPayload {
+  /** The notification's outbox row. */
+  id?: string;
   title: string;
   body: string;
-  /** The notification's id: a push delivered twice replaces its first notification. */
+  /** Its watch and trigger: a newer notification of them (or the same one twice) replaces it. */
   tag?: string;
+  /** When the value it states was observed (its re-check). */
+  observed_at?: string;
+  /** Until when it may be shown as current. */
+  valid_until?: string;
   url?: string;
   icon?: string;
   data: { item: string; trigger: string; price: number; currency: string; in_stock: boolean };
@@ -97,7 +103,8 @@ export interface Explained {
 
 export function explain(n: Notification): Explained;
 export function describeTrigger(t: Trigger, currency?: string): string;
-export function money(minor: number, currency?: string): string;
+export function money(minor: number, currency?: string, locale?: string): string;
+export function minorUnits(currency: string): number;
 export function fromBase64Url(text: string): Uint8Array;
 export function openStore(): Promise<IDBDatabase>;
 
@@ -106,7 +113,8 @@ export class Tidings {
   readonly api: string;
   static supported(): boolean;
   device(): Promise<Device | null>;
-  enable(options?: { timeZone?: string }): Promise<Device>;
+  /** `locale` (default `navigator.language`) is the language and number format of its notifications. */
+  enable(options?: { timeZone?: string; locale?: string }): Promise<Device>;
   watch(itemCode: string, triggers: Trigger[], options?: { idempotencyKey?: string }): Promise<Watch>;
   watches(): Promise<Watch[]>;
   unwatch(id: string): Promise<void>;

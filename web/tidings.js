@@ -53,11 +53,24 @@ export function fromBase64Url(text) {
   return Uint8Array.from(raw, (c) => c.charCodeAt(0));
 }
 
-/** Minor units → `12.34 EUR` (two decimals, as the notifications write them). */
-export function money(minor, currency) {
-  const sign = minor < 0 ? '-' : '';
-  const m = Math.abs(minor);
-  const amount = `${sign}${Math.floor(m / 100)}.${String(m % 100).padStart(2, '0')}`;
+/** Digits after the decimal point in `currency` (ISO 4217: JPY 0, EUR 2, KWD 3); 2 if unknown. */
+export function minorUnits(currency) {
+  try {
+    return new Intl.NumberFormat('en', { style: 'currency', currency }).resolvedOptions().maximumFractionDigits;
+  } catch {
+    return 2;
+  }
+}
+
+/**
+ * Minor units → `1,234.56 EUR`, `1,200 JPY`: the currency's own decimals, written as `locale`
+ * writes numbers (as the notifications are).
+ */
+export function money(minor, currency, locale = 'en') {
+  const digits = currency ? minorUnits(currency) : 2;
+  const amount = new Intl.NumberFormat(locale, { minimumFractionDigits: digits, maximumFractionDigits: digits }).format(
+    minor / 10 ** digits,
+  );
   return currency ? `${amount} ${currency}` : amount;
 }
 
@@ -214,7 +227,7 @@ export class Tidings {
    * Asks for permission, subscribes, and registers this browser with the api, or, when it is
    * registered already, makes sure the api has its current subscription. Returns the device.
    */
-  async enable({ timeZone = Intl.DateTimeFormat().resolvedOptions().timeZone } = {}) {
+  async enable({ timeZone = Intl.DateTimeFormat().resolvedOptions().timeZone, locale = navigator.language } = {}) {
     if (!Tidings.supported()) {
       throw new TidingsError('this browser has no Web Push (service workers, Push API, notifications)', {
         code: 'unsupported',
@@ -264,7 +277,7 @@ export class Tidings {
       }
     }
     const { json: created } = await this.request('POST', '/v1/devices', {
-      body: { subscription: sub, time_zone: timeZone },
+      body: { subscription: sub, time_zone: timeZone, ...(locale ? { locale } : {}) },
     });
     const device = {
       api: this.api,

@@ -10,9 +10,10 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use tidings_domain::dedup::parse_time_zone;
+use tidings_domain::texts::check_locale;
 use tidings_domain::{DeviceId, SubscriptionId};
 use tidings_store::db;
-use tidings_store::devices::{self, NewSubscription};
+use tidings_store::devices::{self, NewDevice, NewSubscription};
 use tidings_webpush::endpoint::{EndpointPolicy, check};
 use tidings_webpush::webpush::{KeyError, UaKeys};
 use utoipa::ToSchema;
@@ -54,6 +55,11 @@ pub struct CreateDevice {
     /// IANA time zone; a notification's "once a day" is the calendar day there. Default UTC.
     #[serde(default)]
     pub time_zone: Option<String>,
+    /// BCP 47 language tag (`navigator.language`, e.g. `ja-JP`): notifications are written in
+    /// its language (English and Japanese so far; others read English) with its number format.
+    #[serde(default)]
+    #[schema(max_length = 35, pattern = r"^[A-Za-z]{2,3}(-[A-Za-z0-9]{1,8})*$")]
+    pub locale: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -63,6 +69,7 @@ pub struct DeviceCreated {
     pub token: String,
     pub subscription_id: Uuid,
     pub time_zone: String,
+    pub locale: Option<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -123,7 +130,7 @@ fn new_subscription(id: SubscriptionId, sub: &SubscriptionIn) -> NewSubscription
     responses(
         (status = 201, description = "Device registered; the token is shown only now", body = DeviceCreated),
         BodyRejected,
-        (status = 422, description = "Invalid subscription or time zone", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid subscription, time zone or locale", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Too many registrations from this address (`Retry-After` says when to try again)", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -136,13 +143,22 @@ pub async fn create_device(
     let req = body.value;
     let time_zone = req.time_zone.unwrap_or_else(|| "UTC".to_owned());
     parse_time_zone(&time_zone).map_err(|e| ApiError::invalid("/time_zone", e))?;
+    if let Some(locale) = &req.locale {
+        check_locale(locale).map_err(|e| ApiError::invalid("/locale", e))?;
+    }
     validate_subscription(&req.subscription, &app.settings.policy, "/subscription").await?;
 
     let (token, hash) = new_token()?;
     let device = DeviceId::new();
     let subscription = SubscriptionId::new();
     let first = new_subscription(subscription, &req.subscription);
-    devices::register(&app.pool, device, &hash, &time_zone, first)
+    let new = NewDevice {
+        id: device,
+        token_hash: &hash,
+        time_zone: &time_zone,
+        locale: req.locale.as_deref(),
+    };
+    devices::register(&app.pool, new, first)
         .await
         .map_err(db("registering a device"))?;
     tracing::info!(device_id = %device, "device registered");
@@ -153,6 +169,7 @@ pub async fn create_device(
             token,
             subscription_id: subscription.0,
             time_zone,
+            locale: req.locale,
         }),
     ))
 }

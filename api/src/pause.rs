@@ -45,6 +45,7 @@ async fn device_view(app: &AppState, id: Uuid) -> Result<DeviceView, ApiError> {
     Ok(DeviceView {
         id: row.id.0,
         time_zone: row.time_zone,
+        locale: row.locale,
         created_at: row.created_at,
         removed_at: row.removed_at,
         paused_at: row.paused_at,

@@ -466,6 +466,16 @@ async fn every_registration_rule_refuses_bad_input_with_a_problem() {
             "/time_zone",
             "Mars/Olympus",
         ),
+        (
+            json!({"subscription": good, "locale": "ja_JP"}),
+            "/locale",
+            "BCP 47",
+        ),
+        (
+            json!({"subscription": good, "locale": "x".repeat(36)}),
+            "/locale",
+            "BCP 47",
+        ),
     ];
     // The endpoint guard's refusals (credentials would be forwarded as Basic auth beside VAPID,
     // and the push service's 401 blamed on the key).
@@ -962,6 +972,37 @@ async fn a_retried_create_with_the_same_idempotency_key_creates_one_watch() {
     assert_eq!(p["type"], "/problems/idempotency-key-spent");
     assert!(p["detail"].as_str().unwrap().contains("deleted"), "{p}");
     assert_eq!(db.count("SELECT count(*) FROM watches").await, 2);
+    api.stop().await;
+}
+
+/// The locale a browser registers with is the device's, and operators see it.
+#[tokio::test]
+async fn a_device_registers_with_the_locale_it_reads() {
+    let db = TestDb::new().await.unwrap();
+    let api = ApiServer::start(db.pool.clone(), test_settings()).await;
+    let body = json!({
+        "subscription": browser_subscription("https://127.0.0.1:9/push/ja"),
+        "locale": "ja-JP",
+    });
+    let r = api.send(Method::POST, "/v1/devices", None, &body).await;
+    assert_eq!(r.status(), 201);
+    let created = json(r).await;
+    assert_eq!(created["locale"], "ja-JP");
+    let id = created["device_id"].as_str().unwrap();
+    let view = json(
+        api.get(&format!("/v1/admin/devices/{id}"), Some(ADMIN_TOKEN))
+            .await,
+    )
+    .await;
+    assert_eq!(view["locale"], "ja-JP", "{view}");
+    // None given: none kept, and the device reads English.
+    let (other, _) = api.register().await;
+    let view = json(
+        api.get(&format!("/v1/admin/devices/{other}"), Some(ADMIN_TOKEN))
+            .await,
+    )
+    .await;
+    assert!(view["locale"].is_null(), "{view}");
     api.stop().await;
 }
 

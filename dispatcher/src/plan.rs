@@ -27,6 +27,8 @@ pub struct Guarded<'r> {
     pub row: &'r Claimed,
     pub subscription_id: SubscriptionId,
     pub subscription: &'r Subscription,
+    /// The device's locale, which the notification is written for.
+    pub locale: Option<&'r str>,
 }
 
 /// The outcome of [`decide`].
@@ -47,11 +49,13 @@ pub fn guard<'r>(
     let mut guarded = Vec::with_capacity(rows.len());
     let mut withheld = Vec::new();
     for row in rows {
-        match recheck::pre_guard(watches.get(&row.watch_id)) {
+        let watch = watches.get(&row.watch_id);
+        match recheck::pre_guard(watch) {
             Ok((subscription_id, subscription)) => guarded.push(Guarded {
                 row,
                 subscription_id,
                 subscription,
+                locale: watch.and_then(|w| w.locale.as_deref()),
             }),
             Err(reason) => withheld.push(change(row, Event::Withheld(reason), None, settings, now)),
         }
@@ -189,6 +193,7 @@ fn send(
         baseline: checked.baseline,
         valid_until,
         item_url: settings.item_page_url.as_deref(),
+        locale: g.locale,
     });
     let mut c = change(row, Event::Dispatched, None, settings, now);
     c.sent_value = serde_json::to_value(checked.observation).ok();
@@ -311,6 +316,7 @@ mod tests {
                     auth: "a".into(),
                 },
             )),
+            locale: None,
         }
     }
 

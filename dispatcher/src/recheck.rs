@@ -122,6 +122,7 @@ mod tests {
             device_paused: true,
             removed: true,
             subscription: None,
+            locale: None,
         };
         assert_eq!(pre_guard(None).unwrap_err(), DropReason::WatchRemoved);
         assert_eq!(pre_guard(Some(&w)).unwrap_err(), DropReason::WatchRemoved);

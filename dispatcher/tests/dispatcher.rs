@@ -23,7 +23,8 @@ use tidings_domain::trigger::Trigger;
 use tidings_domain::validity;
 use tidings_tests::api::{ADMIN_TOKEN, ApiServer, test_settings};
 use tidings_tests::brokers::PrivateNats;
-use tidings_tests::fake_catalog::Behavior;
+use tidings_tests::fake_catalog::{Behavior, Item};
+use tidings_tests::fixtures;
 use tidings_tests::scenario::Scenario;
 
 const BELOW_1200: Trigger = Trigger::PriceBelow { threshold: 1200 };
@@ -104,6 +105,32 @@ async fn a_price_still_below_at_send_is_sent_with_the_refetched_price() {
         row.notification.sent_value.unwrap()["price"],
         1050,
         "what we said"
+    );
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_device_reads_its_language_and_the_currencys_own_decimals() {
+    let s = Scenario::new().await;
+    let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
+    fixtures::set_locale(&s.db.pool, w.device.id, "ja-JP")
+        .await
+        .unwrap();
+    s.ingested(&w, 1100).await;
+    // Yen have no minor unit: 1100 is 1,100 JPY, not 11.00.
+    s.catalog.set(
+        "SKU-1",
+        Item {
+            currency: "JPY".into(),
+            ..Item::priced(1100)
+        },
+    );
+    assert_eq!(s.dispatcher().dispatch_once().await.unwrap().published, 1);
+    let pushes = s.take_pushes(&s.push_consumer().await, WAIT).await;
+    assert_eq!(pushes[0].payload.title, "SKU-1が指定価格を下回りました");
+    assert_eq!(
+        pushes[0].payload.body,
+        "現在 1,100 JPY（指定価格: 1,200 JPY）"
     );
     s.cleanup().await;
 }

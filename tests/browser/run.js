@@ -143,6 +143,13 @@ async function main() {
     assert.ok(!page.url().includes(device.token), 'the token is not in the URL');
     report.device_id = device.deviceId;
     report.first_endpoint = first.endpoint;
+
+    // Amounts in each currency's own minor units, as the notifications write them.
+    const amounts = await page.evaluate(async () => {
+      const { money } = await import(new URL('tidings.js', location.href).href);
+      return [money(1200, 'JPY'), money(1200, 'EUR'), money(1200, 'KWD'), money(123456, 'EUR', 'de'), money(-5, 'USD')];
+    });
+    assert.deepEqual(amounts, ['1,200 JPY', '12.00 EUR', '1.200 KWD', '1.234,56 EUR', '-0.05 USD']);
     log('registered', device.deviceId);
 
     // Watch an item with the page's form; the price drops below the threshold.

@@ -149,9 +149,10 @@ impl Client {
     }
 }
 
+/// An amount of the demo's euros, without the code.
 fn money(v: &Value) -> String {
     v.as_i64()
-        .map(|c| format!("{}.{:02}", c / 100, c % 100))
+        .map(|c| tidings_domain::money::format(c, "", tidings_domain::money::Separators::POINT))
         .unwrap_or_else(|| "—".into())
 }
 

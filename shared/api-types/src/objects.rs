@@ -23,6 +23,8 @@ pub struct SubscriptionView {
 pub struct DeviceView {
     pub id: Uuid,
     pub time_zone: String,
+    /// The BCP 47 locale its notifications are written for; none reads English.
+    pub locale: Option<String>,
     pub created_at: DateTime<Utc>,
     pub removed_at: Option<DateTime<Utc>>,
     /// Set while an operator has the device paused.

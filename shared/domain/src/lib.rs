@@ -10,7 +10,8 @@
 //! - [`dedup`]: the dedup key and the calendar day it is scoped to.
 //! - [`messages`] and [`subjects`]: the wire contract between services; [`push`]: what a push
 //!   service's answer means, as a reported outcome and as an outbox event.
-//! - [`notification`]: the text a user receives, from the value re-checked at send time.
+//! - [`notification`]: the notification a user receives, from the value re-checked at send time,
+//!   in their language ([`texts`]) with amounts in the currency's minor units ([`money`]).
 //! - [`validity`]: how long a notification stays current, its push TTL, topic and tag.
 //! - [`ids`], [`channel`], [`item`], [`duration`]: the values everything else is built from.
 //!
@@ -24,6 +25,7 @@ pub mod duration;
 mod ids;
 pub mod item;
 pub mod messages;
+pub mod money;
 pub mod names;
 pub mod notification;
 pub mod outbox;
@@ -32,6 +34,7 @@ pub mod retention;
 #[cfg(feature = "sqlx")]
 pub mod sql;
 pub mod subjects;
+pub mod texts;
 pub mod trigger;
 pub mod validity;
 

@@ -3,22 +3,11 @@
 
 use crate::item::ItemCode;
 use crate::messages::Payload;
+use crate::money::{self, Separators};
+use crate::texts::{Lang, Said, say};
 use crate::trigger::{Baseline, Observation, Trigger};
 use crate::{OutboxId, WatchId, validity};
 use chrono::{DateTime, Utc};
-
-/// `1234` minor units → `12.34`. Assumes two decimals, true of the currencies we serve today;
-/// a currency table belongs here when zero- or three-decimal currencies arrive.
-pub fn format_money(minor: i64, currency: &str) -> String {
-    let sign = if minor < 0 { "-" } else { "" };
-    let m = minor.unsigned_abs();
-    let amount = format!("{sign}{}.{:02}", m / 100, m % 100);
-    if currency.is_empty() {
-        amount
-    } else {
-        format!("{amount} {currency}")
-    }
-}
 
 /// What a notification is about: row `id` of `watch`, whose `trigger` holds for `item` at the
 /// re-checked observation `now`, current until `valid_until`.
@@ -32,6 +21,8 @@ pub struct Notice<'a> {
     pub valid_until: DateTime<Utc>,
     /// A template with `{item}` for the link the notification opens.
     pub item_url: Option<&'a str>,
+    /// The device's BCP 47 locale (`ja-JP`): the language and number format it reads.
+    pub locale: Option<&'a str>,
 }
 
 /// The notification a person is shown for `n`.
@@ -43,33 +34,44 @@ pub fn render(n: &Notice<'_>) -> Payload {
         baseline,
         ..
     } = *n;
-    let price = format_money(now.price, &now.currency);
-    let (title, body) = match *trigger {
-        Trigger::PriceBelow { threshold } => (
-            format!("{item} is below your price"),
-            format!(
-                "Now {price} (your limit: {}).",
-                format_money(threshold, &now.currency)
-            ),
-        ),
-        Trigger::PriceDrop { percent } => {
-            let was = baseline
-                .price
-                .or(baseline.reference)
-                .map(|b| format_money(b, &now.currency));
-            (
-                format!("{item} dropped at least {percent}%"),
-                match was {
-                    Some(was) => format!("Now {price}, down from {was}."),
-                    None => format!("Now {price}."),
+    let locale = n.locale.unwrap_or_default();
+    let (lang, sep) = (Lang::of(locale), Separators::of(locale));
+    let amount = |minor| money::format(minor, &now.currency, sep);
+    let price = amount(now.price);
+    let item_code = item.as_str();
+    let said = match *trigger {
+        Trigger::PriceBelow { threshold } => {
+            let limit = amount(threshold);
+            say(
+                lang,
+                Said::Below {
+                    item: item_code,
+                    price: &price,
+                    limit: &limit,
                 },
             )
         }
-        Trigger::BackInStock => (
-            format!("{item} is back in stock"),
-            format!("Available now at {price}."),
+        Trigger::PriceDrop { percent } => {
+            let was = baseline.price.or(baseline.reference).map(amount);
+            say(
+                lang,
+                Said::Dropped {
+                    item: item_code,
+                    percent,
+                    price: &price,
+                    was: was.as_deref(),
+                },
+            )
+        }
+        Trigger::BackInStock => say(
+            lang,
+            Said::Restocked {
+                item: item_code,
+                price: &price,
+            },
         ),
     };
+    let (title, body) = said;
     Payload {
         title,
         body,
@@ -98,13 +100,6 @@ mod tests {
     }
 
     #[test]
-    fn money() {
-        assert_eq!(format_money(123456, "EUR"), "1234.56 EUR");
-        assert_eq!(format_money(5, ""), "0.05");
-        assert_eq!(format_money(-150, "USD"), "-1.50 USD");
-    }
-
-    #[test]
     fn the_body_carries_the_current_price() {
         let item = ItemCode::parse("SKU-1").unwrap();
         let id = OutboxId::new();
@@ -121,10 +116,11 @@ mod tests {
             baseline: &Baseline::default(),
             valid_until,
             item_url: Some("https://shop.example/i/{item}"),
+            locale: None,
         };
         let p = render(&notice);
         assert_eq!(p.title, "SKU-1 is below your price");
-        assert_eq!(p.body, "Now 1100.50 EUR (your limit: 1200.00 EUR).");
+        assert_eq!(p.body, "Now 1,100.50 EUR (your limit: 1,200.00 EUR).");
         assert_eq!(p.url.as_deref(), Some("https://shop.example/i/SKU-1"));
         assert_eq!(p.data["price"], 110050);
         assert_eq!(p.id, Some(id));
@@ -143,5 +139,34 @@ mod tests {
             ..notice
         });
         assert_eq!(p.body, "Now 9.00 EUR, down from 10.00 EUR.");
+    }
+
+    #[test]
+    fn the_reader_gets_their_language_and_the_currencys_own_decimals() {
+        let item = ItemCode::parse("SKU-1").unwrap();
+        let yen = Observation::on_sale(1100, "JPY", Utc::now());
+        let below = Trigger::PriceBelow { threshold: 1200 };
+        let notice = Notice {
+            id: OutboxId::new(),
+            watch: WatchId::new(),
+            trigger: &below,
+            item: &item,
+            now: &yen,
+            baseline: &Baseline::default(),
+            valid_until: yen.observed_at,
+            item_url: None,
+            locale: Some("ja-JP"),
+        };
+        let p = render(&notice);
+        assert_eq!(p.title, "SKU-1が指定価格を下回りました");
+        assert_eq!(p.body, "現在 1,100 JPY（指定価格: 1,200 JPY）");
+        let euros = Observation::on_sale(123_456, "EUR", Utc::now());
+        let p = render(&Notice {
+            now: &euros,
+            trigger: &Trigger::BackInStock,
+            locale: Some("de-DE"),
+            ..notice
+        });
+        assert_eq!(p.body, "Available now at 1.234,56 EUR.");
     }
 }

@@ -27,6 +27,8 @@ pub struct WatchState {
     /// The watch or its device was removed.
     pub removed: bool,
     pub subscription: Option<(SubscriptionId, Subscription)>,
+    /// The device's BCP 47 locale, which its notifications are written for.
+    pub locale: Option<String>,
 }
 
 #[derive(Debug, sqlx::FromRow)]
@@ -140,6 +142,7 @@ struct WatchRow {
     paused: bool,
     device_paused: bool,
     removed: bool,
+    locale: Option<String>,
     subscription_id: Option<SubscriptionId>,
     endpoint: Option<String>,
     p256dh: Option<String>,
@@ -156,7 +159,7 @@ pub async fn watches(
     ids.dedup();
     let found: Vec<WatchRow> = sqlx::query_as(
         "SELECT w.id AS watch_id, w.item_code, w.paused, d.paused_at IS NOT NULL AS device_paused,
-                (w.removed_at IS NOT NULL OR d.removed_at IS NOT NULL) AS removed,
+                (w.removed_at IS NOT NULL OR d.removed_at IS NOT NULL) AS removed, d.locale,
                 s.id AS subscription_id, s.endpoint, s.p256dh, s.auth
          FROM watches w
          JOIN devices d ON d.id = w.device_id
@@ -188,6 +191,7 @@ pub async fn watches(
                     device_paused: w.device_paused,
                     removed: w.removed,
                     subscription,
+                    locale: w.locale,
                 },
             )
         })

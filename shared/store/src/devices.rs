@@ -14,26 +14,35 @@ pub struct NewSubscription<'a> {
     pub auth: &'a str,
 }
 
-/// Inserts device `id` (authenticated by `token_hash`) with its first subscription.
+/// A device to register: its id, its token's hash, where it lives and what it reads.
+pub struct NewDevice<'a> {
+    pub id: DeviceId,
+    pub token_hash: &'a [u8],
+    pub time_zone: &'a str,
+    /// BCP 47, checked by the caller; `None` reads English.
+    pub locale: Option<&'a str>,
+}
+
+/// Inserts `device` with its first subscription.
 pub async fn register(
     pool: &PgPool,
-    id: DeviceId,
-    token_hash: &[u8],
-    time_zone: &str,
+    device: NewDevice<'_>,
     sub: NewSubscription<'_>,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "WITH d AS (INSERT INTO devices (id, token_hash, time_zone) VALUES ($1, $2, $3) RETURNING id)
+        "WITH d AS (INSERT INTO devices (id, token_hash, time_zone, locale)
+                    VALUES ($1, $2, $3, $8) RETURNING id)
          INSERT INTO push_subscriptions (id, device_id, endpoint, p256dh, auth)
          SELECT $4, d.id, $5, $6, $7 FROM d",
     )
-    .bind(id)
-    .bind(token_hash)
-    .bind(time_zone)
+    .bind(device.id)
+    .bind(device.token_hash)
+    .bind(device.time_zone)
     .bind(sub.id)
     .bind(sub.endpoint)
     .bind(sub.p256dh)
     .bind(sub.auth)
+    .bind(device.locale)
     .execute(pool)
     .await?;
     Ok(())
@@ -126,6 +135,7 @@ pub async fn set_paused(pool: &PgPool, id: DeviceId, pause: bool) -> Result<bool
 pub struct Device {
     pub id: DeviceId,
     pub time_zone: String,
+    pub locale: Option<String>,
     pub created_at: DateTime<Utc>,
     pub removed_at: Option<DateTime<Utc>>,
     pub paused_at: Option<DateTime<Utc>>,
@@ -134,7 +144,7 @@ pub struct Device {
 
 pub async fn read(pool: &PgPool, id: DeviceId) -> Result<Option<Device>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT id, time_zone, created_at, removed_at, paused_at, watch_count
+        "SELECT id, time_zone, locale, created_at, removed_at, paused_at, watch_count
          FROM devices WHERE id = $1",
     )
     .bind(id)

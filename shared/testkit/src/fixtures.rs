@@ -32,6 +32,16 @@ pub async fn device(pool: &PgPool, time_zone: &str) -> Result<Device, sqlx::Erro
     })
 }
 
+/// Device `device` reads its notifications in BCP 47 `locale` from now on.
+pub async fn set_locale(pool: &PgPool, device: DeviceId, locale: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE devices SET locale = $2 WHERE id = $1")
+        .bind(device)
+        .bind(locale)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
 /// `sub` as the device's active push subscription.
 pub async fn subscription(
     pool: &PgPool,

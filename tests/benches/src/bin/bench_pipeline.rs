@@ -710,6 +710,7 @@ async fn naive_forwarder(
                                 valid_until: req.detected.observed_at
                                     + chrono::Duration::minutes(20),
                                 item_url: None,
+                                locale: None,
                             }),
                             ttl: 3600,
                             urgency: Urgency::Normal,

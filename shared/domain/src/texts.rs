@@ -1,0 +1,211 @@
+//! Every sentence a person reads in a notification, in each language Tidings writes, in one place.
+//!
+//! A notification says one of a few things ([`Said`]); [`say`] writes it in the reader's
+//! language, with amounts already formatted for them ([`crate::money`]). A language is added by
+//! adding its arm to [`say`] and its tag to [`Lang::of`]; a test checks that every language has
+//! every sentence.
+
+/// A language notifications are written in. A device whose locale names another gets English.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Lang {
+    En,
+    Ja,
+}
+
+impl Lang {
+    pub const ALL: [Lang; 2] = [Lang::En, Lang::Ja];
+
+    /// The language of BCP 47 tag `locale` (`ja-JP` → Japanese), English when not written.
+    pub fn of(locale: &str) -> Lang {
+        let language = locale.split(['-', '_']).next().unwrap_or_default();
+        if language.eq_ignore_ascii_case("ja") {
+            Lang::Ja
+        } else {
+            Lang::En
+        }
+    }
+}
+
+/// The longest locale a device may name (RFC 5646's recommended buffer).
+pub const MAX_LOCALE_LEN: usize = 35;
+
+/// A locale that is not a BCP 47 language tag of the shape Tidings takes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "locale {0:?} is not a BCP 47 language tag (a 2- or 3-letter language and optional \
+     `-`-separated subtags of 1 to 8 letters or digits, at most 35 characters, e.g. `ja-JP`)"
+)]
+pub struct InvalidLocale(pub String);
+
+/// Checks that `locale` has the shape of a BCP 47 tag (`ja`, `ja-JP`, `zh-Hant-TW`): what the
+/// browser's `navigator.language` gives. A language Tidings does not write reads English.
+pub fn check_locale(locale: &str) -> Result<(), InvalidLocale> {
+    let mut parts = locale.split('-');
+    let language_ok = parts
+        .next()
+        .is_some_and(|l| (2..=3).contains(&l.len()) && l.bytes().all(|b| b.is_ascii_alphabetic()));
+    let subtags_ok =
+        parts.all(|p| (1..=8).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_alphanumeric()));
+    if language_ok && subtags_ok && locale.len() <= MAX_LOCALE_LEN {
+        Ok(())
+    } else {
+        Err(InvalidLocale(locale.to_owned()))
+    }
+}
+
+/// What a notification says, with its amounts written for the reader.
+#[derive(Clone, Copy, Debug)]
+pub enum Said<'a> {
+    /// `price_below`: the item costs `price`, under the reader's `limit`.
+    Below {
+        item: &'a str,
+        price: &'a str,
+        limit: &'a str,
+    },
+    /// `price_drop`: the item fell at least `percent` % to `price`, from `was` where known.
+    Dropped {
+        item: &'a str,
+        percent: u8,
+        price: &'a str,
+        was: Option<&'a str>,
+    },
+    /// `back_in_stock`: the item can be bought again, at `price`.
+    Restocked { item: &'a str, price: &'a str },
+}
+
+/// `said` as a notification's title and body in `lang`.
+pub fn say(lang: Lang, said: Said<'_>) -> (String, String) {
+    match said {
+        Said::Below { item, price, limit } => match lang {
+            Lang::En => (
+                format!("{item} is below your price"),
+                format!("Now {price} (your limit: {limit})."),
+            ),
+            Lang::Ja => (
+                format!("{item}が指定価格を下回りました"),
+                format!("現在 {price}（指定価格: {limit}）"),
+            ),
+        },
+        Said::Dropped {
+            item,
+            percent,
+            price,
+            was,
+        } => match (lang, was) {
+            (Lang::En, Some(was)) => (
+                format!("{item} dropped at least {percent}%"),
+                format!("Now {price}, down from {was}."),
+            ),
+            (Lang::En, None) => (
+                format!("{item} dropped at least {percent}%"),
+                format!("Now {price}."),
+            ),
+            (Lang::Ja, Some(was)) => (
+                format!("{item}が{percent}%以上値下がりしました"),
+                format!("現在 {price}（{was}から値下がり）"),
+            ),
+            (Lang::Ja, None) => (
+                format!("{item}が{percent}%以上値下がりしました"),
+                format!("現在 {price}"),
+            ),
+        },
+        Said::Restocked { item, price } => match lang {
+            Lang::En => (
+                format!("{item} is back in stock"),
+                format!("Available now at {price}."),
+            ),
+            Lang::Ja => (
+                format!("{item}が再入荷しました"),
+                format!("現在 {price}で購入できます"),
+            ),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn every_sentence() -> [Said<'static>; 4] {
+        [
+            Said::Below {
+                item: "SKU-1",
+                price: "1,100 JPY",
+                limit: "1,200 JPY",
+            },
+            Said::Dropped {
+                item: "SKU-1",
+                percent: 10,
+                price: "900 JPY",
+                was: Some("1,000 JPY"),
+            },
+            Said::Dropped {
+                item: "SKU-1",
+                percent: 10,
+                price: "900 JPY",
+                was: None,
+            },
+            Said::Restocked {
+                item: "SKU-1",
+                price: "900 JPY",
+            },
+        ]
+    }
+
+    #[test]
+    fn every_language_says_every_sentence_with_its_amounts() {
+        for lang in Lang::ALL {
+            for said in every_sentence() {
+                let (title, body) = say(lang, said);
+                assert!(title.contains("SKU-1"), "{lang:?} {said:?}: {title}");
+                assert!(body.contains("JPY"), "{lang:?} {said:?}: {body}");
+                if let Said::Dropped { was: Some(was), .. } = said {
+                    assert!(body.contains(was), "{lang:?}: {body}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn japanese_reads_as_japanese() {
+        let (title, body) = say(Lang::Ja, every_sentence()[0]);
+        assert_eq!(title, "SKU-1が指定価格を下回りました");
+        assert_eq!(body, "現在 1,100 JPY（指定価格: 1,200 JPY）");
+        let (title, body) = say(Lang::En, every_sentence()[0]);
+        assert_eq!(title, "SKU-1 is below your price");
+        assert_eq!(body, "Now 1,100 JPY (your limit: 1,200 JPY).");
+    }
+
+    #[test]
+    fn a_locale_has_the_shape_of_a_language_tag() {
+        for good in ["ja", "ja-JP", "en-GB", "zh-Hant-TW", "es-419", "de-CH-1996"] {
+            assert_eq!(check_locale(good), Ok(()), "{good}");
+        }
+        for bad in [
+            "",
+            "j",
+            "japanese",
+            "ja_JP",
+            "ja-",
+            "-JP",
+            "ja--JP",
+            "ja-JP-toolongsubtag",
+            "日本",
+            "ja JP",
+            "en-\u{0}",
+        ] {
+            assert!(check_locale(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_locale(&format!("en{}", "-abcdefgh".repeat(4))).is_err());
+    }
+
+    #[test]
+    fn a_locale_picks_its_language_or_english() {
+        assert_eq!(Lang::of("ja"), Lang::Ja);
+        assert_eq!(Lang::of("ja-JP"), Lang::Ja);
+        assert_eq!(Lang::of("JA_jp"), Lang::Ja);
+        for other in ["en-GB", "de", "", "jav", "x"] {
+            assert_eq!(Lang::of(other), Lang::En, "{other}");
+        }
+    }
+}
