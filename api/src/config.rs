@@ -82,6 +82,17 @@ pub struct Config {
     /// Serve the browser client (`tidings.js`, `sw.js`) and a demo page under `/web/`.
     #[arg(long, env = "TIDINGS_API_WEB", default_value_t = false)]
     pub web: bool,
+    /// The catalog's item URL template (the workers' setting), which show-time checks read.
+    /// Unset: `GET /v1/notifications/{id}/now` answers 503 and devices show "as of".
+    #[arg(long = "source-url", env = "TIDINGS_SOURCE_URL")]
+    pub source_url: Option<String>,
+    /// Time budget of one show-time catalog request.
+    #[arg(long, env = "TIDINGS_API_CHECK_TIMEOUT", default_value = "2s", value_parser = parse_duration)]
+    pub check_timeout: Duration,
+    /// How long an item's current value serves show-time checks: the devices a push reaches at
+    /// once ask the catalog once.
+    #[arg(long, env = "TIDINGS_API_CHECK_CACHE", default_value = "10s", value_parser = parse_duration)]
+    pub check_cache: Duration,
     /// NATS, and the streams `doctor` expects (the workers' settings).
     #[command(flatten)]
     pub nats: tidings_bus::NatsArgs,
@@ -105,6 +116,8 @@ pub enum ConfigError {
     CorsOrigins(#[from] crate::cors::OriginError),
     #[error("TIDINGS_PREFIX: {0}")]
     Prefix(#[from] tidings_domain::subjects::InvalidPrefix),
+    #[error("TIDINGS_SOURCE_URL: {0}")]
+    Source(#[from] tidings_source::SourceConfigError),
 }
 
 impl Config {
@@ -132,6 +145,14 @@ impl Config {
         if !(1..=1000).contains(&self.create_batch) {
             return Err(ConfigError::CreateBatch);
         }
+        let catalog = self.source_url.as_ref().map(|url| {
+            let mut c = tidings_source::SourceConfig::new(url.clone());
+            c.timeout = self.check_timeout;
+            c
+        });
+        if let Some(c) = &catalog {
+            tidings_source::HttpSource::new(c.clone())?;
+        }
         let vapid_public_key = tidings_runtime::secrets::value_or_file(
             "TIDINGS_VAPID_PUBLIC_KEY",
             self.vapid_public_key.as_deref(),
@@ -154,6 +175,8 @@ impl Config {
             subjects: self.nats.subjects()?,
             streams: self.nats.streams(),
             bus: None,
+            catalog,
+            check_cache: self.check_cache,
         })
     }
 }

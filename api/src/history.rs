@@ -11,7 +11,8 @@ use axum::Json;
 use axum::extract::State;
 use chrono::NaiveDate;
 use serde::Deserialize;
-use tidings_api_types::outbox::{Detected, Notification, NotificationList};
+use std::collections::HashMap;
+use tidings_api_types::outbox::{Detected, Notification, NotificationList, ShownReport};
 use tidings_domain::OutboxId;
 use tidings_domain::outbox::{Delivery, Status};
 use tidings_store::{db, history};
@@ -32,7 +33,8 @@ pub struct ListNotifications {
     pub limit: Option<u32>,
 }
 
-/// Row `r` as its device's history shows it (its attempts are added by [`with_attempts`]).
+/// Row `r` as its device's history shows it (its attempts and what was shown are added by
+/// [`with_attempts`]).
 pub(crate) fn notification(r: history::Notification) -> Notification {
     Notification {
         id: r.id.0,
@@ -57,10 +59,11 @@ pub(crate) fn notification(r: history::Notification) -> Notification {
         replay_of: r.replay_of.map(|id| id.0),
         dedup_day: r.dedup_day,
         attempts: Vec::new(),
+        shown: None,
     }
 }
 
-/// Fills in the attempts of a page of notifications.
+/// Fills in the attempts of a page of notifications, and what their devices reported showing.
 pub(crate) async fn with_attempts<'a>(
     app: &AppState,
     notifications: impl Iterator<Item = &'a mut Notification>,
@@ -68,8 +71,16 @@ pub(crate) async fn with_attempts<'a>(
     let mut page: Vec<&mut Notification> = notifications.collect();
     let keys: Vec<(Uuid, NaiveDate)> = page.iter().map(|n| (n.id, n.dedup_day)).collect();
     let mut found = attempts::summaries(app, &keys).await?;
+    let ids: Vec<OutboxId> = keys.iter().map(|(id, _)| OutboxId(*id)).collect();
+    let mut shown: HashMap<Uuid, ShownReport> = tidings_store::shown::reported(&app.pool, &ids)
+        .await
+        .map_err(db("reading what devices showed"))?
+        .into_iter()
+        .map(|(id, shown, at)| (id.0, ShownReport { shown, at }))
+        .collect();
     for n in &mut page {
         n.attempts = found.remove(&n.id).unwrap_or_default();
+        n.shown = shown.remove(&n.id);
     }
     Ok(())
 }

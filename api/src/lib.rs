@@ -28,6 +28,7 @@ mod openapi;
 mod operators;
 mod pause;
 pub mod problem;
+mod shown;
 mod watches;
 mod web;
 
@@ -73,6 +74,11 @@ pub struct Settings {
     pub streams: tidings_bus::streams::StreamSettings,
     /// NATS for the operator routes that need it (`TIDINGS_API_NATS`); `None` without it.
     pub bus: Option<async_nats::Client>,
+    /// The catalog show-time checks read (the workers' `TIDINGS_SOURCE_URL`); `None`: the check
+    /// answers 503 and devices show notifications "as of" their time.
+    pub catalog: Option<tidings_source::SourceConfig>,
+    /// How long an item's current value serves show-time checks.
+    pub check_cache: std::time::Duration,
 }
 
 /// What the flags give when none is set (no operator token, no VAPID key).
@@ -100,6 +106,8 @@ pub struct AppState {
     /// What the last readiness check found, for the public listener's `/readyz` (see
     /// [`health::public_readyz`]); `None` on the one-router form, which checks per request.
     pub last_ready: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// The catalog as show-time checks read it (see [`shown`]).
+    pub catalog: Option<Arc<shown::Catalog>>,
 }
 
 /// Create statements that may run at once: enough to keep two cores' worth of Postgres busy
@@ -167,7 +175,16 @@ fn parts(
         settings.create_batch,
         CREATE_STATEMENTS,
     );
+    // The settings were checked at start (`Config::settings`); a test that gives a bad source
+    // gets no catalog, as one without a source does.
+    let catalog = settings.catalog.clone().and_then(|c| {
+        shown::Catalog::new(c, settings.check_cache)
+            .inspect_err(|e| tracing::error!(error = %e, "no show-time checks"))
+            .ok()
+            .map(Arc::new)
+    });
     let state = AppState {
+        catalog,
         limits: Arc::new(limits::Limits::new(&settings)),
         schema: tidings_store::schema::Gate::new(pool.clone()),
         pool,

@@ -4,7 +4,7 @@
 use crate::problem::{ApiError, FieldError, Problem};
 use crate::{
     AppState, attempts, bulk, dead_letters, devices, doctor, health, history, operators, pause,
-    watches,
+    shown, watches,
 };
 use axum::Json;
 use std::sync::OnceLock;
@@ -64,6 +64,8 @@ fn public() -> OpenApiRouter<AppState> {
             watches::delete_watch
         ))
         .routes(routes!(history::list_notifications))
+        .routes(routes!(shown::notification_now))
+        .routes(routes!(shown::report_shown))
         .routes(routes!(health::livez))
         .routes(routes!(health::public_readyz))
         .routes(routes!(openapi_json))

@@ -1804,6 +1804,10 @@ async fn the_openapi_document_is_valid_3_1_and_matches_the_router() {
         AttemptOutcome::ALL.map(|v| v.to_string())
     );
     assert_eq!(names("Delivery"), Delivery::ALL.map(|v| v.to_string()));
+    assert_eq!(
+        names("Shown"),
+        tidings_domain::shown::Shown::ALL.map(|v| v.to_string())
+    );
 
     let documented: BTreeSet<(String, String)> = doc["paths"]
         .as_object()
@@ -1828,6 +1832,8 @@ async fn the_openapi_document_is_valid_3_1_and_matches_the_router() {
         ("PATCH", "/v1/watches/{id}"),
         ("DELETE", "/v1/watches/{id}"),
         ("GET", "/v1/notifications"),
+        ("GET", "/v1/notifications/{id}/now"),
+        ("POST", "/v1/notifications/{id}/shown"),
         ("GET", "/v1/admin/outbox"),
         ("GET", "/v1/admin/outbox/{id}"),
         ("GET", "/v1/admin/outbox/stats"),

@@ -30,6 +30,8 @@ pub struct Round {
     /// Soft-deleted watches, deactivated subscriptions and removed devices deleted for good,
     /// now that no retained row can refer to them.
     pub purged: Purged,
+    /// Devices' reports of what they showed, for notifications that left with their week.
+    pub shown_purged: u64,
 }
 
 pub use tidings_store::partitions::Purged;
@@ -104,6 +106,14 @@ pub async fn run_once(
         .await
         .map_err(db("committing a retention round"))?;
     round.purged = purge_removed(pool).await?;
+    if let Some(kept_from) = partitions::kept_from(pool)
+        .await
+        .map_err(db("reading the oldest outbox week"))?
+    {
+        round.shown_purged = tidings_store::shown::purge_before(pool, kept_from)
+            .await
+            .map_err(db("purging what devices showed"))?;
+    }
     Ok(round)
 }
 

@@ -72,6 +72,14 @@ async fn forty_days_of_notifications_leave_only_the_retention_window() {
     .execute(&db.pool)
     .await
     .unwrap();
+    // And what its device showed, which must leave with it too.
+    sqlx::query(
+        "INSERT INTO notifications_shown (outbox_id, dedup_day, device_id, shown)
+         SELECT id, dedup_day, device_id, 'as_sent' FROM outbox",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
     let retention = Retention::days(30).unwrap();
     let first_kept_week = week_of(retention.kept_from(today));
     let inside = rows_from(&db, first_kept_week).await;
@@ -108,6 +116,16 @@ async fn forty_days_of_notifications_leave_only_the_retention_window() {
             .await
             .unwrap();
     assert_eq!(attempt_days, window, "the attempts left with their weeks");
+    let shown_days: Vec<NaiveDate> =
+        sqlx::query_scalar("SELECT dedup_day FROM notifications_shown ORDER BY dedup_day")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        shown_days, window,
+        "what was shown left with its notification"
+    );
+    assert_eq!(round.shown_purged, 41 - window.len() as u64);
     let attempt_weeks: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM pg_inherits WHERE inhparent = 'outbox_attempts'::regclass",
     )

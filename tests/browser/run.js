@@ -15,6 +15,7 @@ const https = require('node:https');
 const fs = require('node:fs');
 const { installFakePush } = require('./fake-push.js');
 const { decryptPush } = require('./decrypt.js');
+const { randomUUID } = require('node:crypto');
 
 const env = (name) => {
   const v = process.env[name];
@@ -173,6 +174,15 @@ async function main() {
     assert.ok(Date.parse(payload.valid_until) > Date.parse(payload.observed_at), 'valid after it was observed');
     assert.equal(payload.data.item, 'SKU-BROWSER');
     report.sent_id = payload.id;
+    // The same notification in Declarative Web Push's documented keys, correctable by a worker.
+    assert.equal(payload.web_push, 8030);
+    assert.equal(payload.mutable, true);
+    const documented = ['title', 'lang', 'dir', 'body', 'navigate', 'silent', 'app_badge', 'tag', 'timestamp', 'data'];
+    for (const key of Object.keys(payload.notification)) assert.ok(documented.includes(key), `undocumented key ${key}`);
+    assert.equal(payload.notification.title, payload.title);
+    assert.equal(payload.notification.body, payload.body);
+    assert.equal(payload.notification.navigate, payload.url);
+    assert.ok(Number.isInteger(payload.notification.timestamp));
 
     // Delivered to the service worker as a push service would: one notification, shown once
     // even when the same push comes twice.
@@ -229,6 +239,71 @@ async function main() {
     const twice = await shown();
     assert.equal(twice.length, 1, `a second delivery of the same push added a notification: ${JSON.stringify(twice)}`);
     report.notifications = twice;
+
+    // Checked again when shown: the worker asked the api (the price still holds) and reported
+    // what it showed, which the history records.
+    const history = async () =>
+      (await (await fetch(`${API}/v1/notifications`, { headers: { authorization: `Bearer ${device.token}` } })).json()).items;
+    const shownAs = (what) =>
+      eventually(`the history saying it was shown ${what}`, async () =>
+        (await history()).find((n) => n.id === payload.id && n.shown && n.shown.shown === what),
+      );
+    await shownAs('as_sent');
+
+    // The price went back up before the device came back: it shows what changed, in place of
+    // the notification it had (one watch, one tag).
+    await setItem('SKU-BROWSER', { price: 1500 });
+    await deliver(plaintext);
+    const corrected = await eventually('the corrected notification', async () => {
+      const n = await shown();
+      return n.length === 1 && n[0].title !== payload.title ? n : null;
+    });
+    assert.equal(corrected[0].title, 'SKU-BROWSER has changed');
+    assert.match(corrected[0].body, /^Was 9\.00 EUR at \d\d:\d\d, now 15\.00 EUR\.$/);
+    await shownAs('corrected');
+    report.corrected = corrected[0];
+
+    // The api out of reach: the payload, "as of" the time its value was observed.
+    const [sw] = context.serviceWorkers();
+    const swap = (from, to) =>
+      sw.evaluate(
+        async ({ from, to }) => {
+          const [d] = (await devices()).filter((x) => x.api === from);
+          await stored('readwrite', (store) => store.delete(from));
+          await remember({ ...d, api: to });
+        },
+        { from, to },
+      );
+    await swap(API, 'http://127.0.0.1:9');
+    await deliver(plaintext);
+    const asOf = await eventually('the notification as of its time', async () => {
+      const n = await shown();
+      return n.length === 1 && / \(as of /.test(n[0].body) ? n : null;
+    });
+    await swap('http://127.0.0.1:9', API);
+    assert.equal(asOf[0].title, payload.title);
+    assert.ok(asOf[0].body.startsWith(payload.body), asOf[0].body);
+    assert.match(asOf[0].body, /\(as of \d\d:\d\d( [AP]M)?\)$/);
+    report.as_of = asOf[0];
+
+    // Another notification of the same watch and trigger replaces the one shown.
+    await setItem('SKU-BROWSER', { price: 900 });
+    await deliver(JSON.stringify({ ...payload, id: randomUUID() }));
+    await sleep(500);
+    const replaced = await shown();
+    assert.equal(replaced.length, 1, `two notifications of one watch: ${JSON.stringify(replaced)}`);
+
+    // A push in the declarative shape alone is shown from its `notification`.
+    const declarative = { web_push: 8030, notification: { ...payload.notification, tag: 'declarative', title: 'Declared' }, mutable: true };
+    await deliver(JSON.stringify(declarative));
+    const both = await eventually('the declarative notification', async () => {
+      const n = await shown();
+      return n.find((x) => x.tag === 'declarative') ? n : null;
+    });
+    const declared = both.find((x) => x.tag === 'declarative');
+    assert.equal(declared.title, 'Declared');
+    assert.equal(declared.body, payload.body);
+    assert.equal(declared.url, payload.url);
     // The worker told the page, which shows the row as sent.
     await page.waitForSelector(`#history-list li[data-id="${payload.id}"][data-state="sent"]`, { timeout: 15000 });
     report.sent_text = await page.textContent(`#history-list li[data-id="${payload.id}"] .state`);

@@ -27,6 +27,8 @@ async fn a_browser_registers_watches_and_shows_only_what_is_still_true() {
             ("TIDINGS_API_WEB", "true"),
             ("TIDINGS_API_CORS_ORIGINS", &shop),
             ("TIDINGS_ITEM_PAGE_URL", "https://shop.test/items/{item}"),
+            // Each show-time check reads the catalog as the test just set it.
+            ("TIDINGS_API_CHECK_CACHE", "0s"),
         ],
     )
     .await;

@@ -3,10 +3,13 @@
 //! than that, its `Topic` and `tag` name the watch and trigger, and a push that could not go out
 //! in time is withheld with a reason of its own.
 
+use serde_json::{Value, json};
 use std::time::Duration;
+use tidings_domain::messages::Subscription;
 use tidings_domain::outbox::{DropReason, Reason, Status};
 use tidings_domain::trigger::Trigger;
 use tidings_domain::validity;
+use tidings_tests::fake_catalog::Behavior;
 use tidings_tests::fake_push::FakePushService;
 use tidings_tests::scenario::Scenario;
 use tidings_tests::services::Pipeline;
@@ -92,6 +95,137 @@ async fn a_push_that_waits_past_its_validity_is_withheld_with_its_reason() {
     assert_eq!(push.hits(), 0, "nothing reached the push service");
     let baselines = s.db.count("SELECT count(*) FROM baselines").await;
     assert_eq!(baselines, 0, "a withheld row never moves the baseline");
+    p.stop().await;
+    s.cleanup().await;
+}
+
+/// A device registered through the api, watching SKU-1 below 12.00 (at 15.00), and the token.
+async fn api_watcher(p: &Pipeline, sub: &Subscription) -> (reqwest::Client, String) {
+    let http = reqwest::Client::new();
+    let subscription =
+        json!({"endpoint": sub.endpoint, "keys": {"p256dh": sub.p256dh, "auth": sub.auth}});
+    let created: Value = http
+        .post(format!("{}/v1/devices", p.url("api")))
+        .json(&json!({"subscription": subscription, "time_zone": "Europe/Berlin"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let token = created["token"].as_str().unwrap().to_owned();
+    let r = http
+        .post(format!("{}/v1/watches", p.url("api")))
+        .bearer_auth(&token)
+        .json(&json!({"item_code": "SKU-1", "triggers": [{"kind": "price_below", "threshold": 1200}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    (http, token)
+}
+
+#[tokio::test]
+async fn a_device_asks_whether_its_notification_still_holds_and_reports_what_it_showed() {
+    let s = Scenario::new().await;
+    let push = FakePushService::start().await.unwrap();
+    let sub = push.subscription();
+    s.catalog.set_price("SKU-1", 1500);
+    let p = Pipeline::start(&s, &[("TIDINGS_API_CHECK_CACHE", "0s")]).await;
+    let (http, token) = api_watcher(&p, &sub).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    s.catalog.set_price("SKU-1", 1000);
+    p.wait_for_rows(&s, &[Status::Sent], 1, 60).await;
+    let payload = push.received()[0].json();
+    let id = payload["id"].as_str().unwrap().to_owned();
+    let now = |token: String| {
+        let (http, url) = (
+            http.clone(),
+            format!("{}/v1/notifications/{id}/now", p.url("api")),
+        );
+        async move { http.get(url).bearer_auth(token).send().await.unwrap() }
+    };
+    let answer = |token: String| {
+        let now = now(token);
+        async move {
+            let r = now.await;
+            assert_eq!(r.status(), 200);
+            r.json::<Value>().await.unwrap()
+        }
+    };
+
+    let a = answer(token.clone()).await;
+    assert_eq!(
+        (a["holds"].as_bool(), a["shown"].as_str()),
+        (Some(true), Some("as_sent"))
+    );
+    assert_eq!(a["body"], payload["body"]);
+    s.catalog.set_price("SKU-1", 950);
+    let a = answer(token.clone()).await;
+    assert_eq!(a["shown"], "updated");
+    assert_eq!(a["body"], "Now 9.50 EUR (your limit: 12.00 EUR).");
+    s.catalog.set_price("SKU-1", 1500);
+    let a = answer(token.clone()).await;
+    assert_eq!(
+        (a["holds"].as_bool(), a["shown"].as_str()),
+        (Some(false), Some("corrected"))
+    );
+    let observed: chrono::DateTime<chrono::Utc> =
+        payload["observed_at"].as_str().unwrap().parse().unwrap();
+    let at = tidings_domain::shown::local_time(observed, chrono_tz::Europe::Berlin);
+    assert_eq!(a["body"], format!("Was 10.00 EUR at {at}, now 15.00 EUR."));
+    s.catalog.set_in_stock("SKU-1", false);
+    assert_eq!(
+        answer(token.clone()).await["body"],
+        format!("Was 10.00 EUR at {at}, now sold out.")
+    );
+    // The catalog failing: no answer to show, so the device shows the payload "as of".
+    s.catalog.set_behavior("SKU-1", Behavior::ServerError);
+    assert_eq!(now(token.clone()).await.status(), 503);
+    // Another device cannot read it.
+    let (_, other) = api_watcher(&p, &push.subscription()).await;
+    assert_eq!(now(other.clone()).await.status(), 404);
+
+    // What the device showed goes into its history.
+    let report = |token: &str, body: Value| {
+        http.post(format!("{}/v1/notifications/{id}/shown", p.url("api")))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+    };
+    assert_eq!(
+        report(&other, json!({"shown": "corrected"}))
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    let bad = report(&token, json!({"shown": "maybe"}))
+        .await
+        .unwrap()
+        .status();
+    assert!(bad.is_client_error(), "{bad}");
+    assert_eq!(
+        report(&token, json!({"shown": "corrected"}))
+            .await
+            .unwrap()
+            .status(),
+        204
+    );
+    let history: Value = http
+        .get(format!("{}/v1/notifications", p.url("api")))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(history["items"][0]["id"], id.as_str());
+    assert_eq!(
+        history["items"][0]["shown"]["shown"], "corrected",
+        "{history}"
+    );
     p.stop().await;
     s.cleanup().await;
 }

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use tidings_domain::Channel;
 use tidings_domain::outbox::{Delivery, Status};
+use tidings_domain::shown::Shown;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
@@ -52,6 +53,38 @@ pub struct Notification {
     /// Its delivery attempts, first to last.
     #[serde(default)]
     pub attempts: Vec<AttemptSummary>,
+    /// What the device reported it showed, when it did (best effort).
+    #[serde(default)]
+    pub shown: Option<ShownReport>,
+}
+
+/// What a device showed for a notification, and when it said so.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ShownReport {
+    pub shown: Shown,
+    pub at: DateTime<Utc>,
+}
+
+/// A notification checked again as its device is about to show it: what to show.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct NotificationNow {
+    pub id: Uuid,
+    /// Whether what it said still holds at the item's current value.
+    pub holds: bool,
+    /// What the device should show: `as_sent`, `updated` (still true at another value) or
+    /// `corrected` (what changed since).
+    pub shown: Shown,
+    pub title: String,
+    pub body: String,
+    /// When the current value was read (at most `TIDINGS_API_CHECK_CACHE` before the answer).
+    pub checked_at: DateTime<Utc>,
+}
+
+/// A device's report of what it showed.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ShownIn {
+    pub shown: Shown,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

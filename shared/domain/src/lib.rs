@@ -31,6 +31,7 @@ pub mod notification;
 pub mod outbox;
 pub mod push;
 pub mod retention;
+pub mod shown;
 #[cfg(feature = "sqlx")]
 pub mod sql;
 pub mod subjects;

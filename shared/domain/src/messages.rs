@@ -244,6 +244,44 @@ pub struct Payload {
     pub url: Option<String>,
     #[serde(default)]
     pub data: serde_json::Value,
+    /// The same notification in the Declarative Web Push format (`web_push: 8030`), which Safari
+    /// (iOS and macOS 18.4+) shows without running the service worker; `mutable` lets a service
+    /// worker that does run correct it. Absent when there is no page to open (`navigate` is
+    /// required).
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub declarative: Option<Declarative>,
+}
+
+/// The Declarative Web Push envelope (WebKit's format): `{"web_push": 8030, "notification":
+/// {...}, "mutable": true}`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Declarative {
+    /// The format's magic number, always [`Declarative::WEB_PUSH`].
+    pub web_push: u16,
+    pub notification: DeclarativeNotification,
+    /// Whether a service worker may change the notification before it is shown.
+    pub mutable: bool,
+}
+
+impl Declarative {
+    pub const WEB_PUSH: u16 = 8030;
+}
+
+/// The notification of a [`Declarative`] push, in the format's own keys.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeclarativeNotification {
+    pub title: String,
+    pub body: String,
+    /// The page a click opens (required by the format).
+    pub navigate: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+    /// BCP 47 language of the text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lang: Option<String>,
+    /// Unix milliseconds of the value the text states.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timestamp: Option<i64>,
 }
 
 impl Payload {
@@ -258,6 +296,7 @@ impl Payload {
             valid_until: None,
             url: None,
             data: serde_json::Value::Null,
+            declarative: None,
         }
     }
 }

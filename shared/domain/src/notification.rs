@@ -2,7 +2,7 @@
 //! snapshot (docs/design.md), so the text is true when it is sent.
 
 use crate::item::ItemCode;
-use crate::messages::Payload;
+use crate::messages::{Declarative, DeclarativeNotification, Payload};
 use crate::money::{self, Separators};
 use crate::texts::{Lang, Said, say};
 use crate::trigger::{Baseline, Observation, Trigger};
@@ -72,14 +72,28 @@ pub fn render(n: &Notice<'_>) -> Payload {
         ),
     };
     let (title, body) = said;
+    let url = n.item_url.map(|t| t.replace("{item}", item.as_str()));
+    let tag = validity::tag(n.watch, trigger);
+    let declarative = url.clone().map(|navigate| Declarative {
+        web_push: Declarative::WEB_PUSH,
+        notification: DeclarativeNotification {
+            title: title.clone(),
+            body: body.clone(),
+            navigate,
+            tag: Some(tag.clone()),
+            lang: n.locale.map(str::to_owned),
+            timestamp: Some(now.observed_at.timestamp_millis()),
+        },
+        mutable: true,
+    });
     Payload {
         title,
         body,
         id: Some(n.id),
-        tag: Some(validity::tag(n.watch, trigger)),
+        tag: Some(tag),
         observed_at: Some(now.observed_at),
         valid_until: Some(n.valid_until),
-        url: n.item_url.map(|t| t.replace("{item}", item.as_str())),
+        url,
         data: serde_json::json!({
             "item": item.as_str(),
             "trigger": trigger.key(),
@@ -87,6 +101,7 @@ pub fn render(n: &Notice<'_>) -> Payload {
             "currency": now.currency,
             "in_stock": now.in_stock,
         }),
+        declarative,
     }
 }
 
@@ -127,6 +142,18 @@ mod tests {
         assert_eq!(p.tag, Some(validity::tag(watch, &below)));
         assert_eq!(p.observed_at, Some(now.observed_at));
         assert_eq!(p.valid_until, Some(valid_until));
+        // The same notification for Safari's Declarative Web Push, which a worker may correct.
+        let json = serde_json::to_value(&p).unwrap();
+        assert_eq!(json["web_push"], 8030);
+        assert_eq!(json["mutable"], true);
+        assert_eq!(json["notification"]["title"], p.title);
+        assert_eq!(json["notification"]["body"], p.body);
+        assert_eq!(
+            json["notification"]["navigate"],
+            "https://shop.example/i/SKU-1"
+        );
+        assert_eq!(json["notification"]["tag"], json["tag"]);
+        assert_eq!(serde_json::from_value::<Payload>(json).unwrap(), p);
         let p = render(&Notice {
             trigger: &Trigger::PriceDrop { percent: 10 },
             now: &obs(900),

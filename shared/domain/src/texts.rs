@@ -71,6 +71,25 @@ pub enum Said<'a> {
     },
     /// `back_in_stock`: the item can be bought again, at `price`.
     Restocked { item: &'a str, price: &'a str },
+    /// What a notification said stopped holding: the item was `was` at `at` (a local time), and
+    /// is `now` something else.
+    Changed {
+        item: &'a str,
+        was: &'a str,
+        at: &'a str,
+        now: Now<'a>,
+    },
+}
+
+/// What an item is now, when a notification about it no longer holds.
+#[derive(Clone, Copy, Debug)]
+pub enum Now<'a> {
+    /// On sale at this price.
+    Price(&'a str),
+    /// Out of stock.
+    SoldOut,
+    /// Not sold at all (the seller paused it, or it is gone).
+    Unavailable,
 }
 
 /// `said` as a notification's title and body in `lang`.
@@ -109,6 +128,7 @@ pub fn say(lang: Lang, said: Said<'_>) -> (String, String) {
                 format!("現在 {price}"),
             ),
         },
+        Said::Changed { item, was, at, now } => changed(lang, item, was, at, now),
         Said::Restocked { item, price } => match lang {
             Lang::En => (
                 format!("{item} is back in stock"),
@@ -122,12 +142,42 @@ pub fn say(lang: Lang, said: Said<'_>) -> (String, String) {
     }
 }
 
+fn changed(lang: Lang, item: &str, was: &str, at: &str, now: Now<'_>) -> (String, String) {
+    match lang {
+        Lang::En => (
+            format!("{item} has changed"),
+            match now {
+                Now::Price(now) => format!("Was {was} at {at}, now {now}."),
+                Now::SoldOut => format!("Was {was} at {at}, now sold out."),
+                Now::Unavailable => format!("Was {was} at {at}, now not on sale."),
+            },
+        ),
+        Lang::Ja => (
+            format!("{item}の状況が変わりました"),
+            match now {
+                Now::Price(now) => format!("{at}時点では{was}、現在 {now}"),
+                Now::SoldOut => format!("{at}時点では{was}、現在 在庫切れ"),
+                Now::Unavailable => format!("{at}時点では{was}、現在 販売停止中"),
+            },
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn every_sentence() -> [Said<'static>; 4] {
+    fn every_sentence() -> [Said<'static>; 7] {
+        let changed = |now| Said::Changed {
+            item: "SKU-1",
+            was: "999 JPY",
+            at: "10:02",
+            now,
+        };
         [
+            changed(Now::Price("1,500 JPY")),
+            changed(Now::SoldOut),
+            changed(Now::Unavailable),
             Said::Below {
                 item: "SKU-1",
                 price: "1,100 JPY",
@@ -168,12 +218,16 @@ mod tests {
 
     #[test]
     fn japanese_reads_as_japanese() {
-        let (title, body) = say(Lang::Ja, every_sentence()[0]);
+        let (title, body) = say(Lang::Ja, every_sentence()[3]);
         assert_eq!(title, "SKU-1が指定価格を下回りました");
         assert_eq!(body, "現在 1,100 JPY（指定価格: 1,200 JPY）");
-        let (title, body) = say(Lang::En, every_sentence()[0]);
+        let (title, body) = say(Lang::En, every_sentence()[3]);
         assert_eq!(title, "SKU-1 is below your price");
         assert_eq!(body, "Now 1,100 JPY (your limit: 1,200 JPY).");
+        let (_, body) = say(Lang::En, every_sentence()[0]);
+        assert_eq!(body, "Was 999 JPY at 10:02, now 1,500 JPY.");
+        let (_, body) = say(Lang::Ja, every_sentence()[0]);
+        assert_eq!(body, "10:02時点では999 JPY、現在 1,500 JPY");
     }
 
     #[test]

@@ -101,7 +101,7 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
     (
         "tidings_source_errors",
         "counter",
-        &["dispatcher", "detector"],
+        &["dispatcher", "detector", "api"],
     ),
     ("tidings_push_requests", "counter", &["pusher"]),
     ("tidings_push_duration_seconds", "histogram", &["pusher"]),

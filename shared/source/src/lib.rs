@@ -60,8 +60,8 @@ pub enum SourceConfigError {
 }
 
 tidings_runtime::families! {
-    /// What sources answer instead of observations (exported by the detector and the
-    /// dispatcher, the services that read the catalog).
+    /// What sources answer instead of observations (exported by the services that read the
+    /// catalog: the detector, the dispatcher, and the api for show-time checks).
     pub struct SourceMetrics {
         source_errors: Family<KindLabels, Counter> = Family::default()
             => "tidings_source_errors", "Source (catalog) errors by kind";

@@ -21,6 +21,7 @@ pub mod replay;
 pub mod rows;
 pub mod scan;
 pub mod schema;
+pub mod shown;
 pub mod subscriptions;
 pub mod sweep;
 pub mod transition;
