@@ -5,10 +5,12 @@
 //
 // On a push it asks the api whether the notification still holds (within CHECK_BUDGET_MS) and
 // shows what is true now: as sent, with the current value, or what changed since; without an
-// answer it shows the payload "as of" its time. Then it reports what it showed.
+// answer it shows the payload "as of" its time. Then it reports what it showed. A withdrawal
+// (`withdraws` set: a notification that stopped holding, "was …, now …") is shown as sent, in
+// the place of the one it withdraws (same tag), without a sound of its own.
 //
 // The push payload is what the pusher encrypts: { id, title, body, tag, observed_at,
-// valid_until, url?, icon?, data }. `id` is the notification's outbox row; `tag` names its watch
+// valid_until, withdraws?, url?, icon?, data }. `id` is the notification's outbox row; `tag` names its watch
 // and trigger, so a newer notification of the same watch, or a push delivered twice, replaces
 // the one shown instead of showing a second.
 
@@ -103,6 +105,7 @@ function asOf(body, at) {
 // What to show for payload `p`: as sent, updated or corrected by the api, or the payload "as of"
 // its time when the api cannot say; and to whom to report it.
 async function decide(p) {
+  if (p.id && p.withdraws) return { title: p.title, body: p.body || '', shown: 'as_sent' };
   const checked = p.id ? await checkNow(p.id) : null;
   if (checked) {
     const { now, device } = checked;

@@ -58,6 +58,8 @@ export interface Notification {
   updated_at: string;
   finished_at: string | null;
   replay_of: string | null;
+  /** Set on a withdrawal: the sent notification it replaced because that one stopped holding. */
+  withdraws?: string | null;
   dedup_day: string;
   attempts: { attempt: number; at: string; outcome: string }[];
 }

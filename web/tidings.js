@@ -84,8 +84,11 @@ const WITHHELD = {
   subscription_gone: () => "the push service says this browser's subscription has expired",
   device_paused: () => 'notifications for this browser are paused by the operator',
   cancelled: () => 'the operator cancelled it before it was sent',
+  superseded: () => 'a newer notification had already taken its place',
+  recalled: () => 'the push service deleted the earlier one before this browser fetched it',
   condition_lost: (n) => {
     const c = n.checked;
+    if (n.withdraws) return 'what it corrected was true again when we checked';
     if (n.trigger && n.trigger.kind === 'back_in_stock') {
       return 'it was out of stock again before we sent';
     }
@@ -114,7 +117,7 @@ export function explain(n) {
   const sent = n.sent && typeof n.sent.price === 'number' ? ` at ${money(n.sent.price, n.sent.currency)}` : '';
   switch (n.delivery) {
     case 'delivered':
-      return { state: 'sent', text: `Sent${sent}.` };
+      return { state: 'sent', text: n.withdraws ? `Sent${sent}: the earlier one no longer held.` : `Sent${sent}.` };
     case 'withheld': {
       const why = WITHHELD[n.reason];
       return { state: 'withheld', text: `Withheld: ${why ? why(n) : n.reason}.` };

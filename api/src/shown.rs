@@ -95,6 +95,12 @@ pub async fn notification_now(
         .await
         .map_err(db("reading a notification to show"))?
         .ok_or(ApiError::NotFound("notification"))?;
+    // A withdrawal says what changed when it was sent; the service worker shows it as sent.
+    if row.trigger.is_withdrawal() {
+        return Err(ApiError::NotFound(
+            "notification to check (not a withdrawal)",
+        ));
+    }
     let sent = row
         .sent_value
         .as_ref()
@@ -132,7 +138,7 @@ pub async fn notification_now(
         &Notice {
             id,
             watch: row.watch_id,
-            trigger: &row.trigger,
+            trigger: row.trigger.trigger(),
             item: &item,
             now: &now,
             baseline: &row.baseline(),

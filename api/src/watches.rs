@@ -75,6 +75,10 @@ pub struct CreateWatch {
     #[serde(default)]
     #[schema(value_type = Option<Channel>)]
     pub channel: Option<String>,
+    /// Follow a sent notification that stops holding before its validity ends with one that
+    /// says what changed, in its place (default true).
+    #[serde(default)]
+    pub withdraw: Option<bool>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -105,6 +109,7 @@ pub(crate) fn watch_of(r: watches::Watch) -> Watch {
         channel: r.channel,
         paused: r.paused,
         reference_price: r.reference_price,
+        withdraw: r.withdraw,
         created_at: r.created_at,
         updated_at: r.updated_at,
     }
@@ -148,6 +153,7 @@ fn validate(req: &CreateWatch, max_triggers: usize) -> Result<NewWatch, ApiError
         item,
         triggers,
         channel,
+        withdraw: req.withdraw.unwrap_or(true),
     })
 }
 
@@ -195,6 +201,7 @@ async fn create_queued(
                 channel: new.channel,
                 paused: false,
                 reference_price: None,
+                withdraw: new.withdraw,
                 created_at: at,
                 updated_at: at,
             })

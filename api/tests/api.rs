@@ -767,6 +767,7 @@ async fn a_shared_create_statement_authenticates_each_create_and_keeps_every_lim
         item: ItemCode::parse("SKU-1").unwrap(),
         triggers: vec![Trigger::BackInStock],
         channel: Channel::WebPush,
+        withdraw: true,
     };
     let unknown = "x".repeat(43);
     let tokens = [
@@ -886,6 +887,7 @@ async fn a_create_postgres_refuses_fails_alone_and_its_neighbours_are_created() 
         item: ItemCode::parse("SKU-1").unwrap(),
         triggers,
         channel: Channel::WebPush,
+        withdraw: false,
     };
     let good = watch(vec![Trigger::BackInStock]);
     // No triggers breaks the table's CHECK; the api's validation never lets this through.

@@ -401,6 +401,7 @@ impl Watchlist {
             channel,
             reference_price: row.reference_price,
             last_in_stock: row.last_in_stock,
+            withdraw: row.withdraw,
         };
         self.upsert(code, watch)
     }
@@ -427,6 +428,7 @@ mod tests {
             reference_price: None,
             time_zone: chrono_tz::Tz::UTC,
             last_in_stock: None,
+            withdraw: true,
         }
     }
 
@@ -440,6 +442,7 @@ mod tests {
             reference_price: None,
             time_zone: "UTC".into(),
             last_in_stock: None,
+            withdraw: true,
             active: true,
         }
     }
@@ -467,6 +470,7 @@ mod tests {
             price,
             in_stock: true,
             sent_at: Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap(),
+            promise: None,
         }
     }
 

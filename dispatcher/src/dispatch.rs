@@ -150,7 +150,11 @@ impl Dispatcher {
 
         let (guarded, mut changes) = plan::guard(&rows, &watches, s, Utc::now());
         let fetched = self.refetch(&guarded, &watches, &spans).await;
-        let decided = plan::decide(&guarded, &watches, &last_sent, &fetched, s, Utc::now());
+        let mut decided = plan::decide(&guarded, &watches, &last_sent, &fetched, s, Utc::now());
+        let recalls = claim::recalls(&self.pool, &rows)
+            .await
+            .map_err(db("reading what withdrawals recall"))?;
+        plan::recall(&mut decided, &rows, &recalls);
         changes.extend(decided.changes);
 
         let won = match self.write(&changes, "writing dispatch transitions").await {

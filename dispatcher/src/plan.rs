@@ -8,11 +8,13 @@
 
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;
-use tidings_domain::messages::{PushRequest, Subscription, Urgency, VERSION};
-use tidings_domain::notification::{Notice, render};
+use tidings_domain::dedup::parse_time_zone;
+use tidings_domain::messages::{Payload, PushRequest, Subscription, Urgency, VERSION};
+use tidings_domain::notification::{Notice, render, withdrawal};
 use tidings_domain::outbox::{self, Event, Status};
 use tidings_domain::trigger::{Baseline, LastSent, Observation, SourceErrorKind, Trigger};
 use tidings_domain::validity;
+use tidings_domain::withdrawal::Announces;
 use tidings_domain::{ItemCode, OutboxId, SubscriptionId, WatchId};
 use tidings_source::{Fetched, SourceError};
 
@@ -29,6 +31,8 @@ pub struct Guarded<'r> {
     pub subscription: &'r Subscription,
     /// The device's locale, which the notification is written for.
     pub locale: Option<&'r str>,
+    /// The device's time zone, which times in the notification are in.
+    pub time_zone: &'r str,
 }
 
 /// The outcome of [`decide`].
@@ -56,6 +60,7 @@ pub fn guard<'r>(
                 subscription_id,
                 subscription,
                 locale: watch.and_then(|w| w.locale.as_deref()),
+                time_zone: watch.map_or("", |w| w.time_zone.as_str()),
             }),
             Err(reason) => withheld.push(change(row, Event::Withheld(reason), None, settings, now)),
         }
@@ -89,15 +94,19 @@ pub fn decide(
         let row = g.row;
         // Keys are written by ingest from a valid trigger; one this build cannot read is kept
         // for an operator (retried, then failed with the key in last_error), never guessed at.
-        let Some(trigger) = row.trigger() else {
+        let Some(announces) = row.announces() else {
             let error = format!("unknown trigger key {:?}", row.trigger);
             plan.changes
                 .push(change(row, Event::Transient, Some(error), settings, now));
             continue;
         };
         let (item, answer) = answer_for(row, watches, fetched);
-        let last = last_sent.get(&(row.watch_id, row.trigger.clone()));
-        let decision = recheck::recheck(&trigger, &row.baseline(), row.detected_at, last, &answer);
+        let last = last_sent.get(&(row.watch_id, row.trigger_key().to_owned()));
+        let decision = recheck_row(row, &announces, last, &answer);
+        let (trigger, withdrawn) = match &announces {
+            Announces::Holds(t) => (t, None),
+            Announces::Ended(t) => (t, last.zip(row.withdraws)),
+        };
         match (decision, item) {
             (Decision::Withhold { reason, checked }, _) => {
                 let mut c = change(row, Event::Withheld(reason), None, settings, now);
@@ -116,10 +125,11 @@ pub fn decide(
                 Ok(code),
             ) => {
                 let checked = Checked {
-                    trigger: &trigger,
+                    trigger,
                     code: &code,
                     observation: &observation,
                     baseline: &baseline,
+                    withdrawn,
                 };
                 send(&mut plan, g, checked, settings, now);
             }
@@ -128,6 +138,33 @@ pub fn decide(
         }
     }
     plan
+}
+
+/// Names, in each withdrawal's PushRequest, the push service's message of the row it withdraws
+/// (`recalls`, by that row's id), which the pusher asks the push service to delete first.
+pub fn recall(plan: &mut Plan, rows: &[Claimed], recalls: &HashMap<OutboxId, String>) {
+    for row in rows {
+        let location = row.withdraws.and_then(|id| recalls.get(&id));
+        if let (Some(location), Some(request)) = (location, plan.requests.get_mut(&row.id)) {
+            request.recall = Some(location.clone());
+        }
+    }
+}
+
+/// The re-check of `row`, which `announces` a trigger that holds or (a withdrawal) one that
+/// ended, against the last send of its watch and trigger and the source's answer.
+fn recheck_row(
+    row: &Claimed,
+    announces: &Announces,
+    last: Option<&LastSent>,
+    answer: &Fetched,
+) -> Decision {
+    match announces {
+        Announces::Holds(t) => recheck::recheck(t, &row.baseline(), row.detected_at, last, answer),
+        Announces::Ended(t) => {
+            recheck::recheck_withdrawal(t, &row.baseline(), row.withdraws, last, answer)
+        }
+    }
 }
 
 /// The row's item and the source's answer for it: an unparsable code is `not_found`, an item
@@ -166,6 +203,8 @@ struct Checked<'a> {
     code: &'a ItemCode,
     observation: &'a Observation,
     baseline: &'a Baseline,
+    /// For a withdrawal: what the withdrawn row sent, and its id.
+    withdrawn: Option<(&'a LastSent, OutboxId)>,
 }
 
 /// Moves the row to `sending` with the notification rendered from the re-fetched value, and
@@ -184,17 +223,7 @@ fn send(
     // A push that cannot go out while it is still true is not sent at all (the pusher reports
     // it outlived): the deadline never lets it wait past its validity.
     let deadline = (now + settings.push_deadline).min(valid_until);
-    let payload = render(&Notice {
-        id: row.id,
-        watch: row.watch_id,
-        trigger: checked.trigger,
-        item: checked.code,
-        now: checked.observation,
-        baseline: checked.baseline,
-        valid_until,
-        item_url: settings.item_page_url.as_deref(),
-        locale: g.locale,
-    });
+    let payload = payload_for(g, &checked, valid_until, settings);
     let mut c = change(row, Event::Dispatched, None, settings, now);
     c.sent_value = serde_json::to_value(checked.observation).ok();
     c.payload = serde_json::to_value(&payload).ok();
@@ -214,10 +243,45 @@ fn send(
             urgency: urgency(checked.trigger),
             topic: validity::topic(row.watch_id, checked.trigger),
             dedup_day: Some(row.dedup_day),
+            recall: None,
             traceparent: None,
         },
     );
     plan.changes.push(c);
+}
+
+/// The notification `g` goes out with: what its trigger says at the re-checked value, or for a
+/// withdrawal what changed since the row it withdraws.
+fn payload_for(
+    g: &Guarded<'_>,
+    checked: &Checked<'_>,
+    valid_until: DateTime<Utc>,
+    settings: &Settings,
+) -> Payload {
+    let notice = Notice {
+        id: g.row.id,
+        watch: g.row.watch_id,
+        trigger: checked.trigger,
+        item: checked.code,
+        now: checked.observation,
+        baseline: checked.baseline,
+        valid_until,
+        item_url: settings.item_page_url.as_deref(),
+        locale: g.locale,
+    };
+    match checked.withdrawn {
+        None => render(&notice),
+        Some((last, id)) => {
+            let sent = Observation {
+                price: last.price,
+                in_stock: last.in_stock,
+                observed_at: last.promise.map_or(last.sent_at, |p| p.observed_at),
+                ..checked.observation.clone()
+            };
+            let tz = parse_time_zone(g.time_zone).unwrap_or(chrono_tz::Tz::UTC);
+            withdrawal(&notice, id, &sent, tz)
+        }
+    }
 }
 
 /// The change `event` makes to a claimed row.
@@ -299,6 +363,7 @@ mod tests {
             retry_count: 0,
             traceparent: None,
             next_attempt_at: at,
+            withdraws: None,
         }
     }
 
@@ -317,6 +382,7 @@ mod tests {
                 },
             )),
             locale: None,
+            time_zone: "UTC".into(),
         }
     }
 

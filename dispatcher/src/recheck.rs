@@ -7,7 +7,7 @@ use tidings_domain::outbox::DropReason;
 use tidings_domain::trigger::{
     Baseline, LastSent, LostReason, Observation, SourceErrorKind, Verdict,
 };
-use tidings_domain::{SubscriptionId, Trigger, evaluate};
+use tidings_domain::{OutboxId, SubscriptionId, Trigger, evaluate};
 use tidings_source::Fetched;
 
 use tidings_store::claim::WatchState;
@@ -48,6 +48,60 @@ pub enum Decision {
     },
 }
 
+/// Re-checks a withdrawal of the sent row `withdraws` on the value fetched right now: it goes
+/// out while that row's `trigger` still does not hold against the baseline the row was decided
+/// on (`decided_on`, which the withdrawal carries as its own), and only while that row is the
+/// last one sent for its watch and trigger (`last_sent`).
+pub fn recheck_withdrawal(
+    trigger: &Trigger,
+    decided_on: &Baseline,
+    withdraws: Option<OutboxId>,
+    last_sent: Option<&LastSent>,
+    fetched: &Fetched,
+) -> Decision {
+    let still_shown = last_sent
+        .and_then(|s| s.promise)
+        .is_some_and(|p| Some(p.outbox_id) == withdraws);
+    if !still_shown {
+        return Decision::Withhold {
+            reason: DropReason::Superseded,
+            checked: None,
+        };
+    }
+    let observation = match observed(fetched) {
+        Ok(o) => o,
+        Err(decision) => return decision,
+    };
+    match evaluate(trigger, observation, decided_on) {
+        // Back where the notification said: it is true again, nothing to withdraw.
+        Verdict::Holds => Decision::Withhold {
+            reason: DropReason::ConditionLost,
+            checked: Some(observation.clone()),
+        },
+        Verdict::Lost(_) => Decision::Send {
+            observation: observation.clone(),
+            baseline: *decided_on,
+        },
+    }
+}
+
+/// The observation fetched, or what a source error means for the row.
+fn observed(fetched: &Fetched) -> Result<&Observation, Decision> {
+    fetched.as_ref().map_err(|e| match e.kind {
+        SourceErrorKind::NotFound => Decision::Withhold {
+            reason: DropReason::NotFound,
+            checked: None,
+        },
+        SourceErrorKind::Empty => Decision::Withhold {
+            reason: DropReason::OutOfStock,
+            checked: None,
+        },
+        _ => Decision::Transient {
+            error: format!("re-fetch failed: {e}"),
+        },
+    })
+}
+
 /// Re-checks the trigger on the value fetched right now.
 pub fn recheck(
     trigger: &Trigger,
@@ -56,23 +110,9 @@ pub fn recheck(
     last_sent: Option<&LastSent>,
     fetched: &Fetched,
 ) -> Decision {
-    let observation = match fetched {
+    let observation = match observed(fetched) {
         Ok(o) => o,
-        Err(e) => {
-            return match e.kind {
-                SourceErrorKind::NotFound => Decision::Withhold {
-                    reason: DropReason::NotFound,
-                    checked: None,
-                },
-                SourceErrorKind::Empty => Decision::Withhold {
-                    reason: DropReason::OutOfStock,
-                    checked: None,
-                },
-                _ => Decision::Transient {
-                    error: format!("re-fetch failed: {e}"),
-                },
-            };
-        }
+        Err(decision) => return decision,
     };
     let baseline = Baseline::for_recheck(detected_baseline, last_sent, detected_at);
     match evaluate(trigger, observation, &baseline) {
@@ -123,6 +163,7 @@ mod tests {
             removed: true,
             subscription: None,
             locale: None,
+            time_zone: "UTC".into(),
         };
         assert_eq!(pre_guard(None).unwrap_err(), DropReason::WatchRemoved);
         assert_eq!(pre_guard(Some(&w)).unwrap_err(), DropReason::WatchRemoved);
@@ -188,6 +229,7 @@ mod tests {
             price: 1000,
             in_stock: true,
             sent_at: Utc::now(),
+            promise: None,
         };
         // 1100 was news at detection, but 1000 has been announced since.
         assert!(matches!(
@@ -207,5 +249,55 @@ mod tests {
             recheck(&T, &Baseline::default(), detected_at, None, &Ok(obs(1100))),
             Decision::Send { .. }
         ));
+    }
+
+    /// A withdrawal goes out while the sent notification's trigger does not hold against the
+    /// baseline it was decided on, and only while that notification is the last one sent.
+    #[test]
+    fn a_withdrawal_goes_out_only_while_its_notification_is_shown_and_untrue() {
+        let id = OutboxId::new();
+        let shown = |outbox_id| LastSent {
+            price: 999,
+            in_stock: true,
+            sent_at: Utc::now(),
+            promise: Some(tidings_domain::withdrawal::Promise {
+                outbox_id,
+                dedup_day: Utc::now().date_naive(),
+                observed_at: Utc::now(),
+                valid_until: Utc::now() + chrono::Duration::minutes(20),
+                decided_on: Baseline::default(),
+            }),
+        };
+        let b = Baseline::default();
+        let withdraw = |last: &LastSent, price| {
+            recheck_withdrawal(&T, &b, Some(id), Some(last), &Ok(obs(price)))
+        };
+        assert!(matches!(
+            withdraw(&shown(id), 1500),
+            Decision::Send { observation, .. } if observation.price == 1500
+        ));
+        // Back below the limit: the notification is true again.
+        assert!(matches!(
+            withdraw(&shown(id), 999),
+            Decision::Withhold {
+                reason: DropReason::ConditionLost,
+                ..
+            }
+        ));
+        // Another notification replaced it, or a withdrawal was already sent (no promise left).
+        let superseded = Decision::Withhold {
+            reason: DropReason::Superseded,
+            checked: None,
+        };
+        assert_eq!(withdraw(&shown(OutboxId::new()), 1500), superseded);
+        let withdrawn = LastSent {
+            promise: None,
+            ..shown(id)
+        };
+        assert_eq!(withdraw(&withdrawn, 1500), superseded);
+        assert_eq!(
+            recheck_withdrawal(&T, &b, Some(id), None, &Ok(obs(1500))),
+            superseded
+        );
     }
 }

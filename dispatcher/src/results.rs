@@ -25,6 +25,8 @@ use tidings_domain::messages::{Outcome, PushResult};
 use tidings_domain::outbox::{self, Event, Row, Status};
 use tidings_domain::push;
 use tidings_domain::subjects::StreamKind;
+use tidings_domain::trigger::Observation;
+use tidings_domain::withdrawal::{self, Promise};
 use tidings_runtime::telemetry;
 
 use crate::config::Settings;
@@ -393,6 +395,31 @@ fn plan(
     planned
 }
 
+/// The baseline row `row` leaves, having sent `sent`. A notification leaves what it stated and
+/// until when, so that it can be withdrawn; a withdrawal leaves the value it reported under the
+/// withdrawn trigger's key, and nothing left to withdraw.
+fn advance<'r>(row: &'r Locked, sent: &Observation) -> baselines::Advance<'r> {
+    let withdrawn = row.trigger.strip_prefix(withdrawal::PREFIX);
+    let promise = match (withdrawn, row.valid_until) {
+        (None, Some(valid_until)) => Some(Promise {
+            outbox_id: row.id,
+            dedup_day: row.dedup_day,
+            observed_at: sent.observed_at,
+            valid_until,
+            decided_on: row.baseline(),
+        }),
+        _ => None,
+    };
+    baselines::Advance {
+        watch_id: row.watch_id,
+        trigger: withdrawn.unwrap_or(&row.trigger),
+        price: sent.price,
+        in_stock: sent.in_stock,
+        outbox_id: row.id,
+        promise,
+    }
+}
+
 /// What follows from the changes that won: baselines advance for rows that became `sent`, and
 /// subscriptions a push service said are gone are deactivated. Returns the detection time (and
 /// trace) of each row sent.
@@ -414,13 +441,7 @@ async fn follow_up(
         if c.transition.advances_baseline
             && let Some(Json(sent)) = &row.sent_value
         {
-            advanced.push(baselines::Advance {
-                watch_id: row.watch_id,
-                trigger: row.trigger.as_str(),
-                price: sent.price,
-                in_stock: sent.in_stock,
-                outbox_id: row.id,
-            });
+            advanced.push(advance(row, sent));
         }
         let gone = Some(outbox::Reason::Dropped(
             outbox::DropReason::SubscriptionGone,

@@ -109,6 +109,14 @@ impl Deliverer {
                 ..result(req, Outcome::Expired, started)
             };
         }
+        if let Some(location) = &req.recall
+            && let Some(status) = self.recall(req, &ready.url, location).await
+        {
+            return PushResult {
+                http_status: Some(status),
+                ..result(req, Outcome::Recalled, started)
+            };
+        }
         let sent = self
             .client
             .post(ready.url)
@@ -138,6 +146,49 @@ impl Deliverer {
                     maybe_delivered: !e.is_connect(),
                     ..result(req, Outcome::Transient, started)
                 }
+            }
+        }
+    }
+
+    /// Asks the push service to delete the message `location` names (RFC 8030 §6.3: the
+    /// notification a withdrawal withdraws), which it does only while the message still waits
+    /// for its device; returns the status of a deletion that happened. Only a resource of the
+    /// endpoint's own origin is asked, with the same VAPID authorization a push carries; any
+    /// other answer (already fetched, expired, deletion not supported, no answer) leaves the
+    /// withdrawal to be sent.
+    async fn recall(
+        &self,
+        req: &PushRequest,
+        endpoint: &reqwest::Url,
+        location: &str,
+    ) -> Option<u16> {
+        let id = req.outbox_id;
+        let url = match endpoint.join(location) {
+            Ok(url) if url.origin() == endpoint.origin() => url,
+            _ => {
+                tracing::warn!(outbox_id = %id, location, "not deleting a message outside its endpoint's origin; sending the withdrawal");
+                return None;
+            }
+        };
+        let authorization = self.vapid.authorization(url.as_str(), Utc::now()).ok()?;
+        let answer = self
+            .client
+            .delete(url)
+            .header("Authorization", authorization)
+            .send()
+            .await;
+        match answer {
+            Ok(resp) if resp.status().is_success() => {
+                tracing::info!(outbox_id = %id, location, "the withdrawn message was deleted before its device fetched it; the withdrawal is not sent");
+                Some(resp.status().as_u16())
+            }
+            Ok(resp) => {
+                tracing::info!(outbox_id = %id, location, http_status = resp.status().as_u16(), "the withdrawn message was not deleted (fetched or gone already); sending the withdrawal");
+                None
+            }
+            Err(e) => {
+                tracing::info!(outbox_id = %id, location, error = %e, "deleting the withdrawn message failed; sending the withdrawal");
+                None
             }
         }
     }

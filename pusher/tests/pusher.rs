@@ -281,6 +281,49 @@ async fn a_request_whose_validity_ran_out_is_not_sent_and_says_so() {
     w.cleanup().await;
 }
 
+/// A withdrawal first asks the push service to delete the message it withdraws (RFC 8030): one
+/// still waiting for its device is deleted and the withdrawal is not sent; one already
+/// delivered is not, and the withdrawal goes out; a resource of another origin is never asked.
+#[tokio::test]
+async fn a_withdrawal_deletes_its_undelivered_original_or_else_is_sent() {
+    let (w, pusher) = World::with_pusher().await;
+    let sub = w.push.subscription();
+    w.push.set_offline(&sub, true);
+    let original = w.push_one(&pusher, &w.request(&sub)).await;
+    assert_eq!(original.outcome, Outcome::Delivered);
+    let location = original.message_id.clone().unwrap();
+    assert_eq!(w.push.waiting().len(), 1);
+    let withdrawal = |recall: &str| PushRequest {
+        recall: Some(recall.to_owned()),
+        ..w.request(&sub)
+    };
+
+    let r = w.push_one(&pusher, &withdrawal(&location)).await;
+    assert_eq!((r.outcome, r.http_status), (Outcome::Recalled, Some(204)));
+    assert!(!r.maybe_delivered);
+    assert!(w.push.waiting().is_empty(), "deleted at the push service");
+    assert_eq!(w.push.deleted().len(), 1);
+    w.push.set_offline(&sub, false);
+    assert!(w.push.received().is_empty(), "the device never gets either");
+
+    // Delivered already: the push service answers 404 and the withdrawal is sent.
+    let shown = w.push_one(&pusher, &w.request(&sub)).await;
+    let location = shown.message_id.clone().unwrap();
+    let r = w.push_one(&pusher, &withdrawal(&location)).await;
+    assert_eq!(r.outcome, Outcome::Delivered);
+    assert_eq!(w.push.received().len(), 2);
+
+    // Another origin is not the push service's resource: not asked, the withdrawal is sent.
+    let hits = w.push.hits();
+    let r = w
+        .push_one(&pusher, &withdrawal("https://elsewhere.example/m/1"))
+        .await;
+    assert_eq!(r.outcome, Outcome::Delivered);
+    assert_eq!(w.push.hits(), hits + 1, "one push, no DELETE");
+    assert!(w.push.rejected().is_empty(), "{:?}", w.push.rejected());
+    w.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_push_without_a_ttl_topic_or_urgency_is_refused_by_the_fake_as_by_a_real_service() {
     let push = tidings_tests::fake_push::FakePushService::start()

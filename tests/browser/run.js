@@ -293,6 +293,24 @@ async function main() {
     const replaced = await shown();
     assert.equal(replaced.length, 1, `two notifications of one watch: ${JSON.stringify(replaced)}`);
 
+    // A withdrawal (the notification stopped holding) takes the shown one's place, as sent: the
+    // worker does not ask about it (asking here would fail and add "as of").
+    const withdrawal = {
+      ...payload,
+      id: randomUUID(),
+      withdraws: payload.id,
+      title: 'SKU-BROWSER has changed',
+      body: 'Was 9.00 EUR at 10:02, now 15.00 EUR.',
+    };
+    await deliver(JSON.stringify(withdrawal));
+    const withdrawn = await eventually('the withdrawal in place of the notification', async () => {
+      const n = await shown();
+      return n.length === 1 && n[0].title === withdrawal.title ? n : null;
+    });
+    assert.equal(withdrawn[0].body, withdrawal.body);
+    assert.equal(withdrawn[0].tag, payload.tag);
+    report.withdrawn = withdrawn[0];
+
     // A push in the declarative shape alone is shown from its `notification`.
     const declarative = { web_push: 8030, notification: { ...payload.notification, tag: 'declarative', title: 'Declared' }, mutable: true };
     await deliver(JSON.stringify(declarative));

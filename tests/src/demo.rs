@@ -128,14 +128,26 @@ impl Client {
 
     /// Waits until the device's row for `watch` is in `status`; returns it.
     async fn wait_for(&self, token: &str, watch: &str, status: &str) -> Result<Value, DemoError> {
+        self.wait_for_row(token, watch, status, false).await
+    }
+
+    /// Waits until the device's row for `watch`, a withdrawal or not, is in `status`.
+    async fn wait_for_row(
+        &self,
+        token: &str,
+        watch: &str,
+        status: &str,
+        withdrawal: bool,
+    ) -> Result<Value, DemoError> {
         let limit = Duration::from_secs(45);
         let started = Instant::now();
         loop {
             let rows = self.history(token).await?;
-            if let Some(row) = rows
-                .iter()
-                .find(|r| r["watch_id"] == watch && r["status"] == status)
-            {
+            if let Some(row) = rows.iter().find(|r| {
+                r["watch_id"] == watch
+                    && r["status"] == status
+                    && r["withdraws"].is_null() != withdrawal
+            }) {
                 return Ok(row.clone());
             }
             if started.elapsed() > limit {
@@ -267,6 +279,17 @@ pub async fn run(e: Endpoints, mut say: impl FnMut(String)) -> Result<Report, De
         ));
     }
 
+    // A again: back at 15.00 while its notification is current, which is withdrawn in place.
+    c.set_item("SKU-A", json!({"price": 1500})).await?;
+    say("SKU-A is back at 15.00 while its notification is current".into());
+    let withdrawn = c
+        .wait_for_row(&token, &watch("SKU-A"), "sent", true)
+        .await?;
+    say(format!(
+        "  → withdrawn: a follow-up at {} replaces it (same tag and topic)",
+        money(&withdrawn["sent"]["price"])
+    ));
+
     let received = c
         .get(
             "reading what the push service received",
@@ -317,7 +340,11 @@ pub fn table(rows: &[Value]) -> String {
         out.push_str(&format!(
             "{:<8} {:<11} {:<8} {:<15} {:>8} {:>9} {:>8}  {}\n",
             r["item_code"].as_str().unwrap_or("?"),
-            r["trigger"]["kind"].as_str().unwrap_or("?"),
+            if r["withdraws"].is_string() {
+                "withdrawal"
+            } else {
+                r["trigger"]["kind"].as_str().unwrap_or("?")
+            },
             r["status"].as_str().unwrap_or("?"),
             r["reason"].as_str().unwrap_or("—"),
             r["attempt"].as_i64().unwrap_or(0),

@@ -118,7 +118,7 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
     assert_eq!(
         s.db.count("SELECT count(*) FROM baselines").await,
         2,
-        "A and C moved their baselines; B did not"
+        "A (alert, then withdrawal) and C moved their baselines; B did not"
     );
     pushes_as_the_push_service_decrypted_them(&push);
     metrics_moved_as_the_scenario_ran(&before, &scrape_all(&p).await);
@@ -226,10 +226,23 @@ async fn rows_ended_as_the_story_says(s: &Scenario, report: &demo::Report) {
         s.rows(WatchId(w.parse().unwrap()))
     };
     let a = rows("SKU-A").await;
-    assert_eq!(a.len(), 1);
+    assert_eq!(a.len(), 2, "A's alert and its withdrawal");
+    let (alert, withdrawal) = match a[0].notification.withdraws {
+        None => (&a[0], &a[1]),
+        Some(_) => (&a[1], &a[0]),
+    };
     assert_eq!(
-        (a[0].notification.status, a[0].attempt, a[0].retry_count),
+        (alert.notification.status, alert.attempt, alert.retry_count),
         (Status::Sent, 1, 0)
+    );
+    assert_eq!(
+        withdrawal.notification.withdraws,
+        Some(alert.notification.id)
+    );
+    assert_eq!(withdrawal.notification.status, Status::Sent);
+    assert_eq!(
+        withdrawal.notification.sent_value.as_ref().unwrap()["price"],
+        1500
     );
     let b = rows("SKU-B").await;
     assert_eq!(b.len(), 1);
@@ -334,7 +347,8 @@ fn cli_shows_the_same(
             "{line}"
         );
     }
-    // The rows with an attempt through the push host: A's and C's, not B's (never pushed).
+    // The rows with an attempt through the push host: A's two (its alert and its withdrawal)
+    // and C's, not B's (never pushed).
     let by_host = cli(
         &ops,
         ADMIN_TOKEN,
@@ -348,7 +362,7 @@ fn cli_shows_the_same(
         .map(|r| r["item_code"].as_str().unwrap().to_owned())
         .collect();
     items.sort();
-    assert_eq!(items, ["SKU-A", "SKU-C"], "{by_host:?}");
+    assert_eq!(items, ["SKU-A", "SKU-A", "SKU-C"], "{by_host:?}");
     let shown = cli(&ops, ADMIN_TOKEN, &["outbox", "show", c_id]);
     assert!(shown.stdout.contains("status:          sent"), "{shown:?}");
 }
@@ -385,14 +399,31 @@ fn pushes_as_the_push_service_decrypted_them(push: &FakePushService) {
     let titles: Vec<&str> = bodies.iter().filter_map(|b| b["title"].as_str()).collect();
     assert_eq!(
         titles,
-        ["SKU-A is below your price", "SKU-C is below your price"]
+        [
+            "SKU-A is below your price",
+            "SKU-C is below your price",
+            "SKU-A has changed"
+        ]
     );
+    assert!(
+        bodies[2]["body"]
+            .as_str()
+            .unwrap()
+            .ends_with(", now 15.00 EUR."),
+        "{bodies:?}"
+    );
+    assert_eq!(bodies[2]["tag"], bodies[0]["tag"]);
     assert!(
         bodies[0]["body"].as_str().unwrap().contains("9.99"),
         "{bodies:?}"
     );
     assert!(push.rejected().is_empty(), "{:?}", push.rejected());
-    assert_eq!(push.hits(), 4, "A, C's 429 and 500, C");
+    assert_eq!(
+        push.hits(),
+        6,
+        "A, C's 429 and 500, C, the DELETE of A's (delivered: 404), A's withdrawal"
+    );
+    assert!(push.deleted().is_empty());
 }
 
 fn metrics_moved_as_the_scenario_ran(before: &Scrapes, after: &Scrapes) {
@@ -406,7 +437,7 @@ fn metrics_moved_as_the_scenario_ran(before: &Scrapes, after: &Scrapes) {
         (
             "dispatcher",
             r#"tidings_outbox_transitions_total{reason="",to="sent"}"#.to_owned(),
-            2.0,
+            3.0,
         ),
         (
             "dispatcher",
@@ -421,14 +452,14 @@ fn metrics_moved_as_the_scenario_ran(before: &Scrapes, after: &Scrapes) {
         (
             "dispatcher",
             r#"tidings_ingested_total{result="new"}"#.to_owned(),
-            3.0,
+            4.0,
         ),
         (
             "dispatcher",
             "tidings_detection_to_delivery_seconds_count{}".to_owned(),
-            2.0,
+            3.0,
         ),
-        ("pusher", push("delivered", "2xx"), 2.0),
+        ("pusher", push("delivered", "2xx"), 3.0),
         ("pusher", push("transient", "4xx"), 1.0),
         ("pusher", push("transient", "5xx"), 1.0),
         (

@@ -16,11 +16,17 @@ use tidings_tests::services::Pipeline;
 
 const BELOW_1200: Trigger = Trigger::PriceBelow { threshold: 1200 };
 
-#[tokio::test]
-async fn a_push_carries_its_validity_as_ttl_and_names_its_watch_in_topic_and_tag() {
+/// A story's world, a fake push service and one subscription of it.
+async fn world() -> (Scenario, FakePushService, Subscription) {
     let s = Scenario::new().await;
     let push = FakePushService::start().await.unwrap();
     let sub = push.subscription();
+    (s, push, sub)
+}
+
+#[tokio::test]
+async fn a_push_carries_its_validity_as_ttl_and_names_its_watch_in_topic_and_tag() {
+    let (s, push, sub) = world().await;
     let w = s.watcher_at("SKU-1", BELOW_1200, 1500, &sub).await;
     let p = Pipeline::start(&s, &[("TIDINGS_VALIDITY_PRICE", "10m")]).await;
     s.catalog.set_price("SKU-1", 1000);
@@ -60,9 +66,7 @@ async fn a_push_carries_its_validity_as_ttl_and_names_its_watch_in_topic_and_tag
 
 #[tokio::test]
 async fn a_push_that_waits_past_its_validity_is_withheld_with_its_reason() {
-    let s = Scenario::new().await;
-    let push = FakePushService::start().await.unwrap();
-    let sub = push.subscription();
+    let (s, push, sub) = world().await;
     let w = s.watcher_at("SKU-1", BELOW_1200, 1500, &sub).await;
     // No pusher yet: the request waits in the push stream while its one second runs out.
     let mut p = Pipeline::start_only(
@@ -99,8 +103,13 @@ async fn a_push_that_waits_past_its_validity_is_withheld_with_its_reason() {
     s.cleanup().await;
 }
 
-/// A device registered through the api, watching SKU-1 below 12.00 (at 15.00), and the token.
-async fn api_watcher(p: &Pipeline, sub: &Subscription) -> (reqwest::Client, String) {
+/// A device registered through the api, watching SKU-1 below 12.00 (at 15.00) with withdrawals
+/// on or off, and the token.
+async fn api_watcher(
+    p: &Pipeline,
+    sub: &Subscription,
+    withdraw: bool,
+) -> (reqwest::Client, String) {
     let http = reqwest::Client::new();
     let subscription =
         json!({"endpoint": sub.endpoint, "keys": {"p256dh": sub.p256dh, "auth": sub.auth}});
@@ -117,7 +126,11 @@ async fn api_watcher(p: &Pipeline, sub: &Subscription) -> (reqwest::Client, Stri
     let r = http
         .post(format!("{}/v1/watches", p.url("api")))
         .bearer_auth(&token)
-        .json(&json!({"item_code": "SKU-1", "triggers": [{"kind": "price_below", "threshold": 1200}]}))
+        .json(&json!({
+            "item_code": "SKU-1",
+            "triggers": [{"kind": "price_below", "threshold": 1200}],
+            "withdraw": withdraw,
+        }))
         .send()
         .await
         .unwrap();
@@ -127,12 +140,12 @@ async fn api_watcher(p: &Pipeline, sub: &Subscription) -> (reqwest::Client, Stri
 
 #[tokio::test]
 async fn a_device_asks_whether_its_notification_still_holds_and_reports_what_it_showed() {
-    let s = Scenario::new().await;
-    let push = FakePushService::start().await.unwrap();
-    let sub = push.subscription();
+    let (s, push, sub) = world().await;
     s.catalog.set_price("SKU-1", 1500);
     let p = Pipeline::start(&s, &[("TIDINGS_API_CHECK_CACHE", "0s")]).await;
-    let (http, token) = api_watcher(&p, &sub).await;
+    // Withdrawals off: the price moves back up below, and this test is about what the device
+    // is told when it asks.
+    let (http, token) = api_watcher(&p, &sub, false).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     s.catalog.set_price("SKU-1", 1000);
     p.wait_for_rows(&s, &[Status::Sent], 1, 60).await;
@@ -183,7 +196,7 @@ async fn a_device_asks_whether_its_notification_still_holds_and_reports_what_it_
     s.catalog.set_behavior("SKU-1", Behavior::ServerError);
     assert_eq!(now(token.clone()).await.status(), 503);
     // Another device cannot read it.
-    let (_, other) = api_watcher(&p, &push.subscription()).await;
+    let (_, other) = api_watcher(&p, &push.subscription(), false).await;
     assert_eq!(now(other.clone()).await.status(), 404);
 
     // What the device showed goes into its history.
@@ -212,20 +225,128 @@ async fn a_device_asks_whether_its_notification_still_holds_and_reports_what_it_
             .status(),
         204
     );
-    let history: Value = http
+    let items = history(&http, &p, &token).await;
+    assert_eq!(items[0]["id"], id.as_str());
+    assert_eq!(items[0]["shown"]["shown"], "corrected", "{items:?}");
+    p.stop().await;
+    s.cleanup().await;
+}
+
+/// The device's history, newest first.
+async fn history(http: &reqwest::Client, p: &Pipeline, token: &str) -> Vec<Value> {
+    let page: Value = http
         .get(format!("{}/v1/notifications", p.url("api")))
-        .bearer_auth(&token)
+        .bearer_auth(token)
         .send()
         .await
         .unwrap()
         .json()
         .await
         .unwrap();
-    assert_eq!(history["items"][0]["id"], id.as_str());
+    page["items"].as_array().cloned().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_notification_that_stops_holding_while_current_is_withdrawn_once() {
+    let (s, push, sub) = world().await;
+    let quiet_sub = push.subscription();
+    s.catalog.set_price("SKU-1", 1500);
+    let p = Pipeline::start(&s, &[]).await;
+    let (http, token) = api_watcher(&p, &sub, true).await;
+    let (_, quiet) = api_watcher(&p, &quiet_sub, false).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    s.catalog.set_price("SKU-1", 1000);
+    p.wait_for_rows(&s, &[Status::Sent], 2, 60).await;
+    let first = push.received_by(&sub)[0].json();
+
+    // Back at 15.00 within the price's 20 minutes: one follow-up, in the first one's place.
+    s.catalog.set_price("SKU-1", 1500);
+    p.wait_for_rows(&s, &[Status::Sent], 3, 60).await;
+    let got = push.received_by(&sub);
+    assert_eq!(got.len(), 2, "rejected: {:?}", push.rejected());
+    let withdrawal = got[1].json();
+    assert_eq!(withdrawal["withdraws"], first["id"]);
+    assert_eq!(withdrawal["tag"], first["tag"], "it replaces the shown one");
+    assert_eq!(got[1].topic, got[0].topic, "and the undelivered one");
+    let observed: chrono::DateTime<chrono::Utc> =
+        first["observed_at"].as_str().unwrap().parse().unwrap();
+    let at = tidings_domain::shown::local_time(observed, chrono_tz::Europe::Berlin);
+    assert_eq!(withdrawal["title"], "SKU-1 has changed");
     assert_eq!(
-        history["items"][0]["shown"]["shown"], "corrected",
-        "{history}"
+        withdrawal["body"],
+        format!("Was 10.00 EUR at {at}, now 15.00 EUR.")
     );
+    let items = history(&http, &p, &token).await;
+    assert_eq!(items.len(), 2);
+    assert_eq!(items[0]["id"], withdrawal["id"]);
+    assert_eq!(items[0]["withdraws"], first["id"]);
+    assert_eq!(items[0]["status"], "sent");
+    assert_eq!(items[0]["trigger"]["kind"], "price_below");
+    assert_eq!(items[0]["dedup_day"], items[1]["dedup_day"]);
+    assert_eq!(items[1]["withdraws"], Value::Null);
+
+    // The same drop again later that day: the day's alert was sent and withdrawn, so nothing
+    // more (docs/design.md: one alert and one withdrawal per watch, trigger and day).
+    s.catalog.set_price("SKU-1", 1000);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    s.catalog.set_price("SKU-1", 1500);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(push.received_by(&sub).len(), 2);
+    assert_eq!(history(&http, &p, &token).await.len(), 2);
+    // The watch that turned withdrawals off got its alert only.
+    assert_eq!(push.received_by(&quiet_sub).len(), 1);
+    assert_eq!(history(&http, &p, &quiet).await.len(), 1);
+    p.stop().await;
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_notification_whose_validity_ran_out_is_not_withdrawn() {
+    let (s, push, sub) = world().await;
+    s.catalog.set_price("SKU-1", 1500);
+    let p = Pipeline::start(&s, &[("TIDINGS_VALIDITY_PRICE", "2s")]).await;
+    api_watcher(&p, &sub, true).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    s.catalog.set_price("SKU-1", 1000);
+    p.wait_for_rows(&s, &[Status::Sent], 1, 60).await;
+    // Past valid_until a shown notification reads "as of" its time: nothing to withdraw.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    s.catalog.set_price("SKU-1", 1500);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(push.received().len(), 1, "no withdrawal");
+    assert_eq!(s.db.count("SELECT count(*) FROM outbox").await, 1);
+    p.stop().await;
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_notification_still_waiting_for_its_device_is_deleted_instead_of_withdrawn() {
+    let (s, push, sub) = world().await;
+    s.catalog.set_price("SKU-1", 1500);
+    let p = Pipeline::start(&s, &[]).await;
+    let (http, token) = api_watcher(&p, &sub, true).await;
+    push.set_offline(&sub, true);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    s.catalog.set_price("SKU-1", 1000);
+    p.wait_for_rows(&s, &[Status::Sent], 1, 60).await;
+    assert_eq!(push.waiting().len(), 1, "accepted, waiting for the device");
+
+    // Back up before the device came back: the push service deletes the stored message, and
+    // the withdrawal is not sent.
+    s.catalog.set_price("SKU-1", 1500);
+    p.wait_for_rows(&s, &[Status::Dropped], 1, 60).await;
+    assert_eq!(push.deleted().len(), 1);
+    push.set_offline(&sub, false);
+    assert!(push.received().is_empty(), "the device is shown nothing");
+    let items = history(&http, &p, &token).await;
+    assert_eq!(items.len(), 2);
+    assert_eq!(items[0]["withdraws"], items[1]["id"]);
+    assert_eq!(
+        (&items[0]["status"], &items[0]["reason"]),
+        (&json!("dropped"), &json!("recalled"))
+    );
+    assert_eq!(items[0]["delivery"], "withheld");
+    assert_eq!(items[0]["attempts"][0]["outcome"], "recalled");
     p.stop().await;
     s.cleanup().await;
 }

@@ -55,8 +55,16 @@ pub struct Watch {
     pub paused: bool,
     /// The first price seen for the item: `price_drop`'s reference until a notification is sent.
     pub reference_price: Option<i64>,
+    /// Whether a sent notification that stops holding before its validity ends is followed by
+    /// one that says what changed (a withdrawal), in its place on the screen.
+    #[serde(default = "withdraw_by_default")]
+    pub withdraw: bool,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+}
+
+fn withdraw_by_default() -> bool {
+    true
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

@@ -48,7 +48,12 @@ pub struct Notification {
     pub finished_at: Option<DateTime<Utc>>,
     /// Set on an operator replay: the row it replays.
     pub replay_of: Option<Uuid>,
-    /// The day its dedup key counts (one notification per watch, trigger and day).
+    /// Set on a withdrawal: the sent notification of `trigger` that stopped holding before its
+    /// validity ended, which this one replaced on the device ("was …, now …").
+    #[serde(default)]
+    pub withdraws: Option<Uuid>,
+    /// The day its dedup key counts (one notification per watch, trigger and day; a withdrawal
+    /// counts on its notification's day).
     pub dedup_day: NaiveDate,
     /// Its delivery attempts, first to last.
     #[serde(default)]

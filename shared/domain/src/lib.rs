@@ -12,7 +12,8 @@
 //!   service's answer means, as a reported outcome and as an outbox event.
 //! - [`notification`]: the notification a user receives, from the value re-checked at send time,
 //!   in their language ([`texts`]) with amounts in the currency's minor units ([`money`]).
-//! - [`validity`]: how long a notification stays current, its push TTL, topic and tag.
+//! - [`validity`]: how long a notification stays current, its push TTL, topic and tag;
+//!   [`withdrawal`]: when a sent one stopped holding and is followed by a correction.
 //! - [`ids`], [`channel`], [`item`], [`duration`]: the values everything else is built from.
 //!
 //! The `sqlx` feature lets the ids be bound as Postgres values by the crates that talk to the
@@ -38,6 +39,7 @@ pub mod subjects;
 pub mod texts;
 pub mod trigger;
 pub mod validity;
+pub mod withdrawal;
 
 pub use channel::Channel;
 pub use ids::{DeviceId, OutboxId, SubscriptionId, WatchId};

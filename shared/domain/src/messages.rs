@@ -8,6 +8,7 @@ use crate::WatchId;
 use crate::dedup::DedupKey;
 use crate::names::names;
 use crate::trigger::{Baseline, Observation, Trigger};
+use crate::withdrawal::Announces;
 use crate::{Channel, DeviceId, OutboxId};
 use chrono::{DateTime, NaiveDate, Utc};
 use serde::de::DeserializeOwned;
@@ -64,8 +65,13 @@ pub struct EnqueueRequest {
     /// The baseline the trigger was evaluated against.
     #[serde(default)]
     pub baseline: Baseline,
-    /// Calendar day of `detected_at` in the device's time zone.
+    /// Calendar day of `detected_at` in the device's time zone; for a withdrawal, the withdrawn
+    /// row's day (so a sent row is withdrawn at most once).
     pub dedup_day: NaiveDate,
+    /// The `sent` row this request withdraws ([`crate::withdrawal`]): its trigger stopped holding
+    /// at `detected`, against `baseline`, the one the row was decided on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub withdraws: Option<OutboxId>,
     /// The W3C trace context of the detection span, in an [`EnqueueRequests`] batch (whose one
     /// header cannot carry every request's). A request alone carries it as its message's header.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -73,10 +79,18 @@ pub struct EnqueueRequest {
 }
 
 impl EnqueueRequest {
+    /// What the row it makes tells its reader: the trigger holds, or (a withdrawal) has ended.
+    pub fn announces(&self) -> Announces {
+        match self.withdraws {
+            None => Announces::Holds(self.trigger.clone()),
+            Some(_) => Announces::Ended(self.trigger.clone()),
+        }
+    }
+
     pub fn dedup_key(&self) -> DedupKey {
         DedupKey {
             watch_id: self.watch_id,
-            trigger: self.trigger.key(),
+            trigger: self.announces().key(),
             dedup_day: self.dedup_day,
             channel: self.channel,
         }
@@ -240,6 +254,10 @@ pub struct Payload {
     /// Until when the text may be shown as current ([`crate::validity`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub valid_until: Option<DateTime<Utc>>,
+    /// Set on a withdrawal ([`crate::withdrawal`]): the notification it replaces, whose tag it
+    /// carries. It says what changed when it was sent and is shown as sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub withdraws: Option<OutboxId>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
     #[serde(default)]
@@ -294,6 +312,7 @@ impl Payload {
             tag: None,
             observed_at: None,
             valid_until: None,
+            withdraws: None,
             url: None,
             data: serde_json::Value::Null,
             declarative: None,
@@ -330,6 +349,12 @@ pub struct PushRequest {
     /// result finds its row in one partition. Older dispatchers omit it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dedup_day: Option<NaiveDate>,
+    /// For a withdrawal: the push service's message resource (`Location`) of the notification it
+    /// withdraws. The pusher first asks the push service to delete it (RFC 8030 §6.3): if that
+    /// message was still waiting for its device, the device never sees it and the withdrawal is
+    /// not sent ([`Outcome::Recalled`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recall: Option<String>,
     /// The W3C trace context of the dispatch span, in a [`PushRequests`] batch (whose one header
     /// cannot carry every request's). A request alone carries it as its message's header.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -407,6 +432,9 @@ names! {
         /// The request reached the pusher after its deadline, or after its notification's
         /// validity ran out ([`PushResult::outlived`]), and was not sent.
         Expired = "expired",
+        /// A withdrawal that was not sent because the push service deleted the message it
+        /// withdraws before the device fetched it ([`PushRequest::recall`]).
+        Recalled = "recalled",
     }
 }
 
@@ -420,6 +448,7 @@ names! {
         Gone = "gone",
         Permanent = "permanent",
         Expired = "expired",
+        Recalled = "recalled",
         LeaseExpired = "lease_expired",
     }
 }
@@ -432,6 +461,7 @@ impl From<Outcome> for AttemptOutcome {
             Outcome::Gone => AttemptOutcome::Gone,
             Outcome::Permanent => AttemptOutcome::Permanent,
             Outcome::Expired => AttemptOutcome::Expired,
+            Outcome::Recalled => AttemptOutcome::Recalled,
         }
     }
 }
@@ -590,6 +620,7 @@ mod tests {
             detected: Observation::on_sale(1100, "EUR", detected_at),
             baseline: Baseline::default(),
             dedup_day: NaiveDate::from_ymd_opt(2026, 12, 1).unwrap(),
+            withdraws: None,
             traceparent: None,
         }
     }
@@ -786,6 +817,7 @@ mod tests {
             urgency: Urgency::High,
             topic: crate::validity::topic(WatchId::new(), &Trigger::BackInStock),
             dedup_day: NaiveDate::from_ymd_opt(2026, 12, 1),
+            recall: None,
             traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
         }
     }

@@ -4,10 +4,12 @@
 use crate::item::ItemCode;
 use crate::messages::{Declarative, DeclarativeNotification, Payload};
 use crate::money::{self, Separators};
+use crate::shown;
 use crate::texts::{Lang, Said, say};
-use crate::trigger::{Baseline, Observation, Trigger};
+use crate::trigger::{Baseline, LostReason, Observation, Trigger, Verdict, evaluate};
 use crate::{OutboxId, WatchId, validity};
 use chrono::{DateTime, Utc};
+use chrono_tz::Tz;
 
 /// What a notification is about: row `id` of `watch`, whose `trigger` holds for `item` at the
 /// re-checked observation `now`, current until `valid_until`.
@@ -27,6 +29,25 @@ pub struct Notice<'a> {
 
 /// The notification a person is shown for `n`.
 pub fn render(n: &Notice<'_>) -> Payload {
+    let (title, body) = said(n);
+    payload(n, title, body, None)
+}
+
+/// The notification that withdraws row `withdraws`, which stated `sent` and no longer holds at
+/// `n.now`: "Was 9.99 EUR at 10:02, now 15.00 EUR." (times in `tz`), under the withdrawn one's
+/// tag, so it takes its place on the screen.
+pub fn withdrawal(n: &Notice<'_>, withdraws: OutboxId, sent: &Observation, tz: Tz) -> Payload {
+    let lost = match evaluate(n.trigger, n.now, n.baseline) {
+        Verdict::Lost(lost) => lost,
+        // The re-check sends a withdrawal only when the trigger no longer holds.
+        Verdict::Holds => LostReason::ConditionLost,
+    };
+    let (title, body) = shown::changed(n, lost, sent, tz);
+    payload(n, title, body, Some(withdraws))
+}
+
+/// What `n`'s trigger says, in the reader's language.
+fn said(n: &Notice<'_>) -> (String, String) {
     let Notice {
         trigger,
         item,
@@ -39,7 +60,7 @@ pub fn render(n: &Notice<'_>) -> Payload {
     let amount = |minor| money::format(minor, &now.currency, sep);
     let price = amount(now.price);
     let item_code = item.as_str();
-    let said = match *trigger {
+    match *trigger {
         Trigger::PriceBelow { threshold } => {
             let limit = amount(threshold);
             say(
@@ -70,8 +91,14 @@ pub fn render(n: &Notice<'_>) -> Payload {
                 price: &price,
             },
         ),
-    };
-    let (title, body) = said;
+    }
+}
+
+/// The payload of `n` saying `title` and `body`.
+fn payload(n: &Notice<'_>, title: String, body: String, withdraws: Option<OutboxId>) -> Payload {
+    let Notice {
+        trigger, item, now, ..
+    } = *n;
     let url = n.item_url.map(|t| t.replace("{item}", item.as_str()));
     let tag = validity::tag(n.watch, trigger);
     let declarative = url.clone().map(|navigate| Declarative {
@@ -93,6 +120,7 @@ pub fn render(n: &Notice<'_>) -> Payload {
         tag: Some(tag),
         observed_at: Some(now.observed_at),
         valid_until: Some(n.valid_until),
+        withdraws,
         url,
         data: serde_json::json!({
             "item": item.as_str(),
@@ -195,5 +223,52 @@ mod tests {
             ..notice
         });
         assert_eq!(p.body, "Available now at 1.234,56 EUR.");
+    }
+
+    /// A withdrawal says what changed since the notification it withdraws, in that one's place
+    /// (same tag), in the reader's language and time zone.
+    #[test]
+    fn a_withdrawal_says_what_changed_under_the_withdrawn_ones_tag() {
+        use chrono::TimeZone;
+        let item = ItemCode::parse("SKU-1").unwrap();
+        let at = Utc.with_ymd_and_hms(2026, 12, 3, 9, 2, 0).unwrap();
+        let back = Observation::on_sale(1500, "EUR", at + chrono::Duration::minutes(5));
+        let sent = Observation::on_sale(999, "EUR", at);
+        let below = Trigger::PriceBelow { threshold: 1200 };
+        let (watch, withdrawn) = (WatchId::new(), OutboxId::new());
+        let notice = Notice {
+            id: OutboxId::new(),
+            watch,
+            trigger: &below,
+            item: &item,
+            now: &back,
+            baseline: &Baseline::default(),
+            valid_until: back.observed_at + chrono::Duration::minutes(20),
+            item_url: Some("https://shop.example/i/{item}"),
+            locale: None,
+        };
+        let p = withdrawal(&notice, withdrawn, &sent, chrono_tz::Europe::Berlin);
+        assert_eq!(p.title, "SKU-1 has changed");
+        assert_eq!(p.body, "Was 9.99 EUR at 10:02, now 15.00 EUR.");
+        assert_eq!(p.withdraws, Some(withdrawn));
+        assert_eq!(p.tag, render(&notice).tag);
+        assert_eq!(p.tag, Some(validity::tag(watch, &below)));
+        let sold_out = Observation {
+            in_stock: false,
+            ..back.clone()
+        };
+        let p = withdrawal(
+            &Notice {
+                now: &sold_out,
+                locale: Some("ja-JP"),
+                ..notice
+            },
+            withdrawn,
+            &sent,
+            chrono_tz::Asia::Tokyo,
+        );
+        assert_eq!(p.body, "18:02時点では9.99 EUR、現在 在庫切れ");
+        // An alert is not a withdrawal.
+        assert_eq!(render(&notice).withdraws, None);
     }
 }

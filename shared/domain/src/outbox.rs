@@ -23,6 +23,7 @@
 //! | sending         | `Gone`                        | dropped (subscription_gone) |
 //! | sending         | `Rejected(reason)`            | failed                      |
 //! | sending         | `Outlived` (validity ran out before the push went out) | dropped (validity_expired) |
+//! | sending / retry | `Recalled` (a withdrawal's original deleted undelivered) | dropped (recalled) |
 //! | sending         | `Unknown` (timeout after the request went out, lease expired with no record) | retry, or failed at the cap; the row is marked *maybe delivered* |
 //! | retry           | `Delivered` / `Gone` / `Rejected` (a late result of the row's last attempt) | sent / dropped / failed |
 //!
@@ -110,6 +111,12 @@ names! {
         Cancelled = "cancelled",
         /// Its validity ran out before the push could go out (docs/design.md).
         ValidityExpired = "validity_expired",
+        /// A withdrawal whose notification a later one of its watch and trigger had already
+        /// replaced.
+        Superseded = "superseded",
+        /// A withdrawal not sent: the push service deleted the notification it withdraws before
+        /// the device fetched it.
+        Recalled = "recalled",
     }
 }
 
@@ -220,6 +227,9 @@ pub enum Event {
     Cancelled,
     /// The pusher did not send the row's push because its validity had run out.
     Outlived,
+    /// The pusher did not send a withdrawal: the push service deleted, undelivered, the message
+    /// it withdraws.
+    Recalled,
 }
 
 /// The outcome of applying an [`Event`].
@@ -283,7 +293,10 @@ pub fn apply(row: Row, event: Event, max_retries: u32) -> Result<Transition, Ill
         (Status::Pending | Status::Retry, Event::Withheld(reason))
             if !matches!(
                 reason,
-                DropReason::SubscriptionGone | DropReason::Cancelled | DropReason::ValidityExpired
+                DropReason::SubscriptionGone
+                    | DropReason::Cancelled
+                    | DropReason::ValidityExpired
+                    | DropReason::Recalled
             ) =>
         {
             stay(Status::Dropped, Some(Reason::Dropped(reason)))
@@ -323,6 +336,9 @@ pub fn apply(row: Row, event: Event, max_retries: u32) -> Result<Transition, Ill
             Status::Dropped,
             Some(Reason::Dropped(DropReason::SubscriptionGone)),
         ),
+        (Status::Sending | Status::Retry, Event::Recalled) => {
+            stay(Status::Dropped, Some(Reason::Dropped(DropReason::Recalled)))
+        }
         (Status::Sending | Status::Retry, Event::Rejected(reason))
             if reason != FailReason::RetriesExhausted =>
         {
@@ -421,6 +437,8 @@ mod tests {
             (Status::Retry, Event::Unknown),
             (Status::Pending, Event::Outlived),
             (Status::Retry, Event::Outlived),
+            (Status::Pending, Event::Recalled),
+            (Status::Pending, Event::Withheld(DropReason::Recalled)),
             (
                 Status::Pending,
                 Event::Withheld(DropReason::ValidityExpired),
@@ -469,6 +487,16 @@ mod tests {
             Delivery::of(Status::Dropped, paused, false),
             Delivery::Withheld
         );
+    }
+
+    #[test]
+    fn a_withdrawal_whose_original_was_deleted_undelivered_is_not_sent() {
+        for from in [Status::Sending, Status::Retry] {
+            let t = apply(row(from), Event::Recalled, 5).unwrap();
+            assert_eq!(t.to, Status::Dropped);
+            assert_eq!(t.reason, Some(Reason::Dropped(DropReason::Recalled)));
+            assert!(!t.advances_baseline && !t.maybe_delivered);
+        }
     }
 
     #[test]
@@ -577,6 +605,7 @@ mod tests {
             proptest::sample::select(FailReason::ALL.to_vec()).prop_map(Event::Rejected),
             Just(Event::Cancelled),
             Just(Event::Outlived),
+            Just(Event::Recalled),
         ]
     }
 
@@ -631,6 +660,15 @@ mod tests {
                         );
                         if event == Event::Outlived {
                             prop_assert_eq!(r.status, Status::Sending);
+                        }
+                        // Only the push service's deletion of a withdrawn message records
+                        // `recalled`, once a push is out.
+                        prop_assert_eq!(
+                            t.reason == Some(Reason::Dropped(DropReason::Recalled)),
+                            event == Event::Recalled
+                        );
+                        if event == Event::Recalled {
+                            prop_assert!(!r.status.is_due_state() || r.status == Status::Retry);
                         }
                         if t.advances_baseline {
                             prop_assert!(!sent_once, "baseline advanced twice");

@@ -35,6 +35,7 @@ pub fn event(result: &PushResult) -> Event {
     match result.outcome {
         Outcome::Delivered => Event::Delivered,
         Outcome::Expired if result.outlived && !result.maybe_delivered => Event::Outlived,
+        Outcome::Recalled => Event::Recalled,
         Outcome::Transient | Outcome::Expired if result.maybe_delivered => Event::Unknown,
         Outcome::Transient | Outcome::Expired => Event::Transient,
         Outcome::Gone => Event::Gone,

@@ -38,7 +38,6 @@ pub struct Showing {
 /// is then shown with the current value (the same text when nothing moved). One that stopped
 /// holding says what it was at the sent value's time (in `tz`) and what it is now.
 pub fn showing(n: &Notice<'_>, sent: &Observation, tz: Tz) -> Showing {
-    let locale = n.locale.unwrap_or_default();
     match evaluate(n.trigger, n.now, n.baseline) {
         Verdict::Holds => {
             let p = render(n);
@@ -51,24 +50,7 @@ pub fn showing(n: &Notice<'_>, sent: &Observation, tz: Tz) -> Showing {
             }
         }
         Verdict::Lost(lost) => {
-            let sep = Separators::of(locale);
-            let was = money::format(sent.price, &sent.currency, sep);
-            let now_price = money::format(n.now.price, &n.now.currency, sep);
-            let now = match lost {
-                LostReason::ConditionLost => Now::Price(&now_price),
-                LostReason::OutOfStock => Now::SoldOut,
-                LostReason::ItemPaused => Now::Unavailable,
-            };
-            let at = local_time(sent.observed_at, tz);
-            let (title, body) = say(
-                Lang::of(locale),
-                Said::Changed {
-                    item: n.item.as_str(),
-                    was: &was,
-                    at: &at,
-                    now,
-                },
-            );
+            let (title, body) = changed(n, lost, sent, tz);
             Showing {
                 holds: false,
                 shown: Shown::Corrected,
@@ -77,6 +59,30 @@ pub fn showing(n: &Notice<'_>, sent: &Observation, tz: Tz) -> Showing {
             }
         }
     }
+}
+
+/// What changed since notice `n` stated `sent`, now that it no longer holds for `lost`: "Was
+/// 9.99 EUR at 10:02, now 15.00 EUR." (the time in `tz`), in the reader's language.
+pub fn changed(n: &Notice<'_>, lost: LostReason, sent: &Observation, tz: Tz) -> (String, String) {
+    let locale = n.locale.unwrap_or_default();
+    let sep = Separators::of(locale);
+    let was = money::format(sent.price, &sent.currency, sep);
+    let now_price = money::format(n.now.price, &n.now.currency, sep);
+    let now = match lost {
+        LostReason::ConditionLost => Now::Price(&now_price),
+        LostReason::OutOfStock => Now::SoldOut,
+        LostReason::ItemPaused => Now::Unavailable,
+    };
+    let at = local_time(sent.observed_at, tz);
+    say(
+        Lang::of(locale),
+        Said::Changed {
+            item: n.item.as_str(),
+            was: &was,
+            at: &at,
+            now,
+        },
+    )
 }
 
 /// `HH:MM` of `at` in `tz`.

@@ -5,6 +5,7 @@
 use crate::names::UnknownName;
 use crate::outbox::Reason;
 use crate::trigger::Trigger;
+use crate::withdrawal::Announces;
 
 /// Makes `$t` a Postgres `text` value: written by `$to_text`, read by `$from_text` (which fails
 /// on a name it does not know).
@@ -54,3 +55,5 @@ as_text!(Trigger, Trigger::key, |s| Trigger::from_key(s)
     .ok_or_else(|| unknown("trigger key", s)));
 as_text!(Reason, |r| r.as_str().to_owned(), |s| Reason::parse(s)
     .ok_or_else(|| unknown("reason", s)));
+as_text!(Announces, Announces::key, |s| Announces::from_key(s)
+    .ok_or_else(|| unknown("trigger key", s)));

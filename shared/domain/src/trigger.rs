@@ -168,6 +168,10 @@ pub struct LastSent {
     pub price: i64,
     pub in_stock: bool,
     pub sent_at: DateTime<Utc>,
+    /// What the notification stated and until when, while it may still be withdrawn; `None`
+    /// once a withdrawal was sent (and for baselines written before withdrawals existed).
+    #[serde(default)]
+    pub promise: Option<crate::withdrawal::Promise>,
 }
 
 impl Baseline {
@@ -390,6 +394,7 @@ mod tests {
             price: 1100,
             in_stock: true,
             sent_at: detected_at - chrono::Duration::hours(1),
+            promise: None,
         };
         let after = LastSent {
             sent_at: detected_at + chrono::Duration::seconds(1),
@@ -421,6 +426,7 @@ mod tests {
             price: 900,
             in_stock: true,
             sent_at: Utc::now(),
+            promise: None,
         };
         let with_reference = |price, in_stock| Baseline {
             reference: Some(1000),

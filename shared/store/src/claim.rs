@@ -14,7 +14,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 use tidings_domain::messages::Subscription;
 use tidings_domain::outbox::{Row, Status};
-use tidings_domain::trigger::{Baseline, LastSent, Observation, Trigger};
+use tidings_domain::trigger::{Baseline, LastSent, Observation};
+use tidings_domain::withdrawal::Announces;
 use tidings_domain::{DeviceId, OutboxId, SubscriptionId, WatchId};
 
 /// What the database says about a claimed row's watch right now.
@@ -29,6 +30,8 @@ pub struct WatchState {
     pub subscription: Option<(SubscriptionId, Subscription)>,
     /// The device's BCP 47 locale, which its notifications are written for.
     pub locale: Option<String>,
+    /// The device's IANA time zone, which times in its notifications are in.
+    pub time_zone: String,
 }
 
 #[derive(Debug, sqlx::FromRow)]
@@ -53,12 +56,23 @@ pub struct Claimed {
     pub traceparent: Option<String>,
     /// When it became due: how long it waited for this claim is what admission reads.
     pub next_attempt_at: DateTime<Utc>,
+    /// The sent row this one withdraws.
+    pub withdraws: Option<OutboxId>,
 }
 
 impl Claimed {
-    /// The trigger, read back from its key; `None` only for a key this build does not know.
-    pub fn trigger(&self) -> Option<Trigger> {
-        Trigger::from_key(&self.trigger)
+    /// What the row announces, read back from its trigger key; `None` only for a key this build
+    /// does not know.
+    pub fn announces(&self) -> Option<Announces> {
+        Announces::from_key(&self.trigger)
+    }
+
+    /// The key of the trigger the row is about, whose baseline it is decided on (a withdrawal's
+    /// key without its prefix).
+    pub fn trigger_key(&self) -> &str {
+        self.trigger
+            .strip_prefix(tidings_domain::withdrawal::PREFIX)
+            .unwrap_or(&self.trigger)
     }
 
     /// The detection snapshot.
@@ -108,7 +122,7 @@ pub const CLAIM: &str = concat!(
      FROM due WHERE o.id = due.id AND o.dedup_day = due.dedup_day
      RETURNING o.id, o.dedup_day, o.watch_id, o.device_id, o.status, o.trigger, ",
     crate::snapshot_columns!(),
-    ", o.attempt, o.retry_count, o.traceparent, o.next_attempt_at"
+    ", o.attempt, o.retry_count, o.traceparent, o.next_attempt_at, o.withdraws"
 );
 
 /// Run before [`CLAIM`] in the same transaction. The due index yields rows in claim order, so a
@@ -143,6 +157,7 @@ struct WatchRow {
     device_paused: bool,
     removed: bool,
     locale: Option<String>,
+    time_zone: String,
     subscription_id: Option<SubscriptionId>,
     endpoint: Option<String>,
     p256dh: Option<String>,
@@ -159,7 +174,7 @@ pub async fn watches(
     ids.dedup();
     let found: Vec<WatchRow> = sqlx::query_as(
         "SELECT w.id AS watch_id, w.item_code, w.paused, d.paused_at IS NOT NULL AS device_paused,
-                (w.removed_at IS NOT NULL OR d.removed_at IS NOT NULL) AS removed, d.locale,
+                (w.removed_at IS NOT NULL OR d.removed_at IS NOT NULL) AS removed, d.locale, d.time_zone,
                 s.id AS subscription_id, s.endpoint, s.p256dh, s.auth
          FROM watches w
          JOIN devices d ON d.id = w.device_id
@@ -192,21 +207,24 @@ pub async fn watches(
                     removed: w.removed,
                     subscription,
                     locale: w.locale,
+                    time_zone: w.time_zone,
                 },
             )
         })
         .collect())
 }
 
-/// The last sent value of each claimed row's (watch, trigger).
+/// The last sent value of each claimed row's (watch, trigger), by [`Claimed::trigger_key`].
 pub async fn baselines(
     pool: &PgPool,
     rows: &[Claimed],
 ) -> Result<HashMap<(WatchId, String), LastSent>, sqlx::Error> {
     let watch_ids: Vec<WatchId> = rows.iter().map(|r| r.watch_id).collect();
-    let triggers: Vec<&str> = rows.iter().map(|r| r.trigger.as_str()).collect();
+    let triggers: Vec<&str> = rows.iter().map(Claimed::trigger_key).collect();
     let found: Vec<BaselineRow> = sqlx::query_as(
-        "SELECT DISTINCT b.watch_id, b.trigger, b.price, b.in_stock, b.sent_at
+        "SELECT DISTINCT b.watch_id, b.trigger, b.price, b.in_stock, b.sent_at, b.outbox_id,
+                b.dedup_day, b.observed_at, b.valid_until, b.decided_price, b.decided_reference,
+                b.decided_in_stock
          FROM baselines b
          JOIN UNNEST($1::uuid[], $2::text[]) AS k(watch_id, trigger)
            ON b.watch_id = k.watch_id AND b.trigger = k.trigger",
@@ -222,4 +240,30 @@ pub async fn baselines(
             ((b.watch_id, b.trigger), last)
         })
         .collect())
+}
+
+/// The push service's message resource (`Location`) of each sent row a claimed withdrawal
+/// withdraws, by that row's id (a withdrawal shares its row's dedup day, so one partition each).
+pub async fn recalls(
+    pool: &PgPool,
+    rows: &[Claimed],
+) -> Result<HashMap<OutboxId, String>, sqlx::Error> {
+    let (ids, days): (Vec<OutboxId>, Vec<NaiveDate>) = rows
+        .iter()
+        .filter_map(|r| Some((r.withdraws?, r.dedup_day)))
+        .unzip();
+    if ids.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let found: Vec<(OutboxId, String)> = sqlx::query_as(
+        "SELECT o.id, o.push_message_id FROM outbox o
+         JOIN UNNEST($1::uuid[], $2::date[]) AS k(id, dedup_day)
+           ON o.id = k.id AND o.dedup_day = k.dedup_day
+         WHERE o.push_message_id IS NOT NULL",
+    )
+    .bind(ids)
+    .bind(days)
+    .fetch_all(pool)
+    .await?;
+    Ok(found.into_iter().collect())
 }

@@ -27,11 +27,12 @@ pub async fn insert(
     let mut b_reference = Vec::with_capacity(n);
     let mut b_in_stock = Vec::with_capacity(n);
     let mut traceparents = Vec::with_capacity(n);
+    let mut withdraws = Vec::with_capacity(n);
     for (r, tp) in requests {
         ids.push(OutboxId::new());
         watch_ids.push(r.watch_id);
         device_ids.push(r.device_id);
-        triggers.push(r.trigger.key());
+        triggers.push(r.announces().key());
         channels.push(r.channel.as_str());
         days.push(r.dedup_day);
         detected_at.push(r.detected_at);
@@ -44,14 +45,16 @@ pub async fn insert(
         b_reference.push(r.baseline.reference);
         b_in_stock.push(r.baseline.in_stock);
         traceparents.push(tp.as_deref());
+        withdraws.push(r.withdraws);
     }
     let result = sqlx::query(concat!(
         "INSERT INTO outbox (id, watch_id, device_id, trigger, channel, dedup_day, ",
         crate::snapshot_columns!(),
-        ", traceparent)
+        ", traceparent, withdraws)
          SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::date[],
                               $7::timestamptz[], $8::bigint[], $9::text[], $10::bool[], $11::bool[],
-                              $12::timestamptz[], $13::bigint[], $14::bigint[], $15::bool[], $16::text[])
+                              $12::timestamptz[], $13::bigint[], $14::bigint[], $15::bool[], $16::text[],
+                              $17::uuid[])
          ON CONFLICT (watch_id, trigger, dedup_day, channel) WHERE replay_of IS NULL DO NOTHING",
     ))
     .bind(ids)
@@ -70,6 +73,7 @@ pub async fn insert(
     .bind(b_reference)
     .bind(b_in_stock)
     .bind(traceparents)
+    .bind(withdraws)
     .execute(pool)
     .await?;
     Ok(usize::try_from(result.rows_affected()).unwrap_or(0))

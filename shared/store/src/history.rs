@@ -4,7 +4,7 @@
 use chrono::{DateTime, NaiveDate, Utc};
 use sqlx::{PgPool, Postgres, QueryBuilder};
 use tidings_domain::outbox::{Reason, Status};
-use tidings_domain::trigger::Trigger;
+use tidings_domain::withdrawal::Announces;
 use tidings_domain::{Channel, DeviceId, OutboxId, SubscriptionId, WatchId};
 
 /// One notification, from detection to its outcome.
@@ -14,7 +14,8 @@ pub struct Notification {
     pub watch_id: WatchId,
     /// `None` once the watch is gone (the join found nothing).
     pub item_code: Option<String>,
-    pub trigger: Trigger,
+    /// Its trigger, or (a withdrawal) the end of one.
+    pub trigger: Announces,
     pub channel: Channel,
     pub status: Status,
     pub reason: Option<Reason>,
@@ -30,13 +31,15 @@ pub struct Notification {
     pub replay_of: Option<OutboxId>,
     pub maybe_delivered: bool,
     pub dedup_day: NaiveDate,
+    /// The sent notification this one withdraws.
+    pub withdraws: Option<OutboxId>,
 }
 
 const NOTIFICATION_COLUMNS: &str =
     "o.id, o.watch_id, w.item_code, o.trigger, o.channel, o.status, o.reason,
      o.detected_price, o.detected_currency, o.detected_in_stock, o.detected_at, o.checked,
      o.sent_value, o.created_at, o.updated_at, o.finished_at, o.replay_of, o.maybe_delivered,
-     o.dedup_day";
+     o.dedup_day, o.withdraws";
 
 /// Device `device`'s rows before `before` (newest first), of `status` if given, at most `limit`.
 pub async fn of_device(

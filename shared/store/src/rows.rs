@@ -5,7 +5,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use sqlx::PgConnection;
 use sqlx::types::Json;
 use tidings_domain::outbox::Status;
-use tidings_domain::trigger::Observation;
+use tidings_domain::trigger::{Baseline, Observation};
 use tidings_domain::{OutboxId, SubscriptionId, WatchId};
 
 /// A row as the results loop needs it.
@@ -22,12 +22,29 @@ pub struct Locked {
     pub subscription_id: Option<SubscriptionId>,
     pub detected_at: DateTime<Utc>,
     pub traceparent: Option<String>,
+    pub baseline_price: Option<i64>,
+    pub baseline_reference: Option<i64>,
+    pub baseline_in_stock: Option<bool>,
+    /// Until when what it sent is current (its payload's `valid_until`).
+    pub valid_until: Option<DateTime<Utc>>,
+}
+
+impl Locked {
+    /// The baseline the row was decided on.
+    pub fn baseline(&self) -> Baseline {
+        Baseline {
+            price: self.baseline_price,
+            reference: self.baseline_reference,
+            in_stock: self.baseline_in_stock,
+        }
+    }
 }
 
 macro_rules! lock_rows {
     () => {
         "SELECT id, dedup_day, status, attempt, retry_count, watch_id, trigger, sent_value,
-                subscription_id, detected_at, traceparent
+                subscription_id, detected_at, traceparent, baseline_price, baseline_reference,
+                baseline_in_stock, (payload->>'valid_until')::timestamptz AS valid_until
          FROM outbox WHERE id = ANY($1)"
     };
 }

@@ -29,13 +29,15 @@ pub struct ScannedWatch {
     pub reference_price: Option<i64>,
     pub time_zone: String,
     pub last_in_stock: Option<bool>,
+    /// Whether a sent notification that stops holding is withdrawn.
+    pub withdraw: bool,
     /// Not removed, not paused, and its device not removed.
     pub active: bool,
 }
 
 const WATCH_COLUMNS: &str =
     "w.id, w.device_id, w.item_code, w.triggers, w.channel, w.reference_price,
-     d.time_zone, w.last_in_stock,
+     d.time_zone, w.last_in_stock, w.withdraw,
      (w.removed_at IS NULL AND NOT w.paused AND d.removed_at IS NULL) AS active";
 
 /// The shard condition on `w.id`, with the shard count and index bound as the parameters named.

@@ -4,7 +4,8 @@
 use chrono::{DateTime, NaiveDate, Utc};
 use sqlx::PgPool;
 use tidings_domain::shown::Shown;
-use tidings_domain::trigger::{Baseline, Observation, Trigger};
+use tidings_domain::trigger::{Baseline, Observation};
+use tidings_domain::withdrawal::Announces;
 use tidings_domain::{DeviceId, OutboxId, WatchId};
 
 /// What the check of a shown notification needs: what it said and where its reader lives.
@@ -15,7 +16,7 @@ pub struct ToShow {
     pub watch_id: WatchId,
     /// `None` once the watch is gone.
     pub item_code: Option<String>,
-    pub trigger: Trigger,
+    pub trigger: Announces,
     /// The value the notification stated; `None` while it was never dispatched.
     pub sent_value: Option<sqlx::types::Json<Observation>>,
     pub baseline_price: Option<i64>,

@@ -19,6 +19,8 @@ pub struct NewWatch {
     pub item: ItemCode,
     pub triggers: Vec<Trigger>,
     pub channel: Channel,
+    /// Whether its sent notifications are withdrawn when they stop holding.
+    pub withdraw: bool,
 }
 
 /// What became of one create.
@@ -44,6 +46,7 @@ pub struct Create {
     pub item: String,
     pub triggers: Json<Vec<Trigger>>,
     pub channel: Channel,
+    pub withdraw: bool,
 }
 
 impl Create {
@@ -54,21 +57,22 @@ impl Create {
             item: new.item.as_str().to_owned(),
             triggers: Json(new.triggers.clone()),
             channel: new.channel,
+            withdraw: new.withdraw,
         }
     }
 }
 
 /// The one-create statement: the device's counter moves only if the device is live, matches
-/// `device` (a condition on `$2`) and is under the limit (`$6`), and the watch (`$1`, `$3`–`$5`)
-/// is inserted only if it moved.
+/// `device` (a condition on `$2`) and is under the limit (`$6`), and the watch (`$1`, `$3`–`$5`,
+/// `$7`) is inserted only if it moved.
 fn one_create_statement(device: &str, returning: &str) -> String {
     format!(
         "WITH dev AS (
              UPDATE devices SET watch_count = watch_count + 1
              WHERE {device} AND removed_at IS NULL AND watch_count < $6
              RETURNING id)
-         INSERT INTO watches (id, device_id, item_code, triggers, channel)
-         SELECT $1, dev.id, $3, $4, $5 FROM dev
+         INSERT INTO watches (id, device_id, item_code, triggers, channel, withdraw)
+         SELECT $1, dev.id, $3, $4, $5, $7 FROM dev
          RETURNING {returning}"
     )
 }
@@ -89,6 +93,7 @@ pub async fn for_device(
         .bind(Json(&new.triggers))
         .bind(new.channel.as_str())
         .bind(max_watches)
+        .bind(new.withdraw)
         .fetch_optional(conn)
         .await
 }
@@ -109,6 +114,7 @@ pub async fn one(
     .bind(&create.triggers)
     .bind(create.channel.as_str())
     .bind(max_watches)
+    .bind(create.withdraw)
     .fetch_optional(pool)
     .await?;
     if let Some((device_id, at)) = row {
@@ -136,10 +142,13 @@ pub async fn many(
     let items: Vec<&str> = creates.iter().map(|p| p.item.as_str()).collect();
     let triggers: Vec<&Json<Vec<Trigger>>> = creates.iter().map(|p| &p.triggers).collect();
     let channels: Vec<&str> = creates.iter().map(|p| p.channel.as_str()).collect();
+    let withdraw: Vec<bool> = creates.iter().map(|p| p.withdraw).collect();
     let rows: Vec<(i64, DeviceId, bool, DateTime<Utc>)> = sqlx::query_as(
         "WITH req AS (
-             SELECT * FROM UNNEST($1::uuid[], $2::bytea[], $3::text[], $4::jsonb[], $5::text[])
-                           WITH ORDINALITY AS r(id, token_hash, item_code, triggers, channel, n)
+             SELECT * FROM UNNEST($1::uuid[], $2::bytea[], $3::text[], $4::jsonb[], $5::text[],
+                                  $7::bool[])
+                           WITH ORDINALITY AS r(id, token_hash, item_code, triggers, channel,
+                                                withdraw, n)
          ), dev AS MATERIALIZED (
              SELECT d.id, d.token_hash, d.watch_count FROM devices d
              WHERE d.token_hash = ANY($2) AND d.removed_at IS NULL
@@ -156,8 +165,9 @@ pub async fn many(
                    GROUP BY device_id) c
              WHERE d.id = c.device_id
          ), ins AS (
-             INSERT INTO watches (id, device_id, item_code, triggers, channel)
-             SELECT id, device_id, item_code, triggers, channel FROM ranked WHERE admitted
+             INSERT INTO watches (id, device_id, item_code, triggers, channel, withdraw)
+             SELECT id, device_id, item_code, triggers, channel, withdraw FROM ranked
+             WHERE admitted
          )
          SELECT n, device_id, admitted, now() FROM ranked",
     )
@@ -167,6 +177,7 @@ pub async fn many(
     .bind(triggers)
     .bind(channels)
     .bind(max_watches)
+    .bind(withdraw)
     .fetch_all(pool)
     .await?;
     let mut admissions = vec![Admission::UnknownToken; creates.len()];

@@ -50,13 +50,15 @@ pub struct Watch {
     pub paused: bool,
     /// The first price seen for the item: `price_drop`'s reference until a notification is sent.
     pub reference_price: Option<i64>,
+    /// Whether its sent notifications are withdrawn when they stop holding.
+    pub withdraw: bool,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
 
 /// The columns [`Watch`] reads, for `SELECT` and `RETURNING`.
 pub(crate) const WATCH_COLUMNS: &str =
-    "id, item_code, triggers, channel, paused, reference_price, created_at, updated_at";
+    "id, item_code, triggers, channel, paused, reference_price, withdraw, created_at, updated_at";
 
 /// Device `device`'s live watches after `after`, in id order, at most `limit`.
 pub async fn list(

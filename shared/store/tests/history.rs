@@ -7,6 +7,7 @@
 use std::error::Error as _;
 use tidings_domain::outbox::{DropReason, Reason, Status};
 use tidings_domain::trigger::Trigger;
+use tidings_domain::withdrawal::Announces;
 use tidings_domain::{DeviceId, OutboxId};
 use tidings_store::history::{self, Filter};
 use tidings_testkit::fixtures;
@@ -43,7 +44,7 @@ async fn triggers_and_reasons_decode_as_enums_and_an_unknown_one_is_an_error() {
         .unwrap();
     assert_eq!(read.len(), 2);
     let dropped = read.iter().find(|n| n.id == first).unwrap();
-    assert_eq!(dropped.trigger, trigger);
+    assert_eq!(dropped.trigger, Announces::Holds(trigger));
     assert_eq!(dropped.status, Status::Dropped);
     assert_eq!(
         dropped.reason,

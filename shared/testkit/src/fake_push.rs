@@ -6,6 +6,11 @@
 //! ES256 signature and claims (`aud` = this origin, `exp` ≤ 24 h ahead, `sub` mailto:/https:) are
 //! verified. It records what it received and answers 201, 404, 410, 413, 429 with Retry-After,
 //! 500, or hangs, per subscription and on demand.
+//!
+//! A subscription can be offline ([`FakePushService::set_offline`]): its pushes wait in the
+//! service, a newer one with the same `Topic` replacing an older one (RFC 8030 §5.4), until it
+//! comes back, and a waiting message can be deleted by a VAPID-signed `DELETE` on the `Location`
+//! its push was answered with (RFC 8030 §6.3; 404 once delivered).
 
 use aws_lc_rs::agreement::{ECDH_P256, PrivateKey};
 use aws_lc_rs::encoding::{AsBigEndian, EcPrivateKeyBin};
@@ -15,7 +20,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{delete, post};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use std::collections::{HashMap, VecDeque};
@@ -116,12 +121,18 @@ struct Sub {
     auth: [u8; 16],
     answers: VecDeque<Answer>,
     default: Answer,
+    /// Its device is away: pushes wait in `Inner::waiting`.
+    offline: bool,
 }
 
 #[derive(Default)]
 struct Inner {
     subs: Mutex<HashMap<String, Sub>>,
     received: Mutex<Vec<Received>>,
+    /// Accepted for an offline subscription and not yet delivered, by message id.
+    waiting: Mutex<Vec<(String, Received)>>,
+    /// Deleted by a DELETE while waiting.
+    deleted: Mutex<Vec<Received>>,
     /// Requests refused for their headers, a bad VAPID token or a body that does not decrypt.
     rejected: Mutex<Vec<String>>,
     origin: Mutex<String>,
@@ -290,9 +301,10 @@ async fn push(
             return (StatusCode::UNAUTHORIZED, e).into_response();
         }
     };
-    let Some((answer, secret, auth)) = inner.next_answer(&id) else {
+    let Some((answer, secret, auth, offline)) = inner.next_answer(&id) else {
         return StatusCode::NOT_FOUND.into_response();
     };
+    let message = uuid::Uuid::new_v4().simple().to_string();
     if answer == Answer::Hang {
         return std::future::pending().await;
     }
@@ -308,23 +320,52 @@ async fn push(
                 .map(str::to_owned)
         };
         match web_push_native::decrypt(body.to_vec(), &secret, &auth) {
-            Ok(plaintext) => lock(&inner.received).push(Received {
-                subscription: id.clone(),
-                plaintext,
-                ttl: header("ttl"),
-                urgency: header("urgency"),
-                topic: header("topic"),
-                vapid_claims,
-                vapid_public_key,
-                at_ms: arrived_ms,
-            }),
+            Ok(plaintext) => inner.accept(
+                &message,
+                offline,
+                Received {
+                    subscription: id.clone(),
+                    plaintext,
+                    ttl: header("ttl"),
+                    urgency: header("urgency"),
+                    topic: header("topic"),
+                    vapid_claims,
+                    vapid_public_key,
+                    at_ms: arrived_ms,
+                },
+            ),
             Err(e) => {
                 lock(&inner.rejected).push(format!("{id}: decrypt: {e:?}"));
                 return (StatusCode::BAD_REQUEST, "cannot decrypt").into_response();
             }
         }
     }
-    inner.respond(answer, &origin).await
+    inner.respond(answer, &origin, &message).await
+}
+
+/// `DELETE /m/{message}` (RFC 8030 §6.3): 204 for a message still waiting for its device, 404
+/// for one delivered or unknown; 401 without a VAPID token for this origin.
+async fn delete_message(
+    State(inner): State<Arc<Inner>>,
+    Path(message): Path<String>,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+) -> Response {
+    inner.hits.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let origin = addressed_origin(&lock(&inner.origin), &uri, &headers);
+    if let Err(e) = verify_vapid(&headers, &origin) {
+        lock(&inner.rejected).push(format!("DELETE {message}: VAPID: {e}"));
+        return (StatusCode::UNAUTHORIZED, e).into_response();
+    }
+    let mut waiting = lock(&inner.waiting);
+    match waiting.iter().position(|(m, _)| *m == message) {
+        Some(i) => {
+            let (_, r) = waiting.remove(i);
+            lock(&inner.deleted).push(r);
+            StatusCode::NO_CONTENT.into_response()
+        }
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
 }
 
 /// In sink mode: the answer to a push that is only counted (or refused once, when flaky); `None`
@@ -356,9 +397,23 @@ fn sunk(inner: &Inner, headers: &HeaderMap) -> Option<Response> {
 }
 
 impl Inner {
-    /// Subscription `id`'s next scripted answer (or its default), with its keys; `None` if there
-    /// is no such subscription.
-    fn next_answer(&self, id: &str) -> Option<(Answer, Vec<u8>, [u8; 16])> {
+    /// Takes push `r` as message `message`: delivered at once, or for an offline subscription
+    /// kept waiting in place of any waiting message of the same subscription and topic.
+    fn accept(&self, message: &str, offline: bool, r: Received) {
+        if !offline {
+            lock(&self.received).push(r);
+            return;
+        }
+        let mut waiting = lock(&self.waiting);
+        if r.topic.is_some() {
+            waiting.retain(|(_, w)| !(w.subscription == r.subscription && w.topic == r.topic));
+        }
+        waiting.push((message.to_owned(), r));
+    }
+
+    /// Subscription `id`'s next scripted answer (or its default), with its keys and whether it
+    /// is offline; `None` if there is no such subscription.
+    fn next_answer(&self, id: &str) -> Option<(Answer, Vec<u8>, [u8; 16], bool)> {
         let mut subs = lock(&self.subs);
         let sub = subs.get_mut(id)?;
         let answer = match sub.answers.pop_front() {
@@ -368,11 +423,11 @@ impl Inner {
             }
             None => sub.default.clone(),
         };
-        Some((answer, sub.secret.clone(), sub.auth))
+        Some((answer, sub.secret.clone(), sub.auth, sub.offline))
     }
 
-    /// The HTTP answer a scripted `answer` stands for.
-    async fn respond(&self, answer: Answer, origin: &str) -> Response {
+    /// The HTTP answer a scripted `answer` stands for; an accepted push is message `message`.
+    async fn respond(&self, answer: Answer, origin: &str, message: &str) -> Response {
         match answer {
             Answer::CreatedAfter(delay) => {
                 tokio::time::sleep(delay).await;
@@ -380,7 +435,7 @@ impl Inner {
                 (StatusCode::CREATED, [("location", location)]).into_response()
             }
             Answer::Created => {
-                let location = format!("{origin}/m/{}", lock(&self.received).len());
+                let location = format!("{origin}/m/{message}");
                 (StatusCode::CREATED, [("location", location)]).into_response()
             }
             Answer::NotFound => StatusCode::NOT_FOUND.into_response(),
@@ -409,6 +464,7 @@ impl FakePushService {
         let inner = Arc::new(Inner::default());
         let app = Router::new()
             .route("/push/{id}", post(push))
+            .route("/m/{message}", delete(delete_message))
             .with_state(inner.clone());
         let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(CERT_PEM)
             .collect::<Result<_, _>>()
@@ -595,6 +651,7 @@ fn new_subscription(inner: &Inner, port: u16) -> Subscription {
             auth,
             answers: VecDeque::new(),
             default: Answer::Created,
+            offline: false,
         },
     );
     Subscription {
@@ -626,6 +683,35 @@ impl FakePushService {
         if let Some(s) = lock(&self.inner.subs).get_mut(&Self::sub_id(&sub.endpoint)) {
             s.default = answer;
         }
+    }
+
+    /// Takes `sub`'s device away (its pushes wait, and can be deleted) or brings it back (what
+    /// waited is delivered, oldest first).
+    pub fn set_offline(&self, sub: &Subscription, offline: bool) {
+        let id = Self::sub_id(&sub.endpoint);
+        if let Some(s) = lock(&self.inner.subs).get_mut(&id) {
+            s.offline = offline;
+        }
+        if !offline {
+            let mut waiting = lock(&self.inner.waiting);
+            let (back, stay): (Vec<_>, Vec<_>) =
+                waiting.drain(..).partition(|(_, r)| r.subscription == id);
+            *waiting = stay;
+            lock(&self.inner.received).extend(back.into_iter().map(|(_, r)| r));
+        }
+    }
+
+    /// Pushes waiting for an offline device.
+    pub fn waiting(&self) -> Vec<Received> {
+        lock(&self.inner.waiting)
+            .iter()
+            .map(|(_, r)| r.clone())
+            .collect()
+    }
+
+    /// Waiting pushes deleted by their sender.
+    pub fn deleted(&self) -> Vec<Received> {
+        lock(&self.inner.deleted).clone()
     }
 
     /// Pushes accepted (201) so far, decrypted.

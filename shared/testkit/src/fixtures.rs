@@ -154,6 +154,7 @@ pub fn enqueue_request(
         detected: Observation::on_sale(price, "EUR", detected_at),
         baseline: Baseline::default(),
         dedup_day: dedup_day(detected_at, tz),
+        withdraws: None,
         traceparent: None,
     }
 }
@@ -182,7 +183,7 @@ pub async fn insert_outbox(pool: &PgPool, req: &EnqueueRequest) -> Result<Insert
         "SELECT id FROM outbox WHERE watch_id = $1 AND trigger = $2 AND dedup_day = $3 AND channel = $4",
     )
     .bind(req.watch_id)
-    .bind(req.trigger.key())
+    .bind(req.announces().key())
     .bind(req.dedup_day)
     .bind(req.channel.as_str())
     .fetch_one(pool)
@@ -207,6 +208,7 @@ pub fn push_request(sub: &Subscription) -> PushRequest {
             tag: Some(validity::tag(watch, &trigger)),
             observed_at: Some(Utc::now()),
             valid_until: Some(Utc::now() + chrono::Duration::minutes(20)),
+            withdraws: None,
             url: Some("https://shop.example/i/SKU-1".into()),
             data: serde_json::json!({"item": "SKU-1", "price": 1050}),
             ..Payload::new(
@@ -218,6 +220,7 @@ pub fn push_request(sub: &Subscription) -> PushRequest {
         urgency: Urgency::High,
         topic: validity::topic(watch, &trigger),
         dedup_day: None,
+        recall: None,
         traceparent: None,
     }
 }

@@ -59,7 +59,13 @@ fn now_ms() -> i64 {
 
 /// Devices (one per item), subscriptions on the sink, and `per_item` price_below watches per
 /// item, in three statements.
-async fn add_watches(s: &Scenario, subs: &[Subscription], items: &[String], per_item: usize) {
+/// `per_item` watches on each of `items`, a device each, withdrawals on or off.
+async fn add_watches(
+    s: &Scenario,
+    subs: &[Subscription],
+    items: &[String],
+    (per_item, withdraw): (usize, bool),
+) {
     let devices: Vec<uuid::Uuid> = items.iter().map(|_| uuid::Uuid::now_v7()).collect();
     let pool = &s.db.pool;
     sqlx::query(
@@ -98,8 +104,8 @@ async fn add_watches(s: &Scenario, subs: &[Subscription], items: &[String], per_
     .await
     .expect("subscriptions");
     sqlx::query(
-        "INSERT INTO watches (id, device_id, item_code, triggers, reference_price)
-         SELECT gen_random_uuid(), d, i, $3, $4
+        "INSERT INTO watches (id, device_id, item_code, triggers, reference_price, withdraw)
+         SELECT gen_random_uuid(), d, i, $3, $4, $6
          FROM unnest($1::uuid[], $2::text[]) AS u(d, i), generate_series(1, $5)",
     )
     .bind(&devices)
@@ -107,6 +113,7 @@ async fn add_watches(s: &Scenario, subs: &[Subscription], items: &[String], per_
     .bind(json!([{"kind": "price_below", "threshold": THRESHOLD}]))
     .bind(HIGH)
     .bind(i32::try_from(per_item).unwrap_or(1))
+    .bind(withdraw)
     .execute(pool)
     .await
     .expect("watches");
@@ -195,7 +202,7 @@ async fn load_phase(rate: usize, secs: u64) -> Value {
     for code in &items {
         s.catalog.set_price(code, HIGH);
     }
-    add_watches(&s, &subs, &items, PER_ITEM).await;
+    add_watches(&s, &subs, &items, (PER_ITEM, true)).await;
     let expected = n_items * PER_ITEM;
     let services = ["api", "dispatcher", "pusher", "detector"];
     let p = Pipeline::start(
@@ -439,7 +446,9 @@ async fn stale_phase(naive: bool) -> Value {
     for code in &items {
         s.catalog.set_price(code, HIGH);
     }
-    add_watches(&s, &subs, &items, STALE_PER_ITEM).await;
+    // Withdrawals off: this phase judges alerts by their topic, which a withdrawal shares, and
+    // the naive pipeline it is compared with has none.
+    add_watches(&s, &subs, &items, (STALE_PER_ITEM, false)).await;
     let services: &[&'static str] = if naive {
         &["detector", "pusher"]
     } else {
@@ -498,13 +507,13 @@ async fn stale_phase(naive: bool) -> Value {
         // (watch, trigger key, item, observed at, price) of each row's last re-check.
         type Rechecked = (uuid::Uuid, String, String, Option<String>, Option<i64>);
         let rows: Vec<Rechecked> = sqlx::query_as(
-            "SELECT o.watch_id, o.trigger_key, w.item_code, o.sent_value->>'observed_at',
+            "SELECT o.watch_id, o.trigger, w.item_code, o.sent_value->>'observed_at',
                     (o.sent_value->>'price')::bigint
              FROM outbox o JOIN watches w ON w.id = o.watch_id",
         )
         .fetch_all(&s.db.pool)
         .await
-        .unwrap_or_default();
+        .expect("reading the rows' re-checks");
         let mut t = topics.lock().unwrap_or_else(|e| e.into_inner());
         // A watch's trigger sends one row a day, so its topic names the row.
         for (watch, key, item, observed, price) in rows {
@@ -717,6 +726,7 @@ async fn naive_forwarder(
                             // The naive pipeline names each push by its row.
                             topic: id.0.simple().to_string(),
                             dedup_day: None,
+                            recall: None,
                             traceparent: None,
                         };
                         topics

@@ -79,6 +79,7 @@ async fn round(pushes: usize) -> (f64, CpuSplit) {
                 urgency: Urgency::Normal,
                 topic: id.0.simple().to_string(),
                 dedup_day: None,
+                recall: None,
                 traceparent: None,
             };
             let mut headers = async_nats::HeaderMap::new();

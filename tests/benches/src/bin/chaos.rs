@@ -18,7 +18,8 @@
 //!   `sent` the push service never accepted, deliveries whose row says "not delivered" without
 //!   the maybe-delivered mark, deliveries of no row, stale deliveries outside the freshness bound,
 //!   wrong baselines, dead-lettered messages, panics. Deliveries per row (duplicates are allowed:
-//!   delivery is at least once) and stale deliveries inside the bound are reported.
+//!   delivery is at least once) and stale deliveries inside the bound are reported. A withdrawal
+//!   (the dip ended while its alert was current) is a row of its own, fresh after the dip.
 
 use chrono::Utc;
 use std::collections::{HashMap, HashSet};
@@ -52,6 +53,8 @@ struct Row {
     status: String,
     maybe_delivered: bool,
     sent_price: Option<i64>,
+    /// A withdrawal: the sent row it replaced once the price was back up.
+    withdraws: Option<uuid::Uuid>,
 }
 
 fn now_ms() -> i64 {
@@ -272,7 +275,7 @@ async fn main() {
     // The audit.
     let rows: Vec<Row> = sqlx::query_as(
         "SELECT o.id, o.watch_id, w.item_code, o.status, o.maybe_delivered,
-                (o.sent_value->>'price')::bigint AS sent_price
+                (o.sent_value->>'price')::bigint AS sent_price, o.withdraws
          FROM outbox o JOIN watches w ON w.id = o.watch_id",
     )
     .fetch_all(&s.db.pool)
@@ -324,7 +327,15 @@ async fn main() {
         }
         let (down, up) = dips[&row.item_code];
         for at in times {
-            if (down..up).contains(&at) {
+            // A withdrawal says the dip is over: it is fresh once the price is back up, and
+            // stale (outside any bound) before.
+            if row.withdraws.is_some() {
+                if at >= up {
+                    fresh += 1;
+                } else {
+                    stale_outside += 1;
+                }
+            } else if (down..up).contains(&at) {
                 fresh += 1;
             } else if at >= up && at - up <= BOUND_MS {
                 stale_inside += 1;
@@ -358,10 +369,17 @@ async fn main() {
         .filter(|r| r.status == "sent")
         .map(|r| r.watch_id)
         .collect();
-    // Each watch has at most one row here (one dip, one day): its baseline is that row's value.
-    let wrong_baselines = rows
+    // Each watch has one alert here (one dip, one day) and perhaps its withdrawal: its baseline
+    // is the value the last of them that was sent reported.
+    let mut expected: HashMap<uuid::Uuid, Option<i64>> = HashMap::new();
+    for r in rows.iter().filter(|r| r.status == "sent") {
+        if r.withdraws.is_some() || !expected.contains_key(&r.watch_id) {
+            expected.insert(r.watch_id, r.sent_price);
+        }
+    }
+    let wrong_baselines = expected
         .iter()
-        .filter(|r| r.status == "sent" && baselines.get(&r.watch_id) != r.sent_price.as_ref())
+        .filter(|(w, price)| baselines.get(*w) != price.as_ref())
         .count()
         + baselines
             .keys()
