@@ -253,6 +253,17 @@ async function main() {
     // The price went back up before the device came back: it shows what changed, in place of
     // the notification it had (one watch, one tag).
     await setItem('SKU-BROWSER', { price: 1500 });
+    // The detector sees it too and the pipeline sends the withdrawal to the same subscription.
+    const [, withdrawalMessage] = await eventually('the withdrawal at the relay', () => {
+      const m = relay.received.get(path);
+      return m.length >= 2 ? m : null;
+    });
+    const realWithdrawal = JSON.parse(
+      await page.evaluate(decryptPush, { body: withdrawalMessage.body.toString('base64'), record: first }),
+    );
+    assert.equal(realWithdrawal.withdraws, payload.id);
+    assert.equal(realWithdrawal.tag, payload.tag);
+    assert.match(realWithdrawal.body, /^Was 9\.00 EUR at \d\d:\d\d, now 15\.00 EUR\.$/);
     await deliver(plaintext);
     const corrected = await eventually('the corrected notification', async () => {
       const n = await shown();
@@ -372,7 +383,7 @@ async function main() {
     );
     assert.equal(afterPayload.data.item, 'SKU-AFTER');
     assert.match(afterPayload.body, /8\.00 EUR/);
-    assert.equal(relay.received.get(path).length, 1, 'nothing more went to the old subscription');
+    assert.equal(relay.received.get(path).length, 2, 'nothing more went to the old subscription');
 
     // CORS: a page on a listed origin calls the api and reads its answer and exposed headers;
     // a page on any other origin is refused at the preflight.

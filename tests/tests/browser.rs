@@ -108,6 +108,8 @@ async fn a_browser_registers_watches_and_shows_only_what_is_still_true() {
         rows,
         vec![
             row("SKU-BROWSER", "sent", None),
+            // Its withdrawal, when the price went back up to 15.00.
+            row("SKU-BROWSER", "sent", None),
             row("SKU-FLICKER", "dropped", Some("condition_lost")),
             row("SKU-AFTER", "sent", None),
         ]
