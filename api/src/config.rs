@@ -82,10 +82,11 @@ pub struct Config {
     /// Serve the browser client (`tidings.js`, `sw.js`) and a demo page under `/web/`.
     #[arg(long, env = "TIDINGS_API_WEB", default_value_t = false)]
     pub web: bool,
-    /// The catalog's item URL template (the workers' setting), which show-time checks read.
-    /// Unset: `GET /v1/notifications/{id}/now` answers 503 and devices show "as of".
-    #[arg(long = "source-url", env = "TIDINGS_SOURCE_URL")]
-    pub source_url: Option<String>,
+    /// The sources (the workers' settings), which show-time checks read and new watches are
+    /// checked against. None: `GET /v1/notifications/{id}/now` answers 503 and devices show
+    /// "as of".
+    #[command(flatten)]
+    pub source: tidings_source::SourceArgs,
     /// Time budget of one show-time catalog request.
     #[arg(long, env = "TIDINGS_API_CHECK_TIMEOUT", default_value = "2s", value_parser = parse_duration)]
     pub check_timeout: Duration,
@@ -145,14 +146,15 @@ impl Config {
         if !(1..=1000).contains(&self.create_batch) {
             return Err(ConfigError::CreateBatch);
         }
-        let catalog = self.source_url.as_ref().map(|url| {
-            let mut c = tidings_source::SourceConfig::new(url.clone());
-            c.timeout = self.check_timeout;
-            c
-        });
-        if let Some(c) = &catalog {
-            tidings_source::HttpSource::new(c.clone())?;
-        }
+        let catalog = match (&self.source.source_url, &self.source.sources_file) {
+            (None, None) => None,
+            _ => {
+                let mut c = self.source.config()?;
+                c.set_timeout(self.check_timeout);
+                tidings_source::Sources::new(c.clone())?;
+                Some(c)
+            }
+        };
         let vapid_public_key = tidings_runtime::secrets::value_or_file(
             "TIDINGS_VAPID_PUBLIC_KEY",
             self.vapid_public_key.as_deref(),

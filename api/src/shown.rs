@@ -25,7 +25,7 @@ use tidings_domain::notification::Notice;
 use tidings_domain::shown::showing;
 use tidings_domain::trigger::Observation;
 use tidings_domain::{ItemCode, OutboxId};
-use tidings_source::{Fetched, HttpSource, SourceConfig, SourceConfigError};
+use tidings_source::{Fetched, SourceConfig, SourceConfigError, Sources};
 use tidings_store::db;
 use tokio::sync::OnceCell;
 
@@ -36,7 +36,7 @@ type Answer = Arc<OnceCell<(Instant, DateTime<Utc>, Fetched)>>;
 
 /// The catalog as show-time checks read it: one request per item per `keep`.
 pub struct Catalog {
-    source: HttpSource,
+    source: Sources,
     keep: Duration,
     answers: Mutex<HashMap<ItemCode, Answer>>,
 }
@@ -44,10 +44,15 @@ pub struct Catalog {
 impl Catalog {
     pub fn new(config: SourceConfig, keep: Duration) -> Result<Self, SourceConfigError> {
         Ok(Catalog {
-            source: HttpSource::new(config)?,
+            source: Sources::new(config)?,
             keep,
             answers: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Whether some source answers for `item`.
+    pub fn answers_for(&self, item: &ItemCode) -> bool {
+        self.source.source_of(item).is_some()
     }
 
     /// `item` now (at most `keep` old), and when it was read.

@@ -115,6 +115,18 @@ pub(crate) fn watch_of(r: watches::Watch) -> Watch {
     }
 }
 
+/// Refuses a watch no source could ever answer for (docs/sources.md). An api that knows no
+/// source takes every code: the workers' settings decide.
+fn answered(app: &AppState, item: &ItemCode) -> Result<(), ApiError> {
+    match app.catalog.as_deref() {
+        Some(catalog) if !catalog.answers_for(item) => Err(ApiError::invalid(
+            "/item_code",
+            format!("no source answers for item code {item}: its prefix names none"),
+        )),
+        _ => Ok(()),
+    }
+}
+
 fn validate(req: &CreateWatch, max_triggers: usize) -> Result<NewWatch, ApiError> {
     let item = ItemCode::parse(&req.item_code).map_err(|e| ApiError::invalid("/item_code", e))?;
     if req.triggers.is_empty() {
@@ -285,6 +297,7 @@ pub async fn create_watch(
     let checked = body.and_then(|body| {
         let key = idempotency_key(&headers)?;
         let new = validate(&body.value, app.settings.max_triggers_per_watch)?;
+        answered(&app, &new.item)?;
         Ok((body, key, new))
     });
     // Authentication answers before the body does: an unknown token is 401 whatever it sent.

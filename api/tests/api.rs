@@ -2116,3 +2116,32 @@ async fn registrations_and_creates_beyond_their_rate_get_429_with_retry_after() 
     assert_eq!(register_from("198.51.100.2").await.unwrap().status(), 201);
     api.stop().await;
 }
+
+/// With sources known, a watch on an item no source answers for is refused at creation, not
+/// left to fail `not_found` at every scan.
+#[tokio::test]
+async fn a_watch_on_an_item_no_source_answers_for_is_refused() {
+    let db = TestDb::new().await.unwrap();
+    let mut catalog = tidings_source::SourceConfig::new("http://shop.invalid/items/{item}");
+    catalog.sources[0].prefix = "shop:".into();
+    let settings = Settings {
+        catalog: Some(catalog),
+        ..test_settings()
+    };
+    let api = ApiServer::start(db.pool.clone(), settings).await;
+    let (_, token) = api.register().await;
+    let below = json!([below(1000)]);
+    create_watch(&api, &token, "shop:4711", below.clone()).await;
+    for item in ["other:4711", "4711", "shop:.."] {
+        let body = json!({"item_code": item, "triggers": below});
+        let p = problem(
+            api.send(Method::POST, "/v1/watches", Some(&token), &body)
+                .await,
+            422,
+        )
+        .await;
+        assert_eq!(pointer(&p), "/item_code", "{item}: {p}");
+        assert!(p.to_string().contains("no source answers"), "{item}: {p}");
+    }
+    api.stop().await;
+}

@@ -71,6 +71,8 @@ pub struct Config {
 pub enum ConfigError {
     #[error(transparent)]
     Secret(#[from] tidings_runtime::secrets::SecretError),
+    #[error(transparent)]
+    Source(#[from] tidings_source::SourceConfigError),
     #[error("shard index {index} is not below shard count {count}")]
     Shard { index: u32, count: u32 },
     #[error("TIDINGS_SHARD_FROM_HOSTNAME: hostname {0:?} does not end in -<ordinal>")]
@@ -149,7 +151,7 @@ pub fn ordinal(hostname: &str) -> Option<u32> {
 
 impl Config {
     pub fn settings(&self) -> Result<Settings, ConfigError> {
-        let mut s = self.settings_with(self.nats.subjects()?, self.source.config());
+        let mut s = self.settings_with(self.nats.subjects()?, self.source.config()?);
         if self.shard_from_hostname {
             let host = std::env::var("HOSTNAME").unwrap_or_default();
             s.shard_index = ordinal(&host).ok_or(ConfigError::Hostname(host))?;

@@ -24,7 +24,7 @@ pub use config::{Config, Settings};
 use std::time::Duration;
 use tidings_runtime::liveness::Progress;
 use tidings_runtime::startup;
-use tidings_source::{HttpSource, SourceConfigError};
+use tidings_source::{SourceConfigError, Sources};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, thiserror::Error)]
@@ -46,7 +46,7 @@ pub enum StartError {
 /// interval until `shutdown` — or once, with `--once`.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), StartError> {
     let settings = config.settings()?;
-    let source = HttpSource::new(settings.source.clone())?;
+    let source = Sources::new(settings.source.clone())?;
     let url = config.database.url().map_err(config::ConfigError::from)?;
     let pool = tidings_store::postgres(&url, config.db_pool).map_err(StartError::DatabaseUrl)?;
     let (nats, bus) = config

@@ -18,7 +18,7 @@ use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::{Observation, Trigger};
 use tidings_domain::{ItemCode, WatchId};
 use tidings_runtime::telemetry;
-use tidings_source::{Fetched, HttpSource};
+use tidings_source::{Fetched, Sources};
 use tokio::sync::Mutex;
 
 use crate::config::Settings;
@@ -63,7 +63,7 @@ pub enum ScanError {
 pub struct Detector {
     pool: PgPool,
     js: jetstream::Context,
-    source: HttpSource,
+    source: Sources,
     settings: Settings,
     memory: Mutex<Enqueued>,
     watchlist: Mutex<Watchlist>,
@@ -73,12 +73,7 @@ pub struct Detector {
 }
 
 impl Detector {
-    pub fn new(
-        pool: PgPool,
-        js: jetstream::Context,
-        source: HttpSource,
-        settings: Settings,
-    ) -> Self {
+    pub fn new(pool: PgPool, js: jetstream::Context, source: Sources, settings: Settings) -> Self {
         let memory = Mutex::new(Enqueued::new(
             settings.memory_capacity,
             chrono::TimeDelta::from_std(settings.republish_after).unwrap_or(chrono::TimeDelta::MAX),

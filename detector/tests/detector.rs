@@ -12,19 +12,19 @@ use tidings_detector::hold::{Gate, Hold};
 use tidings_detector::scan::Detector;
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
-use tidings_source::HttpSource;
+use tidings_source::Sources;
 use tidings_tests::fake_catalog::{Behavior, Item};
 use tidings_tests::scenario::Scenario;
 
 fn detector(s: &Scenario, shard_index: u32, shard_count: u32) -> Detector {
     let mut source = s.catalog.source_config(true);
-    source.timeout = Duration::from_millis(500);
+    source.set_timeout(Duration::from_millis(500));
     let mut settings = Settings::new(s.subjects.clone(), source);
     settings.shard_index = shard_index;
     settings.shard_count = shard_count;
     settings.page_size = 1000;
     settings.validate().unwrap();
-    let source = HttpSource::new(settings.source.clone()).unwrap();
+    let source = Sources::new(settings.source.clone()).unwrap();
     Detector::new(s.db.pool.clone(), s.js.clone(), source, settings)
 }
 
@@ -333,7 +333,7 @@ async fn each_item_is_fetched_once_per_scan_even_across_pages() {
     }
     let mut settings = Settings::new(s.subjects.clone(), s.catalog.source_config(false));
     settings.page_size = 7;
-    let source = HttpSource::new(settings.source.clone()).unwrap();
+    let source = Sources::new(settings.source.clone()).unwrap();
     let d = Detector::new(s.db.pool.clone(), s.js.clone(), source, settings);
     let stats = d.scan_once(Utc::now()).await.unwrap();
     assert_eq!((stats.watches, stats.items, stats.published), (50, 5, 50));
@@ -383,7 +383,7 @@ async fn a_dry_run_publishes_and_writes_nothing() {
         .unwrap();
     let mut settings = Settings::new(s.subjects.clone(), s.catalog.source_config(true));
     settings.dry_run = true;
-    let source = HttpSource::new(settings.source.clone()).unwrap();
+    let source = Sources::new(settings.source.clone()).unwrap();
     let d = Detector::new(s.db.pool.clone(), s.js.clone(), source, settings);
     let stats = d.scan_once(Utc::now()).await.unwrap();
     assert_eq!(

@@ -120,6 +120,8 @@ pub struct Config {
 pub enum ConfigError {
     #[error(transparent)]
     Secret(#[from] tidings_runtime::secrets::SecretError),
+    #[error(transparent)]
+    Source(#[from] tidings_source::SourceConfigError),
     #[error(
         "TIDINGS_RETRY_BASE ({0:?}) must be at least 100ms: retries would hammer the source and push services"
     )]
@@ -241,10 +243,10 @@ impl Settings {
                 lease: self.sending_lease,
             });
         }
-        if self.claim_lease < self.source.timeout {
+        if self.claim_lease < self.source.max_timeout() {
             return Err(ConfigError::ClaimLeaseTooShort {
                 claim: self.claim_lease,
-                source_timeout: self.source.timeout,
+                source_timeout: self.source.max_timeout(),
             });
         }
         for (name, v) in [
@@ -283,7 +285,7 @@ impl Settings {
 
 impl Config {
     pub fn settings(&self) -> Result<Settings, ConfigError> {
-        let s = self.settings_with(self.nats.subjects()?, self.source.config());
+        let s = self.settings_with(self.nats.subjects()?, self.source.config()?);
         s.validate()?;
         Ok(s)
     }

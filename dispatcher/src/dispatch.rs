@@ -21,7 +21,7 @@ use tidings_domain::subjects::StreamKind;
 use tidings_domain::{Channel, ItemCode, OutboxId, WatchId};
 use tidings_runtime::liveness::Progress;
 use tidings_runtime::telemetry;
-use tidings_source::{Fetched, HttpSource};
+use tidings_source::{Fetched, Sources};
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::Admission;
@@ -56,7 +56,7 @@ pub enum DispatchError {
 pub struct Dispatcher {
     pool: PgPool,
     js: jetstream::Context,
-    source: Arc<HttpSource>,
+    source: Arc<Sources>,
     settings: Arc<Settings>,
     admission: Option<Arc<Admission>>,
 }
@@ -65,7 +65,7 @@ impl Dispatcher {
     pub fn new(
         pool: PgPool,
         js: jetstream::Context,
-        source: Arc<HttpSource>,
+        source: Arc<Sources>,
         settings: Arc<Settings>,
     ) -> Self {
         Dispatcher {
@@ -229,7 +229,7 @@ impl Dispatcher {
                     parent: parent,
                     "fetch",
                     otel.kind = "client",
-                    server.address = self.source.host(),
+                    server.address = self.source.host(&item),
                     item = item.as_str(),
                     outcome = tracing::field::Empty,
                 );

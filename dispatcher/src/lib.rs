@@ -37,7 +37,7 @@ use tidings_bus::delivered::DeliveryLog;
 use tidings_bus::streams::{StreamError, ensure_streams};
 use tidings_domain::subjects::StreamKind;
 use tidings_runtime::{ops, startup};
-use tidings_source::{HttpSource, SourceConfigError};
+use tidings_source::{SourceConfigError, Sources};
 use tokio_util::sync::CancellationToken;
 
 pub use config::{Config, Settings};
@@ -128,7 +128,7 @@ pub async fn run_with(
     let settings = Arc::new(settings);
     init_metrics();
     ensure_streams(&js, &settings.subjects, &settings.streams).await?;
-    let source = Arc::new(HttpSource::new(settings.source.clone())?);
+    let source = Arc::new(Sources::new(settings.source.clone())?);
     let admission = Arc::new(admission::Admission::new(settings.admission_lag));
     metrics::metrics().ingest_admitted.set(1);
     let ingest = ingest::Ingest::new(pool.clone(), js.clone(), settings.clone())

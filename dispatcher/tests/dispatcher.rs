@@ -1158,7 +1158,7 @@ async fn failed_dispatch_batches_are_counted() {
         .acquire_timeout(Duration::from_millis(100))
         .connect_lazy("postgres://tidings@127.0.0.1:1/nowhere")
         .unwrap();
-    let source = tidings_source::HttpSource::new(s.settings.source.clone()).unwrap();
+    let source = tidings_source::Sources::new(s.settings.source.clone()).unwrap();
     let dispatcher = tidings_dispatcher::dispatch::Dispatcher::new(
         gone,
         s.js.clone(),

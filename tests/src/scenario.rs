@@ -23,7 +23,7 @@ use tidings_domain::messages::{
 use tidings_domain::subjects::{StreamKind, Subjects};
 use tidings_domain::trigger::Trigger;
 use tidings_domain::{Channel, OutboxId, WatchId};
-use tidings_source::HttpSource;
+use tidings_source::Sources;
 use tidings_store::history;
 
 use crate::fake_catalog::FakeCatalog;
@@ -88,7 +88,7 @@ impl Scenario {
             .expect("streams");
         let catalog = FakeCatalog::start().await.expect("fake catalog");
         let mut source = catalog.source_config(true);
-        source.timeout = Duration::from_millis(500);
+        source.set_timeout(Duration::from_millis(500));
         let mut settings = Settings::new(subjects.clone(), source);
         settings.streams = streams;
         settings.claim_lease = Duration::from_secs(1);
@@ -113,7 +113,7 @@ impl Scenario {
     }
 
     pub fn dispatcher(&self) -> Dispatcher {
-        let source = HttpSource::new(self.settings.source.clone()).expect("source");
+        let source = Sources::new(self.settings.source.clone()).expect("source");
         Dispatcher::new(
             self.db.pool.clone(),
             self.js.clone(),

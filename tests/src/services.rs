@@ -149,6 +149,8 @@ impl Pipeline {
         std::fs::create_dir_all(&logs).expect("log dir");
         let ca = logs.join("ca.pem");
         std::fs::write(&ca, CERT_PEM).expect("ca file");
+        let sources = logs.join("sources.json");
+        std::fs::write(&sources, s.catalog.sources_file().to_string()).expect("sources file");
         let (vapid_private, vapid_public) =
             tidings_webpush::vapid::VapidKey::generate().expect("vapid key");
         let mut env: Vec<(String, String)> = [
@@ -160,6 +162,8 @@ impl Pipeline {
             ("TIDINGS_PREFIX", s.subjects.prefix().to_owned()),
             ("TIDINGS_SOURCE_URL", s.catalog.item_url()),
             ("TIDINGS_SOURCE_BATCH_URL", s.catalog.batch_url()),
+            // Items `shop:<code>` are read from the catalog's JSON API (docs/sources.md).
+            ("TIDINGS_SOURCES_FILE", sources.display().to_string()),
             ("TIDINGS_SOURCE_TIMEOUT", "2s".into()),
             ("TIDINGS_PUSH_ALLOWED_HOSTS", "127.0.0.1:*".into()),
             ("TIDINGS_PUSH_ALLOW_PRIVATE", "true".into()),

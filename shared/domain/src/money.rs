@@ -31,6 +31,34 @@ pub fn minor_units(currency: &str) -> u32 {
     }
 }
 
+/// A decimal amount as a catalog writes it (`"12.99"`, `12.99`, `"1200"`) in minor units of
+/// `currency`: 1299 EUR cents, 1200 yen. Digits past the currency's minor units must be zeros
+/// (`12.990` EUR is 1299, `12.999` is refused): a price is never rounded.
+pub fn parse_major(text: &str, currency: &str) -> Result<i64, BadAmount> {
+    let bad = || BadAmount(text.to_owned());
+    let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
+    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    if whole.is_empty()
+        || !digits(whole)
+        || !digits(fraction)
+        || (text.contains('.') && fraction.is_empty())
+    {
+        return Err(bad());
+    }
+    let decimals = minor_units(currency) as usize;
+    let (kept, rest) = fraction.split_at(fraction.len().min(decimals));
+    if rest.bytes().any(|b| b != b'0') {
+        return Err(bad());
+    }
+    let padded = format!("{whole}{kept:0<decimals$}");
+    padded.parse::<i64>().map_err(|_| bad())
+}
+
+/// A price that is not a plain non-negative decimal in its currency's minor units.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not an amount in the currency's minor units (digits, one '.', no rounding)")]
+pub struct BadAmount(pub String);
+
 /// How a language writes numbers: its decimal mark and the mark between groups of three.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Separators {
@@ -161,6 +189,33 @@ mod tests {
         assert_eq!(Separators::of(""), Separators::POINT);
     }
 
+    #[test]
+    fn catalog_amounts_become_minor_units_without_rounding() {
+        assert_eq!(parse_major("12.99", "EUR"), Ok(1299));
+        assert_eq!(parse_major("12.9", "EUR"), Ok(1290));
+        assert_eq!(parse_major("12", "EUR"), Ok(1200));
+        assert_eq!(parse_major("12.990", "EUR"), Ok(1299));
+        assert_eq!(parse_major("1200", "JPY"), Ok(1200));
+        assert_eq!(parse_major("1200.0", "JPY"), Ok(1200));
+        assert_eq!(parse_major("1.2", "KWD"), Ok(1200));
+        assert_eq!(parse_major("0.005", "BHD"), Ok(5));
+        for bad in [
+            "12.999",
+            "1200.5",
+            "",
+            ".5",
+            "12.",
+            "-1",
+            "1e3",
+            "12,99",
+            " 12",
+            "99999999999999999999",
+        ] {
+            let currency = if bad == "1200.5" { "JPY" } else { "EUR" };
+            assert!(parse_major(bad, currency).is_err(), "{bad} {currency}");
+        }
+    }
+
     proptest! {
         #[test]
         fn an_amount_reads_back_as_its_minor_units(
@@ -177,6 +232,15 @@ mod tests {
             prop_assert_eq!(digits.parse::<i128>().unwrap(), i128::from(minor));
             let decimals = number.split(sep.decimal).nth(1).map_or(0, str::len);
             prop_assert_eq!(decimals as u32, minor_units(currency));
+        }
+
+        #[test]
+        fn a_formatted_amount_parses_back(
+            minor in 0..i64::MAX, currency in prop::sample::select(vec!["JPY", "EUR", "KWD", "CLF"]),
+        ) {
+            let text = format(minor, currency, Separators::POINT).replace(',', "");
+            let number = text.strip_suffix(&format!(" {currency}")).unwrap();
+            prop_assert_eq!(parse_major(number, currency), Ok(minor));
         }
     }
 }

@@ -42,6 +42,14 @@ pub struct KindLabels {
 }
 
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceRequestLabels {
+    /// The source's name.
+    pub source: String,
+    /// fetched, not_modified or failed.
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PushLabels {
     pub outcome: String,
     /// 2xx, 4xx, 5xx, or "none" when no HTTP answer came (timeout, refused, expired).
@@ -100,6 +108,11 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
     ),
     (
         "tidings_source_errors",
+        "counter",
+        &["dispatcher", "detector", "api"],
+    ),
+    (
+        "tidings_source_requests",
         "counter",
         &["dispatcher", "detector", "api"],
     ),

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 use tidings_domain::ItemCode;
 use tidings_domain::trigger::SourceErrorKind;
-use tidings_source::HttpSource;
+use tidings_source::Sources;
 use tidings_testkit::fake_catalog::{Behavior, FakeCatalog, Item};
 
 fn codes(names: &[&str]) -> Vec<ItemCode> {
@@ -43,7 +43,7 @@ async fn every_answer_is_classified_the_same_with_and_without_the_batch_endpoint
         "NEVER-HEARD-OF",
     ]);
     for batch in [false, true] {
-        let source = HttpSource::new(c.source_config(batch)).unwrap();
+        let source = Sources::new(c.source_config(batch)).unwrap();
         let got = source.fetch_many(&items).await;
         let kind = |code: &str| {
             got[&ItemCode::parse(code).unwrap()]
@@ -78,8 +78,8 @@ async fn the_batch_endpoint_asks_each_item_once_in_few_requests() {
         c.set_price(n, 100);
     }
     let mut config = c.source_config(true);
-    config.batch_size = 100;
-    let source = HttpSource::new(config).unwrap();
+    config.sources[0].batch_size = 100;
+    let source = Sources::new(config).unwrap();
     // Duplicates in the input are asked once.
     let mut items: Vec<ItemCode> = names.iter().map(|n| ItemCode::parse(n).unwrap()).collect();
     items.extend(items.clone());
@@ -94,8 +94,8 @@ async fn a_hanging_item_costs_at_most_the_timeout_and_does_not_block_the_others(
     let c = catalog().await;
     c.set_behavior("HANGS", Behavior::Hang);
     let mut config = c.source_config(false);
-    config.timeout = Duration::from_millis(300);
-    let source = HttpSource::new(config).unwrap();
+    config.set_timeout(Duration::from_millis(300));
+    let source = Sources::new(config).unwrap();
     let started = Instant::now();
     let got = source.fetch_many(&codes(&["HANGS", "OK"])).await;
     assert!(started.elapsed() < Duration::from_secs(3));
@@ -116,9 +116,9 @@ async fn requests_per_host_are_limited() {
         c.set_behavior(&format!("H{i}"), Behavior::Hang);
     }
     let mut config = c.source_config(false);
-    config.timeout = Duration::from_millis(300);
-    config.max_concurrency_per_host = 2;
-    let source = HttpSource::new(config).unwrap();
+    config.set_timeout(Duration::from_millis(300));
+    config.sources[0].max_concurrency_per_host = 2;
+    let source = Sources::new(config).unwrap();
     let started = Instant::now();
     source.fetch_many(&codes(&["H0", "H1", "H2", "H3"])).await;
     // Four hanging requests, two at a time: two rounds of the timeout.
@@ -126,5 +126,110 @@ async fn requests_per_host_are_limited() {
         started.elapsed() >= Duration::from_millis(600),
         "{:?}",
         started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_mapped_json_api_and_the_tidings_protocol_answer_side_by_side() {
+    let c = catalog().await;
+    c.set(
+        "4711",
+        Item {
+            currency: "JPY".into(),
+            ..Item::priced(1200)
+        },
+    );
+    c.set(
+        "4712",
+        Item {
+            in_stock: false,
+            ..Item::priced(1299)
+        },
+    );
+    c.set_behavior("4713", Behavior::Empty);
+    let mut config = c.source_config(true);
+    config.sources.push(c.shop_source());
+    let source = Sources::new(config).unwrap();
+    let got = source
+        .fetch_many(&codes(&[
+            "shop:4711",
+            "shop:4712",
+            "shop:4713",
+            "shop:NONE",
+            "OK",
+        ]))
+        .await;
+    let yen = got[&ItemCode::parse("shop:4711").unwrap()]
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        (yen.price, yen.currency.as_str(), yen.in_stock),
+        (1200, "JPY", true)
+    );
+    let out = got[&ItemCode::parse("shop:4712").unwrap()]
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        (out.price, out.currency.as_str(), out.in_stock),
+        (1299, "EUR", false)
+    );
+    let kind = |code: &str| {
+        got[&ItemCode::parse(code).unwrap()]
+            .as_ref()
+            .err()
+            .map(|e| e.kind)
+    };
+    assert_eq!(kind("shop:4713"), Some(SourceErrorKind::Empty));
+    assert_eq!(kind("shop:NONE"), Some(SourceErrorKind::NotFound));
+    assert_eq!(
+        got[&ItemCode::parse("OK").unwrap()].as_ref().unwrap().price,
+        1100
+    );
+    // The shop's four went one by one; the tidings item in one batch.
+    assert_eq!(c.requests(), (4, 1));
+    assert_eq!(
+        source.source_of(&ItemCode::parse("shop:4711").unwrap()),
+        Some("shop")
+    );
+}
+
+#[tokio::test]
+async fn an_unchanged_item_is_answered_304_and_its_last_value_is_reused() {
+    let c = catalog().await;
+    c.set_price("4711", 1299);
+    let mut config = c.source_config(false);
+    config.sources.push(c.shop_source());
+    let source = Sources::new(config).unwrap();
+    for code in ["shop:4711", "OK"] {
+        let item = ItemCode::parse(code).unwrap();
+        let first = source.fetch(&item).await.unwrap();
+        let again = source.fetch(&item).await.unwrap();
+        assert_eq!(
+            (again.price, again.in_stock),
+            (first.price, first.in_stock),
+            "{code}"
+        );
+        assert!(again.observed_at >= first.observed_at);
+    }
+    assert_eq!(
+        c.not_modified(),
+        2,
+        "the second ask of each was answered 304"
+    );
+    // A change makes a new version: fetched in full, the new value seen.
+    c.set_price("4711", 999);
+    let changed = source
+        .fetch(&ItemCode::parse("shop:4711").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(changed.price, 999);
+    assert_eq!(c.not_modified(), 2);
+    let text = tidings_runtime::metrics::metrics().encode();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("tidings_source_requests_total{")
+                && l.contains("source=\"shop\"")
+                && l.contains("result=\"not_modified\"")),
+        "{text}"
     );
 }

@@ -1,9 +1,11 @@
-//! A fake catalog: serves observations whose values a test sets, speaking the source protocol
-//! of `tidings_source` (one item, and the batch form), and answers 404, 429, 500 or
-//! hangs on demand. Also runnable as a binary for the demo (`PUT /admin/items/{code}`).
+//! A fake catalog: serves observations whose values a test sets, in Tidings' own source
+//! protocol (one item, and the batch form) and as a shop's JSON API would (`/shop/products/
+//! {code}`, read by the `json` format), and answers 404, 429, 500 or hangs on demand. Item
+//! answers carry an ETag and answer a request naming it with 304. Also runnable as a binary for
+//! the demo (`PUT /admin/items/{code}`).
 
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use axum::{Json, Router};
@@ -12,7 +14,9 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use tidings_source::SourceConfig;
+use tidings_domain::money;
+use tidings_source::json::JsonMapping;
+use tidings_source::{Format, SourceConfig, SourceSpec};
 use tokio_util::task::AbortOnDropHandle;
 
 /// How the catalog answers for an item.
@@ -89,6 +93,7 @@ struct Inner {
     items: Mutex<HashMap<String, Item>>,
     item_requests: AtomicU64,
     batch_requests: AtomicU64,
+    not_modified: AtomicU64,
     /// Per mille of requests that fail (chaos runs): a third each 503, 429, and an answer slower
     /// than any client's timeout.
     faults: AtomicU64,
@@ -119,6 +124,29 @@ impl Inner {
                 StatusCode::SERVICE_UNAVAILABLE.into_response()
             }
         })
+    }
+
+    /// `value` with its ETag, or 304 to a request that names it.
+    fn conditional(&self, headers: &HeaderMap, value: serde_json::Value) -> Response {
+        let text = value.to_string();
+        let mut hasher = std::hash::DefaultHasher::new();
+        std::hash::Hash::hash(&text, &mut hasher);
+        let etag = format!("\"{:016x}\"", std::hash::Hasher::finish(&hasher));
+        let asked = headers
+            .get(header::IF_NONE_MATCH)
+            .and_then(|v| v.to_str().ok());
+        if asked == Some(etag.as_str()) {
+            self.not_modified.fetch_add(1, Ordering::Relaxed);
+            return (StatusCode::NOT_MODIFIED, [(header::ETAG, etag)]).into_response();
+        }
+        (
+            [
+                (header::ETAG, etag),
+                (header::CONTENT_TYPE, "application/json".into()),
+            ],
+            text,
+        )
+            .into_response()
     }
 
     fn items(&self) -> MutexGuard<'_, HashMap<String, Item>> {
@@ -161,23 +189,75 @@ fn body(item: &Item) -> serde_json::Value {
     })
 }
 
-async fn one(State(inner): State<Arc<Inner>>, Path(code): Path<String>) -> Response {
+/// The item a single-item request answers with, or the failure it meets instead.
+async fn answerable(inner: &Inner, code: &str) -> Result<Item, Response> {
     inner.item_requests.fetch_add(1, Ordering::Relaxed);
     if let Some(failed) = inner.fault().await {
-        return failed;
+        return Err(failed);
     }
-    let item = inner.look(&code);
+    let item = inner.look(code);
     let Some(item) = item else {
-        return StatusCode::NOT_FOUND.into_response();
+        return Err(StatusCode::NOT_FOUND.into_response());
     };
-    match item.behavior {
+    let failed = match item.behavior {
         Behavior::NotFound => StatusCode::NOT_FOUND.into_response(),
         Behavior::RateLimited => {
             (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")]).into_response()
         }
         Behavior::ServerError => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
         Behavior::Hang => std::future::pending().await,
-        Behavior::Normal | Behavior::Empty => Json(body(&item)).into_response(),
+        Behavior::Normal | Behavior::Empty => return Ok(item),
+    };
+    Err(failed)
+}
+
+async fn one(
+    State(inner): State<Arc<Inner>>,
+    Path(code): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    match answerable(&inner, &code).await {
+        Ok(item) => inner.conditional(&headers, body(&item)),
+        Err(failed) => failed,
+    }
+}
+
+/// How a `json` source reads [`shop_body`].
+fn shop_mapping() -> serde_json::Value {
+    serde_json::json!({
+        "price": "/data/price/amount",
+        "currency": "/data/price/currency",
+        "availability": "/data/stock",
+        "available": {"in_stock": true, "sold_out": false},
+        "paused": "/data/hidden",
+    })
+}
+
+/// The shop API's shape (docs/sources.md's `json` example): a decimal price as text.
+fn shop_body(code: &str, item: &Item) -> serde_json::Value {
+    let amount = (item.behavior != Behavior::Empty).then(|| {
+        let text = money::format(item.price, &item.currency, money::Separators::POINT);
+        text.replace(',', "")
+            .replace(&format!(" {}", item.currency), "")
+    });
+    serde_json::json!({
+        "data": {
+            "sku": code,
+            "price": {"amount": amount, "currency": item.currency},
+            "stock": if item.in_stock { "in_stock" } else { "sold_out" },
+            "hidden": item.paused,
+        }
+    })
+}
+
+async fn shop_product(
+    State(inner): State<Arc<Inner>>,
+    Path(code): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    match answerable(&inner, &code).await {
+        Ok(item) => inner.conditional(&headers, shop_body(&code, &item)),
+        Err(failed) => failed,
     }
 }
 
@@ -241,6 +321,7 @@ impl FakeCatalog {
         let app = Router::new()
             .route("/items", get(many))
             .route("/items/{code}", get(one))
+            .route("/shop/products/{code}", get(shop_product))
             .route("/admin/items", get(admin_get))
             .route("/admin/items/{code}", put(admin_put))
             .with_state(inner.clone());
@@ -275,9 +356,39 @@ impl FakeCatalog {
     pub fn source_config(&self, batch: bool) -> SourceConfig {
         let mut c = SourceConfig::new(self.item_url());
         if batch {
-            c.batch_url = Some(self.batch_url());
+            c.sources[0].format = Format::Tidings {
+                batch_url: Some(self.batch_url()),
+            };
         }
         c
+    }
+
+    /// A `json`-format source named `shop` for item codes `shop:<code>`, reading this catalog's
+    /// shop API (the mapping docs/sources.md shows).
+    pub fn shop_source(&self) -> SourceSpec {
+        let mapping: JsonMapping = serde_json::from_value(shop_mapping())
+            .unwrap_or_else(|e| panic!("the shop mapping is a test fixture: {e}"));
+        let mut spec = SourceConfig::new(self.item_url()).sources.remove(0);
+        spec.name = "shop".into();
+        spec.prefix = "shop:".into();
+        spec.format = Format::Json(mapping);
+        spec.item_url = self.shop_url();
+        spec
+    }
+
+    fn shop_url(&self) -> String {
+        format!("http://{}/shop/products/{{item}}", self.addr)
+    }
+
+    /// A `TIDINGS_SOURCES_FILE` with [`Self::shop_source`], written as an operator would.
+    pub fn sources_file(&self) -> serde_json::Value {
+        serde_json::json!({"sources": [{
+            "name": "shop",
+            "prefix": "shop:",
+            "format": "json",
+            "url": self.shop_url(),
+            "json": shop_mapping(),
+        }]})
     }
 
     pub fn set(&self, code: &str, item: Item) {
@@ -325,5 +436,10 @@ impl FakeCatalog {
             self.inner.item_requests.load(Ordering::Relaxed),
             self.inner.batch_requests.load(Ordering::Relaxed),
         )
+    }
+
+    /// Single-item requests answered 304 Not Modified so far.
+    pub fn not_modified(&self) -> u64 {
+        self.inner.not_modified.load(Ordering::Relaxed)
     }
 }

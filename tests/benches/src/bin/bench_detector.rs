@@ -11,7 +11,7 @@ use std::time::Instant;
 use tidings_detector::Settings;
 use tidings_detector::scan::{Detector, ScanStats};
 use tidings_domain::trigger::Trigger;
-use tidings_source::HttpSource;
+use tidings_source::Sources;
 use tidings_tests::scenario::Scenario;
 
 /// One scan; its wall-clock seconds and what it did.
@@ -76,7 +76,7 @@ async fn main() {
         // One watchlist in memory at a time, so the peak RSS is one detector's.
         drop(last.take());
         let settings = Settings::new(s.subjects.clone(), s.catalog.source_config(true));
-        let source = HttpSource::new(settings.source.clone()).expect("source");
+        let source = Sources::new(settings.source.clone()).expect("source");
         // A fresh detector each round: no memory, so holding triggers are published every round
         // (JetStream's duplicate window answers the repeats).
         let d = Detector::new(s.db.pool.clone(), s.js.clone(), source, settings);

@@ -22,7 +22,7 @@ use tidings_domain::messages::{
 };
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
-use tidings_source::HttpSource;
+use tidings_source::Sources;
 use tidings_tests::fixtures;
 use tidings_tests::harness::TestDb;
 use tidings_tests::scenario::Scenario;
@@ -160,7 +160,7 @@ async fn round(rows: usize) -> Round {
         run_until_drained(ingest, &s.db, "SELECT count(*) FROM outbox", rows).await;
 
     // Dispatch: claim → re-fetch (batch endpoint) → re-check → sending → publish.
-    let source = Arc::new(HttpSource::new(s.settings.source.clone()).expect("source"));
+    let source = Arc::new(Sources::new(s.settings.source.clone()).expect("source"));
     let started = Instant::now();
     let cpu = CpuSplit::now();
     let workers: Vec<_> = (0..s.settings.dispatch_workers)
