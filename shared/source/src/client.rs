@@ -33,8 +33,10 @@ pub(crate) enum Body {
 pub(crate) struct Source {
     pub(crate) spec: SourceSpec,
     client: reqwest::Client,
-    /// `host:port` → requests in flight there.
-    limits: HashMap<String, Arc<Semaphore>>,
+    /// Requests in flight at the item URL's host, and at the batch URL's (the same limit when
+    /// both name one host). Resolved once here, not per request.
+    pub(crate) item_limit: Arc<Semaphore>,
+    pub(crate) batch_limit: Option<Arc<Semaphore>>,
     /// The item URL's host (`server.address` of a fetch span).
     pub(crate) host: String,
     validators: Mutex<HashMap<String, Validated>>,
@@ -67,23 +69,26 @@ pub(crate) fn host_of(
     ))
 }
 
+/// A 304 to a request that named no version: nothing to reuse, so the answer is unreadable.
+pub(crate) fn unasked_304(what: String) -> SourceError {
+    SourceError::new(
+        SourceErrorKind::BadData,
+        format!("{what}: 304 to a request that named no version"),
+    )
+}
+
 impl Source {
     pub(crate) fn new(spec: SourceSpec) -> Result<Self, SourceConfigError> {
         let permits = spec.max_concurrency_per_host.max(1);
         let item_host = host_of(&spec, &spec.item_url, "{item}")?;
-        let mut limits = HashMap::new();
-        if let Format::Tidings {
-            batch_url: Some(batch),
-        } = &spec.format
-        {
-            limits.insert(
-                host_of(&spec, batch, "{items}")?,
-                Arc::new(Semaphore::new(permits)),
-            );
-        }
-        limits
-            .entry(item_host.clone())
-            .or_insert_with(|| Arc::new(Semaphore::new(permits)));
+        let item_limit = Arc::new(Semaphore::new(permits));
+        let batch_limit = match &spec.format {
+            Format::Tidings {
+                batch_url: Some(batch),
+            } if host_of(&spec, batch, "{items}")? == item_host => Some(item_limit.clone()),
+            Format::Tidings { batch_url: Some(_) } => Some(Arc::new(Semaphore::new(permits))),
+            _ => None,
+        };
         let client = reqwest::Client::builder()
             .timeout(spec.timeout)
             .connect_timeout(spec.connect_timeout)
@@ -97,7 +102,8 @@ impl Source {
         Ok(Source {
             spec,
             client,
-            limits,
+            item_limit,
+            batch_limit,
             host,
             validators: Mutex::new(HashMap::new()),
         })
@@ -112,15 +118,16 @@ impl Source {
             .inc();
     }
 
-    /// `GET url` within its host's limit, its body read up to `cap`; with validators, a 304 is
-    /// [`Body::NotModified`].
+    /// `GET url` within `limit` (its host's), its body read up to `cap`; with validators, a 304
+    /// is [`Body::NotModified`].
     pub(crate) async fn get(
         &self,
         url: &str,
+        limit: &Semaphore,
         cap: usize,
         validators: Option<(Option<String>, Option<String>)>,
     ) -> Result<Body, SourceError> {
-        let answer = self.exchange(url, cap, validators).await;
+        let answer = self.exchange(url, limit, cap, validators).await;
         self.count(match &answer {
             Ok(Body::Fresh(..)) => "fetched",
             Ok(Body::NotModified) => "not_modified",
@@ -132,20 +139,15 @@ impl Source {
     async fn exchange(
         &self,
         url: &str,
+        limit: &Semaphore,
         cap: usize,
         validators: Option<(Option<String>, Option<String>)>,
     ) -> Result<Body, SourceError> {
         let fail = |kind, detail: String| SourceError::new(kind, format!("GET {url}: {detail}"));
-        let host = reqwest::Url::parse(url)
-            .ok()
-            .and_then(|u| Some(format!("{}:{}", u.host_str()?, u.port_or_known_default()?)));
-        let _permit =
-            match host.and_then(|h| self.limits.get(&h)) {
-                Some(sem) => Some(sem.acquire().await.map_err(|_| {
-                    fail(SourceErrorKind::Unavailable, "source limiter closed".into())
-                })?),
-                None => None,
-            };
+        let _permit = limit
+            .acquire()
+            .await
+            .map_err(|_| fail(SourceErrorKind::Unavailable, "source limiter closed".into()))?;
         let mut request = self.client.get(url);
         if let Some((etag, last_modified)) = validators {
             if let Some(etag) = etag {
@@ -194,7 +196,10 @@ impl Source {
     pub(crate) async fn fetch(&self, code: &str) -> Fetched {
         let url = self.spec.item_url.replace("{item}", code);
         let known = self.remembered(&url);
-        match self.get(&url, self.spec.max_body, known).await? {
+        match self
+            .get(&url, &self.item_limit, self.spec.max_body, known)
+            .await?
+        {
             Body::NotModified => self.reuse(&url),
             Body::Fresh(body, headers) => {
                 let answer = match &self.spec.format {
@@ -221,10 +226,7 @@ impl Source {
                 ..v.observation.clone()
             }),
             // Asked without validators, or forgotten since: nothing to reuse.
-            None => Err(SourceError::new(
-                SourceErrorKind::BadData,
-                format!("GET {url}: 304 to a request that named no version"),
-            )),
+            None => Err(unasked_304(format!("GET {url}"))),
         }
     }
 

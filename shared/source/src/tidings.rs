@@ -7,7 +7,7 @@
 //!   `200 {"items": {"<code>": <item body> | {"error": "<kind>"} | null}}`; a code that is missing
 //!   or null is `not_found`. A failed batch request fails each of its items the same way.
 
-use crate::client::{Body, Source};
+use crate::client::{Body, Source, unasked_304};
 use crate::{Fetched, SourceError};
 use chrono::Utc;
 use serde::Deserialize;
@@ -77,20 +77,15 @@ pub(crate) async fn fetch_batch(
 ) -> Vec<(ItemCode, Fetched)> {
     let joined: Vec<&str> = codes.iter().map(|(_, c)| c.as_str()).collect();
     let url = template.replace("{items}", &joined.join(","));
-    let parsed = match source.get(&url, MAX_BATCH_BODY, None).await {
+    let limit = source.batch_limit.as_deref().unwrap_or(&source.item_limit);
+    let parsed = match source.get(&url, limit, MAX_BATCH_BODY, None).await {
         Ok(Body::Fresh(body, _)) => serde_json::from_slice::<BatchBody>(&body).map_err(|e| {
             SourceError::new(
                 SourceErrorKind::BadData,
                 format!("batch of {}: {e}", codes.len()),
             )
         }),
-        Ok(Body::NotModified) => Err(SourceError::new(
-            SourceErrorKind::BadData,
-            format!(
-                "batch of {}: 304 to a request that named no version",
-                codes.len()
-            ),
-        )),
+        Ok(Body::NotModified) => Err(unasked_304(format!("batch of {}", codes.len()))),
         Err(e) => Err(e),
     };
     match parsed {

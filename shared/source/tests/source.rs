@@ -130,6 +130,34 @@ async fn requests_per_host_are_limited() {
 }
 
 #[tokio::test]
+async fn the_limit_holds_when_the_item_code_is_part_of_the_host() {
+    // Regression: the limit was looked up by the host of each request, which for a template
+    // with `{item}` in its host was never the one configured, so no limit applied.
+    let c = catalog().await;
+    c.set_behavior("1", Behavior::Hang);
+    let mut config = c.source_config(false);
+    let port = config.sources[0].item_url.split(':').nth(2).unwrap();
+    let port = port.split('/').next().unwrap().to_owned();
+    config.sources[0].item_url = format!("http://127.0.0.{{item}}:{port}/items/1");
+    config.set_timeout(Duration::from_millis(300));
+    config.sources[0].max_concurrency_per_host = 2;
+    let source = Sources::new(config).unwrap();
+    let one = ItemCode::parse("1").unwrap();
+    let started = Instant::now();
+    let answers = futures::future::join_all((0..4).map(|_| source.fetch(&one))).await;
+    assert!(
+        answers
+            .iter()
+            .all(|a| a.as_ref().unwrap_err().kind == SourceErrorKind::Unavailable)
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(600),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
 async fn a_mapped_json_api_and_the_tidings_protocol_answer_side_by_side() {
     let c = catalog().await;
     c.set(
