@@ -50,9 +50,9 @@ impl Catalog {
         })
     }
 
-    /// Whether some source answers for `item`.
-    pub fn answers_for(&self, item: &ItemCode) -> bool {
-        self.source.source_of(item).is_some()
+    /// The sources it reads, which also say what item a new watch means.
+    pub fn sources(&self) -> &Sources {
+        &self.source
     }
 
     /// `item` now (at most `keep` old), and when it was read.

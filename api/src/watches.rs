@@ -8,6 +8,7 @@ use crate::AppState;
 use crate::auth::{Device, DeviceToken};
 use crate::extract::{ApiQuery, ClientAddr, JsonBody, cursor, limit, page, resource_id, within};
 use crate::problem::{ApiError, BodyRejected, NoSuchDevicesWatch, Problem, Unauthorized};
+use crate::shown::Catalog;
 use aws_lc_rs::digest::{SHA256, digest};
 use axum::Json;
 use axum::extract::rejection::PathRejection;
@@ -22,6 +23,7 @@ pub use tidings_api_types::objects::{Watch, WatchList};
 pub use tidings_api_types::triggers::TriggerSpec;
 use tidings_domain::trigger::Trigger;
 use tidings_domain::{Channel, ItemCode, WatchId};
+use tidings_source::{OfferSelector, Unwatchable};
 use tidings_store::db;
 use tidings_store::watch_creates::{self, Admission, NewWatch};
 use tidings_store::{idempotency, watches};
@@ -79,6 +81,41 @@ pub struct CreateWatch {
     /// says what changed, in its place (default true).
     #[serde(default)]
     pub withdraw: Option<bool>,
+    /// The source (by name, docs/sources.md) that reads the item: its prefix is put in front
+    /// of `item_code`. Left out: the source whose prefix `item_code` has.
+    #[serde(default)]
+    pub source: Option<String>,
+    /// Which offer of a product page (a `schema.org` source) the watch means, when the page
+    /// has several at different prices. Written into the item code (`<code>::sku:<sku>`).
+    #[serde(default)]
+    pub offer: Option<OfferSpec>,
+}
+
+/// One offer of a product page: by its SKU, its GTIN, or its `url` as the page writes it.
+/// Exactly one.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OfferSpec {
+    pub sku: Option<String>,
+    /// 8 to 14 digits.
+    pub gtin: Option<String>,
+    pub url: Option<String>,
+}
+
+impl OfferSpec {
+    fn selector(&self) -> Result<OfferSelector, ApiError> {
+        let invalid = |detail: String| ApiError::invalid("/offer", detail);
+        match (&self.sku, &self.gtin, &self.url) {
+            (Some(sku), None, None) => Ok(OfferSelector::Sku(sku.clone())),
+            (None, Some(gtin), None) => {
+                OfferSelector::gtin(gtin).map_err(|e| invalid(e.to_string()))
+            }
+            (None, None, Some(url)) => Ok(OfferSelector::for_url(url)),
+            _ => Err(invalid(
+                "name the offer by exactly one of sku, gtin, url".into(),
+            )),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -115,20 +152,38 @@ pub(crate) fn watch_of(r: watches::Watch) -> Watch {
     }
 }
 
-/// Refuses a watch no source could ever answer for (docs/sources.md). An api that knows no
-/// source takes every code: the workers' settings decide.
-fn answered(app: &AppState, item: &ItemCode) -> Result<(), ApiError> {
-    match app.catalog.as_deref() {
-        Some(catalog) if !catalog.answers_for(item) => Err(ApiError::invalid(
-            "/item_code",
-            format!("no source answers for item code {item}: its prefix names none"),
-        )),
-        _ => Ok(()),
-    }
+/// The item the watch means (docs/sources.md), refused when no source could answer for it. An
+/// api that knows no source takes every code as written: the workers' settings decide.
+fn item_of(req: &CreateWatch, catalog: Option<&Catalog>) -> Result<ItemCode, ApiError> {
+    let offer = req.offer.as_ref().map(OfferSpec::selector).transpose()?;
+    let Some(catalog) = catalog else {
+        if req.source.is_some() || offer.is_some() {
+            return Err(ApiError::invalid(
+                if offer.is_some() { "/offer" } else { "/source" },
+                "this api reads no source settings (TIDINGS_SOURCE_URL, TIDINGS_SOURCES_FILE): write the item code in full",
+            ));
+        }
+        return ItemCode::parse(&req.item_code).map_err(|e| ApiError::invalid("/item_code", e));
+    };
+    catalog
+        .sources()
+        .watched_item(&req.item_code, req.source.as_deref(), offer.as_ref())
+        .map_err(|e| {
+            let at = match e {
+                Unwatchable::UnknownSource(_) | Unwatchable::Claimed { .. } => "/source",
+                Unwatchable::OfferOutsidePages(..) if offer.is_some() => "/offer",
+                _ => "/item_code",
+            };
+            ApiError::invalid(at, e)
+        })
 }
 
-fn validate(req: &CreateWatch, max_triggers: usize) -> Result<NewWatch, ApiError> {
-    let item = ItemCode::parse(&req.item_code).map_err(|e| ApiError::invalid("/item_code", e))?;
+fn validate(
+    req: &CreateWatch,
+    max_triggers: usize,
+    catalog: Option<&Catalog>,
+) -> Result<NewWatch, ApiError> {
+    let item = item_of(req, catalog)?;
     if req.triggers.is_empty() {
         return Err(ApiError::invalid(
             "/triggers",
@@ -296,8 +351,11 @@ pub async fn create_watch(
     )?;
     let checked = body.and_then(|body| {
         let key = idempotency_key(&headers)?;
-        let new = validate(&body.value, app.settings.max_triggers_per_watch)?;
-        answered(&app, &new.item)?;
+        let new = validate(
+            &body.value,
+            app.settings.max_triggers_per_watch,
+            app.catalog.as_deref(),
+        )?;
         Ok((body, key, new))
     });
     // Authentication answers before the body does: an unknown token is 401 whatever it sent.

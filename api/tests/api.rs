@@ -2145,3 +2145,102 @@ async fn a_watch_on_an_item_no_source_answers_for_is_refused() {
     }
     api.stop().await;
 }
+
+#[tokio::test]
+async fn a_watch_may_name_its_source_and_the_offer_of_a_product_page() {
+    let db = TestDb::new().await.unwrap();
+    let mut catalog = tidings_source::SourceConfig::new("http://shop.invalid/items/{item}");
+    catalog.sources[0].prefix = "shop:".into();
+    catalog.sources[0].name = "shop".into();
+    let mut pages = catalog.sources[0].clone();
+    pages.name = "pages".into();
+    pages.prefix = "page:".into();
+    pages.format = tidings_source::Format::SchemaOrg;
+    catalog.sources.push(pages);
+    let settings = Settings {
+        catalog: Some(catalog),
+        max_watches_per_device: 10,
+        ..test_settings()
+    };
+    let api = ApiServer::start(db.pool.clone(), settings).await;
+    let (_, token) = api.register().await;
+    let below = json!([below(1000)]);
+    let url = "https://shop.example/products/tee?variant=4002";
+    let cases = [
+        (
+            json!({"source": "pages", "offer": {"sku": "TEE-M"}}),
+            "page:tee::sku:TEE-M".to_owned(),
+        ),
+        (
+            json!({"source": "pages", "offer": {"gtin": "0012345678905"}}),
+            "page:tee::gtin:0012345678905".into(),
+        ),
+        (
+            json!({"source": "pages", "offer": {"url": url}}),
+            format!(
+                "page:tee::{}",
+                tidings_source::OfferSelector::for_url(url).code()
+            ),
+        ),
+        (json!({"source": "shop"}), "shop:tee".into()),
+    ];
+    for (extra, expected) in cases {
+        let mut body = json!({"item_code": "tee", "triggers": below});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let resp = api
+            .send(Method::POST, "/v1/watches", Some(&token), &body)
+            .await;
+        assert_eq!(resp.status(), 201, "{body}");
+        let watch: serde_json::Value = resp.json().await.unwrap();
+        assert_eq!(watch["item_code"], expected.as_str(), "{body}");
+    }
+    let refused = [
+        (
+            json!({"source": "nowhere"}),
+            "/source",
+            "no source is named",
+        ),
+        (
+            json!({"source": "shop", "offer": {"sku": "A"}}),
+            "/offer",
+            "schema.org source only",
+        ),
+        (
+            json!({"source": "pages", "offer": {"sku": "A", "gtin": "12345678"}}),
+            "/offer",
+            "exactly one",
+        ),
+        (
+            json!({"source": "pages", "offer": {"gtin": "12"}}),
+            "/offer",
+            "8 to 14 digits",
+        ),
+        (
+            json!({"source": "pages", "offer": {"sku": "A B"}}),
+            "/item_code",
+            "invalid item code",
+        ),
+        (
+            json!({"item_code": "page:tee::colour:red"}),
+            "/item_code",
+            "offer selector",
+        ),
+    ];
+    for (extra, at, says) in refused {
+        let mut body = json!({"item_code": "tee", "triggers": below});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let p = problem(
+            api.send(Method::POST, "/v1/watches", Some(&token), &body)
+                .await,
+            422,
+        )
+        .await;
+        assert_eq!(pointer(&p), at, "{body}: {p}");
+        assert!(p.to_string().contains(says), "{body}: {p}");
+    }
+    api.stop().await;
+}

@@ -1,6 +1,7 @@
-//! Sources a shop already has, through the real services: a watch on a mapped JSON API and one
-//! on Tidings' own protocol go end to end side by side (the sources file the harness writes is
-//! the one docs/sources.md shows), and an unchanged item costs a 304 and no evaluation.
+//! Sources a shop already has, through the real services: a watch on a mapped JSON API, one on
+//! a schema.org product page (naming its offer) and one on Tidings' own protocol go end to end
+//! side by side (the sources file the harness writes is the one docs/sources.md shows), and an
+//! unchanged item costs a 304 and no evaluation.
 
 use std::time::Duration;
 use tidings_domain::outbox::Status;
@@ -26,13 +27,19 @@ async fn sample(p: &Pipeline, service: &str, name: &str, labels: &[&str]) -> f64
 }
 
 #[tokio::test]
-async fn a_watch_on_a_mapped_json_api_goes_end_to_end_beside_one_on_the_tidings_protocol() {
+async fn a_watch_on_each_source_format_goes_end_to_end_side_by_side() {
     let s = Scenario::new().await;
     let push = FakePushService::start().await.unwrap();
     let sub = push.subscription();
     // `shop:4711` is read from the shop's JSON API as `4711`, its price a decimal string.
     let json = s.watcher_at("shop:4711", BELOW_1000, 1299, &sub).await;
     s.catalog.set_price("4711", 1299);
+    // `page:4712::sku:4712` is the offer with sku 4712 on the product page of `4712`, which also
+    // offers a dearer gift-wrapped variant.
+    let page = s
+        .watcher_at("page:4712::sku:4712", BELOW_1000, 1299, &sub)
+        .await;
+    s.catalog.set_price("4712", 1299);
     let own = s.watcher_at("SKU-T", BELOW_1000, 1299, &sub).await;
     let p = Pipeline::start(&s, &[]).await;
 
@@ -78,11 +85,12 @@ async fn a_watch_on_a_mapped_json_api_goes_end_to_end_beside_one_on_the_tidings_
     assert!(s.catalog.not_modified() >= 3);
 
     s.catalog.set_price("4711", 999);
+    s.catalog.set_price("4712", 997);
     s.catalog.set_price("SKU-T", 998);
-    p.wait_for_rows(&s, &[Status::Sent], 2, 60).await;
+    p.wait_for_rows(&s, &[Status::Sent], 3, 60).await;
     let got = push.received_by(&sub);
-    assert_eq!(got.len(), 2, "rejected: {:?}", push.rejected());
-    for (w, price) in [(&json, 999), (&own, 998)] {
+    assert_eq!(got.len(), 3, "rejected: {:?}", push.rejected());
+    for (w, price) in [(&json, 999), (&page, 997), (&own, 998)] {
         let rows = s.rows(w.watch).await;
         assert_eq!(rows.len(), 1, "{}", w.item);
         let sent = rows[0].notification.sent_value.as_ref().unwrap();
@@ -99,17 +107,21 @@ async fn a_watch_on_a_mapped_json_api_goes_end_to_end_beside_one_on_the_tidings_
             w.item
         );
     }
-    // The re-check read the shop's API too (its fetch after the change was a full answer).
-    assert!(
-        sample(
-            &p,
-            "dispatcher",
-            "tidings_source_requests_total",
-            &["source=\"shop\"", "result=\"fetched\""]
-        )
-        .await
-            >= 1.0
-    );
+    // The re-check read the shop's API and page too (its fetch after the change was a full
+    // answer).
+    for source in ["source=\"shop\"", "source=\"pages\""] {
+        assert!(
+            sample(
+                &p,
+                "dispatcher",
+                "tidings_source_requests_total",
+                &[source, "result=\"fetched\""]
+            )
+            .await
+                >= 1.0,
+            "{source}"
+        );
+    }
     p.stop().await;
     s.cleanup().await;
 }

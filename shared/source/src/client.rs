@@ -2,7 +2,7 @@
 //! (ETag / Last-Modified) so an unchanged item costs its upstream a 304 and us no parsing.
 
 use crate::config::{Format, SourceConfigError, SourceSpec};
-use crate::{Fetched, SourceError, source_requests, tidings};
+use crate::{Fetched, SourceError, schema_org, source_requests, tidings};
 use chrono::Utc;
 use reqwest::StatusCode;
 use reqwest::header::{ETAG, HeaderMap, IF_MODIFIED_SINCE, IF_NONE_MATCH, LAST_MODIFIED};
@@ -17,7 +17,7 @@ use tokio::sync::Semaphore;
 /// response each, once), so it stays bounded whatever the number of watched items.
 const VALIDATORS_KEPT: usize = 200_000;
 
-/// What an upstream said last time about one URL, and what that answer meant.
+/// What an upstream said last time about one item, and what that answer meant.
 struct Validated {
     etag: Option<String>,
     last_modified: Option<String>,
@@ -192,35 +192,43 @@ impl Source {
     }
 
     /// One item (`code` without this source's prefix), asked conditionally when its last answer
-    /// carried validators: a 304 is that answer again, observed now.
+    /// carried validators: a 304 is that answer again, observed now. What is remembered is kept
+    /// by code, not URL: on a product page, each offer selector reads its own answer.
     pub(crate) async fn fetch(&self, code: &str) -> Fetched {
-        let url = self.spec.item_url.replace("{item}", code);
-        let known = self.remembered(&url);
+        let (page, selector) = match &self.spec.format {
+            Format::SchemaOrg => schema_org::split(code).map_err(|e| {
+                SourceError::new(SourceErrorKind::BadData, format!("item code {code:?}: {e}"))
+            })?,
+            _ => (code, None),
+        };
+        let url = self.spec.item_url.replace("{item}", page);
+        let known = self.remembered(code);
         match self
             .get(&url, &self.item_limit, self.spec.max_body, known)
             .await?
         {
-            Body::NotModified => self.reuse(&url),
+            Body::NotModified => self.reuse(code, &url),
             Body::Fresh(body, headers) => {
                 let answer = match &self.spec.format {
                     Format::Tidings { .. } => tidings::read_item(&body),
                     Format::Json(mapping) => mapping.read(&body),
+                    Format::SchemaOrg => schema_org::read(&body, selector.as_ref()),
                 };
-                self.remember(&url, &headers, &answer);
+                self.remember(code, &headers, &answer);
                 answer.map_err(|e| e.at(&url))
             }
         }
     }
 
-    fn remembered(&self, url: &str) -> Option<(Option<String>, Option<String>)> {
+    fn remembered(&self, code: &str) -> Option<(Option<String>, Option<String>)> {
         let kept = self.validators.lock().ok()?;
-        kept.get(url)
+        kept.get(code)
             .map(|v| (v.etag.clone(), v.last_modified.clone()))
     }
 
-    fn reuse(&self, url: &str) -> Fetched {
+    fn reuse(&self, code: &str, url: &str) -> Fetched {
         let kept = self.validators.lock().ok();
-        match kept.as_ref().and_then(|k| k.get(url)) {
+        match kept.as_ref().and_then(|k| k.get(code)) {
             Some(v) => Ok(Observation {
                 observed_at: Utc::now(),
                 ..v.observation.clone()
@@ -230,7 +238,7 @@ impl Source {
         }
     }
 
-    fn remember(&self, url: &str, headers: &HeaderMap, answer: &Fetched) {
+    fn remember(&self, code: &str, headers: &HeaderMap, answer: &Fetched) {
         let header = |name| {
             headers
                 .get(name)
@@ -243,11 +251,11 @@ impl Source {
         };
         match answer {
             Ok(observation) if etag.is_some() || last_modified.is_some() => {
-                if kept.len() >= VALIDATORS_KEPT && !kept.contains_key(url) {
+                if kept.len() >= VALIDATORS_KEPT && !kept.contains_key(code) {
                     kept.clear();
                 }
                 kept.insert(
-                    url.to_owned(),
+                    code.to_owned(),
                     Validated {
                         etag,
                         last_modified,
@@ -256,7 +264,7 @@ impl Source {
                 );
             }
             _ => {
-                kept.remove(url);
+                kept.remove(code);
             }
         }
     }

@@ -16,6 +16,8 @@ pub enum Format {
     Tidings { batch_url: Option<String> },
     /// Any JSON document, read by JSON Pointer paths.
     Json(JsonMapping),
+    /// A product page's schema.org `Product`/`Offer` nodes (JSON-LD or microdata).
+    SchemaOrg,
 }
 
 impl Format {
@@ -23,6 +25,7 @@ impl Format {
         match self {
             Format::Tidings { .. } => "tidings",
             Format::Json(_) => "json",
+            Format::SchemaOrg => "schema.org",
         }
     }
 }
@@ -130,6 +133,9 @@ pub struct SourceArgs {
 
 /// The largest item answer read unless a source says otherwise.
 pub const MAX_ITEM_BODY: usize = 64 * 1024;
+/// The largest product page read unless a source says otherwise: pages carry their scripts
+/// and markup along with the few hundred bytes that matter.
+pub const MAX_PAGE_BODY: usize = 2 * 1024 * 1024;
 
 impl SourceArgs {
     fn default_source(&self, item_url: String) -> SourceSpec {
@@ -243,6 +249,8 @@ struct FileSource {
 enum FormatName {
     Tidings,
     Json,
+    #[serde(rename = "schema.org")]
+    SchemaOrg,
 }
 
 impl FileSource {
@@ -256,6 +264,12 @@ impl FileSource {
                     .check()
                     .map_err(|e| SourceConfigError::Mapping(name.clone(), e))?;
                 Format::Json(mapping)
+            }
+            (FormatName::SchemaOrg, None, None) => Format::SchemaOrg,
+            (FormatName::SchemaOrg, _, _) => {
+                return Err(invalid(
+                    "the schema.org format takes neither \"json\" nor batch_url",
+                ));
             }
             (FormatName::Json, None, _) => {
                 return Err(invalid("format json needs its \"json\" mapping"));
@@ -273,6 +287,10 @@ impl FileSource {
             }
             None => args.source_timeout,
         };
+        let max_body = self.max_body.unwrap_or(match format {
+            Format::SchemaOrg => MAX_PAGE_BODY,
+            _ => MAX_ITEM_BODY,
+        });
         Ok(SourceSpec {
             prefix: self.prefix,
             format,
@@ -281,7 +299,7 @@ impl FileSource {
             connect_timeout: Duration::from_secs(2).min(timeout),
             max_concurrency_per_host: self.concurrency.unwrap_or(args.source_concurrency),
             batch_size: self.batch_size.unwrap_or(args.source_batch_size),
-            max_body: self.max_body.unwrap_or(MAX_ITEM_BODY),
+            max_body,
             name,
         })
     }

@@ -2,8 +2,9 @@
 //! dispatcher to re-fetch right before sending, and by the api for show-time checks.
 //!
 //! A deployment has one or more named sources ([`config`]), each chosen by an item-code prefix
-//! and each speaking a format: `tidings` (Tidings' own protocol, [`tidings`]) or `json` (any
-//! JSON API read by JSON Pointer paths, [`json`]). Every source answers an item with an
+//! and each speaking a format: `tidings` (Tidings' own protocol, [`tidings`]), `json` (any
+//! JSON API read by JSON Pointer paths, [`json`]) or `schema.org` (a product page's JSON-LD or
+//! microdata, [`schema_org`]). Every source answers an item with an
 //! observation or a [`SourceError`]: 404 is `not_found`; 429 is `rate_limited`; 5xx, a timeout
 //! or a connection error is `unavailable`; anything else, or a body we cannot read, is
 //! `bad_data`.
@@ -16,12 +17,15 @@
 mod client;
 pub mod config;
 pub mod json;
+mod page;
+pub mod schema_org;
 mod tidings;
 
 use client::Source;
 pub use config::{Format, SourceArgs, SourceConfig, SourceConfigError, SourceSpec};
+pub use schema_org::OfferSelector;
 use std::collections::HashMap;
-use tidings_domain::item::ItemCode;
+use tidings_domain::item::{InvalidItemCode, ItemCode};
 use tidings_domain::trigger::{Observation, SourceErrorKind};
 use tidings_runtime::metrics::{Counter, Family, KindLabels, SourceRequestLabels};
 
@@ -75,6 +79,29 @@ impl SourceError {
 
 pub type Fetched = Result<Observation, SourceError>;
 
+/// Why a watch's item could not be read by any source.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unwatchable {
+    #[error(transparent)]
+    Code(#[from] InvalidItemCode),
+    #[error("no source answers for item code {0}: its prefix names none")]
+    NoSource(ItemCode),
+    #[error("no source is named {0:?}")]
+    UnknownSource(String),
+    #[error(
+        "item code {item} is read by source {routed:?}, not {named:?}: a longer prefix claims it"
+    )]
+    Claimed {
+        item: ItemCode,
+        named: String,
+        routed: String,
+    },
+    #[error("an offer is named on a schema.org source only; source {0:?} is {1}")]
+    OfferOutsidePages(String, &'static str),
+    #[error(transparent)]
+    Selector(#[from] schema_org::SelectorError),
+}
+
 /// Every source of a deployment, each item routed to the one whose prefix it has (the longest).
 pub struct Sources {
     /// Longest prefix first.
@@ -115,6 +142,52 @@ impl Sources {
     /// The name of the source that answers for `item`, if any does.
     pub fn source_of(&self, item: &ItemCode) -> Option<&str> {
         self.route(item).map(|(s, _)| s.spec.name.as_str())
+    }
+
+    /// The item a watch means: `code` as written, or under the source named (its prefix put in
+    /// front), with the offer named (`::sku:…`, schema.org sources only); refused when no source
+    /// would read it as meant.
+    pub fn watched_item(
+        &self,
+        code: &str,
+        source: Option<&str>,
+        offer: Option<&OfferSelector>,
+    ) -> Result<ItemCode, Unwatchable> {
+        let mut full = match source {
+            Some(name) => {
+                let named = self.sources.iter().find(|s| s.spec.name == name);
+                let named = named.ok_or_else(|| Unwatchable::UnknownSource(name.to_owned()))?;
+                format!("{}{code}", named.spec.prefix)
+            }
+            None => code.to_owned(),
+        };
+        if let Some(offer) = offer {
+            full = format!("{full}{}{}", schema_org::SELECTOR_MARK, offer.code());
+        }
+        let item = ItemCode::parse(&full)?;
+        let (routed, code) = self
+            .route(&item)
+            .ok_or_else(|| Unwatchable::NoSource(item.clone()))?;
+        if let Some(named) = source.filter(|n| *n != routed.spec.name) {
+            return Err(Unwatchable::Claimed {
+                named: named.to_owned(),
+                routed: routed.spec.name.clone(),
+                item,
+            });
+        }
+        match &routed.spec.format {
+            Format::SchemaOrg => {
+                schema_org::split(code)?;
+            }
+            other if offer.is_some() => {
+                return Err(Unwatchable::OfferOutsidePages(
+                    routed.spec.name.clone(),
+                    other.name(),
+                ));
+            }
+            _ => {}
+        }
+        Ok(item)
     }
 
     /// The host of the source that answers for `item` (`server.address` of a fetch span).
@@ -224,6 +297,48 @@ mod tests {
         assert_eq!(sources.source_of(&item("acme:1")), Some("default"));
         assert_eq!(sources.source_of(&item("other:1")), None);
         assert_eq!(sources.source_of(&item("acme:")), None);
+    }
+
+    #[test]
+    fn a_watch_names_its_source_and_offer_or_writes_them_in_its_code() {
+        let mut config = SourceConfig::new("http://default/{item}");
+        let mut pages = config.sources[0].clone();
+        pages.name = "pages".into();
+        pages.prefix = "page:".into();
+        pages.format = Format::SchemaOrg;
+        config.sources.push(pages);
+        let sources = Sources::new(config).unwrap();
+        let sku = OfferSelector::Sku("TEE-M".into());
+        let watched = |code, source, offer| sources.watched_item(code, source, offer);
+        assert_eq!(
+            watched("tee", Some("pages"), Some(&sku)),
+            Ok(item("page:tee::sku:TEE-M"))
+        );
+        assert_eq!(
+            watched("page:tee::sku:TEE-M", None, None),
+            Ok(item("page:tee::sku:TEE-M"))
+        );
+        assert_eq!(watched("SKU-1", Some("default"), None), Ok(item("SKU-1")));
+        assert_eq!(
+            watched("tee", Some("shop"), None),
+            Err(Unwatchable::UnknownSource("shop".into()))
+        );
+        assert!(matches!(
+            watched("page:tee", Some("default"), None),
+            Err(Unwatchable::Claimed { .. })
+        ));
+        assert_eq!(
+            watched("SKU-1", None, Some(&sku)),
+            Err(Unwatchable::OfferOutsidePages("default".into(), "tidings"))
+        );
+        assert!(matches!(
+            watched("page:tee::colour:red", None, None),
+            Err(Unwatchable::Selector(_))
+        ));
+        assert!(matches!(
+            watched("tee/x", Some("pages"), None),
+            Err(Unwatchable::Code(_))
+        ));
     }
 
     #[test]

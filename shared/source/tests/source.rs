@@ -261,3 +261,31 @@ async fn an_unchanged_item_is_answered_304_and_its_last_value_is_reused() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn a_product_page_answers_for_the_offer_its_code_names_each_remembered_on_its_own() {
+    let c = catalog().await;
+    c.set_price("P1", 1299);
+    let mut config = c.source_config(false);
+    config.sources.push(c.page_source());
+    let source = Sources::new(config).unwrap();
+    let item = |code: &str| ItemCode::parse(code).unwrap();
+    // The page offers P1 at 12.99 and P1-GIFT at 17.99: which one is meant must be said.
+    let e = source.fetch(&item("page:P1")).await.unwrap_err();
+    assert_eq!(e.kind, SourceErrorKind::BadData);
+    assert!(e.detail.contains("ambiguous: 2 offers"), "{e}");
+    assert!(
+        e.detail.contains("/shop/pages/P1"),
+        "says which request: {e}"
+    );
+    for _ in 0..2 {
+        let plain = source.fetch(&item("page:P1::sku:P1")).await.unwrap();
+        let gift = source.fetch(&item("page:P1::sku:P1-GIFT")).await.unwrap();
+        assert_eq!((plain.price, gift.price), (1299, 1799));
+    }
+    // Each offer's second ask was a 304 that reused that offer's own value.
+    assert_eq!(c.not_modified(), 2);
+    let e = source.fetch(&item("page:P1::size:M")).await.unwrap_err();
+    assert_eq!(e.kind, SourceErrorKind::BadData);
+    assert!(e.detail.contains("sku:<sku>"), "{e}");
+}

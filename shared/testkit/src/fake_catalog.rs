@@ -1,6 +1,7 @@
 //! A fake catalog: serves observations whose values a test sets, in Tidings' own source
 //! protocol (one item, and the batch form) and as a shop's JSON API would (`/shop/products/
-//! {code}`, read by the `json` format), and answers 404, 429, 500 or hangs on demand. Item
+//! {code}`, read by the `json` format) and as its product pages (`/shop/pages/{code}`, read by
+//! the `schema.org` format), and answers 404, 429, 500 or hangs on demand. Item
 //! answers carry an ETag and answer a request naming it with 304. Also runnable as a binary for
 //! the demo (`PUT /admin/items/{code}`).
 
@@ -128,7 +129,10 @@ impl Inner {
 
     /// `value` with its ETag, or 304 to a request that names it.
     fn conditional(&self, headers: &HeaderMap, value: serde_json::Value) -> Response {
-        let text = value.to_string();
+        self.conditional_text(headers, value.to_string(), "application/json")
+    }
+
+    fn conditional_text(&self, headers: &HeaderMap, text: String, media_type: &str) -> Response {
         let mut hasher = std::hash::DefaultHasher::new();
         std::hash::Hash::hash(&text, &mut hasher);
         let etag = format!("\"{:016x}\"", std::hash::Hasher::finish(&hasher));
@@ -142,7 +146,7 @@ impl Inner {
         (
             [
                 (header::ETAG, etag),
-                (header::CONTENT_TYPE, "application/json".into()),
+                (header::CONTENT_TYPE, media_type.to_owned()),
             ],
             text,
         )
@@ -233,13 +237,59 @@ fn shop_mapping() -> serde_json::Value {
     })
 }
 
-/// The shop API's shape (docs/sources.md's `json` example): a decimal price as text.
-fn shop_body(code: &str, item: &Item) -> serde_json::Value {
-    let amount = (item.behavior != Behavior::Empty).then(|| {
+/// The item's price as a decimal, as shops write it (`"12.99"`); none when it is empty.
+fn decimal(item: &Item) -> Option<String> {
+    (item.behavior != Behavior::Empty).then(|| {
         let text = money::format(item.price, &item.currency, money::Separators::POINT);
         text.replace(',', "")
             .replace(&format!(" {}", item.currency), "")
+    })
+}
+
+/// The shop's product page for `code` (docs/sources.md's `schema.org` example): its JSON-LD
+/// offers the item (sku `code`) and a gift-wrapped variant 5.00 dearer (sku `code-GIFT`), so a
+/// watch must name its offer.
+fn page_body(code: &str, item: &Item) -> String {
+    let availability = match item.in_stock {
+        true => "https://schema.org/InStock",
+        false => "https://schema.org/OutOfStock",
+    };
+    let gift = Item {
+        price: item.price + 500,
+        ..item.clone()
+    };
+    let ld = serde_json::json!({
+        "@context": "https://schema.org",
+        "@type": "Product",
+        "name": format!("Product {code}"),
+        "offers": [
+            {"@type": "Offer", "sku": code, "price": decimal(item),
+             "priceCurrency": item.currency, "availability": availability},
+            {"@type": "Offer", "sku": format!("{code}-GIFT"), "price": decimal(&gift),
+             "priceCurrency": item.currency, "availability": availability},
+        ],
     });
+    format!(
+        "<!doctype html><html><head><title>Product {code}</title>\n\
+         <script type=\"application/ld+json\">{ld}</script></head>\n\
+         <body><h1>Product {code}</h1></body></html>"
+    )
+}
+
+async fn shop_page(
+    State(inner): State<Arc<Inner>>,
+    Path(code): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    match answerable(&inner, &code).await {
+        Ok(item) => inner.conditional_text(&headers, page_body(&code, &item), "text/html"),
+        Err(failed) => failed,
+    }
+}
+
+/// The shop API's shape (docs/sources.md's `json` example): a decimal price as text.
+fn shop_body(code: &str, item: &Item) -> serde_json::Value {
+    let amount = decimal(item);
     serde_json::json!({
         "data": {
             "sku": code,
@@ -322,6 +372,7 @@ impl FakeCatalog {
             .route("/items", get(many))
             .route("/items/{code}", get(one))
             .route("/shop/products/{code}", get(shop_product))
+            .route("/shop/pages/{code}", get(shop_page))
             .route("/admin/items", get(admin_get))
             .route("/admin/items/{code}", put(admin_put))
             .with_state(inner.clone());
@@ -380,7 +431,23 @@ impl FakeCatalog {
         format!("http://{}/shop/products/{{item}}", self.addr)
     }
 
-    /// A `TIDINGS_SOURCES_FILE` with [`Self::shop_source`], written as an operator would.
+    /// A `schema.org`-format source named `pages` for item codes `page:<code>`, reading this
+    /// catalog's product pages.
+    pub fn page_source(&self) -> SourceSpec {
+        let mut spec = SourceConfig::new(self.item_url()).sources.remove(0);
+        spec.name = "pages".into();
+        spec.prefix = "page:".into();
+        spec.format = Format::SchemaOrg;
+        spec.item_url = self.page_url();
+        spec
+    }
+
+    fn page_url(&self) -> String {
+        format!("http://{}/shop/pages/{{item}}", self.addr)
+    }
+
+    /// A `TIDINGS_SOURCES_FILE` with [`Self::shop_source`] and [`Self::page_source`], written as
+    /// an operator would.
     pub fn sources_file(&self) -> serde_json::Value {
         serde_json::json!({"sources": [{
             "name": "shop",
@@ -388,6 +455,11 @@ impl FakeCatalog {
             "format": "json",
             "url": self.shop_url(),
             "json": shop_mapping(),
+        }, {
+            "name": "pages",
+            "prefix": "page:",
+            "format": "schema.org",
+            "url": self.page_url(),
         }]})
     }
 
