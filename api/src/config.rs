@@ -119,6 +119,8 @@ pub enum ConfigError {
     Prefix(#[from] tidings_domain::subjects::InvalidPrefix),
     #[error("TIDINGS_SOURCE_URL: {0}")]
     Source(#[from] tidings_source::SourceConfigError),
+    #[error("TIDINGS_SOURCES_FILE: {0}")]
+    HintSecrets(#[from] crate::hints::SecretError),
 }
 
 impl Config {
@@ -177,6 +179,7 @@ impl Config {
             subjects: self.nats.subjects()?,
             streams: self.nats.streams(),
             bus: None,
+            hint_keys: crate::hints::Keys::read(catalog.as_ref())?,
             catalog,
             check_cache: self.check_cache,
         })

@@ -21,6 +21,7 @@ mod devices;
 mod doctor;
 mod extract;
 pub mod health;
+pub mod hints;
 mod history;
 pub mod limits;
 pub mod metrics;
@@ -79,6 +80,8 @@ pub struct Settings {
     pub catalog: Option<tidings_source::SourceConfig>,
     /// How long an item's current value serves show-time checks.
     pub check_cache: std::time::Duration,
+    /// Each source's change-hint secrets (see [`hints`]); none: every hint is refused.
+    pub hint_keys: hints::Keys,
 }
 
 /// What the flags give when none is set (no operator token, no VAPID key).
@@ -108,6 +111,8 @@ pub struct AppState {
     pub last_ready: Option<Arc<std::sync::atomic::AtomicBool>>,
     /// The catalog as show-time checks read it (see [`shown`]).
     pub catalog: Option<Arc<shown::Catalog>>,
+    /// Change hints' ids taken lately (a replay is refused).
+    pub hints_seen: Arc<hints::Seen>,
 }
 
 /// Create statements that may run at once: enough to keep two cores' worth of Postgres busy
@@ -185,6 +190,7 @@ fn parts(
     });
     let state = AppState {
         catalog,
+        hints_seen: Arc::default(),
         limits: Arc::new(limits::Limits::new(&settings)),
         schema: tidings_store::schema::Gate::new(pool.clone()),
         pool,

@@ -1,7 +1,7 @@
 //! The api's metric families: its requests, their latency, shared creates and abuse limits.
 
 use tidings_runtime::metrics::{
-    Counter, Family, Histogram, HttpLabels, KindLabels, RouteLabels, TracedHist,
+    Counter, Family, Histogram, HttpLabels, KindLabels, ResultLabels, RouteLabels, TracedHist,
     exponential_buckets, fast_latency,
 };
 
@@ -19,5 +19,19 @@ tidings_runtime::families! {
         /// `watches_per_device`).
         rate_limited: Family<KindLabels, Counter> = Family::default()
             => "tidings_api_rate_limited", "API requests refused by an abuse limit (429), by limit";
+        /// Change hints by result: `taken`, or why not (`malformed`, `stale`, `unsigned`,
+        /// `replayed`, `invalid`).
+        hints: Family<ResultLabels, Counter> = Family::default()
+            => "tidings_api_hints", "Change hints (POST /v1/items/changed) by result";
     }
+}
+
+/// Counts a change hint's `result`.
+pub fn hint(result: &str) {
+    metrics()
+        .hints
+        .get_or_create(&ResultLabels {
+            result: result.to_owned(),
+        })
+        .inc();
 }

@@ -28,6 +28,7 @@ use utoipa_axum::routes;
         (name = "devices", description = "Anonymous devices and their push subscription"),
         (name = "watches", description = "What a device watches"),
         (name = "history", description = "A device's notifications"),
+        (name = "sources", description = "Change hints from a source's data owner, signed with Standard Webhooks"),
         (name = "operators", description = "Outbox inspection and replay (admin token), served on the ops port (TIDINGS_OPS_LISTEN, 9090), not the public one"),
         (name = "health", description = "Probes"),
     )
@@ -66,6 +67,7 @@ fn public() -> OpenApiRouter<AppState> {
         .routes(routes!(history::list_notifications))
         .routes(routes!(shown::notification_now))
         .routes(routes!(shown::report_shown))
+        .routes(routes!(crate::hints::items_changed))
         .routes(routes!(health::livez))
         .routes(routes!(health::public_readyz))
         .routes(routes!(openapi_json))

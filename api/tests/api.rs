@@ -1836,6 +1836,7 @@ async fn the_openapi_document_is_valid_3_1_and_matches_the_router() {
         ("GET", "/v1/notifications"),
         ("GET", "/v1/notifications/{id}/now"),
         ("POST", "/v1/notifications/{id}/shown"),
+        ("POST", "/v1/items/changed"),
         ("GET", "/v1/admin/outbox"),
         ("GET", "/v1/admin/outbox/{id}"),
         ("GET", "/v1/admin/outbox/stats"),

@@ -6,6 +6,7 @@
 //! - [`evaluate`]: what one watch's triggers say about one observation (pure).
 //! - [`memory`]: what was enqueued today, so a condition that keeps holding is published once.
 //! - [`hold`]: scans wait while dispatch is behind and the enqueue stream is deep.
+//! - [`hints`]: change hints make it fetch the items they name now, not at the next scan.
 //! - [`config`]: configuration, sharding.
 //!
 //! Scaling out: N replicas split the watches by a hash of the watch id (`TIDINGS_SHARD_COUNT`,
@@ -13,6 +14,7 @@
 
 mod config;
 mod evaluate;
+pub mod hints;
 pub mod hold;
 mod memory;
 pub mod metrics;
@@ -62,7 +64,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
     }
     let interval = settings.scan_interval;
     metrics::init(&settings);
-    let js = async_nats::jetstream::new(nats);
+    let js = async_nats::jetstream::new(nats.clone());
     // A dry run publishes nothing, so it has no backlog to wait for.
     let limit = if settings.dry_run {
         0
@@ -71,13 +73,15 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
     };
     let hold = hold::Hold::new(js.clone(), &settings.subjects, limit)
         .counting_each_message_as(settings.publish_batch);
+    let (subjects, sources) = (settings.subjects.clone(), settings.source.clone());
     let detector = scan::Detector::new(pool, js, source, settings);
     if config.once {
         let stats = detector.scan_once(chrono::Utc::now()).await?;
         tracing::info!(?stats, "scan finished");
         return Ok(());
     }
-    detector.run(interval, hold, shutdown).await;
+    let hints = hints::listen(&detector, nats, &subjects, &sources, shutdown.clone());
+    tokio::join!(detector.run(interval, hold, shutdown), hints);
     tracing::info!("detector stopped");
     Ok(())
 }

@@ -33,6 +33,10 @@ tidings_runtime::families! {
         evaluated_watches: Counter = Counter::default()
             => "tidings_detector_evaluated_watches",
             "Watches evaluated by scans (those whose item value, watch or baseline changed)";
+        hinted_items: Family<ResultLabels, Counter> = Family::default()
+            => "tidings_detector_hinted_items",
+            "Items named by change hints, by result (fetched, unwatched here, dropped past the \
+             queue, invalid hint)";
     }
 }
 
@@ -51,6 +55,73 @@ pub(crate) fn init(settings: &Settings) {
             result: result.as_str().to_owned(),
         }),
     );
+    tidings_runtime::metrics::at_zero(
+        &metrics().hinted_items,
+        Hinted::ALL.map(|result| ResultLabels {
+            result: result.as_str().to_owned(),
+        }),
+    );
+}
+
+/// What became of an item a change hint named (`tidings_detector_hinted_items_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hinted {
+    /// Fetched and its watches evaluated.
+    Fetched,
+    /// No watch of this shard watches it.
+    Unwatched,
+    /// Its source already had the most items waiting, or prefixed it is no item code.
+    Dropped,
+    /// The hint could not be read, or named a source this detector does not know.
+    Invalid,
+}
+
+impl Hinted {
+    pub const ALL: [Hinted; 4] = [
+        Hinted::Fetched,
+        Hinted::Unwatched,
+        Hinted::Dropped,
+        Hinted::Invalid,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Hinted::Fetched => "fetched",
+            Hinted::Unwatched => "unwatched",
+            Hinted::Dropped => "dropped",
+            Hinted::Invalid => "invalid",
+        }
+    }
+}
+
+/// Counts `n` hinted items that ended as `result`.
+pub(crate) fn hinted(result: Hinted, n: usize) {
+    metrics()
+        .hinted_items
+        .get_or_create(&ResultLabels {
+            result: result.as_str().to_owned(),
+        })
+        .inc_by(n as u64);
+}
+
+/// A hint-driven fetch round in the metrics: what it evaluated and detected (no scan counted).
+pub(crate) fn record_hinted(stats: &ScanStats, dry_run: bool) {
+    let m = metrics();
+    m.evaluated_watches.inc_by(stats.evaluated as u64);
+    if !dry_run {
+        count_detections(stats);
+    }
+}
+
+fn count_detections(stats: &ScanStats) {
+    for result in Detection::ALL {
+        metrics()
+            .detections
+            .get_or_create(&ResultLabels {
+                result: result.as_str().to_owned(),
+            })
+            .inc_by(result.count(stats) as u64);
+    }
 }
 
 /// A finished scan in the metrics. A dry run publishes nothing, so its detections are not counted.
@@ -61,15 +132,8 @@ pub(crate) fn record(stats: &ScanStats, took: Duration, dry_run: bool) {
     m.watches
         .set(i64::try_from(stats.watches).unwrap_or(i64::MAX));
     m.evaluated_watches.inc_by(stats.evaluated as u64);
-    if dry_run {
-        return;
-    }
-    for result in Detection::ALL {
-        m.detections
-            .get_or_create(&ResultLabels {
-                result: result.as_str().to_owned(),
-            })
-            .inc_by(result.count(stats) as u64);
+    if !dry_run {
+        count_detections(stats);
     }
 }
 

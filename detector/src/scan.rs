@@ -110,18 +110,8 @@ impl Detector {
             left: budget,
             stopped_at: None,
         };
-        self.memory.lock().await.start_scan(now.date_naive());
         let started = std::time::Instant::now();
-        let mut list = self.watchlist.lock().await;
-        let read = list
-            .refresh(&self.pool, &self.settings)
-            .await
-            .map_err(db("reading the watches and baselines that changed"))?;
-        let mut stats = ScanStats {
-            watches: list.len(),
-            rows_read: read.watches + read.baselines,
-            ..ScanStats::default()
-        };
+        let (mut list, mut stats) = self.begin(now).await?;
         let page_size = usize::try_from(self.settings.page_size).unwrap_or(1).max(1);
         let mut pages: Vec<Vec<ItemCode>> = Vec::new();
         let mut in_page = page_size;
@@ -145,6 +135,74 @@ impl Detector {
                 .await?;
         }
         *self.resume_at.lock().await = budget.stopped_at;
+        Ok(stats)
+    }
+
+    /// The watchlist, brought up to date, for a scan as of `now`.
+    async fn begin(
+        &self,
+        now: DateTime<Utc>,
+    ) -> Result<(tokio::sync::MutexGuard<'_, Watchlist>, ScanStats), ScanError> {
+        self.memory.lock().await.start_scan(now.date_naive());
+        let mut list = self.watchlist.lock().await;
+        let read = list
+            .refresh(&self.pool, &self.settings)
+            .await
+            .map_err(db("reading the watches and baselines that changed"))?;
+        let stats = ScanStats {
+            watches: list.len(),
+            rows_read: read.watches + read.baselines,
+            ..ScanStats::default()
+        };
+        Ok((list, stats))
+    }
+
+    /// The items this shard watches that a change to `items` touches (each, and the offers of
+    /// it that watches name), the list brought up to date first.
+    /// Also says how many of `items` touch none.
+    pub async fn watched(&self, items: &[ItemCode]) -> Result<(Vec<ItemCode>, usize), ScanError> {
+        let (list, _) = self.begin(Utc::now()).await?;
+        let mut unwatched = 0;
+        let mut watched = Vec::new();
+        for code in items {
+            let before = watched.len();
+            watched.extend(list.touched(code).cloned());
+            unwatched += usize::from(watched.len() == before);
+        }
+        watched.sort();
+        watched.dedup();
+        Ok((watched, unwatched))
+    }
+
+    /// Fetches `items` now and evaluates their watches: a change hint's (see [`crate::hints`]),
+    /// through the same steps as a scan's pages, with no budget (hints are rate-limited before).
+    pub async fn scan_items(
+        &self,
+        now: DateTime<Utc>,
+        items: Vec<ItemCode>,
+    ) -> Result<ScanStats, ScanError> {
+        let started = std::time::Instant::now();
+        let (mut list, mut stats) = self.begin(now).await?;
+        // Watched when `watched` looked; a watch removed since is simply not found.
+        let watched: Vec<ItemCode> = items
+            .into_iter()
+            .filter(|code| list.touched(code).next().is_some())
+            .collect();
+        let mut budget = Budget {
+            left: None,
+            stopped_at: None,
+        };
+        let page_size = usize::try_from(self.settings.page_size).unwrap_or(1).max(1);
+        for page in watched.chunks(page_size) {
+            self.scan_page(
+                &mut list,
+                page.to_vec(),
+                (now, started),
+                &mut stats,
+                &mut budget,
+            )
+            .await?;
+        }
         Ok(stats)
     }
 

@@ -120,6 +120,24 @@ impl Watchlist {
         self.items.get(code)
     }
 
+    /// The watched items a change to `code` touches: `code` itself, and each offer of it that
+    /// a watch names (`<code>::sku:…`, the schema.org format's selectors).
+    pub fn touched<'a>(&'a self, code: &'a ItemCode) -> impl Iterator<Item = &'a ItemCode> + 'a {
+        let offers = format!("{code}{}", tidings_source::schema_org::SELECTOR_MARK);
+        let exact = self.items.get_key_value(code).map(|(c, _)| c);
+        let under = ItemCode::parse(&offers)
+            .ok()
+            .into_iter()
+            .flat_map(move |from| {
+                let offers = offers.clone();
+                self.items
+                    .range(from..)
+                    .map(|(c, _)| c)
+                    .take_while(move |c| c.as_str().starts_with(&offers))
+            });
+        exact.into_iter().chain(under)
+    }
+
     /// Adds or replaces an active watch, to be evaluated at the next scan unless the row is
     /// exactly what this list holds (a read may return a row again: see `refresh`). Returns
     /// whether the watch is new here (its baselines are then still to be read).
@@ -410,6 +428,31 @@ impl Watchlist {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_change_to_a_page_touches_the_page_and_each_of_its_offers_watched() {
+        let mut list = Watchlist::new();
+        for item in [
+            "page:tee",
+            "page:tee::sku:A",
+            "page:tee::sku:B",
+            "page:tee2",
+            "page:te",
+        ] {
+            list.upsert(ItemCode::parse(item).unwrap(), watch(WatchId::new()));
+        }
+        let touched = |code: &str| -> Vec<String> {
+            list.touched(&ItemCode::parse(code).unwrap())
+                .map(|c| c.to_string())
+                .collect()
+        };
+        assert_eq!(
+            touched("page:tee"),
+            ["page:tee", "page:tee::sku:A", "page:tee::sku:B"]
+        );
+        assert_eq!(touched("page:tee2"), ["page:tee2"]);
+        assert!(touched("page:other").is_empty());
+    }
     use chrono::TimeZone;
     use sqlx::types::Json;
     use tidings_domain::DeviceId;

@@ -785,3 +785,53 @@ async fn a_scan_past_its_budget_leaves_the_rest_to_the_next_which_starts_there()
     assert_eq!((fourth.evaluated, fourth.published), (0, 0), "all settled");
     s.cleanup().await;
 }
+
+#[tokio::test]
+async fn hinted_items_are_fetched_at_their_source_s_rate_and_unwatched_ones_let_go() {
+    let s = Scenario::new().await;
+    let below = Trigger::PriceBelow { threshold: 1200 };
+    for item in ["H1", "H2", "H3", "H4"] {
+        s.watcher(item, below.clone(), 1100).await;
+    }
+    let mut source = s.catalog.source_config(false);
+    source.sources[0].hints.rate = 2;
+    let settings = Settings::new(s.subjects.clone(), source.clone());
+    let d = Detector::new(
+        s.db.pool.clone(),
+        s.js.clone(),
+        Sources::new(source.clone()).unwrap(),
+        settings,
+    );
+    let mut queues = tidings_detector::hints::Queues::new(&source);
+    queues.add(
+        "default",
+        br#"{"items": ["H1", "H2", "H3", "H4", "NOBODY", "H1"]}"#,
+    );
+    queues.add("default", b"not a hint");
+    queues.add("elsewhere", br#"{"items": ["H1"]}"#);
+    // Two a second: the first two now, nothing more this second, the other two the next.
+    let first = queues.due(&d).await;
+    assert_eq!(first.len(), 2, "{first:?}");
+    assert!(queues.due(&d).await.is_empty());
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let second = queues.due(&d).await;
+    assert_eq!(second.len(), 2, "{second:?}");
+    let mut all: Vec<String> = first.iter().chain(&second).map(|c| c.to_string()).collect();
+    all.sort();
+    assert_eq!(
+        all,
+        ["H1", "H2", "H3", "H4"],
+        "each once; NOBODY is watched by none"
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert!(queues.due(&d).await.is_empty(), "nothing left");
+
+    let stats = d.scan_items(Utc::now(), first).await.unwrap();
+    assert_eq!((stats.items, stats.published), (2, 2));
+    assert_eq!(
+        s.catalog.requests(),
+        (2, 0),
+        "only the hinted items were fetched"
+    );
+    s.cleanup().await;
+}

@@ -122,6 +122,13 @@ pub fn cli(ops_url: &str, token: &str, args: &[&str]) -> CliRun {
     }
 }
 
+/// The Standard Webhooks secrets that sign change hints for every named source of a
+/// [`Pipeline`]: the current one and one being rotated out.
+pub const HINT_SECRETS: [&str; 2] = [
+    "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+    "whsec_dGlkaW5ncy1lMmUtcm90YXRlZC1vdXQtc2VjcmV0",
+];
+
 /// The four services, running.
 pub struct Pipeline {
     env: Vec<(String, String)>,
@@ -150,7 +157,14 @@ impl Pipeline {
         let ca = logs.join("ca.pem");
         std::fs::write(&ca, CERT_PEM).expect("ca file");
         let sources = logs.join("sources.json");
-        std::fs::write(&sources, s.catalog.sources_file().to_string()).expect("sources file");
+        // Every named source takes change hints signed with either of HINT_SECRETS (a rotation).
+        let secrets = logs.join("hint-secrets");
+        std::fs::write(&secrets, HINT_SECRETS.join("\n")).expect("hint secrets file");
+        let mut file = s.catalog.sources_file();
+        for source in file["sources"].as_array_mut().into_iter().flatten() {
+            source["hint_secrets_file"] = secrets.display().to_string().into();
+        }
+        std::fs::write(&sources, file.to_string()).expect("sources file");
         let (vapid_private, vapid_public) =
             tidings_webpush::vapid::VapidKey::generate().expect("vapid key");
         let mut env: Vec<(String, String)> = [

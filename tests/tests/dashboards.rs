@@ -316,10 +316,10 @@ fn the_families_the_crates_register_are_the_listed_ones() {
     touch!(metrics() => consumer_pending, consumer_ack_pending, db_pool_connections, failures);
     touch!(tidings_bus::metrics::metrics() => dead_lettered, delivery_log_errors);
     touch!(tidings_source::metrics() => source_errors, source_requests);
-    touch!(tidings_detector::metrics::metrics() => shard_count, detections);
+    touch!(tidings_detector::metrics::metrics() => shard_count, detections, hinted_items);
     touch!(tidings_dispatcher::metrics::metrics() => outbox_rows, ingested);
     touch!(tidings_pusher::metrics::metrics() => pushes, push_duration);
-    touch!(tidings_api::metrics::metrics() => http_requests, http_duration, rate_limited);
+    touch!(tidings_api::metrics::metrics() => http_requests, http_duration, rate_limited, hints);
     let text = metrics().encode();
     let mut registered: Vec<(String, String)> = text
         .lines()

@@ -1,14 +1,16 @@
 //! Sources a shop already has, through the real services: a watch on a mapped JSON API, one on
 //! a schema.org product page (naming its offer) and one on Tidings' own protocol go end to end
 //! side by side (the sources file the harness writes is the one docs/sources.md shows), and an
-//! unchanged item costs a 304 and no evaluation.
+//! unchanged item costs a 304 and no evaluation. Change hints, over HTTP (signed by an
+//! independent Standard Webhooks implementation) and NATS, make a price drop reach `sent` with
+//! the scan interval at an hour.
 
 use std::time::Duration;
 use tidings_domain::outbox::Status;
 use tidings_domain::trigger::Trigger;
 use tidings_tests::fake_push::FakePushService;
 use tidings_tests::scenario::Scenario;
-use tidings_tests::services::Pipeline;
+use tidings_tests::services::{HINT_SECRETS, Pipeline};
 
 const BELOW_1000: Trigger = Trigger::PriceBelow { threshold: 1000 };
 
@@ -120,6 +122,148 @@ async fn a_watch_on_each_source_format_goes_end_to_end_side_by_side() {
             .await
                 >= 1.0,
             "{source}"
+        );
+    }
+    p.stop().await;
+    s.cleanup().await;
+}
+
+/// Standard Webhooks headers for `body`, signed by PyPI's `standardwebhooks` (not our code)
+/// with `secret` at unix time `at`.
+fn signed_by_python(secret: &str, id: &str, at: i64, body: &str) -> Vec<(String, String)> {
+    let python = tidings_tests::harness::tool("python").unwrap();
+    let script = "import sys, datetime\n\
+        from standardwebhooks.webhooks import Webhook\n\
+        secret, msg_id, at, body = sys.argv[1:]\n\
+        when = datetime.datetime.fromtimestamp(int(at), tz=datetime.timezone.utc)\n\
+        print(Webhook(secret).sign(msg_id, when, body))";
+    let out = std::process::Command::new(python)
+        .args(["-c", script, secret, id, &at.to_string(), body])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let signature = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    [
+        ("webhook-id", id.to_owned()),
+        ("webhook-timestamp", at.to_string()),
+        ("webhook-signature", signature),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
+}
+
+async fn hint(p: &Pipeline, headers: &[(String, String)], body: &str) -> (u16, serde_json::Value) {
+    let mut request = reqwest::Client::new()
+        .post(format!("{}/v1/items/changed", p.url("api")))
+        .header("content-type", "application/json")
+        .body(body.to_owned());
+    for (k, v) in headers {
+        request = request.header(k, v);
+    }
+    let resp = request.send().await.unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or_default())
+}
+
+#[tokio::test]
+async fn a_hint_makes_a_price_drop_reach_sent_with_the_scan_interval_at_an_hour() {
+    let s = Scenario::new().await;
+    let push = FakePushService::start().await.unwrap();
+    let sub = push.subscription();
+    let by_http = s.watcher_at("shop:4721", BELOW_1000, 1299, &sub).await;
+    s.catalog.set_price("4721", 1299);
+    let by_nats = s
+        .watcher_at("page:4722::sku:4722", BELOW_1000, 1299, &sub)
+        .await;
+    s.catalog.set_price("4722", 1299);
+    let p = Pipeline::start(&s, &[("TIDINGS_SCAN_INTERVAL", "1h")]).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while sample(&p, "detector", "tidings_detector_scans_total", &[]).await < 1.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no first scan in 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    s.catalog.set_price("4721", 999);
+    s.catalog.set_price("4722", 998);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        s.rows(by_http.watch).await.is_empty(),
+        "no scan, no hint: nothing yet"
+    );
+
+    // Over HTTP, signed with the secret being rotated out (either signs while both are listed).
+    let now = chrono::Utc::now().timestamp();
+    let body = r#"{"items": ["4721"]}"#;
+    let headers = signed_by_python(HINT_SECRETS[1], "msg_e2e_1", now, body);
+    let (status, taken) = hint(&p, &headers, body).await;
+    assert_eq!(
+        (status, &taken["source"], &taken["items"]),
+        (202, &"shop".into(), &1.into()),
+        "{taken}"
+    );
+    // Over NATS, as a producer inside the cluster: the page's code, whichever offer is watched.
+    let nats =
+        tidings_tests::brokers::client_of(&tidings_tests::harness::stack().unwrap().nats_url)
+            .await
+            .unwrap();
+    nats.publish(s.subjects.hints("pages"), r#"{"items": ["4722"]}"#.into())
+        .await
+        .unwrap();
+    nats.flush().await.unwrap();
+    p.wait_for_rows(&s, &[Status::Sent], 2, 30).await;
+    for (w, price) in [(&by_http, 999), (&by_nats, 998)] {
+        let rows = s.rows(w.watch).await;
+        let sent = rows[0].notification.sent_value.as_ref().unwrap();
+        assert_eq!(sent["price"].as_i64(), Some(price), "{}", w.item);
+    }
+    assert_eq!(
+        sample(&p, "detector", "tidings_detector_scans_total", &[]).await,
+        1.0,
+        "one scan only: the hints did it"
+    );
+    assert!(
+        sample(
+            &p,
+            "detector",
+            "tidings_detector_hinted_items_total",
+            &["result=\"fetched\""]
+        )
+        .await
+            >= 2.0
+    );
+
+    // Refused: the same id again, a tampered body, a stale timestamp, an unknown secret.
+    let (status, _) = hint(&p, &headers, body).await;
+    assert_eq!(status, 409, "a replayed id");
+    let (status, _) = hint(&p, &headers, r#"{"items": ["4711"]}"#).await;
+    assert_eq!(status, 401, "a tampered body");
+    let stale = signed_by_python(HINT_SECRETS[0], "msg_e2e_2", now - 600, body);
+    assert_eq!(hint(&p, &stale, body).await.0, 401, "a stale timestamp");
+    let stranger = "whsec_c29tZW9uZS1lbHNlcy1zZWNyZXQtMTIzNDU2Nzg=";
+    let unknown = signed_by_python(stranger, "msg_e2e_3", now, body);
+    assert_eq!(
+        hint(&p, &unknown, body).await.0,
+        401,
+        "a secret no source has"
+    );
+    let current = signed_by_python(HINT_SECRETS[0], "msg_e2e_4", now, r#"{"items": []}"#);
+    assert_eq!(
+        hint(&p, &current, r#"{"items": []}"#).await.0,
+        422,
+        "no items"
+    );
+    for result in ["replayed", "unsigned", "stale", "invalid", "taken"] {
+        let label = format!("result=\"{result}\"");
+        assert!(
+            sample(&p, "api", "tidings_api_hints_total", &[&label]).await >= 1.0,
+            "{result}"
         );
     }
     p.stop().await;

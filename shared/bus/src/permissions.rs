@@ -120,6 +120,8 @@ pub fn permissions(service: Service, prefix: &str) -> Permissions {
     match service {
         Service::Detector => {
             publish.push(subject(StreamKind::Enqueue));
+            // Change hints, from the api or producers inside the cluster.
+            subscribe.push(format!("{prefix}.hints.>"));
             // How much waits for ingest: scans wait while dispatch is behind.
             publish.push(format!(
                 "$JS.API.CONSUMER.INFO.{}.{}",
@@ -158,6 +160,8 @@ pub fn permissions(service: Service, prefix: &str) -> Permissions {
             publish.push(subject(StreamKind::Enqueue));
             publish.push(subject(StreamKind::Result));
             publish.push(roll_call);
+            // Change hints that `POST /v1/items/changed` verified.
+            publish.push(format!("{prefix}.hints.>"));
         }
     }
     // With the prefix `*` several entries become one.

@@ -23,6 +23,7 @@ pub mod backoff;
 mod channel;
 pub mod dedup;
 pub mod duration;
+pub mod hints;
 mod ids;
 pub mod item;
 pub mod messages;

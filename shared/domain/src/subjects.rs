@@ -61,6 +61,17 @@ impl Subjects {
         format!("{}.dlq.{}", self.prefix, from.as_str())
     }
 
+    /// `<prefix>.hints.<source>`: change hints for one source's items (core NATS, not a stream:
+    /// every detector shard hears each, and one lost costs only the wait until the next scan).
+    pub fn hints(&self, source: &str) -> String {
+        format!("{}.hints.{source}", self.prefix)
+    }
+
+    /// `<prefix>.hints.>`: every source's hints.
+    pub fn all_hints(&self) -> String {
+        format!("{}.hints.>", self.prefix)
+    }
+
     /// `<prefix>_<kind>`: stream names may not contain dots.
     pub fn stream(&self, kind: StreamKind) -> String {
         format!("{}_{}", self.prefix, kind.as_str())

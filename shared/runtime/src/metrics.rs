@@ -148,6 +148,7 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
         "counter",
         &["detector"],
     ),
+    ("tidings_detector_hinted_items", "counter", &["detector"]),
     ("tidings_http_requests", "counter", &["api"]),
     (
         "tidings_http_request_duration_seconds",
@@ -161,6 +162,7 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
         &["dispatcher", "pusher"],
     ),
     ("tidings_api_rate_limited", "counter", &["api"]),
+    ("tidings_api_hints", "counter", &["api"]),
     ("tidings_ready", "gauge", SERVICES),
     ("tidings_build_info", "gauge", SERVICES),
     ("tidings_dlq_messages", "gauge", &["dispatcher"]),

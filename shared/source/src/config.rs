@@ -49,7 +49,23 @@ pub struct SourceSpec {
     pub batch_size: usize,
     /// The largest item answer read.
     pub max_body: usize,
+    /// Change hints for this source's items: who may send them over HTTP, and how many
+    /// items a second they may make the detector fetch.
+    pub hints: HintSpec,
 }
+
+/// A source's change hints (docs/sources.md, "Change hints").
+#[derive(Clone, Debug, PartialEq)]
+pub struct HintSpec {
+    /// Standard Webhooks secrets (`whsec_…`, one per line; two while rotating) that sign
+    /// `POST /v1/items/changed` for this source. Unset: no hints over HTTP.
+    pub secrets_file: Option<PathBuf>,
+    /// Hinted items a second this source's hints may make each detector fetch; the rest wait.
+    pub rate: u32,
+}
+
+/// Hinted items a second per source unless the file says otherwise.
+pub const HINT_RATE: u32 = 100;
 
 /// Every source of a deployment.
 #[derive(Clone, Debug, PartialEq)]
@@ -151,6 +167,10 @@ impl SourceArgs {
             max_concurrency_per_host: self.source_concurrency,
             batch_size: self.source_batch_size,
             max_body: MAX_ITEM_BODY,
+            hints: HintSpec {
+                secrets_file: None,
+                rate: HINT_RATE,
+            },
         }
     }
 
@@ -242,6 +262,8 @@ struct FileSource {
     concurrency: Option<usize>,
     max_body: Option<usize>,
     json: Option<JsonMapping>,
+    hint_secrets_file: Option<PathBuf>,
+    hint_rate: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -300,6 +322,10 @@ impl FileSource {
             max_concurrency_per_host: self.concurrency.unwrap_or(args.source_concurrency),
             batch_size: self.batch_size.unwrap_or(args.source_batch_size),
             max_body,
+            hints: HintSpec {
+                secrets_file: self.hint_secrets_file,
+                rate: self.hint_rate.unwrap_or(HINT_RATE).max(1),
+            },
             name,
         })
     }

@@ -22,7 +22,7 @@ pub mod schema_org;
 mod tidings;
 
 use client::Source;
-pub use config::{Format, SourceArgs, SourceConfig, SourceConfigError, SourceSpec};
+pub use config::{Format, HintSpec, SourceArgs, SourceConfig, SourceConfigError, SourceSpec};
 pub use schema_org::OfferSelector;
 use std::collections::HashMap;
 use tidings_domain::item::{InvalidItemCode, ItemCode};
