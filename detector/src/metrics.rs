@@ -22,6 +22,14 @@ tidings_runtime::families! {
             => "tidings_detector_shard_count",
             "How many shards split the watches (TIDINGS_SHARD_COUNT), labelled with this \
              detector's shard";
+        /// Unix time the last scan finished (the start, before the first): with the interval,
+        /// what tells a detector that is behind from one that scans hourly on purpose.
+        last_scan: Gauge = Gauge::default()
+            => "tidings_detector_last_scan_timestamp_seconds",
+            "Unix time the detector's last scan finished (its start, before the first)";
+        scan_interval: Gauge = Gauge::default()
+            => "tidings_detector_scan_interval_seconds",
+            "The detector's scan interval (TIDINGS_SCAN_INTERVAL)";
         scan_duration: Histogram = latency()
             => "tidings_detector_scan_duration_seconds", "Duration of a full detector scan";
         detections: Family<ResultLabels, Counter> = Family::default()
@@ -48,6 +56,10 @@ pub(crate) fn init(settings: &Settings) {
             shard: settings.shard_index.to_string(),
         })
         .set(i64::from(settings.shard_count));
+    metrics()
+        .scan_interval
+        .set(i64::try_from(settings.scan_interval.as_secs()).unwrap_or(i64::MAX));
+    metrics().last_scan.set(chrono::Utc::now().timestamp());
     tidings_runtime::metrics::metrics().may_fail(&[Failure::Scan]);
     tidings_runtime::metrics::at_zero(
         &metrics().detections,
@@ -128,6 +140,7 @@ fn count_detections(stats: &ScanStats) {
 pub(crate) fn record(stats: &ScanStats, took: Duration, dry_run: bool) {
     let m = metrics();
     m.scans.inc();
+    m.last_scan.set(chrono::Utc::now().timestamp());
     m.scan_duration.observe(took.as_secs_f64());
     m.watches
         .set(i64::try_from(stats.watches).unwrap_or(i64::MAX));

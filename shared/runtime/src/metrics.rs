@@ -149,6 +149,16 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
         &["detector"],
     ),
     ("tidings_detector_hinted_items", "counter", &["detector"]),
+    (
+        "tidings_detector_last_scan_timestamp_seconds",
+        "gauge",
+        &["detector"],
+    ),
+    (
+        "tidings_detector_scan_interval_seconds",
+        "gauge",
+        &["detector"],
+    ),
     ("tidings_http_requests", "counter", &["api"]),
     (
         "tidings_http_request_duration_seconds",
