@@ -45,7 +45,7 @@ RUN for c in shared/domain shared/runtime shared/bus shared/webpush shared/sourc
  && mkdir -p tests/benches/src/bin && touch tests/benches/src/lib.rs \
  && echo "fn main() {}" > shared/testkit/src/bin/tidings_fakes.rs \
  && echo "fn main() {}" > tests/src/bin/tidings_demo.rs \
- && for b in bench_dispatcher bench_pusher bench_detector bench_api bench_pipeline bench_dedup chaos; do \
+ && for b in bench_dispatcher bench_pusher bench_detector bench_api bench_pipeline bench_dedup bench_hints chaos; do \
       echo "fn main() {}" > "tests/benches/src/bin/$b.rs"; \
     done \
  && mkdir -p migrations \
