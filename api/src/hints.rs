@@ -7,13 +7,10 @@
 
 use crate::AppState;
 use crate::problem::{ApiError, Problem};
-use aws_lc_rs::hmac;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -21,31 +18,25 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tidings_domain::hints::BadHint;
 use tidings_source::SourceConfig;
+use tidings_webpush::standard_webhooks::{self, BadSecret, Headers, Secret, Unverified};
 use utoipa::ToSchema;
 
 /// How far a hint's `webhook-timestamp` may be from now, either way.
-pub const TOLERANCE: Duration = Duration::from_secs(5 * 60);
+pub const TOLERANCE: Duration = Duration::from_secs(standard_webhooks::TOLERANCE_SECS);
 /// Message ids remembered (for [`TOLERANCE`] each) to refuse a replay.
 const SEEN_KEPT: usize = 100_000;
 
-/// One source's keys: each secret of its file (two while one is rotated out).
-#[derive(Clone)]
-struct SourceKeys {
-    source: String,
-    keys: Vec<hmac::Key>,
-}
-
-/// Every source's hint secrets, read at start.
+/// Every source's hint secrets (each its current one, and one being rotated out), read at start.
 #[derive(Clone, Default)]
 pub struct Keys {
-    sources: Vec<SourceKeys>,
+    sources: Vec<(String, Vec<Secret>)>,
 }
 
 /// Names the sources, never their keys.
 impl std::fmt::Debug for Keys {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list()
-            .entries(self.sources.iter().map(|s| &s.source))
+            .entries(self.sources.iter().map(|(source, _)| source))
             .finish()
     }
 }
@@ -59,13 +50,13 @@ pub enum SecretError {
         #[source]
         error: std::io::Error,
     },
-    #[error(
-        "source {name:?}: line {line} of {path} is not a Standard Webhooks secret (whsec_ and base64 of 24 to 64 bytes)"
-    )]
+    #[error("source {name:?}: line {line} of {path:?}")]
     Form {
         name: String,
         path: PathBuf,
         line: usize,
+        #[source]
+        error: BadSecret,
     },
     #[error("source {0:?}: its hint_secrets_file holds no secret")]
     Empty(String),
@@ -74,87 +65,86 @@ pub enum SecretError {
 impl Keys {
     /// The keys of `(source, secrets)` pairs, each secret written `whsec_<base64>`.
     pub fn new(sources: &[(&str, &[&str])]) -> Result<Self, SecretError> {
-        let sources = sources
-            .iter()
-            .map(|(source, secrets)| {
-                let keys = secrets
-                    .iter()
-                    .enumerate()
-                    .map(|(i, s)| {
-                        key(s).ok_or_else(|| SecretError::Form {
-                            name: (*source).to_owned(),
-                            path: PathBuf::new(),
-                            line: i + 1,
-                        })
-                    })
-                    .collect::<Result<_, _>>()?;
-                Ok(SourceKeys {
-                    source: (*source).to_owned(),
-                    keys,
-                })
-            })
-            .collect::<Result<_, _>>()?;
-        Ok(Keys { sources })
+        let mut keys = Keys::default();
+        for (name, secrets) in sources {
+            let parsed = secrets
+                .iter()
+                .enumerate()
+                .map(|(i, s)| secret(name, Path::new(""), i, s))
+                .collect::<Result<_, _>>()?;
+            keys.sources.push(((*name).to_owned(), parsed));
+        }
+        Ok(keys)
     }
 
     /// The keys of every source of `config` that has a `hint_secrets_file`.
     pub fn read(config: Option<&SourceConfig>) -> Result<Self, SecretError> {
-        let mut sources = Vec::new();
+        let mut keys = Keys::default();
         for spec in config.map(|c| c.sources.as_slice()).unwrap_or_default() {
             if let Some(path) = &spec.hints.secrets_file {
-                sources.push(SourceKeys {
-                    source: spec.name.clone(),
-                    keys: read_secrets(&spec.name, path)?,
-                });
+                keys.sources
+                    .push((spec.name.clone(), read_secrets(&spec.name, path)?));
             }
         }
-        Ok(Keys { sources })
+        Ok(keys)
     }
 
     pub fn is_empty(&self) -> bool {
         self.sources.is_empty()
     }
+
+    /// The source whose secret signed `body` under `headers` within the tolerance of
+    /// `now_unix`, and the message id.
+    pub fn verify<'a>(
+        &self,
+        headers: &'a HeaderMap,
+        body: &[u8],
+        now_unix: i64,
+    ) -> Result<(&str, &'a str), Unverified> {
+        let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
+        let signed = Headers {
+            id: header("webhook-id"),
+            timestamp: header("webhook-timestamp"),
+            signature: header("webhook-signature"),
+        };
+        let groups: Vec<&[Secret]> = self.sources.iter().map(|(_, s)| s.as_slice()).collect();
+        let (group, id) = standard_webhooks::verify(&groups, signed, body, now_unix)?;
+        Ok((self.sources[group].0.as_str(), id))
+    }
 }
 
-fn read_secrets(source: &str, path: &Path) -> Result<Vec<hmac::Key>, SecretError> {
+fn secret(name: &str, path: &Path, index: usize, text: &str) -> Result<Secret, SecretError> {
+    Secret::parse(text).map_err(|error| SecretError::Form {
+        name: name.to_owned(),
+        path: path.to_owned(),
+        line: index + 1,
+        error,
+    })
+}
+
+fn read_secrets(name: &str, path: &Path) -> Result<Vec<Secret>, SecretError> {
     let text = std::fs::read_to_string(path).map_err(|error| SecretError::Read {
-        name: source.to_owned(),
+        name: name.to_owned(),
         path: path.to_owned(),
         error,
     })?;
-    let mut keys = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        keys.push(key(line.trim()).ok_or_else(|| SecretError::Form {
-            name: source.to_owned(),
-            path: path.to_owned(),
-            line: i + 1,
-        })?);
+    let secrets = text
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(i, line)| secret(name, path, i, line))
+        .collect::<Result<Vec<_>, _>>()?;
+    if secrets.is_empty() {
+        return Err(SecretError::Empty(name.to_owned()));
     }
-    if keys.is_empty() {
-        return Err(SecretError::Empty(source.to_owned()));
-    }
-    Ok(keys)
-}
-
-fn key(secret: &str) -> Option<hmac::Key> {
-    let bytes = STANDARD.decode(secret.strip_prefix("whsec_")?).ok()?;
-    (24..=64)
-        .contains(&bytes.len())
-        .then(|| hmac::Key::new(hmac::HMAC_SHA256, &bytes))
+    Ok(secrets)
 }
 
 /// Why a hint was not taken (its metric label and the answer).
 #[derive(Debug, thiserror::Error)]
 pub enum Refused {
-    #[error("missing or malformed {0} header")]
-    Header(&'static str),
-    #[error("webhook-timestamp is more than 5 minutes from now")]
-    Stale,
-    #[error("no source's secret signs this hint")]
-    Signature,
+    #[error(transparent)]
+    Unverified(#[from] Unverified),
     #[error("webhook-id {0:?} was already taken")]
     Replayed(String),
 }
@@ -162,87 +152,11 @@ pub enum Refused {
 impl Refused {
     fn label(&self) -> &'static str {
         match self {
-            Refused::Header(_) => "malformed",
-            Refused::Stale => "stale",
-            Refused::Signature => "unsigned",
+            Refused::Unverified(Unverified::Header(_)) => "malformed",
+            Refused::Unverified(Unverified::Stale) => "stale",
+            Refused::Unverified(Unverified::Signature) => "unsigned",
             Refused::Replayed(_) => "replayed",
         }
-    }
-}
-
-/// A hint's Standard Webhooks headers.
-struct Signed<'a> {
-    id: &'a str,
-    timestamp: &'a str,
-    signatures: Vec<Vec<u8>>,
-}
-
-fn signed(headers: &HeaderMap) -> Result<Signed<'_>, Refused> {
-    let header = |name: &'static str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .filter(|v| !v.is_empty())
-            .ok_or(Refused::Header(name))
-    };
-    let id = header("webhook-id")?;
-    let timestamp = header("webhook-timestamp")?;
-    // Space-separated `v1,<base64>`; other versions are not ours to read.
-    let signatures: Vec<Vec<u8>> = header("webhook-signature")?
-        .split(' ')
-        .filter_map(|s| s.strip_prefix("v1,"))
-        .filter_map(|s| STANDARD.decode(s).ok())
-        .collect();
-    if signatures.is_empty() {
-        return Err(Refused::Header("webhook-signature"));
-    }
-    Ok(Signed {
-        id,
-        timestamp,
-        signatures,
-    })
-}
-
-impl Keys {
-    /// The source whose secret signed `body` under `headers`, if the timestamp is within
-    /// [`TOLERANCE`] of `now_unix`; returns it with the message id.
-    pub fn verify<'a>(
-        &self,
-        headers: &'a HeaderMap,
-        body: &[u8],
-        now_unix: i64,
-    ) -> Result<(&str, &'a str), Refused> {
-        let signed = signed(headers)?;
-        let at: i64 = signed
-            .timestamp
-            .parse()
-            .map_err(|_| Refused::Header("webhook-timestamp"))?;
-        if at.abs_diff(now_unix) > TOLERANCE.as_secs() {
-            return Err(Refused::Stale);
-        }
-        let mut content =
-            Vec::with_capacity(signed.id.len() + signed.timestamp.len() + body.len() + 2);
-        for part in [
-            signed.id.as_bytes(),
-            b".",
-            signed.timestamp.as_bytes(),
-            b".",
-            body,
-        ] {
-            content.extend_from_slice(part);
-        }
-        for source in &self.sources {
-            let verifies = source.keys.iter().any(|key| {
-                signed
-                    .signatures
-                    .iter()
-                    .any(|sig| hmac::verify(key, &content, sig).is_ok())
-            });
-            if verifies {
-                return Ok((&source.source, signed.id));
-            }
-        }
-        Err(Refused::Signature)
     }
 }
 
@@ -310,13 +224,15 @@ pub async fn items_changed(
                 kind: "replayed",
                 detail: r.to_string(),
             },
-            _ => ApiError::Unauthorized(match r {
-                Refused::Stale => "webhook-timestamp is more than 5 minutes from now",
-                Refused::Header(_) => {
-                    "a signed hint needs webhook-id, webhook-timestamp and webhook-signature"
-                }
-                _ => "no source's secret signs this hint",
-            }),
+            Refused::Unverified(Unverified::Stale) => {
+                ApiError::Unauthorized("webhook-timestamp is more than 5 minutes from now")
+            }
+            Refused::Unverified(Unverified::Header(_)) => ApiError::Unauthorized(
+                "a signed hint needs webhook-id, webhook-timestamp and webhook-signature",
+            ),
+            Refused::Unverified(Unverified::Signature) => {
+                ApiError::Unauthorized("no source's secret signs this hint")
+            }
         }
     };
     let now = chrono::Utc::now().timestamp();
@@ -324,7 +240,7 @@ pub async fn items_changed(
         .settings
         .hint_keys
         .verify(&headers, &body, now)
-        .map_err(refused)?;
+        .map_err(|e| refused(e.into()))?;
     let items = tidings_domain::hints::decode(&body).map_err(|e| {
         crate::metrics::hint("invalid");
         match e {
@@ -391,67 +307,26 @@ mod tests {
         h
     }
 
-    /// The example of the Standard Webhooks specification.
-    const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
-    const ID: &str = "msg_p5jXN8AQM9LWM0D4loKWxJek";
-    const TS: i64 = 1614265330;
-    const BODY: &[u8] = br#"{"test": 2432232314}"#;
-    const SIGNATURE: &str = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=";
-
     #[test]
-    fn the_specification_example_verifies_and_what_differs_does_not() {
-        let keys = Keys::new(&[("acme", &[SECRET])]).unwrap();
-        let ts = TS.to_string();
-        let good = headers(ID, &ts, SIGNATURE);
-        assert_eq!(keys.verify(&good, BODY, TS).unwrap(), ("acme", ID));
-        // Tampered body, another id, a stale or future timestamp, a wrong version tag.
-        assert!(matches!(
-            keys.verify(&good, br#"{"test": 2432232315}"#, TS),
-            Err(Refused::Signature)
-        ));
-        assert!(matches!(
-            keys.verify(&headers("msg_other", &ts, SIGNATURE), BODY, TS),
-            Err(Refused::Signature)
-        ));
-        assert!(matches!(
-            keys.verify(&good, BODY, TS + 301),
-            Err(Refused::Stale)
-        ));
-        assert!(matches!(
-            keys.verify(&good, BODY, TS - 301),
-            Err(Refused::Stale)
-        ));
-        let v2 = SIGNATURE.replacen("v1,", "v2,", 1);
-        assert!(matches!(
-            keys.verify(&headers(ID, &ts, &v2), BODY, TS),
-            Err(Refused::Header(_))
-        ));
-        assert!(matches!(
-            keys.verify(&HeaderMap::new(), BODY, TS),
-            Err(Refused::Header("webhook-id"))
-        ));
-    }
-
-    #[test]
-    fn during_a_rotation_either_secret_signs_and_the_signature_names_the_source() {
-        let new = format!("whsec_{}", STANDARD.encode([7u8; 32]));
+    fn the_secret_that_verifies_names_the_source() {
+        let (acme, acme_text) = Secret::generate().unwrap();
+        let (_, other_text) = Secret::generate().unwrap();
         let keys = Keys::new(&[
-            ("other", &[new.as_str()]),
-            ("acme", &[new.as_str(), SECRET]),
+            ("other", &[other_text.as_str()]),
+            ("acme", &[other_text.as_str(), acme_text.as_str()]),
         ])
         .unwrap();
-        let ts = TS.to_string();
-        // Two signatures, one by a key nobody holds: the one that verifies is enough.
-        let both = format!("v1,{} {SIGNATURE}", STANDARD.encode([1u8; 32]));
+        let body = br#"{"items": ["4711"]}"#;
+        let sig = acme.sign("msg_1", 1_700_000_000, body);
+        let h = headers("msg_1", "1700000000", &sig);
         assert_eq!(
-            keys.verify(&headers(ID, &ts, &both), BODY, TS).unwrap().0,
-            "acme"
+            keys.verify(&h, body, 1_700_000_000).unwrap(),
+            ("acme", "msg_1")
         );
         assert!(
             Keys::new(&[("acme", &["whsec_c2hvcnQ="])]).is_err(),
             "5 bytes is too short"
         );
-        assert!(Keys::new(&[("acme", &["MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"])]).is_err());
     }
 
     #[test]

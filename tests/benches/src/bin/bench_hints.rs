@@ -10,9 +10,6 @@
 //!
 //! Run with `deploy/local/stack bench hints [RATE=1000] [SECONDS=20] [WATCHES=10000]`.
 
-use aws_lc_rs::hmac;
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD;
 use futures::StreamExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -23,6 +20,7 @@ use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
 use tidings_tests::scenario::Scenario;
 use tidings_tests::services::{HINT_SECRETS, Pipeline};
+use tidings_webpush::standard_webhooks::Secret;
 
 const HIGH: i64 = 1300;
 const LOW: i64 = 1100;
@@ -108,16 +106,12 @@ async fn first_scan(p: &Pipeline) {
 }
 
 /// Standard Webhooks headers for `body`.
-fn sign(key: &hmac::Key, id: &str, body: &str) -> [(&'static str, String); 3] {
-    let at = chrono::Utc::now().timestamp().to_string();
-    let tag = hmac::sign(key, format!("{id}.{at}.{body}").as_bytes());
+fn sign(secret: &Secret, id: &str, body: &str) -> [(&'static str, String); 3] {
+    let at = chrono::Utc::now().timestamp();
     [
         ("webhook-id", id.to_owned()),
-        ("webhook-timestamp", at),
-        (
-            "webhook-signature",
-            format!("v1,{}", STANDARD.encode(tag.as_ref())),
-        ),
+        ("webhook-timestamp", at.to_string()),
+        ("webhook-signature", secret.sign(id, at, body.as_bytes())),
     ]
 }
 
@@ -174,12 +168,7 @@ async fn latency(rate: usize, secs: usize) {
     first_scan(&p).await;
     let nats = tidings_tests::harness::nats().await.expect("nats");
     let (seen, listener) = enqueued_at(nats, s.subjects.all(StreamKind::Enqueue));
-    let key = hmac::Key::new(
-        hmac::HMAC_SHA256,
-        &STANDARD
-            .decode(HINT_SECRETS[0].trim_start_matches("whsec_"))
-            .expect("secret"),
-    );
+    let key = Secret::parse(HINT_SECRETS[0]).expect("secret");
     let client = reqwest::Client::new();
     let url = format!("{}/v1/items/changed", p.url("api"));
     let cpu_before: Vec<f64> = ["api", "detector"]
