@@ -32,7 +32,7 @@ pub fn token_hash(token: &str) -> Vec<u8> {
     digest(&SHA256, token.as_bytes()).as_ref().to_vec()
 }
 
-fn bearer(parts: &Parts) -> Result<&str, ApiError> {
+pub(crate) fn bearer(parts: &Parts) -> Result<&str, ApiError> {
     let value = parts
         .headers
         .get(header::AUTHORIZATION)

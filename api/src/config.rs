@@ -45,6 +45,12 @@ pub struct Config {
     pub vapid_public_key_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub endpoints: EndpointArgs,
+    #[command(flatten)]
+    pub webhooks: tidings_webpush::endpoint::WebhookArgs,
+    /// After a webhook endpoint's secret is rotated, how long the previous one keeps signing
+    /// beside it, so its receiver can switch over.
+    #[arg(long, env = "TIDINGS_WEBHOOK_SECRET_OVERLAP", default_value = "24h", value_parser = parse_duration)]
+    pub webhook_secret_overlap: Duration,
     #[arg(long, env = "TIDINGS_MAX_WATCHES_PER_DEVICE", default_value_t = 100)]
     pub max_watches_per_device: u32,
     #[arg(long, env = "TIDINGS_MAX_TRIGGERS_PER_WATCH", default_value_t = 8)]
@@ -164,6 +170,8 @@ impl Config {
         )?;
         Ok(Settings {
             policy: self.endpoints.policy(),
+            webhook_policy: self.webhooks.policy(),
+            webhook_secret_overlap: self.webhook_secret_overlap,
             vapid_public_key,
             admin_token_hash,
             max_watches_per_device,

@@ -182,6 +182,7 @@ pub async fn create_device(
         (status = 200, description = "The new subscription replaced the old one", body = SubscriptionReplaced),
         BodyRejected,
         Unauthorized,
+        (status = 409, description = "The device is a webhook endpoint", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid subscription", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -192,6 +193,17 @@ pub async fn replace_subscription(
 ) -> Result<Json<SubscriptionReplaced>, ApiError> {
     let sub = body.value;
     validate_subscription(&sub, &app.settings.policy, "").await?;
+    // An endpoint's device posts to its URL; a browser subscription would make it another.
+    let channel = tidings_store::endpoints::channel_of_device(&app.pool, device.id)
+        .await
+        .map_err(db("reading a device's channel"))?;
+    if channel == Some(tidings_domain::Channel::Webhook) {
+        return Err(ApiError::Conflict {
+            kind: "webhook-endpoint",
+            detail: "this device is a webhook endpoint: register a new endpoint for another URL"
+                .into(),
+        });
+    }
     let id = SubscriptionId::new();
     // One transaction: the dispatcher sends pending rows to whichever subscription is active
     // when it sends, and there is never a moment with two, or none.

@@ -19,6 +19,7 @@ pub mod cors;
 mod dead_letters;
 mod devices;
 mod doctor;
+mod endpoints;
 mod extract;
 pub mod health;
 pub mod hints;
@@ -80,6 +81,10 @@ pub struct Settings {
     pub catalog: Option<tidings_source::SourceConfig>,
     /// How long an item's current value serves show-time checks.
     pub check_cache: std::time::Duration,
+    /// Where webhook endpoints may point (see [`endpoints`]).
+    pub webhook_policy: tidings_webpush::endpoint::EndpointPolicy,
+    /// How long a rotated-out webhook secret keeps signing.
+    pub webhook_secret_overlap: std::time::Duration,
     /// Each source's change-hint secrets (see [`hints`]); none: every hint is refused.
     pub hint_keys: hints::Keys,
 }

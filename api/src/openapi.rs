@@ -3,8 +3,8 @@
 
 use crate::problem::{ApiError, FieldError, Problem};
 use crate::{
-    AppState, attempts, bulk, dead_letters, devices, doctor, health, history, operators, pause,
-    shown, watches,
+    AppState, attempts, bulk, dead_letters, devices, doctor, endpoints, health, history, operators,
+    pause, shown, watches,
 };
 use axum::Json;
 use std::sync::OnceLock;
@@ -19,13 +19,14 @@ use utoipa_axum::routes;
 #[openapi(
     info(
         title = "Tidings API",
-        description = "Register a device and its Web Push subscription, watch items, and read the history of every notification: sent, withheld because it stopped being true, or failed.",
+        description = "Register a device and its Web Push subscription (or, with a client key, a webhook endpoint), watch items, and read the history of every notification: sent, withheld because it stopped being true, or failed.",
         license(name = "Apache-2.0", identifier = "Apache-2.0")
     ),
     components(schemas(Problem, FieldError, Status)),
     modifiers(&Security),
     tags(
         (name = "devices", description = "Anonymous devices and their push subscription"),
+        (name = "webhooks", description = "Webhook endpoints: registered with a client key the operator issued, then watched for like a device"),
         (name = "watches", description = "What a device watches"),
         (name = "history", description = "A device's notifications"),
         (name = "sources", description = "Change hints from a source's data owner, signed with Standard Webhooks"),
@@ -45,6 +46,10 @@ impl Modify for Security {
             SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
         );
         components.add_security_scheme(
+            "client_key",
+            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        );
+        components.add_security_scheme(
             "admin_token",
             SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
         );
@@ -58,6 +63,9 @@ fn public() -> OpenApiRouter<AppState> {
         .routes(routes!(devices::delete_device))
         .routes(routes!(devices::replace_subscription))
         .routes(routes!(devices::vapid_public_key))
+        .routes(routes!(endpoints::create_endpoint))
+        .routes(routes!(endpoints::get_endpoint))
+        .routes(routes!(endpoints::rotate_secret))
         .routes(routes!(watches::create_watch, watches::list_watches))
         .routes(routes!(
             watches::get_watch,
@@ -95,6 +103,8 @@ fn operators() -> OpenApiRouter<AppState> {
         .routes(routes!(dead_letters::redrive_dead_letters))
         .routes(routes!(dead_letters::purge_dead_letters))
         .routes(routes!(doctor::doctor))
+        .routes(routes!(endpoints::create_client))
+        .routes(routes!(endpoints::revoke_client))
         .routes(routes!(health::metrics))
 }
 

@@ -26,7 +26,7 @@ use tidings_domain::{Channel, ItemCode, WatchId};
 use tidings_source::{OfferSelector, Unwatchable};
 use tidings_store::db;
 use tidings_store::watch_creates::{self, Admission, NewWatch};
-use tidings_store::{idempotency, watches};
+use tidings_store::{endpoints, idempotency, watches};
 use tokio_util::sync::CancellationToken;
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
@@ -73,7 +73,8 @@ pub struct CreateWatch {
     /// (kind, parameters) at most once.
     #[schema(min_items = 1, max_items = 8)]
     pub triggers: Vec<TriggerSpec>,
-    /// Delivery channel; `web_push` (the default) is the only one today.
+    /// Delivery channel: a watch notifies on its device's (`web_push` for a browser, `webhook`
+    /// for an endpoint); naming another is refused.
     #[serde(default)]
     #[schema(value_type = Option<Channel>)]
     pub channel: Option<String>,
@@ -212,14 +213,13 @@ fn validate(
         }
         triggers.push(trigger);
     }
-    let channel = match req.channel.as_deref() {
-        None => Channel::WebPush,
-        Some(c) => c.parse().map_err(|e| ApiError::invalid("/channel", e))?,
-    };
+    if let Some(c) = req.channel.as_deref() {
+        c.parse::<Channel>()
+            .map_err(|e| ApiError::invalid("/channel", e))?;
+    }
     Ok(NewWatch {
         item,
         triggers,
-        channel,
         withdraw: req.withdraw.unwrap_or(true),
     })
 }
@@ -259,13 +259,17 @@ async fn create_queued(
 ) -> Result<Watch, ApiError> {
     let id = WatchId::new();
     match app.creates.create(token.hash.clone(), id, new).await? {
-        Admission::Created { device_id, at } => {
+        Admission::Created {
+            device_id,
+            at,
+            channel,
+        } => {
             tracing::info!(%device_id, watch_id = %id, item = new.item.as_str(), "watch created");
             Ok(Watch {
                 id: id.0,
                 item_code: new.item.as_str().to_owned(),
                 triggers: new.triggers.iter().map(TriggerSpec::from_trigger).collect(),
-                channel: new.channel,
+                channel,
                 paused: false,
                 reference_price: None,
                 withdraw: new.withdraw,
@@ -367,11 +371,30 @@ pub async fn create_watch(
             return Err(refused);
         }
     };
+    if let Some(named) = body.value.channel.as_deref() {
+        same_channel(&app, &token, named).await?;
+    }
     let Some(key) = key else {
         return created(&create_queued(&app, &token, &new).await?);
     };
     let device = token.device(&app).await?;
     create_with_key(&app, &device, &key, &body.raw, &new).await
+}
+
+/// Refuses a create that names a channel other than its device's (only such a create pays this
+/// lookup: most name none).
+async fn same_channel(app: &AppState, token: &DeviceToken, named: &str) -> Result<(), ApiError> {
+    let found = endpoints::channel_of(&app.pool, &token.hash)
+        .await
+        .map_err(db("reading a device's channel"))?;
+    match found {
+        None => Err(ApiError::Unauthorized("invalid device token")),
+        Some(c) if c.as_str() == named => Ok(()),
+        Some(c) => Err(ApiError::invalid(
+            "/channel",
+            format!("this device's watches notify on {c}, not {named}"),
+        )),
+    }
 }
 
 /// A create with an Idempotency-Key. The key's record and the watch commit together; a

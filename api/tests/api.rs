@@ -737,7 +737,7 @@ async fn concurrent_creates_never_exceed_the_watch_limit() {
 #[tokio::test]
 async fn a_shared_create_statement_authenticates_each_create_and_keeps_every_limit() {
     use tidings_api::auth::token_hash;
-    use tidings_domain::{Channel, ItemCode};
+    use tidings_domain::ItemCode;
     use tidings_store::watch_creates::{Admission, Create, NewWatch, many, one};
 
     let db = TestDb::new().await.unwrap();
@@ -766,7 +766,6 @@ async fn a_shared_create_statement_authenticates_each_create_and_keeps_every_lim
     let new = NewWatch {
         item: ItemCode::parse("SKU-1").unwrap(),
         triggers: vec![Trigger::BackInStock],
-        channel: Channel::WebPush,
         withdraw: true,
     };
     let unknown = "x".repeat(43);
@@ -876,7 +875,7 @@ async fn a_create_postgres_refuses_fails_alone_and_its_neighbours_are_created() 
     use tidings_api::auth::token_hash;
     use tidings_api::coalesce::CreateQueue;
     use tidings_api::problem::ApiError;
-    use tidings_domain::{Channel, ItemCode};
+    use tidings_domain::ItemCode;
     use tidings_store::watch_creates::{Admission, NewWatch};
 
     let db = TestDb::new().await.unwrap();
@@ -886,7 +885,6 @@ async fn a_create_postgres_refuses_fails_alone_and_its_neighbours_are_created() 
     let watch = |triggers: Vec<Trigger>| NewWatch {
         item: ItemCode::parse("SKU-1").unwrap(),
         triggers,
-        channel: Channel::WebPush,
         withdraw: false,
     };
     let good = watch(vec![Trigger::BackInStock]);
@@ -1837,6 +1835,11 @@ async fn the_openapi_document_is_valid_3_1_and_matches_the_router() {
         ("GET", "/v1/notifications/{id}/now"),
         ("POST", "/v1/notifications/{id}/shown"),
         ("POST", "/v1/items/changed"),
+        ("POST", "/v1/endpoints"),
+        ("GET", "/v1/endpoints/me"),
+        ("POST", "/v1/endpoints/me/secret"),
+        ("POST", "/v1/admin/clients"),
+        ("DELETE", "/v1/admin/clients/{id}"),
         ("GET", "/v1/admin/outbox"),
         ("GET", "/v1/admin/outbox/{id}"),
         ("GET", "/v1/admin/outbox/stats"),

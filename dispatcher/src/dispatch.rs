@@ -252,54 +252,58 @@ impl Dispatcher {
         fetched
     }
 
-    /// Publishes with many acks in flight; returns how many requests were stored and which
-    /// failed. With `push_batch` above 1 the requests go `push_batch` to a message
-    /// (`PushRequests`), each carrying its trace context; a message not confirmed fails all its
-    /// requests.
+    /// Publishes with many acks in flight, each channel's requests to its own subject; returns
+    /// how many requests were stored and which failed. With `push_batch` above 1 the requests go
+    /// `push_batch` to a message (`PushRequests`), each carrying its trace context; a message not
+    /// confirmed fails all its requests.
     async fn publish(
         &self,
-        mut requests: Vec<PushRequest>,
+        requests: Vec<PushRequest>,
         traceparents: &HashMap<OutboxId, Cow<'_, str>>,
     ) -> (usize, Vec<(OutboxId, String)>) {
-        let subject = self
-            .settings
-            .subjects
-            .subject(StreamKind::Push, Channel::WebPush);
         let batch = self.settings.push_batch.max(1);
-        // The rows in publish order: message i carries `ids.chunks(batch)[i]`.
-        let ids: Vec<OutboxId> = requests.iter().map(|r| r.outbox_id).collect();
         let mut outgoing = Vec::new();
-        let message = |msg_id: &str, traceparent: Option<&str>, payload| {
+        // The rows of each message, in publish order.
+        let mut carried: Vec<Vec<OutboxId>> = Vec::new();
+        let message = |subject: &str, msg_id: &str, traceparent: Option<&str>, payload| {
             let mut headers = async_nats::HeaderMap::new();
             headers.insert("Nats-Msg-Id", msg_id);
             if let Some(tp) = traceparent {
                 headers.insert("traceparent", tp);
             }
             Outgoing {
-                subject: subject.clone(),
+                subject: subject.to_owned(),
                 headers,
                 payload,
             }
         };
-        if batch == 1 {
-            for r in &requests {
-                let tp = traceparents.get(&r.outbox_id).map(|tp| tp.as_ref());
-                outgoing.push(message(&r.msg_id(), tp, encode(r)));
+        let (web_push, webhooks): (Vec<_>, Vec<_>) =
+            (requests.into_iter()).partition(|r| r.target.channel() == Channel::WebPush);
+        for (channel, mut requests) in [(Channel::WebPush, web_push), (Channel::Webhook, webhooks)]
+        {
+            let subject = self.settings.subjects.subject(StreamKind::Push, channel);
+            if batch == 1 {
+                for r in &requests {
+                    let tp = traceparents.get(&r.outbox_id).map(|tp| tp.as_ref());
+                    outgoing.push(message(&subject, &r.msg_id(), tp, encode(r)));
+                    carried.push(vec![r.outbox_id]);
+                }
+                continue;
             }
-        } else {
             for r in &mut requests {
                 r.traceparent = traceparents.get(&r.outbox_id).map(|tp| tp.to_string());
             }
             let mut rest = requests.into_iter().peekable();
             while rest.peek().is_some() {
                 let m = PushRequests::new(rest.by_ref().take(batch).collect());
-                outgoing.push(message(&m.msg_id(), None, encode(&m)));
+                outgoing.push(message(&subject, &m.msg_id(), None, encode(&m)));
+                carried.push(m.requests.iter().map(|r| r.outbox_id).collect());
             }
         }
         let acks = publish_all(&self.js, outgoing, PUBLISH_WINDOW).await;
         let mut published = 0;
         let mut failed = Vec::new();
-        for (rows, ack) in ids.chunks(batch).zip(acks) {
+        for (rows, ack) in carried.iter().zip(acks) {
             match ack {
                 Ok(_) => published += rows.len(),
                 Err(e) => failed.extend(rows.iter().map(|id| (*id, e.clone()))),

@@ -9,26 +9,28 @@
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;
 use tidings_domain::dedup::parse_time_zone;
-use tidings_domain::messages::{Payload, PushRequest, Subscription, Urgency, VERSION};
+use tidings_domain::messages::{Payload, PushRequest, Target, Urgency, VERSION, WebhookCall};
 use tidings_domain::notification::{Notice, render, withdrawal};
 use tidings_domain::outbox::{self, Event, Status};
 use tidings_domain::trigger::{Baseline, LastSent, Observation, SourceErrorKind, Trigger};
 use tidings_domain::validity;
+use tidings_domain::webhook::{self, Facts};
 use tidings_domain::withdrawal::Announces;
 use tidings_domain::{ItemCode, OutboxId, SubscriptionId, WatchId};
 use tidings_source::{Fetched, SourceError};
+use tidings_webpush::standard_webhooks::Secret;
 
 use crate::config::Settings;
 use crate::recheck::{self, Decision};
 use tidings_store::claim::Claimed;
-use tidings_store::claim::WatchState;
+use tidings_store::claim::{Destination, WatchState};
 use tidings_store::transition::Change;
 
 /// A row the pre-guards let through, with the subscription it would go to.
 pub struct Guarded<'r> {
     pub row: &'r Claimed,
     pub subscription_id: SubscriptionId,
-    pub subscription: &'r Subscription,
+    pub subscription: &'r Destination,
     /// The device's locale, which the notification is written for.
     pub locale: Option<&'r str>,
     /// The device's time zone, which times in the notification are in.
@@ -224,6 +226,7 @@ fn send(
     // it outlived): the deadline never lets it wait past its validity.
     let deadline = (now + settings.push_deadline).min(valid_until);
     let payload = payload_for(g, &checked, valid_until, settings);
+    let target = target(g, &checked, &payload, valid_until, now);
     let mut c = change(row, Event::Dispatched, None, settings, now);
     c.sent_value = serde_json::to_value(checked.observation).ok();
     c.payload = serde_json::to_value(&payload).ok();
@@ -237,7 +240,7 @@ fn send(
             outbox_id: row.id,
             attempt: c.transition.attempt,
             deadline,
-            subscription: g.subscription.clone(),
+            target,
             payload,
             ttl: validity::ttl(valid_until, now, settings.push_ttl).unwrap_or(0),
             urgency: urgency(checked.trigger),
@@ -248,6 +251,49 @@ fn send(
         },
     );
     plan.changes.push(c);
+}
+
+/// Where `g` goes: its browser's subscription, or its endpoint with the event signed by every
+/// secret that signs for it now (the signature is the dispatcher's, so the pusher, the service
+/// that talks to the outside, holds no secret).
+fn target(
+    g: &Guarded<'_>,
+    checked: &Checked<'_>,
+    payload: &Payload,
+    valid_until: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Target {
+    match g.subscription {
+        Destination::WebPush(sub) => Target::WebPush(sub.clone()),
+        Destination::Webhook(endpoint) => {
+            let facts = Facts {
+                id: g.row.id,
+                watch_id: g.row.watch_id,
+                item: checked.code.as_str(),
+                trigger: checked.trigger,
+                detected: g.row.detected(),
+                checked: checked.observation,
+                valid_until,
+                now,
+            };
+            let body = webhook::Event::new(facts, payload).to_json();
+            let id = g.row.id.to_string();
+            let timestamp = now.timestamp();
+            // A secret that does not parse signs nothing (the api stores only ones it made); a
+            // receiver then refuses the webhook, which the attempt records.
+            let signature = (endpoint.secrets.iter())
+                .filter_map(|text| Secret::parse(text).ok())
+                .map(|secret| secret.sign(&id, timestamp, body.as_bytes()))
+                .collect::<Vec<_>>()
+                .join(" ");
+            Target::Webhook(WebhookCall {
+                url: endpoint.url.clone(),
+                timestamp,
+                signature,
+                body,
+            })
+        }
+    }
 }
 
 /// The notification `g` goes out with: what its trigger says at the re-checked value, or for a
@@ -375,11 +421,11 @@ mod tests {
             removed: false,
             subscription: Some((
                 SubscriptionId::new(),
-                Subscription {
+                Destination::WebPush(tidings_domain::messages::Subscription {
                     endpoint: "https://push.example/s".into(),
                     p256dh: "k".into(),
                     auth: "a".into(),
-                },
+                }),
             )),
             locale: None,
             time_zone: "UTC".into(),
@@ -447,6 +493,63 @@ mod tests {
         assert!(
             c.lease_until > c.deadline,
             "the lease outlives the deadline"
+        );
+    }
+
+    #[test]
+    fn a_webhook_carries_the_rechecked_event_signed_by_every_current_secret() {
+        use tidings_webpush::standard_webhooks::{Headers, verify};
+        let (old, old_text) = Secret::generate().unwrap_or_else(|e| unreachable!("{e}"));
+        let (new, new_text) = Secret::generate().unwrap_or_else(|e| unreachable!("{e}"));
+        let mut w = watch(false);
+        w.subscription = Some((
+            SubscriptionId::new(),
+            Destination::Webhook(tidings_store::claim::Endpoint {
+                url: "https://hooks.example/in".into(),
+                secrets: vec![new_text, old_text],
+            }),
+        ));
+        let (_, plan) = plan_one(w, &priced(1050));
+        let c = &plan.changes[0];
+        let request = &plan.requests[&c.id];
+        let Target::Webhook(call) = &request.target else {
+            panic!("a webhook endpoint's row goes out as a webhook: {request:?}");
+        };
+        assert_eq!(call.url, "https://hooks.example/in");
+        let (id, timestamp) = (c.id.to_string(), call.timestamp.to_string());
+        let headers = |sig| Headers {
+            id: Some(&id),
+            timestamp: Some(&timestamp),
+            signature: Some(sig),
+        };
+        let now = Utc::now().timestamp();
+        // Either secret verifies it: a receiver mid-rotation holds one or the other.
+        for secret in [&new, &old] {
+            let found = verify(
+                &[std::slice::from_ref(secret)],
+                headers(&call.signature),
+                call.body.as_bytes(),
+                now,
+            );
+            assert!(found.is_ok(), "{found:?}");
+        }
+        let event: webhook::Event =
+            serde_json::from_str(&call.body).unwrap_or_else(|e| unreachable!("{e}"));
+        assert_eq!(event.data.id, c.id);
+        assert_eq!(event.data.checked.price, 1050, "the re-checked value");
+        assert_eq!(event.data.detected.price, 1100, "the detected value");
+        assert_eq!(event.data.text, request.payload.body);
+        assert_eq!(Some(event.data.valid_until), request.payload.valid_until);
+        let mut tampered = call.body.clone();
+        tampered.push(' ');
+        assert!(
+            verify(
+                &[&[new]],
+                headers(&call.signature),
+                tampered.as_bytes(),
+                now
+            )
+            .is_err()
         );
     }
 

@@ -2,7 +2,6 @@
 //! trigger. Pure: the dispatch loop gathers the inputs and writes the outcome.
 
 use chrono::{DateTime, Utc};
-use tidings_domain::messages::Subscription;
 use tidings_domain::outbox::DropReason;
 use tidings_domain::trigger::{
     Baseline, LastSent, LostReason, Observation, SourceErrorKind, Verdict,
@@ -10,12 +9,10 @@ use tidings_domain::trigger::{
 use tidings_domain::{OutboxId, SubscriptionId, Trigger, evaluate};
 use tidings_source::Fetched;
 
-use tidings_store::claim::WatchState;
+use tidings_store::claim::{Destination, WatchState};
 
 /// Checks that need no source call. `None` means the watch no longer exists at all.
-pub fn pre_guard(
-    watch: Option<&WatchState>,
-) -> Result<(SubscriptionId, &Subscription), DropReason> {
+pub fn pre_guard(watch: Option<&WatchState>) -> Result<(SubscriptionId, &Destination), DropReason> {
     let w = watch.ok_or(DropReason::WatchRemoved)?;
     if w.removed {
         return Err(DropReason::WatchRemoved);
@@ -151,11 +148,11 @@ mod tests {
 
     #[test]
     fn guards_in_order() {
-        let sub = Subscription {
+        let sub = Destination::WebPush(tidings_domain::messages::Subscription {
             endpoint: "https://push.example/1".into(),
             p256dh: "k".into(),
             auth: "a".into(),
-        };
+        });
         let mut w = WatchState {
             item_code: "A".into(),
             paused: true,

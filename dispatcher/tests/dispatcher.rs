@@ -86,7 +86,7 @@ async fn a_price_still_below_at_send_is_sent_with_the_refetched_price() {
     assert_eq!(push.payload.body, "Now 10.50 EUR (your limit: 12.00 EUR).");
     assert_eq!(push.payload.data["price"], 1050);
     assert_eq!(push.attempt, 1);
-    assert_eq!(push.subscription.endpoint, "https://push.example/sub/1");
+    assert_eq!(push.target.url(), "https://push.example/sub/1");
     // One topic and tag per watch and trigger; current for the price validity after the re-check,
     // which the push's TTL and deadline never outlast.
     assert_eq!(push.topic, validity::topic(w.watch, &w.trigger));

@@ -327,12 +327,11 @@ async fn what_was_removed_before_the_oldest_week_is_purged_and_the_rest_stays() 
     let gone_watch = fixtures::watch(&db.pool, gone.id, "SKU-GONE", &[BELOW_1200], None)
         .await
         .unwrap();
-    let sub = fixtures::push_request(&tidings_domain::messages::Subscription {
+    let sub = tidings_domain::messages::Subscription {
         endpoint: "https://push.example/gone".into(),
         p256dh: "k".into(),
         auth: "a".into(),
-    })
-    .subscription;
+    };
     fixtures::subscription(&db.pool, gone.id, &sub)
         .await
         .unwrap();

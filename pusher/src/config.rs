@@ -12,6 +12,7 @@ use tidings_runtime::flags;
 use tidings_runtime::ops::OpsArgs;
 use tidings_webpush::EndpointArgs;
 use tidings_webpush::endpoint::EndpointPolicy;
+use tidings_webpush::endpoint::WebhookArgs;
 use tidings_webpush::vapid::{VapidError, VapidKey, VapidSigner};
 
 #[derive(clap::Parser, Clone, Debug)]
@@ -49,6 +50,16 @@ pub struct Config {
     pub check_every_attempt: bool,
     #[command(flatten)]
     pub endpoints: EndpointArgs,
+    #[command(flatten)]
+    pub webhooks: WebhookArgs,
+    /// Webhooks in flight at once to one host: a slow or failing receiver holds only its own
+    /// slots, never the others'.
+    #[arg(
+        long,
+        env = "TIDINGS_WEBHOOK_CONCURRENCY_PER_HOST",
+        default_value_t = 8
+    )]
+    pub webhook_concurrency_per_host: usize,
     /// Extra PEM root certificate to trust (a local fake push service).
     #[arg(long, env = "TIDINGS_PUSH_EXTRA_CA_FILE")]
     pub extra_ca_file: Option<PathBuf>,
@@ -88,6 +99,9 @@ pub struct Settings {
     /// Look up every request in the delivery log (see [`Config::check_every_attempt`]).
     pub check_every_attempt: bool,
     pub policy: EndpointPolicy,
+    /// Where webhooks may go.
+    pub webhook_policy: EndpointPolicy,
+    pub webhook_concurrency_per_host: usize,
     /// PEM root certificates to trust in addition to the system's.
     pub extra_roots: Vec<Vec<u8>>,
 }
@@ -149,6 +163,8 @@ impl Config {
             connect_timeout: self.connect_timeout,
             check_every_attempt: self.check_every_attempt,
             policy: self.endpoints.policy(),
+            webhook_policy: self.webhooks.policy(),
+            webhook_concurrency_per_host: self.webhook_concurrency_per_host.max(1),
             extra_roots,
         }
     }

@@ -5,14 +5,15 @@
 use chrono::{DateTime, Utc};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tidings_domain::messages::{Outcome, PushRequest, PushResult};
+use tidings_domain::messages::{Outcome, PushRequest, PushResult, Subscription, Target};
 use tidings_domain::outbox::FailReason;
 use tidings_domain::validity;
-use tidings_webpush::endpoint::{Guard, GuardedResolver};
+use tidings_webpush::endpoint::{EndpointPolicy, Guard, GuardedResolver};
 use tidings_webpush::vapid::VapidSigner;
 use tidings_webpush::webpush::{self, EncryptError, UaKeys};
 
 use crate::config::Settings;
+use crate::webhook::Webhooks;
 use tidings_domain::push::{classify, retry_after};
 
 /// How much of an error response we read, for the log and `last_error`.
@@ -22,16 +23,22 @@ pub struct Deliverer {
     client: reqwest::Client,
     vapid: Arc<VapidSigner>,
     guard: Guard,
+    webhooks: Webhooks,
 }
 
-fn result(req: &PushRequest, outcome: Outcome, started: Instant) -> PushResult {
+pub(crate) fn result(req: &PushRequest, outcome: Outcome, started: Instant) -> PushResult {
     PushResult {
         latency_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         ..PushResult::new(req.outbox_id, req.attempt, outcome)
     }
 }
 
-fn refused(req: &PushRequest, reason: FailReason, error: String, started: Instant) -> PushResult {
+pub(crate) fn refused(
+    req: &PushRequest,
+    reason: FailReason,
+    error: String,
+    started: Instant,
+) -> PushResult {
     PushResult {
         refused: Some(reason),
         error: Some(error),
@@ -56,59 +63,67 @@ fn outlived(
     }
 }
 
+/// An HTTP client for one channel: pooled connections, HTTP/2 where the server offers it (ALPN),
+/// connect and total timeouts, no redirects, and a resolver that refuses what `policy` refuses.
+pub(crate) fn client(
+    settings: &Settings,
+    policy: &Arc<EndpointPolicy>,
+    idle_per_host: usize,
+) -> Result<reqwest::Client, reqwest::Error> {
+    let mut builder = reqwest::Client::builder()
+        .connect_timeout(settings.connect_timeout)
+        .timeout(settings.http_timeout)
+        .redirect(reqwest::redirect::Policy::none())
+        .pool_max_idle_per_host(idle_per_host)
+        .dns_resolver(GuardedResolver::new(policy.clone()));
+    let roots = (settings.extra_roots.iter())
+        .map(|pem| reqwest::Certificate::from_pem(pem))
+        .collect::<Result<Vec<_>, _>>()?;
+    if !roots.is_empty() {
+        builder = builder.tls_certs_merge(roots);
+    }
+    builder.build()
+}
+
 impl Deliverer {
-    /// One HTTP client for every push: pooled connections, HTTP/2 where the service offers it
-    /// (ALPN), connect and total timeouts, no redirects, and a resolver that refuses internal
-    /// addresses.
     pub fn new(settings: &Settings) -> Result<Self, reqwest::Error> {
         let policy = Arc::new(settings.policy.clone());
-        let mut builder = reqwest::Client::builder()
-            .connect_timeout(settings.connect_timeout)
-            .timeout(settings.http_timeout)
-            .redirect(reqwest::redirect::Policy::none())
-            .pool_max_idle_per_host(settings.concurrency)
-            .dns_resolver(GuardedResolver::new(policy.clone()));
-        let mut roots = Vec::new();
-        for pem in &settings.extra_roots {
-            roots.push(reqwest::Certificate::from_pem(pem)?);
-        }
-        if !roots.is_empty() {
-            builder = builder.tls_certs_merge(roots);
-        }
         Ok(Deliverer {
-            client: builder.build()?,
+            client: client(settings, &policy, settings.concurrency)?,
             vapid: settings.vapid.clone(),
             guard: Guard::new(policy),
+            webhooks: Webhooks::new(settings)?,
         })
     }
 
+    /// For a webhook, a slot among its host's (see [`Webhooks::host_slot`]); a push service
+    /// needs none.
+    pub async fn host_slot(&self, req: &PushRequest) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        match &req.target {
+            Target::WebPush(_) => None,
+            Target::Webhook(call) => self.webhooks.host_slot(call).await,
+        }
+    }
+
     pub async fn deliver(&self, req: &PushRequest) -> PushResult {
+        match &req.target {
+            Target::WebPush(sub) => self.web_push(req, sub).await,
+            Target::Webhook(call) => self.webhooks.deliver(req, call).await,
+        }
+    }
+
+    async fn web_push(&self, req: &PushRequest, sub: &Subscription) -> PushResult {
         let started = Instant::now();
-        let ready = match self.prepare(req).await {
+        let ready = match self.prepare(sub, req).await {
             Ok(ready) => ready,
             Err((reason, error)) => return refused(req, reason, error, started),
         };
-        // The deadline is the freshness bound: the value in this request was re-checked at most
-        // the dispatcher's TIDINGS_PUSH_DEADLINE before it, and the notification is current until
-        // its `valid_until`. Checked last, right before the POST, so nothing above (DNS,
-        // encryption) can stretch either.
-        let now = Utc::now();
-        let ttl = match req.payload.valid_until {
-            Some(until) => match validity::ttl(until, now, Duration::from_secs(req.ttl.into())) {
-                Some(ttl) => ttl,
-                None => return outlived(req, until, now, started),
-            },
-            None => req.ttl,
+        // Checked last, right before the POST, so nothing above (DNS, encryption) can stretch
+        // the freshness bound.
+        let ttl = match fresh(req, Utc::now(), started) {
+            Ok(ttl) => ttl,
+            Err(late) => return *late,
         };
-        if now > req.deadline {
-            return PushResult {
-                error: Some(format!(
-                    "{} ms past its deadline (its re-check is too old); not sent",
-                    (now - req.deadline).num_milliseconds()
-                )),
-                ..result(req, Outcome::Expired, started)
-            };
-        }
         if let Some(location) = &req.recall
             && let Some(status) = self.recall(req, &ready.url, location).await
         {
@@ -195,11 +210,15 @@ impl Deliverer {
 
     /// The checked endpoint, the encrypted body and the VAPID authorization; or why the request
     /// cannot be sent at all.
-    async fn prepare(&self, req: &PushRequest) -> Result<Ready, (FailReason, String)> {
-        let url = (self.guard.check(&req.subscription.endpoint).await)
+    async fn prepare(
+        &self,
+        sub: &Subscription,
+        req: &PushRequest,
+    ) -> Result<Ready, (FailReason, String)> {
+        let url = (self.guard.check(&sub.endpoint).await)
             .map_err(|e| (FailReason::EndpointRefused, e.to_string()))?;
         let host = url.host_str().unwrap_or_default().to_owned();
-        let keys = UaKeys::parse(&req.subscription.p256dh, &req.subscription.auth)
+        let keys = UaKeys::parse(&sub.p256dh, &sub.auth)
             .map_err(|e| (FailReason::PushRejected, format!("subscription keys: {e}")))?;
         let plaintext = serde_json::to_vec(&req.payload)
             .map_err(|e| (FailReason::PushRejected, format!("payload: {e}")))?;
@@ -216,6 +235,34 @@ impl Deliverer {
             authorization,
         })
     }
+}
+
+/// The request's TTL if it may still be sent `now`, or the result of one that is too late. The
+/// deadline is the freshness bound: the value in the request was re-checked at most the
+/// dispatcher's TIDINGS_PUSH_DEADLINE before it, and the notification is current until its
+/// `valid_until`.
+pub(crate) fn fresh(
+    req: &PushRequest,
+    now: DateTime<Utc>,
+    started: Instant,
+) -> Result<u32, Box<PushResult>> {
+    let ttl = match req.payload.valid_until {
+        Some(until) => match validity::ttl(until, now, Duration::from_secs(req.ttl.into())) {
+            Some(ttl) => ttl,
+            None => return Err(Box::new(outlived(req, until, now, started))),
+        },
+        None => req.ttl,
+    };
+    if now > req.deadline {
+        return Err(Box::new(PushResult {
+            error: Some(format!(
+                "{} ms past its deadline (its re-check is too old); not sent",
+                (now - req.deadline).num_milliseconds()
+            )),
+            ..result(req, Outcome::Expired, started)
+        }));
+    }
+    Ok(ttl)
 }
 
 /// A push ready to send.

@@ -5,6 +5,7 @@
 //! - [`worker`]: the consume loop, redelivery safety.
 //! - [`report`]: results back to the dispatcher, batched.
 //! - [`deliver`]: one delivery: deadline, endpoint guard, encryption, VAPID, HTTP.
+//! - [`webhook`]: one signed webhook: endpoint guard, a slot among its host's, HTTP.
 //! - [`config`]: configuration and validated settings.
 //!
 //! What a push service's answer means is `tidings_domain::push`, shared with the dispatcher,
@@ -15,12 +16,14 @@ pub mod config;
 mod deliver;
 pub mod metrics;
 pub mod report;
+mod webhook;
 pub mod worker;
 
 pub use config::{Config, Settings};
 
 use std::time::Duration;
 use tidings_bus::consume::Handler as _;
+use tidings_domain::Channel;
 use tidings_domain::subjects::StreamKind;
 use tidings_runtime::{ops, startup};
 use tokio_util::sync::CancellationToken;
@@ -61,32 +64,42 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
     else {
         return Ok(());
     };
-    // The delivery log and the consumer: ready only once they exist too.
+    // The delivery log and the consumers: ready only once they exist too.
     let starting = &probes.starting;
-    let pusher = startup::retry(
-        "NATS: delivery log and consumer",
-        starting,
-        &shutdown,
-        || worker::Pusher::new(js.clone(), settings.clone()),
-    )
-    .await;
-    let Some(pusher) = pusher else {
-        tracing::info!("stopped while starting");
-        return Ok(());
-    };
+    let mut pushers = Vec::new();
+    for channel in Channel::ALL {
+        let pusher = startup::retry(
+            "NATS: delivery log and consumer",
+            starting,
+            &shutdown,
+            || worker::Pusher::for_channel(js.clone(), settings.clone(), channel),
+        )
+        .await;
+        let Some(pusher) = pusher else {
+            tracing::info!("stopped while starting");
+            return Ok(());
+        };
+        pushers.push(pusher);
+    }
     starting.done();
+    let watched = Channel::ALL.map(|c| {
+        (
+            settings.subjects.stream(StreamKind::Push),
+            worker::consumer_for(c).to_owned(),
+        )
+    });
     tokio::spawn(ops::watch_consumers(
         js,
-        vec![(
-            settings.subjects.stream(StreamKind::Push),
-            worker::CONSUMER.to_owned(),
-        )],
+        watched.to_vec(),
         None,
         Duration::from_secs(10),
         shutdown.clone(),
     ));
     tracing::info!("pusher running");
-    pusher.run(shutdown).await?;
+    let running = pushers.into_iter().map(|p| p.run(shutdown.clone()));
+    for stopped in futures::future::join_all(running).await {
+        stopped?;
+    }
     tracing::info!("pusher stopped");
     Ok(())
 }

@@ -38,7 +38,18 @@ use crate::config::Settings;
 use crate::deliver::Deliverer;
 use crate::report::Reporter;
 
+/// The web push consumer.
 pub const CONSUMER: &str = tidings_bus::streams::consumer_of(StreamKind::Push);
+/// The webhook consumer: its own, so each channel has its own slots and backlog.
+pub const WEBHOOK_CONSUMER: &str = "pusher-webhook";
+
+/// The durable consumer that takes `channel`'s requests.
+pub fn consumer_for(channel: Channel) -> &'static str {
+    match channel {
+        Channel::WebPush => CONSUMER,
+        Channel::Webhook => WEBHOOK_CONSUMER,
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum PusherError {
@@ -77,23 +88,30 @@ struct Inner {
 pub struct Pusher {
     inner: Arc<Inner>,
     consumer: Arc<Consumer>,
+    channel: Channel,
 }
 
 impl Pusher {
+    /// The web push pusher.
     pub async fn new(js: jetstream::Context, settings: Settings) -> Result<Self, PusherError> {
+        Self::for_channel(js, settings, Channel::WebPush).await
+    }
+
+    /// The pusher of `channel`'s requests, on its own consumer.
+    pub async fn for_channel(
+        js: jetstream::Context,
+        settings: Settings,
+        channel: Channel,
+    ) -> Result<Self, PusherError> {
         require_streams(&js, &settings.subjects).await?;
         crate::metrics::init();
         let delivered = DeliveryLog::new(js.clone(), &settings.subjects, &settings.streams);
         delivered.ensure().await?;
         // Updated on start: a changed ack wait (it follows the HTTP timeout) takes effect.
         let durable = Durable {
-            name: CONSUMER,
+            name: consumer_for(channel),
             kind: StreamKind::Push,
-            filter: Some(
-                settings
-                    .subjects
-                    .subject(StreamKind::Push, Channel::WebPush),
-            ),
+            filter: Some(settings.subjects.subject(StreamKind::Push, channel)),
             max_ack_pending: i64::try_from(settings.concurrency * 2).unwrap_or(512),
             ack_wait: settings.ack_wait(),
             shape: Shape::each(settings.concurrency),
@@ -102,9 +120,7 @@ impl Pusher {
         let deliverer = Deliverer::new(&settings)?;
         let reporter = Reporter::start(
             js.clone(),
-            settings
-                .subjects
-                .subject(StreamKind::Result, Channel::WebPush),
+            settings.subjects.subject(StreamKind::Result, channel),
         );
         Ok(Pusher {
             inner: Arc::new(Inner {
@@ -116,6 +132,7 @@ impl Pusher {
                 delivered,
             }),
             consumer,
+            channel,
         })
     }
 
@@ -182,11 +199,13 @@ impl Pusher {
         redelivered: bool,
     ) -> Handled {
         let inner = &self.inner;
+        // A webhook waits for its host first, holding none of the slots others need.
+        let _host = inner.deliverer.host_slot(&req).await;
         // The semaphore is never closed; were it, the push would go ahead without a slot.
         let _slot = inner.slots.acquire().await.ok();
         // The push service's host: a span attribute, a metrics label, and part of the attempt's
         // record.
-        let host = reqwest::Url::parse(&req.subscription.endpoint)
+        let host = reqwest::Url::parse(req.target.url())
             .ok()
             .and_then(|u| u.host_str().map(str::to_owned));
         let started_at = chrono::Utc::now();
@@ -197,7 +216,13 @@ impl Pusher {
         result.started_at = Some(started_at);
         result.push_host = host.clone();
         finish_span(&span, &result);
-        record_metrics(&result, host, &handled, telemetry::trace_id(&span));
+        // Push services are a handful of hosts; webhook hosts are as many as clients' endpoints,
+        // too many for a label.
+        let label = match self.channel {
+            Channel::WebPush => host.clone(),
+            Channel::Webhook => Some(Channel::Webhook.to_string()),
+        };
+        record_metrics(&result, label, &handled, telemetry::trace_id(&span));
         result.traceparent = telemetry::forward(&span, incoming.as_deref());
         if let Err(e) = inner.reporter.report(result).await {
             metrics().failed(Failure::PublishResult);
@@ -258,7 +283,7 @@ impl Pusher {
             .messages()
             .await
             .map_err(|e| ConsumerError::Consumer {
-                consumer: CONSUMER.to_owned(),
+                consumer: consumer_for(self.channel).to_owned(),
                 stream: pull.cached_info().stream_name.clone(),
                 detail: e.to_string(),
             })?;
@@ -351,7 +376,7 @@ fn push_span(
         outbox_id = %req.outbox_id,
         // i64: tracing-opentelemetry exports unsigned fields as strings.
         attempt = i64::from(req.attempt),
-        channel = "web_push",
+        channel = req.target.channel().as_str(),
         outcome = tracing::field::Empty,
     );
     telemetry::set_parent(&span, incoming);

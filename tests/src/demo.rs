@@ -7,7 +7,10 @@
 //! - B drops to 11.00 and is back at 15.00 by the time the dispatcher re-checks: withheld
 //!   (`dropped`/`condition_lost`), nothing is sent;
 //! - C drops to 10.00 while the push service answers 429, then 500: `retry` twice, then `sent`,
-//!   and the operator api shows its three attempts.
+//!   and the operator api shows its three attempts;
+//! - A is back at 15.00 while its notification is current: withdrawn in place;
+//! - an API client, with a key the operator issued, registers a webhook endpoint and watches D;
+//!   D drops to 8.99: a signed webhook with the re-checked value arrives, its signature verified.
 
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -22,6 +25,10 @@ pub struct Endpoints {
     pub catalog_admin: String,
     /// e.g. `http://127.0.0.1:9002/admin/push`
     pub push_admin: String,
+    /// The webhook receiver's endpoint URL, e.g. `https://127.0.0.1:9003/hooks/demo`.
+    pub webhooks: String,
+    /// e.g. `http://127.0.0.1:9002/admin/webhooks`
+    pub webhooks_admin: String,
     pub admin_token: String,
 }
 
@@ -39,6 +46,9 @@ pub struct Report {
     pub outbox: Vec<Value>,
     /// C's delivery attempts (`GET /v1/admin/outbox/{id}/attempts`), first to last.
     pub attempts: Vec<Value>,
+    /// D's webhook as received, and its endpoint's watch id.
+    pub webhook: Value,
+    pub webhook_watch: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -290,6 +300,8 @@ pub async fn run(e: Endpoints, mut say: impl FnMut(String)) -> Result<Report, De
         money(&withdrawn["sent"]["price"])
     ));
 
+    let (webhook, webhook_watch) = webhook_step(&c, &mut say).await?;
+
     let received = c
         .get(
             "reading what the push service received",
@@ -325,7 +337,106 @@ pub async fn run(e: Endpoints, mut say: impl FnMut(String)) -> Result<Report, De
         received,
         outbox,
         attempts,
+        webhook,
+        webhook_watch,
     })
+}
+
+/// The fifth line: an API client's webhook endpoint watches D; D's drop arrives as a signed
+/// webhook carrying the re-checked value. Returns the webhook as received and D's watch.
+async fn webhook_step(
+    c: &Client,
+    say: &mut impl FnMut(String),
+) -> Result<(Value, String), DemoError> {
+    c.set_item("SKU-D", json!({"price": 1500})).await?;
+    let client = c
+        .post(
+            "issuing a client key (operator)",
+            format!("{}/v1/admin/clients", c.e.operators),
+            Some(&c.e.admin_token),
+            Some(json!({"name": "demo shop backend"})),
+        )
+        .await?;
+    let key = client["key"].as_str().unwrap_or_default().to_owned();
+    let endpoint = c
+        .post(
+            "registering a webhook endpoint",
+            format!("{}/v1/endpoints", c.e.api),
+            Some(&key),
+            Some(json!({"url": c.e.webhooks, "description": "demo"})),
+        )
+        .await?;
+    let token = endpoint["token"].as_str().unwrap_or_default().to_owned();
+    let secret = endpoint["secret"].as_str().unwrap_or_default().to_owned();
+    let trigger = json!({"kind": "price_below", "threshold": 1200});
+    let w = c
+        .post(
+            "watching SKU-D for the endpoint",
+            format!("{}/v1/watches", c.e.api),
+            Some(&token),
+            Some(json!({"item_code": "SKU-D", "triggers": [trigger]})),
+        )
+        .await?;
+    let watch = w["id"].as_str().unwrap_or_default().to_owned();
+    say(format!(
+        "an API client registers a webhook endpoint ({}) and watches SKU-D",
+        c.e.webhooks
+    ));
+    c.set_item("SKU-D", json!({"price": 899})).await?;
+    say("SKU-D drops to 8.99".into());
+    c.wait_for(&token, &watch, "sent").await?;
+    let received = c
+        .get(
+            "reading what the webhook receiver received",
+            format!("{}/received", c.e.webhooks_admin),
+            None,
+        )
+        .await?;
+    let webhook = (received.as_array().into_iter().flatten())
+        .find(|r| r["body"].as_str().is_some_and(|b| b.contains(&watch)))
+        .cloned()
+        .ok_or_else(|| DemoError::Step {
+            what: "finding SKU-D's webhook".into(),
+            detail: format!("not among {received}"),
+        })?;
+    let verified = verify(&webhook, &secret);
+    let body: Value =
+        serde_json::from_str(webhook["body"].as_str().unwrap_or("null")).unwrap_or(Value::Null);
+    say(format!(
+        "  → webhook {}: {}, re-checked {}, signature {}",
+        webhook["webhook-id"].as_str().unwrap_or("?"),
+        body["type"].as_str().unwrap_or("?"),
+        money(&body["data"]["checked"]["price"]),
+        if verified { "verified" } else { "NOT verified" }
+    ));
+    if !verified {
+        return Err(DemoError::Step {
+            what: "verifying SKU-D's webhook".into(),
+            detail: "its signature does not verify with the endpoint's secret".into(),
+        });
+    }
+    Ok((webhook, watch))
+}
+
+/// Whether the webhook as received verifies with `secret` (Standard Webhooks).
+fn verify(webhook: &Value, secret: &str) -> bool {
+    use tidings_webpush::standard_webhooks::{Headers, Secret, verify};
+    let Ok(secret) = Secret::parse(secret) else {
+        return false;
+    };
+    let headers = Headers {
+        id: webhook["webhook-id"].as_str(),
+        timestamp: webhook["webhook-timestamp"].as_str(),
+        signature: webhook["webhook-signature"].as_str(),
+    };
+    let body = webhook["body"].as_str().unwrap_or_default();
+    verify(
+        &[&[secret]],
+        headers,
+        body.as_bytes(),
+        chrono::Utc::now().timestamp(),
+    )
+    .is_ok()
 }
 
 /// The outbox rows as a table.

@@ -182,6 +182,8 @@ impl Pipeline {
             ("TIDINGS_PUSH_ALLOWED_HOSTS", "127.0.0.1:*".into()),
             ("TIDINGS_PUSH_ALLOW_PRIVATE", "true".into()),
             ("TIDINGS_PUSH_EXTRA_CA_FILE", ca.display().to_string()),
+            // Webhook receivers of the tests are on 127.0.0.1 too.
+            ("TIDINGS_WEBHOOK_ALLOW_PRIVATE", "true".into()),
             ("TIDINGS_VAPID_PRIVATE_KEY", vapid_private),
             ("TIDINGS_VAPID_PUBLIC_KEY", vapid_public),
             ("TIDINGS_VAPID_SUBJECT", "mailto:e2e@tidings.invalid".into()),

@@ -19,6 +19,7 @@ use tidings_tests::brokers::PrivateNats;
 use tidings_tests::demo::{self, Endpoints};
 use tidings_tests::fake_catalog::Behavior;
 use tidings_tests::fake_push::{Answer, FakePushService};
+use tidings_tests::fake_webhooks::FakeWebhookReceiver;
 use tidings_tests::fixtures;
 use tidings_tests::harness::{self, DB_LOGINS, TestDb, poll_wait, serve, tool};
 use tidings_tests::otlp::{Spans, attr, int_attr, traced_pipeline, traced_pipeline_with};
@@ -94,6 +95,8 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
     let s = Scenario::new().await;
     let push = FakePushService::start().await.unwrap();
     let push_admin = serve(push.admin_router()).await;
+    let webhooks = FakeWebhookReceiver::start().await.unwrap();
+    let webhooks_admin = serve(webhooks.admin_router()).await;
     let p = Pipeline::start(&s, &[]).await;
     let before = scrape_all(&p).await;
     series_at_start(&before);
@@ -104,6 +107,8 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
             operators: p.ops_url("api"),
             catalog_admin: format!("http://{}/admin/items", s.catalog.addr),
             push_admin: format!("{push_admin}/admin/push"),
+            webhooks: webhooks.url("demo"),
+            webhooks_admin: format!("{webhooks_admin}/admin/webhooks"),
             admin_token: ADMIN_TOKEN.into(),
         },
         |line| eprintln!("{line}"),
@@ -117,14 +122,31 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
     history_shows_the_attempts_without_internals(&report);
     assert_eq!(
         s.db.count("SELECT count(*) FROM baselines").await,
-        2,
-        "A (alert, then withdrawal) and C moved their baselines; B did not"
+        3,
+        "A (alert, then withdrawal), C and D moved their baselines; B did not"
     );
+    webhook_as_the_endpoint_received_it(&s, &report, &webhooks).await;
     pushes_as_the_push_service_decrypted_them(&push);
     metrics_moved_as_the_scenario_ran(&before, &scrape_all(&p).await);
 
     p.stop().await;
     s.cleanup().await;
+}
+
+/// D's row went out once, as the webhook the demo verified, carrying that row's id.
+async fn webhook_as_the_endpoint_received_it(
+    s: &Scenario,
+    report: &demo::Report,
+    webhooks: &FakeWebhookReceiver,
+) {
+    let rows = s.rows(WatchId(report.webhook_watch.parse().unwrap())).await;
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].notification.status, Status::Sent);
+    assert_eq!(
+        report.webhook["webhook-id"],
+        rows[0].notification.id.to_string()
+    );
+    assert_eq!(webhooks.received_by("demo").len(), 1);
 }
 
 /// Each service is ready, and the series that alerts take the `increase()` of exist at 0 from
@@ -347,8 +369,9 @@ fn cli_shows_the_same(
             "{line}"
         );
     }
-    // The rows with an attempt through the push host: A's two (its alert and its withdrawal)
-    // and C's, not B's (never pushed).
+    // The rows with an attempt through host 127.0.0.1: A's two (its alert and its withdrawal),
+    // C's, and D's webhook (its receiver is on loopback too), not B's (never sent). The CLI
+    // shows the channel of each.
     let by_host = cli(
         &ops,
         ADMIN_TOKEN,
@@ -362,7 +385,11 @@ fn cli_shows_the_same(
         .map(|r| r["item_code"].as_str().unwrap().to_owned())
         .collect();
     items.sort();
-    assert_eq!(items, ["SKU-A", "SKU-A", "SKU-C"], "{by_host:?}");
+    assert_eq!(items, ["SKU-A", "SKU-A", "SKU-C", "SKU-D"], "{by_host:?}");
+    let webhook = (by_host.json().as_array().unwrap().iter())
+        .find(|r| r["item_code"] == "SKU-D")
+        .map(|r| r["channel"].clone());
+    assert_eq!(webhook, Some("webhook".into()));
     let shown = cli(&ops, ADMIN_TOKEN, &["outbox", "show", c_id]);
     assert!(shown.stdout.contains("status:          sent"), "{shown:?}");
 }
@@ -437,7 +464,7 @@ fn metrics_moved_as_the_scenario_ran(before: &Scrapes, after: &Scrapes) {
         (
             "dispatcher",
             r#"tidings_outbox_transitions_total{reason="",to="sent"}"#.to_owned(),
-            3.0,
+            4.0,
         ),
         (
             "dispatcher",
@@ -452,32 +479,40 @@ fn metrics_moved_as_the_scenario_ran(before: &Scrapes, after: &Scrapes) {
         (
             "dispatcher",
             r#"tidings_ingested_total{result="new"}"#.to_owned(),
-            4.0,
+            5.0,
         ),
         (
             "dispatcher",
             "tidings_detection_to_delivery_seconds_count{}".to_owned(),
-            3.0,
+            4.0,
         ),
         ("pusher", push("delivered", "2xx"), 3.0),
         ("pusher", push("transient", "4xx"), 1.0),
         ("pusher", push("transient", "5xx"), 1.0),
+        // D's webhook, counted under one label for every webhook host.
+        (
+            "pusher",
+            r#"tidings_push_requests_total{host="webhook",outcome="delivered",status_class="2xx"}"#
+                .to_owned(),
+            1.0,
+        ),
         (
             "api",
             r#"tidings_http_requests_total{method="POST",route="/v1/watches",status="201"}"#
                 .to_owned(),
-            3.0,
+            4.0,
         ),
-        // The three creates went through the create queue, each counted in one statement.
-        ("api", "tidings_api_create_batch_size_sum{}".to_owned(), 3.0),
+        // The four creates (A, B, C by the device, D by the endpoint) went through the create
+        // queue, each counted in one statement.
+        ("api", "tidings_api_create_batch_size_sum{}".to_owned(), 4.0),
     ] {
         assert_eq!(moved(svc, &key), n, "{svc}: {key}");
     }
     assert!(moved("detector", "tidings_detector_scans_total{}") >= 1.0);
-    // The demo's three watches are held in the detector's watchlist and were evaluated.
+    // The demo's four watches are held in the detector's watchlist and were evaluated.
     assert_eq!(
         sample(&after["detector"], "tidings_detector_watches{}"),
-        3.0
+        4.0
     );
     assert!(moved("detector", "tidings_detector_evaluated_watches_total{}") >= 3.0);
     assert!(

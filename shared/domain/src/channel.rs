@@ -3,9 +3,11 @@
 use crate::names::names;
 
 names! {
-    /// Where a notification is delivered. Only Web Push exists today; the enum keeps subjects,
-    /// dedup keys and the outbox unique key ready for more.
+    /// Where a notification is delivered: a browser by Web Push, or an API client's URL by a
+    /// signed webhook. Each has its own subjects and pusher consumer; the dedup key and the
+    /// outbox's unique key hold it.
     pub enum Channel("channel") {
         WebPush = "web_push",
+        Webhook = "webhook",
     }
 }

@@ -14,6 +14,7 @@
 //!   in their language ([`texts`]) with amounts in the currency's minor units ([`money`]).
 //! - [`validity`]: how long a notification stays current, its push TTL, topic and tag;
 //!   [`withdrawal`]: when a sent one stopped holding and is followed by a correction.
+//! - [`webhook`]: what a webhook's body says.
 //! - [`ids`], [`channel`], [`item`], [`duration`]: the values everything else is built from.
 //!
 //! The `sqlx` feature lets the ids be bound as Postgres values by the crates that talk to the
@@ -40,6 +41,7 @@ pub mod subjects;
 pub mod texts;
 pub mod trigger;
 pub mod validity;
+pub mod webhook;
 pub mod withdrawal;
 
 pub use channel::Channel;

@@ -234,6 +234,48 @@ pub struct Subscription {
     pub auth: String,
 }
 
+/// Where one request goes: a browser's push subscription, or a signed webhook call. On the wire
+/// it is the request's `subscription` or `webhook` object (a web push request has the shape it
+/// always had).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Target {
+    #[serde(rename = "subscription")]
+    WebPush(Subscription),
+    #[serde(rename = "webhook")]
+    Webhook(WebhookCall),
+}
+
+impl Target {
+    pub fn channel(&self) -> Channel {
+        match self {
+            Target::WebPush(_) => Channel::WebPush,
+            Target::Webhook(_) => Channel::Webhook,
+        }
+    }
+
+    /// The URL the request is sent to.
+    pub fn url(&self) -> &str {
+        match self {
+            Target::WebPush(s) => &s.endpoint,
+            Target::Webhook(w) => &w.url,
+        }
+    }
+}
+
+/// A webhook as the dispatcher signed it (Standard Webhooks): the pusher posts `body` to `url`
+/// with `webhook-id` (the outbox row's id), `webhook-timestamp` and `webhook-signature` as given,
+/// and holds no secret itself.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WebhookCall {
+    pub url: String,
+    /// Unix seconds the signature covers.
+    pub timestamp: i64,
+    /// `v1,<base64>` for each signing secret, space-separated.
+    pub signature: String,
+    /// The JSON body, exactly as signed.
+    pub body: String,
+}
+
 /// What the user sees.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Payload {
@@ -339,7 +381,8 @@ pub struct PushRequest {
     /// The pusher refuses (reports `expired`) a request it starts after this instant; the
     /// dispatcher's lease outlives it, which is what makes the lease sweeper safe.
     pub deadline: DateTime<Utc>,
-    pub subscription: Subscription,
+    #[serde(flatten)]
+    pub target: Target,
     pub payload: Payload,
     /// Seconds the push service may hold the message for an offline device.
     pub ttl: u32,
@@ -804,11 +847,11 @@ mod tests {
             outbox_id,
             attempt,
             deadline: Utc.with_ymd_and_hms(2026, 12, 1, 9, 0, 5).unwrap(),
-            subscription: Subscription {
+            target: Target::WebPush(Subscription {
                 endpoint: "https://push.example/s/1".into(),
                 p256dh: "BK".into(),
                 auth: "AA".into(),
-            },
+            }),
             payload: Payload {
                 id: Some(outbox_id),
                 ..Payload::new("SKU-1", "Now 10.50")
@@ -820,6 +863,35 @@ mod tests {
             recall: None,
             traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
         }
+    }
+
+    #[test]
+    fn a_web_push_request_keeps_its_wire_shape_and_a_webhook_has_its_own() {
+        let push = request(1);
+        let json: serde_json::Value = serde_json::from_slice(&encode(&push)).unwrap();
+        // What pushers before webhooks read.
+        assert_eq!(json["subscription"]["endpoint"], "https://push.example/s/1");
+        assert!(json.get("webhook").is_none() && json.get("target").is_none());
+        let hook = PushRequest {
+            target: Target::Webhook(WebhookCall {
+                url: "https://hooks.example/in".into(),
+                timestamp: 1_700_000_000,
+                signature: "v1,abc=".into(),
+                body: "{\"type\":\"watch.triggered\"}".into(),
+            }),
+            ..request(1)
+        };
+        let json: serde_json::Value = serde_json::from_slice(&encode(&hook)).unwrap();
+        assert_eq!(json["webhook"]["url"], "https://hooks.example/in");
+        assert!(json.get("subscription").is_none());
+        let back = decode_requests(&encode(&hook)).unwrap();
+        assert_eq!(back, vec![hook.clone()]);
+        assert_eq!(back[0].target.channel(), Channel::Webhook);
+        assert_eq!(push.target.channel(), Channel::WebPush);
+        // Neither target: not a request.
+        let mut neither = json.clone();
+        neither.as_object_mut().unwrap().remove("webhook");
+        assert!(decode::<PushRequest>(neither.to_string().as_bytes()).is_err());
     }
 
     #[test]

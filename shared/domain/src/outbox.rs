@@ -133,6 +133,8 @@ names! {
         PayloadTooLarge = "payload_too_large",
         /// The endpoint failed the SSRF guard: not https, not an allowed host, or a private address.
         EndpointRefused = "endpoint_refused",
+        /// A webhook endpoint refused the request (a 4xx other than 408, 410, 425 and 429).
+        WebhookRejected = "webhook_rejected",
     }
 }
 

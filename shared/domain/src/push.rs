@@ -20,6 +20,19 @@ pub fn classify(status: u16, host: &str) -> Outcome {
     }
 }
 
+/// The outcome of a webhook endpoint's answer. Only 2xx is delivered; 410 says the endpoint is
+/// gone for good (it is disabled); a timeout-like or overload answer is tried again later; any
+/// other refusal would refuse the same request again.
+pub fn classify_webhook(status: u16) -> Outcome {
+    match status {
+        200..=299 => Outcome::Delivered,
+        410 => Outcome::Gone,
+        408 | 425 | 429 | 500..=599 => Outcome::Transient,
+        // Redirects are not followed: a 3xx is a refusal too.
+        _ => Outcome::Permanent,
+    }
+}
+
 /// Seconds to wait from a `Retry-After` header: delta-seconds or an HTTP date.
 pub fn retry_after(value: &str, now: DateTime<Utc>) -> Option<u64> {
     let v = value.trim();
@@ -54,6 +67,21 @@ pub fn event(result: &PushResult) -> Event {
 mod tests {
     use super::*;
     use chrono::TimeZone;
+
+    #[test]
+    fn webhook_status_classes() {
+        let classes: [(&[u16], Outcome); 4] = [
+            (&[200, 202, 204], Outcome::Delivered),
+            (&[410], Outcome::Gone),
+            (&[408, 425, 429, 500, 502, 503], Outcome::Transient),
+            (&[301, 400, 401, 403, 404, 413, 422], Outcome::Permanent),
+        ];
+        for (statuses, outcome) in classes {
+            for &s in statuses {
+                assert_eq!(classify_webhook(s), outcome, "{s}");
+            }
+        }
+    }
 
     #[test]
     fn status_classes() {

@@ -16,7 +16,7 @@ use tidings_domain::messages::Subscription;
 use tidings_domain::outbox::{Row, Status};
 use tidings_domain::trigger::{Baseline, LastSent, Observation};
 use tidings_domain::withdrawal::Announces;
-use tidings_domain::{DeviceId, OutboxId, SubscriptionId, WatchId};
+use tidings_domain::{Channel, DeviceId, OutboxId, SubscriptionId, WatchId};
 
 /// What the database says about a claimed row's watch right now.
 #[derive(Clone, Debug)]
@@ -27,11 +27,36 @@ pub struct WatchState {
     pub device_paused: bool,
     /// The watch or its device was removed.
     pub removed: bool,
-    pub subscription: Option<(SubscriptionId, Subscription)>,
+    /// The device's active subscription: where its notifications go.
+    pub subscription: Option<(SubscriptionId, Destination)>,
     /// The device's BCP 47 locale, which its notifications are written for.
     pub locale: Option<String>,
     /// The device's IANA time zone, which times in its notifications are in.
     pub time_zone: String,
+}
+
+/// Where a device's notifications go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Destination {
+    WebPush(Subscription),
+    Webhook(Endpoint),
+}
+
+/// A webhook endpoint: its URL and the secrets that sign for it (the current one first, then
+/// the one a rotation replaced, while it still signs).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub url: String,
+    pub secrets: Vec<String>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("url", &self.url)
+            .field("secrets", &self.secrets.len())
+            .finish()
+    }
 }
 
 #[derive(Debug, sqlx::FromRow)]
@@ -159,9 +184,34 @@ struct WatchRow {
     locale: Option<String>,
     time_zone: String,
     subscription_id: Option<SubscriptionId>,
+    channel: Option<Channel>,
     endpoint: Option<String>,
     p256dh: Option<String>,
     auth: Option<String>,
+    secret: Option<String>,
+    previous_secret: Option<String>,
+}
+
+impl WatchRow {
+    fn destination(&mut self) -> Option<(SubscriptionId, Destination)> {
+        let id = self.subscription_id?;
+        let endpoint = self.endpoint.take()?;
+        let to = match self.channel? {
+            Channel::WebPush => Destination::WebPush(Subscription {
+                endpoint,
+                p256dh: self.p256dh.take()?,
+                auth: self.auth.take()?,
+            }),
+            Channel::Webhook => Destination::Webhook(Endpoint {
+                url: endpoint,
+                secrets: [self.secret.take()?]
+                    .into_iter()
+                    .chain(self.previous_secret.take())
+                    .collect(),
+            }),
+        };
+        Some((id, to))
+    }
 }
 
 /// The current state of the claimed rows' watches (absent: the watch does not exist).
@@ -175,7 +225,8 @@ pub async fn watches(
     let found: Vec<WatchRow> = sqlx::query_as(
         "SELECT w.id AS watch_id, w.item_code, w.paused, d.paused_at IS NOT NULL AS device_paused,
                 (w.removed_at IS NOT NULL OR d.removed_at IS NOT NULL) AS removed, d.locale, d.time_zone,
-                s.id AS subscription_id, s.endpoint, s.p256dh, s.auth
+                s.id AS subscription_id, s.channel, s.endpoint, s.p256dh, s.auth, s.secret,
+                CASE WHEN s.previous_until > now() THEN s.previous_secret END AS previous_secret
          FROM watches w
          JOIN devices d ON d.id = w.device_id
          LEFT JOIN push_subscriptions s ON s.device_id = w.device_id AND s.active
@@ -186,18 +237,8 @@ pub async fn watches(
     .await?;
     Ok(found
         .into_iter()
-        .map(|w| {
-            let subscription = match (w.subscription_id, w.endpoint, w.p256dh, w.auth) {
-                (Some(id), Some(endpoint), Some(p256dh), Some(auth)) => Some((
-                    id,
-                    Subscription {
-                        endpoint,
-                        p256dh,
-                        auth,
-                    },
-                )),
-                _ => None,
-            };
+        .map(|mut w| {
+            let subscription = w.destination();
             (
                 w.watch_id,
                 WatchState {

@@ -12,6 +12,7 @@ pub mod cancel;
 pub mod claim;
 pub mod counts;
 pub mod devices;
+pub mod endpoints;
 pub mod enqueue;
 pub mod history;
 pub mod idempotency;

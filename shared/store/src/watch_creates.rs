@@ -18,7 +18,6 @@ use tidings_domain::{Channel, DeviceId, ItemCode, WatchId};
 pub struct NewWatch {
     pub item: ItemCode,
     pub triggers: Vec<Trigger>,
-    pub channel: Channel,
     /// Whether its sent notifications are withdrawn when they stop holding.
     pub withdraw: bool,
 }
@@ -30,6 +29,8 @@ pub enum Admission {
     Created {
         device_id: DeviceId,
         at: DateTime<Utc>,
+        /// Its device's, which it notifies on.
+        channel: Channel,
     },
     /// The device is at its watch limit; nothing was inserted.
     AtLimit,
@@ -45,7 +46,6 @@ pub struct Create {
     pub id: WatchId,
     pub item: String,
     pub triggers: Json<Vec<Trigger>>,
-    pub channel: Channel,
     pub withdraw: bool,
 }
 
@@ -56,23 +56,22 @@ impl Create {
             id,
             item: new.item.as_str().to_owned(),
             triggers: Json(new.triggers.clone()),
-            channel: new.channel,
             withdraw: new.withdraw,
         }
     }
 }
 
 /// The one-create statement: the device's counter moves only if the device is live, matches
-/// `device` (a condition on `$2`) and is under the limit (`$6`), and the watch (`$1`, `$3`–`$5`,
-/// `$7`) is inserted only if it moved.
+/// `device` (a condition on `$2`) and is under the limit (`$5`), and the watch (`$1`, `$3`,
+/// `$4`, `$6`) is inserted only if it moved, on its device's channel.
 fn one_create_statement(device: &str, returning: &str) -> String {
     format!(
         "WITH dev AS (
              UPDATE devices SET watch_count = watch_count + 1
-             WHERE {device} AND removed_at IS NULL AND watch_count < $6
-             RETURNING id)
+             WHERE {device} AND removed_at IS NULL AND watch_count < $5
+             RETURNING id, channel)
          INSERT INTO watches (id, device_id, item_code, triggers, channel, withdraw)
-         SELECT $1, dev.id, $3, $4, $5, $7 FROM dev
+         SELECT $1, dev.id, $3, $4, dev.channel, $6 FROM dev
          RETURNING {returning}"
     )
 }
@@ -91,7 +90,6 @@ pub async fn for_device(
         .bind(device)
         .bind(new.item.as_str())
         .bind(Json(&new.triggers))
-        .bind(new.channel.as_str())
         .bind(max_watches)
         .bind(new.withdraw)
         .fetch_optional(conn)
@@ -104,21 +102,24 @@ pub async fn one(
     max_watches: i32,
     create: &Create,
 ) -> Result<Admission, sqlx::Error> {
-    let row: Option<(DeviceId, DateTime<Utc>)> = sqlx::query_as(&one_create_statement(
+    let row: Option<(DeviceId, DateTime<Utc>, Channel)> = sqlx::query_as(&one_create_statement(
         "token_hash = $2",
-        "device_id, created_at",
+        "device_id, created_at, channel",
     ))
     .bind(create.id)
     .bind(&create.token_hash)
     .bind(&create.item)
     .bind(&create.triggers)
-    .bind(create.channel.as_str())
     .bind(max_watches)
     .bind(create.withdraw)
     .fetch_optional(pool)
     .await?;
-    if let Some((device_id, at)) = row {
-        return Ok(Admission::Created { device_id, at });
+    if let Some((device_id, at, channel)) = row {
+        return Ok(Admission::Created {
+            device_id,
+            at,
+            channel,
+        });
     }
     // Nothing inserted: an unknown token, or the limit.
     Ok(
@@ -141,22 +142,19 @@ pub async fn many(
     let hashes: Vec<&[u8]> = creates.iter().map(|p| p.token_hash.as_slice()).collect();
     let items: Vec<&str> = creates.iter().map(|p| p.item.as_str()).collect();
     let triggers: Vec<&Json<Vec<Trigger>>> = creates.iter().map(|p| &p.triggers).collect();
-    let channels: Vec<&str> = creates.iter().map(|p| p.channel.as_str()).collect();
     let withdraw: Vec<bool> = creates.iter().map(|p| p.withdraw).collect();
-    let rows: Vec<(i64, DeviceId, bool, DateTime<Utc>)> = sqlx::query_as(
+    let rows: Vec<(i64, DeviceId, bool, DateTime<Utc>, Channel)> = sqlx::query_as(
         "WITH req AS (
-             SELECT * FROM UNNEST($1::uuid[], $2::bytea[], $3::text[], $4::jsonb[], $5::text[],
-                                  $7::bool[])
-                           WITH ORDINALITY AS r(id, token_hash, item_code, triggers, channel,
-                                                withdraw, n)
+             SELECT * FROM UNNEST($1::uuid[], $2::bytea[], $3::text[], $4::jsonb[], $6::bool[])
+                           WITH ORDINALITY AS r(id, token_hash, item_code, triggers, withdraw, n)
          ), dev AS MATERIALIZED (
-             SELECT d.id, d.token_hash, d.watch_count FROM devices d
+             SELECT d.id, d.token_hash, d.watch_count, d.channel FROM devices d
              WHERE d.token_hash = ANY($2) AND d.removed_at IS NULL
              ORDER BY d.id
              FOR UPDATE
          ), ranked AS MATERIALIZED (
-             SELECT req.*, dev.id AS device_id,
-                    dev.watch_count + row_number() OVER (PARTITION BY dev.id ORDER BY req.n) <= $6
+             SELECT req.*, dev.id AS device_id, dev.channel,
+                    dev.watch_count + row_number() OVER (PARTITION BY dev.id ORDER BY req.n) <= $5
                         AS admitted
              FROM req JOIN dev ON dev.token_hash = req.token_hash
          ), bump AS (
@@ -169,25 +167,28 @@ pub async fn many(
              SELECT id, device_id, item_code, triggers, channel, withdraw FROM ranked
              WHERE admitted
          )
-         SELECT n, device_id, admitted, now() FROM ranked",
+         SELECT n, device_id, admitted, now(), channel FROM ranked",
     )
     .bind(ids)
     .bind(hashes)
     .bind(items)
     .bind(triggers)
-    .bind(channels)
     .bind(max_watches)
     .bind(withdraw)
     .fetch_all(pool)
     .await?;
     let mut admissions = vec![Admission::UnknownToken; creates.len()];
-    for (n, device_id, admitted, at) in rows {
+    for (n, device_id, admitted, at, channel) in rows {
         let slot = usize::try_from(n - 1)
             .ok()
             .and_then(|i| admissions.get_mut(i));
         if let Some(slot) = slot {
             *slot = if admitted {
-                Admission::Created { device_id, at }
+                Admission::Created {
+                    device_id,
+                    at,
+                    channel,
+                }
             } else {
                 Admission::AtLimit
             };

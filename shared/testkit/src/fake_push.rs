@@ -455,6 +455,47 @@ impl Inner {
     }
 }
 
+/// Serves `app` over TLS (HTTP/2 or 1.1) with the fixture certificate, on `addr`, until the
+/// handle is dropped.
+pub async fn serve_tls(
+    addr: SocketAddr,
+    app: Router,
+) -> std::io::Result<(SocketAddr, AbortOnDropHandle<()>)> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(CERT_PEM)
+        .collect::<Result<_, _>>()
+        .map_err(std::io::Error::other)?;
+    let key = PrivateKeyDer::from_pem_slice(KEY_PEM).map_err(std::io::Error::other)?;
+    let mut tls = ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(std::io::Error::other)?;
+    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let acceptor = TlsAcceptor::from(Arc::new(tls));
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let addr = listener.local_addr()?;
+    let server = tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                continue;
+            };
+            let acceptor = acceptor.clone();
+            let app = app.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let service = hyper_util::service::TowerToHyperService::new(app);
+                let _ = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                .await;
+            });
+        }
+    });
+    Ok((addr, AbortOnDropHandle::new(server)))
+}
+
 impl FakePushService {
     pub async fn start() -> std::io::Result<Self> {
         Self::start_on(SocketAddr::from(([127, 0, 0, 1], 0))).await
@@ -466,43 +507,12 @@ impl FakePushService {
             .route("/push/{id}", post(push))
             .route("/m/{message}", delete(delete_message))
             .with_state(inner.clone());
-        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(CERT_PEM)
-            .collect::<Result<_, _>>()
-            .map_err(std::io::Error::other)?;
-        let key = PrivateKeyDer::from_pem_slice(KEY_PEM).map_err(std::io::Error::other)?;
-        let mut tls = ServerConfig::builder()
-            .with_no_client_auth()
-            .with_single_cert(certs, key)
-            .map_err(std::io::Error::other)?;
-        tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        let acceptor = TlsAcceptor::from(Arc::new(tls));
-        let listener = tokio::net::TcpListener::bind(addr).await?;
-        let addr = listener.local_addr()?;
+        let (addr, server) = serve_tls(addr, app).await?;
         *lock(&inner.origin) = format!("https://127.0.0.1:{}", addr.port());
-        let server = tokio::spawn(async move {
-            loop {
-                let Ok((tcp, _)) = listener.accept().await else {
-                    continue;
-                };
-                let acceptor = acceptor.clone();
-                let app = app.clone();
-                tokio::spawn(async move {
-                    let Ok(tls) = acceptor.accept(tcp).await else {
-                        return;
-                    };
-                    let service = hyper_util::service::TowerToHyperService::new(app);
-                    let _ = hyper_util::server::conn::auto::Builder::new(
-                        hyper_util::rt::TokioExecutor::new(),
-                    )
-                    .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
-                    .await;
-                });
-            }
-        });
         Ok(FakePushService {
             addr,
             inner,
-            _server: AbortOnDropHandle::new(server),
+            _server: server,
         })
     }
 

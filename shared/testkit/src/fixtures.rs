@@ -202,7 +202,7 @@ pub fn push_request(sub: &Subscription) -> PushRequest {
         outbox_id: id,
         attempt: 1,
         deadline: Utc::now() + chrono::Duration::seconds(30),
-        subscription: sub.clone(),
+        target: tidings_domain::messages::Target::WebPush(sub.clone()),
         payload: Payload {
             id: Some(id),
             tag: Some(validity::tag(watch, &trigger)),

@@ -6,10 +6,11 @@
 //! - [`brokers`]: nats-servers of a test's own — one (with authentication or TLS if asked) or
 //!   a three-node JetStream cluster.
 //! - [`fixtures`]: devices, subscriptions, watches and outbox rows to build a story on.
-//! - [`fake_catalog`], [`fake_push`]: the outside world, served on loopback.
+//! - [`fake_catalog`], [`fake_push`], [`fake_webhooks`]: the outside world, served on loopback.
 
 pub mod brokers;
 pub mod fake_catalog;
 pub mod fake_push;
+pub mod fake_webhooks;
 pub mod fixtures;
 pub mod harness;

@@ -138,12 +138,14 @@ impl EndpointPolicy {
             .to_ascii_lowercase();
         self.allowed_hosts.iter().filter_map(move |entry| {
             let (pattern, port) = pattern_port(entry);
-            let matches = match pattern.strip_prefix("*.") {
-                Some(suffix) => {
-                    host.len() > suffix.len() + 1 && host.ends_with(&format!(".{suffix}"))
-                }
-                None => host == pattern.to_ascii_lowercase(),
-            };
+            // `*` is any host: webhook endpoints are wherever their clients run.
+            let matches = pattern == "*"
+                || match pattern.strip_prefix("*.") {
+                    Some(suffix) => {
+                        host.len() > suffix.len() + 1 && host.ends_with(&format!(".{suffix}"))
+                    }
+                    None => host == pattern.to_ascii_lowercase(),
+                };
             matches.then_some(port)
         })
     }
@@ -351,9 +353,103 @@ impl EndpointArgs {
     }
 }
 
+/// Which webhook URLs API clients may register and the pusher posts to: the same guard as push
+/// endpoints (https, no user info, no internal address, DNS checked again at connect, no
+/// redirects), with any host allowed by default, on any port.
+#[derive(clap::Args, Clone, Debug)]
+pub struct WebhookArgs {
+    /// Allowed webhook hosts, comma-separated, as for TIDINGS_PUSH_ALLOWED_HOSTS; `*` is any
+    /// host (`*:*` on any port, the default).
+    #[arg(
+        long = "webhook-allowed-hosts",
+        env = "TIDINGS_WEBHOOK_ALLOWED_HOSTS",
+        value_delimiter = ',',
+        default_value = "*:*"
+    )]
+    pub webhook_allowed_hosts: Vec<String>,
+    /// Allow webhook URLs at private, loopback and link-local addresses (tests, local demos, or
+    /// receivers inside the cluster on purpose).
+    #[arg(
+        long = "webhook-allow-private",
+        env = "TIDINGS_WEBHOOK_ALLOW_PRIVATE",
+        default_value_t = false
+    )]
+    pub webhook_allow_private: bool,
+    /// Allow plain http webhook URLs (tests and local demos only).
+    #[arg(
+        long = "webhook-allow-http",
+        env = "TIDINGS_WEBHOOK_ALLOW_HTTP",
+        default_value_t = false
+    )]
+    pub webhook_allow_http: bool,
+}
+
+impl WebhookArgs {
+    pub fn policy(&self) -> EndpointPolicy {
+        EndpointPolicy {
+            allowed_hosts: self
+                .webhook_allowed_hosts
+                .iter()
+                .map(|h| h.trim().to_owned())
+                .collect(),
+            allow_private: self.webhook_allow_private,
+            allow_http: self.webhook_allow_http,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn webhooks_go_to_any_public_host_and_port_but_never_inside() {
+        let any = allow(&["*:*"]);
+        assert!(
+            check("https://hooks.example.com:8443/in", &any)
+                .await
+                .is_err_and(|e| matches!(e, Refused::Unresolvable(_)))
+        );
+        assert_eq!(
+            check("https://93.184.215.14:8443/in", &any)
+                .await
+                .unwrap()
+                .port(),
+            Some(8443)
+        );
+        for (url, refused) in [
+            ("http://93.184.215.14/in", Refused::Scheme("http".into())),
+            ("https://user:pw@93.184.215.14/in", Refused::Credentials),
+            ("https://93.184.215.14/in#x", Refused::Fragment),
+        ] {
+            assert_eq!(check(url, &any).await, Err(refused), "{url}");
+        }
+        for url in [
+            "https://127.0.0.1/in",
+            "https://10.1.2.3/in",
+            "https://[::1]/in",
+            "https://169.254.169.254/latest",
+        ] {
+            assert!(
+                matches!(check(url, &any).await, Err(Refused::Private { .. })),
+                "{url}"
+            );
+        }
+        let port_443 = allow(&["*"]);
+        assert_eq!(
+            check("https://93.184.215.14:8443/in", &port_443).await,
+            Err(Refused::Port {
+                host: "93.184.215.14".into(),
+                port: 8443
+            })
+        );
+        let testing = EndpointPolicy {
+            allow_private: true,
+            allow_http: true,
+            ..any
+        };
+        assert!(check("http://127.0.0.1:9000/in", &testing).await.is_ok());
+    }
 
     #[test]
     fn default_in_the_list_stands_for_the_browsers_push_services() {

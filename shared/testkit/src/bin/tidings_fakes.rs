@@ -1,12 +1,13 @@
 //! The demo's stand-ins for the outside world: the fake catalog (items whose prices the demo
-//! sets) and the fake push service (HTTPS with the fixture certificate; decrypts and verifies
-//! every push), with plain-HTTP admin endpoints. Listens where `--catalog`, `--push` and
-//! `--admin` say (default: free ports on 127.0.0.1), prints the URLs as KEY=value lines, and
-//! runs until SIGTERM or Ctrl-C.
+//! sets), the fake push service (HTTPS with the fixture certificate; decrypts and verifies
+//! every push) and a webhook receiver (HTTPS too), with plain-HTTP admin endpoints. Listens where
+//! `--catalog`, `--push`, `--webhooks` and `--admin` say (default: free ports on 127.0.0.1),
+//! prints the URLs as KEY=value lines, and runs until SIGTERM or Ctrl-C.
 
 use std::net::SocketAddr;
 use tidings_testkit::fake_catalog::FakeCatalog;
 use tidings_testkit::fake_push::FakePushService;
+use tidings_testkit::fake_webhooks::FakeWebhookReceiver;
 
 fn addr(flag: &str) -> SocketAddr {
     let args: Vec<String> = std::env::args().collect();
@@ -24,6 +25,7 @@ fn addr(flag: &str) -> SocketAddr {
 async fn main() -> std::io::Result<()> {
     let catalog = FakeCatalog::start_on(addr("--catalog")).await?;
     let push = FakePushService::start_on(addr("--push")).await?;
+    let webhooks = FakeWebhookReceiver::start_on(addr("--webhooks")).await?;
     let admin = tokio::net::TcpListener::bind(addr("--admin")).await?;
     let admin_addr = admin.local_addr()?;
     println!("CATALOG_ITEM_URL={}", catalog.item_url());
@@ -31,7 +33,9 @@ async fn main() -> std::io::Result<()> {
     println!("CATALOG_ADMIN=http://{}/admin/items", catalog.addr);
     println!("PUSH_ORIGIN=https://{}", push.addr);
     println!("PUSH_ADMIN=http://{admin_addr}/admin/push");
-    let router = push.admin_router();
+    println!("WEBHOOKS_URL={}", webhooks.url("demo"));
+    println!("WEBHOOKS_ADMIN=http://{admin_addr}/admin/webhooks");
+    let router = push.admin_router().merge(webhooks.admin_router());
     let server = axum::serve(admin, router).with_graceful_shutdown(async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .expect("SIGTERM handler");

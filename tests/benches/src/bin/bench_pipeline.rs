@@ -708,7 +708,7 @@ async fn naive_forwarder(
                             outbox_id: id,
                             attempt: 1,
                             deadline: Utc::now() + chrono::Duration::seconds(30),
-                            subscription: sub.clone(),
+                            target: tidings_domain::messages::Target::WebPush(sub.clone()),
                             payload: render(&Notice {
                                 id,
                                 watch: req.watch_id,

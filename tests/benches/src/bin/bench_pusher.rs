@@ -73,7 +73,7 @@ async fn round(pushes: usize) -> (f64, CpuSplit) {
                 outbox_id: id,
                 attempt: 1,
                 deadline: Utc::now() + ChronoDuration::minutes(10),
-                subscription: sub.clone(),
+                target: tidings_domain::messages::Target::WebPush(sub.clone()),
                 payload: payload(),
                 ttl: 3600,
                 urgency: Urgency::Normal,

@@ -1,0 +1,322 @@
+//! Webhook endpoints (docs/webhooks.md): API clients, holding a key the operator issued, register
+//! the URLs Tidings posts signed webhooks to. An endpoint is a device whose channel is `webhook`:
+//! registering one answers with its device token (for its watches, history and the routes below)
+//! and its signing secret, both shown once.
+//!
+//! Only a client key registers an endpoint, so the public api is no relay that posts to whatever
+//! URL anyone names; the URL also passes the same guard the pusher applies before each request.
+
+use crate::AppState;
+use crate::auth::{Device, Operator, new_token, token_hash};
+use crate::extract::JsonBody;
+use crate::problem::{ApiError, BodyRejected, Problem, Unauthorized};
+use axum::Json;
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use tidings_domain::dedup::parse_time_zone;
+use tidings_domain::texts::check_locale;
+use tidings_domain::{DeviceId, SubscriptionId};
+use tidings_store::db;
+use tidings_store::endpoints::{self, ClientId, NewEndpoint};
+use tidings_webpush::endpoint::check;
+use tidings_webpush::standard_webhooks::Secret;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+/// Longest webhook URL accepted.
+pub const MAX_URL_LEN: usize = 2048;
+/// What every client key starts with, so a leaked one is recognisable.
+pub const CLIENT_KEY_PREFIX: &str = "tck_";
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateClient {
+    /// Who the client is, for operators (1–100 characters).
+    #[schema(min_length = 1, max_length = 100)]
+    pub name: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ClientCreated {
+    pub client_id: Uuid,
+    pub name: String,
+    /// The client's key (`Authorization: Bearer tck_…` on `POST /v1/endpoints`). Shown once;
+    /// Tidings keeps only its hash.
+    pub key: String,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateEndpoint {
+    /// Where webhooks are posted: https, no user name, password or fragment, a public address.
+    #[schema(min_length = 9, max_length = 2048)]
+    pub url: String,
+    #[serde(default)]
+    #[schema(max_length = 500)]
+    pub description: Option<String>,
+    /// IANA time zone of the endpoint's "once a day" (default UTC).
+    #[serde(default)]
+    pub time_zone: Option<String>,
+    /// BCP 47 language of the text each webhook carries (default English).
+    #[serde(default)]
+    #[schema(max_length = 35)]
+    pub locale: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct EndpointCreated {
+    /// The endpoint's device: its watches, history and these routes take its token.
+    pub device_id: Uuid,
+    /// Bearer token of the endpoint's device. Shown once.
+    pub token: String,
+    pub subscription_id: Uuid,
+    pub url: String,
+    /// `whsec_…`: verify each webhook's `webhook-signature` with it. Shown once.
+    pub secret: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SecretRotated {
+    /// The new signing secret. Shown once.
+    pub secret: String,
+    /// Until when webhooks carry a signature by the previous secret too.
+    pub previous_valid_until: DateTime<Utc>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct EndpointStatus {
+    pub subscription_id: Uuid,
+    pub url: String,
+    pub description: Option<String>,
+    /// False once the endpoint answered 410 Gone (or was removed): nothing is posted to it.
+    pub active: bool,
+    pub deactivation_reason: Option<String>,
+    pub deactivated_at: Option<DateTime<Utc>>,
+    /// While a rotation's previous secret still signs: until when.
+    pub previous_secret_until: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// A request made with a client key.
+pub struct Client {
+    pub id: ClientId,
+}
+
+impl FromRequestParts<AppState> for Client {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, app: &AppState) -> Result<Self, ApiError> {
+        let key = crate::auth::bearer(parts)?;
+        if !key.starts_with(CLIENT_KEY_PREFIX) {
+            return Err(ApiError::Unauthorized(
+                "a client key (tck_…, issued by the operator) is needed",
+            ));
+        }
+        let id = endpoints::authenticate_client(&app.pool, &token_hash(key))
+            .await
+            .map_err(db("authenticating an API client"))?;
+        id.map(|id| Client { id })
+            .ok_or(ApiError::Unauthorized("invalid client key"))
+    }
+}
+
+#[utoipa::path(
+    post, path = "/v1/admin/clients", tag = "operators",
+    request_body = CreateClient,
+    security(("admin_token" = [])),
+    responses(
+        (status = 201, description = "Client created; its key is shown only now", body = ClientCreated),
+        BodyRejected,
+        Unauthorized,
+        (status = 422, description = "Invalid name", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn create_client(
+    State(app): State<AppState>,
+    _: Operator,
+    body: JsonBody<CreateClient>,
+) -> Result<(StatusCode, Json<ClientCreated>), ApiError> {
+    let name = body.value.name.trim().to_owned();
+    if name.is_empty() || name.chars().count() > 100 {
+        return Err(ApiError::invalid("/name", "1 to 100 characters"));
+    }
+    let (token, _) = new_token()?;
+    let key = format!("{CLIENT_KEY_PREFIX}{token}");
+    let id = ClientId(Uuid::now_v7());
+    let created_at = endpoints::create_client(&app.pool, id, &name, &token_hash(&key))
+        .await
+        .map_err(db("creating an API client"))?;
+    tracing::info!(client_id = %id.0, name, "API client created");
+    Ok((
+        StatusCode::CREATED,
+        Json(ClientCreated {
+            client_id: id.0,
+            name,
+            key,
+            created_at,
+        }),
+    ))
+}
+
+#[utoipa::path(
+    delete, path = "/v1/admin/clients/{id}", tag = "operators",
+    params(("id" = Uuid, Path, description = "The client")),
+    security(("admin_token" = [])),
+    responses(
+        (status = 204, description = "Revoked: its key registers nothing more; its endpoints keep receiving until removed"),
+        Unauthorized,
+        (status = 404, description = "No such unrevoked client", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn revoke_client(
+    State(app): State<AppState>,
+    _: Operator,
+    Path(id): Path<Uuid>,
+) -> Result<StatusCode, ApiError> {
+    let revoked = endpoints::revoke_client(&app.pool, ClientId(id))
+        .await
+        .map_err(db("revoking an API client"))?;
+    if !revoked {
+        return Err(ApiError::NotFound("client"));
+    }
+    tracing::info!(client_id = %id, "API client revoked");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The URL as the pusher will check it.
+async fn validate_url(url: &str, app: &AppState) -> Result<(), ApiError> {
+    if url.len() > MAX_URL_LEN {
+        return Err(ApiError::invalid(
+            "/url",
+            format!("longer than {MAX_URL_LEN} characters"),
+        ));
+    }
+    check(url, &app.settings.webhook_policy)
+        .await
+        .map_err(|e| ApiError::invalid("/url", e))?;
+    Ok(())
+}
+
+#[utoipa::path(
+    post, path = "/v1/endpoints", tag = "webhooks",
+    request_body = CreateEndpoint,
+    security(("client_key" = [])),
+    responses(
+        (status = 201, description = "Endpoint registered; its token and secret are shown only now", body = EndpointCreated),
+        BodyRejected,
+        Unauthorized,
+        (status = 422, description = "Invalid URL, description, time zone or locale", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn create_endpoint(
+    State(app): State<AppState>,
+    client: Client,
+    body: JsonBody<CreateEndpoint>,
+) -> Result<(StatusCode, Json<EndpointCreated>), ApiError> {
+    let req = body.value;
+    let time_zone = req.time_zone.unwrap_or_else(|| "UTC".to_owned());
+    parse_time_zone(&time_zone).map_err(|e| ApiError::invalid("/time_zone", e))?;
+    if let Some(locale) = &req.locale {
+        check_locale(locale).map_err(|e| ApiError::invalid("/locale", e))?;
+    }
+    if req
+        .description
+        .as_ref()
+        .is_some_and(|d| d.chars().count() > 500)
+    {
+        return Err(ApiError::invalid("/description", "at most 500 characters"));
+    }
+    validate_url(&req.url, &app).await?;
+    let (token, hash) = new_token()?;
+    let (_, secret) = Secret::generate()
+        .map_err(|_| ApiError::Internal("the system random generator failed".into()))?;
+    let device = DeviceId::new();
+    let subscription = SubscriptionId::new();
+    let new = NewEndpoint {
+        device,
+        token_hash: &hash,
+        client: client.id,
+        time_zone: &time_zone,
+        locale: req.locale.as_deref(),
+        subscription,
+        url: &req.url,
+        description: req.description.as_deref(),
+        secret: &secret,
+    };
+    endpoints::register(&app.pool, new)
+        .await
+        .map_err(db("registering a webhook endpoint"))?;
+    tracing::info!(device_id = %device, client_id = %client.id.0, "webhook endpoint registered");
+    Ok((
+        StatusCode::CREATED,
+        Json(EndpointCreated {
+            device_id: device.0,
+            token,
+            subscription_id: subscription.0,
+            url: req.url,
+            secret,
+        }),
+    ))
+}
+
+#[utoipa::path(
+    get, path = "/v1/endpoints/me", tag = "webhooks",
+    security(("device_token" = [])),
+    responses(
+        (status = 200, description = "The endpoint, and whether webhooks still go to it", body = EndpointStatus),
+        Unauthorized,
+        (status = 404, description = "The token is a browser's, not an endpoint's", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn get_endpoint(
+    State(app): State<AppState>,
+    device: Device,
+) -> Result<Json<EndpointStatus>, ApiError> {
+    let found = endpoints::view(&app.pool, device.id)
+        .await
+        .map_err(db("reading a webhook endpoint"))?;
+    let e = found.ok_or(ApiError::NotFound("webhook endpoint"))?;
+    Ok(Json(EndpointStatus {
+        subscription_id: e.subscription_id.0,
+        url: e.url,
+        description: e.description,
+        active: e.active,
+        deactivation_reason: e.deactivation_reason,
+        deactivated_at: e.deactivated_at,
+        previous_secret_until: e.previous_until.filter(|until| *until > Utc::now()),
+        created_at: e.created_at,
+    }))
+}
+
+#[utoipa::path(
+    post, path = "/v1/endpoints/me/secret", tag = "webhooks",
+    security(("device_token" = [])),
+    responses(
+        (status = 200, description = "A new secret signs from now on; the previous one signs beside it until `previous_valid_until`", body = SecretRotated),
+        Unauthorized,
+        (status = 404, description = "No active webhook endpoint has this token", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn rotate_secret(
+    State(app): State<AppState>,
+    device: Device,
+) -> Result<Json<SecretRotated>, ApiError> {
+    let (_, secret) = Secret::generate()
+        .map_err(|_| ApiError::Internal("the system random generator failed".into()))?;
+    let overlap = chrono::Duration::from_std(app.settings.webhook_secret_overlap)
+        .unwrap_or(chrono::Duration::hours(24));
+    let until = Utc::now() + overlap;
+    let rotated = endpoints::rotate_secret(&app.pool, device.id, &secret, until)
+        .await
+        .map_err(db("rotating a webhook secret"))?;
+    rotated.ok_or(ApiError::NotFound("active webhook endpoint"))?;
+    tracing::info!(device_id = %device.id, previous_valid_until = %until, "webhook secret rotated");
+    Ok(Json(SecretRotated {
+        secret,
+        previous_valid_until: until,
+    }))
+}

@@ -1,0 +1,135 @@
+//! Delivering one signed webhook (docs/webhooks.md): the endpoint guard, a slot among its host's,
+//! one POST of the body exactly as the dispatcher signed it, and the answer classified into a
+//! PushResult. The pusher holds no signing secret.
+//!
+//! Fairness: each host has `webhook_concurrency_per_host` slots ([`Webhooks::host_slot`]), taken
+//! before the request starts and held until it ends, so a receiver that hangs holds its own slots
+//! only, and requests to other hosts go on beside it. A request that waited for a slot past its
+//! deadline or validity is not sent (reported `expired` or outlived, like any late push).
+
+use chrono::Utc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tidings_domain::messages::{Outcome, PushRequest, PushResult, WebhookCall};
+use tidings_domain::outbox::FailReason;
+use tidings_domain::push::{classify_webhook, retry_after};
+use tidings_webpush::endpoint::Guard;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::config::Settings;
+use crate::deliver::{client, fresh, refused, result};
+
+/// How much of a receiver's answer is kept in the attempt's record.
+pub const MAX_RESPONSE_BODY: usize = 1024;
+
+pub struct Webhooks {
+    client: reqwest::Client,
+    guard: Guard,
+    per_host: usize,
+    slots: Mutex<HashMap<String, Arc<Semaphore>>>,
+}
+
+impl Webhooks {
+    pub fn new(settings: &Settings) -> Result<Self, reqwest::Error> {
+        let policy = Arc::new(settings.webhook_policy.clone());
+        Ok(Webhooks {
+            client: client(settings, &policy, settings.webhook_concurrency_per_host)?,
+            guard: Guard::new(policy),
+            per_host: settings.webhook_concurrency_per_host.max(1),
+            slots: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// A slot among those of `call`'s host (its authority: host and port), waited for. The
+    /// worker takes it before one of its own slots, so requests waiting on a busy host hold none
+    /// of the slots other hosts' requests need. `None` for a URL without a host (the guard then
+    /// refuses it).
+    pub async fn host_slot(&self, call: &WebhookCall) -> Option<OwnedSemaphorePermit> {
+        let url = reqwest::Url::parse(&call.url).ok()?;
+        let key = format!(
+            "{}:{}",
+            url.host_str()?,
+            url.port_or_known_default().unwrap_or(443)
+        );
+        let slots = {
+            // The map holds no invariant a panicking holder could break.
+            let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+            // Hosts whose slots are all free are forgotten once many are known.
+            if slots.len() >= 4096 {
+                let per_host = self.per_host;
+                slots.retain(|_, s| s.available_permits() < per_host);
+            }
+            slots
+                .entry(key)
+                .or_insert_with(|| Arc::new(Semaphore::new(self.per_host)))
+                .clone()
+        };
+        // Never closed.
+        slots.acquire_owned().await.ok()
+    }
+
+    pub async fn deliver(&self, req: &PushRequest, call: &WebhookCall) -> PushResult {
+        let started = Instant::now();
+        let url = match self.guard.check(&call.url).await {
+            Ok(url) => url,
+            Err(e) => {
+                return refused(req, FailReason::EndpointRefused, e.to_string(), started);
+            }
+        };
+        if let Err(late) = fresh(req, Utc::now(), started) {
+            return *late;
+        }
+        let sent = self
+            .client
+            .post(url)
+            .header("content-type", "application/json")
+            .header("webhook-id", req.outbox_id.to_string())
+            .header("webhook-timestamp", call.timestamp.to_string())
+            .header("webhook-signature", call.signature.as_str())
+            .body(call.body.clone())
+            .send()
+            .await;
+        match sent {
+            Ok(resp) => answered(req, resp, started).await,
+            Err(e) => PushResult {
+                error: Some(format!(
+                    "{}: {e}",
+                    if e.is_timeout() { "timeout" } else { "request" }
+                )),
+                // As for a push: only a connection that never opened proves the webhook did not
+                // arrive.
+                maybe_delivered: !e.is_connect(),
+                ..result(req, Outcome::Transient, started)
+            },
+        }
+    }
+}
+
+/// What the receiver's answer means; when it is not a 2xx, its body (up to
+/// [`MAX_RESPONSE_BODY`]) goes into the attempt's record: the receiver's own words on why.
+async fn answered(req: &PushRequest, mut resp: reqwest::Response, started: Instant) -> PushResult {
+    let status = resp.status().as_u16();
+    let outcome = classify_webhook(status);
+    let retry = (resp.headers().get("retry-after"))
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| retry_after(v, Utc::now()));
+    let mut text = Vec::new();
+    while outcome != Outcome::Delivered
+        && let Ok(Some(chunk)) = resp.chunk().await
+    {
+        let room = MAX_RESPONSE_BODY - text.len();
+        text.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if text.len() >= MAX_RESPONSE_BODY {
+            break;
+        }
+    }
+    let said = String::from_utf8_lossy(&text).trim().to_owned();
+    PushResult {
+        http_status: Some(status),
+        retry_after: retry,
+        error: (outcome != Outcome::Delivered).then(|| format!("HTTP {status}: {said}")),
+        refused: (outcome == Outcome::Permanent).then_some(FailReason::WebhookRejected),
+        ..result(req, outcome, started)
+    }
+}

@@ -1,0 +1,160 @@
+//! API clients and the webhook endpoints they register (migration 0017). An endpoint is a device
+//! (channel `webhook`) whose one active subscription is a URL with its signing secret, so it has
+//! watches, history, attempts, pause and removal like any device.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use sqlx::types::Uuid;
+use tidings_domain::{DeviceId, SubscriptionId};
+
+/// An API client the operator issued a key to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientId(pub Uuid);
+
+/// Records a client under its key's hash.
+pub async fn create_client(
+    pool: &PgPool,
+    id: ClientId,
+    name: &str,
+    key_hash: &[u8],
+) -> Result<DateTime<Utc>, sqlx::Error> {
+    sqlx::query_scalar(
+        "INSERT INTO api_clients (id, name, key_hash) VALUES ($1, $2, $3) RETURNING created_at",
+    )
+    .bind(id.0)
+    .bind(name)
+    .bind(key_hash)
+    .fetch_one(pool)
+    .await
+}
+
+/// The unrevoked client holding the key with this hash.
+pub async fn authenticate_client(
+    pool: &PgPool,
+    key_hash: &[u8],
+) -> Result<Option<ClientId>, sqlx::Error> {
+    let id: Option<Uuid> =
+        sqlx::query_scalar("SELECT id FROM api_clients WHERE key_hash = $1 AND revoked_at IS NULL")
+            .bind(key_hash)
+            .fetch_optional(pool)
+            .await?;
+    Ok(id.map(ClientId))
+}
+
+/// Revokes a client: it registers no more endpoints (those it made keep working until removed).
+/// False if there is no such unrevoked client.
+pub async fn revoke_client(pool: &PgPool, id: ClientId) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE api_clients SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL",
+    )
+    .bind(id.0)
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// An endpoint to register, with the device that stands for it.
+pub struct NewEndpoint<'a> {
+    pub device: DeviceId,
+    pub token_hash: &'a [u8],
+    pub client: ClientId,
+    pub time_zone: &'a str,
+    pub locale: Option<&'a str>,
+    pub subscription: SubscriptionId,
+    pub url: &'a str,
+    pub description: Option<&'a str>,
+    /// `whsec_…`, as the client was given it.
+    pub secret: &'a str,
+}
+
+/// Inserts the endpoint's device and its subscription in one statement.
+pub async fn register(pool: &PgPool, e: NewEndpoint<'_>) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "WITH d AS (INSERT INTO devices (id, token_hash, time_zone, locale, channel, client_id)
+                    VALUES ($1, $2, $3, $4, 'webhook', $5) RETURNING id)
+         INSERT INTO push_subscriptions (id, device_id, endpoint, channel, description, secret)
+         SELECT $6, d.id, $7, 'webhook', $8, $9 FROM d",
+    )
+    .bind(e.device)
+    .bind(e.token_hash)
+    .bind(e.time_zone)
+    .bind(e.locale)
+    .bind(e.client.0)
+    .bind(e.subscription)
+    .bind(e.url)
+    .bind(e.description)
+    .bind(e.secret)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Makes `secret` the endpoint's signing secret; the one it replaces keeps signing beside it
+/// until `previous_until`. `None` when `device` has no active webhook subscription (removed, or
+/// disabled after its URL answered 410).
+pub async fn rotate_secret(
+    pool: &PgPool,
+    device: DeviceId,
+    secret: &str,
+    previous_until: DateTime<Utc>,
+) -> Result<Option<SubscriptionId>, sqlx::Error> {
+    sqlx::query_scalar(
+        "UPDATE push_subscriptions
+         SET previous_secret = secret, previous_until = $3, secret = $2
+         WHERE device_id = $1 AND active AND channel = 'webhook'
+         RETURNING id",
+    )
+    .bind(device)
+    .bind(secret)
+    .bind(previous_until)
+    .fetch_optional(pool)
+    .await
+}
+
+/// What a client reads of its endpoint.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct EndpointView {
+    pub subscription_id: SubscriptionId,
+    pub url: String,
+    pub description: Option<String>,
+    pub active: bool,
+    pub deactivation_reason: Option<String>,
+    pub deactivated_at: Option<DateTime<Utc>>,
+    pub previous_until: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// The device's latest webhook subscription, active or not.
+pub async fn view(pool: &PgPool, device: DeviceId) -> Result<Option<EndpointView>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id AS subscription_id, endpoint AS url, description, active, deactivation_reason,
+                deactivated_at, previous_until, created_at
+         FROM push_subscriptions WHERE device_id = $1 AND channel = 'webhook'
+         ORDER BY active DESC, created_at DESC LIMIT 1",
+    )
+    .bind(device)
+    .fetch_optional(pool)
+    .await
+}
+
+/// The channel of the live device with this token's hash.
+pub async fn channel_of(
+    pool: &PgPool,
+    token_hash: &[u8],
+) -> Result<Option<tidings_domain::Channel>, sqlx::Error> {
+    sqlx::query_scalar("SELECT channel FROM devices WHERE token_hash = $1 AND removed_at IS NULL")
+        .bind(token_hash)
+        .fetch_optional(pool)
+        .await
+}
+
+/// The channel of device `id`.
+pub async fn channel_of_device(
+    pool: &PgPool,
+    id: DeviceId,
+) -> Result<Option<tidings_domain::Channel>, sqlx::Error> {
+    sqlx::query_scalar("SELECT channel FROM devices WHERE id = $1")
+        .bind(id)
+        .fetch_optional(pool)
+        .await
+}

@@ -1,0 +1,412 @@
+//! Webhooks, the second channel, through the real services: an API client with a key the
+//! operator issued registers an endpoint, watches items with the endpoint's token, and receives
+//! webhooks signed by the dispatcher and verified here by PyPI's `standardwebhooks` (not our
+//! code), during a secret rotation too. Then each answer a receiver can give: 429 then 2xx, 410
+//! (the endpoint is disabled), a timeout after the receiver took it (maybe delivered, sent again
+//! with the same `webhook-id`), a value that stopped holding before the send (withheld), and a
+//! receiver that hangs, which must not delay another receiver's webhooks.
+
+use serde_json::{Value, json};
+use std::time::Duration;
+use tidings_domain::outbox::{DropReason, Reason, Status};
+use tidings_tests::fake_webhooks::{Answer, FakeWebhookReceiver, Received};
+use tidings_tests::scenario::Scenario;
+use tidings_tests::services::{ADMIN_TOKEN, Pipeline};
+
+async fn call(
+    method: reqwest::Method,
+    url: String,
+    token: Option<&str>,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut request = reqwest::Client::new().request(method, url);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let resp = request.send().await.unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or_default())
+}
+
+/// A client key, as the operator issues it.
+async fn client_key(p: &Pipeline) -> String {
+    let (status, client) = call(
+        reqwest::Method::POST,
+        format!("{}/v1/admin/clients", p.ops_url("api")),
+        Some(ADMIN_TOKEN),
+        Some(json!({"name": "shop backend"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{client}");
+    client["key"].as_str().unwrap().to_owned()
+}
+
+/// An endpoint registered with `key`: (its device token, its secret).
+async fn endpoint(p: &Pipeline, key: &str, url: &str) -> (String, String) {
+    let (status, created) = call(
+        reqwest::Method::POST,
+        format!("{}/v1/endpoints", p.url("api")),
+        Some(key),
+        Some(json!({"url": url, "description": "orders"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let secret = created["secret"].as_str().unwrap();
+    assert!(secret.starts_with("whsec_"), "{secret}");
+    (
+        created["token"].as_str().unwrap().to_owned(),
+        secret.to_owned(),
+    )
+}
+
+/// A watch for a price below 10.00 on `item`, made with the endpoint's token.
+async fn watch(p: &Pipeline, token: &str, item: &str) -> String {
+    let (status, watch) = call(
+        reqwest::Method::POST,
+        format!("{}/v1/watches", p.url("api")),
+        Some(token),
+        Some(json!({"item_code": item, "triggers": [{"kind": "price_below", "threshold": 1000}]})),
+    )
+    .await;
+    assert_eq!(status, 201, "{watch}");
+    assert_eq!(watch["channel"], "webhook");
+    watch["id"].as_str().unwrap().to_owned()
+}
+
+/// Whether PyPI's `standardwebhooks` verifies `got` with `secret`.
+fn verified_by_python(secret: &str, got: &Received) -> Result<(), String> {
+    let python = tidings_tests::harness::tool("python").unwrap();
+    let script = "import sys\n\
+        from standardwebhooks.webhooks import Webhook\n\
+        secret, msg_id, at, signature, body = sys.argv[1:]\n\
+        Webhook(secret).verify(body, {'webhook-id': msg_id, 'webhook-timestamp': at, 'webhook-signature': signature})";
+    let out = std::process::Command::new(python)
+        .args([
+            "-c",
+            script,
+            secret,
+            got.id.as_deref().unwrap_or_default(),
+            got.timestamp.as_deref().unwrap_or_default(),
+            got.signature.as_deref().unwrap_or_default(),
+            &got.body,
+        ])
+        .output()
+        .unwrap();
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+async fn wait_for_received(receiver: &FakeWebhookReceiver, name: &str, n: usize) -> Vec<Received> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = receiver.received_by(name);
+        if got.len() >= n {
+            return got;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name} received {} of {n} webhooks in 30 s",
+            got.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn watch_id(id: &str) -> tidings_domain::WatchId {
+    tidings_domain::WatchId(id.parse().unwrap())
+}
+
+#[tokio::test]
+async fn an_api_client_receives_signed_rechecked_webhooks_through_a_secret_rotation() {
+    let s = Scenario::new().await;
+    let receiver = FakeWebhookReceiver::start().await.unwrap();
+    let p = Pipeline::start(&s, &[]).await;
+    let api = p.url("api");
+
+    // Only a client key registers an endpoint; and only a URL the pusher would post to.
+    let anonymous = call(
+        reqwest::Method::POST,
+        format!("{api}/v1/endpoints"),
+        None,
+        Some(json!({"url": receiver.url("orders")})),
+    )
+    .await;
+    assert_eq!(anonymous.0, 401, "{}", anonymous.1);
+    let key = client_key(&p).await;
+    for (url, why) in [
+        ("http://93.184.215.14/in", "plain http"),
+        ("https://user:pw@93.184.215.14/in", "user info"),
+        // (Private addresses are refused too, but these tests' receivers are on loopback: the
+        // guard's own tests cover them.)
+        ("https://93.184.215.14/in#part", "a fragment"),
+        ("not a url", "not a URL"),
+    ] {
+        let refused = call(
+            reqwest::Method::POST,
+            format!("{api}/v1/endpoints"),
+            Some(&key),
+            Some(json!({"url": url})),
+        )
+        .await;
+        assert_eq!(refused.0, 422, "{why}: {}", refused.1);
+    }
+    let (token, secret) = endpoint(&p, &key, &receiver.url("orders")).await;
+    // An endpoint's token is a device's for watches, but not a client key.
+    let not_a_key = call(
+        reqwest::Method::POST,
+        format!("{api}/v1/endpoints"),
+        Some(&token),
+        Some(json!({"url": receiver.url("other")})),
+    )
+    .await;
+    assert_eq!(not_a_key.0, 401, "{}", not_a_key.1);
+
+    s.catalog.set_price("SKU-W1", 1299);
+    let w1 = watch(&p, &token, "SKU-W1").await;
+    s.catalog.set_price("SKU-W1", 999);
+    let got = wait_for_received(&receiver, "orders", 1).await;
+    let rows = s.rows(watch_id(&w1)).await;
+    let hook = &got[0];
+    assert_eq!(
+        hook.id.as_deref(),
+        Some(rows[0].notification.id.to_string().as_str())
+    );
+    assert_eq!(hook.content_type.as_deref(), Some("application/json"));
+    verified_by_python(&secret, hook).unwrap();
+    let body = hook.json();
+    assert_eq!(body["type"], "watch.triggered");
+    assert_eq!(body["data"]["watch_id"], w1.as_str());
+    assert_eq!(body["data"]["item"], "SKU-W1");
+    assert_eq!(
+        body["data"]["checked"]["price"], 999,
+        "the re-checked value"
+    );
+    assert!(body["data"]["valid_until"].is_string() && body["data"]["observed_at"].is_string());
+    p.wait_for_rows(&s, &[Status::Sent], 1, 30).await;
+
+    // A rotation: both secrets sign until the overlap ends.
+    let (status, rotated) = call(
+        reqwest::Method::POST,
+        format!("{api}/v1/endpoints/me/secret"),
+        Some(&token),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{rotated}");
+    let new_secret = rotated["secret"].as_str().unwrap().to_owned();
+    assert_ne!(new_secret, secret);
+    s.catalog.set_price("SKU-W2", 1299);
+    watch(&p, &token, "SKU-W2").await;
+    s.catalog.set_price("SKU-W2", 998);
+    let got = wait_for_received(&receiver, "orders", 2).await;
+    verified_by_python(&new_secret, &got[1]).unwrap();
+    verified_by_python(&secret, &got[1]).unwrap();
+    let stranger = "whsec_c29tZW9uZS1lbHNlcy1zZWNyZXQtMTIzNDU2Nzg=";
+    assert!(
+        verified_by_python(stranger, &got[1]).is_err(),
+        "another secret does not verify"
+    );
+    let mut tampered = got[1].clone();
+    tampered.body = tampered.body.replace("998", "100");
+    assert!(
+        verified_by_python(&new_secret, &tampered).is_err(),
+        "a tampered body does not verify"
+    );
+
+    let (status, me) = call(
+        reqwest::Method::GET,
+        format!("{api}/v1/endpoints/me"),
+        Some(&token),
+        None,
+    )
+    .await;
+    assert_eq!((status, &me["active"]), (200, &json!(true)), "{me}");
+    assert!(me["previous_secret_until"].is_string(), "{me}");
+    p.stop().await;
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn each_answer_of_a_receiver_ends_its_rows_as_for_web_push() {
+    let s = Scenario::new().await;
+    let receiver = FakeWebhookReceiver::start().await.unwrap();
+    let p = Pipeline::start(&s, &[("TIDINGS_PUSH_HTTP_TIMEOUT", "1s")]).await;
+    let key = client_key(&p).await;
+
+    // 429 with Retry-After, then 2xx: sent on the second attempt.
+    receiver.answer_next("busy", &[Answer::TooManyRequests { retry_after: "1" }]);
+    let (busy, _) = endpoint(&p, &key, &receiver.url("busy")).await;
+    // 410: the endpoint is disabled and its row ends with the reason.
+    receiver.answer_always("gone", Answer::Status(410, "this endpoint was deleted"));
+    let (gone, _) = endpoint(&p, &key, &receiver.url("gone")).await;
+    // Taken, but answered after the pusher's 1 s timeout: maybe delivered, so sent again with the
+    // same webhook-id (which a receiver deduplicates on).
+    receiver.answer_next("slow", &[Answer::OkAfter(Duration::from_secs(3))]);
+    let (slow, _) = endpoint(&p, &key, &receiver.url("slow")).await;
+    // Refused for good: failed, with the receiver's words in the attempt.
+    receiver.answer_always("refuses", Answer::Status(422, "unknown event type"));
+    let (refuses, _) = endpoint(&p, &key, &receiver.url("refuses")).await;
+    let mut watches = Vec::new();
+    for (token, item) in [
+        (&busy, "SKU-BUSY"),
+        (&gone, "SKU-GONE"),
+        (&slow, "SKU-SLOW"),
+        (&refuses, "SKU-NO"),
+    ] {
+        s.catalog.set_price(item, 1299);
+        watches.push(watch_id(&watch(&p, token, item).await));
+    }
+    // Recovered before the dispatcher's re-check: withheld, never posted.
+    let (flicker, _) = endpoint(&p, &key, &receiver.url("flicker")).await;
+    s.catalog.set_price("SKU-FLICKER", 1500);
+    let flicker_watch = watch_id(&watch(&p, &flicker, "SKU-FLICKER").await);
+    s.catalog.script("SKU-FLICKER", &[900]);
+    for item in ["SKU-BUSY", "SKU-GONE", "SKU-SLOW", "SKU-NO"] {
+        s.catalog.set_price(item, 950);
+    }
+    p.wait_for_rows(&s, &[Status::Sent, Status::Dropped, Status::Failed], 5, 60)
+        .await;
+
+    let s = &s;
+    let row = |w| async move { s.rows(w).await.remove(0) };
+    let busy_row = row(watches[0]).await;
+    assert_eq!(busy_row.notification.status, Status::Sent);
+    let attempts = s.attempts(busy_row.notification.id).await;
+    assert_eq!(
+        attempts
+            .iter()
+            .map(|(_, o, h)| (o.as_str(), *h))
+            .collect::<Vec<_>>(),
+        [("transient", Some(429)), ("delivered", Some(200))],
+        "{attempts:?}"
+    );
+
+    let gone_row = row(watches[1]).await;
+    assert_eq!(
+        (gone_row.notification.status, gone_row.notification.reason),
+        (
+            Status::Dropped,
+            Some(Reason::Dropped(DropReason::SubscriptionGone))
+        )
+    );
+    let (_, me) = call(
+        reqwest::Method::GET,
+        format!("{}/v1/endpoints/me", p.url("api")),
+        Some(&gone),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (&me["active"], &me["deactivation_reason"]),
+        (&json!(false), &json!("gone")),
+        "{me}"
+    );
+
+    let slow_row = row(watches[2]).await;
+    assert_eq!(slow_row.notification.status, Status::Sent);
+    assert!(
+        slow_row.notification.maybe_delivered,
+        "the first attempt may have arrived"
+    );
+    let slow_got = receiver.received_by("slow");
+    assert_eq!(slow_got.len(), 2, "taken twice");
+    assert_eq!(slow_got[0].id, slow_got[1].id, "with the same webhook-id");
+
+    let refused_row = row(watches[3]).await;
+    assert_eq!(refused_row.notification.status, Status::Failed);
+    assert_eq!(
+        refused_row.notification.reason.map(|r| r.as_str()),
+        Some("webhook_rejected")
+    );
+    let attempt = tidings_store::attempts::of_row(&s.db.pool, refused_row.notification.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        format!("{attempt:?}").contains("unknown event type"),
+        "{attempt:?}"
+    );
+
+    let flicker_row = row(flicker_watch).await;
+    assert_eq!(
+        (
+            flicker_row.notification.status,
+            flicker_row.notification.reason
+        ),
+        (
+            Status::Dropped,
+            Some(Reason::Dropped(DropReason::ConditionLost))
+        )
+    );
+    assert!(
+        receiver.received_by("flicker").is_empty(),
+        "a withheld row is never posted"
+    );
+    p.stop().await;
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_hanging_receiver_does_not_delay_another_receivers_webhooks() {
+    let s = Scenario::new().await;
+    let hanging = FakeWebhookReceiver::start().await.unwrap();
+    let healthy = FakeWebhookReceiver::start().await.unwrap();
+    // Few slots in all, fewer per host: without per-host slots the hanging host's requests would
+    // take every one of them for the whole 10 s timeout.
+    let p = Pipeline::start(
+        &s,
+        &[
+            ("TIDINGS_PUSH_HTTP_TIMEOUT", "10s"),
+            ("TIDINGS_PUSH_CONCURRENCY", "4"),
+            ("TIDINGS_WEBHOOK_CONCURRENCY_PER_HOST", "2"),
+        ],
+    )
+    .await;
+    let key = client_key(&p).await;
+    hanging.answer_always("stuck", Answer::Hang);
+    let mut stuck = Vec::new();
+    for i in 0..6 {
+        let (token, _) = endpoint(&p, &key, &hanging.url("stuck")).await;
+        let item = format!("SKU-HANG-{i}");
+        s.catalog.set_price(&item, 1299);
+        watch(&p, &token, &item).await;
+        stuck.push(item);
+    }
+    let (token, _) = endpoint(&p, &key, &healthy.url("fine")).await;
+    s.catalog.set_price("SKU-FINE", 1299);
+    let fine = watch_id(&watch(&p, &token, "SKU-FINE").await);
+    for item in &stuck {
+        s.catalog.set_price(item, 900);
+    }
+    // The hanging host's requests go out first and hold its slots.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while hanging.received_by("stuck").len() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the hanging receiver got nothing"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    s.catalog.set_price("SKU-FINE", 900);
+    let got = wait_for_received(&healthy, "fine", 1).await;
+    let rows = s.rows(fine).await;
+    let detected_ms = rows[0].notification.detected_at.timestamp_millis();
+    let latency = got[0].at_ms - detected_ms;
+    println!("detected → received by the healthy receiver beside a hanging one: {latency} ms");
+    assert!(
+        latency < 5_000,
+        "{latency} ms: the healthy receiver waited on the hanging one's 10 s timeout"
+    );
+    assert!(
+        hanging.received_by("stuck").len() <= 2,
+        "at most its 2 slots in flight at once on the hanging host"
+    );
+    p.stop().await;
+    s.cleanup().await;
+}
