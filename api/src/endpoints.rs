@@ -8,13 +8,14 @@
 
 use crate::AppState;
 use crate::auth::{Device, Operator, new_token, token_hash};
-use crate::extract::JsonBody;
+use crate::extract::{JsonBody, resource_id};
 use crate::problem::{ApiError, BodyRejected, Problem, Unauthorized};
 use axum::Json;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{FromRequestParts, Path, State};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, SubsecRound, Utc};
 use serde::{Deserialize, Serialize};
 use tidings_domain::dedup::parse_time_zone;
 use tidings_domain::texts::check_locale;
@@ -34,8 +35,13 @@ pub const CLIENT_KEY_PREFIX: &str = "tck_";
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateClient {
-    /// Who the client is, for operators (1–100 characters).
-    #[schema(min_length = 1, max_length = 100)]
+    /// Who the client is, for operators: 1–100 characters, not only spaces, no control
+    /// characters.
+    #[schema(
+        min_length = 1,
+        max_length = 100,
+        pattern = r"^[^\u0000-\u001f\u007f-\u009f]*[^\s\u0000-\u001f\u007f-\u009f][^\u0000-\u001f\u007f-\u009f]*$"
+    )]
     pub name: String,
 }
 
@@ -55,8 +61,9 @@ pub struct CreateEndpoint {
     /// Where webhooks are posted: https, no user name, password or fragment, a public address.
     #[schema(min_length = 9, max_length = 2048)]
     pub url: String,
+    /// For the client's own reading: at most 500 characters, no control characters.
     #[serde(default)]
-    #[schema(max_length = 500)]
+    #[schema(max_length = 500, pattern = r"^[^\u0000-\u001f\u007f-\u009f]*$")]
     pub description: Option<String>,
     /// IANA time zone of the endpoint's "once a day" (default UTC).
     #[serde(default)]
@@ -98,6 +105,11 @@ pub struct EndpointStatus {
     pub deactivated_at: Option<DateTime<Utc>>,
     /// While a rotation's previous secret still signs: until when.
     pub previous_secret_until: Option<DateTime<Utc>>,
+    /// Attempts in a row that failed (a delivery resets it).
+    pub consecutive_failures: i32,
+    /// While the endpoint kept failing, Tidings holds its webhooks back until then (the circuit
+    /// breaker is open); they are re-checked and sent after.
+    pub paused_until: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
 }
 
@@ -140,8 +152,8 @@ pub async fn create_client(
     _: Operator,
     body: JsonBody<CreateClient>,
 ) -> Result<(StatusCode, Json<ClientCreated>), ApiError> {
-    let name = body.value.name.trim().to_owned();
-    if name.is_empty() || name.chars().count() > 100 {
+    let name = text(&body.value.name, "/name", 100)?;
+    if name.is_empty() {
         return Err(ApiError::invalid("/name", "1 to 100 characters"));
     }
     let (token, _) = new_token()?;
@@ -175,8 +187,10 @@ pub async fn create_client(
 pub async fn revoke_client(
     State(app): State<AppState>,
     _: Operator,
-    Path(id): Path<Uuid>,
+    id: Result<Path<String>, PathRejection>,
 ) -> Result<StatusCode, ApiError> {
+    // An id that is not a UUID names no client: 404, as for every resource id.
+    let id = resource_id(id, "client")?;
     let revoked = endpoints::revoke_client(&app.pool, ClientId(id))
         .await
         .map_err(db("revoking an API client"))?;
@@ -185,6 +199,22 @@ pub async fn revoke_client(
     }
     tracing::info!(client_id = %id, "API client revoked");
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// A label for people (a name, a description): trimmed, at most `max` characters, and no control
+/// characters (Postgres text cannot hold a NUL; the others only garble logs and tables).
+fn text(value: &str, pointer: &str, max: usize) -> Result<String, ApiError> {
+    let value = value.trim();
+    if value.chars().count() > max {
+        return Err(ApiError::invalid(
+            pointer,
+            format!("at most {max} characters"),
+        ));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(ApiError::invalid(pointer, "no control characters"));
+    }
+    Ok(value.to_owned())
 }
 
 /// The URL as the pusher will check it.
@@ -223,13 +253,9 @@ pub async fn create_endpoint(
     if let Some(locale) = &req.locale {
         check_locale(locale).map_err(|e| ApiError::invalid("/locale", e))?;
     }
-    if req
-        .description
-        .as_ref()
-        .is_some_and(|d| d.chars().count() > 500)
-    {
-        return Err(ApiError::invalid("/description", "at most 500 characters"));
-    }
+    let description = (req.description.as_deref())
+        .map(|d| text(d, "/description", 500))
+        .transpose()?;
     validate_url(&req.url, &app).await?;
     let (token, hash) = new_token()?;
     let (_, secret) = Secret::generate()
@@ -244,7 +270,7 @@ pub async fn create_endpoint(
         locale: req.locale.as_deref(),
         subscription,
         url: &req.url,
-        description: req.description.as_deref(),
+        description: description.as_deref(),
         secret: &secret,
     };
     endpoints::register(&app.pool, new)
@@ -288,6 +314,8 @@ pub async fn get_endpoint(
         deactivation_reason: e.deactivation_reason,
         deactivated_at: e.deactivated_at,
         previous_secret_until: e.previous_until.filter(|until| *until > Utc::now()),
+        consecutive_failures: e.consecutive_failures,
+        paused_until: e.circuit_open_until.filter(|until| *until > Utc::now()),
         created_at: e.created_at,
     }))
 }
@@ -309,7 +337,8 @@ pub async fn rotate_secret(
         .map_err(|_| ApiError::Internal("the system random generator failed".into()))?;
     let overlap = chrono::Duration::from_std(app.settings.webhook_secret_overlap)
         .unwrap_or(chrono::Duration::hours(24));
-    let until = Utc::now() + overlap;
+    // Microseconds, as Postgres keeps it: the answer and the status then say the same time.
+    let until = (Utc::now() + overlap).trunc_subsecs(6);
     let rotated = endpoints::rotate_secret(&app.pool, device.id, &secret, until)
         .await
         .map_err(db("rotating a webhook secret"))?;

@@ -2248,3 +2248,166 @@ async fn a_watch_may_name_its_source_and_the_offer_of_a_product_page() {
     }
     api.stop().await;
 }
+
+#[tokio::test]
+async fn only_a_client_key_registers_a_webhook_endpoint_whose_watches_notify_by_webhook() {
+    let db = TestDb::new().await.unwrap();
+    let mut settings = test_settings();
+    settings.webhook_policy.allow_private = true;
+    let api = ApiServer::start(db.pool.clone(), settings).await;
+    let url = "https://127.0.0.1:9/hooks/orders";
+    let register = |token: Option<String>, body: Value| {
+        let api = &api;
+        async move {
+            api.send(Method::POST, "/v1/endpoints", token.as_deref(), &body)
+                .await
+        }
+    };
+
+    // Clients are the operator's to issue.
+    let r = api
+        .send(
+            Method::POST,
+            "/v1/admin/clients",
+            None,
+            &json!({"name": "shop"}),
+        )
+        .await;
+    problem(r, 401).await;
+    let p = problem(
+        api.send(
+            Method::POST,
+            "/v1/admin/clients",
+            Some(ADMIN_TOKEN),
+            &json!({"name": " "}),
+        )
+        .await,
+        422,
+    )
+    .await;
+    assert_eq!(pointer(&p), "/name");
+    let p = problem(
+        api.send(
+            Method::POST,
+            "/v1/admin/clients",
+            Some(ADMIN_TOKEN),
+            &json!({"name": "a\u{0}b"}),
+        )
+        .await,
+        422,
+    )
+    .await;
+    assert_eq!(pointer(&p), "/name", "a NUL is refused, not a 500");
+    let client = admin_post(&api, "/v1/admin/clients", &json!({"name": "shop"}), 201).await;
+    let key = client["key"].as_str().unwrap().to_owned();
+    assert!(key.starts_with("tck_"), "{client}");
+
+    // Neither no key nor a browser's token registers a URL; nor does a key a URL the pusher
+    // would refuse.
+    let (_, browser) = api.register().await;
+    for token in [None, Some(browser.clone())] {
+        problem(register(token, json!({"url": url})).await, 401).await;
+    }
+    for bad in [
+        "http://127.0.0.1:9/in",
+        "https://u:p@127.0.0.1/in",
+        "ftp://127.0.0.1/in",
+    ] {
+        let p = problem(register(Some(key.clone()), json!({"url": bad})).await, 422).await;
+        assert_eq!(pointer(&p), "/url", "{bad}: {p}");
+    }
+    let p = problem(
+        register(
+            Some(key.clone()),
+            json!({"url": url, "description": "\u{0}"}),
+        )
+        .await,
+        422,
+    )
+    .await;
+    assert_eq!(pointer(&p), "/description");
+    let r = register(
+        Some(key.clone()),
+        json!({"url": url, "description": "orders"}),
+    )
+    .await;
+    assert_eq!(r.status(), 201);
+    let created = json(r).await;
+    let token = created["token"].as_str().unwrap().to_owned();
+    let secret = created["secret"].as_str().unwrap().to_owned();
+    assert!(secret.starts_with("whsec_"), "{created}");
+
+    // Its watches notify by webhook; a browser's by Web Push; naming another channel is refused.
+    let w = create_watch(&api, &token, "SKU-1", json!([below(1200)])).await;
+    assert_eq!(w["channel"], "webhook");
+    assert_eq!(
+        create_watch(&api, &browser, "SKU-1", json!([below(1200)])).await["channel"],
+        "web_push"
+    );
+    for (t, other) in [(&token, "web_push"), (&browser, "webhook")] {
+        let body = json!({"item_code": "SKU-2", "triggers": [below(1200)], "channel": other});
+        let p = problem(
+            api.send(Method::POST, "/v1/watches", Some(t), &body).await,
+            422,
+        )
+        .await;
+        assert_eq!(pointer(&p), "/channel", "{p}");
+    }
+    // An endpoint's device takes no browser subscription.
+    let sub = browser_subscription("https://127.0.0.1:9/push/1");
+    problem(
+        api.send(
+            Method::PUT,
+            "/v1/devices/me/subscription",
+            Some(&token),
+            &sub,
+        )
+        .await,
+        409,
+    )
+    .await;
+
+    // Its status, and a rotation that keeps the previous secret signing for a while.
+    problem(api.get("/v1/endpoints/me", Some(&browser)).await, 404).await;
+    let me = json(api.get("/v1/endpoints/me", Some(&token)).await).await;
+    assert_eq!(
+        (&me["url"], &me["active"], &me["paused_until"]),
+        (&json!(url), &json!(true), &Value::Null),
+        "{me}"
+    );
+    let r = api
+        .call(Method::POST, "/v1/endpoints/me/secret", Some(&token))
+        .await;
+    assert_eq!(r.status(), 200);
+    let rotated = json(r).await;
+    assert_ne!(rotated["secret"], json!(secret));
+    let me = json(api.get("/v1/endpoints/me", Some(&token)).await).await;
+    assert_eq!(me["previous_secret_until"], rotated["previous_valid_until"]);
+
+    // A revoked key registers nothing more; its endpoint keeps working.
+    let id = client["client_id"].as_str().unwrap();
+    for path in [
+        "/v1/admin/clients/not-a-uuid".to_owned(),
+        format!("/v1/admin/clients/{}", Uuid::now_v7()),
+    ] {
+        problem(
+            api.call(Method::DELETE, &path, Some(ADMIN_TOKEN)).await,
+            404,
+        )
+        .await;
+    }
+    let path = format!("/v1/admin/clients/{id}");
+    let r = api.call(Method::DELETE, &path, Some(ADMIN_TOKEN)).await;
+    assert_eq!(r.status(), 204);
+    problem(
+        api.call(Method::DELETE, &path, Some(ADMIN_TOKEN)).await,
+        404,
+    )
+    .await;
+    problem(register(Some(key), json!({"url": url})).await, 401).await;
+    assert_eq!(
+        json(api.get("/v1/endpoints/me", Some(&token)).await).await["active"],
+        true
+    );
+    api.stop().await;
+}

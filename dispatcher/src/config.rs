@@ -8,6 +8,7 @@ use tidings_domain::duration::parse_duration;
 use tidings_domain::retention::{Retention, parse_retention};
 use tidings_domain::subjects::{InvalidPrefix, Subjects};
 use tidings_domain::validity::Validity;
+use tidings_domain::webhook::Breaker;
 use tidings_runtime::flags;
 use tidings_runtime::ops::OpsArgs;
 use tidings_source::SourceArgs;
@@ -114,6 +115,12 @@ pub struct Config {
     /// older is dropped once all its rows are decided, so rows stay between this and 7 days more.
     #[arg(long, env = "TIDINGS_RETENTION", default_value = "30d", value_parser = parse_retention)]
     pub retention: Retention,
+    /// Failed attempts in a row after which a webhook endpoint's rows are held back (0: never).
+    #[arg(long, env = "TIDINGS_WEBHOOK_BREAKER_FAILURES", default_value_t = 5)]
+    pub webhook_breaker_failures: u32,
+    /// How long they are held back at first; doubled per further failure, up to an hour.
+    #[arg(long, env = "TIDINGS_WEBHOOK_BREAKER_PAUSE", default_value = "30s", value_parser = parse_duration)]
+    pub webhook_breaker_pause: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -200,6 +207,7 @@ pub struct Settings {
     pub admission_lag: Duration,
     pub db_pool: u32,
     pub retention: Retention,
+    pub webhook_breaker: Breaker,
 }
 
 impl Settings {
@@ -319,6 +327,11 @@ impl Config {
             admission_lag: self.admission_lag,
             db_pool: self.db_pool,
             retention: self.retention,
+            webhook_breaker: Breaker {
+                failures: self.webhook_breaker_failures,
+                pause: self.webhook_breaker_pause,
+                max_pause: Duration::from_secs(3600).max(self.webhook_breaker_pause),
+            },
         }
     }
 }

@@ -148,7 +148,10 @@ impl Dispatcher {
             .map_err(db("reading baselines"))?;
         let spans = self.recheck_spans(&rows);
 
-        let (guarded, mut changes) = plan::guard(&rows, &watches, s, Utc::now());
+        let (guarded, mut changes, held) = plan::guard(&rows, &watches, s, Utc::now());
+        claim::hold(&self.pool, &held)
+            .await
+            .map_err(db("holding back rows of failing webhook endpoints"))?;
         let fetched = self.refetch(&guarded, &watches, &spans).await;
         let mut decided = plan::decide(&guarded, &watches, &last_sent, &fetched, s, Utc::now());
         let recalls = claim::recalls(&self.pool, &rows)

@@ -23,7 +23,7 @@ use tidings_webpush::standard_webhooks::Secret;
 use crate::config::Settings;
 use crate::recheck::{self, Decision};
 use tidings_store::claim::Claimed;
-use tidings_store::claim::{Destination, WatchState};
+use tidings_store::claim::{Destination, Endpoint, WatchState};
 use tidings_store::transition::Change;
 
 /// A row the pre-guards let through, with the subscription it would go to.
@@ -45,18 +45,30 @@ pub struct Plan {
     pub requests: HashMap<OutboxId, PushRequest>,
 }
 
-/// Pre-guards first, so the source is asked only about rows that could still be sent.
+/// A row held back until its webhook endpoint's circuit closes: (row, dedup day, until).
+pub type Held = (OutboxId, chrono::NaiveDate, DateTime<Utc>);
+
+/// Pre-guards first, so the source is asked only about rows that could still be sent. Rows of a
+/// webhook endpoint whose circuit is open are held back, neither fetched nor changed.
 pub fn guard<'r>(
     rows: &'r [Claimed],
     watches: &'r HashMap<WatchId, WatchState>,
     settings: &Settings,
     now: DateTime<Utc>,
-) -> (Vec<Guarded<'r>>, Vec<Change>) {
+) -> (Vec<Guarded<'r>>, Vec<Change>, Vec<Held>) {
     let mut guarded = Vec::with_capacity(rows.len());
     let mut withheld = Vec::new();
+    let mut held = Vec::new();
     for row in rows {
         let watch = watches.get(&row.watch_id);
         match recheck::pre_guard(watch) {
+            Ok((
+                _,
+                Destination::Webhook(Endpoint {
+                    open_until: Some(until),
+                    ..
+                }),
+            )) if *until > now => held.push((row.id, row.dedup_day, *until)),
             Ok((subscription_id, subscription)) => guarded.push(Guarded {
                 row,
                 subscription_id,
@@ -67,7 +79,7 @@ pub fn guard<'r>(
             Err(reason) => withheld.push(change(row, Event::Withheld(reason), None, settings, now)),
         }
     }
-    (guarded, withheld)
+    (guarded, withheld, held)
 }
 
 /// The item a guarded row needs re-fetched (none when its code does not parse: `decide`
@@ -445,7 +457,7 @@ mod tests {
         let rows = vec![row(w)];
         let watches = HashMap::from([(w, watch)]);
         let now = Utc::now();
-        let (guarded, withheld) = guard(&rows, &watches, &s, now);
+        let (guarded, withheld, _) = guard(&rows, &watches, &s, now);
         let plan = decide(&guarded, &watches, &HashMap::new(), fetched, &s, now);
         (withheld, plan)
     }
@@ -504,9 +516,10 @@ mod tests {
         let mut w = watch(false);
         w.subscription = Some((
             SubscriptionId::new(),
-            Destination::Webhook(tidings_store::claim::Endpoint {
+            Destination::Webhook(Endpoint {
                 url: "https://hooks.example/in".into(),
                 secrets: vec![new_text, old_text],
+                open_until: None,
             }),
         ));
         let (_, plan) = plan_one(w, &priced(1050));
@@ -559,7 +572,7 @@ mod tests {
         let w = WatchId::new();
         let rows = vec![row(w)];
         let watches = HashMap::from([(w, watch(true))]);
-        let (guarded, withheld) = guard(&rows, &watches, &s, Utc::now());
+        let (guarded, withheld, _) = guard(&rows, &watches, &s, Utc::now());
         assert!(guarded.is_empty());
         assert!(items(&guarded, &watches).is_empty(), "nothing to fetch");
         assert_eq!(

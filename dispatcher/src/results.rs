@@ -31,6 +31,7 @@ use tidings_runtime::telemetry;
 
 use crate::config::Settings;
 use crate::stage::Stage;
+use tidings_domain::webhook::Breaker;
 use tidings_store::attempts::{self, Attempt};
 use tidings_store::rows::{self, Locked};
 use tidings_store::transition::{self, Change, Ending};
@@ -306,6 +307,7 @@ pub async fn apply_in(
     attempts::insert_new(&mut *tx, &planned.fresh).await?;
     attempts::record(&mut *tx, &planned.late).await?;
     let sent_detected_at = follow_up(tx, &planned.changes, &won, &rows).await?;
+    count_webhook_results(tx, &planned.changes, &won, &rows, settings.webhook_breaker).await?;
     Ok(Applied {
         changes: planned.changes,
         won,
@@ -418,6 +420,39 @@ fn advance<'r>(row: &'r Locked, sent: &Observation) -> baselines::Advance<'r> {
         outbox_id: row.id,
         promise,
     }
+}
+
+/// Counts each result on its webhook endpoint's circuit (a push subscription's are not counted):
+/// a delivery closes it, a failure (retried or final) adds one, and an endpoint at the breaker's
+/// threshold has its rows held back for its pause (`tidings_domain::webhook::Breaker`).
+async fn count_webhook_results(
+    tx: &mut PgConnection,
+    changes: &[Change],
+    won: &HashSet<OutboxId>,
+    rows: &HashMap<OutboxId, &Locked>,
+    breaker: Breaker,
+) -> Result<(), sqlx::Error> {
+    let (mut delivered, mut failed) = (Vec::new(), Vec::new());
+    for c in changes.iter().filter(|c| won.contains(&c.id)) {
+        let Some(sub) = rows.get(&c.id).and_then(|r| r.subscription_id) else {
+            continue;
+        };
+        match c.transition.to {
+            Status::Sent => delivered.push(sub),
+            Status::Retry | Status::Failed => failed.push(sub),
+            _ => {}
+        }
+    }
+    let counted = subscriptions::count_webhook_results(&mut *tx, &delivered, &failed).await?;
+    let now = Utc::now();
+    let open: Vec<_> = (counted.into_iter())
+        .filter_map(|(sub, failures)| {
+            let pause = breaker.pause_after(u32::try_from(failures).unwrap_or(0))?;
+            tracing::warn!(subscription_id = %sub, failures, pause_secs = pause.as_secs(), "webhook endpoint failing: its rows are held back");
+            Some((sub, now + chrono::Duration::from_std(pause).unwrap_or_default()))
+        })
+        .collect();
+    subscriptions::open_circuits(&mut *tx, &open).await
 }
 
 /// What follows from the changes that won: baselines advance for rows that became `sent`, and

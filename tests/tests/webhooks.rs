@@ -410,3 +410,71 @@ async fn a_hanging_receiver_does_not_delay_another_receivers_webhooks() {
     p.stop().await;
     s.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_failing_endpoint_is_held_back_by_its_circuit_breaker_and_says_so() {
+    let s = Scenario::new().await;
+    let receiver = FakeWebhookReceiver::start().await.unwrap();
+    let p = Pipeline::start(
+        &s,
+        &[
+            ("TIDINGS_WEBHOOK_BREAKER_FAILURES", "3"),
+            ("TIDINGS_WEBHOOK_BREAKER_PAUSE", "4s"),
+        ],
+    )
+    .await;
+    let key = client_key(&p).await;
+    receiver.answer_always("down", Answer::Status(503, "maintenance"));
+    let (token, _) = endpoint(&p, &key, &receiver.url("down")).await;
+    let items = ["SKU-DOWN-1", "SKU-DOWN-2", "SKU-DOWN-3"];
+    for item in items {
+        s.catalog.set_price(item, 1299);
+        watch(&p, &token, item).await;
+    }
+    for item in items {
+        s.catalog.set_price(item, 900);
+    }
+    let status = || async {
+        call(
+            reqwest::Method::GET,
+            format!("{}/v1/endpoints/me", p.url("api")),
+            Some(&token),
+            None,
+        )
+        .await
+        .1
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let open = loop {
+        let me = status().await;
+        if me["paused_until"].is_string() {
+            break me;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never paused: {me}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(open["consecutive_failures"].as_i64() >= Some(3), "{open}");
+    assert_eq!(open["active"], true, "paused, not disabled");
+    // Retries are due every ~0.5 s (TIDINGS_RETRY_BASE), but none reaches the receiver while
+    // the circuit is open.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let during = receiver.received_by("down").len();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        receiver.received_by("down").len(),
+        during,
+        "requests while the circuit was open"
+    );
+    // Back up: once the pause ends, the held rows are re-checked and sent, and a delivery
+    // closes the circuit.
+    receiver.answer_always("down", Answer::Ok);
+    p.wait_for_rows(&s, &[Status::Sent], 3, 30).await;
+    let closed = status().await;
+    assert_eq!(
+        (&closed["consecutive_failures"], &closed["paused_until"]),
+        (&json!(0), &Value::Null),
+        "{closed}"
+    );
+    p.stop().await;
+    s.cleanup().await;
+}

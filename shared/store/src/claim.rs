@@ -48,6 +48,8 @@ pub enum Destination {
 pub struct Endpoint {
     pub url: String,
     pub secrets: Vec<String>,
+    /// While its circuit is open (it kept failing), its rows are held back until then.
+    pub open_until: Option<DateTime<Utc>>,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -55,6 +57,7 @@ impl std::fmt::Debug for Endpoint {
         f.debug_struct("Endpoint")
             .field("url", &self.url)
             .field("secrets", &self.secrets.len())
+            .field("open_until", &self.open_until)
             .finish()
     }
 }
@@ -190,6 +193,7 @@ struct WatchRow {
     auth: Option<String>,
     secret: Option<String>,
     previous_secret: Option<String>,
+    circuit_open_until: Option<DateTime<Utc>>,
 }
 
 impl WatchRow {
@@ -208,6 +212,7 @@ impl WatchRow {
                     .into_iter()
                     .chain(self.previous_secret.take())
                     .collect(),
+                open_until: self.circuit_open_until,
             }),
         };
         Some((id, to))
@@ -226,7 +231,8 @@ pub async fn watches(
         "SELECT w.id AS watch_id, w.item_code, w.paused, d.paused_at IS NOT NULL AS device_paused,
                 (w.removed_at IS NOT NULL OR d.removed_at IS NOT NULL) AS removed, d.locale, d.time_zone,
                 s.id AS subscription_id, s.channel, s.endpoint, s.p256dh, s.auth, s.secret,
-                CASE WHEN s.previous_until > now() THEN s.previous_secret END AS previous_secret
+                CASE WHEN s.previous_until > now() THEN s.previous_secret END AS previous_secret,
+                s.circuit_open_until
          FROM watches w
          JOIN devices d ON d.id = w.device_id
          LEFT JOIN push_subscriptions s ON s.device_id = w.device_id AND s.active
@@ -307,4 +313,29 @@ pub async fn recalls(
     .fetch_all(pool)
     .await?;
     Ok(found.into_iter().collect())
+}
+
+/// Holds claimed rows back until their time (their webhook endpoint's circuit is open), as a
+/// longer claim: they stay pending or retry, unchanged but for `claimed_until`.
+pub async fn hold(
+    pool: &PgPool,
+    rows: &[(OutboxId, NaiveDate, DateTime<Utc>)],
+) -> Result<(), sqlx::Error> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<OutboxId> = rows.iter().map(|r| r.0).collect();
+    let days: Vec<NaiveDate> = rows.iter().map(|r| r.1).collect();
+    let until: Vec<DateTime<Utc>> = rows.iter().map(|r| r.2).collect();
+    sqlx::query(
+        "UPDATE outbox o SET claimed_until = h.until
+         FROM UNNEST($1::uuid[], $2::date[], $3::timestamptz[]) AS h(id, day, until)
+         WHERE o.id = h.id AND o.dedup_day = h.day AND o.status IN ('pending', 'retry')",
+    )
+    .bind(ids)
+    .bind(days)
+    .bind(until)
+    .execute(pool)
+    .await?;
+    Ok(())
 }

@@ -121,6 +121,8 @@ pub struct EndpointView {
     pub deactivation_reason: Option<String>,
     pub deactivated_at: Option<DateTime<Utc>>,
     pub previous_until: Option<DateTime<Utc>>,
+    pub consecutive_failures: i32,
+    pub circuit_open_until: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
 }
 
@@ -128,7 +130,8 @@ pub struct EndpointView {
 pub async fn view(pool: &PgPool, device: DeviceId) -> Result<Option<EndpointView>, sqlx::Error> {
     sqlx::query_as(
         "SELECT id AS subscription_id, endpoint AS url, description, active, deactivation_reason,
-                deactivated_at, previous_until, created_at
+                deactivated_at, previous_until, consecutive_failures, circuit_open_until,
+                created_at
          FROM push_subscriptions WHERE device_id = $1 AND channel = 'webhook'
          ORDER BY active DESC, created_at DESC LIMIT 1",
     )

@@ -21,3 +21,60 @@ pub async fn deactivate_gone(
     .await?;
     Ok(())
 }
+
+/// Counts attempts' results on webhook endpoints (other subscriptions are left alone): a
+/// delivery closes an endpoint's circuit and clears its count; each failure adds one. Returns
+/// the endpoints that failed with their count of failures in a row now, for the caller to open
+/// their circuits ([`open_circuits`]).
+pub async fn count_webhook_results(
+    conn: &mut PgConnection,
+    delivered: &[SubscriptionId],
+    failed: &[SubscriptionId],
+) -> Result<Vec<(SubscriptionId, i32)>, sqlx::Error> {
+    if !delivered.is_empty() {
+        sqlx::query(
+            "UPDATE push_subscriptions SET consecutive_failures = 0, circuit_open_until = NULL
+             WHERE id = ANY($1) AND channel = 'webhook'
+               AND (consecutive_failures > 0 OR circuit_open_until IS NOT NULL)",
+        )
+        .bind(delivered)
+        .execute(&mut *conn)
+        .await?;
+    }
+    if failed.is_empty() {
+        return Ok(Vec::new());
+    }
+    // One row per endpoint, in id order, so concurrent result batches lock them alike.
+    sqlx::query_as(
+        "UPDATE push_subscriptions s SET consecutive_failures = s.consecutive_failures + f.n
+         FROM (SELECT id, count(*)::int AS n FROM UNNEST($1::uuid[]) AS id GROUP BY id
+               ORDER BY id) f
+         WHERE s.id = f.id AND s.channel = 'webhook' AND s.active
+         RETURNING s.id, s.consecutive_failures",
+    )
+    .bind(failed)
+    .fetch_all(conn)
+    .await
+}
+
+/// Holds each endpoint's rows back until its time.
+pub async fn open_circuits(
+    conn: &mut PgConnection,
+    open: &[(SubscriptionId, chrono::DateTime<chrono::Utc>)],
+) -> Result<(), sqlx::Error> {
+    if open.is_empty() {
+        return Ok(());
+    }
+    let (ids, until): (Vec<SubscriptionId>, Vec<chrono::DateTime<chrono::Utc>>) =
+        open.iter().copied().unzip();
+    sqlx::query(
+        "UPDATE push_subscriptions s SET circuit_open_until = o.until
+         FROM UNNEST($1::uuid[], $2::timestamptz[]) AS o(id, until)
+         WHERE s.id = o.id",
+    )
+    .bind(ids)
+    .bind(until)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
