@@ -187,12 +187,10 @@ impl Dispatcher {
         if !telemetry::exporting() {
             return HashMap::new();
         }
-        let push_subject = self
-            .settings
-            .subjects
-            .subject(StreamKind::Push, Channel::WebPush);
+        let subjects = &self.settings.subjects;
         rows.iter()
             .map(|r| {
+                let push_subject = subjects.subject(StreamKind::Push, r.channel);
                 let span = tracing::info_span!(
                     "recheck",
                     otel.kind = "producer",
@@ -202,7 +200,7 @@ impl Dispatcher {
                     outbox_id = %r.id,
                     watch_id = %r.watch_id,
                     trigger = r.trigger.as_str(),
-                    channel = "web_push",
+                    channel = r.channel.as_str(),
                     outcome = tracing::field::Empty,
                     reason = tracing::field::Empty,
                 );

@@ -406,6 +406,7 @@ mod tests {
             dedup_day: at.date_naive(),
             watch_id,
             device_id: DeviceId::new(),
+            channel: tidings_domain::Channel::WebPush,
             status: Status::Pending,
             trigger: Trigger::PriceBelow { threshold: 1200 }.key(),
             detected_at: at,

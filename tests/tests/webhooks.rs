@@ -332,6 +332,24 @@ async fn each_answer_of_a_receiver_ends_its_rows_as_for_web_push() {
         format!("{attempt:?}").contains("unknown event type"),
         "{attempt:?}"
     );
+    // Once the receiver is fixed, the operator replays the failed row: re-checked and posted
+    // again, as a new row with its own webhook-id.
+    receiver.answer_always("refuses", Answer::Ok);
+    let (status, replay) = call(
+        reqwest::Method::POST,
+        format!(
+            "{}/v1/admin/outbox/{}/replay",
+            p.ops_url("api"),
+            refused_row.notification.id
+        ),
+        Some(ADMIN_TOKEN),
+        None,
+    )
+    .await;
+    assert_eq!(status, 201, "{replay}");
+    let got = wait_for_received(&receiver, "refuses", 2).await;
+    assert_eq!(got[1].id.as_deref(), replay["id"].as_str());
+    assert_ne!(got[1].id, got[0].id);
 
     let flicker_row = row(flicker_watch).await;
     assert_eq!(

@@ -68,6 +68,8 @@ pub struct Claimed {
     pub dedup_day: NaiveDate,
     pub watch_id: WatchId,
     pub device_id: DeviceId,
+    /// The channel it goes out on (its watch's, so its device's).
+    pub channel: Channel,
     pub status: Status,
     pub trigger: String,
     pub detected_at: DateTime<Utc>,
@@ -148,7 +150,7 @@ pub const CLAIM: &str = concat!(
      )
      UPDATE outbox o SET claimed_until = now() + make_interval(secs => $2)
      FROM due WHERE o.id = due.id AND o.dedup_day = due.dedup_day
-     RETURNING o.id, o.dedup_day, o.watch_id, o.device_id, o.status, o.trigger, ",
+     RETURNING o.id, o.dedup_day, o.watch_id, o.device_id, o.channel, o.status, o.trigger, ",
     crate::snapshot_columns!(),
     ", o.attempt, o.retry_count, o.traceparent, o.next_attempt_at, o.withdraws"
 );

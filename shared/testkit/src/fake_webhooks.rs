@@ -54,6 +54,9 @@ impl Received {
 
 #[derive(Default)]
 struct Inner {
+    /// A benchmark's sink: every webhook answered 200 and counted, nothing kept.
+    sink: std::sync::atomic::AtomicBool,
+    sunk: std::sync::atomic::AtomicU64,
     received: Mutex<Vec<Received>>,
     next: Mutex<HashMap<String, VecDeque<Answer>>>,
     always: Mutex<HashMap<String, Answer>>,
@@ -75,6 +78,12 @@ async fn receive(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    if inner.sink.load(std::sync::atomic::Ordering::Relaxed) {
+        inner
+            .sunk
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return StatusCode::OK.into_response();
+    }
     let header = |name: &str| {
         headers
             .get(name)
@@ -135,6 +144,20 @@ impl FakeWebhookReceiver {
             inner,
             _server: server,
         })
+    }
+
+    /// A fast sink for benchmarks: every webhook answered 200, counted, not kept.
+    pub async fn start_sink() -> std::io::Result<Self> {
+        let s = Self::start().await?;
+        s.inner
+            .sink
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        Ok(s)
+    }
+
+    /// How many webhooks a sink took.
+    pub fn sunk(&self) -> u64 {
+        self.inner.sunk.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The URL of endpoint `name` on this receiver.

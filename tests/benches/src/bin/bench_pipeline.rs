@@ -1,7 +1,9 @@
 //! The whole pipeline under load, and the stale-alert comparison. Real release binaries (api,
 //! detector, dispatcher, pusher), Postgres, NATS, a fake catalog whose prices move on a
 //! timeline, and a local HTTPS push sink (201; one push in 500 fully verified and decrypted),
-//! all on this machine. Run with `deploy/local/stack bench pipeline [RATE] [SECONDS] [only-load]`.
+//! all on this machine. Run with `deploy/local/stack bench pipeline [RATE] [SECONDS] [only-load]`;
+//! `… [RATE] [SECONDS] channels [ROUNDS]` runs phase 1 to Web Push and to signed webhooks (a
+//! local HTTPS webhook sink) in alternating rounds, side by side.
 //!
 //! 1. Throughput: RATE notifications/s offered (items fall below their watches' threshold on a
 //!    schedule; the detector finds them) for SECONDS; notifications reaching `sent` per second in
@@ -38,8 +40,10 @@ use tidings_domain::validity;
 use tidings_domain::{Channel, ItemCode, OutboxId, WatchId};
 use tidings_tests::fake_catalog::Item;
 use tidings_tests::fake_push::{FakePushService, NAMED_HOSTS};
+use tidings_tests::fake_webhooks::FakeWebhookReceiver;
 use tidings_tests::scenario::Scenario;
 use tidings_tests::services::Pipeline;
+use tidings_webpush::standard_webhooks::Secret;
 use tokio_util::sync::CancellationToken;
 
 const THRESHOLD: i64 = 1000;
@@ -191,9 +195,31 @@ async fn scrape_all(
 }
 
 /// Offers `rate` notifications/s for `secs` seconds; returns the measured figures.
-async fn load_phase(rate: usize, secs: u64) -> Value {
+/// Makes every device a webhook endpoint on `url` (its watches and subscription too).
+async fn to_webhooks(s: &Scenario, url: &str) {
+    let (_, secret) = Secret::generate().expect("secret");
+    for statement in [
+        "UPDATE devices SET channel = 'webhook'",
+        "UPDATE watches SET channel = 'webhook'",
+        "UPDATE push_subscriptions SET channel = 'webhook', endpoint = $1, secret = $2,
+                p256dh = NULL, auth = NULL",
+    ] {
+        sqlx::query(statement)
+            .bind(url)
+            .bind(&secret)
+            .execute(&s.db.pool)
+            .await
+            .expect("webhook endpoints");
+    }
+}
+
+/// Phase 1 (and 2): RATE notifications/s through the pipeline to `channel`'s sink.
+async fn load_phase(rate: usize, secs: u64, channel: Channel) -> Value {
     let s = Scenario::new().await;
     let push = FakePushService::start_sink().await.expect("sink");
+    let hooks = FakeWebhookReceiver::start_sink()
+        .await
+        .expect("webhook sink");
     push.set_sample(500);
     let subs: Vec<Subscription> = (0..16).map(|_| push.named_subscription()).collect();
     let items_per_sec = rate.div_ceil(PER_ITEM).max(1);
@@ -203,6 +229,9 @@ async fn load_phase(rate: usize, secs: u64) -> Value {
         s.catalog.set_price(code, HIGH);
     }
     add_watches(&s, &subs, &items, (PER_ITEM, true)).await;
+    if channel == Channel::Webhook {
+        to_webhooks(&s, &hooks.url("bench")).await;
+    }
     let expected = n_items * PER_ITEM;
     let services = ["api", "dispatcher", "pusher", "detector"];
     let p = Pipeline::start(
@@ -212,6 +241,9 @@ async fn load_phase(rate: usize, secs: u64) -> Value {
             ("RUST_LOG", &service_log()),
             ("TIDINGS_POLL_INTERVAL", "20ms"),
             ("TIDINGS_PUSH_ALLOWED_HOSTS", NAMED_HOSTS),
+            // One receiver stands for every endpoint, as one push sink does for every push
+            // service: as many in flight as the push sink gets.
+            ("TIDINGS_WEBHOOK_CONCURRENCY_PER_HOST", "256"),
         ],
     )
     .await;
@@ -361,11 +393,12 @@ async fn load_phase(rate: usize, secs: u64) -> Value {
             .fetch_all(&s.db.pool)
             .await
             .unwrap_or_default();
-    let sampled = push.received().len();
+    let sampled = push.received().len() + usize::try_from(hooks.sunk()).unwrap_or(0);
     let rejected = push.rejected().len();
     p.stop().await;
     s.cleanup().await;
     json!({
+        "channel": channel.as_str(),
         "offered_per_s": items_per_sec * PER_ITEM,
         "seconds": secs,
         "window_s": window,
@@ -800,16 +833,61 @@ fn write_json(path: &str, value: &Value) {
     }
 }
 
+/// Phase 1 to each channel's sink, alternating rounds so both see the same minutes of this
+/// machine; prints each round and the medians.
+async fn channels(rate: usize, secs: u64, rounds: usize) {
+    let mut figures: HashMap<&str, Vec<(f64, f64, f64)>> = HashMap::new();
+    println!("| round | channel | `sent`/s | CPU µs per `sent` | pusher CPU µs per `sent` |");
+    println!("|---|---|---|---|---|");
+    for round in 1..=rounds {
+        for channel in [Channel::WebPush, Channel::Webhook] {
+            eprintln!("round {round}: {rate}/s for {secs} s to {channel} …");
+            let r = load_phase(rate, secs, channel).await;
+            let sent = r["sent_per_s"].as_f64().unwrap_or(0.0);
+            let cpu = r["cpu_us_per_sent"].as_f64().unwrap_or(0.0);
+            let pusher = r["resources"]["pusher"]["cpu_cores"]
+                .as_f64()
+                .unwrap_or(0.0)
+                * 1e6
+                / sent.max(1.0);
+            println!("| {round} | {channel} | {sent:.0} | {cpu:.0} | {pusher:.0} |");
+            figures
+                .entry(channel.as_str())
+                .or_default()
+                .push((sent, cpu, pusher));
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        match v.len() {
+            0 => 0.0,
+            n if n % 2 == 1 => v[n / 2],
+            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+        }
+    };
+    for (channel, rows) in &figures {
+        let col = |f: fn(&(f64, f64, f64)) -> f64| median(&mut rows.iter().map(f).collect());
+        let (sent, cpu, pusher) = (col(|r| r.0), col(|r| r.1), col(|r| r.2));
+        println!("| median | {channel} | {sent:.0} | {cpu:.0} | {pusher:.0} |");
+    }
+}
+
 #[tokio::main]
 async fn main() {
     let mut args = std::env::args().skip(1);
     let rate: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(4000);
     let secs: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(65);
-    // `only-load`: phase 1 alone, to see whether a given rate is kept up with.
-    let only_load = args.next().is_some_and(|a| a == "only-load");
+    // `only-load`: phase 1 alone, to see whether a given rate is kept up with; `channels`:
+    // phase 1 to Web Push and to webhooks in alternating rounds.
+    let mode = args.next().unwrap_or_default();
+    if mode == "channels" {
+        let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(2);
+        return channels(rate, secs, rounds).await;
+    }
+    let only_load = mode == "only-load";
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     eprintln!("pipeline benchmark: offering {rate}/s for {secs} s (phase 1 of 3) …");
-    let max = load_phase(rate, secs).await;
+    let max = load_phase(rate, secs, Channel::WebPush).await;
     eprintln!("{max:#}");
     let path = std::env::var("BENCH_PIPELINE_JSON")
         .unwrap_or_else(|_| "target/bench-pipeline.json".into());
@@ -826,7 +904,7 @@ async fn main() {
     let sustained = max["sent_per_s"].as_f64().unwrap_or(0.0);
     let half = ((sustained / 2.0) as usize).max(PER_ITEM);
     eprintln!("latency at half of {sustained:.0}/s: offering {half}/s (phase 2 of 3) …");
-    let latency = load_phase(half, secs).await;
+    let latency = load_phase(half, secs, Channel::WebPush).await;
     eprintln!("{latency:#}");
     eprintln!("stale alerts: Tidings, then the naive mode (phase 3 of 3) …");
     let tidings = stale_phase(false).await;
