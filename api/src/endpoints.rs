@@ -217,6 +217,13 @@ fn text(value: &str, pointer: &str, max: usize) -> Result<String, ApiError> {
     Ok(value.to_owned())
 }
 
+/// A new signing secret, as the client is given it (`whsec_…`).
+fn new_secret() -> Result<String, ApiError> {
+    Secret::generate()
+        .map(|(_, text)| text)
+        .map_err(|_| ApiError::Internal("the system random generator failed".into()))
+}
+
 /// The URL as the pusher will check it.
 async fn validate_url(url: &str, app: &AppState) -> Result<(), ApiError> {
     if url.len() > MAX_URL_LEN {
@@ -258,8 +265,7 @@ pub async fn create_endpoint(
         .transpose()?;
     validate_url(&req.url, &app).await?;
     let (token, hash) = new_token()?;
-    let (_, secret) = Secret::generate()
-        .map_err(|_| ApiError::Internal("the system random generator failed".into()))?;
+    let secret = new_secret()?;
     let device = DeviceId::new();
     let subscription = SubscriptionId::new();
     let new = NewEndpoint {
@@ -333,8 +339,7 @@ pub async fn rotate_secret(
     State(app): State<AppState>,
     device: Device,
 ) -> Result<Json<SecretRotated>, ApiError> {
-    let (_, secret) = Secret::generate()
-        .map_err(|_| ApiError::Internal("the system random generator failed".into()))?;
+    let secret = new_secret()?;
     let overlap = chrono::Duration::from_std(app.settings.webhook_secret_overlap)
         .unwrap_or(chrono::Duration::hours(24));
     // Microseconds, as Postgres keeps it: the answer and the status then say the same time.

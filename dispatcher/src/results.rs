@@ -20,13 +20,13 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tidings_bus::consume::{self, Consumer, ConsumerError, Decoded, Durable, Incoming, Shape};
-use tidings_domain::OutboxId;
 use tidings_domain::messages::{Outcome, PushResult};
 use tidings_domain::outbox::{self, Event, Row, Status};
 use tidings_domain::push;
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Observation;
 use tidings_domain::withdrawal::{self, Promise};
+use tidings_domain::{Channel, OutboxId};
 use tidings_runtime::telemetry;
 
 use crate::config::Settings;
@@ -422,7 +422,8 @@ fn advance<'r>(row: &'r Locked, sent: &Observation) -> baselines::Advance<'r> {
     }
 }
 
-/// Counts each result on its webhook endpoint's circuit (a push subscription's are not counted):
+/// Counts each result on its webhook endpoint's circuit (Web Push rows are skipped here, so their
+/// batches pay no statement for it):
 /// a delivery closes it, a failure (retried or final) adds one, and an endpoint at the breaker's
 /// threshold has its rows held back for its pause (`tidings_domain::webhook::Breaker`).
 async fn count_webhook_results(
@@ -434,7 +435,10 @@ async fn count_webhook_results(
 ) -> Result<(), sqlx::Error> {
     let (mut delivered, mut failed) = (Vec::new(), Vec::new());
     for c in changes.iter().filter(|c| won.contains(&c.id)) {
-        let Some(sub) = rows.get(&c.id).and_then(|r| r.subscription_id) else {
+        let Some(sub) = (rows.get(&c.id))
+            .filter(|r| r.channel == Channel::Webhook)
+            .and_then(|r| r.subscription_id)
+        else {
             continue;
         };
         match c.transition.to {

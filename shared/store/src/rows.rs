@@ -6,7 +6,7 @@ use sqlx::PgConnection;
 use sqlx::types::Json;
 use tidings_domain::outbox::Status;
 use tidings_domain::trigger::{Baseline, Observation};
-use tidings_domain::{OutboxId, SubscriptionId, WatchId};
+use tidings_domain::{Channel, OutboxId, SubscriptionId, WatchId};
 
 /// A row as the results loop needs it.
 #[derive(Debug, sqlx::FromRow)]
@@ -18,6 +18,8 @@ pub struct Locked {
     pub retry_count: i32,
     pub watch_id: WatchId,
     pub trigger: String,
+    /// Where it goes: results count on a webhook endpoint's circuit breaker only.
+    pub channel: Channel,
     pub sent_value: Option<Json<Observation>>,
     pub subscription_id: Option<SubscriptionId>,
     pub detected_at: DateTime<Utc>,
@@ -42,7 +44,7 @@ impl Locked {
 
 macro_rules! lock_rows {
     () => {
-        "SELECT id, dedup_day, status, attempt, retry_count, watch_id, trigger, sent_value,
+        "SELECT id, dedup_day, status, attempt, retry_count, watch_id, trigger, channel, sent_value,
                 subscription_id, detected_at, traceparent, baseline_price, baseline_reference,
                 baseline_in_stock, (payload->>'valid_until')::timestamptz AS valid_until
          FROM outbox WHERE id = ANY($1)"
