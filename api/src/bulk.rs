@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use tidings_api_types::outbox::{BulkReport, Cancelled, Sampled};
 use tidings_domain::outbox::Reason;
-use tidings_domain::{DeviceId, OutboxId, WatchId};
+use tidings_domain::{Channel, DeviceId, OutboxId, WatchId};
 use tidings_runtime::telemetry;
 use tidings_store::bulk::{self, Candidate, Operation};
 use tidings_store::db;
@@ -38,6 +38,8 @@ pub struct OutboxFilter {
     pub status: Option<String>,
     /// A drop or failure reason, e.g. `condition_lost`.
     pub reason: Option<String>,
+    #[schema(value_type = Option<tidings_domain::Channel>)]
+    pub channel: Option<String>,
     pub device_id: Option<Uuid>,
     pub watch_id: Option<Uuid>,
     /// The watched item's code (no NUL: Postgres text cannot hold one).
@@ -69,6 +71,19 @@ pub(crate) fn reason_filter(name: Option<&str>) -> Result<Option<Reason>, ApiErr
     .transpose()
 }
 
+fn channel_filter(name: Option<&str>) -> Result<Option<Channel>, ApiError> {
+    name.map(|name| {
+        name.parse().map_err(|_| {
+            let known: Vec<&str> = Channel::ALL.iter().map(|c| c.as_str()).collect();
+            ApiError::BadRequest(format!(
+                "channel `{name}` is not one of {}",
+                known.join(", ")
+            ))
+        })
+    })
+    .transpose()
+}
+
 impl OutboxFilter {
     pub(crate) fn check(&self) -> Result<Filter, ApiError> {
         // Postgres text cannot hold a NUL: no row has one, and the query would fail.
@@ -80,6 +95,7 @@ impl OutboxFilter {
         Ok(Filter {
             status: status_filter(self.status.as_deref())?,
             reason: reason_filter(self.reason.as_deref())?,
+            channel: channel_filter(self.channel.as_deref())?,
             device_id: self.device_id.map(DeviceId),
             watch_id: self.watch_id.map(WatchId),
             item: self.item.clone(),

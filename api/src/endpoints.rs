@@ -17,6 +17,7 @@ use axum::http::StatusCode;
 use axum::http::request::Parts;
 use chrono::{DateTime, SubsecRound, Utc};
 use serde::{Deserialize, Serialize};
+use tidings_api_types::clients::{ClientCreated, ClientList, ClientSummary};
 use tidings_domain::dedup::parse_time_zone;
 use tidings_domain::texts::check_locale;
 use tidings_domain::{DeviceId, SubscriptionId};
@@ -43,16 +44,6 @@ pub struct CreateClient {
         pattern = r"^[^\u0000-\u001f\u007f-\u009f]*[^\s\u0000-\u001f\u007f-\u009f][^\u0000-\u001f\u007f-\u009f]*$"
     )]
     pub name: String,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct ClientCreated {
-    pub client_id: Uuid,
-    pub name: String,
-    /// The client's key (`Authorization: Bearer tck_…` on `POST /v1/endpoints`). Shown once;
-    /// Tidings keeps only its hash.
-    pub key: String,
-    pub created_at: DateTime<Utc>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -172,6 +163,34 @@ pub async fn create_client(
             created_at,
         }),
     ))
+}
+
+#[utoipa::path(
+    get, path = "/v1/admin/clients", tag = "operators",
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, description = "Every client, newest first, revoked ones too", body = ClientList),
+        Unauthorized,
+    )
+)]
+pub async fn list_clients(
+    State(app): State<AppState>,
+    _: Operator,
+) -> Result<Json<ClientList>, ApiError> {
+    let rows = endpoints::list_clients(&app.pool)
+        .await
+        .map_err(db("listing API clients"))?;
+    let items = rows
+        .into_iter()
+        .map(|c| ClientSummary {
+            client_id: c.id,
+            name: c.name,
+            created_at: c.created_at,
+            revoked_at: c.revoked_at,
+            endpoints: c.endpoints,
+        })
+        .collect();
+    Ok(Json(ClientList { items }))
 }
 
 #[utoipa::path(

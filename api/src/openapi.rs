@@ -104,6 +104,7 @@ fn operators() -> OpenApiRouter<AppState> {
         .routes(routes!(dead_letters::purge_dead_letters))
         .routes(routes!(doctor::doctor))
         .routes(routes!(endpoints::create_client))
+        .routes(routes!(endpoints::list_clients))
         .routes(routes!(endpoints::revoke_client))
         .routes(routes!(health::metrics))
 }

@@ -28,6 +28,8 @@ pub struct ListOutbox {
     pub status: Option<String>,
     /// A drop or failure reason, e.g. `condition_lost`.
     pub reason: Option<String>,
+    #[param(value_type = Option<tidings_domain::Channel>)]
+    pub channel: Option<String>,
     pub device_id: Option<Uuid>,
     pub watch_id: Option<Uuid>,
     /// The watched item's code (no NUL: Postgres text cannot hold one).
@@ -56,6 +58,7 @@ impl ListOutbox {
         OutboxFilter {
             status: self.status.clone(),
             reason: self.reason.clone(),
+            channel: self.channel.clone(),
             device_id: self.device_id,
             watch_id: self.watch_id,
             item: self.item.clone(),

@@ -44,6 +44,7 @@ async fn device_view(app: &AppState, id: Uuid) -> Result<DeviceView, ApiError> {
         .map_err(db("counting a device's notifications"))?;
     Ok(DeviceView {
         id: row.id.0,
+        channel: row.channel,
         time_zone: row.time_zone,
         locale: row.locale,
         created_at: row.created_at,

@@ -1300,6 +1300,36 @@ async fn bulk_replay_takes_only_matching_rows_once_each_in_resumable_batches() {
     )
     .await;
     assert_eq!(reversed["matched"], 0, "{reversed}");
+    // The channel narrows too: these rows are all Web Push.
+    for (channel, some) in [("web_push", true), ("webhook", false)] {
+        let found = admin_post(
+            &api,
+            "/v1/admin/outbox/replay",
+            &json!({"filter": {"channel": channel}, "dry_run": true}),
+            200,
+        )
+        .await;
+        assert_eq!(
+            found["matched"].as_i64().unwrap() > 0,
+            some,
+            "{channel}: {found}"
+        );
+    }
+    let p = problem(
+        api.send(
+            Method::POST,
+            "/v1/admin/outbox/replay",
+            Some(ADMIN_TOKEN),
+            &json!({"filter": {"channel": "sms"}}),
+        )
+        .await,
+        400,
+    )
+    .await;
+    assert!(
+        p["detail"].as_str().unwrap().contains("web_push, webhook"),
+        "{p}"
+    );
     // A whole number written with a fraction is still whole (JSON Schema's integer); a real
     // fraction is refused.
     let whole = admin_post(
@@ -1839,6 +1869,7 @@ async fn the_openapi_document_is_valid_3_1_and_matches_the_router() {
         ("GET", "/v1/endpoints/me"),
         ("POST", "/v1/endpoints/me/secret"),
         ("POST", "/v1/admin/clients"),
+        ("GET", "/v1/admin/clients"),
         ("DELETE", "/v1/admin/clients/{id}"),
         ("GET", "/v1/admin/outbox"),
         ("GET", "/v1/admin/outbox/{id}"),
@@ -2409,5 +2440,28 @@ async fn only_a_client_key_registers_a_webhook_endpoint_whose_watches_notify_by_
         json(api.get("/v1/endpoints/me", Some(&token)).await).await["active"],
         true
     );
+
+    // Operators see each client with its endpoints counted, and each endpoint's device's channel.
+    admin_post(&api, "/v1/admin/clients", &json!({"name": "bot"}), 201).await;
+    let listed = json(api.get("/v1/admin/clients", Some(ADMIN_TOKEN)).await).await;
+    let summary: Vec<(&Value, &Value, bool)> = (listed["items"].as_array().unwrap().iter())
+        .map(|c| (&c["name"], &c["endpoints"], c["revoked_at"].is_string()))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (&json!("bot"), &json!(0), false),
+            (&json!("shop"), &json!(1), true)
+        ],
+        "newest first: {listed}"
+    );
+    problem(api.get("/v1/admin/clients", None).await, 401).await;
+    let device = created["device_id"].as_str().unwrap();
+    let shown = json(
+        api.get(&format!("/v1/admin/devices/{device}"), Some(ADMIN_TOKEN))
+            .await,
+    )
+    .await;
+    assert_eq!(shown["channel"], "webhook", "{shown}");
     api.stop().await;
 }

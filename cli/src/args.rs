@@ -68,6 +68,9 @@ pub enum Command {
     /// A watch: show, pause, resume.
     #[command(subcommand)]
     Watch(Object),
+    /// API clients, who register webhook endpoints: create (prints its key once), ls, revoke.
+    #[command(subcommand)]
+    Client(Client),
     /// Check the deployment end to end and say what is wrong: api, schema, due backlog,
     /// streams, consumers and their lag, the VAPID key pair of the api and every pusher.
     Doctor {
@@ -89,6 +92,9 @@ pub struct Filter {
     /// A drop or failure reason, e.g. condition_lost, retries_exhausted, cancelled.
     #[arg(long)]
     pub reason: Option<String>,
+    /// web_push or webhook.
+    #[arg(long)]
+    pub channel: Option<String>,
     /// A device's id.
     #[arg(long)]
     pub device: Option<String>,
@@ -127,6 +133,7 @@ impl Filter {
         };
         put("status", self.status.clone());
         put("reason", self.reason.clone());
+        put("channel", self.channel.clone());
         put("device_id", self.device.clone());
         put("watch_id", self.watch.clone());
         put("item", self.item.clone());
@@ -260,4 +267,18 @@ pub enum Object {
     Pause { id: String },
     /// Resume it.
     Resume { id: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Client {
+    /// Issue a key to a new client; the key is printed once (Tidings keeps only its hash).
+    Create {
+        /// Who it is, for operators: 1–100 characters.
+        name: String,
+    },
+    /// Every client, newest first, with its endpoints counted.
+    Ls,
+    /// Revoke a client's key: it registers no more endpoints; those it made keep receiving
+    /// until removed.
+    Revoke { id: String },
 }

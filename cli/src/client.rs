@@ -95,6 +95,21 @@ impl Api {
         query: &[(&str, String)],
         body: Option<&Value>,
     ) -> Result<T, CliError> {
+        let text = self.exchange(method, path, query, body).await?;
+        serde_json::from_str(&text).map_err(|source| CliError::Answer {
+            path: path.to_owned(),
+            source,
+        })
+    }
+
+    /// The body of a 2xx answer; any other is an error that carries the problem's detail.
+    async fn exchange(
+        &self,
+        method: &'static str,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<&Value>,
+    ) -> Result<String, CliError> {
         let mut url = reqwest::Url::parse(&format!("{}{path}", self.base))
             .map_err(|e| CliError::Usage(format!("--api {}: {e}", self.base)))?;
         if !query.is_empty() {
@@ -103,6 +118,7 @@ impl Api {
         }
         let mut req = match method {
             "POST" => self.http.post(url),
+            "DELETE" => self.http.delete(url),
             _ => self.http.get(url),
         }
         .bearer_auth(&self.token);
@@ -130,10 +146,7 @@ impl Api {
                 detail,
             });
         }
-        serde_json::from_str(&text).map_err(|source| CliError::Answer {
-            path: path.to_owned(),
-            source,
-        })
+        Ok(text)
     }
 
     pub async fn get<T: DeserializeOwned>(
@@ -172,6 +185,11 @@ impl Api {
 
     pub async fn post<T: DeserializeOwned>(&self, path: &str, body: &Value) -> Result<T, CliError> {
         self.send("POST", path, &[], Some(body)).await
+    }
+
+    /// A `DELETE`, whose answer has no body.
+    pub async fn delete(&self, path: &str) -> Result<(), CliError> {
+        self.exchange("DELETE", path, &[], None).await.map(drop)
     }
 }
 

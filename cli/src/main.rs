@@ -4,6 +4,7 @@
 
 mod args;
 mod client;
+mod clients;
 mod dead_letters;
 mod doctor;
 mod objects;
@@ -40,6 +41,7 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Dlq(c) => dead_letters::run(&api, json, *c).await,
         Command::Device(c) => objects::run(&api, json, objects::Kind::Device, c).await,
         Command::Watch(c) => objects::run(&api, json, objects::Kind::Watch, c).await,
+        Command::Client(c) => clients::run(&api, json, c).await,
         Command::Doctor {
             max_lag,
             max_due_age,

@@ -28,6 +28,7 @@ impl Kind {
         match self {
             Kind::Device => &[
                 "id",
+                "channel",
                 "time_zone",
                 "created_at",
                 "removed_at",

@@ -37,6 +37,7 @@ async fn ls(api: &Api, json_out: bool, filter: &Filter, limit: usize) -> Result<
         &items,
         &[
             ("id", "/id"),
+            ("channel", "/channel"),
             ("status", "/status"),
             ("reason", "/reason"),
             ("item", "/item_code"),
@@ -76,6 +77,7 @@ async fn show(api: &Api, json_out: bool, id: &str) -> Result<u8, CliError> {
         &row,
         &[
             "id",
+            "channel",
             "status",
             "reason",
             "delivery",

@@ -104,7 +104,7 @@ impl Pusher {
         channel: Channel,
     ) -> Result<Self, PusherError> {
         require_streams(&js, &settings.subjects).await?;
-        crate::metrics::init();
+        crate::metrics::init(channel);
         let delivered = DeliveryLog::new(js.clone(), &settings.subjects, &settings.streams);
         delivered.ensure().await?;
         // Updated on start: a changed ack wait (it follows the HTTP timeout) takes effect.
@@ -222,7 +222,11 @@ impl Pusher {
             Channel::WebPush => host.clone(),
             Channel::Webhook => Some(Channel::Webhook.to_string()),
         };
-        record_metrics(&result, label, &handled, telemetry::trace_id(&span));
+        if !matches!(handled, Handled::AlreadyDelivered) {
+            // A redelivery recognised as already delivered made no request: not counted.
+            let trace_id = telemetry::trace_id(&span);
+            crate::metrics::record(self.channel, &result, label, trace_id);
+        }
         result.traceparent = telemetry::forward(&span, incoming.as_deref());
         if let Err(e) = inner.reporter.report(result).await {
             metrics().failed(Failure::PublishResult);
@@ -336,20 +340,6 @@ async fn settle(msg: &jetstream::Message, handled: &[Handled]) {
     {
         tracing::warn!(subject = %msg.subject, error = %e, "ack failed; a redelivery will be absorbed");
     }
-}
-
-/// Push metrics by outcome, status class and push-service host (a handful of hosts: the
-/// allowlist). A redelivery recognised as already delivered made no request and is not counted.
-fn record_metrics(
-    result: &PushResult,
-    host: Option<String>,
-    handled: &Handled,
-    trace_id: Option<String>,
-) {
-    if matches!(handled, Handled::AlreadyDelivered) {
-        return;
-    }
-    crate::metrics::record(result, host, trace_id);
 }
 
 /// An HTTP client span for the push service's request, carrying the message it came in (none

@@ -392,6 +392,41 @@ fn cli_shows_the_same(
     assert_eq!(webhook, Some("webhook".into()));
     let shown = cli(&ops, ADMIN_TOKEN, &["outbox", "show", c_id]);
     assert!(shown.stdout.contains("status:          sent"), "{shown:?}");
+    cli_finds_rows_by_channel(&ops);
+}
+
+/// Each channel's rows apart, in JSON and in the table; a channel that does not exist is a usage
+/// error that names the ones that do.
+fn cli_finds_rows_by_channel(ops: &str) {
+    let items = |channel: &str| -> Vec<String> {
+        let run = cli(
+            ops,
+            ADMIN_TOKEN,
+            &["outbox", "ls", "--channel", channel, "--json"],
+        );
+        assert_eq!(run.code, 0, "{run:?}");
+        let mut items: Vec<String> = (run.json().as_array().unwrap().iter())
+            .inspect(|r| assert_eq!(r["channel"], channel, "{r}"))
+            .map(|r| r["item_code"].as_str().unwrap().to_owned())
+            .collect();
+        items.sort();
+        items.dedup();
+        items
+    };
+    assert_eq!(items("webhook"), ["SKU-D"]);
+    assert_eq!(items("web_push"), ["SKU-A", "SKU-B", "SKU-C"]);
+    let table = cli(ops, ADMIN_TOKEN, &["outbox", "ls", "--channel", "webhook"]);
+    let lines: Vec<Vec<&str>> = (table.stdout.lines())
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(lines[0][..3], ["ID", "CHANNEL", "STATUS"], "{table:?}");
+    assert!(
+        lines[1..].iter().all(|cells| cells[1] == "webhook"),
+        "{table:?}"
+    );
+    let unknown = cli(ops, ADMIN_TOKEN, &["outbox", "ls", "--channel", "sms"]);
+    assert_eq!(unknown.code, 2, "{unknown:?}");
+    assert!(unknown.stderr.contains("web_push, webhook"), "{unknown:?}");
 }
 
 /// The device's own history has C's three attempts, without the internals.
@@ -457,7 +492,7 @@ fn metrics_moved_as_the_scenario_ran(before: &Scrapes, after: &Scrapes) {
     let moved = |svc: &str, key: &str| sample(&after[svc], key) - sample(&before[svc], key);
     let push = |outcome: &str, class: &str| {
         format!(
-            r#"tidings_push_requests_total{{host="127.0.0.1",outcome="{outcome}",status_class="{class}"}}"#
+            r#"tidings_push_requests_total{{channel="web_push",host="127.0.0.1",outcome="{outcome}",status_class="{class}"}}"#
         )
     };
     for (svc, key, n) in [
@@ -492,8 +527,11 @@ fn metrics_moved_as_the_scenario_ran(before: &Scrapes, after: &Scrapes) {
         // D's webhook, counted under one label for every webhook host.
         (
             "pusher",
-            r#"tidings_push_requests_total{host="webhook",outcome="delivered",status_class="2xx"}"#
-                .to_owned(),
+            concat!(
+                r#"tidings_push_requests_total{channel="webhook",host="webhook","#,
+                r#"outcome="delivered",status_class="2xx"}"#
+            )
+            .to_owned(),
             1.0,
         ),
         (

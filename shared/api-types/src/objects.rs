@@ -22,6 +22,9 @@ pub struct SubscriptionView {
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct DeviceView {
     pub id: Uuid,
+    /// How its notifications are delivered: `web_push` to a browser, or `webhook` (an API
+    /// client's endpoint, whose one subscription is its URL).
+    pub channel: Channel,
     pub time_zone: String,
     /// The BCP 47 locale its notifications are written for; none reads English.
     pub locale: Option<String>,

@@ -51,10 +51,22 @@ pub struct SourceRequestLabels {
 
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PushLabels {
+    /// web_push or webhook.
+    pub channel: String,
     pub outcome: String,
     /// 2xx, 4xx, 5xx, or "none" when no HTTP answer came (timeout, refused, expired).
     pub status_class: String,
+    /// The push service's host; `webhook` for every webhook (their hosts are as many as
+    /// endpoints, too many for a label).
     pub host: String,
+}
+
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ChannelStatusLabels {
+    /// web_push or webhook.
+    pub channel: String,
+    /// 2xx, 4xx or 5xx.
+    pub status: String,
 }
 
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -140,11 +140,12 @@ pub struct Device {
     pub removed_at: Option<DateTime<Utc>>,
     pub paused_at: Option<DateTime<Utc>>,
     pub watch_count: i32,
+    pub channel: tidings_domain::Channel,
 }
 
 pub async fn read(pool: &PgPool, id: DeviceId) -> Result<Option<Device>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT id, time_zone, locale, created_at, removed_at, paused_at, watch_count
+        "SELECT id, time_zone, locale, created_at, removed_at, paused_at, watch_count, channel
          FROM devices WHERE id = $1",
     )
     .bind(id)

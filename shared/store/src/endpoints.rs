@@ -53,6 +53,29 @@ pub async fn revoke_client(pool: &PgPool, id: ClientId) -> Result<bool, sqlx::Er
     Ok(done.rows_affected() == 1)
 }
 
+/// An API client as operators see it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ClientView {
+    pub id: Uuid,
+    pub name: String,
+    pub created_at: DateTime<Utc>,
+    pub revoked_at: Option<DateTime<Utc>>,
+    /// Endpoints it registered that are not removed.
+    pub endpoints: i64,
+}
+
+/// Every client, newest first, with its endpoints counted.
+pub async fn list_clients(pool: &PgPool) -> Result<Vec<ClientView>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT c.id, c.name, c.created_at, c.revoked_at,
+                (SELECT count(*) FROM devices d
+                 WHERE d.client_id = c.id AND d.removed_at IS NULL) AS endpoints
+         FROM api_clients c ORDER BY c.created_at DESC, c.id DESC",
+    )
+    .fetch_all(pool)
+    .await
+}
+
 /// An endpoint to register, with the device that stands for it.
 pub struct NewEndpoint<'a> {
     pub device: DeviceId,

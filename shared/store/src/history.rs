@@ -70,6 +70,7 @@ pub async fn of_device(
 pub struct Filter {
     pub status: Option<Status>,
     pub reason: Option<Reason>,
+    pub channel: Option<Channel>,
     pub device_id: Option<DeviceId>,
     pub watch_id: Option<WatchId>,
     pub item: Option<String>,
@@ -92,6 +93,9 @@ impl Filter {
         }
         if let Some(r) = self.reason {
             q.push(" AND o.reason = ").push_bind(r);
+        }
+        if let Some(c) = self.channel {
+            q.push(" AND o.channel = ").push_bind(c);
         }
         if let Some(d) = self.device_id {
             q.push(" AND o.device_id = ").push_bind(d);

@@ -31,12 +31,37 @@ pub struct PrivateNats {
     child: Option<std::process::Child>,
 }
 
+/// A port of 127.0.0.1 nothing listens on now, for a server another process will bind.
+///
+/// Taken below the kernel's ephemeral range (`ip_local_port_range`), where every outgoing
+/// connection gets its local port: a port the kernel handed out as free from that range could
+/// be taken by any test's connection before the server bound it, and a service that could not
+/// bind its ops endpoint never became ready (a test timed out on it).
 pub fn free_port() -> Result<u16, HarnessError> {
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    if let Some(span) = ephemeral
+        .checked_sub(FIRST_FIXED_PORT)
+        .filter(|s| *s > 1000)
+    {
+        for _ in 0..100 {
+            let offset = Uuid::new_v4().as_u128() % u128::from(span);
+            let port = FIRST_FIXED_PORT + u16::try_from(offset).unwrap_or(0);
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .map_err(|e| HarnessError::Nats(format!("no free port: {e}")))
 }
+
+/// Where [`free_port`] starts looking: above the ports well-known servers use.
+const FIRST_FIXED_PORT: u16 = 20_000;
 
 /// Up to three tries of `start`, each choosing its ports anew. A port [`free_port`] found free
 /// can be taken by another test's connection before the server binds it, and the server then
@@ -357,4 +382,24 @@ async fn meta_cluster(monitor: u16) -> serde_json::Value {
     serde_json::from_str::<serde_json::Value>(&text)
         .map(|v| v["meta_cluster"].clone())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_free_port_is_bindable_and_outside_the_ephemeral_range() {
+        let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap();
+        let low: u16 = range.split_whitespace().next().unwrap().parse().unwrap();
+        let ports: std::collections::HashSet<u16> = (0..20).map(|_| free_port().unwrap()).collect();
+        assert!(ports.len() > 10, "spread: {ports:?}");
+        for port in ports {
+            // (A kernel whose ephemeral range starts low gets the fallback: any free port.)
+            if low > FIRST_FIXED_PORT + 1000 {
+                assert!((FIRST_FIXED_PORT..low).contains(&port), "{port} vs {low}");
+            }
+            std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+        }
+    }
 }
