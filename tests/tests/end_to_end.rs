@@ -393,6 +393,51 @@ fn cli_shows_the_same(
     let shown = cli(&ops, ADMIN_TOKEN, &["outbox", "show", c_id]);
     assert!(shown.stdout.contains("status:          sent"), "{shown:?}");
     cli_finds_rows_by_channel(&ops);
+    cli_manages_clients(&ops);
+}
+
+/// The demo's client (with D's endpoint) and a new one: created with its key shown once, listed
+/// newest first, revoked once (again is not found).
+fn cli_manages_clients(ops: &str) {
+    let made = cli(
+        ops,
+        ADMIN_TOKEN,
+        &["client", "create", "relay bot", "--json"],
+    );
+    assert_eq!(made.code, 0, "{made:?}");
+    let made = made.json();
+    assert!(made["key"].as_str().unwrap().starts_with("tck_"), "{made}");
+    let id = made["client_id"].as_str().unwrap();
+    let listed = |args: &[&str]| {
+        let run = cli(ops, ADMIN_TOKEN, args);
+        assert_eq!(run.code, 0, "{run:?}");
+        run
+    };
+    let clients = listed(&["client", "ls", "--json"]).json();
+    let summary: Vec<(&str, i64, bool)> = (clients.as_array().unwrap().iter())
+        .map(|c| {
+            let name = c["name"].as_str().unwrap();
+            (
+                name,
+                c["endpoints"].as_i64().unwrap(),
+                c["revoked_at"].is_null(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [("relay bot", 0, true), ("demo shop backend", 1, true)]
+    );
+    let revoked = cli(ops, ADMIN_TOKEN, &["client", "revoke", id]);
+    assert_eq!(revoked.code, 0, "{revoked:?}");
+    let table = listed(&["client", "ls"]).stdout;
+    let row: Vec<&str> = (table.lines())
+        .find(|l| l.starts_with(id))
+        .map(|l| l.split_whitespace().collect())
+        .unwrap();
+    assert!(row.last().unwrap().starts_with("20"), "revoked at: {table}");
+    let again = cli(ops, ADMIN_TOKEN, &["client", "revoke", id]);
+    assert_eq!(again.code, 3, "{again:?}");
 }
 
 /// Each channel's rows apart, in JSON and in the table; a channel that does not exist is a usage
