@@ -101,7 +101,7 @@ impl Deliverer {
     pub async fn host_slot(&self, req: &PushRequest) -> Option<tokio::sync::OwnedSemaphorePermit> {
         match &req.target {
             Target::WebPush(_) => None,
-            Target::Webhook(call) => self.webhooks.host_slot(call).await,
+            Target::Webhook(call) => self.webhooks.host_slot(call, req.deadline).await,
         }
     }
 

@@ -7,10 +7,10 @@
 //! only, and requests to other hosts go on beside it. A request that waited for a slot past its
 //! deadline or validity is not sent (reported `expired` or outlived, like any late push).
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tidings_domain::messages::{Outcome, PushRequest, PushResult, WebhookCall};
 use tidings_domain::outbox::FailReason;
 use tidings_domain::push::{classify_webhook, retry_after};
@@ -41,11 +41,17 @@ impl Webhooks {
         })
     }
 
-    /// A slot among those of `call`'s host (its authority: host and port), waited for. The
-    /// worker takes it before one of its own slots, so requests waiting on a busy host hold none
-    /// of the slots other hosts' requests need. `None` for a URL without a host (the guard then
-    /// refuses it).
-    pub async fn host_slot(&self, call: &WebhookCall) -> Option<OwnedSemaphorePermit> {
+    /// A slot among those of `call`'s host (its authority: host and port), waited for until the
+    /// request's `deadline` at most. The worker takes it before one of its own slots, so requests
+    /// waiting on a busy host hold none of the slots other hosts' requests need; and a request
+    /// waits no longer than it may still be sent, so a burst to a hanging host leaves the
+    /// consumer's window by its deadline, not after the hanging requests' timeouts. `None` for a
+    /// URL without a host (the guard then refuses it) and past the deadline (then refused late).
+    pub async fn host_slot(
+        &self,
+        call: &WebhookCall,
+        deadline: DateTime<Utc>,
+    ) -> Option<OwnedSemaphorePermit> {
         let url = reqwest::Url::parse(&call.url).ok()?;
         let key = format!(
             "{}:{}",
@@ -65,8 +71,12 @@ impl Webhooks {
                 .or_insert_with(|| Arc::new(Semaphore::new(self.per_host)))
                 .clone()
         };
+        // Just past the deadline, so the delivery that follows finds the request late.
+        let left = (deadline - Utc::now()).to_std().unwrap_or_default() + Duration::from_millis(1);
         // Never closed.
-        slots.acquire_owned().await.ok()
+        (tokio::time::timeout(left, slots.acquire_owned()).await)
+            .ok()?
+            .ok()
     }
 
     pub async fn deliver(&self, req: &PushRequest, call: &WebhookCall) -> PushResult {

@@ -429,6 +429,62 @@ async fn a_hanging_receiver_does_not_delay_another_receivers_webhooks() {
     s.cleanup().await;
 }
 
+/// More webhooks to a hanging host than the pusher's consumer has in flight (twice its slots,
+/// one request a message): those waiting for the host's slots leave the window by their push
+/// deadline (5 s), reported late, so another host's webhook waits for that at most, not for the
+/// hanging requests' 15 s timeout.
+#[tokio::test]
+async fn a_burst_to_a_hanging_receiver_holds_another_receiver_up_only_until_its_deadline() {
+    let s = Scenario::new().await;
+    let hanging = FakeWebhookReceiver::start().await.unwrap();
+    let healthy = FakeWebhookReceiver::start().await.unwrap();
+    let p = Pipeline::start(
+        &s,
+        &[
+            ("TIDINGS_PUSH_HTTP_TIMEOUT", "15s"),
+            ("TIDINGS_PUSH_CONCURRENCY", "4"),
+            ("TIDINGS_WEBHOOK_CONCURRENCY_PER_HOST", "2"),
+            // A message a request: a batch would take one place in the window for all of them.
+            ("TIDINGS_DISPATCH_PUSH_BATCH", "1"),
+        ],
+    )
+    .await;
+    let key = client_key(&p).await;
+    hanging.answer_always("stuck", Answer::Hang);
+    let mut stuck = Vec::new();
+    for i in 0..12 {
+        let (token, _) = endpoint(&p, &key, &hanging.url("stuck")).await;
+        let item = format!("SKU-BURST-{i}");
+        s.catalog.set_price(&item, 1299);
+        watch(&p, &token, &item).await;
+        stuck.push(item);
+    }
+    let (token, _) = endpoint(&p, &key, &healthy.url("fine")).await;
+    s.catalog.set_price("SKU-FINE", 1299);
+    let fine = watch_id(&watch(&p, &token, "SKU-FINE").await);
+    for item in &stuck {
+        s.catalog.set_price(item, 900);
+    }
+    // All 12 dispatched: 2 hang, the rest wait for the host or in the stream behind them.
+    p.wait_for_rows(&s, &[Status::Sending], 12, 20).await;
+    s.catalog.set_price("SKU-FINE", 900);
+    let got = wait_for_received(&healthy, "fine", 1).await;
+    let rows = s.rows(fine).await;
+    let latency = got[0].at_ms - rows[0].notification.detected_at.timestamp_millis();
+    println!("detected → received beside a burst to a hanging receiver: {latency} ms");
+    assert!(
+        latency < 10_000,
+        "{latency} ms: the burst held the consumer's window until the 15 s timeouts"
+    );
+    assert_eq!(
+        hanging.received_by("stuck").len(),
+        2,
+        "only its 2 slots' requests went out; the rest were late, not sent"
+    );
+    p.stop().await;
+    s.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_failing_endpoint_is_held_back_by_its_circuit_breaker_and_says_so() {
     let s = Scenario::new().await;
