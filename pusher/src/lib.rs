@@ -21,6 +21,7 @@ pub mod worker;
 
 pub use config::{Config, Settings};
 
+use std::sync::Arc;
 use std::time::Duration;
 use tidings_bus::consume::Handler as _;
 use tidings_domain::Channel;
@@ -66,13 +67,18 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
     };
     // The delivery log and the consumers: ready only once they exist too.
     let starting = &probes.starting;
+    let deliverer =
+        Arc::new(deliver::Deliverer::new(&settings).map_err(worker::PusherError::from)?);
     let mut pushers = Vec::new();
     for channel in Channel::ALL {
         let pusher = startup::retry(
             "NATS: delivery log and consumer",
             starting,
             &shutdown,
-            || worker::Pusher::for_channel(js.clone(), settings.clone(), channel),
+            || {
+                let deliverer = deliverer.clone();
+                worker::Pusher::for_channel(js.clone(), settings.clone(), channel, deliverer)
+            },
         )
         .await;
         let Some(pusher) = pusher else {

@@ -77,7 +77,8 @@ pub enum Handled {
 struct Inner {
     js: jetstream::Context,
     settings: Settings,
-    deliverer: Deliverer,
+    /// Shared by the channels' pushers: one HTTP client each for push services and receivers.
+    deliverer: Arc<Deliverer>,
     delivered: DeliveryLog,
     reporter: Reporter,
     /// One per push in flight, whatever messages the requests came in.
@@ -94,14 +95,16 @@ pub struct Pusher {
 impl Pusher {
     /// The web push pusher.
     pub async fn new(js: jetstream::Context, settings: Settings) -> Result<Self, PusherError> {
-        Self::for_channel(js, settings, Channel::WebPush).await
+        let deliverer = Arc::new(Deliverer::new(&settings)?);
+        Self::for_channel(js, settings, Channel::WebPush, deliverer).await
     }
 
-    /// The pusher of `channel`'s requests, on its own consumer.
+    /// The pusher of `channel`'s requests, on its own consumer, delivering with `deliverer`.
     pub async fn for_channel(
         js: jetstream::Context,
         settings: Settings,
         channel: Channel,
+        deliverer: Arc<Deliverer>,
     ) -> Result<Self, PusherError> {
         require_streams(&js, &settings.subjects).await?;
         crate::metrics::init(channel);
@@ -117,7 +120,6 @@ impl Pusher {
             shape: Shape::each(settings.concurrency),
         };
         let consumer = Arc::new(Consumer::durable(&js, &settings.subjects, durable).await?);
-        let deliverer = Deliverer::new(&settings)?;
         let reporter = Reporter::start(
             js.clone(),
             settings.subjects.subject(StreamKind::Result, channel),
