@@ -21,20 +21,17 @@ pub async fn run(api: &Api, json_out: bool, command: Client) -> Result<u8, CliEr
         }
         Client::Ls => {
             let found: ClientList = api.get("/v1/admin/clients", &[]).await?;
-            if json_out {
-                println!("{}", cell(&found.items));
-            } else {
-                table::list(
-                    &found.items,
-                    &[
-                        ("id", "/client_id"),
-                        ("name", "/name"),
-                        ("endpoints", "/endpoints"),
-                        ("created", "/created_at"),
-                        ("revoked", "/revoked_at"),
-                    ],
-                );
-            }
+            table::listing(
+                json_out,
+                &found.items,
+                &[
+                    ("id", "/client_id"),
+                    ("name", "/name"),
+                    ("endpoints", "/endpoints"),
+                    ("created", "/created_at"),
+                    ("revoked", "/revoked_at"),
+                ],
+            );
         }
         Client::Revoke { id } => {
             api.delete(&format!("/v1/admin/clients/{id}")).await?;

@@ -40,11 +40,8 @@ async fn ls(api: &Api, json_out: bool, filter: &DlqFilter, limit: usize) -> Resu
     let items = api
         .list::<DeadLetterList>("/v1/admin/dlq", &query(filter), limit)
         .await?;
-    if json_out {
-        println!("{}", cell(&items));
-        return Ok(exit::OK);
-    }
-    table::list(
+    table::listing(
+        json_out,
         &items,
         &[
             ("sequence", "/sequence"),

@@ -29,11 +29,8 @@ async fn ls(api: &Api, json_out: bool, filter: &Filter, limit: usize) -> Result<
     let items = api
         .list::<OutboxList>("/v1/admin/outbox", &filter.pairs(), limit)
         .await?;
-    if json_out {
-        println!("{}", cell(&items));
-        return Ok(exit::OK);
-    }
-    table::list(
+    table::listing(
+        json_out,
         &items,
         &[
             ("id", "/id"),
@@ -49,8 +46,9 @@ async fn ls(api: &Api, json_out: bool, filter: &Filter, limit: usize) -> Result<
     Ok(exit::OK)
 }
 
-fn attempts_table(items: &[AttemptRecord]) {
-    table::list(
+fn attempts_table(json_out: bool, items: &[AttemptRecord]) {
+    table::listing(
+        json_out,
         items,
         &[
             ("attempt", "/attempt"),
@@ -97,7 +95,7 @@ async fn show(api: &Api, json_out: bool, id: &str) -> Result<u8, CliError> {
         ],
     );
     println!();
-    attempts_table(&attempts.items);
+    attempts_table(false, &attempts.items);
     Ok(exit::OK)
 }
 
@@ -105,11 +103,7 @@ pub async fn attempts(api: &Api, json_out: bool, id: &str) -> Result<u8, CliErro
     let found: AttemptList = api
         .get(&format!("/v1/admin/outbox/{id}/attempts"), &[])
         .await?;
-    if json_out {
-        println!("{}", cell(&found.items));
-    } else {
-        attempts_table(&found.items);
-    }
+    attempts_table(json_out, &found.items);
     Ok(exit::OK)
 }
 

@@ -69,6 +69,16 @@ pub fn list<T: Serialize>(items: &[T], columns: &[(&str, &str)]) {
     print(&headers, &rows);
 }
 
+/// A listing as the command line shows it: the items as JSON for scripts (`--json`), else
+/// [`list`]'s table.
+pub fn listing<T: Serialize>(json_out: bool, items: &[T], columns: &[(&str, &str)]) {
+    if json_out {
+        println!("{}", cell(items));
+    } else {
+        list(items, columns);
+    }
+}
+
 /// Prints `key: value` lines for the named fields of answer `v`.
 pub fn fields<T: Serialize>(v: &T, names: &[&str]) {
     let v = serde_json::to_value(v).unwrap_or(Value::Null);

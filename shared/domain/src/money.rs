@@ -170,22 +170,18 @@ mod tests {
 
     #[test]
     fn each_language_writes_its_own_separators() {
-        assert_eq!(
-            format(123456, "EUR", Separators::of("de-AT")),
-            "1.234,56 EUR"
-        );
-        assert_eq!(
-            format(123456, "EUR", Separators::of("fr")),
-            "1\u{202f}234,56 EUR"
-        );
-        assert_eq!(
-            format(123456, "JPY", Separators::of("ja-JP")),
-            "123,456 JPY"
-        );
-        assert_eq!(
-            format(123456, "USD", Separators::of("en_US")),
-            "1,234.56 USD"
-        );
+        for (currency, language, written) in [
+            ("EUR", "de-AT", "1.234,56 EUR"),
+            ("EUR", "fr", "1\u{202f}234,56 EUR"),
+            ("JPY", "ja-JP", "123,456 JPY"),
+            ("USD", "en_US", "1,234.56 USD"),
+        ] {
+            assert_eq!(
+                format(123456, currency, Separators::of(language)),
+                written,
+                "{language}"
+            );
+        }
         assert_eq!(Separators::of(""), Separators::POINT);
     }
 

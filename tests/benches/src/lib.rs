@@ -5,6 +5,8 @@
 //!
 //! - [`procstat`]: CPU and memory of processes, read from /proc.
 //! - [`rng`]: the seeded sequence that makes two runs meet the same load and faults.
+//! - [`seed`]: watches in bulk.
 
 pub mod procstat;
 pub mod rng;
+pub mod seed;

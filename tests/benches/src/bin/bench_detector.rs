@@ -45,21 +45,12 @@ async fn main() {
         .watcher("ITEM-0", Trigger::PriceBelow { threshold: 1200 }, 1300)
         .await;
     let started = Instant::now();
-    sqlx::query(
-        "INSERT INTO watches (id, device_id, item_code, triggers, reference_price)
-         SELECT gen_random_uuid(), $1, 'ITEM-' || (g % $3), '[{\"kind\":\"price_below\",\"threshold\":1200}]', 1300
-         FROM generate_series(1, $2) g",
-    )
-    .bind(first.device.id)
-    .bind(watches - 1)
-    .bind(items)
-    .execute(&s.db.pool)
-    .await
-    .expect("insert watches");
-    sqlx::query("ANALYZE watches")
-        .execute(&s.db.pool)
+    let codes: Vec<String> = (1..watches)
+        .map(|g| format!("ITEM-{}", g % items))
+        .collect();
+    tidings_benches::seed::watches(&s.db.pool, first.device.id.0, &codes, 1200, 1300)
         .await
-        .expect("analyze");
+        .expect("insert watches");
     for i in 0..items {
         // Every 100th item is below the threshold: 1 % of watches hold.
         s.catalog

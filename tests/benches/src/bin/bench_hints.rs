@@ -38,21 +38,10 @@ async fn watches(s: &Scenario, n: usize) -> HashMap<WatchId, usize> {
             HIGH,
         )
         .await;
-    sqlx::query(
-        "INSERT INTO watches (id, device_id, item_code, triggers, reference_price)
-         SELECT gen_random_uuid(), $1, 'shop:H-' || lpad(g::text, 6, '0'),
-                '[{\"kind\":\"price_below\",\"threshold\":1200}]', 1300
-         FROM generate_series(1, $2) g",
-    )
-    .bind(first.device.id)
-    .bind(i64::try_from(n).unwrap_or(0) - 1)
-    .execute(&s.db.pool)
-    .await
-    .expect("insert watches");
-    sqlx::query("ANALYZE watches")
-        .execute(&s.db.pool)
+    let codes: Vec<String> = (1..n).map(|i| format!("shop:{}", code(i))).collect();
+    tidings_benches::seed::watches(&s.db.pool, first.device.id.0, &codes, 1200, HIGH)
         .await
-        .expect("analyze");
+        .expect("insert watches");
     for i in 0..n {
         s.catalog.set_price(&code(i), HIGH);
     }

@@ -90,17 +90,9 @@ async fn seed(s: &Scenario, subs: &[Subscription], per_device: usize) -> Vec<Str
         let mine: Vec<String> = (0..per_device)
             .map(|i| format!("ITEM-{:05}", d * per_device + i))
             .collect();
-        sqlx::query(
-            "INSERT INTO watches (id, device_id, item_code, triggers, reference_price)
-             SELECT gen_random_uuid(), $1, i, $3, $4 FROM unnest($2::text[]) i",
-        )
-        .bind(device)
-        .bind(&mine)
-        .bind(serde_json::json!([{"kind": "price_below", "threshold": THRESHOLD}]))
-        .bind(HIGH)
-        .execute(pool)
-        .await
-        .expect("watches");
+        tidings_benches::seed::watches(pool, device, &mine, THRESHOLD, HIGH)
+            .await
+            .expect("watches");
         items.extend(mine);
     }
     items
