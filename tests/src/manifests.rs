@@ -86,15 +86,9 @@ impl Overlay {
     /// `kubectl kustomize deploy/k8s/overlays/<name>`, read as JSON (by the tools venv's YAML).
     pub fn render(name: &str) -> Overlay {
         let dir = repo().join("deploy/k8s/overlays").join(name);
-        let out = Command::new("kubectl")
-            .arg("kustomize")
-            .arg(&dir)
-            .output()
-            .expect("kubectl");
-        assert!(
-            out.status.success(),
-            "overlay {name} does not render: {}",
-            String::from_utf8_lossy(&out.stderr)
+        let rendered = crate::harness::succeeds(
+            Command::new("kubectl").arg("kustomize").arg(&dir),
+            &format!("rendering overlay {name}"),
         );
         let python = crate::harness::tool("python").expect("tools python");
         let mut child = Command::new(python)
@@ -109,7 +103,7 @@ impl Overlay {
         {
             use std::io::Write;
             let mut stdin = child.stdin.take().expect("stdin");
-            stdin.write_all(&out.stdout).expect("write yaml");
+            stdin.write_all(&rendered).expect("write yaml");
         }
         let json = child.wait_with_output().expect("yaml to json");
         assert!(json.status.success(), "the rendered YAML does not parse");

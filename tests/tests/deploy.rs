@@ -696,21 +696,17 @@ async fn the_dev_postgres_init_script_creates_each_service_user_in_its_role() {
     let admin: sqlx::postgres::PgConnectOptions =
         stack().unwrap().admin_database_url.parse().unwrap();
     for _ in 0..2 {
-        let out = Command::new("sh")
-            .args(["-c", &script])
-            .env("PGHOST", admin.get_host())
-            .env("PGPORT", admin.get_port().to_string())
-            .env("POSTGRES_USER", admin.get_username())
-            .env("POSTGRES_DB", &db.name)
-            .env("TIDINGS_API_PASSWORD", "a")
-            .env("TIDINGS_DISPATCHER_PASSWORD", "b")
-            .env("TIDINGS_DETECTOR_PASSWORD", "c")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "postgres-init failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
+        tidings_tests::harness::succeeds(
+            Command::new("sh")
+                .args(["-c", &script])
+                .env("PGHOST", admin.get_host())
+                .env("PGPORT", admin.get_port().to_string())
+                .env("POSTGRES_USER", admin.get_username())
+                .env("POSTGRES_DB", &db.name)
+                .env("TIDINGS_API_PASSWORD", "a")
+                .env("TIDINGS_DISPATCHER_PASSWORD", "b")
+                .env("TIDINGS_DETECTOR_PASSWORD", "c"),
+            "postgres-init",
         );
     }
     for (_, login, role) in DB_LOGINS {

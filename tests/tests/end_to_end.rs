@@ -1525,15 +1525,11 @@ async fn against_an_empty_database_every_service_is_unready_until_migrate_has_ru
     assert_eq!(r.headers()["retry-after"], "5");
 
     let migrated = Instant::now();
-    let out = std::process::Command::new(binary("api"))
-        .arg("migrate")
-        .env("DATABASE_URL", &empty.url)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    tidings_tests::harness::succeeds(
+        std::process::Command::new(binary("api"))
+            .arg("migrate")
+            .env("DATABASE_URL", &empty.url),
+        "tidings-api migrate",
     );
     for name in ["api", "dispatcher", "detector"] {
         p.wait_ready(name).await;

@@ -48,14 +48,9 @@ fn libpq(url: &str) -> String {
 }
 
 fn run(program: &str, args: &[&str]) {
-    let out = std::process::Command::new(pg_program(program))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
+    tidings_tests::harness::succeeds(
+        std::process::Command::new(pg_program(program)).args(args),
+        &format!("{program} {args:?}"),
     );
 }
 

@@ -137,16 +137,11 @@ fn signed_by_python(secret: &str, id: &str, at: i64, body: &str) -> Vec<(String,
         secret, msg_id, at, body = sys.argv[1:]\n\
         when = datetime.datetime.fromtimestamp(int(at), tz=datetime.timezone.utc)\n\
         print(Webhook(secret).sign(msg_id, when, body))";
-    let out = std::process::Command::new(python)
-        .args(["-c", script, secret, id, &at.to_string(), body])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let signed = tidings_tests::harness::succeeds(
+        std::process::Command::new(python).args(["-c", script, secret, id, &at.to_string(), body]),
+        "signing with standardwebhooks",
     );
-    let signature = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let signature = String::from_utf8(signed).unwrap().trim().to_owned();
     [
         ("webhook-id", id.to_owned()),
         ("webhook-timestamp", at.to_string()),

@@ -110,6 +110,20 @@ pub fn stack() -> Result<&'static Stack, HarnessError> {
 
 /// A pinned checker (openapi-spec-validator, yamllint, kubernetes-validate) from the stack's tools
 /// venv: `TIDINGS_TOOLS_BIN` when `deploy/local/stack test` set it, else `stack tools` installs it.
+/// Runs `command` to its end and answers its stdout; fails the test, saying `what` and the
+/// command's stderr, when it could not start or exited with an error.
+pub fn succeeds(command: &mut std::process::Command, what: &str) -> Vec<u8> {
+    let out = (command.output()).unwrap_or_else(|e| panic!("{what}: could not start: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed ({}): {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 pub fn tool(name: &str) -> Result<PathBuf, HarnessError> {
     static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     let bin = BIN.get_or_init(|| {

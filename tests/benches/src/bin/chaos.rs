@@ -111,15 +111,9 @@ const STACK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/local/sta
 /// Runs a stack command; a disruption that did not happen fails the run, so a report never
 /// claims one it did not make.
 fn stack(args: &[&str]) {
-    let out = std::process::Command::new("bash")
-        .arg(STACK)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("chaos: stack {args:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "chaos: stack {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    tidings_tests::harness::succeeds(
+        std::process::Command::new("bash").arg(STACK).args(args),
+        &format!("chaos: stack {args:?}"),
     );
 }
 
