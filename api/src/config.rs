@@ -51,6 +51,8 @@ pub struct Config {
     /// beside it, so its receiver can switch over.
     #[arg(long, env = "TIDINGS_WEBHOOK_SECRET_OVERLAP", default_value = "24h", value_parser = parse_duration)]
     pub webhook_secret_overlap: Duration,
+    #[command(flatten)]
+    pub webhook_keys: tidings_webpush::sealed::SecretKeyArgs,
     #[arg(long, env = "TIDINGS_MAX_WATCHES_PER_DEVICE", default_value_t = 100)]
     pub max_watches_per_device: u32,
     #[arg(long, env = "TIDINGS_MAX_TRIGGERS_PER_WATCH", default_value_t = 8)]
@@ -127,6 +129,8 @@ pub enum ConfigError {
     Source(#[from] tidings_source::SourceConfigError),
     #[error("TIDINGS_SOURCES_FILE: {0}")]
     HintSecrets(#[from] crate::hints::SecretError),
+    #[error(transparent)]
+    WebhookKeys(#[from] tidings_webpush::sealed::KeysError),
 }
 
 impl Config {
@@ -172,6 +176,7 @@ impl Config {
             policy: self.endpoints.policy(),
             webhook_policy: self.webhooks.policy(),
             webhook_secret_overlap: self.webhook_secret_overlap,
+            webhook_secret_keys: self.webhook_keys.keys()?,
             vapid_public_key,
             admin_token_hash,
             max_watches_per_device,

@@ -24,6 +24,7 @@ use tidings_domain::{DeviceId, SubscriptionId};
 use tidings_store::db;
 use tidings_store::endpoints::{self, ClientId, NewEndpoint};
 use tidings_webpush::endpoint::check;
+use tidings_webpush::sealed;
 use tidings_webpush::standard_webhooks::Secret;
 use utoipa::ToSchema;
 use uuid::Uuid;
@@ -236,11 +237,14 @@ fn text(value: &str, pointer: &str, max: usize) -> Result<String, ApiError> {
     Ok(value.to_owned())
 }
 
-/// A new signing secret, as the client is given it (`whsec_…`).
-fn new_secret() -> Result<String, ApiError> {
-    Secret::generate()
-        .map(|(_, text)| text)
-        .map_err(|_| ApiError::Internal("the system random generator failed".into()))
+/// A new signing secret: as the client is given it (`whsec_…`), and as it is stored (sealed
+/// when the api has keys, docs/security.md).
+fn new_secret(app: &AppState) -> Result<(String, String), ApiError> {
+    let failed = |_| ApiError::Internal("the system random generator failed".into());
+    let (_, text) = Secret::generate().map_err(failed)?;
+    let stored =
+        sealed::store(&text, app.settings.webhook_secret_keys.as_deref()).map_err(failed)?;
+    Ok((text, stored))
 }
 
 /// The URL as the pusher will check it.
@@ -284,7 +288,7 @@ pub async fn create_endpoint(
         .transpose()?;
     validate_url(&req.url, &app).await?;
     let (token, hash) = new_token()?;
-    let secret = new_secret()?;
+    let (secret, stored) = new_secret(&app)?;
     let device = DeviceId::new();
     let subscription = SubscriptionId::new();
     let new = NewEndpoint {
@@ -296,7 +300,7 @@ pub async fn create_endpoint(
         subscription,
         url: &req.url,
         description: description.as_deref(),
-        secret: &secret,
+        secret: &stored,
     };
     endpoints::register(&app.pool, new)
         .await
@@ -358,12 +362,12 @@ pub async fn rotate_secret(
     State(app): State<AppState>,
     device: Device,
 ) -> Result<Json<SecretRotated>, ApiError> {
-    let secret = new_secret()?;
+    let (secret, stored) = new_secret(&app)?;
     let overlap = chrono::Duration::from_std(app.settings.webhook_secret_overlap)
         .unwrap_or(chrono::Duration::hours(24));
     // Microseconds, as Postgres keeps it: the answer and the status then say the same time.
     let until = (Utc::now() + overlap).trunc_subsecs(6);
-    let rotated = endpoints::rotate_secret(&app.pool, device.id, &secret, until)
+    let rotated = endpoints::rotate_secret(&app.pool, device.id, &stored, until)
         .await
         .map_err(db("rotating a webhook secret"))?;
     rotated.ok_or(ApiError::NotFound("active webhook endpoint"))?;

@@ -85,6 +85,8 @@ pub struct Settings {
     pub webhook_policy: tidings_webpush::endpoint::EndpointPolicy,
     /// How long a rotated-out webhook secret keeps signing.
     pub webhook_secret_overlap: std::time::Duration,
+    /// Keys that seal webhook secrets before they are stored; none: stored as they are.
+    pub webhook_secret_keys: Option<Arc<tidings_webpush::sealed::SecretKeys>>,
     /// Each source's change-hint secrets (see [`hints`]); none: every hint is refused.
     pub hint_keys: hints::Keys,
 }

@@ -316,8 +316,7 @@ async fn a_client_registers_watches_pauses_reads_history_and_leaves() {
 
 #[tokio::test]
 async fn replacing_the_subscription_keeps_exactly_one_active() {
-    let db = TestDb::new().await.unwrap();
-    let api = ApiServer::start(db.pool.clone(), test_settings()).await;
+    let (db, api) = ApiServer::on_fresh_db().await;
     let (device, token) = api.register().await;
     let r = api
         .send(
@@ -356,8 +355,7 @@ async fn replacing_the_subscription_keeps_exactly_one_active() {
 
 #[tokio::test]
 async fn another_devices_watch_answers_404_and_is_not_touched() {
-    let db = TestDb::new().await.unwrap();
-    let api = ApiServer::start(db.pool.clone(), test_settings()).await;
+    let (db, api) = ApiServer::on_fresh_db().await;
     let (device_a, a) = api.register().await;
     let (_, b) = api.register().await;
     let w = create_watch(&api, &a, "SKU-1", json!([{"kind": "back_in_stock"}])).await;
@@ -393,8 +391,7 @@ async fn another_devices_watch_answers_404_and_is_not_touched() {
 
 #[tokio::test]
 async fn missing_or_invalid_tokens_get_401() {
-    let db = TestDb::new().await.unwrap();
-    let api = ApiServer::start(db.pool.clone(), test_settings()).await;
+    let (_db, api) = ApiServer::on_fresh_db().await;
     let (_, token) = api.register().await;
     // The real token with its last character changed (to one it is not: a fixed "A" matched one
     // token in 64, and that run got 200).
@@ -517,8 +514,7 @@ async fn every_registration_rule_refuses_bad_input_with_a_problem() {
 
 #[tokio::test]
 async fn every_watch_rule_refuses_bad_input_with_a_problem() {
-    let db = TestDb::new().await.unwrap();
-    let api = ApiServer::start(db.pool.clone(), test_settings()).await;
+    let (db, api) = ApiServer::on_fresh_db().await;
     let (_, token) = api.register().await;
     let post = |body: Value| {
         api.req(Method::POST, "/v1/watches", Some(&token))
@@ -701,8 +697,7 @@ async fn every_watch_rule_refuses_bad_input_with_a_problem() {
 
 #[tokio::test]
 async fn concurrent_creates_never_exceed_the_watch_limit() {
-    let db = TestDb::new().await.unwrap();
-    let api = ApiServer::start(db.pool.clone(), test_settings()).await;
+    let (db, api) = ApiServer::on_fresh_db().await;
     let (_, token) = api.register().await;
     let creates = (0..12).map(|i| {
         api.req(Method::POST, "/v1/watches", Some(&token))
@@ -740,8 +735,7 @@ async fn a_shared_create_statement_authenticates_each_create_and_keeps_every_lim
     use tidings_domain::ItemCode;
     use tidings_store::watch_creates::{Admission, Create, NewWatch, many, one};
 
-    let db = TestDb::new().await.unwrap();
-    let api = ApiServer::start(db.pool.clone(), test_settings()).await;
+    let (db, api) = ApiServer::on_fresh_db().await;
     let (a, token_a) = api.register().await;
     let (b, token_b) = api.register().await;
     let (_, token_gone) = api.register().await;
@@ -878,8 +872,7 @@ async fn a_create_postgres_refuses_fails_alone_and_its_neighbours_are_created() 
     use tidings_domain::ItemCode;
     use tidings_store::watch_creates::{Admission, NewWatch};
 
-    let db = TestDb::new().await.unwrap();
-    let api = ApiServer::start(db.pool.clone(), test_settings()).await;
+    let (db, api) = ApiServer::on_fresh_db().await;
     let (_, token) = api.register().await;
     let queue = CreateQueue::start(db.pool.clone(), 1000, 64, 1);
     let watch = |triggers: Vec<Trigger>| NewWatch {
@@ -914,8 +907,7 @@ async fn a_create_postgres_refuses_fails_alone_and_its_neighbours_are_created() 
 
 #[tokio::test]
 async fn a_retried_create_with_the_same_idempotency_key_creates_one_watch() {
-    let db = TestDb::new().await.unwrap();
-    let api = ApiServer::start(db.pool.clone(), test_settings()).await;
+    let (db, api) = ApiServer::on_fresh_db().await;
     let (_, token) = api.register().await;
     let body = json!({"item_code": "SKU-1", "triggers": [{"kind": "back_in_stock"}]});
     let send = |key: &'static str, body: Value| {
@@ -978,8 +970,7 @@ async fn a_retried_create_with_the_same_idempotency_key_creates_one_watch() {
 /// The locale a browser registers with is the device's, and operators see it.
 #[tokio::test]
 async fn a_device_registers_with_the_locale_it_reads() {
-    let db = TestDb::new().await.unwrap();
-    let api = ApiServer::start(db.pool.clone(), test_settings()).await;
+    let (_db, api) = ApiServer::on_fresh_db().await;
     let body = json!({
         "subscription": browser_subscription("https://127.0.0.1:9/push/ja"),
         "locale": "ja-JP",
@@ -1008,8 +999,7 @@ async fn a_device_registers_with_the_locale_it_reads() {
 
 #[tokio::test]
 async fn operators_list_count_inspect_and_replay_terminal_rows() {
-    let db = TestDb::new().await.unwrap();
-    let api = ApiServer::start(db.pool.clone(), test_settings()).await;
+    let (db, api) = ApiServer::on_fresh_db().await;
     let (device, token) = api.register().await;
     let w = create_watch(&api, &token, "SKU-1", json!([below(1200)])).await;
     let failed = outbox_row(&db.pool, &device, w["id"].as_str().unwrap(), 1100).await;
@@ -1117,8 +1107,7 @@ async fn admin_post(api: &ApiServer, path: &str, body: &Value, status: u16) -> V
 
 #[tokio::test]
 async fn bulk_replay_takes_only_matching_rows_once_each_in_resumable_batches() {
-    let db = TestDb::new().await.unwrap();
-    let api = ApiServer::start(db.pool.clone(), test_settings()).await;
+    let (db, api) = ApiServer::on_fresh_db().await;
     // One watch per device and item: each row on SKU-1 is another device's.
     let row_on = |item: &'static str, price: i64| {
         let (api, db) = (&api, &db);
@@ -1608,8 +1597,7 @@ async fn operators_cancel_due_rows_only_and_pause_devices_and_watches() {
 /// a device paused and resumed, and the exit codes scripts rely on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_replays_cancels_and_pauses_with_exit_codes_scripts_rely_on() {
-    let db = TestDb::new().await.unwrap();
-    let api = ApiServer::start(db.pool.clone(), test_settings()).await;
+    let (db, api) = ApiServer::on_fresh_db().await;
     let base = api.base.clone();
     let run = |args: Vec<String>| {
         let base = base.clone();
@@ -1793,8 +1781,7 @@ async fn health_probes_answer() {
 
 #[tokio::test]
 async fn the_openapi_document_is_valid_3_1_and_matches_the_router() {
-    let db = TestDb::new().await.unwrap();
-    let api = ApiServer::start(db.pool.clone(), test_settings()).await;
+    let (_db, api) = ApiServer::on_fresh_db().await;
     let doc = json(api.get("/openapi.json", None).await).await;
     assert_eq!(doc["openapi"], "3.1.0");
 
@@ -1944,8 +1931,7 @@ async fn the_openapi_document_is_valid_3_1_and_matches_the_router() {
 /// one, as a problem document.
 #[tokio::test]
 async fn probed_edges_answer_as_documented() {
-    let db = TestDb::new().await.unwrap();
-    let api = ApiServer::start(db.pool.clone(), test_settings()).await;
+    let (_db, api) = ApiServer::on_fresh_db().await;
     let (_, token) = api.register().await;
     let device = Some(token.as_str());
     let admin = Some(ADMIN_TOKEN);

@@ -1,5 +1,6 @@
 //! Dispatcher configuration: every setting a flag and an environment variable.
 
+use std::sync::Arc;
 use std::time::Duration;
 use tidings_bus::NatsArgs;
 use tidings_bus::streams::StreamSettings;
@@ -13,6 +14,7 @@ use tidings_runtime::flags;
 use tidings_runtime::ops::OpsArgs;
 use tidings_source::SourceArgs;
 use tidings_source::SourceConfig;
+use tidings_webpush::sealed::SecretKeys;
 
 /// Default slack between the last moment a pusher may still be sending (deadline + its HTTP
 /// timeout) and the moment the sweeper may take the row back.
@@ -29,6 +31,8 @@ pub struct Config {
     pub source: SourceArgs,
     #[command(flatten)]
     pub ops: OpsArgs,
+    #[command(flatten)]
+    pub webhook_keys: tidings_webpush::sealed::SecretKeyArgs,
     /// Link a notification opens, a template with {item}.
     #[arg(long, env = "TIDINGS_ITEM_PAGE_URL")]
     pub item_page_url: Option<String>,
@@ -128,6 +132,8 @@ pub enum ConfigError {
     #[error(transparent)]
     Secret(#[from] tidings_runtime::secrets::SecretError),
     #[error(transparent)]
+    WebhookKeys(#[from] tidings_webpush::sealed::KeysError),
+    #[error(transparent)]
     Source(#[from] tidings_source::SourceConfigError),
     #[error(
         "TIDINGS_RETRY_BASE ({0:?}) must be at least 100ms: retries would hammer the source and push services"
@@ -208,6 +214,8 @@ pub struct Settings {
     pub db_pool: u32,
     pub retention: Retention,
     pub webhook_breaker: Breaker,
+    /// Keys that open webhook secrets stored sealed (the api's keys).
+    pub webhook_secret_keys: Option<Arc<SecretKeys>>,
 }
 
 impl Settings {
@@ -293,7 +301,8 @@ impl Settings {
 
 impl Config {
     pub fn settings(&self) -> Result<Settings, ConfigError> {
-        let s = self.settings_with(self.nats.subjects()?, self.source.config()?);
+        let mut s = self.settings_with(self.nats.subjects()?, self.source.config()?);
+        s.webhook_secret_keys = self.webhook_keys.keys()?;
         s.validate()?;
         Ok(s)
     }
@@ -332,6 +341,7 @@ impl Config {
                 pause: self.webhook_breaker_pause,
                 max_pause: Duration::from_secs(3600).max(self.webhook_breaker_pause),
             },
+            webhook_secret_keys: None,
         }
     }
 }

@@ -18,6 +18,7 @@ use tidings_domain::webhook::{self, Facts};
 use tidings_domain::withdrawal::Announces;
 use tidings_domain::{ItemCode, OutboxId, SubscriptionId, WatchId};
 use tidings_source::{Fetched, SourceError};
+use tidings_webpush::sealed::{self, SecretKeys};
 use tidings_webpush::standard_webhooks::Secret;
 
 use crate::config::Settings;
@@ -238,7 +239,8 @@ fn send(
     // it outlived): the deadline never lets it wait past its validity.
     let deadline = (now + settings.push_deadline).min(valid_until);
     let payload = payload_for(g, &checked, valid_until, settings);
-    let target = target(g, &checked, &payload, valid_until, now);
+    let keys = settings.webhook_secret_keys.as_deref();
+    let target = target(g, &checked, &payload, valid_until, keys, now);
     let mut c = change(row, Event::Dispatched, None, settings, now);
     c.sent_value = serde_json::to_value(checked.observation).ok();
     c.payload = serde_json::to_value(&payload).ok();
@@ -265,6 +267,15 @@ fn send(
     plan.changes.push(c);
 }
 
+/// The secret `stored` holds, opened if it is sealed; `None`, logged with the row, if it cannot
+/// be (a key dropped too early, or not given to this dispatcher).
+fn signing_secret(stored: &str, keys: Option<&SecretKeys>, row: OutboxId) -> Option<Secret> {
+    let opened = sealed::open(stored, keys)
+        .map_err(|e| tracing::error!(outbox_id = %row, error = %e, "a webhook secret does not open; the webhook goes unsigned by it"))
+        .ok()?;
+    Secret::parse(&opened).ok()
+}
+
 /// Where `g` goes: its browser's subscription, or its endpoint with the event signed by every
 /// secret that signs for it now (the signature is the dispatcher's, so the pusher, the service
 /// that talks to the outside, holds no secret).
@@ -273,6 +284,7 @@ fn target(
     checked: &Checked<'_>,
     payload: &Payload,
     valid_until: DateTime<Utc>,
+    keys: Option<&SecretKeys>,
     now: DateTime<Utc>,
 ) -> Target {
     match g.subscription {
@@ -291,10 +303,10 @@ fn target(
             let body = webhook::Event::new(facts, payload).to_json();
             let id = g.row.id.to_string();
             let timestamp = now.timestamp();
-            // A secret that does not parse signs nothing (the api stores only ones it made); a
-            // receiver then refuses the webhook, which the attempt records.
+            // A secret that does not open or parse signs nothing (the api stores only ones it
+            // made); a receiver then refuses the webhook, which the attempt records.
             let signature = (endpoint.secrets.iter())
-                .filter_map(|text| Secret::parse(text).ok())
+                .filter_map(|stored| signing_secret(stored, keys, g.row.id))
                 .map(|secret| secret.sign(&id, timestamp, body.as_bytes()))
                 .collect::<Vec<_>>()
                 .join(" ");
@@ -453,13 +465,20 @@ mod tests {
 
     /// Guards, then decides against `fetched`, as one dispatch batch of one row does.
     fn plan_one(watch: WatchState, fetched: &HashMap<ItemCode, Fetched>) -> (Vec<Change>, Plan) {
-        let s = settings();
+        plan_with(&settings(), watch, fetched)
+    }
+
+    fn plan_with(
+        s: &Settings,
+        watch: WatchState,
+        fetched: &HashMap<ItemCode, Fetched>,
+    ) -> (Vec<Change>, Plan) {
         let w = WatchId::new();
         let rows = vec![row(w)];
         let watches = HashMap::from([(w, watch)]);
         let now = Utc::now();
-        let (guarded, withheld, _) = guard(&rows, &watches, &s, now);
-        let plan = decide(&guarded, &watches, &HashMap::new(), fetched, &s, now);
+        let (guarded, withheld, _) = guard(&rows, &watches, s, now);
+        let plan = decide(&guarded, &watches, &HashMap::new(), fetched, s, now);
         (withheld, plan)
     }
 
@@ -564,6 +583,51 @@ mod tests {
                 now
             )
             .is_err()
+        );
+    }
+
+    /// A secret the api stored sealed signs once opened with the dispatcher's keys; without
+    /// them it signs nothing (the receiver refuses the webhook, and the attempt says so).
+    #[test]
+    fn a_sealed_secret_signs_once_opened_and_not_without_the_keys() {
+        use tidings_webpush::standard_webhooks::{Headers, verify};
+        let keys = SecretKeys::parse("AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=")
+            .unwrap_or_else(|e| unreachable!("{e}"));
+        let (secret, text) = Secret::generate().unwrap_or_else(|e| unreachable!("{e}"));
+        let stored = keys.seal(&text).unwrap_or_else(|e| unreachable!("{e}"));
+        let mut w = watch(false);
+        w.subscription = Some((
+            SubscriptionId::new(),
+            Destination::Webhook(Endpoint {
+                url: "https://hooks.example/in".into(),
+                secrets: vec![stored],
+                open_until: None,
+            }),
+        ));
+        let call = |s: &Settings| {
+            let (_, plan) = plan_with(s, w.clone(), &priced(1050));
+            let c = &plan.changes[0];
+            match &plan.requests[&c.id].target {
+                Target::Webhook(call) => (c.id.to_string(), call.clone()),
+                other => panic!("{other:?}"),
+            }
+        };
+        let mut with_keys = settings();
+        with_keys.webhook_secret_keys = Some(std::sync::Arc::new(keys));
+        let (id, signed) = call(&with_keys);
+        let timestamp = signed.timestamp.to_string();
+        let headers = Headers {
+            id: Some(&id),
+            timestamp: Some(&timestamp),
+            signature: Some(&signed.signature),
+        };
+        let now = Utc::now().timestamp();
+        let found = verify(&[&[secret]], headers, signed.body.as_bytes(), now);
+        assert!(found.is_ok(), "{found:?}");
+        let (_, unsigned) = call(&settings());
+        assert_eq!(
+            unsigned.signature, "",
+            "no keys: the sealed secret signs nothing"
         );
     }
 

@@ -59,6 +59,13 @@ impl std::ops::Deref for ApiServer {
 }
 
 impl ApiServer {
+    /// The api with [`test_settings`] on a fresh database of its own.
+    pub async fn on_fresh_db() -> (crate::harness::TestDb, Self) {
+        let db = crate::harness::TestDb::new().await.expect("test database");
+        let api = Self::start(db.pool.clone(), test_settings()).await;
+        (db, api)
+    }
+
     pub async fn start(pool: PgPool, settings: Settings) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await

@@ -415,6 +415,11 @@ async fn smoke(overlay: &str) {
             "token",
             "smoke-test-operator-token-0123456789abcdef".into(),
         ),
+        (
+            "tidings-webhook-keys",
+            "keys",
+            "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=".into(),
+        ),
         // The CA prod verifies Postgres and NATS against (a ConfigMap the operator creates):
         // the test CA, which signed the local Postgres's and the brokers' certificates.
         ("tidings-ca", "ca.pem", fixture("test-ca/ca.pem")),
@@ -624,6 +629,7 @@ fn the_prod_overlay_at_its_autoscaling_maximum_fits_postgres_default_connection_
         ("tidings-vapid", "private-key"),
         ("tidings-vapid", "public-key"),
         ("tidings-admin", "token"),
+        ("tidings-webhook-keys", "keys"),
     ]
     .into_iter()
     .map(|(s, k)| ((s.to_owned(), k.to_owned()), "placeholder".to_owned()))

@@ -13,6 +13,12 @@ use tidings_tests::fake_webhooks::{Answer, FakeWebhookReceiver, Received};
 use tidings_tests::scenario::Scenario;
 use tidings_tests::services::{ADMIN_TOKEN, Pipeline};
 
+/// Keys that seal webhook secrets (each the base64 of 32 bytes).
+const SEALING_KEYS: [&str; 2] = [
+    "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=",
+    "ICEiIyQlJicoKSorLC0uLzAxMjM0NTY3ODk6Ozw9Pj8=",
+];
+
 async fn call(
     method: reqwest::Method,
     url: String,
@@ -126,7 +132,9 @@ fn watch_id(id: &str) -> tidings_domain::WatchId {
 async fn an_api_client_receives_signed_rechecked_webhooks_through_a_secret_rotation() {
     let s = Scenario::new().await;
     let receiver = FakeWebhookReceiver::start().await.unwrap();
-    let p = Pipeline::start(&s, &[]).await;
+    // Secrets sealed in the database under the second key, opened by the dispatcher with either.
+    let keys = format!("{},{}", SEALING_KEYS[1], SEALING_KEYS[0]);
+    let p = Pipeline::start(&s, &[("TIDINGS_WEBHOOK_SECRET_KEYS", &keys)]).await;
     let api = p.url("api");
 
     // Only a client key registers an endpoint; and only a URL the pusher would post to.
@@ -228,6 +236,17 @@ async fn an_api_client_receives_signed_rechecked_webhooks_through_a_secret_rotat
     .await;
     assert_eq!((status, &me["active"]), (200, &json!(true)), "{me}");
     assert!(me["previous_secret_until"].is_string(), "{me}");
+    // Neither secret is in the database as it signs: a dump of it signs nothing.
+    let (stored, previous): (String, String) = sqlx::query_as(
+        "SELECT secret, previous_secret FROM push_subscriptions WHERE channel = 'webhook'",
+    )
+    .fetch_one(&s.db.pool)
+    .await
+    .unwrap();
+    for (kept, given) in [(&stored, &new_secret), (&previous, &secret)] {
+        assert!(kept.starts_with("sealed1."), "{kept}");
+        assert!(!kept.contains(given.trim_start_matches("whsec_")), "{kept}");
+    }
     p.stop().await;
     s.cleanup().await;
 }

@@ -86,7 +86,7 @@ pub struct NewEndpoint<'a> {
     pub subscription: SubscriptionId,
     pub url: &'a str,
     pub description: Option<&'a str>,
-    /// `whsec_…`, as the client was given it.
+    /// As stored: sealed (`tidings_webpush::sealed`), or `whsec_…` as the client was given it.
     pub secret: &'a str,
 }
 

@@ -1,0 +1,259 @@
+//! Webhook signing secrets sealed for storage: a dump or backup of the database then holds no
+//! secret that could sign a webhook a receiver would trust. AES-256-GCM under keys the operator
+//! gives both the api (which seals) and the dispatcher (which opens to sign): the first key seals,
+//! every key opens, so keys rotate by adding a new one first and dropping the old one once every
+//! secret was sealed again (a secret rotation seals with the first key).
+//!
+//! Stored as `sealed1.<key id>.<base64 of nonce and ciphertext>`; the key id is the first four
+//! bytes of the key's SHA-256, in hex. A stored `whsec_…` (written before keys were given) is
+//! opened as it is.
+
+use aws_lc_rs::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
+use aws_lc_rs::digest::{SHA256, digest};
+use aws_lc_rs::rand::{SecureRandom, SystemRandom};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+
+const PREFIX: &str = "sealed1.";
+/// Binds a sealed value to its use: a value sealed for something else does not open as one.
+const AAD: &[u8] = b"tidings webhook signing secret";
+
+/// The keys that seal and open secrets; the first seals.
+pub struct SecretKeys {
+    keys: Vec<(String, LessSafeKey)>,
+}
+
+/// Names no key.
+impl std::fmt::Debug for SecretKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ids: Vec<&str> = self.keys.iter().map(|(id, _)| id.as_str()).collect();
+        write!(f, "SecretKeys({ids:?})")
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadKeys {
+    #[error("no key: give one or more, one a line, each the base64 of 32 random bytes")]
+    Empty,
+    #[error("key {line} is not the base64 of 32 bytes")]
+    Malformed { line: usize },
+}
+
+/// Why a stored secret could not be opened.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unopened {
+    #[error("sealed under key {0}, which is not among the keys given")]
+    UnknownKey(String),
+    #[error("sealed, but no keys are given (TIDINGS_WEBHOOK_SECRET_KEYS)")]
+    NoKeys,
+    #[error("not a sealed secret, or altered since it was sealed")]
+    Corrupt,
+}
+
+impl SecretKeys {
+    /// Keys written one a line (blank lines and `#` comments skipped), each the base64 of 32
+    /// bytes; the first seals.
+    pub fn parse(text: &str) -> Result<Self, BadKeys> {
+        let mut keys = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let malformed = BadKeys::Malformed { line: i + 1 };
+            let bytes = STANDARD.decode(line).map_err(|_| malformed.clone())?;
+            let key = (bytes.len() == 32)
+                .then(|| UnboundKey::new(&AES_256_GCM, &bytes).ok())
+                .flatten()
+                .ok_or(malformed)?;
+            keys.push((key_id(&bytes), LessSafeKey::new(key)));
+        }
+        if keys.is_empty() {
+            return Err(BadKeys::Empty);
+        }
+        Ok(SecretKeys { keys })
+    }
+
+    /// `secret` sealed under the first key, with a fresh random nonce.
+    pub fn seal(&self, secret: &str) -> Result<String, aws_lc_rs::error::Unspecified> {
+        let (id, key) = &self.keys[0];
+        let mut nonce = [0u8; NONCE_LEN];
+        SystemRandom::new().fill(&mut nonce)?;
+        let mut sealed = secret.as_bytes().to_vec();
+        key.seal_in_place_append_tag(
+            Nonce::assume_unique_for_key(nonce),
+            Aad::from(AAD),
+            &mut sealed,
+        )?;
+        let mut out = nonce.to_vec();
+        out.extend_from_slice(&sealed);
+        Ok(format!("{PREFIX}{id}.{}", STANDARD.encode(out)))
+    }
+
+    fn open_sealed(&self, id: &str, data: &str) -> Result<String, Unopened> {
+        let (_, key) = (self.keys.iter())
+            .find(|(k, _)| k == id)
+            .ok_or_else(|| Unopened::UnknownKey(id.to_owned()))?;
+        let bytes = STANDARD.decode(data).map_err(|_| Unopened::Corrupt)?;
+        if bytes.len() < NONCE_LEN {
+            return Err(Unopened::Corrupt);
+        }
+        let (nonce, sealed) = bytes.split_at(NONCE_LEN);
+        let nonce = Nonce::try_assume_unique_for_key(nonce).map_err(|_| Unopened::Corrupt)?;
+        let mut sealed = sealed.to_vec();
+        let plain = key
+            .open_in_place(nonce, Aad::from(AAD), &mut sealed)
+            .map_err(|_| Unopened::Corrupt)?;
+        String::from_utf8(plain.to_vec()).map_err(|_| Unopened::Corrupt)
+    }
+}
+
+/// The secret `stored` holds: opened with `keys` if it is sealed, else as it is.
+pub fn open(stored: &str, keys: Option<&SecretKeys>) -> Result<String, Unopened> {
+    let Some(rest) = stored.strip_prefix(PREFIX) else {
+        return Ok(stored.to_owned());
+    };
+    let (id, data) = rest.split_once('.').ok_or(Unopened::Corrupt)?;
+    keys.ok_or(Unopened::NoKeys)?.open_sealed(id, data)
+}
+
+/// `secret` as it is stored: sealed when keys are given.
+pub fn store(
+    secret: &str,
+    keys: Option<&SecretKeys>,
+) -> Result<String, aws_lc_rs::error::Unspecified> {
+    match keys {
+        Some(keys) => keys.seal(secret),
+        None => Ok(secret.to_owned()),
+    }
+}
+
+/// The keys, given to the api and the dispatcher alike.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SecretKeyArgs {
+    /// Keys that seal webhook signing secrets in the database, one a line (or comma-separated),
+    /// each the base64 of 32 random bytes (`openssl rand -base64 32`); the first seals, every
+    /// one opens. Without keys secrets are stored as they are.
+    #[arg(
+        long = "webhook-secret-keys",
+        env = "TIDINGS_WEBHOOK_SECRET_KEYS",
+        hide_env_values = true
+    )]
+    pub webhook_secret_keys: Option<String>,
+    /// A file holding the keys (a mounted Secret), instead of TIDINGS_WEBHOOK_SECRET_KEYS.
+    #[arg(
+        long = "webhook-secret-keys-file",
+        env = "TIDINGS_WEBHOOK_SECRET_KEYS_FILE",
+        conflicts_with = "webhook_secret_keys"
+    )]
+    pub webhook_secret_keys_file: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum KeysError {
+    #[error("TIDINGS_WEBHOOK_SECRET_KEYS_FILE {path}: {source}")]
+    File {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("TIDINGS_WEBHOOK_SECRET_KEYS: {0}")]
+    Bad(#[from] BadKeys),
+}
+
+impl SecretKeyArgs {
+    /// The keys, if any are given.
+    pub fn keys(&self) -> Result<Option<std::sync::Arc<SecretKeys>>, KeysError> {
+        let text = match (&self.webhook_secret_keys, &self.webhook_secret_keys_file) {
+            (Some(text), _) => text.replace(',', "\n"),
+            (None, Some(path)) => {
+                std::fs::read_to_string(path).map_err(|source| KeysError::File {
+                    path: path.display().to_string(),
+                    source,
+                })?
+            }
+            (None, None) => return Ok(None),
+        };
+        Ok(Some(std::sync::Arc::new(SecretKeys::parse(&text)?)))
+    }
+}
+
+fn key_id(key: &[u8]) -> String {
+    digest(&SHA256, key).as_ref()[..4]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+    const B: &str = "ICEiIyQlJicoKSorLC0uLzAxMjM0NTY3ODk6Ozw9Pj8=";
+    const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+    #[test]
+    fn a_sealed_secret_opens_to_itself_and_shows_nothing_of_it() {
+        let keys = SecretKeys::parse(A).unwrap();
+        let sealed = store(SECRET, Some(&keys)).unwrap();
+        assert!(sealed.starts_with("sealed1."), "{sealed}");
+        assert!(!sealed.contains("MfKQ9r8"), "{sealed}");
+        assert_ne!(
+            sealed,
+            keys.seal(SECRET).unwrap(),
+            "a fresh nonce each time"
+        );
+        assert_eq!(open(&sealed, Some(&keys)).unwrap(), SECRET);
+    }
+
+    #[test]
+    fn keys_rotate_the_first_seals_every_one_opens() {
+        let old = SecretKeys::parse(A).unwrap();
+        let sealed_before = old.seal(SECRET).unwrap();
+        let both = SecretKeys::parse(&format!("# new first\n{B}\n\n{A}\n")).unwrap();
+        let sealed_after = both.seal(SECRET).unwrap();
+        assert_eq!(open(&sealed_before, Some(&both)).unwrap(), SECRET);
+        assert_eq!(open(&sealed_after, Some(&both)).unwrap(), SECRET);
+        // Once the old key is dropped, what it alone sealed does not open, and says which key.
+        let new = SecretKeys::parse(B).unwrap();
+        let id = sealed_before.split('.').nth(1).unwrap().to_owned();
+        assert_eq!(
+            open(&sealed_before, Some(&new)),
+            Err(Unopened::UnknownKey(id))
+        );
+    }
+
+    #[test]
+    fn an_altered_or_unkeyed_sealed_secret_does_not_open() {
+        let keys = SecretKeys::parse(A).unwrap();
+        let sealed = keys.seal(SECRET).unwrap();
+        let mut altered = sealed.clone().into_bytes();
+        let last = altered.len() - 3;
+        altered[last] = if altered[last] == b'A' { b'B' } else { b'A' };
+        let altered = String::from_utf8(altered).unwrap();
+        assert_eq!(open(&altered, Some(&keys)), Err(Unopened::Corrupt));
+        assert_eq!(open(&sealed, None), Err(Unopened::NoKeys));
+        assert_eq!(open("sealed1.nodot", Some(&keys)), Err(Unopened::Corrupt));
+    }
+
+    #[test]
+    fn a_secret_stored_before_keys_were_given_opens_as_it_is() {
+        let keys = SecretKeys::parse(A).unwrap();
+        assert_eq!(open(SECRET, Some(&keys)).unwrap(), SECRET);
+        assert_eq!(store(SECRET, None).unwrap(), SECRET);
+    }
+
+    #[test]
+    fn keys_must_be_32_bytes_of_base64() {
+        assert_eq!(SecretKeys::parse("\n# none\n").unwrap_err(), BadKeys::Empty);
+        assert_eq!(
+            SecretKeys::parse(&format!("{A}\nshort")).unwrap_err(),
+            BadKeys::Malformed { line: 2 }
+        );
+        assert_eq!(
+            SecretKeys::parse("AAEC").unwrap_err(),
+            BadKeys::Malformed { line: 1 }
+        );
+    }
+}
