@@ -30,6 +30,7 @@ mod openapi;
 mod operators;
 mod pause;
 pub mod problem;
+pub mod reseal;
 mod shown;
 mod watches;
 mod web;
@@ -320,6 +321,14 @@ pub enum Command {
     },
     /// Print the OpenAPI document and exit.
     Openapi,
+    /// Seal every stored webhook secret under the first of TIDINGS_WEBHOOK_SECRET_KEYS, and
+    /// exit (after adding a key, before dropping the old one).
+    Reseal {
+        #[command(flatten)]
+        database: tidings_runtime::secrets::DatabaseArgs,
+        #[command(flatten)]
+        keys: tidings_webpush::sealed::SecretKeyArgs,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -340,6 +349,10 @@ pub enum StartError {
     Connect(#[source] sqlx::Error),
     #[error("applying migrations: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("reseal needs TIDINGS_WEBHOOK_SECRET_KEYS (or _FILE): the keys to seal under")]
+    NoSealingKeys,
+    #[error(transparent)]
+    Reseal(#[from] reseal::ResealError),
     #[error(transparent)]
     Nats(#[from] tidings_bus::connection::ConnectionError),
 }
@@ -389,6 +402,18 @@ pub async fn run(command: Command, shutdown: CancellationToken) -> Result<(), St
                 );
             }
             tracing::info!(schema_version = migrated.version, "schema is up to date");
+        }
+        Command::Reseal { database, keys } => {
+            let keys = keys.keys().map_err(config::ConfigError::from)?;
+            let keys = keys.ok_or(StartError::NoSealingKeys)?;
+            let url = database.url().map_err(config::ConfigError::from)?;
+            let pool = tidings_store::postgres(&url, 2).map_err(StartError::Database)?;
+            let done = reseal::reseal(&pool, &keys).await?;
+            tracing::info!(
+                resealed = done.resealed,
+                unchanged = done.unchanged,
+                "webhook secrets sealed under the first key"
+            );
         }
         Command::Openapi => {
             let document = serde_json::to_string_pretty(openapi::document()).unwrap_or_default();

@@ -2446,3 +2446,104 @@ async fn only_a_client_key_registers_a_webhook_endpoint_whose_watches_notify_by_
     assert_eq!(shown["channel"], "webhook", "{shown}");
     api.stop().await;
 }
+
+/// `tidings-api reseal` after a new key was put first: every stored webhook secret (current and
+/// rotated-out, sealed under the old key or stored as given before keys existed) is sealed under
+/// the new key and opens with it alone to the secret the client holds; a second run changes
+/// nothing; a run without the key some secret needs fails and changes nothing.
+#[tokio::test]
+async fn reseal_seals_every_webhook_secret_under_the_first_key() {
+    use std::sync::Arc;
+    use tidings_webpush::sealed::{SecretKeys, open};
+    const OLD: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+    const NEW: &str = "ICEiIyQlJicoKSorLC0uLzAxMjM0NTY3ODk6Ozw9Pj8=";
+    let db = TestDb::new().await.unwrap();
+    async fn register(api: &ApiServer, key: &str) -> Value {
+        let body = json!({"url": "https://127.0.0.1:9/hooks/in"});
+        json(
+            api.send(Method::POST, "/v1/endpoints", Some(key), &body)
+                .await,
+        )
+        .await
+    }
+    // One endpoint while the api had no keys, one sealed under OLD and then rotated.
+    let mut plain = test_settings();
+    plain.webhook_policy.allow_private = true;
+    let mut sealing = test_settings();
+    sealing.webhook_policy.allow_private = true;
+    sealing.webhook_secret_keys = Some(Arc::new(SecretKeys::parse(OLD).unwrap()));
+    let api = ApiServer::start(db.pool.clone(), plain).await;
+    let client = admin_post(&api, "/v1/admin/clients", &json!({"name": "shop"}), 201).await;
+    let key = client["key"].as_str().unwrap().to_owned();
+    let first = register(&api, &key).await;
+    api.stop().await;
+    let api = ApiServer::start(db.pool.clone(), sealing).await;
+    let second = register(&api, &key).await;
+    let token = second["token"].as_str().unwrap();
+    let rotated = json(
+        api.call(Method::POST, "/v1/endpoints/me/secret", Some(token))
+            .await,
+    )
+    .await;
+    api.stop().await;
+    let given: BTreeSet<String> = [&first["secret"], &second["secret"], &rotated["secret"]]
+        .iter()
+        .map(|s| s.as_str().unwrap().to_owned())
+        .collect();
+    let stored = || async {
+        let rows: Vec<(String, Option<String>)> =
+            sqlx::query_as("SELECT secret, previous_secret FROM push_subscriptions")
+                .fetch_all(&db.pool)
+                .await
+                .unwrap();
+        rows.into_iter()
+            .flat_map(|(s, p)| [Some(s), p])
+            .flatten()
+            .collect::<BTreeSet<String>>()
+    };
+    let before = stored().await;
+    assert_eq!(before.len(), 3);
+
+    let reseal = |keys: &str| {
+        let mut command = std::process::Command::new(tidings_tests::services::binary("api"));
+        command
+            .arg("reseal")
+            // As the api's own login, as an operator runs it in an api pod.
+            .env(
+                "DATABASE_URL",
+                tidings_tests::harness::login_url(&db.url, "api"),
+            )
+            .env("TIDINGS_WEBHOOK_SECRET_KEYS", keys);
+        command
+    };
+    // Without OLD, what it sealed does not open: left as it is, and the run fails, saying so
+    // (the secret stored as given is sealed under NEW all the same).
+    let refused = reseal(NEW).output().unwrap();
+    assert!(!refused.status.success(), "{refused:?}");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("1 webhook subscriptions' secrets do not open"),
+        "{stderr}"
+    );
+    let partly = stored().await;
+    let old_sealed: Vec<&String> = before
+        .iter()
+        .filter(|s| s.starts_with("sealed1."))
+        .collect();
+    assert_eq!(old_sealed.len(), 2);
+    assert!(old_sealed.iter().all(|s| partly.contains(*s)), "{partly:?}");
+
+    tidings_tests::harness::succeeds(&mut reseal(&format!("{NEW}\n{OLD}")), "reseal");
+    let new = SecretKeys::parse(NEW).unwrap();
+    let after = stored().await;
+    assert!(after.iter().all(|s| new.sealed_by_first(s)), "{after:?}");
+    let opened: BTreeSet<String> = (after.iter())
+        .map(|s| open(s, Some(&new)).unwrap())
+        .collect();
+    assert_eq!(
+        opened, given,
+        "each opens, with NEW alone, to what its client holds"
+    );
+    tidings_tests::harness::succeeds(&mut reseal(&format!("{NEW}\n{OLD}")), "reseal again");
+    assert_eq!(stored().await, after, "nothing left to seal");
+}

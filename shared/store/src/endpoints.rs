@@ -134,6 +134,52 @@ pub async fn rotate_secret(
     .await
 }
 
+/// A webhook subscription's secrets as stored (see `tidings_webpush::sealed`).
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct StoredSecrets {
+    pub id: SubscriptionId,
+    pub secret: String,
+    pub previous_secret: Option<String>,
+}
+
+/// Up to `limit` webhook subscriptions' secrets after `after`, in id order (a page).
+pub async fn stored_secrets(
+    pool: &PgPool,
+    after: Option<SubscriptionId>,
+    limit: i64,
+) -> Result<Vec<StoredSecrets>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, secret, previous_secret FROM push_subscriptions
+         WHERE channel = 'webhook' AND ($1::uuid IS NULL OR id > $1)
+         ORDER BY id LIMIT $2",
+    )
+    .bind(after)
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+}
+
+/// Replaces a subscription's stored secrets with `new`, unless they changed since `old` was
+/// read (a rotation meanwhile): false then.
+pub async fn replace_secrets(
+    pool: &PgPool,
+    old: &StoredSecrets,
+    new: &StoredSecrets,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE push_subscriptions SET secret = $4, previous_secret = $5
+         WHERE id = $1 AND secret = $2 AND previous_secret IS NOT DISTINCT FROM $3",
+    )
+    .bind(old.id)
+    .bind(&old.secret)
+    .bind(&old.previous_secret)
+    .bind(&new.secret)
+    .bind(&new.previous_secret)
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
 /// What a client reads of its endpoint.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct EndpointView {

@@ -1,8 +1,8 @@
 //! Webhook signing secrets sealed for storage: a dump or backup of the database then holds no
 //! secret that could sign a webhook a receiver would trust. AES-256-GCM under keys the operator
 //! gives both the api (which seals) and the dispatcher (which opens to sign): the first key seals,
-//! every key opens, so keys rotate by adding a new one first and dropping the old one once every
-//! secret was sealed again (a secret rotation seals with the first key).
+//! every key opens, so keys rotate by putting a new one first, sealing every stored secret again
+//! (`tidings-api reseal`), and dropping the old one.
 //!
 //! Stored as `sealed1.<key id>.<base64 of nonce and ciphertext>`; the key id is the first four
 //! bytes of the key's SHA-256, in hex. A stored `whsec_…` (written before keys were given) is
@@ -88,6 +88,14 @@ impl SecretKeys {
         let mut out = nonce.to_vec();
         out.extend_from_slice(&sealed);
         Ok(format!("{PREFIX}{id}.{}", STANDARD.encode(out)))
+    }
+
+    /// Whether `stored` is sealed under the first key (what [`SecretKeys::seal`] makes now).
+    pub fn sealed_by_first(&self, stored: &str) -> bool {
+        stored
+            .strip_prefix(PREFIX)
+            .and_then(|rest| rest.split_once('.'))
+            .is_some_and(|(id, _)| id == self.keys[0].0)
     }
 
     fn open_sealed(&self, id: &str, data: &str) -> Result<String, Unopened> {
