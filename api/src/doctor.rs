@@ -21,6 +21,7 @@ use std::time::Duration;
 use tidings_api_types::doctor::{Check, Diagnosis};
 use tidings_bus::streams::{CONSUMERS, stream_config};
 use tidings_domain::subjects::{StreamKind, Subjects};
+use tidings_webpush::sealed::SecretKeys;
 use utoipa::IntoParams;
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -74,6 +75,52 @@ async fn database(app: &AppState, max_due_age: u64, checks: &mut Vec<Check>) {
         ),
         Err(e) => check("outbox backlog", false, format!("reading the outbox: {e}")),
     });
+    checks.push(
+        match tidings_store::endpoints::sealing_keys_in_use(&app.pool).await {
+            Ok(in_use) => sealing(app.settings.webhook_secret_keys.as_deref(), &in_use),
+            Err(e) => check("webhook secrets", false, format!("reading them: {e}")),
+        },
+    );
+}
+
+/// Whether every stored webhook secret opens with the api's keys (the dispatcher's are the
+/// same), and what is left to seal under the first.
+fn sealing(keys: Option<&SecretKeys>, in_use: &[(Option<String>, i64)]) -> Check {
+    let ids = keys.map(SecretKeys::ids).unwrap_or_default();
+    let count = |pick: &dyn Fn(Option<&str>) -> bool| -> i64 {
+        (in_use.iter())
+            .filter(|(id, _)| pick(id.as_deref()))
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let unknown: Vec<&str> = (in_use.iter())
+        .filter_map(|(id, _)| id.as_deref())
+        .filter(|id| !ids.contains(id))
+        .collect();
+    let total = count(&|_| true);
+    let plain = count(&|id| id.is_none());
+    let behind = count(&|id| id.is_some_and(|id| ids.first() != Some(&id)));
+    if !unknown.is_empty() {
+        return check(
+            "webhook secrets",
+            false,
+            format!(
+                "sealed under keys {unknown:?} that TIDINGS_WEBHOOK_SECRET_KEYS does not hold:                  their webhooks go unsigned; give those keys back (docs/security.md)"
+            ),
+        );
+    }
+    let detail = match (keys, plain, behind) {
+        (None, 0, _) => format!("{total} stored"),
+        (None, _, _) => format!(
+            "{plain} of {total} stored as given: set TIDINGS_WEBHOOK_SECRET_KEYS to seal them"
+        ),
+        (Some(_), 0, 0) => format!("{total} sealed under the first key"),
+        (Some(_), _, _) => format!(
+            "{} of {total} not sealed under the first key: run `tidings-api reseal` before              dropping a key",
+            plain + behind
+        ),
+    };
+    check("webhook secrets", true, detail)
 }
 
 async fn streams(
@@ -329,6 +376,46 @@ pub async fn doctor(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A key the api lacks fails; secrets stored as given, or under a key that is not first,
+    /// say what to run; all sealed under the first is fine.
+    #[test]
+    fn webhook_secrets_are_checked_against_the_apis_keys() {
+        const OLD: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+        const NEW: &str = "ICEiIyQlJicoKSorLC0uLzAxMjM0NTY3ODk6Ozw9Pj8=";
+        let parse = |text: &str| SecretKeys::parse(text).unwrap_or_else(|e| unreachable!("{e}"));
+        let (old, both) = (parse(OLD), parse(&format!("{NEW}\n{OLD}")));
+        let (old_id, new_id) = (both.ids()[1].to_owned(), both.ids()[0].to_owned());
+        let found = |keys: Option<&SecretKeys>, in_use: &[(Option<&str>, i64)]| {
+            let in_use: Vec<(Option<String>, i64)> = (in_use.iter())
+                .map(|(id, n)| (id.map(str::to_owned), *n))
+                .collect();
+            let c = sealing(keys, &in_use);
+            (c.ok, c.detail)
+        };
+        let (ok, detail) = found(Some(&old), &[(Some(&new_id), 2)]);
+        assert!(!ok && detail.contains(&new_id), "{detail}");
+        let (ok, detail) = found(None, &[(None, 3), (Some(&old_id), 1)]);
+        assert!(!ok, "no keys, yet one sealed: {detail}");
+        let (ok, detail) = found(None, &[(None, 3)]);
+        assert!(
+            ok && detail.contains("set TIDINGS_WEBHOOK_SECRET_KEYS"),
+            "{detail}"
+        );
+        let (ok, detail) = found(
+            Some(&both),
+            &[(None, 1), (Some(&old_id), 2), (Some(&new_id), 4)],
+        );
+        assert!(
+            ok && detail.starts_with("3 of 7") && detail.contains("reseal"),
+            "{detail}"
+        );
+        let (ok, detail) = found(Some(&both), &[(Some(&new_id), 4)]);
+        assert_eq!(
+            (ok, detail.as_str()),
+            (true, "4 sealed under the first key")
+        );
+    }
 
     #[test]
     fn a_stream_made_otherwise_is_named_field_by_field() {

@@ -2546,4 +2546,31 @@ async fn reseal_seals_every_webhook_secret_under_the_first_key() {
     );
     tidings_tests::harness::succeeds(&mut reseal(&format!("{NEW}\n{OLD}")), "reseal again");
     assert_eq!(stored().await, after, "nothing left to seal");
+
+    // Doctor, with NEW alone: every secret opens, sealed under the first key; had it OLD
+    // alone, it names NEW's key as missing.
+    let doctor = |keys: &str| {
+        let mut settings = test_settings();
+        settings.webhook_secret_keys = Some(Arc::new(SecretKeys::parse(keys).unwrap()));
+        let pool = db.pool.clone();
+        async move {
+            let api = ApiServer::start(pool, settings).await;
+            let found = json(api.get("/v1/admin/doctor", Some(ADMIN_TOKEN)).await).await;
+            api.stop().await;
+            let checks = found["checks"].as_array().unwrap().clone();
+            (checks.into_iter())
+                .find(|c| c["name"] == "webhook secrets")
+                .unwrap()
+        }
+    };
+    let fine = doctor(NEW).await;
+    assert_eq!(fine["ok"], true, "{fine}");
+    assert_eq!(fine["detail"], "3 sealed under the first key");
+    let missing = doctor(OLD).await;
+    assert_eq!(missing["ok"], false, "{missing}");
+    let new_id = new.ids()[0];
+    assert!(
+        missing["detail"].as_str().unwrap().contains(new_id),
+        "{missing}"
+    );
 }

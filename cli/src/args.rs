@@ -71,8 +71,9 @@ pub enum Command {
     /// API clients, who register webhook endpoints: create (prints its key once), ls, revoke.
     #[command(subcommand)]
     Client(Client),
-    /// Check the deployment end to end and say what is wrong: api, schema, due backlog,
-    /// streams, consumers and their lag, the VAPID key pair of the api and every pusher.
+    /// Check the deployment end to end and say what is wrong: api, schema, due backlog, the
+    /// keys of sealed webhook secrets, streams, consumers and their lag, the VAPID key pair of
+    /// the api and every pusher.
     Doctor {
         /// Messages a consumer may have waiting before it counts as lagging.
         #[arg(long, default_value_t = 10_000)]

@@ -159,6 +159,19 @@ pub async fn stored_secrets(
     .await
 }
 
+/// How many stored webhook secrets (current and rotated-out) each sealing key sealed, by key
+/// id; `None`: stored as given.
+pub async fn sealing_keys_in_use(pool: &PgPool) -> Result<Vec<(Option<String>, i64)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT CASE WHEN v.s LIKE 'sealed1.%' THEN split_part(v.s, '.', 2) END, count(*)
+         FROM push_subscriptions p, LATERAL (VALUES (p.secret), (p.previous_secret)) AS v(s)
+         WHERE p.channel = 'webhook' AND v.s IS NOT NULL
+         GROUP BY 1 ORDER BY 1 NULLS FIRST",
+    )
+    .fetch_all(pool)
+    .await
+}
+
 /// Replaces a subscription's stored secrets with `new`, unless they changed since `old` was
 /// read (a rotation meanwhile): false then.
 pub async fn replace_secrets(

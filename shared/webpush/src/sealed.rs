@@ -90,6 +90,11 @@ impl SecretKeys {
         Ok(format!("{PREFIX}{id}.{}", STANDARD.encode(out)))
     }
 
+    /// Each key's id, the first (the one that seals) first.
+    pub fn ids(&self) -> Vec<&str> {
+        self.keys.iter().map(|(id, _)| id.as_str()).collect()
+    }
+
     /// Whether `stored` is sealed under the first key (what [`SecretKeys::seal`] makes now).
     pub fn sealed_by_first(&self, stored: &str) -> bool {
         stored
