@@ -91,11 +91,18 @@ async fn replay_row(api: &ApiServer, id: impl std::fmt::Display) -> Response {
 }
 
 async fn set_row(db: &sqlx::PgPool, id: Uuid, sql: &str) {
-    sqlx::query(&format!("UPDATE outbox SET {sql} WHERE id = $1"))
-        .bind(id)
-        .execute(db)
-        .await
-        .unwrap();
+    walk_row(db, id, &[sql]).await;
+}
+
+/// Row `id` through each of `steps` (`SET` clauses) in turn, as the state machine would take it.
+async fn walk_row(db: &sqlx::PgPool, id: Uuid, steps: &[&str]) {
+    for sql in steps {
+        sqlx::query(&format!("UPDATE outbox SET {sql} WHERE id = $1"))
+            .bind(id)
+            .execute(db)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
 }
 
 #[tokio::test]
@@ -110,39 +117,18 @@ async fn history_says_may_have_been_delivered_when_an_attempt_timed_out_before_a
     }
     let db = &s.db.pool;
     let sending = "status = 'sending', attempt = 1, lease_until = now(), deadline = now()";
+    let timed_out = "status = 'retry', retry_count = 1, maybe_delivered = true, lease_until = NULL";
+    let lost = "status = 'dropped', reason = 'condition_lost', finished_at = now()";
 
     // Withheld outright: the price went back up before the first attempt.
     let withheld = outbox_row(db, &device, &watches[0], 1100).await;
-    set_row(
-        db,
-        withheld,
-        "status = 'dropped', reason = 'condition_lost', finished_at = now()",
-    )
-    .await;
+    walk_row(db, withheld, &[lost]).await;
     // Attempt 1 timed out after it was sent, then the retry's re-check found the price back up.
     let maybe = outbox_row(db, &device, &watches[1], 1050).await;
-    set_row(db, maybe, sending).await;
-    set_row(
-        db,
-        maybe,
-        "status = 'retry', retry_count = 1, maybe_delivered = true, lease_until = NULL",
-    )
-    .await;
-    set_row(
-        db,
-        maybe,
-        "status = 'dropped', reason = 'condition_lost', finished_at = now()",
-    )
-    .await;
+    walk_row(db, maybe, &[sending, timed_out, lost]).await;
     // Still retrying after such a timeout.
     let open = outbox_row(db, &device, &watches[2], 1000).await;
-    set_row(db, open, sending).await;
-    set_row(
-        db,
-        open,
-        "status = 'retry', retry_count = 1, maybe_delivered = true, lease_until = NULL",
-    )
-    .await;
+    walk_row(db, open, &[sending, timed_out]).await;
 
     let history = json(api.get("/v1/notifications", Some(&token)).await).await;
     let delivery = |id: Uuid| {
