@@ -105,7 +105,8 @@ fn sealing(keys: Option<&SecretKeys>, in_use: &[(Option<String>, i64)]) -> Check
             "webhook secrets",
             false,
             format!(
-                "sealed under keys {unknown:?} that TIDINGS_WEBHOOK_SECRET_KEYS does not hold:                  their webhooks go unsigned; give those keys back (docs/security.md)"
+                "sealed under keys {unknown:?} that TIDINGS_WEBHOOK_SECRET_KEYS does not hold: \
+                 their webhooks go unsigned; give those keys back (docs/security.md)"
             ),
         );
     }
@@ -116,7 +117,8 @@ fn sealing(keys: Option<&SecretKeys>, in_use: &[(Option<String>, i64)]) -> Check
         ),
         (Some(_), 0, 0) => format!("{total} sealed under the first key"),
         (Some(_), _, _) => format!(
-            "{} of {total} not sealed under the first key: run `tidings-api reseal` before              dropping a key",
+            "{} of {total} not sealed under the first key: run `tidings-api reseal` before \
+             dropping a key",
             plain + behind
         ),
     };
@@ -395,6 +397,10 @@ mod tests {
         };
         let (ok, detail) = found(Some(&old), &[(Some(&new_id), 2)]);
         assert!(!ok && detail.contains(&new_id), "{detail}");
+        assert!(
+            !detail.contains("  "),
+            "one sentence, not a source line's indent: {detail}"
+        );
         let (ok, detail) = found(None, &[(None, 3), (Some(&old_id), 1)]);
         assert!(!ok, "no keys, yet one sealed: {detail}");
         let (ok, detail) = found(None, &[(None, 3)]);
@@ -410,6 +416,7 @@ mod tests {
             ok && detail.starts_with("3 of 7") && detail.contains("reseal"),
             "{detail}"
         );
+        assert!(!detail.contains("  "), "{detail}");
         let (ok, detail) = found(Some(&both), &[(Some(&new_id), 4)]);
         assert_eq!(
             (ok, detail.as_str()),

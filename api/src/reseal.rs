@@ -41,14 +41,22 @@ pub enum ResealError {
 /// they are sealed again); a run can be repeated.
 pub async fn reseal(pool: &sqlx::PgPool, keys: &SecretKeys) -> Result<Resealed, ResealError> {
     let mut done = Resealed::default();
-    let mut unopened: Option<ResealError> = None;
+    // How many did not open, and the first of them with why.
+    let mut unopened: (u64, Option<(uuid::Uuid, Unopened)>) = (0, None);
     let mut after = None;
     loop {
         let page = endpoints::stored_secrets(pool, after, PAGE)
             .await
             .map_err(ResealError::Db)?;
         let Some(last) = page.last() else {
-            return unopened.map_or(Ok(done), Err);
+            return match unopened {
+                (count, Some((subscription, source))) => Err(ResealError::Unopened {
+                    count,
+                    subscription,
+                    source,
+                }),
+                _ => Ok(done),
+            };
         };
         after = Some(last.id);
         for stored in &page {
@@ -60,22 +68,8 @@ pub async fn reseal(pool: &sqlx::PgPool, keys: &SecretKeys) -> Result<Resealed, 
                 }
                 Err(Again::Random) => return Err(ResealError::Random),
                 Err(Again::Unopened(source)) => {
-                    unopened = Some(match unopened {
-                        Some(ResealError::Unopened {
-                            count,
-                            subscription,
-                            source,
-                        }) => ResealError::Unopened {
-                            count: count + 1,
-                            subscription,
-                            source,
-                        },
-                        _ => ResealError::Unopened {
-                            count: 1,
-                            subscription: stored.id.0,
-                            source,
-                        },
-                    });
+                    unopened.0 += 1;
+                    unopened.1.get_or_insert((stored.id.0, source));
                     continue;
                 }
             };
