@@ -61,14 +61,16 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
     let js = async_nats::jetstream::new(nats);
     let dependencies = vec![bus];
     config.ops.apply();
+    // Built before start-up reports ready: nothing may stand between that report and the wait
+    // for the consumers, or /readyz answers ready while they do not exist yet.
+    let deliverer =
+        Arc::new(deliver::Deliverer::new(&settings).map_err(worker::PusherError::from)?);
     let Some(probes) = startup::start(Some(config.ops.ops_listen), dependencies, &shutdown).await
     else {
         return Ok(());
     };
     // The delivery log and the consumers: ready only once they exist too.
     let starting = &probes.starting;
-    let deliverer =
-        Arc::new(deliver::Deliverer::new(&settings).map_err(worker::PusherError::from)?);
     let mut pushers = Vec::new();
     for channel in Channel::ALL {
         let pusher = startup::retry(
