@@ -77,6 +77,15 @@ pub(crate) fn unasked_304(what: String) -> SourceError {
     )
 }
 
+/// A GET of a source: `url` within `limit` (its host's), its body read up to `cap` bytes; with
+/// the validators (ETag, Last-Modified) of the answer last read, a 304 is [`Body::NotModified`].
+pub(crate) struct Get<'a> {
+    pub url: &'a str,
+    pub limit: &'a Semaphore,
+    pub cap: usize,
+    pub validators: Option<(Option<String>, Option<String>)>,
+}
+
 impl Source {
     pub(crate) fn new(spec: SourceSpec) -> Result<Self, SourceConfigError> {
         let permits = spec.max_concurrency_per_host.max(1);
@@ -118,16 +127,9 @@ impl Source {
             .inc();
     }
 
-    /// `GET url` within `limit` (its host's), its body read up to `cap`; with validators, a 304
-    /// is [`Body::NotModified`].
-    pub(crate) async fn get(
-        &self,
-        url: &str,
-        limit: &Semaphore,
-        cap: usize,
-        validators: Option<(Option<String>, Option<String>)>,
-    ) -> Result<Body, SourceError> {
-        let answer = self.exchange(url, limit, cap, validators).await;
+    /// Makes `get`, counting how it ended.
+    pub(crate) async fn get(&self, get: Get<'_>) -> Result<Body, SourceError> {
+        let answer = self.exchange(get).await;
         self.count(match &answer {
             Ok(Body::Fresh(..)) => "fetched",
             Ok(Body::NotModified) => "not_modified",
@@ -136,13 +138,13 @@ impl Source {
         answer
     }
 
-    async fn exchange(
-        &self,
-        url: &str,
-        limit: &Semaphore,
-        cap: usize,
-        validators: Option<(Option<String>, Option<String>)>,
-    ) -> Result<Body, SourceError> {
+    async fn exchange(&self, get: Get<'_>) -> Result<Body, SourceError> {
+        let Get {
+            url,
+            limit,
+            cap,
+            validators,
+        } = get;
         let fail = |kind, detail: String| SourceError::new(kind, format!("GET {url}: {detail}"));
         let _permit = limit
             .acquire()
@@ -203,10 +205,13 @@ impl Source {
         };
         let url = self.spec.item_url.replace("{item}", page);
         let known = self.remembered(code);
-        match self
-            .get(&url, &self.item_limit, self.spec.max_body, known)
-            .await?
-        {
+        let get = Get {
+            url: &url,
+            limit: &self.item_limit,
+            cap: self.spec.max_body,
+            validators: known,
+        };
+        match self.get(get).await? {
             Body::NotModified => self.reuse(code, &url),
             Body::Fresh(body, headers) => {
                 let answer = match &self.spec.format {

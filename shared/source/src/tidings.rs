@@ -7,7 +7,7 @@
 //!   `200 {"items": {"<code>": <item body> | {"error": "<kind>"} | null}}`; a code that is missing
 //!   or null is `not_found`. A failed batch request fails each of its items the same way.
 
-use crate::client::{Body, Source, unasked_304};
+use crate::client::{Body, Get, Source, unasked_304};
 use crate::{Fetched, SourceError};
 use chrono::Utc;
 use serde::Deserialize;
@@ -78,7 +78,13 @@ pub(crate) async fn fetch_batch(
     let joined: Vec<&str> = codes.iter().map(|(_, c)| c.as_str()).collect();
     let url = template.replace("{items}", &joined.join(","));
     let limit = source.batch_limit.as_deref().unwrap_or(&source.item_limit);
-    let parsed = match source.get(&url, limit, MAX_BATCH_BODY, None).await {
+    let get = Get {
+        url: &url,
+        limit,
+        cap: MAX_BATCH_BODY,
+        validators: None,
+    };
+    let parsed = match source.get(get).await {
         Ok(Body::Fresh(body, _)) => serde_json::from_slice::<BatchBody>(&body).map_err(|e| {
             SourceError::new(
                 SourceErrorKind::BadData,
