@@ -269,16 +269,10 @@ async fn a_client_registers_watches_pauses_reads_history_and_leaves() {
         .await;
     assert_eq!(r.status(), 204);
     problem(api.get("/v1/watches", Some(&token)).await, 401).await;
-    assert_eq!(
-        s.db.count("SELECT count(*) FROM watches WHERE removed_at IS NULL")
-            .await,
-        0
-    );
-    assert_eq!(
-        s.db.count("SELECT count(*) FROM push_subscriptions WHERE active")
-            .await,
-        0
-    );
+    s.db.assert_count("SELECT count(*) FROM watches WHERE removed_at IS NULL", 0)
+        .await;
+    s.db.assert_count("SELECT count(*) FROM push_subscriptions WHERE active", 0)
+        .await;
     sqlx::query("UPDATE watches SET paused = false")
         .execute(&s.db.pool)
         .await
@@ -331,11 +325,11 @@ async fn replacing_the_subscription_keeps_exactly_one_active() {
             "https://127.0.0.1:9/push/new".to_owned()
         )]
     );
-    assert_eq!(
-        db.count("SELECT count(*) FROM push_subscriptions WHERE deactivation_reason = 'replaced'")
-            .await,
-        1
-    );
+    db.assert_count(
+        "SELECT count(*) FROM push_subscriptions WHERE deactivation_reason = 'replaced'",
+        1,
+    )
+    .await;
     api.stop().await;
 }
 
@@ -367,11 +361,11 @@ async fn another_devices_watch_answers_404_and_is_not_touched() {
     let still = json(api.get(&path, Some(&a)).await).await;
     assert_eq!(still["paused"], false);
     assert_eq!(still["updated_at"], w["updated_at"]);
-    assert_eq!(
-        db.count("SELECT count(*) FROM watches WHERE removed_at IS NULL AND NOT paused")
-            .await,
-        1
-    );
+    db.assert_count(
+        "SELECT count(*) FROM watches WHERE removed_at IS NULL AND NOT paused",
+        1,
+    )
+    .await;
     api.stop().await;
 }
 
@@ -884,10 +878,8 @@ async fn a_create_postgres_refuses_fails_alone_and_its_neighbours_are_created() 
         }
     }
     assert_eq!(db.count("SELECT count(*) FROM watches").await, 70);
-    assert_eq!(
-        db.count("SELECT watch_count::bigint FROM devices").await,
-        70
-    );
+    db.assert_count("SELECT watch_count::bigint FROM devices", 70)
+        .await;
     api.stop().await;
 }
 
@@ -966,19 +958,11 @@ async fn a_device_registers_with_the_locale_it_reads() {
     let created = json(r).await;
     assert_eq!(created["locale"], "ja-JP");
     let id = created["device_id"].as_str().unwrap();
-    let view = json(
-        api.get(&format!("/v1/admin/devices/{id}"), Some(ADMIN_TOKEN))
-            .await,
-    )
-    .await;
+    let view = admin_get(&api, &format!("/v1/admin/devices/{id}")).await;
     assert_eq!(view["locale"], "ja-JP", "{view}");
     // None given: none kept, and the device reads English.
     let (other, _) = api.register().await;
-    let view = json(
-        api.get(&format!("/v1/admin/devices/{other}"), Some(ADMIN_TOKEN))
-            .await,
-    )
-    .await;
+    let view = admin_get(&api, &format!("/v1/admin/devices/{other}")).await;
     assert!(view["locale"].is_null(), "{view}");
     api.stop().await;
 }
@@ -1082,6 +1066,25 @@ async fn operators_list_count_inspect_and_replay_terminal_rows() {
     let one = json(api.get(&format!("/v1/admin/outbox/{failed}"), admin).await).await;
     assert_eq!(one["replays"], json!([replay]));
     api.stop().await;
+}
+
+/// The problem an operator's `method` on `path` (no body) is answered with, with `status`.
+async fn admin_problem(api: &ApiServer, method: Method, path: &str, status: u16) -> Value {
+    problem(api.call(method, path, Some(ADMIN_TOKEN)).await, status).await
+}
+
+/// The problem an operator's `POST path` with `body` is answered with, with `status`.
+async fn admin_post_refused(api: &ApiServer, path: &str, body: &Value, status: u16) -> Value {
+    problem(
+        api.send(Method::POST, path, Some(ADMIN_TOKEN), body).await,
+        status,
+    )
+    .await
+}
+
+/// `GET path` as the operator: the answer's JSON.
+async fn admin_get(api: &ApiServer, path: &str) -> Value {
+    json(api.get(path, Some(ADMIN_TOKEN)).await).await
 }
 
 /// `POST path` with a JSON body as the operator; the answer's JSON after checking its status.
@@ -1189,13 +1192,13 @@ async fn bulk_replay_takes_only_matching_rows_once_each_in_resumable_batches() {
     .await
     .unwrap();
     assert_eq!(replayed, matching, "each matching row once, nothing else");
-    assert_eq!(
-        db.count(&format!(
+    db.assert_count(
+        &format!(
             "SELECT count(*) FROM outbox WHERE replay_of IN ('{other}', '{lost}', '{pending}')"
-        ))
-        .await,
-        0
-    );
+        ),
+        0,
+    )
+    .await;
 
     // Again, over everything failed or dropped: the replays are pending, the originals were
     // replayed; nothing new, and no replay of a replay.
@@ -1232,40 +1235,22 @@ async fn bulk_replay_takes_only_matching_rows_once_each_in_resumable_batches() {
 
     // Bad input: a clear error, nothing changed.
     let before = db.count("SELECT count(*) FROM outbox").await;
-    let p = problem(
-        api.send(
-            Method::POST,
-            "/v1/admin/outbox/replay",
-            Some(ADMIN_TOKEN),
-            &json!({"filter": {"reason": "bogus"}}),
-        )
-        .await,
+    let p = admin_post_refused(
+        &api,
+        "/v1/admin/outbox/replay",
+        &json!({"filter": {"reason": "bogus"}}),
         400,
     )
     .await;
     assert!(p["detail"].as_str().unwrap().contains("bogus"), "{p}");
-    problem(
-        api.send(
-            Method::POST,
-            "/v1/admin/outbox/replay",
-            Some(ADMIN_TOKEN),
-            &json!({"filter": {"colour": "red"}}),
-        )
-        .await,
+    admin_post_refused(
+        &api,
+        "/v1/admin/outbox/replay",
+        &json!({"filter": {"colour": "red"}}),
         422,
     )
     .await;
-    problem(
-        api.send(
-            Method::POST,
-            "/v1/admin/outbox/replay",
-            Some(ADMIN_TOKEN),
-            &json!({"batch": 0}),
-        )
-        .await,
-        400,
-    )
-    .await;
+    admin_post_refused(&api, "/v1/admin/outbox/replay", &json!({"batch": 0}), 400).await;
     // A reversed time range matches nothing; it is not an error.
     let reversed = admin_post(
         &api,
@@ -1290,14 +1275,10 @@ async fn bulk_replay_takes_only_matching_rows_once_each_in_resumable_batches() {
             "{channel}: {found}"
         );
     }
-    let p = problem(
-        api.send(
-            Method::POST,
-            "/v1/admin/outbox/replay",
-            Some(ADMIN_TOKEN),
-            &json!({"filter": {"channel": "sms"}}),
-        )
-        .await,
+    let p = admin_post_refused(
+        &api,
+        "/v1/admin/outbox/replay",
+        &json!({"filter": {"channel": "sms"}}),
         400,
     )
     .await;
@@ -1315,17 +1296,7 @@ async fn bulk_replay_takes_only_matching_rows_once_each_in_resumable_batches() {
     )
     .await;
     assert!(whole["matched"].as_i64().unwrap() > 0, "{whole}");
-    problem(
-        api.send(
-            Method::POST,
-            "/v1/admin/outbox/replay",
-            Some(ADMIN_TOKEN),
-            &json!({"batch": 2.5}),
-        )
-        .await,
-        422,
-    )
-    .await;
+    admin_post_refused(&api, "/v1/admin/outbox/replay", &json!({"batch": 2.5}), 422).await;
     problem(
         api.send(Method::POST, "/v1/admin/outbox/replay", None, &json!({}))
             .await,
@@ -1334,12 +1305,7 @@ async fn bulk_replay_takes_only_matching_rows_once_each_in_resumable_batches() {
     .await;
     assert_eq!(db.count("SELECT count(*) FROM outbox").await, before);
     // A NUL, which no text in Postgres holds, is a clear 400, not a failed query.
-    problem(
-        api.get("/v1/admin/outbox?push_host=a%00b", Some(ADMIN_TOKEN))
-            .await,
-        400,
-    )
-    .await;
+    admin_problem(&api, Method::GET, "/v1/admin/outbox?push_host=a%00b", 400).await;
     // The list takes the same filter.
     let listed = json(
         api.get(
@@ -1392,25 +1358,19 @@ async fn operators_cancel_due_rows_only_and_pause_devices_and_watches() {
         (Some("dropped"), Some("cancelled"))
     );
     for id in [rows[2], rows[3], rows[0]] {
-        let p = problem(
-            api.call(
-                Method::POST,
-                &format!("/v1/admin/outbox/{id}/cancel"),
-                Some(ADMIN_TOKEN),
-            )
-            .await,
+        let p = admin_problem(
+            &api,
+            Method::POST,
+            &format!("/v1/admin/outbox/{id}/cancel"),
             409,
         )
         .await;
         assert_eq!(p["type"], "/problems/not-cancellable", "{p}");
     }
-    problem(
-        api.call(
-            Method::POST,
-            &format!("/v1/admin/outbox/{}/cancel", Uuid::nil()),
-            Some(ADMIN_TOKEN),
-        )
-        .await,
+    admin_problem(
+        &api,
+        Method::POST,
+        &format!("/v1/admin/outbox/{}/cancel", Uuid::nil()),
         404,
     )
     .await;
@@ -1486,11 +1446,7 @@ async fn operators_cancel_due_rows_only_and_pause_devices_and_watches() {
     );
 
     // Pause and resume a device.
-    let view = json(
-        api.get(&format!("/v1/admin/devices/{device}"), Some(ADMIN_TOKEN))
-            .await,
-    )
-    .await;
+    let view = admin_get(&api, &format!("/v1/admin/devices/{device}")).await;
     assert!(view["paused_at"].is_null(), "{view}");
     assert_eq!(view["watch_count"], 4);
     assert_eq!(view["outbox"]["dropped"], 3, "{view}");
@@ -1518,13 +1474,10 @@ async fn operators_cancel_due_rows_only_and_pause_devices_and_watches() {
     )
     .await;
     assert!(resumed["paused_at"].is_null());
-    problem(
-        api.call(
-            Method::POST,
-            &format!("/v1/admin/devices/{}/pause", Uuid::nil()),
-            Some(ADMIN_TOKEN),
-        )
-        .await,
+    admin_problem(
+        &api,
+        Method::POST,
+        &format!("/v1/admin/devices/{}/pause", Uuid::nil()),
         404,
     )
     .await;
@@ -1557,12 +1510,10 @@ async fn operators_cancel_due_rows_only_and_pause_devices_and_watches() {
     )
     .await;
     assert_eq!(resumed["paused"], false);
-    problem(
-        api.get(
-            &format!("/v1/admin/watches/{}", Uuid::nil()),
-            Some(ADMIN_TOKEN),
-        )
-        .await,
+    admin_problem(
+        &api,
+        Method::GET,
+        &format!("/v1/admin/watches/{}", Uuid::nil()),
         404,
     )
     .await;
@@ -1634,11 +1585,8 @@ async fn the_cli_replays_cancels_and_pauses_with_exit_codes_scripts_rely_on() {
         "{asked:?}"
     );
     assert!(asked.stdout.contains(&rows[0].to_string()), "{asked:?}");
-    assert_eq!(
-        db.count("SELECT count(*) FROM outbox WHERE replay_of IS NOT NULL")
-            .await,
-        0
-    );
+    db.assert_count("SELECT count(*) FROM outbox WHERE replay_of IS NOT NULL", 0)
+        .await;
     let done = run(args(&[
         "outbox",
         "replay",
@@ -2272,29 +2220,9 @@ async fn only_a_client_key_registers_a_webhook_endpoint_whose_watches_notify_by_
         )
         .await;
     problem(r, 401).await;
-    let p = problem(
-        api.send(
-            Method::POST,
-            "/v1/admin/clients",
-            Some(ADMIN_TOKEN),
-            &json!({"name": " "}),
-        )
-        .await,
-        422,
-    )
-    .await;
+    let p = admin_post_refused(&api, "/v1/admin/clients", &json!({"name": " "}), 422).await;
     assert_eq!(pointer(&p), "/name");
-    let p = problem(
-        api.send(
-            Method::POST,
-            "/v1/admin/clients",
-            Some(ADMIN_TOKEN),
-            &json!({"name": "a\u{0}b"}),
-        )
-        .await,
-        422,
-    )
-    .await;
+    let p = admin_post_refused(&api, "/v1/admin/clients", &json!({"name": "a\u{0}b"}), 422).await;
     assert_eq!(pointer(&p), "/name", "a NUL is refused, not a 500");
     let client = admin_post(&api, "/v1/admin/clients", &json!({"name": "shop"}), 201).await;
     let key = client["key"].as_str().unwrap().to_owned();
@@ -2424,11 +2352,7 @@ async fn only_a_client_key_registers_a_webhook_endpoint_whose_watches_notify_by_
     );
     problem(api.get("/v1/admin/clients", None).await, 401).await;
     let device = created["device_id"].as_str().unwrap();
-    let shown = json(
-        api.get(&format!("/v1/admin/devices/{device}"), Some(ADMIN_TOKEN))
-            .await,
-    )
-    .await;
+    let shown = admin_get(&api, &format!("/v1/admin/devices/{device}")).await;
     assert_eq!(shown["channel"], "webhook", "{shown}");
     api.stop().await;
 }

@@ -416,14 +416,14 @@ async fn results_are_applied_once_and_move_the_baseline_only_on_sent() {
     );
     // The attempt is on the row, which it ended: the repeated results wrote no record of their
     // own, and the record is still the delivery.
-    assert_eq!(
-        s.db.count(&format!(
+    s.db.assert_count(
+        &format!(
             "SELECT count(*) FROM outbox_attempts WHERE outbox_id = '{}'",
             push.outbox_id
-        ))
-        .await,
-        0
-    );
+        ),
+        0,
+    )
+    .await;
     assert_eq!(
         s.attempts(push.outbox_id).await,
         [(1, "delivered".to_owned(), Some(201))]

@@ -180,11 +180,8 @@ async fn an_expired_week_with_a_row_to_decide_is_kept_until_it_is_decided() {
         .unwrap();
     assert_eq!(round.kept, vec![week_of(old)]);
     assert!(round.dropped.is_empty());
-    assert_eq!(
-        db.count("SELECT count(*) FROM outbox WHERE status = 'pending'")
-            .await,
-        1
-    );
+    db.assert_count("SELECT count(*) FROM outbox WHERE status = 'pending'", 1)
+        .await;
     decide_all(&db).await;
     let round = retention::run_once(&db.pool, retention, today)
         .await

@@ -24,6 +24,15 @@ async fn world() -> (Scenario, FakePushService, Subscription) {
     (s, push, sub)
 }
 
+/// [`world`] with SKU-1 at 1500 (above every watch's threshold here) and the pipeline started
+/// with `env`.
+async fn started(env: &[(&str, &str)]) -> (Scenario, FakePushService, Subscription, Pipeline) {
+    let (s, push, sub) = world().await;
+    s.catalog.set_price("SKU-1", 1500);
+    let p = Pipeline::start(&s, env).await;
+    (s, push, sub, p)
+}
+
 #[tokio::test]
 async fn a_push_carries_its_validity_as_ttl_and_names_its_watch_in_topic_and_tag() {
     let (s, push, sub) = world().await;
@@ -113,15 +122,11 @@ async fn api_watcher(
     let http = reqwest::Client::new();
     let subscription =
         json!({"endpoint": sub.endpoint, "keys": {"p256dh": sub.p256dh, "auth": sub.auth}});
-    let created: Value = http
-        .post(format!("{}/v1/devices", p.url("api")))
-        .json(&json!({"subscription": subscription, "time_zone": "Europe/Berlin"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let created = json_of(
+        http.post(format!("{}/v1/devices", p.url("api")))
+            .json(&json!({"subscription": subscription, "time_zone": "Europe/Berlin"})),
+    )
+    .await;
     let token = created["token"].as_str().unwrap().to_owned();
     let r = http
         .post(format!("{}/v1/watches", p.url("api")))
@@ -140,9 +145,7 @@ async fn api_watcher(
 
 #[tokio::test]
 async fn a_device_asks_whether_its_notification_still_holds_and_reports_what_it_showed() {
-    let (s, push, sub) = world().await;
-    s.catalog.set_price("SKU-1", 1500);
-    let p = Pipeline::start(&s, &[("TIDINGS_API_CHECK_CACHE", "0s")]).await;
+    let (s, push, sub, p) = started(&[("TIDINGS_API_CHECK_CACHE", "0s")]).await;
     // Withdrawals off: the price moves back up below, and this test is about what the device
     // is told when it asks.
     let (http, token) = api_watcher(&p, &sub, false).await;
@@ -232,26 +235,26 @@ async fn a_device_asks_whether_its_notification_still_holds_and_reports_what_it_
     s.cleanup().await;
 }
 
+/// The JSON body `request` is answered with.
+async fn json_of(request: reqwest::RequestBuilder) -> Value {
+    let answer = request.send().await.unwrap();
+    answer.json().await.unwrap()
+}
+
 /// The device's history, newest first.
 async fn history(http: &reqwest::Client, p: &Pipeline, token: &str) -> Vec<Value> {
-    let page: Value = http
-        .get(format!("{}/v1/notifications", p.url("api")))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let page = json_of(
+        http.get(format!("{}/v1/notifications", p.url("api")))
+            .bearer_auth(token),
+    )
+    .await;
     page["items"].as_array().cloned().unwrap_or_default()
 }
 
 #[tokio::test]
 async fn a_notification_that_stops_holding_while_current_is_withdrawn_once() {
-    let (s, push, sub) = world().await;
+    let (s, push, sub, p) = started(&[]).await;
     let quiet_sub = push.subscription();
-    s.catalog.set_price("SKU-1", 1500);
-    let p = Pipeline::start(&s, &[]).await;
     let (http, token) = api_watcher(&p, &sub, true).await;
     let (_, quiet) = api_watcher(&p, &quiet_sub, false).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -302,9 +305,7 @@ async fn a_notification_that_stops_holding_while_current_is_withdrawn_once() {
 
 #[tokio::test]
 async fn a_notification_whose_validity_ran_out_is_not_withdrawn() {
-    let (s, push, sub) = world().await;
-    s.catalog.set_price("SKU-1", 1500);
-    let p = Pipeline::start(&s, &[("TIDINGS_VALIDITY_PRICE", "2s")]).await;
+    let (s, push, sub, p) = started(&[("TIDINGS_VALIDITY_PRICE", "2s")]).await;
     api_watcher(&p, &sub, true).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     s.catalog.set_price("SKU-1", 1000);
@@ -321,9 +322,7 @@ async fn a_notification_whose_validity_ran_out_is_not_withdrawn() {
 
 #[tokio::test]
 async fn a_notification_still_waiting_for_its_device_is_deleted_instead_of_withdrawn() {
-    let (s, push, sub) = world().await;
-    s.catalog.set_price("SKU-1", 1500);
-    let p = Pipeline::start(&s, &[]).await;
+    let (s, push, sub, p) = started(&[]).await;
     let (http, token) = api_watcher(&p, &sub, true).await;
     push.set_offline(&sub, true);
     tokio::time::sleep(Duration::from_secs(2)).await;

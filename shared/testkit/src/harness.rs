@@ -267,6 +267,11 @@ impl TestDb {
             .unwrap_or_else(|e| panic!("{sql}: {e}"))
     }
 
+    /// Asserts that `sql`, a count, counts `expected`.
+    pub async fn assert_count(&self, sql: &str, expected: i64) {
+        assert_eq!(self.count(sql).await, expected, "{sql}");
+    }
+
     pub async fn new() -> Result<Self, HarnessError> {
         Self::create(true).await
     }
