@@ -4,9 +4,11 @@
 //! fakes of `tidings-tests`.
 //!
 //! - [`procstat`]: CPU and memory of processes, read from /proc.
+//! - [`push`]: PushRequests a benchmark sends itself.
 //! - [`rng`]: the seeded sequence that makes two runs meet the same load and faults.
 //! - [`seed`]: watches in bulk.
 
 pub mod procstat;
+pub mod push;
 pub mod rng;
 pub mod seed;

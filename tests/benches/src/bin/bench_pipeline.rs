@@ -29,9 +29,10 @@ use std::time::Duration;
 use tidings_benches::procstat::{
     CpuSplit, cpu_seconds, machine_busy_seconds, peak_rss_mib, pids_named,
 };
+use tidings_benches::push::first_attempt;
 use tidings_benches::rng::Rng;
 use tidings_domain::messages::{
-    Outcome, PushRequest, Subscription, Urgency, VERSION, decode_enqueues, decode_results, encode,
+    Outcome, PushRequest, Subscription, decode_enqueues, decode_results, encode,
 };
 use tidings_domain::notification::{Notice, render};
 use tidings_domain::subjects::StreamKind;
@@ -315,27 +316,38 @@ async fn load_phase(rate: usize, secs: u64, channel: Channel) -> Value {
     .fetch_one(&s.db.pool)
     .await
     .unwrap_or(0);
+    let sent_per_s = sent_window as f64 / w;
+    // Each process's CPU in the window, as cores and per notification sent (what alternating
+    // rounds compare), with its peak memory.
+    let usage = |cpu_s: f64, rss: Option<f64>| {
+        let cores = cpu_s / w;
+        let mut u = json!({"cpu_cores": round(cores, 2),
+                           "cpu_us_per_sent": round(cores * 1e6 / sent_per_s.max(1.0), 1)});
+        if let Some(rss) = rss {
+            u["peak_rss_mib"] = json!(round(rss, 1));
+        }
+        u
+    };
+    let rss_of = |name| Some(pids_named(name).into_iter().filter_map(peak_rss_mib).sum());
     let per_service: Value = services
         .iter()
         .map(|n| {
-            let cores = (cpu_after.services[n] - cpu_before.services[n]) / w;
+            let cpu = cpu_after.services[n] - cpu_before.services[n];
             let rss = p.pid(n).and_then(peak_rss_mib).unwrap_or(0.0);
-            (n.to_string(), json!({"cpu_cores": round(cores, 2), "peak_rss_mib": round(rss, 1)}))
+            (n.to_string(), usage(cpu, Some(rss)))
         })
         .chain([
             (
-                "postgres".to_string(),
-                json!({"cpu_cores": round(shared.postgres / w, 2),
-                       "peak_rss_mib": round(pids_named("postgres").into_iter().filter_map(peak_rss_mib).sum::<f64>(), 1)}),
+                "postgres".into(),
+                usage(shared.postgres, rss_of("postgres")),
             ),
             (
-                "nats-server".to_string(),
-                json!({"cpu_cores": round(shared.nats / w, 2),
-                       "peak_rss_mib": round(pids_named("nats-server").into_iter().filter_map(peak_rss_mib).sum::<f64>(), 1)}),
+                "nats-server".into(),
+                usage(shared.nats, rss_of("nats-server")),
             ),
             (
-                "benchmark process (push sink, catalog)".to_string(),
-                json!({"cpu_cores": round(shared.this / w, 2)}),
+                "benchmark process (push sink, catalog)".into(),
+                usage(shared.this, None),
             ),
         ])
         .collect::<serde_json::Map<_, _>>()
@@ -348,7 +360,6 @@ async fn load_phase(rate: usize, secs: u64, channel: Channel) -> Value {
         .sum::<f64>()
         + shared.total())
         / w;
-    let sent_per_s = sent_window as f64 / w;
     let cpu_us_per_sent = pipeline_cores * 1e6 / sent_per_s.max(1.0);
     let machine_cores = (cpu_after.machine - cpu_before.machine) / w;
 
@@ -736,32 +747,20 @@ async fn naive_forwarder(
                     if let (Some(sub), Some(item)) = (subs.get(&device), item_code) {
                         let id = OutboxId::new();
                         let code = ItemCode::parse(&item).unwrap_or_else(|_| unreachable!());
-                        let push = PushRequest {
-                            v: VERSION,
-                            outbox_id: id,
-                            attempt: 1,
-                            deadline: Utc::now() + chrono::Duration::seconds(30),
-                            target: tidings_domain::messages::Target::WebPush(sub.clone()),
-                            payload: render(&Notice {
-                                id,
-                                watch: req.watch_id,
-                                trigger: &req.trigger,
-                                item: &code,
-                                now: &req.detected,
-                                baseline: &req.baseline,
-                                valid_until: req.detected.observed_at
-                                    + chrono::Duration::minutes(20),
-                                item_url: None,
-                                locale: None,
-                            }),
-                            ttl: 3600,
-                            urgency: Urgency::Normal,
-                            // The naive pipeline names each push by its row.
-                            topic: id.0.simple().to_string(),
-                            dedup_day: None,
-                            recall: None,
-                            traceparent: None,
+                        let notice = Notice {
+                            id,
+                            watch: req.watch_id,
+                            trigger: &req.trigger,
+                            item: &code,
+                            now: &req.detected,
+                            baseline: &req.baseline,
+                            valid_until: req.detected.observed_at + chrono::Duration::minutes(20),
+                            item_url: None,
+                            locale: None,
                         };
+                        // The naive pipeline names each push by its row.
+                        let deadline = Utc::now() + chrono::Duration::seconds(30);
+                        let push = first_attempt(id, sub, render(&notice), deadline);
                         topics
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
@@ -845,11 +844,9 @@ async fn channels(rate: usize, secs: u64, rounds: usize) {
             let r = load_phase(rate, secs, channel).await;
             let sent = r["sent_per_s"].as_f64().unwrap_or(0.0);
             let cpu = r["cpu_us_per_sent"].as_f64().unwrap_or(0.0);
-            let pusher = r["resources"]["pusher"]["cpu_cores"]
+            let pusher = r["resources"]["pusher"]["cpu_us_per_sent"]
                 .as_f64()
-                .unwrap_or(0.0)
-                * 1e6
-                / sent.max(1.0);
+                .unwrap_or(0.0);
             println!("| {round} | {channel} | {sent:.0} | {cpu:.0} | {pusher:.0} |");
             figures
                 .entry(channel.as_str())
@@ -953,12 +950,12 @@ async fn main() {
         latency["latency_s"]["p99"]
     );
     for (name, r) in max["resources"].as_object().into_iter().flatten() {
+        let (cores, per_sent) = (&r["cpu_cores"], &r["cpu_us_per_sent"]);
         match r.get("peak_rss_mib") {
             Some(rss) => println!(
-                "| {name}: CPU cores / peak RSS | {} / {rss} MiB |",
-                r["cpu_cores"]
+                "| {name}: CPU cores (µs per `sent`) / peak RSS | {cores} ({per_sent}) / {rss} MiB |"
             ),
-            None => println!("| {name}: CPU cores | {} |", r["cpu_cores"]),
+            None => println!("| {name}: CPU cores (µs per `sent`) | {cores} ({per_sent}) |"),
         }
     }
     println!(

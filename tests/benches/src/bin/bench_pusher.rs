@@ -7,10 +7,11 @@ use aws_lc_rs::agreement::{self, ECDH_P256, PrivateKey, UnparsedPublicKey};
 use chrono::{Duration as ChronoDuration, Utc};
 use std::time::{Duration, Instant};
 use tidings_benches::procstat::CpuSplit;
+use tidings_benches::push::first_attempt;
 use tidings_bus::consume::Handler as _;
 use tidings_bus::publish::{Outgoing, publish_all};
 use tidings_bus::streams::{StreamSettings, ensure_streams};
-use tidings_domain::messages::{Payload, PushRequest, Urgency, VERSION, encode};
+use tidings_domain::messages::{Payload, encode};
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::{Channel, OutboxId};
 use tidings_pusher::Settings;
@@ -68,20 +69,8 @@ async fn round(pushes: usize) -> (f64, CpuSplit) {
     let outgoing: Vec<Outgoing> = (0..pushes)
         .map(|_| {
             let id = OutboxId::new();
-            let req = PushRequest {
-                v: VERSION,
-                outbox_id: id,
-                attempt: 1,
-                deadline: Utc::now() + ChronoDuration::minutes(10),
-                target: tidings_domain::messages::Target::WebPush(sub.clone()),
-                payload: payload(),
-                ttl: 3600,
-                urgency: Urgency::Normal,
-                topic: id.0.simple().to_string(),
-                dedup_day: None,
-                recall: None,
-                traceparent: None,
-            };
+            let deadline = Utc::now() + ChronoDuration::minutes(10);
+            let req = first_attempt(id, &sub, payload(), deadline);
             let mut headers = async_nats::HeaderMap::new();
             headers.insert("Nats-Msg-Id", req.msg_id().as_str());
             Outgoing {
