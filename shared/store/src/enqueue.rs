@@ -10,43 +10,6 @@ pub async fn insert(
     pool: &PgPool,
     requests: &[(&EnqueueRequest, Option<String>)],
 ) -> Result<usize, sqlx::Error> {
-    let n = requests.len();
-    let mut ids = Vec::with_capacity(n);
-    let mut watch_ids = Vec::with_capacity(n);
-    let mut device_ids = Vec::with_capacity(n);
-    let mut triggers = Vec::with_capacity(n);
-    let mut channels = Vec::with_capacity(n);
-    let mut days = Vec::with_capacity(n);
-    let mut detected_at = Vec::with_capacity(n);
-    let mut price = Vec::with_capacity(n);
-    let mut currency = Vec::with_capacity(n);
-    let mut in_stock = Vec::with_capacity(n);
-    let mut paused = Vec::with_capacity(n);
-    let mut observed_at = Vec::with_capacity(n);
-    let mut b_price = Vec::with_capacity(n);
-    let mut b_reference = Vec::with_capacity(n);
-    let mut b_in_stock = Vec::with_capacity(n);
-    let mut traceparents = Vec::with_capacity(n);
-    let mut withdraws = Vec::with_capacity(n);
-    for (r, tp) in requests {
-        ids.push(OutboxId::new());
-        watch_ids.push(r.watch_id);
-        device_ids.push(r.device_id);
-        triggers.push(r.announces().key());
-        channels.push(r.channel.as_str());
-        days.push(r.dedup_day);
-        detected_at.push(r.detected_at);
-        price.push(r.detected.price);
-        currency.push(r.detected.currency.as_str());
-        in_stock.push(r.detected.in_stock);
-        paused.push(r.detected.paused);
-        observed_at.push(r.detected.observed_at);
-        b_price.push(r.baseline.price);
-        b_reference.push(r.baseline.reference);
-        b_in_stock.push(r.baseline.in_stock);
-        traceparents.push(tp.as_deref());
-        withdraws.push(r.withdraws);
-    }
     let result = sqlx::query(concat!(
         "INSERT INTO outbox (id, watch_id, device_id, trigger, channel, dedup_day, ",
         crate::snapshot_columns!(),
@@ -57,24 +20,32 @@ pub async fn insert(
                               $17::uuid[])
          ON CONFLICT (watch_id, trigger, dedup_day, channel) WHERE replay_of IS NULL DO NOTHING",
     ))
-    .bind(ids)
-    .bind(watch_ids)
-    .bind(device_ids)
-    .bind(triggers)
-    .bind(channels)
-    .bind(days)
-    .bind(detected_at)
-    .bind(price)
-    .bind(currency)
-    .bind(in_stock)
-    .bind(paused)
-    .bind(observed_at)
-    .bind(b_price)
-    .bind(b_reference)
-    .bind(b_in_stock)
-    .bind(traceparents)
-    .bind(withdraws)
+    .bind(requests.iter().map(|_| OutboxId::new()).collect::<Vec<_>>())
+    .bind(column(requests, |r| r.watch_id))
+    .bind(column(requests, |r| r.device_id))
+    .bind(column(requests, |r| r.announces().key()))
+    .bind(column(requests, |r| r.channel.as_str()))
+    .bind(column(requests, |r| r.dedup_day))
+    .bind(column(requests, |r| r.detected_at))
+    .bind(column(requests, |r| r.detected.price))
+    .bind(column(requests, |r| r.detected.currency.as_str()))
+    .bind(column(requests, |r| r.detected.in_stock))
+    .bind(column(requests, |r| r.detected.paused))
+    .bind(column(requests, |r| r.detected.observed_at))
+    .bind(column(requests, |r| r.baseline.price))
+    .bind(column(requests, |r| r.baseline.reference))
+    .bind(column(requests, |r| r.baseline.in_stock))
+    .bind(requests.iter().map(|(_, tp)| tp.as_deref()).collect::<Vec<_>>())
+    .bind(column(requests, |r| r.withdraws))
     .execute(pool)
     .await?;
     Ok(usize::try_from(result.rows_affected()).unwrap_or(0))
+}
+
+/// One column of the batch: `f` of each request.
+fn column<'a, T>(
+    requests: &'a [(&'a EnqueueRequest, Option<String>)],
+    f: impl Fn(&'a EnqueueRequest) -> T,
+) -> Vec<T> {
+    requests.iter().map(|(r, _)| f(r)).collect()
 }
