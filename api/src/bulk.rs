@@ -141,14 +141,7 @@ fn sampled(r: bulk::Sampled) -> Sampled {
 
 async fn run(app: &AppState, op: Operation, req: BulkRequest) -> Result<BulkReport, ApiError> {
     let filter = req.filter.check()?;
-    let batch = match req.batch.unwrap_or(500) {
-        n @ 1..=5000 => i64::from(n),
-        n => {
-            return Err(ApiError::BadRequest(format!(
-                "batch must be between 1 and 5000, got {n}"
-            )));
-        }
-    };
+    let batch = batch_size(req.batch)?;
     // UUIDv7 ids grow with time: every row that exists now has a smaller one.
     let up_to = req.up_to.unwrap_or_else(Uuid::now_v7);
     let mut report = BulkReport {
@@ -186,18 +179,8 @@ async fn run(app: &AppState, op: Operation, req: BulkRequest) -> Result<BulkRepo
         report.next_cursor = rows.last().map(|r| r.id.0);
     }
     let eligible = sort_out(op, &rows, &mut report);
-    let mut cancelled = None;
-    if !eligible.is_empty() {
-        report.changed = match op {
-            Operation::Replay => replay_rows(&mut tx, &eligible).await?,
-            Operation::Cancel => {
-                let done = tidings_store::cancel::cancel(&mut tx, &eligible).await?;
-                let n = done.count();
-                cancelled = Some(done);
-                n
-            }
-        };
-    }
+    let (changed, cancelled) = change(&mut tx, op, &eligible).await?;
+    report.changed = changed;
     tx.commit()
         .await
         .map_err(db("committing a bulk operation"))?;
@@ -211,6 +194,35 @@ async fn run(app: &AppState, op: Operation, req: BulkRequest) -> Result<BulkRepo
         "bulk outbox operation batch"
     );
     Ok(report)
+}
+
+/// Rows a call examines: `batch`, 500 if not given, and 1 to 5,000.
+fn batch_size(batch: Option<u32>) -> Result<i64, ApiError> {
+    match batch.unwrap_or(500) {
+        n @ 1..=5000 => Ok(i64::from(n)),
+        n => Err(ApiError::BadRequest(format!(
+            "batch must be between 1 and 5000, got {n}"
+        ))),
+    }
+}
+
+/// Applies `op` to the eligible rows in `tx`: how many changed, and a cancel's transitions, to
+/// count once the transaction has committed.
+async fn change(
+    tx: &mut sqlx::PgConnection,
+    op: Operation,
+    eligible: &[(OutboxId, NaiveDate)],
+) -> Result<(u64, Option<tidings_store::cancel::Cancelled>), ApiError> {
+    if eligible.is_empty() {
+        return Ok((0, None));
+    }
+    match op {
+        Operation::Replay => Ok((replay_rows(tx, eligible).await?, None)),
+        Operation::Cancel => {
+            let done = tidings_store::cancel::cancel(tx, eligible).await?;
+            Ok((done.count(), Some(done)))
+        }
+    }
 }
 
 /// Counts what the filter matches and what the operation would change, with a sample.

@@ -79,6 +79,44 @@ impl Catalog {
     }
 }
 
+/// The item's value now, as the catalog answers at `checked_at`: an item gone or with nothing to
+/// sell reads as not on sale, which no notification survives; no catalog, or no answer, is a 503
+/// (the service worker then shows the notification as of its time).
+async fn value_now(
+    app: &AppState,
+    item_code: Option<&str>,
+    sent: &Observation,
+    id: OutboxId,
+) -> Result<(ItemCode, DateTime<Utc>, Observation), ApiError> {
+    let (Some(catalog), Some(item)) = (
+        app.catalog.as_deref(),
+        item_code.and_then(|c| ItemCode::parse(c).ok()),
+    ) else {
+        return Err(ApiError::Unavailable(
+            "no catalog to check the notification against".into(),
+        ));
+    };
+    let (checked_at, fetched) = catalog.now(&item).await;
+    match fetched {
+        Ok(now) => Ok((item, checked_at, now)),
+        Err(e) if !e.kind.is_transient() => {
+            let gone = Observation {
+                paused: true,
+                observed_at: checked_at,
+                ..sent.clone()
+            };
+            Ok((item, checked_at, gone))
+        }
+        Err(e) => {
+            tracing::info!(outbox_id = %id, item = %item, error = %e, "show-time check: the catalog did not answer");
+            Err(ApiError::Unavailable(format!(
+                "the catalog did not answer ({})",
+                e.kind
+            )))
+        }
+    }
+}
+
 #[utoipa::path(
     get, path = "/v1/notifications/{id}/now", tag = "history",
     params(("id" = uuid::Uuid, Path, description = "A notification of this device (the push payload's `id`)")),
@@ -111,33 +149,7 @@ pub async fn notification_now(
         .as_ref()
         .map(|v| v.0.clone())
         .ok_or(ApiError::NotFound("sent notification"))?;
-    let (Some(catalog), Some(item)) = (
-        app.catalog.as_deref(),
-        row.item_code
-            .as_deref()
-            .and_then(|c| ItemCode::parse(c).ok()),
-    ) else {
-        return Err(ApiError::Unavailable(
-            "no catalog to check the notification against".into(),
-        ));
-    };
-    let (checked_at, fetched) = catalog.now(&item).await;
-    let now = match fetched {
-        Ok(now) => now,
-        // Gone or with nothing to sell: not on sale, which no notification survives.
-        Err(e) if !e.kind.is_transient() => Observation {
-            paused: true,
-            observed_at: checked_at,
-            ..sent.clone()
-        },
-        Err(e) => {
-            tracing::info!(outbox_id = %id, item = %item, error = %e, "show-time check: the catalog did not answer");
-            return Err(ApiError::Unavailable(format!(
-                "the catalog did not answer ({})",
-                e.kind
-            )));
-        }
-    };
+    let (item, checked_at, now) = value_now(&app, row.item_code.as_deref(), &sent, id).await?;
     let tz = parse_time_zone(&row.time_zone).unwrap_or(chrono_tz::Tz::UTC);
     let showing = showing(
         &Notice {
