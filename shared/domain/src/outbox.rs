@@ -276,6 +276,25 @@ impl Transition {
     }
 }
 
+/// A failure worth retrying: `retry` with one more retry counted, or `failed/retries_exhausted`
+/// once `max_retries` have been made.
+fn retry_or_fail(row: Row, max_retries: u32) -> Transition {
+    let (to, reason, retry_count) = if row.retry_count >= max_retries {
+        let exhausted = Reason::Failed(FailReason::RetriesExhausted);
+        (Status::Failed, Some(exhausted), row.retry_count)
+    } else {
+        (Status::Retry, None, row.retry_count + 1)
+    };
+    Transition {
+        to,
+        reason,
+        retry_count,
+        attempt: row.attempt,
+        advances_baseline: false,
+        maybe_delivered: false,
+    }
+}
+
 /// Applies `event` to `row`. `max_retries` is the number of retries allowed before a transient
 /// failure becomes `failed/retries_exhausted` (0: the first transient failure is final).
 pub fn apply(row: Row, event: Event, max_retries: u32) -> Result<Transition, IllegalTransition> {
@@ -312,23 +331,10 @@ pub fn apply(row: Row, event: Event, max_retries: u32) -> Result<Transition, Ill
             ..stay(Status::Sending, None)
         },
         (Status::Pending | Status::Retry | Status::Sending, Event::Transient)
-        | (Status::Sending, Event::Unknown) => {
-            let t = if row.retry_count >= max_retries {
-                stay(
-                    Status::Failed,
-                    Some(Reason::Failed(FailReason::RetriesExhausted)),
-                )
-            } else {
-                Transition {
-                    retry_count: row.retry_count + 1,
-                    ..stay(Status::Retry, None)
-                }
-            };
-            Transition {
-                maybe_delivered: event == Event::Unknown,
-                ..t
-            }
-        }
+        | (Status::Sending, Event::Unknown) => Transition {
+            maybe_delivered: event == Event::Unknown,
+            ..retry_or_fail(row, max_retries)
+        },
         // From `retry`: a late result of the row's last attempt (the caller checks the attempt).
         (Status::Sending | Status::Retry, Event::Delivered) => Transition {
             advances_baseline: true,
