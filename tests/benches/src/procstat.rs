@@ -2,13 +2,23 @@
 
 /// User + system CPU seconds of `pid` so far (USER_HZ = 100 on Linux).
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    stat_times(pid).map(|[utime, stime, ..]| (utime + stime) / 100.0)
+}
+
+/// Like [`cpu_seconds`], with the CPU of the children `pid` has reaped: a server's exited
+/// workers (Postgres's backends) stay counted in it.
+pub fn cpu_seconds_with_reaped(pid: u32) -> Option<f64> {
+    stat_times(pid).map(|t| t.iter().sum::<f64>() / 100.0)
+}
+
+/// utime, stime, cutime and cstime of `pid`, in clock ticks.
+fn stat_times(pid: u32) -> Option<[f64; 4]> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command name, which is in parentheses and may contain spaces.
     let rest = &stat[stat.rfind(')')? + 2..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: f64 = fields.get(11)?.parse().ok()?;
-    let stime: f64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) / 100.0)
+    let tick = |i: usize| fields.get(i)?.parse::<f64>().ok();
+    Some([tick(11)?, tick(12)?, tick(13)?, tick(14)?])
 }
 
 /// Peak resident memory of `pid` (VmHWM), MiB.
@@ -33,9 +43,14 @@ pub fn pids_named(comm: &str) -> Vec<u32> {
         .collect()
 }
 
-/// Total CPU seconds of every live process named `comm`.
+/// Total CPU seconds of every live process named `comm`, with the children they reaped: a
+/// Postgres backend that exits between two readings moves its CPU into the server's count
+/// instead of taking it out of the total (which once made a phase's Postgres CPU negative).
 pub fn cpu_seconds_named(comm: &str) -> f64 {
-    pids_named(comm).into_iter().filter_map(cpu_seconds).sum()
+    pids_named(comm)
+        .into_iter()
+        .filter_map(cpu_seconds_with_reaped)
+        .sum()
 }
 
 /// CPU seconds used so far by this process, by Postgres (server and backends) and by
@@ -103,4 +118,24 @@ pub fn machine_busy_seconds() -> f64 {
         .filter_map(|i| f.get(*i))
         .sum::<f64>()
         / 100.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reaped_childs_cpu_counts_with_its_parent_and_not_in_its_own_time() {
+        let me = std::process::id();
+        let reaped = || cpu_seconds_with_reaped(me).unwrap() - cpu_seconds(me).unwrap();
+        let before = reaped();
+        let burn = "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done";
+        let status = std::process::Command::new("sh")
+            .args(["-c", burn])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let after = reaped();
+        assert!(after - before >= 0.05, "reaped CPU {before} s -> {after} s");
+    }
 }
