@@ -46,10 +46,12 @@ pub fn free_port() -> Result<u16, HarnessError> {
         .checked_sub(FIRST_FIXED_PORT)
         .filter(|s| *s > 1000)
     {
+        let mut given = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
         for _ in 0..100 {
             let offset = Uuid::new_v4().as_u128() % u128::from(span);
             let port = FIRST_FIXED_PORT + u16::try_from(offset).unwrap_or(0);
-            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            if !given.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                given.insert(port);
                 return Ok(port);
             }
         }
@@ -62,6 +64,12 @@ pub fn free_port() -> Result<u16, HarnessError> {
 
 /// Where [`free_port`] starts looking: above the ports well-known servers use.
 const FIRST_FIXED_PORT: u16 = 20_000;
+
+/// The ports [`free_port`] has handed out in this process: a port is free until its server binds
+/// it, so a process starting several (a pipeline's api and ops ports, a cluster's nodes) could
+/// otherwise be given one port twice, and the second server to bind it exits.
+static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
 
 /// Up to three tries of `start`, each choosing its ports anew. A port [`free_port`] found free
 /// can be taken by another test's connection before the server binds it, and the server then
@@ -387,6 +395,15 @@ async fn meta_cluster(monitor: u16) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_is_never_given_one_port_twice() {
+        // 2,000 of the ~12,000 ports below the ephemeral range: drawn at random without the
+        // record of what was handed out, two would all but surely be the same.
+        let ports: Vec<u16> = (0..2000).map(|_| free_port().unwrap()).collect();
+        let distinct: std::collections::HashSet<&u16> = ports.iter().collect();
+        assert_eq!(distinct.len(), ports.len());
+    }
 
     #[test]
     fn a_free_port_is_bindable_and_outside_the_ephemeral_range() {
