@@ -93,10 +93,6 @@ enum Again {
 
 /// `stored` with each secret sealed under the first key; `None` if they all are already.
 fn sealed_again(stored: &StoredSecrets, keys: &SecretKeys) -> Result<Option<StoredSecrets>, Again> {
-    let current = [Some(&stored.secret), stored.previous_secret.as_ref()];
-    if current.iter().flatten().all(|s| keys.sealed_by_first(s)) {
-        return Ok(None);
-    }
     let again = |text: &String| -> Result<String, Again> {
         if keys.sealed_by_first(text) {
             return Ok(text.clone());
@@ -104,9 +100,11 @@ fn sealed_again(stored: &StoredSecrets, keys: &SecretKeys) -> Result<Option<Stor
         let plain = sealed::open(text, Some(keys)).map_err(Again::Unopened)?;
         keys.seal(&plain).map_err(|_| Again::Random)
     };
-    Ok(Some(StoredSecrets {
+    let new = StoredSecrets {
         id: stored.id,
         secret: again(&stored.secret)?,
         previous_secret: stored.previous_secret.as_ref().map(again).transpose()?,
-    }))
+    };
+    let changed = new.secret != stored.secret || new.previous_secret != stored.previous_secret;
+    Ok(changed.then_some(new))
 }

@@ -26,8 +26,7 @@ pub struct SecretKeys {
 /// Names no key.
 impl std::fmt::Debug for SecretKeys {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let ids: Vec<&str> = self.keys.iter().map(|(id, _)| id.as_str()).collect();
-        write!(f, "SecretKeys({ids:?})")
+        write!(f, "SecretKeys({:?})", self.ids())
     }
 }
 
@@ -164,12 +163,8 @@ pub struct SecretKeyArgs {
 
 #[derive(Debug, thiserror::Error)]
 pub enum KeysError {
-    #[error("TIDINGS_WEBHOOK_SECRET_KEYS_FILE {path}: {source}")]
-    File {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    File(#[from] tidings_runtime::secrets::SecretError),
     #[error("TIDINGS_WEBHOOK_SECRET_KEYS: {0}")]
     Bad(#[from] BadKeys),
 }
@@ -177,15 +172,18 @@ pub enum KeysError {
 impl SecretKeyArgs {
     /// The keys, if any are given.
     pub fn keys(&self) -> Result<Option<std::sync::Arc<SecretKeys>>, KeysError> {
-        let text = match (&self.webhook_secret_keys, &self.webhook_secret_keys_file) {
-            (Some(text), _) => text.replace(',', "\n"),
-            (None, Some(path)) => {
-                std::fs::read_to_string(path).map_err(|source| KeysError::File {
-                    path: path.display().to_string(),
-                    source,
-                })?
-            }
-            (None, None) => return Ok(None),
+        // Commas separate keys only in the variable; a file may have them in its comments.
+        let listed = self
+            .webhook_secret_keys
+            .as_ref()
+            .map(|t| t.replace(',', "\n"));
+        let text = tidings_runtime::secrets::value_or_file(
+            "TIDINGS_WEBHOOK_SECRET_KEYS",
+            listed.as_deref(),
+            self.webhook_secret_keys_file.as_deref(),
+        )?;
+        let Some(text) = text else {
+            return Ok(None);
         };
         Ok(Some(std::sync::Arc::new(SecretKeys::parse(&text)?)))
     }
@@ -255,6 +253,33 @@ mod tests {
         let keys = SecretKeys::parse(A).unwrap();
         assert_eq!(open(SECRET, Some(&keys)).unwrap(), SECRET);
         assert_eq!(store(SECRET, None).unwrap(), SECRET);
+    }
+
+    #[test]
+    fn keys_come_comma_separated_in_the_variable_or_a_line_each_in_a_file() {
+        let given = |keys: Option<String>, file: Option<std::path::PathBuf>| SecretKeyArgs {
+            webhook_secret_keys: keys,
+            webhook_secret_keys_file: file,
+        };
+        let ids = |k: Option<std::sync::Arc<SecretKeys>>| {
+            let k = k.unwrap();
+            k.ids().iter().map(|id| id.to_string()).collect::<Vec<_>>()
+        };
+        let both = ids(given(Some(format!("{B},{A}")), None).keys().unwrap());
+        assert_eq!(both.len(), 2);
+        let path = std::env::temp_dir().join(format!("keys-{}", std::process::id()));
+        std::fs::write(&path, format!("# new, then old\n{B}\n{A}\n")).unwrap();
+        let from_file = given(None, Some(path.clone())).keys();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(ids(from_file.unwrap()), both);
+        assert!(given(None, None).keys().unwrap().is_none());
+        let missing = given(None, Some(path)).keys().unwrap_err();
+        assert!(
+            missing
+                .to_string()
+                .starts_with("TIDINGS_WEBHOOK_SECRET_KEYS_FILE "),
+            "{missing}"
+        );
     }
 
     #[test]
