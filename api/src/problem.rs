@@ -8,49 +8,6 @@ pub use tidings_api_types::problem::{FieldError, Problem};
 use tidings_store::DbError;
 use utoipa::IntoResponses;
 
-/// The answers every route with a JSON body can give before its handler runs, for the OpenAPI
-/// document (a route lists them as `BodyRejected` instead of spelling each one out).
-#[derive(IntoResponses)]
-pub enum BodyRejected {
-    #[response(
-        status = 400,
-        description = "Body is not JSON, or not the expected shape",
-        content_type = "application/problem+json"
-    )]
-    NotJson(Problem),
-    #[response(
-        status = 413,
-        description = "Body too large",
-        content_type = "application/problem+json"
-    )]
-    TooLarge(Problem),
-    #[response(
-        status = 415,
-        description = "Body is not application/json",
-        content_type = "application/problem+json"
-    )]
-    WrongType(Problem),
-}
-
-/// What an operator's bulk operation (replay, cancel, redrive, purge) answers besides
-/// [`BodyRejected`] to a body it cannot take: a route lists both, this one second, so its 400
-/// (which includes a body that is not JSON) replaces the generic one.
-#[derive(IntoResponses)]
-pub enum BulkRejected {
-    #[response(
-        status = 400,
-        description = "Body is not JSON, or a bad filter value or batch size",
-        content_type = "application/problem+json"
-    )]
-    BadFilter(Problem),
-    #[response(
-        status = 422,
-        description = "A body of the wrong shape (an unknown field, a wrong type)",
-        content_type = "application/problem+json"
-    )]
-    WrongShape(Problem),
-}
-
 /// Declares a route's answer that is a problem document, with its status and description, for
 /// routes to list by name. The status and text are `tt`s: utoipa skips a `literal` fragment
 /// (macro_rules wraps it in an invisible group).
@@ -67,6 +24,43 @@ macro_rules! problem_answer {
     };
 }
 
+/// [`problem_answer!`] for a set of answers a route lists under one name.
+macro_rules! problem_answers {
+    ($(#[$meta:meta])* $name:ident { $($variant:ident = $status:tt, $description:tt;)+ }) => {
+        $(#[$meta])*
+        #[derive(IntoResponses)]
+        pub enum $name {
+            $(
+                #[response(
+                    status = $status,
+                    description = $description,
+                    content_type = "application/problem+json"
+                )]
+                $variant(Problem),
+            )+
+        }
+    };
+}
+
+problem_answers!(
+    /// The answers every route with a JSON body can give before its handler runs, for the OpenAPI
+    /// document (a route lists them as `BodyRejected` instead of spelling each one out).
+    BodyRejected {
+        NotJson = 400, "Body is not JSON, or not the expected shape";
+        TooLarge = 413, "Body too large";
+        WrongType = 415, "Body is not application/json";
+    }
+);
+problem_answers!(
+    /// What an operator's bulk operation (replay, cancel, redrive, purge) answers besides
+    /// [`BodyRejected`] to a body it cannot take: a route lists both, this one second, so its 400
+    /// (which includes a body that is not JSON) replaces the generic one.
+    BulkRejected {
+        BadFilter = 400, "Body is not JSON, or a bad filter value or batch size";
+        WrongShape = 422, "A body of the wrong shape (an unknown field, a wrong type)";
+    }
+);
+
 problem_answer!(
     /// A route's answer to a missing or wrong bearer token (which token, the route's `security`
     /// says: a device's or the operator's).
@@ -76,6 +70,11 @@ problem_answer!(NoSuchRow, 404, "No such row");
 problem_answer!(NoSuchDevice, 404, "No such device");
 problem_answer!(NoSuchWatch, 404, "No such watch");
 problem_answer!(NoSuchDevicesWatch, 404, "No such watch for this device");
+problem_answer!(
+    NoSuchDevicesNotification,
+    404,
+    "No such notification for this device"
+);
 problem_answer!(BadListQuery, 400, "Bad filter, cursor or limit");
 problem_answer!(
     /// The dead-letter routes without NATS.

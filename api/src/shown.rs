@@ -10,7 +10,7 @@
 use crate::AppState;
 use crate::auth::Device;
 use crate::extract::{JsonBody, resource_id};
-use crate::problem::{ApiError, BodyRejected, Problem, Unauthorized};
+use crate::problem::{ApiError, BodyRejected, NoSuchDevicesNotification, Problem, Unauthorized};
 use axum::Json;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
@@ -124,7 +124,7 @@ async fn value_now(
     responses(
         (status = 200, description = "Whether it still holds at the item's current value, and what to show", body = NotificationNow),
         Unauthorized,
-        (status = 404, description = "No such notification for this device", body = Problem, content_type = "application/problem+json"),
+        NoSuchDevicesNotification,
         (status = 503, description = "The catalog did not answer (or none is configured): show the notification as of its time", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -186,7 +186,7 @@ pub async fn notification_now(
         BodyRejected,
         (status = 422, description = "A body of the wrong shape (not an object, an unknown `shown`, an unknown field)", body = Problem, content_type = "application/problem+json"),
         Unauthorized,
-        (status = 404, description = "No such notification for this device", body = Problem, content_type = "application/problem+json"),
+        NoSuchDevicesNotification,
     )
 )]
 pub async fn report_shown(

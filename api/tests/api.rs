@@ -1087,6 +1087,12 @@ async fn admin_get(api: &ApiServer, path: &str) -> Value {
     json(api.get(path, Some(ADMIN_TOKEN)).await).await
 }
 
+/// An operator's action without a body (`POST path`, e.g. a pause): the answer's JSON, after
+/// checking it is 200.
+async fn admin_act(api: &ApiServer, path: &str) -> Value {
+    admin_post(api, path, &json!(null), 200).await
+}
+
 /// `POST path` with a JSON body as the operator; the answer's JSON after checking its status.
 async fn admin_post(api: &ApiServer, path: &str, body: &Value, status: u16) -> Value {
     let r = api.send(Method::POST, path, Some(ADMIN_TOKEN), body).await;
@@ -1346,13 +1352,7 @@ async fn operators_cancel_due_rows_only_and_pause_devices_and_watches() {
     .await;
 
     // One row: pending → cancelled; a row with a push out, or one that ended, is refused.
-    let done = admin_post(
-        &api,
-        &format!("/v1/admin/outbox/{}/cancel", rows[0]),
-        &json!(null),
-        200,
-    )
-    .await;
+    let done = admin_act(&api, &format!("/v1/admin/outbox/{}/cancel", rows[0])).await;
     assert_eq!(
         (done["status"].as_str(), done["reason"].as_str()),
         (Some("dropped"), Some("cancelled"))
@@ -1450,29 +1450,11 @@ async fn operators_cancel_due_rows_only_and_pause_devices_and_watches() {
     assert!(view["paused_at"].is_null(), "{view}");
     assert_eq!(view["watch_count"], 4);
     assert_eq!(view["outbox"]["dropped"], 3, "{view}");
-    let paused = admin_post(
-        &api,
-        &format!("/v1/admin/devices/{device}/pause"),
-        &json!(null),
-        200,
-    )
-    .await;
+    let paused = admin_act(&api, &format!("/v1/admin/devices/{device}/pause")).await;
     let at = paused["paused_at"].as_str().unwrap().to_owned();
-    let again = admin_post(
-        &api,
-        &format!("/v1/admin/devices/{device}/pause"),
-        &json!(null),
-        200,
-    )
-    .await;
+    let again = admin_act(&api, &format!("/v1/admin/devices/{device}/pause")).await;
     assert_eq!(again["paused_at"], at, "pausing twice keeps the first time");
-    let resumed = admin_post(
-        &api,
-        &format!("/v1/admin/devices/{device}/resume"),
-        &json!(null),
-        200,
-    )
-    .await;
+    let resumed = admin_act(&api, &format!("/v1/admin/devices/{device}/resume")).await;
     assert!(resumed["paused_at"].is_null());
     admin_problem(
         &api,
@@ -1488,13 +1470,7 @@ async fn operators_cancel_due_rows_only_and_pause_devices_and_watches() {
         .fetch_one(&db.pool)
         .await
         .unwrap();
-    let paused = admin_post(
-        &api,
-        &format!("/v1/admin/watches/{watch}/pause"),
-        &json!(null),
-        200,
-    )
-    .await;
+    let paused = admin_act(&api, &format!("/v1/admin/watches/{watch}/pause")).await;
     assert_eq!(
         (paused["paused"].as_bool(), paused["item_code"].as_str()),
         (Some(true), Some("SKU-1")),
@@ -1502,13 +1478,7 @@ async fn operators_cancel_due_rows_only_and_pause_devices_and_watches() {
     );
     let own = json(api.get(&format!("/v1/watches/{watch}"), Some(&token)).await).await;
     assert_eq!(own["paused"], true, "the device sees its watch paused");
-    let resumed = admin_post(
-        &api,
-        &format!("/v1/admin/watches/{watch}/resume"),
-        &json!(null),
-        200,
-    )
-    .await;
+    let resumed = admin_act(&api, &format!("/v1/admin/watches/{watch}/resume")).await;
     assert_eq!(resumed["paused"], false);
     admin_problem(
         &api,
