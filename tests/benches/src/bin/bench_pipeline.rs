@@ -758,7 +758,6 @@ async fn naive_forwarder(
                             item_url: None,
                             locale: None,
                         };
-                        // The naive pipeline names each push by its row.
                         let deadline = Utc::now() + chrono::Duration::seconds(30);
                         let push = first_attempt(id, sub, render(&notice), deadline);
                         topics
