@@ -71,6 +71,10 @@ pub struct Config {
     /// Watch creations per device.
     #[arg(long, env = "TIDINGS_API_WATCH_RATE_PER_DEVICE", default_value = "60/m", value_parser = parse_rate)]
     pub watch_rate_per_device: std::option::Option<Rate>,
+    /// Change hints per client address (`POST /v1/items/changed`), counted before the signature
+    /// is checked.
+    #[arg(long, env = "TIDINGS_API_HINT_RATE_PER_ADDRESS", default_value = "600/m", value_parser = parse_rate)]
+    pub hint_rate_per_address: std::option::Option<Rate>,
     /// Proxies (load balancer, ingress) in front of the api whose `X-Forwarded-For` entries are
     /// believed when limits look up the client's address; 0 uses the TCP peer.
     #[arg(long, env = "TIDINGS_API_TRUSTED_PROXIES", default_value_t = 0)]
@@ -186,6 +190,7 @@ impl Config {
             register_rate: self.register_rate,
             watch_rate_per_address: self.watch_rate_per_address,
             watch_rate_per_device: self.watch_rate_per_device,
+            hint_rate_per_address: self.hint_rate_per_address,
             trusted_proxies: self.trusted_proxies,
             cors_origins: crate::cors::Origins::parse(&self.cors_origins)?,
             web: self.web,

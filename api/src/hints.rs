@@ -6,6 +6,7 @@
 //! it is never trusted for a value. docs/sources.md, "Change hints".
 
 use crate::AppState;
+use crate::extract::{ClientAddr, within};
 use crate::problem::{ApiError, Problem};
 use axum::Json;
 use axum::body::Bytes;
@@ -17,19 +18,23 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tidings_domain::hints::BadHint;
+use tidings_domain::item::ItemCode;
 use tidings_source::SourceConfig;
 use tidings_webpush::standard_webhooks::{self, BadSecret, Headers, Secret, Unverified};
 use utoipa::ToSchema;
 
 /// How far a hint's `webhook-timestamp` may be from now, either way.
 pub const TOLERANCE: Duration = Duration::from_secs(standard_webhooks::TOLERANCE_SECS);
-/// Message ids remembered (for [`TOLERANCE`] each) to refuse a replay.
-const SEEN_KEPT: usize = 100_000;
+/// Message ids remembered per source (for [`TOLERANCE`] each) to refuse a replay. One source
+/// that fills its memory is slowed down; every other source keeps its own.
+const SEEN_PER_SOURCE: usize = 20_000;
 
-/// Every source's hint secrets (each its current one, and one being rotated out), read at start.
+/// Every source's hint secrets (each its current one, and one being rotated out), read at start,
+/// with the sources' prefixes (a hinted code must route to the source that signed it).
 #[derive(Clone, Default)]
 pub struct Keys {
     sources: Vec<(String, Vec<Secret>)>,
+    routes: Option<SourceConfig>,
 }
 
 /// Names the sources, never their keys.
@@ -79,7 +84,10 @@ impl Keys {
 
     /// The keys of every source of `config` that has a `hint_secrets_file`.
     pub fn read(config: Option<&SourceConfig>) -> Result<Self, SecretError> {
-        let mut keys = Keys::default();
+        let mut keys = Keys {
+            routes: config.cloned(),
+            ..Keys::default()
+        };
         for spec in config.map(|c| c.sources.as_slice()).unwrap_or_default() {
             if let Some(path) = &spec.hints.secrets_file {
                 keys.sources
@@ -110,6 +118,16 @@ impl Keys {
         let groups: Vec<&[Secret]> = self.sources.iter().map(|(_, s)| s.as_slice()).collect();
         let (group, id) = standard_webhooks::verify(&groups, signed, body, now_unix)?;
         Ok((self.sources[group].0.as_str(), id))
+    }
+
+    /// The first item `source` hinted that another source's prefix claims, and that source.
+    fn foreign<'a>(&'a self, source: &str, items: &'a [ItemCode]) -> Option<(usize, &'a str)> {
+        let routes = self.routes.as_ref()?;
+        items.iter().enumerate().find_map(|(index, item)| {
+            routes
+                .claimed_from(source, item.as_str())
+                .map(|other| (index, other))
+        })
     }
 }
 
@@ -147,6 +165,14 @@ pub enum Refused {
     Unverified(#[from] Unverified),
     #[error("webhook-id {0:?} was already taken")]
     Replayed(String),
+    #[error("source {0:?} sent more than {SEEN_PER_SOURCE} hints in 5 minutes")]
+    Saturated(String),
+    #[error("item {index} belongs to source {owner:?}, not to {signer:?} that signed the hint")]
+    Foreign {
+        index: usize,
+        signer: String,
+        owner: String,
+    },
 }
 
 impl Refused {
@@ -156,34 +182,71 @@ impl Refused {
             Refused::Unverified(Unverified::Stale) => "stale",
             Refused::Unverified(Unverified::Signature) => "unsigned",
             Refused::Replayed(_) => "replayed",
+            Refused::Saturated(_) => "saturated",
+            Refused::Foreign { .. } => "foreign",
         }
     }
 }
 
-/// Message ids taken in the last [`TOLERANCE`], per source: a replay within it is refused,
-/// and one after it has a stale timestamp. Per api replica: a replay that reaches another
-/// replica costs one more fetch of items already fetched (a hint carries no value).
+/// Whether a message id was new.
+#[derive(Debug, PartialEq, Eq)]
+enum Taken {
+    New,
+    Replayed,
+    /// The source's memory is full of ids still live: it sends faster than it may.
+    Full,
+}
+
+/// Message ids taken in the last [`TOLERANCE`], each source in a memory of its own: a replay
+/// within it is refused, and one after it has a stale timestamp. Per api replica: a replay that
+/// reaches another replica costs one more fetch of items already fetched (a hint carries no
+/// value). Ids are at most `standard_webhooks::MAX_ID_LEN` bytes, so a source's memory is
+/// bounded too.
 #[derive(Default)]
 pub struct Seen {
-    taken: Mutex<HashMap<(String, String), Instant>>,
+    taken: Mutex<HashMap<String, HashMap<String, Instant>>>,
 }
 
 impl Seen {
-    /// Takes `id` for `source`: false if it was taken before (or the memory is full of live ids).
-    fn take(&self, source: &str, id: &str) -> bool {
-        let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
-        let key = (source.to_owned(), id.to_owned());
-        if taken.get(&key).is_some_and(|at| at.elapsed() < TOLERANCE) {
-            return false;
+    fn take(&self, source: &str, id: &str) -> Taken {
+        let mut all = self.taken.lock().unwrap_or_else(|e| e.into_inner());
+        let taken = all.entry(source.to_owned()).or_default();
+        if taken.get(id).is_some_and(|at| at.elapsed() < TOLERANCE) {
+            return Taken::Replayed;
         }
-        if taken.len() >= SEEN_KEPT {
+        if taken.len() >= SEEN_PER_SOURCE {
             taken.retain(|_, at| at.elapsed() < TOLERANCE);
-            if taken.len() >= SEEN_KEPT {
-                return false;
+            if taken.len() >= SEEN_PER_SOURCE {
+                return Taken::Full;
             }
         }
-        taken.insert(key, Instant::now());
-        true
+        taken.insert(id.to_owned(), Instant::now());
+        Taken::New
+    }
+}
+
+/// The answer to a refused hint, counted by why.
+fn refused(r: Refused) -> ApiError {
+    crate::metrics::hint(r.label());
+    match r {
+        Refused::Replayed(_) => ApiError::Conflict {
+            kind: "replayed",
+            detail: r.to_string(),
+        },
+        Refused::Saturated(_) => ApiError::RateLimited {
+            what: "hints_per_source",
+            retry_after: TOLERANCE,
+        },
+        Refused::Foreign { index, .. } => ApiError::invalid(format!("/items/{index}"), r),
+        Refused::Unverified(Unverified::Stale) => {
+            ApiError::Unauthorized("webhook-timestamp is more than 5 minutes from now")
+        }
+        Refused::Unverified(Unverified::Header(_)) => ApiError::Unauthorized(
+            "a signed hint needs webhook-id (at most 256 bytes), webhook-timestamp and webhook-signature (at most 5 v1 signatures of 32 bytes)",
+        ),
+        Refused::Unverified(Unverified::Signature) => {
+            ApiError::Unauthorized("no source's secret signs this hint")
+        }
     }
 }
 
@@ -208,33 +271,19 @@ pub struct HintTaken {
         (status = 202, description = "Taken: every detector fetches those items now", body = HintTaken),
         (status = 401, description = "Unsigned, badly signed, or stale", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "A webhook-id already taken (a replay)", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Not 1 to 1000 valid item codes", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Not 1 to 1000 valid item codes, or a code another source's prefix claims", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Too many hints from this address, or from this source in 5 minutes", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The api has no NATS to pass hints on (TIDINGS_API_NATS)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn items_changed(
     State(app): State<AppState>,
+    ClientAddr(client): ClientAddr,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<(StatusCode, Json<HintTaken>), ApiError> {
-    let refused = |r: Refused| {
-        crate::metrics::hint(r.label());
-        match r {
-            Refused::Replayed(_) => ApiError::Conflict {
-                kind: "replayed",
-                detail: r.to_string(),
-            },
-            Refused::Unverified(Unverified::Stale) => {
-                ApiError::Unauthorized("webhook-timestamp is more than 5 minutes from now")
-            }
-            Refused::Unverified(Unverified::Header(_)) => ApiError::Unauthorized(
-                "a signed hint needs webhook-id, webhook-timestamp and webhook-signature",
-            ),
-            Refused::Unverified(Unverified::Signature) => {
-                ApiError::Unauthorized("no source's secret signs this hint")
-            }
-        }
-    };
+    // Before any hashing: an unauthenticated sender is held to its address's rate.
+    within(&app.limits.hints_per_address, &client, "hints_per_address")?;
     let now = chrono::Utc::now().timestamp();
     let (source, id) = app
         .settings
@@ -248,11 +297,20 @@ pub async fn items_changed(
             _ => ApiError::invalid("/items", e),
         }
     })?;
+    if let Some((index, owner)) = app.settings.hint_keys.foreign(source, &items) {
+        return Err(refused(Refused::Foreign {
+            index,
+            signer: source.to_owned(),
+            owner: owner.to_owned(),
+        }));
+    }
     let bus = app.settings.bus.clone().ok_or_else(|| {
         ApiError::Unavailable("the api is not connected to NATS (set TIDINGS_API_NATS=true)".into())
     })?;
-    if !app.hints_seen.take(source, id) {
-        return Err(refused(Refused::Replayed(id.to_owned())));
+    match app.hints_seen.take(source, id) {
+        Taken::New => {}
+        Taken::Replayed => return Err(refused(Refused::Replayed(id.to_owned()))),
+        Taken::Full => return Err(refused(Refused::Saturated(source.to_owned()))),
     }
     let subject = app.settings.subjects.hints(source);
     // Flushed before answering: a 202 means the hint left for the detectors.
@@ -332,8 +390,42 @@ mod tests {
     #[test]
     fn an_id_is_taken_once() {
         let seen = Seen::default();
-        assert!(seen.take("acme", "msg_1"));
-        assert!(!seen.take("acme", "msg_1"));
-        assert!(seen.take("other", "msg_1"));
+        assert_eq!(seen.take("acme", "msg_1"), Taken::New);
+        assert_eq!(seen.take("acme", "msg_1"), Taken::Replayed);
+        assert_eq!(seen.take("other", "msg_1"), Taken::New);
+    }
+
+    /// Regression: the memory was shared, so one source's secret could fill it and every other
+    /// source's hints were refused (as replays) for five minutes.
+    #[test]
+    fn one_source_that_fills_its_memory_slows_only_itself() {
+        let seen = Seen::default();
+        for i in 0..SEEN_PER_SOURCE {
+            assert_eq!(seen.take("flood", &format!("msg_{i}")), Taken::New);
+        }
+        assert_eq!(seen.take("flood", "one_more"), Taken::Full);
+        assert_eq!(seen.take("acme", "msg_0"), Taken::New);
+    }
+
+    #[test]
+    fn a_hinted_code_that_another_source_claims_is_foreign() {
+        let config = SourceConfig::new("http://default/{item}")
+            .with_source("acme", "acme:")
+            .with_source("acme-eu", "acme:eu:");
+        let keys = Keys {
+            routes: Some(config),
+            ..Keys::default()
+        };
+        let items: Vec<ItemCode> = ["42", "eu:42"]
+            .iter()
+            .map(|c| ItemCode::parse(c).unwrap())
+            .collect();
+        assert_eq!(keys.foreign("acme", &items), Some((1, "acme-eu")));
+        assert_eq!(keys.foreign("acme-eu", &items), None);
+        assert_eq!(keys.foreign("acme", &items[..1]), None);
+        // The catch-all's hint for `acme:1` is acme's item.
+        assert_eq!(keys.foreign("default", &items[..1]), None);
+        let acme_item = [ItemCode::parse("acme:1").unwrap()];
+        assert_eq!(keys.foreign("default", &acme_item), Some((0, "acme")));
     }
 }

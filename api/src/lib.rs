@@ -67,6 +67,7 @@ pub struct Settings {
     pub register_rate: Option<limits::Rate>,
     pub watch_rate_per_address: Option<limits::Rate>,
     pub watch_rate_per_device: Option<limits::Rate>,
+    pub hint_rate_per_address: Option<limits::Rate>,
     pub trusted_proxies: usize,
     /// Origins whose pages may call the public routes (see [`cors`]).
     pub cors_origins: cors::Origins,

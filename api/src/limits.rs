@@ -111,6 +111,8 @@ pub struct Limits {
     pub watches_per_address: Limit<IpAddr>,
     /// Watch creations per device token (its hash).
     pub watches_per_device: Limit<Vec<u8>>,
+    /// Change hints per client address, before their signature is checked.
+    pub hints_per_address: Limit<IpAddr>,
     /// Proxies in front of the api whose `X-Forwarded-For` entries are believed.
     pub trusted_proxies: usize,
 }
@@ -123,12 +125,15 @@ impl Limits {
                 "register",
                 "watches_per_address",
                 "watches_per_device",
+                "hints_per_address",
+                "hints_per_source",
             ]),
         );
         Limits {
             register: Limit::new(settings.register_rate),
             watches_per_address: Limit::new(settings.watch_rate_per_address),
             watches_per_device: Limit::new(settings.watch_rate_per_device),
+            hints_per_address: Limit::new(settings.hint_rate_per_address),
             trusted_proxies: settings.trusted_proxies,
         }
     }
@@ -220,6 +225,7 @@ mod tests {
             register: Limit::new(None),
             watches_per_address: Limit::new(None),
             watches_per_device: Limit::new(None),
+            hints_per_address: Limit::new(None),
             trusted_proxies,
         };
         assert_eq!(limits(0).client(Some(peer), &headers), peer.ip());

@@ -395,7 +395,7 @@ async fn every_registration_rule_refuses_bad_input_with_a_problem() {
     // Allowlisted by name but private: the address rule must still refuse it.
     strict.policy = EndpointPolicy {
         allowed_hosts: vec!["127.0.0.1:*".into(), "fcm.googleapis.com".into()],
-        allow_private: false,
+        private_hosts: Vec::new(),
         allow_http: false,
     };
     let api = ApiServer::start(db.pool.clone(), strict).await;
@@ -2169,7 +2169,7 @@ async fn a_watch_may_name_its_source_and_the_offer_of_a_product_page() {
 async fn only_a_client_key_registers_a_webhook_endpoint_whose_watches_notify_by_webhook() {
     let db = TestDb::new().await.unwrap();
     let mut settings = test_settings();
-    settings.webhook_policy.allow_private = true;
+    settings.webhook_policy.private_hosts = vec!["127.0.0.1:*".into()];
     let api = ApiServer::start(db.pool.clone(), settings).await;
     let url = "https://127.0.0.1:9/hooks/orders";
     let register = |token: Option<String>, body: Value| {
@@ -2348,9 +2348,9 @@ async fn reseal_seals_every_webhook_secret_under_the_first_key() {
     }
     // One endpoint while the api had no keys, one sealed under OLD and then rotated.
     let mut plain = test_settings();
-    plain.webhook_policy.allow_private = true;
+    plain.webhook_policy.private_hosts = vec!["127.0.0.1:*".into()];
     let mut sealing = test_settings();
-    sealing.webhook_policy.allow_private = true;
+    sealing.webhook_policy.private_hosts = vec!["127.0.0.1:*".into()];
     sealing.webhook_secret_keys = Some(Arc::new(SecretKeys::parse(OLD).unwrap()));
     let api = ApiServer::start(db.pool.clone(), plain).await;
     let client = admin_post(&api, "/v1/admin/clients", &json!({"name": "shop"}), 201).await;

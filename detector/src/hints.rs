@@ -47,6 +47,8 @@ impl Queue {
 /// Every source's queue.
 pub struct Queues {
     queues: HashMap<String, Queue>,
+    /// The sources' prefixes: a hinted code must route to the source it came from.
+    routes: SourceConfig,
 }
 
 impl Queues {
@@ -67,7 +69,10 @@ impl Queues {
                 (s.name.clone(), queue)
             })
             .collect();
-        Queues { queues }
+        Queues {
+            queues,
+            routes: config.clone(),
+        }
     }
 
     /// Takes one hint for `source`: its items wait for [`Queues::due`].
@@ -88,8 +93,13 @@ impl Queues {
                 return;
             }
         };
-        let mut dropped = 0;
+        let (mut dropped, mut foreign) = (0, 0);
         for code in codes {
+            if let Some(owner) = self.routes.claimed_from(source, code.as_str()) {
+                tracing::warn!(source, owner, item = %code, "a change hint for another source's item");
+                foreign += 1;
+                continue;
+            }
             let full = ItemCode::parse(&format!("{}{code}", queue.prefix));
             match full {
                 Ok(item) if queue.pending.len() < MAX_PENDING => {
@@ -99,6 +109,7 @@ impl Queues {
             }
         }
         metrics::hinted(Hinted::Dropped, dropped);
+        metrics::hinted(Hinted::Foreign, foreign);
     }
 
     /// When something waiting may next be fetched; `None`: nothing waits.
@@ -189,5 +200,31 @@ pub async fn listen(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression: `acme`'s hint for `eu:42` became `acme:eu:42`, which the source with prefix
+    /// `acme:eu:` reads, so one source's secret made another's items fetched.
+    #[test]
+    fn a_hinted_code_that_another_source_claims_waits_for_nothing() {
+        let config = SourceConfig::new("http://default/{item}")
+            .with_source("acme", "acme:")
+            .with_source("acme-eu", "acme:eu:");
+        let mut queues = Queues::new(&config);
+        queues.add("acme", br#"{"items": ["42", "eu:42"]}"#);
+        queues.add("acme-eu", br#"{"items": ["7"]}"#);
+        let pending = |source: &str| -> Vec<String> {
+            queues.queues[source]
+                .pending
+                .iter()
+                .map(|i| i.as_str().to_owned())
+                .collect()
+        };
+        assert_eq!(pending("acme"), ["acme:42"]);
+        assert_eq!(pending("acme-eu"), ["acme:eu:7"]);
     }
 }

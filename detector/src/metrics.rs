@@ -86,14 +86,18 @@ pub enum Hinted {
     Dropped,
     /// The hint could not be read, or named a source this detector does not know.
     Invalid,
+    /// Prefixed with its hint's source, another source's prefix claims it: a source's hints
+    /// speak for its own items only.
+    Foreign,
 }
 
 impl Hinted {
-    pub const ALL: [Hinted; 4] = [
+    pub const ALL: [Hinted; 5] = [
         Hinted::Fetched,
         Hinted::Unwatched,
         Hinted::Dropped,
         Hinted::Invalid,
+        Hinted::Foreign,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -102,6 +106,7 @@ impl Hinted {
             Hinted::Unwatched => "unwatched",
             Hinted::Dropped => "dropped",
             Hinted::Invalid => "invalid",
+            Hinted::Foreign => "foreign",
         }
     }
 }

@@ -65,6 +65,8 @@ fn outlived(
 
 /// An HTTP client for one channel: pooled connections, HTTP/2 where the server offers it (ALPN),
 /// connect and total timeouts, no redirects, and a resolver that refuses what `policy` refuses.
+/// No proxy from the environment (`HTTPS_PROXY`, `ALL_PROXY`): a proxy resolves the name itself,
+/// so the guarded resolver would never see the address connected to.
 pub(crate) fn client(
     settings: &Settings,
     policy: &Arc<EndpointPolicy>,
@@ -74,6 +76,7 @@ pub(crate) fn client(
         .connect_timeout(settings.connect_timeout)
         .timeout(settings.http_timeout)
         .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
         .pool_max_idle_per_host(idle_per_host)
         .dns_resolver(GuardedResolver::new(policy.clone()));
     let roots = (settings.extra_roots.iter())

@@ -22,7 +22,7 @@ pub fn test_settings() -> Settings {
     Settings {
         policy: EndpointPolicy {
             allowed_hosts: vec!["127.0.0.1:*".into()],
-            allow_private: true,
+            private_hosts: vec!["127.0.0.1:*".into()],
             allow_http: false,
         },
         vapid_public_key: Some(VAPID_PUBLIC.into()),
@@ -32,6 +32,7 @@ pub fn test_settings() -> Settings {
         register_rate: None,
         watch_rate_per_address: None,
         watch_rate_per_device: None,
+        hint_rate_per_address: None,
         ..Settings::default()
     }
 }

@@ -25,7 +25,7 @@ pub fn pusher_settings(subjects: tidings_domain::subjects::Subjects) -> tidings_
     settings.concurrency = 64;
     settings.policy = tidings_webpush::endpoint::EndpointPolicy {
         allowed_hosts: vec!["127.0.0.1:*".into()],
-        allow_private: true,
+        private_hosts: vec!["*:*".into()],
         allow_http: false,
     };
     settings.extra_roots = vec![CERT_PEM.to_vec()];

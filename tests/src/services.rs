@@ -180,10 +180,13 @@ impl Pipeline {
             ("TIDINGS_SOURCES_FILE", sources.display().to_string()),
             ("TIDINGS_SOURCE_TIMEOUT", "2s".into()),
             ("TIDINGS_PUSH_ALLOWED_HOSTS", "127.0.0.1:*".into()),
-            ("TIDINGS_PUSH_ALLOW_PRIVATE", "true".into()),
+            ("TIDINGS_PUSH_ALLOW_PRIVATE", "127.0.0.1:*".into()),
             ("TIDINGS_PUSH_EXTRA_CA_FILE", ca.display().to_string()),
             // Webhook receivers of the tests are on 127.0.0.1 too.
-            ("TIDINGS_WEBHOOK_ALLOW_PRIVATE", "true".into()),
+            (
+                "TIDINGS_WEBHOOK_ALLOW_PRIVATE",
+                "127.0.0.1:*,localhost:*".into(),
+            ),
             ("TIDINGS_VAPID_PRIVATE_KEY", vapid_private),
             ("TIDINGS_VAPID_PUBLIC_KEY", vapid_public),
             ("TIDINGS_VAPID_SUBJECT", "mailto:e2e@tidings.invalid".into()),
@@ -196,6 +199,7 @@ impl Pipeline {
             ("TIDINGS_API_REGISTER_RATE", "off".into()),
             ("TIDINGS_API_WATCH_RATE_PER_ADDRESS", "off".into()),
             ("TIDINGS_API_WATCH_RATE_PER_DEVICE", "off".into()),
+            ("TIDINGS_API_HINT_RATE_PER_ADDRESS", "off".into()),
             ("TIDINGS_SCAN_INTERVAL", "500ms".into()),
             ("TIDINGS_RETRY_BASE", "500ms".into()),
             ("TIDINGS_POLL_INTERVAL", "20ms".into()),

@@ -254,7 +254,32 @@ async fn a_hint_makes_a_price_drop_reach_sent_with_the_scan_interval_at_an_hour(
         422,
         "no items"
     );
-    for result in ["replayed", "unsigned", "stale", "invalid", "taken"] {
+    // 100,000 empty signatures over a 15 KB body (a second of CPU each before): refused before
+    // anything is hashed.
+    let heavy = format!(r#"{{"items": ["{}"]}}"#, "x".repeat(15 * 1024));
+    let flood = [
+        ("webhook-id".to_owned(), "msg_flood".to_owned()),
+        ("webhook-timestamp".to_owned(), now.to_string()),
+        (
+            "webhook-signature".to_owned(),
+            vec!["v1,"; 100_000].join(" "),
+        ),
+    ];
+    let started = std::time::Instant::now();
+    let (status, problem) = hint(&p, &flood, &heavy).await;
+    assert_eq!(status, 401, "{problem}");
+    println!(
+        "a hint with 100,000 signature entries refused in {:?}, round trip",
+        started.elapsed()
+    );
+    for result in [
+        "replayed",
+        "unsigned",
+        "stale",
+        "invalid",
+        "taken",
+        "malformed",
+    ] {
         let label = format!("result=\"{result}\"");
         assert!(
             sample(&p, "api", "tidings_api_hints_total", &[&label]).await >= 1.0,

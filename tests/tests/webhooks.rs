@@ -569,3 +569,53 @@ async fn a_failing_endpoint_is_held_back_by_its_circuit_breaker_and_says_so() {
     p.stop().await;
     s.cleanup().await;
 }
+
+/// The pusher takes no proxy from its environment: behind `HTTPS_PROXY` or `ALL_PROXY` the proxy
+/// would resolve the receiver's name itself, out of the address guard's sight. A listener stands
+/// in as the proxy and counts what reaches it. Regression test: the client honoured them.
+#[tokio::test]
+async fn the_pusher_connects_to_receivers_itself_whatever_proxy_its_environment_names() {
+    let s = Scenario::new().await;
+    let receiver = FakeWebhookReceiver::start().await.unwrap();
+    let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy_url = format!("http://{}", proxy.local_addr().unwrap());
+    let proxied = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = proxied.clone();
+    let listening = tokio::spawn(async move {
+        while let Ok((connection, _)) = proxy.accept().await {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            drop(connection);
+        }
+    });
+    let mut p = Pipeline::start(&s, &[]).await;
+    p.kill("pusher");
+    for var in [
+        "HTTPS_PROXY",
+        "https_proxy",
+        "HTTP_PROXY",
+        "http_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+    ] {
+        p.set_env(var, &proxy_url);
+    }
+    p.set_env("NO_PROXY", "");
+    p.spawn("pusher");
+    p.wait_ready("pusher").await;
+
+    let key = client_key(&p).await;
+    let (token, _) = endpoint(&p, &key, &receiver.url("direct")).await;
+    s.catalog.set_price("SKU-DIRECT", 1299);
+    let watch = watch_id(&watch(&p, &token, "SKU-DIRECT").await);
+    s.catalog.set_price("SKU-DIRECT", 950);
+    wait_for_received(&receiver, "direct", 1).await;
+    p.wait_for_rows(&s, &[Status::Sent], 1, 30).await;
+    assert_eq!(s.rows(watch).await[0].notification.status, Status::Sent);
+    assert_eq!(
+        proxied.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "a connection went to the environment's proxy"
+    );
+    listening.abort();
+    p.stop().await;
+}

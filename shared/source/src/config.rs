@@ -7,6 +7,7 @@ use serde::Deserialize;
 use std::path::PathBuf;
 use std::time::Duration;
 use tidings_domain::duration::parse_duration;
+use tidings_domain::item::ItemCode;
 use tidings_runtime::flags;
 
 /// How a source's answers are read.
@@ -84,9 +85,38 @@ impl SourceConfig {
         }
     }
 
+    /// The same with one more source named `name` for the items with `prefix`, at
+    /// `http://<name>/{item}`, its format and limits those of the first (tests and examples).
+    pub fn with_source(mut self, name: &str, prefix: &str) -> Self {
+        let mut spec = self.sources[0].clone();
+        spec.name = name.into();
+        spec.prefix = prefix.into();
+        spec.item_url = format!("http://{name}/{{item}}");
+        self.sources.push(spec);
+        self
+    }
+
     /// Sets every source's total timeout.
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.sources.iter_mut().for_each(|s| s.timeout = timeout);
+    }
+
+    /// The source other than `source` that would read `code` hinted by `source`: a hint's code
+    /// is given its source's prefix and then routed by the longest prefix, so `acme`'s hint for
+    /// `eu:42` is `acme:eu:42`, which a source with prefix `acme:eu:` claims. A source's secret
+    /// speaks for its own items only, so such a code is refused (`None`: it is `source`'s own).
+    pub fn claimed_from(&self, source: &str, code: &str) -> Option<&str> {
+        let own = self.sources.iter().find(|s| s.name == source)?;
+        let full = format!("{}{code}", own.prefix);
+        self.sources
+            .iter()
+            .filter(|other| other.prefix.len() > own.prefix.len())
+            .filter(|other| {
+                full.strip_prefix(other.prefix.as_str())
+                    .is_some_and(|rest| ItemCode::parse(rest).is_ok())
+            })
+            .max_by_key(|other| other.prefix.len())
+            .map(|other| other.name.as_str())
     }
 
     /// The longest a source request may take.

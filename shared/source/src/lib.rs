@@ -263,14 +263,9 @@ mod tests {
 
     #[test]
     fn an_item_goes_to_the_source_with_its_longest_prefix_and_is_asked_without_it() {
-        let mut config = SourceConfig::new("http://default/{item}");
-        for (name, prefix) in [("acme", "acme:"), ("acme-eu", "acme:eu:")] {
-            let mut spec = config.sources[0].clone();
-            spec.name = name.into();
-            spec.prefix = prefix.into();
-            spec.item_url = format!("http://{name}/{{item}}");
-            config.sources.push(spec);
-        }
+        let config = SourceConfig::new("http://default/{item}")
+            .with_source("acme", "acme:")
+            .with_source("acme-eu", "acme:eu:");
         let sources = Sources::new(config).unwrap();
         let routed = |code: &str| {
             let code = item(code);

@@ -8,7 +8,7 @@
 //! that was vetted even if DNS answers differently the second time.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -30,8 +30,10 @@ pub struct EndpointPolicy {
     /// the entry names another (`host:8443`) or any (`host:*`). An IPv6 address with a port is
     /// written in brackets (`[::1]:*`).
     pub allowed_hosts: Vec<String>,
-    /// Allow private, loopback and link-local addresses (tests, local demos). Never in production.
-    pub allow_private: bool,
+    /// The hosts (and ports) that may be at private, loopback or link-local addresses, in the
+    /// allowlist's form: `hooks.internal:8443` for one receiver inside the cluster, `127.0.0.1:*`
+    /// for tests and local demos. Empty (the default): none may.
+    pub private_hosts: Vec<String>,
     /// Allow plain http (tests only).
     pub allow_http: bool,
 }
@@ -43,7 +45,7 @@ impl Default for EndpointPolicy {
                 .iter()
                 .map(|h| (*h).to_owned())
                 .collect(),
-            allow_private: false,
+            private_hosts: Vec::new(),
             allow_http: false,
         }
     }
@@ -69,35 +71,81 @@ pub enum Refused {
     Port { host: String, port: u16 },
 }
 
-/// Loopback, private, link-local (incl. 169.254.169.254 metadata), CGNAT, unspecified,
-/// multicast, documentation and unique-local ranges: nothing a push service lives at.
+/// Whether `ip` is anything but a globally reachable unicast address: loopback, private,
+/// link-local (169.254.169.254, the cloud metadata service, included), CGNAT, unspecified,
+/// multicast, broadcast, documentation, benchmarking, protocol-assignment and reserved ranges.
+///
+/// IPv6 is judged by a positive list (global unicast `2000::/3`, less its special ranges), so a
+/// range this function does not name (`fec0::/10`, `64:ff9b:1::/48`, `100::/64`) is internal. An
+/// IPv6 address that embeds an IPv4 one (IPv4-mapped and IPv4-compatible `::/96`, NAT64
+/// `64:ff9b::/96`, 6to4 `2002::/16`, Teredo `2001::/32`) is judged by the IPv4 address it reaches:
+/// on a cluster with NAT64 egress, `[64:ff9b::a00:5]` is 10.0.0.5. A NAT64 address of a public
+/// IPv4 one stays public, so DNS64 clusters can reach IPv4-only receivers.
 pub fn is_internal(ip: IpAddr) -> bool {
     match ip {
-        IpAddr::V4(v4) => {
-            let o = v4.octets();
-            v4.is_loopback()
-                || v4.is_private()
-                || v4.is_link_local()
-                || v4.is_unspecified()
-                || v4.is_broadcast()
-                || v4.is_multicast()
-                || v4.is_documentation()
-                || (o[0] == 100 && (o[1] & 0xc0) == 64) // 100.64.0.0/10
-                || o[0] == 0
-                || o[0] >= 240
-        }
-        IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
-                return is_internal(IpAddr::V4(v4));
-            }
-            let s = v6.segments();
-            v6.is_loopback()
-                || v6.is_unspecified()
-                || v6.is_multicast()
-                || (s[0] & 0xfe00) == 0xfc00 // unique local
-                || (s[0] & 0xffc0) == 0xfe80 // link local
-                || (s[0] == 0x2001 && s[1] == 0x0db8) // documentation
-        }
+        IpAddr::V4(v4) => v4_internal(v4),
+        IpAddr::V6(v6) => match embedded_v4(v6) {
+            Embedded::One(v4) => v4_internal(v4),
+            Embedded::Teredo { server, client } => v4_internal(server) || v4_internal(client),
+            Embedded::None => v6_internal(v6),
+        },
+    }
+}
+
+/// IPv4 ranges that are not globally reachable (IANA's special-purpose registry).
+fn v4_internal(v4: Ipv4Addr) -> bool {
+    let o = v4.octets();
+    v4.is_loopback()
+        || v4.is_private()
+        || v4.is_link_local()
+        || v4.is_broadcast()
+        || v4.is_multicast()
+        || v4.is_documentation()
+        || o[0] == 0 // "this network", 0.0.0.0 included
+        || (o[0] == 100 && (o[1] & 0xc0) == 64) // 100.64.0.0/10, CGNAT
+        || (o[0] == 192 && o[1] == 0 && o[2] == 0) // 192.0.0.0/24, protocol assignments
+        || (o[0] == 192 && o[1] == 88 && o[2] == 99) // 192.88.99.0/24, 6to4 relays
+        || (o[0] == 198 && (o[1] & 0xfe) == 18) // 198.18.0.0/15, benchmarking
+        || o[0] >= 240 // reserved
+}
+
+/// IPv6 outside global unicast, and the special ranges inside it.
+fn v6_internal(v6: Ipv6Addr) -> bool {
+    let s = v6.segments();
+    (s[0] & 0xe000) != 0x2000 // not 2000::/3: loopback, ULA, link/site-local, multicast, …
+        || (s[0] == 0x2001 && s[1] < 0x0200) // 2001::/23, protocol assignments (ORCHID, benchmarking)
+        || (s[0] == 0x2001 && s[1] == 0x0db8) // documentation
+        || (s[0] == 0x3fff && (s[1] & 0xf000) == 0) // 3fff::/20, documentation
+}
+
+/// The IPv4 address an IPv6 one leads to, where it embeds one.
+#[derive(Debug, PartialEq, Eq)]
+enum Embedded {
+    None,
+    One(Ipv4Addr),
+    /// Teredo: the server's address, and the client's (stored inverted).
+    Teredo {
+        server: Ipv4Addr,
+        client: Ipv4Addr,
+    },
+}
+
+fn embedded_v4(v6: Ipv6Addr) -> Embedded {
+    let s = v6.segments();
+    let low = |hi: u16, lo: u16| Ipv4Addr::from((u32::from(hi) << 16) | u32::from(lo));
+    match s {
+        // IPv4-mapped (::ffff:a.b.c.d) and IPv4-compatible (::a.b.c.d); `::` and `::1` are
+        // IPv6's own unspecified and loopback addresses, internal either way.
+        [0, 0, 0, 0, 0, 0xffff, hi, lo] | [0, 0, 0, 0, 0, 0, hi, lo] => Embedded::One(low(hi, lo)),
+        // NAT64, the well-known prefix.
+        [0x64, 0xff9b, 0, 0, 0, 0, hi, lo] => Embedded::One(low(hi, lo)),
+        // 6to4: the IPv4 address follows the prefix.
+        [0x2002, hi, lo, ..] => Embedded::One(low(hi, lo)),
+        [0x2001, 0, server_hi, server_lo, _, _, client_hi, client_lo] => Embedded::Teredo {
+            server: low(server_hi, server_lo),
+            client: low(!client_hi, !client_lo),
+        },
+        _ => Embedded::None,
     }
 }
 
@@ -124,42 +172,51 @@ fn pattern_port(entry: &str) -> (&str, Option<u16>) {
     }
 }
 
+/// The entries of `list` whose host pattern matches `host`, with the port each allows.
+fn entries_for<'a>(list: &'a [String], host: &str) -> impl Iterator<Item = Option<u16>> + 'a {
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .trim_end_matches('.')
+        .to_ascii_lowercase();
+    list.iter().filter_map(move |entry| {
+        let (pattern, port) = pattern_port(entry);
+        // `*` is any host: webhook endpoints are wherever their clients run.
+        let matches = pattern == "*"
+            || match pattern.strip_prefix("*.") {
+                Some(suffix) => {
+                    host.len() > suffix.len() + 1 && host.ends_with(&format!(".{suffix}"))
+                }
+                None => {
+                    host == pattern
+                        .trim_start_matches('[')
+                        .trim_end_matches(']')
+                        .to_ascii_lowercase()
+                }
+            };
+        matches.then_some(port)
+    })
+}
+
 impl EndpointPolicy {
     fn host_allowed(&self, host: &str) -> bool {
-        self.entries_for(host).next().is_some()
-    }
-
-    /// The allowlist entries whose host pattern matches `host`, with the port each allows.
-    fn entries_for<'a>(&'a self, host: &str) -> impl Iterator<Item = Option<u16>> + 'a {
-        let host = host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .trim_end_matches('.')
-            .to_ascii_lowercase();
-        self.allowed_hosts.iter().filter_map(move |entry| {
-            let (pattern, port) = pattern_port(entry);
-            // `*` is any host: webhook endpoints are wherever their clients run.
-            let matches = pattern == "*"
-                || match pattern.strip_prefix("*.") {
-                    Some(suffix) => {
-                        host.len() > suffix.len() + 1 && host.ends_with(&format!(".{suffix}"))
-                    }
-                    None => host == pattern.to_ascii_lowercase(),
-                };
-            matches.then_some(port)
-        })
+        entries_for(&self.allowed_hosts, host).next().is_some()
     }
 
     fn port_allowed(&self, host: &str, port: u16) -> bool {
         // Port 0 is never a destination, whatever an entry allows (`host:*` included).
         port != 0
-            && self
-                .entries_for(host)
+            && entries_for(&self.allowed_hosts, host)
                 .any(|allowed| allowed.is_none_or(|p| p == port))
     }
 
-    fn address_allowed(&self, ip: IpAddr) -> bool {
-        self.allow_private || !is_internal(ip)
+    /// Whether `host` may be reached at `ip`: any public address, an internal one only where
+    /// [`EndpointPolicy::private_hosts`] names the host (and `port`, when it is known: the
+    /// resolver inside the HTTP client is given only the name, after the port was checked).
+    fn address_allowed(&self, host: &str, port: Option<u16>, ip: IpAddr) -> bool {
+        !is_internal(ip)
+            || entries_for(&self.private_hosts, host)
+                .any(|allowed| allowed.is_none_or(|p| port.is_none_or(|port| p == port)))
     }
 }
 
@@ -199,15 +256,15 @@ fn check_url(
         .trim_end_matches(']')
         .parse::<IpAddr>()
         .ok();
+    let port = url.port_or_known_default().unwrap_or(443);
     if let Some(ip) = literal
-        && !policy.address_allowed(ip)
+        && !policy.address_allowed(&host, Some(port), ip)
     {
         return Err(Refused::Private { host, addr: ip });
     }
     if !policy.host_allowed(&host) {
         return Err(Refused::Host(host));
     }
-    let port = url.port_or_known_default().unwrap_or(443);
     if !policy.port_allowed(&host, port) {
         return Err(Refused::Port { host, port });
     }
@@ -289,7 +346,11 @@ async fn resolve(
     if addrs.is_empty() {
         return Err(Refused::Unresolvable(host.to_owned()));
     }
-    if let Some(bad) = addrs.iter().find(|a| !policy.address_allowed(a.ip())) {
+    let port = (port != 0).then_some(port);
+    if let Some(bad) = addrs
+        .iter()
+        .find(|a| !policy.address_allowed(host, port, a.ip()))
+    {
         return Err(Refused::Private {
             host: host.to_owned(),
             addr: bad.ip(),
@@ -328,9 +389,10 @@ pub struct EndpointArgs {
     /// the browsers' push services (the list used when this is unset), e.g. `default,push.test`.
     #[arg(long, env = "TIDINGS_PUSH_ALLOWED_HOSTS", value_delimiter = ',')]
     pub allowed_hosts: Option<Vec<String>>,
-    /// Allow private, loopback and link-local endpoint addresses (tests and local demos only).
-    #[arg(long, env = "TIDINGS_PUSH_ALLOW_PRIVATE", default_value_t = false)]
-    pub allow_private: bool,
+    /// Push-service hosts that may be at private, loopback or link-local addresses,
+    /// comma-separated, as `host`, `host:port` or `host:*` (tests and local demos only).
+    #[arg(long, env = "TIDINGS_PUSH_ALLOW_PRIVATE", value_delimiter = ',', value_parser = private_host)]
+    pub allow_private: Vec<String>,
 }
 
 impl EndpointArgs {
@@ -348,8 +410,20 @@ impl EndpointArgs {
                 })
                 .collect();
         }
-        policy.allow_private = self.allow_private;
+        policy.private_hosts = self.allow_private.clone();
         policy
+    }
+}
+
+/// One entry of an `…_ALLOW_PRIVATE` list. `true` was once a switch for every host and port;
+/// it is refused with the form that replaced it, so an old setting fails at start, not open.
+fn private_host(entry: &str) -> Result<String, String> {
+    match entry.trim() {
+        "true" | "1" | "yes" => Err(format!(
+            "{entry:?}: name the hosts that may be private, e.g. hooks.internal:8443 or 127.0.0.1:* (one switch for every host is gone)"
+        )),
+        "" => Err("an empty host".to_owned()),
+        host => Ok(host.to_owned()),
     }
 }
 
@@ -367,14 +441,17 @@ pub struct WebhookArgs {
         default_value = "*:*"
     )]
     pub webhook_allowed_hosts: Vec<String>,
-    /// Allow webhook URLs at private, loopback and link-local addresses (tests, local demos, or
-    /// receivers inside the cluster on purpose).
+    /// Webhook hosts that may be at private, loopback or link-local addresses, comma-separated,
+    /// as `host`, `host:port` or `host:*`: a receiver inside the cluster on purpose
+    /// (`hooks.internal:8443`), or tests and local demos (`127.0.0.1:*`). No other client's URL
+    /// reaches inside.
     #[arg(
         long = "webhook-allow-private",
         env = "TIDINGS_WEBHOOK_ALLOW_PRIVATE",
-        default_value_t = false
+        value_delimiter = ',',
+        value_parser = private_host
     )]
-    pub webhook_allow_private: bool,
+    pub webhook_allow_private: Vec<String>,
     /// Allow plain http webhook URLs (tests and local demos only).
     #[arg(
         long = "webhook-allow-http",
@@ -392,7 +469,7 @@ impl WebhookArgs {
                 .iter()
                 .map(|h| h.trim().to_owned())
                 .collect(),
-            allow_private: self.webhook_allow_private,
+            private_hosts: self.webhook_allow_private.clone(),
             allow_http: self.webhook_allow_http,
         }
     }
@@ -444,7 +521,7 @@ mod tests {
             })
         );
         let testing = EndpointPolicy {
-            allow_private: true,
+            private_hosts: vec!["127.0.0.1:9000".into()],
             allow_http: true,
             ..any
         };
@@ -455,14 +532,14 @@ mod tests {
     fn default_in_the_list_stands_for_the_browsers_push_services() {
         let args = EndpointArgs {
             allowed_hosts: Some(vec!["127.0.0.1:*".into(), "default".into()]),
-            allow_private: true,
+            allow_private: vec!["127.0.0.1:*".into()],
         };
         let hosts = args.policy().allowed_hosts;
         assert_eq!(hosts[0], "127.0.0.1:*");
         assert_eq!(&hosts[1..], DEFAULT_ALLOWED_HOSTS);
         let unset = EndpointArgs {
             allowed_hosts: None,
-            allow_private: false,
+            allow_private: Vec::new(),
         };
         assert_eq!(unset.policy().allowed_hosts, DEFAULT_ALLOWED_HOSTS);
     }
@@ -477,7 +554,7 @@ mod tests {
     #[tokio::test]
     async fn a_guard_resolves_a_host_once_a_while_and_never_remembers_a_refusal() {
         let allowed = Guard::new(Arc::new(EndpointPolicy {
-            allow_private: true,
+            private_hosts: vec!["localhost:*".into(), "127.0.0.1:*".into()],
             ..allow(&["localhost:*", "127.0.0.1:*"])
         }));
         for path in ["a", "b", "c"] {
@@ -548,7 +625,7 @@ mod tests {
             Refused::Private { .. }
         ));
         let open = EndpointPolicy {
-            allow_private: true,
+            private_hosts: vec!["localhost".into()],
             ..allow(&["localhost"])
         };
         check("https://localhost/x", &open).await.unwrap();
@@ -621,25 +698,130 @@ mod tests {
         assert!(!p.host_allowed("fcm.googleapis.com.evil.example"));
     }
 
+    /// Every range the guard knows, at its edges: (address, internal, what it is).
+    const ADDRESSES: &[(&str, bool, &str)] = &[
+        ("0.0.0.0", true, "unspecified"),
+        ("0.255.255.255", true, "this network"),
+        ("10.0.0.1", true, "private"),
+        ("100.64.0.1", true, "CGNAT"),
+        ("100.127.255.255", true, "CGNAT, last"),
+        ("100.128.0.1", false, "past CGNAT"),
+        ("127.0.0.1", true, "loopback"),
+        ("169.254.169.254", true, "link-local, cloud metadata"),
+        ("172.16.0.1", true, "private"),
+        ("172.32.0.1", false, "past 172.16/12"),
+        ("192.0.0.8", true, "protocol assignments"),
+        ("192.0.2.1", true, "documentation"),
+        ("192.88.99.1", true, "6to4 relay anycast"),
+        ("192.168.1.1", true, "private"),
+        ("198.18.0.1", true, "benchmarking"),
+        ("198.19.255.255", true, "benchmarking, last"),
+        ("198.20.0.1", false, "past benchmarking"),
+        ("198.51.100.1", true, "documentation"),
+        ("203.0.113.1", true, "documentation"),
+        ("224.0.0.1", true, "multicast"),
+        ("240.0.0.1", true, "reserved"),
+        ("255.255.255.255", true, "broadcast"),
+        ("142.250.74.106", false, "public"),
+        ("::", true, "unspecified"),
+        ("::1", true, "loopback"),
+        ("::ffff:10.0.0.1", true, "IPv4-mapped private"),
+        ("::ffff:142.250.74.106", false, "IPv4-mapped public"),
+        ("::10.0.0.1", true, "IPv4-compatible private"),
+        ("::127.0.0.1", true, "IPv4-compatible loopback"),
+        ("64:ff9b::a00:5", true, "NAT64 of 10.0.0.5"),
+        ("64:ff9b::7f00:1", true, "NAT64 of 127.0.0.1"),
+        ("64:ff9b::a9fe:a9fe", true, "NAT64 of the metadata address"),
+        (
+            "64:ff9b::8efa:4a6a",
+            false,
+            "NAT64 of a public address (DNS64)",
+        ),
+        ("64:ff9b:1::a00:5", true, "local-use NAT64"),
+        ("2002:a00:5::1", true, "6to4 of 10.0.0.5"),
+        ("2002:7f00:1::", true, "6to4 of 127.0.0.1"),
+        ("2002:8efa:4a6a::1", false, "6to4 of a public address"),
+        // Teredo: server 65.54.227.120, client 10.0.0.5 stored inverted (f5ff:fffa).
+        (
+            "2001:0:4136:e378:8000:63bf:f5ff:fffa",
+            true,
+            "Teredo to a private client",
+        ),
+        (
+            "2001:0:a00:5:8000:63bf:bdc9:b595",
+            true,
+            "Teredo through a private server",
+        ),
+        ("2001:2::1", true, "benchmarking"),
+        ("2001:10::1", true, "ORCHID"),
+        ("2001:db8::1", true, "documentation"),
+        ("3fff::1", true, "documentation (RFC 9637)"),
+        ("100::1", true, "discard-only"),
+        ("fc00::1", true, "unique local"),
+        ("fd00::1", true, "unique local"),
+        ("fe80::1", true, "link-local"),
+        ("fec0::1", true, "site-local (deprecated)"),
+        ("ff02::1", true, "multicast"),
+        ("2a00:1450:4001::200e", false, "public"),
+        ("2606:4700::1111", false, "public"),
+    ];
+
     #[test]
-    fn internal_ranges() {
-        for ip in [
-            "127.0.0.1",
-            "10.1.2.3",
-            "172.16.0.1",
-            "192.168.1.1",
-            "169.254.169.254",
-            "100.64.0.1",
-            "0.0.0.0",
-            "::1",
-            "fe80::1",
-            "fd00::1",
-            "::ffff:10.0.0.1",
+    fn every_range_is_judged_by_where_it_leads() {
+        for (ip, internal, what) in ADDRESSES {
+            let addr: IpAddr = ip.parse().unwrap();
+            assert_eq!(is_internal(addr), *internal, "{ip} ({what})");
+        }
+    }
+
+    #[tokio::test]
+    async fn embedded_ipv4_literals_are_refused_at_registration() {
+        let any = allow(&["*:*"]);
+        for literal in [
+            "64:ff9b::a00:5",
+            "2002:a00:5::1",
+            "::10.0.0.5",
+            "64:ff9b:1::a00:5",
         ] {
-            assert!(is_internal(ip.parse().unwrap()), "{ip}");
+            let url = format!("https://[{literal}]:8443/in");
+            assert!(
+                matches!(check(&url, &any).await, Err(Refused::Private { .. })),
+                "{url}"
+            );
         }
-        for ip in ["142.250.74.106", "2a00:1450:4001::200e"] {
-            assert!(!is_internal(ip.parse().unwrap()), "{ip}");
-        }
+    }
+
+    #[test]
+    fn private_addresses_are_allowed_per_host_and_port_not_for_all() {
+        let policy = EndpointPolicy {
+            private_hosts: vec!["hooks.internal:8443".into(), "[fd00::7]:*".into()],
+            ..allow(&["*:*"])
+        };
+        let ten: IpAddr = "10.0.0.5".parse().unwrap();
+        assert!(policy.address_allowed("hooks.internal", Some(8443), ten));
+        assert!(
+            policy.address_allowed("HOOKS.internal.", None, ten),
+            "the resolver knows no port"
+        );
+        assert!(
+            !policy.address_allowed("hooks.internal", Some(443), ten),
+            "another port"
+        );
+        assert!(
+            !policy.address_allowed("other.example", Some(8443), ten),
+            "another host"
+        );
+        let ula: IpAddr = "fd00::7".parse().unwrap();
+        assert!(policy.address_allowed("[fd00::7]", Some(1), ula));
+        assert!(!policy.address_allowed("[fd00::8]", Some(1), "fd00::8".parse().unwrap()));
+    }
+
+    #[test]
+    fn one_switch_for_every_private_host_is_refused() {
+        assert!(private_host("true").is_err());
+        assert_eq!(
+            private_host(" hooks.internal:8443 "),
+            Ok("hooks.internal:8443".into())
+        );
     }
 }

@@ -83,9 +83,23 @@ pub struct Headers<'a> {
     pub signature: Option<&'a str>,
 }
 
+/// Signatures one message may carry: a sender rotating its secret sends two; a handful leaves
+/// room, and a header of thousands is refused before anything is hashed.
+pub const MAX_SIGNATURES: usize = 5;
+/// The longest `webhook-id` taken: ids are remembered to refuse replays, so their size is
+/// bounded like everything else kept.
+pub const MAX_ID_LEN: usize = 256;
+/// An HMAC-SHA256 tag's length; a signature of any other length cannot match and is not decoded
+/// past its length check.
+const TAG_LEN: usize = 32;
+
 /// Which of `secrets` (grouped, e.g. per source: the current one and one being rotated out)
 /// signed `body` under `headers`, if its timestamp is within [`TOLERANCE_SECS`] of `now_unix`:
 /// the group's index, and the message id.
+///
+/// What it costs is bounded before any hashing: at most [`MAX_SIGNATURES`] entries, each a
+/// 32-byte tag, and one HMAC per configured secret, compared in constant time with every tag, so
+/// an unauthenticated request costs the same whatever it carries.
 pub fn verify<'a>(
     groups: &[&[Secret]],
     headers: Headers<'a>,
@@ -95,16 +109,11 @@ pub fn verify<'a>(
     let present =
         |v: Option<&'a str>, name| v.filter(|v| !v.is_empty()).ok_or(Unverified::Header(name));
     let id = present(headers.id, "webhook-id")?;
-    let timestamp = present(headers.timestamp, "webhook-timestamp")?;
-    // Space-separated `v1,<base64>`; other versions are not ours to read.
-    let signatures: Vec<Vec<u8>> = present(headers.signature, "webhook-signature")?
-        .split(' ')
-        .filter_map(|s| s.strip_prefix("v1,"))
-        .filter_map(|s| STANDARD.decode(s).ok())
-        .collect();
-    if signatures.is_empty() {
-        return Err(Unverified::Header("webhook-signature"));
+    if id.len() > MAX_ID_LEN {
+        return Err(Unverified::Header("webhook-id"));
     }
+    let timestamp = present(headers.timestamp, "webhook-timestamp")?;
+    let tags = tags(present(headers.signature, "webhook-signature")?)?;
     let at: i64 = timestamp
         .parse()
         .map_err(|_| Unverified::Header("webhook-timestamp"))?;
@@ -116,13 +125,38 @@ pub fn verify<'a>(
         .iter()
         .position(|group| {
             group.iter().any(|secret| {
-                signatures
-                    .iter()
-                    .any(|sig| hmac::verify(&secret.key, &content, sig).is_ok())
+                let expected = hmac::sign(&secret.key, &content);
+                tags.iter().any(|tag| {
+                    aws_lc_rs::constant_time::verify_slices_are_equal(expected.as_ref(), tag)
+                        .is_ok()
+                })
             })
         })
         .map(|group| (group, id))
         .ok_or(Unverified::Signature)
+}
+
+/// The 32-byte `v1` tags of a `webhook-signature` header (space-separated `v1,<base64>`; other
+/// versions are not ours to read). More than [`MAX_SIGNATURES`] entries of any version, or none
+/// of ours, is a malformed header.
+fn tags(header: &str) -> Result<Vec<[u8; TAG_LEN]>, Unverified> {
+    let malformed = Unverified::Header("webhook-signature");
+    let mut entries = header.split(' ').filter(|e| !e.is_empty());
+    let mut tags = Vec::new();
+    for entry in entries.by_ref().take(MAX_SIGNATURES) {
+        // Base64 of 32 bytes is 44 characters; anything else is no tag of ours.
+        let Some(encoded) = entry.strip_prefix("v1,").filter(|e| e.len() == 44) else {
+            continue;
+        };
+        let mut tag = [0u8; TAG_LEN];
+        if let Ok(TAG_LEN) = STANDARD.decode_slice(encoded, &mut tag) {
+            tags.push(tag);
+        }
+    }
+    if entries.next().is_some() || tags.is_empty() {
+        return Err(malformed);
+    }
+    Ok(tags)
 }
 
 #[cfg(test)]
@@ -204,6 +238,47 @@ mod tests {
         assert_eq!(
             verify(groups, headers(ID, &ts, &by_new), BODY, TS),
             Ok((0, ID))
+        );
+    }
+
+    #[test]
+    fn a_header_of_many_or_malformed_signatures_is_refused_before_hashing() {
+        let secrets = [Secret::parse(SECRET).unwrap()];
+        let group: &[&[Secret]] = &[&secrets];
+        let ts = TS.to_string();
+        let malformed = Err(Unverified::Header("webhook-signature"));
+        let many = vec!["v1,"; 100_000].join(" ");
+        assert_eq!(verify(group, headers(ID, &ts, &many), BODY, TS), malformed);
+        // The right signature after a handful of others is one too many.
+        let sixth = format!("{} {SIGNATURE}", ["v1,AAAA"; MAX_SIGNATURES].join(" "));
+        assert_eq!(verify(group, headers(ID, &ts, &sixth), BODY, TS), malformed);
+        let fifth = format!("{} {SIGNATURE}", ["v1,AAAA"; MAX_SIGNATURES - 1].join(" "));
+        assert_eq!(
+            verify(group, headers(ID, &ts, &fifth), BODY, TS),
+            Ok((0, ID))
+        );
+        // A tag that is not 32 bytes is no tag: 31 and 33 bytes.
+        for len in [31, 33] {
+            let short = format!("v1,{}", STANDARD.encode(vec![7u8; len]));
+            assert_eq!(verify(group, headers(ID, &ts, &short), BODY, TS), malformed);
+        }
+        // What it costs: 100,000 entries over a 16 KB body (an HMAC per entry took a second).
+        let body = vec![b'x'; 16 * 1024];
+        let fastest = (0..5)
+            .map(|_| {
+                let started = std::time::Instant::now();
+                let refused = verify(group, headers(ID, &ts, &many), &body, TS);
+                assert_eq!(refused, malformed);
+                started.elapsed()
+            })
+            .min()
+            .unwrap();
+        println!("100,000 signature entries refused in {fastest:?}");
+        assert!(fastest < std::time::Duration::from_millis(1), "{fastest:?}");
+        let long_id = "m".repeat(MAX_ID_LEN + 1);
+        assert_eq!(
+            verify(group, headers(&long_id, &ts, SIGNATURE), BODY, TS),
+            Err(Unverified::Header("webhook-id"))
         );
     }
 

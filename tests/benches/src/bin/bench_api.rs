@@ -92,7 +92,7 @@ fn start_api(database_url: &str, port: u16, create_batch: usize) -> Child {
         .env("DATABASE_URL", login_url(database_url, "api"))
         .env("TIDINGS_API_LISTEN", format!("127.0.0.1:{port}"))
         .env("TIDINGS_PUSH_ALLOWED_HOSTS", "127.0.0.1:*")
-        .env("TIDINGS_PUSH_ALLOW_PRIVATE", "true")
+        .env("TIDINGS_PUSH_ALLOW_PRIVATE", "127.0.0.1:*")
         .env("TIDINGS_MAX_WATCHES_PER_DEVICE", "1000000")
         .env("TIDINGS_API_CREATE_BATCH", create_batch.to_string())
         // The benchmark is one client hammering on purpose, and it reads no metrics.

@@ -60,7 +60,7 @@ async fn round(pushes: usize) -> (f64, CpuSplit) {
     let mut settings = Settings::new(subjects.clone(), signer);
     settings.policy = EndpointPolicy {
         allowed_hosts: NAMED_HOSTS.split(',').map(str::to_owned).collect(),
-        allow_private: true,
+        private_hosts: vec!["*:*".into()],
         allow_http: false,
     };
     settings.extra_roots = vec![CERT_PEM.to_vec()];
