@@ -128,6 +128,11 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
         "counter",
         &["dispatcher", "detector", "api"],
     ),
+    (
+        "tidings_source_pages_too_complex",
+        "counter",
+        &["dispatcher", "detector", "api"],
+    ),
     ("tidings_push_requests", "counter", &["pusher"]),
     ("tidings_push_duration_seconds", "histogram", &["pusher"]),
     (

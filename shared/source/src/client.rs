@@ -77,6 +77,20 @@ pub(crate) fn unasked_304(what: String) -> SourceError {
     )
 }
 
+/// A product page read on a blocking thread: a page of up to its source's `max_body` takes
+/// milliseconds of CPU (its budget is `page::TIME_BUDGET`), which must not stall the runtime
+/// that serves other fetches, the api's requests and the probes.
+async fn read_page(body: Vec<u8>, selector: Option<schema_org::OfferSelector>) -> Fetched {
+    tokio::task::spawn_blocking(move || schema_org::read(&body, selector.as_ref()))
+        .await
+        .unwrap_or_else(|e| {
+            Err(SourceError::new(
+                SourceErrorKind::BadData,
+                format!("the page reader stopped: {e}"),
+            ))
+        })
+}
+
 /// A GET of a source: `url` within `limit` (its host's), its body read up to `cap` bytes; with
 /// the validators (ETag, Last-Modified) of the answer last read, a 304 is [`Body::NotModified`].
 pub(crate) struct Get<'a> {
@@ -217,7 +231,7 @@ impl Source {
                 let answer = match &self.spec.format {
                     Format::Tidings { .. } => tidings::read_item(&body),
                     Format::Json(mapping) => mapping.read(&body),
-                    Format::SchemaOrg => schema_org::read(&body, selector.as_ref()),
+                    Format::SchemaOrg => read_page(body, selector).await,
                 };
                 self.remember(code, &headers, &answer);
                 answer.map_err(|e| e.at(&url))

@@ -37,7 +37,19 @@ tidings_runtime::families! {
             => "tidings_source_errors", "Source (catalog) errors by kind";
         source_requests: Family<SourceRequestLabels, Counter> = Family::default()
             => "tidings_source_requests", "Source requests by source and result (fetched, not_modified, failed)";
+        pages_too_complex: Family<KindLabels, Counter> = Family::default()
+            => "tidings_source_pages_too_complex", "Product pages refused as bad_data past their budget, by what ran out (time, tags, text, items, json, offers)";
     }
+}
+
+/// Counts a page refused past its budget, by what ran out.
+fn pages_too_complex(what: &str) {
+    metrics()
+        .pages_too_complex
+        .get_or_create(&KindLabels {
+            kind: what.to_owned(),
+        })
+        .inc();
 }
 
 fn source_errors() -> &'static Family<KindLabels, Counter> {
@@ -114,6 +126,10 @@ impl Sources {
         tidings_runtime::metrics::at_zero(
             source_errors(),
             tidings_runtime::metrics::kinds(SourceErrorKind::ALL.map(SourceErrorKind::as_str)),
+        );
+        tidings_runtime::metrics::at_zero(
+            &metrics().pages_too_complex,
+            tidings_runtime::metrics::kinds(["time", "tags", "text", "items", "json", "offers"]),
         );
         let mut sources = config
             .sources
