@@ -55,6 +55,9 @@ pub struct Config {
     pub webhook_keys: tidings_webpush::sealed::SecretKeyArgs,
     #[arg(long, env = "TIDINGS_MAX_WATCHES_PER_DEVICE", default_value_t = 100)]
     pub max_watches_per_device: u32,
+    /// Webhook endpoints one API client may have at once (removed ones do not count).
+    #[arg(long, env = "TIDINGS_API_ENDPOINTS_PER_CLIENT", default_value_t = 100)]
+    pub max_endpoints_per_client: u32,
     #[arg(long, env = "TIDINGS_MAX_TRIGGERS_PER_WATCH", default_value_t = 8)]
     pub max_triggers_per_watch: usize,
     /// Largest accepted request body, bytes.
@@ -184,6 +187,7 @@ impl Config {
             vapid_public_key,
             admin_token_hash,
             max_watches_per_device,
+            max_endpoints_per_client: self.max_endpoints_per_client,
             max_triggers_per_watch: self.max_triggers_per_watch,
             max_body_bytes: self.max_body_bytes,
             create_batch: self.create_batch,

@@ -199,7 +199,7 @@ pub async fn list_clients(
     params(("id" = Uuid, Path, description = "The client")),
     security(("admin_token" = [])),
     responses(
-        (status = 204, description = "Revoked: its key registers nothing more; its endpoints keep receiving until removed"),
+        (status = 204, description = "Revoked: its key registers nothing more, and its endpoints are removed (their tokens stop working, their subscriptions end as client_revoked)"),
         Unauthorized,
         (status = 404, description = "No such unrevoked client", body = Problem, content_type = "application/problem+json"),
     )
@@ -269,6 +269,7 @@ async fn validate_url(url: &str, app: &AppState) -> Result<(), ApiError> {
         (status = 201, description = "Endpoint registered; its token and secret are shown only now", body = EndpointCreated),
         BodyRejected,
         Unauthorized,
+        (status = 409, description = "The client already has TIDINGS_API_ENDPOINTS_PER_CLIENT endpoints", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid URL, description, time zone or locale", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -302,9 +303,18 @@ pub async fn create_endpoint(
         description: description.as_deref(),
         secret: &stored,
     };
-    endpoints::register(&app.pool, new)
+    let max = app.settings.max_endpoints_per_client;
+    let registered = endpoints::register(&app.pool, new, i64::from(max))
         .await
         .map_err(db("registering a webhook endpoint"))?;
+    if registered == endpoints::Registered::AtQuota {
+        return Err(ApiError::Conflict {
+            kind: "endpoint-limit",
+            detail: format!(
+                "this client already has the maximum of {max} endpoints; remove one first"
+            ),
+        });
+    }
     tracing::info!(device_id = %device, client_id = %client.id.0, "webhook endpoint registered");
     Ok((
         StatusCode::CREATED,

@@ -59,6 +59,7 @@ pub struct Settings {
     /// SHA-256 of the operator token; `None` disables the operator endpoints.
     pub admin_token_hash: Option<Vec<u8>>,
     pub max_watches_per_device: i32,
+    pub max_endpoints_per_client: u32,
     pub max_triggers_per_watch: usize,
     pub max_body_bytes: usize,
     /// Most watch creates inserted by one statement (see [`coalesce`]); 1 sends each alone.

@@ -2280,7 +2280,8 @@ async fn only_a_client_key_registers_a_webhook_endpoint_whose_watches_notify_by_
     let me = json(api.get("/v1/endpoints/me", Some(&token)).await).await;
     assert_eq!(me["previous_secret_until"], rotated["previous_valid_until"]);
 
-    // A revoked key registers nothing more; its endpoint keeps working.
+    // A revoked key registers nothing more, and its endpoint ends with it: its token no longer
+    // works and its subscription is deactivated as client_revoked (regression: both stayed).
     let id = client["client_id"].as_str().unwrap();
     for path in [
         "/v1/admin/clients/not-a-uuid".to_owned(),
@@ -2301,10 +2302,15 @@ async fn only_a_client_key_registers_a_webhook_endpoint_whose_watches_notify_by_
     )
     .await;
     problem(register(Some(key), json!({"url": url})).await, 401).await;
-    assert_eq!(
-        json(api.get("/v1/endpoints/me", Some(&token)).await).await["active"],
-        true
-    );
+    problem(api.get("/v1/endpoints/me", Some(&token)).await, 401).await;
+    let reason: Option<String> = sqlx::query_scalar(
+        "SELECT deactivation_reason FROM push_subscriptions WHERE device_id = $1::text::uuid",
+    )
+    .bind(created["device_id"].as_str().unwrap())
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(reason.as_deref(), Some("client_revoked"));
 
     // Operators see each client with its endpoints counted, and each endpoint's device's channel.
     admin_post(&api, "/v1/admin/clients", &json!({"name": "bot"}), 201).await;
@@ -2316,7 +2322,7 @@ async fn only_a_client_key_registers_a_webhook_endpoint_whose_watches_notify_by_
         summary,
         [
             (&json!("bot"), &json!(0), false),
-            (&json!("shop"), &json!(1), true)
+            (&json!("shop"), &json!(0), true)
         ],
         "newest first: {listed}"
     );
@@ -2324,6 +2330,41 @@ async fn only_a_client_key_registers_a_webhook_endpoint_whose_watches_notify_by_
     let device = created["device_id"].as_str().unwrap();
     let shown = admin_get(&api, &format!("/v1/admin/devices/{device}")).await;
     assert_eq!(shown["channel"], "webhook", "{shown}");
+    api.stop().await;
+}
+
+/// Regression: a client could register endpoints without end.
+#[tokio::test]
+async fn a_client_registers_at_most_its_quota_of_endpoints_at_a_time() {
+    let db = TestDb::new().await.unwrap();
+    let mut settings = test_settings();
+    settings.webhook_policy.private_hosts = vec!["127.0.0.1:*".into()];
+    settings.max_endpoints_per_client = 2;
+    let api = ApiServer::start(db.pool.clone(), settings).await;
+    let client = admin_post(&api, "/v1/admin/clients", &json!({"name": "shop"}), 201).await;
+    let key = client["key"].as_str().unwrap();
+    let register = |n: usize| {
+        let api = &api;
+        let body = json!({"url": format!("https://127.0.0.1:9/hooks/{n}")});
+        async move {
+            api.send(Method::POST, "/v1/endpoints", Some(key), &body)
+                .await
+        }
+    };
+    let mut tokens = Vec::new();
+    for n in 0..2 {
+        let r = register(n).await;
+        assert_eq!(r.status(), 201);
+        tokens.push(json(r).await["token"].as_str().unwrap().to_owned());
+    }
+    let p = problem(register(2).await, 409).await;
+    assert!(p.to_string().contains("endpoint-limit"), "{p}");
+    // A removed endpoint frees its place.
+    let r = api
+        .call(Method::DELETE, "/v1/devices/me", Some(&tokens[0]))
+        .await;
+    assert!(r.status().is_success(), "{}", r.status());
+    assert_eq!(register(3).await.status(), 201);
     api.stop().await;
 }
 

@@ -2,7 +2,7 @@
 
 use crate::args::{Dlq, DlqBulk, DlqFilter};
 use crate::client::{Api, CliError, exit};
-use crate::table::{self, cell};
+use crate::table::{self, cell, shown};
 use indicatif::ProgressBar;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -76,11 +76,11 @@ async fn show(api: &Api, json_out: bool, sequence: u64) -> Result<u8, CliError> 
     );
     println!("\nheaders:");
     for (name, value) in &d.headers {
-        println!("  {name}: {value}");
+        println!("  {}: {}", shown(name), shown(value));
     }
     println!("\npayload:");
     match &d.payload {
-        Some(text) => println!("{text}"),
+        Some(text) => println!("{}", shown(text)),
         None => println!("(base64) {}", cell(&d.payload_base64)),
     }
     Ok(exit::OK)

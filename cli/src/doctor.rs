@@ -26,7 +26,7 @@ pub async fn run(
         println!("ok    api: reachable, operator token accepted");
         for c in &d.checks {
             let mark = if c.ok { "ok  " } else { "FAIL" };
-            println!("{mark}  {}: {}", c.name, c.detail);
+            println!("{mark}  {}: {}", c.name, crate::table::shown(&c.detail));
         }
     }
     Ok(if d.ok { exit::OK } else { exit::FAULT })

@@ -62,7 +62,7 @@ async fn main() -> ExitCode {
                 text.push_str(&format!(": {c}"));
                 cause = c.source();
             }
-            eprintln!("tidings: {text}");
+            eprintln!("tidings: {}", table::shown(&text));
             ExitCode::from(e.exit_code())
         }
     }

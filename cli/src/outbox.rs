@@ -236,7 +236,7 @@ async fn change_rows(api: &Api, json_out: bool, change: Change, ids: Vec<String>
             Ok((json, _)) if json_out => println!("{json}"),
             Ok((_, text)) => println!("{text}"),
             Err(e) => {
-                eprintln!("{id}: {e}");
+                eprintln!("{id}: {}", table::shown(&e.to_string()));
                 worst = worst.max(e.exit_code());
             }
         }

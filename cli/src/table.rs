@@ -11,9 +11,26 @@ pub fn cell<T: Serialize + ?Sized>(v: &T) -> String {
 fn text(v: &Value) -> String {
     match v {
         Value::Null => "—".to_owned(),
-        Value::String(s) => s.clone(),
+        Value::String(s) => shown(s),
         other => other.to_string(),
     }
+}
+
+/// Foreign text (a receiver's answer, a dead letter, an error) as a terminal may show it:
+/// control characters, which could move the cursor, recolour or retitle an operator's terminal,
+/// and the bidirectional overrides that reorder what is read, are written as escapes (`\u{1b}`).
+/// `--json` output is escaped by JSON itself.
+pub fn shown(foreign: &str) -> String {
+    let mut out = String::with_capacity(foreign.len());
+    for c in foreign.chars() {
+        let reorders = matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        if c.is_control() || reorders {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Prints `rows` under `headers`, each column as wide as its widest cell; a cell longer than 60
@@ -85,5 +102,23 @@ pub fn fields<T: Serialize>(v: &T, names: &[&str]) {
     let width = names.iter().map(|n| n.len()).max().unwrap_or(0) + 1;
     for n in names {
         println!("{:<width$} {}", format!("{n}:"), text(&v[*n]));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression: a receiver's answer of up to 1 KiB reached the terminal as it was.
+    #[test]
+    fn foreign_text_reaches_the_terminal_without_control_characters() {
+        let answer = "ok\u{1b}]0;owned\u{7}\u{1b}[2J\r\u{202e}txt.exe\u{9b}";
+        let cell = text(&Value::from(answer));
+        assert_eq!(
+            cell,
+            "ok\\u{1b}]0;owned\\u{7}\\u{1b}[2J\\u{d}\\u{202e}txt.exe\\u{9b}"
+        );
+        assert!(!cell.chars().any(char::is_control));
+        assert_eq!(shown("Größe: 12,99 €"), "Größe: 12,99 €");
     }
 }

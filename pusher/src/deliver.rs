@@ -88,6 +88,20 @@ pub(crate) fn client(
     builder.build()
 }
 
+/// A transport error as attempts and logs keep it: without the URL, whose path and query may
+/// carry the receiver's tokens (`/hooks/<secret>?key=…`), and with its causes, which say what
+/// went wrong (`connection refused`).
+pub(crate) fn redacted(e: reqwest::Error) -> String {
+    let e = e.without_url();
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(&e);
+    while let Some(c) = cause {
+        text.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    text
+}
+
 impl Deliverer {
     pub fn new(settings: &Settings) -> Result<Self, reqwest::Error> {
         let policy = Arc::new(settings.policy.clone());
@@ -158,10 +172,10 @@ impl Deliverer {
                     "request"
                 };
                 PushResult {
-                    error: Some(format!("{what}: {e}")),
                     // Only a connection that never opened proves the request did not arrive;
                     // after that, a timeout or a broken exchange may follow an accepted push.
                     maybe_delivered: !e.is_connect(),
+                    error: Some(format!("{what}: {}", redacted(e))),
                     ..result(req, Outcome::Transient, started)
                 }
             }

@@ -103,13 +103,14 @@ impl Webhooks {
         match sent {
             Ok(resp) => answered(req, resp, started).await,
             Err(e) => PushResult {
-                error: Some(format!(
-                    "{}: {e}",
-                    if e.is_timeout() { "timeout" } else { "request" }
-                )),
                 // As for a push: only a connection that never opened proves the webhook did not
                 // arrive.
                 maybe_delivered: !e.is_connect(),
+                error: Some(format!(
+                    "{}: {}",
+                    if e.is_timeout() { "timeout" } else { "request" },
+                    crate::deliver::redacted(e)
+                )),
                 ..result(req, Outcome::Transient, started)
             },
         }

@@ -244,6 +244,27 @@ async fn a_hung_endpoint_is_transient_after_the_timeout() {
     w.cleanup().await;
 }
 
+/// Regression: the error text carried the whole URL, so a token in its path or query landed in
+/// attempts and logs.
+#[tokio::test]
+async fn a_transport_error_names_no_path_or_query_of_the_endpoint() {
+    let (w, pusher) = World::with_pusher().await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let mut sub = w.push.subscription();
+    sub.endpoint = format!("https://127.0.0.1:{port}/push/tok_s3cret?auth=hunter2");
+    let r = w.push_one(&pusher, &w.request(&sub)).await;
+    assert_eq!(r.outcome, Outcome::Transient);
+    let error = r.error.unwrap();
+    assert!(error.starts_with("connect"), "{error}");
+    assert!(
+        !error.contains("tok_s3cret") && !error.contains("hunter2"),
+        "{error}"
+    );
+    w.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_request_past_its_deadline_is_never_sent() {
     let (w, pusher) = World::with_pusher().await;

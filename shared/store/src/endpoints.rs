@@ -41,16 +41,28 @@ pub async fn authenticate_client(
     Ok(id.map(ClientId))
 }
 
-/// Revokes a client: it registers no more endpoints (those it made keep working until removed).
-/// False if there is no such unrevoked client.
+/// Revokes a client and, in the same statement, the endpoints it registered: their devices are
+/// removed (their tokens stop working, their watches end, rows still due are withheld as for any
+/// removed device) and their subscriptions deactivated with the reason `client_revoked`. A
+/// revoked key is one nobody should trust, and nor is what it registered. False if there is no
+/// such unrevoked client.
 pub async fn revoke_client(pool: &PgPool, id: ClientId) -> Result<bool, sqlx::Error> {
-    let done = sqlx::query(
-        "UPDATE api_clients SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL",
+    let revoked: i64 = sqlx::query_scalar(
+        "WITH c AS (UPDATE api_clients SET revoked_at = now()
+                    WHERE id = $1 AND revoked_at IS NULL RETURNING id),
+              d AS (UPDATE devices SET removed_at = now()
+                    WHERE client_id IN (SELECT id FROM c) AND removed_at IS NULL RETURNING id),
+              w AS (UPDATE watches SET removed_at = now(), updated_at = now()
+                    WHERE device_id IN (SELECT id FROM d) AND removed_at IS NULL),
+              s AS (UPDATE push_subscriptions SET active = false, deactivated_at = now(),
+                           deactivation_reason = 'client_revoked'
+                    WHERE device_id IN (SELECT id FROM d) AND active)
+         SELECT count(*) FROM c",
     )
     .bind(id.0)
-    .execute(pool)
+    .fetch_one(pool)
     .await?;
-    Ok(done.rows_affected() == 1)
+    Ok(revoked == 1)
 }
 
 /// An API client as operators see it.
@@ -90,8 +102,37 @@ pub struct NewEndpoint<'a> {
     pub secret: &'a str,
 }
 
-/// Inserts the endpoint's device and its subscription in one statement.
-pub async fn register(pool: &PgPool, e: NewEndpoint<'_>) -> Result<(), sqlx::Error> {
+/// Whether an endpoint was registered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Registered {
+    Yes,
+    /// The client already has `max` endpoints that are not removed.
+    AtQuota,
+}
+
+/// Inserts the endpoint's device and its subscription, unless its client already has `max`
+/// endpoints. The client's row is locked first, so registrations of one client at once are
+/// counted one after another (a count in the insert's own statement would read the snapshot
+/// taken before it waited).
+pub async fn register(
+    pool: &PgPool,
+    e: NewEndpoint<'_>,
+    max: i64,
+) -> Result<Registered, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT 1 FROM api_clients WHERE id = $1 FOR UPDATE")
+        .bind(e.client.0)
+        .execute(&mut *tx)
+        .await?;
+    let held: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM devices WHERE client_id = $1 AND removed_at IS NULL",
+    )
+    .bind(e.client.0)
+    .fetch_one(&mut *tx)
+    .await?;
+    if held >= max {
+        return Ok(Registered::AtQuota);
+    }
     sqlx::query(
         "WITH d AS (INSERT INTO devices (id, token_hash, time_zone, locale, channel, client_id)
                     VALUES ($1, $2, $3, $4, 'webhook', $5) RETURNING id)
@@ -107,9 +148,10 @@ pub async fn register(pool: &PgPool, e: NewEndpoint<'_>) -> Result<(), sqlx::Err
     .bind(e.url)
     .bind(e.description)
     .bind(e.secret)
-    .execute(pool)
+    .execute(&mut *tx)
     .await?;
-    Ok(())
+    tx.commit().await?;
+    Ok(Registered::Yes)
 }
 
 /// Makes `secret` the endpoint's signing secret; the one it replaces keeps signing beside it
