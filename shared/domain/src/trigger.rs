@@ -107,6 +107,20 @@ pub struct Observation {
     #[serde(default)]
     pub paused: bool,
     pub observed_at: DateTime<Utc>,
+    /// Whether the source stated availability. A product page whose offers state none is read
+    /// as in stock (a shop that sells only what it has often leaves it out) but with this false:
+    /// no evidence that an item came back, so `back_in_stock` does not hold on it (a template
+    /// that drops the field must not announce a restock). Written only when false.
+    #[serde(default = "stated", skip_serializing_if = "is_stated")]
+    pub stock_stated: bool,
+}
+
+fn stated() -> bool {
+    true
+}
+
+fn is_stated(stated: &bool) -> bool {
+    *stated
 }
 
 impl Observation {
@@ -118,6 +132,7 @@ impl Observation {
             in_stock: true,
             paused: false,
             observed_at,
+            stock_stated: true,
         }
     }
 }
@@ -243,7 +258,7 @@ pub fn evaluate(trigger: &Trigger, observation: &Observation, baseline: &Baselin
             // price <= b * (1 - percent/100), in integers.
             price * 100 <= i128::from(b) * i128::from(100 - percent.min(100))
         }),
-        Trigger::BackInStock => baseline.in_stock == Some(false),
+        Trigger::BackInStock => observation.stock_stated && baseline.in_stock == Some(false),
     };
     if holds {
         Verdict::Holds
@@ -343,6 +358,40 @@ mod tests {
             evaluate(&t, &obs(1, true), &base(None, None)),
             Verdict::Lost(LostReason::ConditionLost)
         );
+    }
+
+    /// Regression: a page that stopped stating availability read as in stock, and a watch for
+    /// its restock fired. Unstated is in stock for a price (the item is sold) but no restock.
+    #[test]
+    fn back_in_stock_never_holds_on_an_unstated_availability() {
+        let unstated = Observation {
+            stock_stated: false,
+            ..obs(5, true)
+        };
+        let out_before = base(Some(5), Some(false));
+        assert_eq!(
+            evaluate(&Trigger::BackInStock, &unstated, &out_before),
+            Verdict::Lost(LostReason::ConditionLost)
+        );
+        let below = Trigger::PriceBelow { threshold: 10 };
+        assert_eq!(
+            evaluate(&below, &unstated, &base(None, None)),
+            Verdict::Holds
+        );
+        // Written only when unstated, so every snapshot stored before reads as stated.
+        let json = serde_json::to_value(&unstated).unwrap();
+        assert_eq!(json["stock_stated"], false);
+        assert!(
+            serde_json::to_value(obs(5, true))
+                .unwrap()
+                .get("stock_stated")
+                .is_none()
+        );
+        let old: Observation = serde_json::from_value(serde_json::json!({
+            "price": 5, "currency": "EUR", "in_stock": true, "observed_at": "2026-11-30T12:00:00Z"
+        }))
+        .unwrap();
+        assert!(old.stock_stated);
     }
 
     #[test]

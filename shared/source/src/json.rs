@@ -141,6 +141,8 @@ impl JsonMapping {
             in_stock,
             paused,
             observed_at: Utc::now(),
+            // Unmapped, availability is the operator's word that every item is in stock.
+            stock_stated: self.availability.is_some(),
         })
     }
 
@@ -288,7 +290,42 @@ mod tests {
         assert!(serde_json::from_str::<JsonMapping>(r#"{"price": "/p", "prise": "/q"}"#).is_err());
     }
 
+    /// Any JSON document, nested up to serde_json's limit.
+    fn document() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>().prop_map(|f| serde_json::json!(f)),
+            prop::sample::select(vec![
+                "12.99", "eur", "in_stock", "sold_out", "1e400", "-0", ""
+            ])
+            .prop_map(Value::from),
+            ".{0,12}".prop_map(Value::from),
+        ];
+        let key = prop::sample::select(vec!["offer", "amount", "currency", "stock", "hidden", "x"]);
+        leaf.prop_recursive(6, 96, 6, move |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::btree_map(key.clone(), inner, 0..6).prop_map(|m| Value::Object(
+                    m.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+                )),
+            ]
+        })
+    }
+
     proptest! {
+        /// The fuzzing pass over the JSON mapping (`PROPTEST_CASES` sets how long): any
+        /// document, whole or cut anywhere, answers an observation or a source error.
+        #[test]
+        fn fuzz_documents_through_a_mapping(doc in document(), cut in any::<prop::sample::Index>()) {
+            let text = doc.to_string();
+            let _ = shop().read(text.as_bytes());
+            let _ = shop().read(&text.as_bytes()[..cut.index(text.len() + 1)]);
+            let wrapped = serde_json::json!({"offer": doc, "hidden": false}).to_string();
+            let _ = shop().read(wrapped.as_bytes());
+        }
+
         #[test]
         fn no_document_makes_a_mapping_panic(body in prop::collection::vec(any::<u8>(), 0..256), text in ".{0,64}") {
             let _ = shop().read(&body);

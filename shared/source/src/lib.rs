@@ -350,6 +350,11 @@ mod tests {
             watched("tee/x", Some("pages"), None),
             Err(Unwatchable::Code(_))
         ));
+        // Regression: `..` as the page reached the parent path on the shop's host.
+        assert!(matches!(
+            watched("..", Some("pages"), Some(&sku)),
+            Err(Unwatchable::Selector(schema_org::SelectorError::Page(_)))
+        ));
     }
 
     #[test]

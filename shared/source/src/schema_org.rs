@@ -37,6 +37,8 @@ pub enum SelectorError {
     Form(String),
     #[error("offer selector {0:?}: a GTIN is 8 to 14 digits")]
     Gtin(String),
+    #[error("item code {0:?}: its page is empty or a dot-segment (. or ..), which names no page")]
+    Page(String),
 }
 
 impl OfferSelector {
@@ -100,15 +102,16 @@ fn same_gtin(a: &str, b: &str) -> bool {
     a.trim_start_matches('0') == b.trim_start_matches('0')
 }
 
-/// A page code and the offer it names, if it names one: `tee` or `tee::sku:TS-RED-M`.
+/// A page code and the offer it names, if it names one: `tee` or `tee::sku:TS-RED-M`. The page
+/// code goes into the page's URL, so it is never a dot-segment (`.`, `..`): `..::sku:A` would
+/// read the parent path on the shop's host.
 pub fn split(code: &str) -> Result<(&str, Option<OfferSelector>), SelectorError> {
-    match code.split_once(SELECTOR_MARK) {
-        None => Ok((code, None)),
-        Some((page, selector)) if !page.is_empty() => {
-            Ok((page, Some(OfferSelector::parse(selector)?)))
-        }
-        Some(_) => Err(SelectorError::Form(code.to_owned())),
+    let (page, selector) = code.split_once(SELECTOR_MARK).unzip();
+    let page = page.unwrap_or(code);
+    if page.is_empty() || page.bytes().all(|b| b == b'.') {
+        return Err(SelectorError::Page(code.to_owned()));
     }
+    Ok((page, selector.map(OfferSelector::parse).transpose()?))
 }
 
 /// One offer as the page states it, with what its product says where the offer is silent. Its
@@ -242,11 +245,13 @@ fn decide(offers: &[Offer<'_>]) -> Fetched {
         in_stock,
         paused: false,
         observed_at: Utc::now(),
+        stock_stated: priced.iter().any(|(_, o)| o.availability.is_some()),
     })
 }
 
 /// Whether an `ItemAvailability` means the item can be bought and sent now. No availability
-/// stated: in stock (a shop that sells only what it has often leaves it out).
+/// stated: in stock (a shop that sells only what it has often leaves it out), and the
+/// observation says it was not stated, so a restock is never announced on it.
 fn available(value: Option<&str>) -> Result<bool, String> {
     let Some(value) = value else {
         return Ok(true);
@@ -539,6 +544,8 @@ mod tests {
         assert_eq!(split(&format!("tee::{}", url.code())).unwrap().1, Some(url));
         for bad in [
             "::sku:A",
+            "..::sku:A",
+            ".::gtin:04006381333931",
             "tee::sku:",
             "tee::size:M",
             "tee::gtin:12",
@@ -646,5 +653,24 @@ mod tests {
         let refused = read(page.as_bytes(), None).unwrap_err();
         assert_eq!(refused.kind, SourceErrorKind::BadData);
         assert!(refused.detail.contains("page too complex"), "{refused}");
+    }
+
+    #[test]
+    fn a_page_that_states_no_availability_is_in_stock_but_says_so() {
+        let unstated = br#"<script type="application/ld+json">
+            {"@type": "Offer", "price": "5.00", "priceCurrency": "EUR"}</script>"#;
+        let read_unstated = read(unstated, None).unwrap();
+        assert_eq!(
+            (read_unstated.in_stock, read_unstated.stock_stated),
+            (true, false)
+        );
+        let stated = br#"<script type="application/ld+json">
+            {"@type": "Offer", "price": "5.00", "priceCurrency": "EUR",
+             "availability": "https://schema.org/InStock"}</script>"#;
+        let read_stated = read(stated, None).unwrap();
+        assert_eq!(
+            (read_stated.in_stock, read_stated.stock_stated),
+            (true, true)
+        );
     }
 }

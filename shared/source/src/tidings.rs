@@ -57,6 +57,7 @@ impl ItemBody {
                 in_stock: self.in_stock,
                 paused: self.paused,
                 observed_at: Utc::now(),
+                stock_stated: true,
             }),
         }
     }

@@ -113,6 +113,8 @@ impl Claimed {
             in_stock: self.detected_in_stock,
             paused: self.detected_paused,
             observed_at: self.detected_observed_at,
+            // A detection is stored only where its trigger held, which a restock needs stated.
+            stock_stated: true,
         }
     }
 
