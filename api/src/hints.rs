@@ -387,6 +387,32 @@ mod tests {
         );
     }
 
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The fuzzing pass over the hint route's checks (`PROPTEST_CASES` sets how long): any
+        /// headers and body are refused or taken without a panic, and never for a secret that
+        /// did not sign them.
+        #[test]
+        fn fuzz_hint_headers_and_bodies(
+            id in ".{0,300}",
+            timestamp in prop_oneof![".{0,12}", (1_699_999_000i64..1_700_001_000).prop_map(|t| t.to_string())],
+            signature in ".{0,400}",
+            body in prop::collection::vec(any::<u8>(), 0..512),
+        ) {
+            let (_, secret) = Secret::generate().unwrap();
+            let keys = Keys::new(&[("acme", &[secret.as_str()])]).unwrap();
+            let mut h = HeaderMap::new();
+            for (k, v) in [("webhook-id", &id), ("webhook-timestamp", &timestamp), ("webhook-signature", &signature)] {
+                if let Ok(v) = HeaderValue::from_str(v) {
+                    h.insert(k, v);
+                }
+            }
+            prop_assert!(keys.verify(&h, &body, 1_700_000_000).is_err());
+            let _ = tidings_domain::hints::decode(&body);
+        }
+    }
+
     #[test]
     fn an_id_is_taken_once() {
         let seen = Seen::default();

@@ -75,3 +75,70 @@ proptest! {
         within_bounds(kind, size, seed);
     }
 }
+
+/// Pieces of markup and JSON that the reader's states turn on, for [`fuzz_token_soup`].
+const PIECES: &[&str] = &[
+    r#"<div itemscope itemtype="https://schema.org/Product">"#,
+    r#"<div itemprop="offers" itemscope itemtype="Offer">"#,
+    r#"<span itemprop="price" content="12.99">"#,
+    r#"<meta itemprop="priceCurrency" content="EUR">"#,
+    r#"<span itemprop="sku offers price sku">"#,
+    r#"<div vocab="https://schema.org/" typeof="Product">"#,
+    r#"<span property="schema:price">"#,
+    r#"<div property="offers" typeof="AggregateOffer">"#,
+    r#"<script type="application/ld+json">"#,
+    "</script>",
+    "<script>",
+    "<style>",
+    "</style>",
+    "<li>",
+    "<p>",
+    "</div>",
+    "</span>",
+    "<!--",
+    "-->",
+    "<![CDATA[",
+    "]]>",
+    r##"{"@type": "Product", "offers": {"@id": "#a"}}"##,
+    r##"{"@id": "#a", "@type": "AggregateOffer", "priceCurrency": "EUR", "offers": [{"@id": "#a"}, "##,
+    r#"{"@type": "Offer", "price": "1.00", "sku": "A"}"#,
+    "[",
+    "]",
+    "{",
+    "}",
+    ",",
+    "\"",
+    "9.99",
+    "InStock",
+    " text ",
+    "&amp;",
+    "\u{0}",
+    "\u{feff}",
+];
+
+proptest! {
+    /// The fuzzing pass over the page reader (`PROPTEST_CASES` sets how long; CI runs a short
+    /// pass, docs/security.md gives the long one): any sequence of these pieces and random
+    /// bytes, read with and without an offer named, stays within the budget's bounds.
+    #[test]
+    fn fuzz_token_soup(
+        pieces in prop::collection::vec(
+            prop_oneof![
+                4 => prop::sample::select(PIECES).prop_map(|p| p.as_bytes().to_vec()),
+                1 => prop::collection::vec(any::<u8>(), 0..16),
+            ],
+            0..400,
+        ),
+        repeat in 1usize..200,
+    ) {
+        let unit: Vec<u8> = pieces.concat();
+        let page = unit.repeat(repeat.min(64 * 1024 / unit.len().max(1)).max(1));
+        let mut answer = None;
+        let counted = allocation_counter::measure(|| {
+            answer = Some(schema_org::read(&page, None));
+            let _ = schema_org::read(&page, Some(&schema_org::OfferSelector::Sku("A".into())));
+        });
+        let bound = 32 * page.len() as u64 + (1 << 20);
+        prop_assert!(counted.bytes_max <= bound, "peak {} > {bound}: {answer:?}", counted.bytes_max);
+    }
+}
