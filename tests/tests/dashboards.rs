@@ -315,7 +315,7 @@ fn the_families_the_crates_register_are_the_listed_ones() {
     tidings_store::transition::init_metrics();
     touch!(metrics() => consumer_pending, consumer_ack_pending, db_pool_connections, failures);
     touch!(tidings_bus::metrics::metrics() => dead_lettered, delivery_log_errors);
-    touch!(tidings_source::metrics() => source_errors, source_requests);
+    touch!(tidings_source::metrics() => source_errors, source_requests, pages_too_complex);
     touch!(tidings_detector::metrics::metrics() => shard_count, detections, hinted_items);
     touch!(tidings_dispatcher::metrics::metrics() => outbox_rows, ingested);
     touch!(tidings_pusher::metrics::metrics() => pushes, push_duration);
