@@ -303,22 +303,7 @@ impl State {
         let parent_owner = self.open.last().and_then(|o| o.owner);
         // Microdata, or RDFa Lite's `typeof`/`property` (older shop templates).
         let scope = attr("itemscope").is_some() || attr("typeof").is_some();
-        let names: Vec<String> = match (attr("itemprop"), attr("property")) {
-            (Some(names), _) => names
-                .split_whitespace()
-                .take(MAX_NAMES)
-                .map(str::to_owned)
-                .collect(),
-            (None, Some(names)) => names
-                .split_whitespace()
-                .take(MAX_NAMES)
-                .map(rdfa_name)
-                .collect(),
-            (None, None) => Vec::new(),
-        };
-        let mut names = names;
-        names.sort_unstable();
-        names.dedup();
+        let names = property_names(attr("itemprop"), attr("property"));
         let mut owner = parent_owner;
         if scope {
             if self.items.len() >= MAX_ITEMS {
@@ -486,6 +471,23 @@ impl State {
 /// Nesting of items followed; deeper items are left out (a page that nests items this deep is
 /// not describing one product).
 const MAX_ITEM_DEPTH: usize = 16;
+
+/// The property names an element gives, each once: its `itemprop`, else its RDFa `property`
+/// without vocabulary (`schema:price` is `price`); at most [`MAX_NAMES`].
+fn property_names(itemprop: Option<&str>, property: Option<&str>) -> Vec<String> {
+    let mut names: Vec<String> = match (itemprop, property) {
+        (Some(names), _) => (names.split_whitespace().take(MAX_NAMES))
+            .map(str::to_owned)
+            .collect(),
+        (None, Some(names)) => (names.split_whitespace().take(MAX_NAMES))
+            .map(rdfa_name)
+            .collect(),
+        (None, None) => Vec::new(),
+    };
+    names.sort_unstable();
+    names.dedup();
+    names
+}
 
 /// An RDFa property's name without its vocabulary: `schema:price` is `price`.
 fn rdfa_name(name: &str) -> String {
