@@ -239,11 +239,11 @@ fn text(value: &str, pointer: &str, max: usize) -> Result<String, ApiError> {
 
 /// A new signing secret: as the client is given it (`whsec_…`), and as it is stored (sealed
 /// when the api has keys, docs/security.md).
-fn new_secret(app: &AppState) -> Result<(String, String), ApiError> {
+fn new_secret(app: &AppState, for_: SubscriptionId) -> Result<(String, String), ApiError> {
     let failed = |_| ApiError::Internal("the system random generator failed".into());
     let (_, text) = Secret::generate().map_err(failed)?;
-    let stored =
-        sealed::store(&text, app.settings.webhook_secret_keys.as_deref()).map_err(failed)?;
+    let keys = app.settings.webhook_secret_keys.as_deref();
+    let stored = sealed::store(&text, keys, for_.0).map_err(failed)?;
     Ok((text, stored))
 }
 
@@ -289,9 +289,9 @@ pub async fn create_endpoint(
         .transpose()?;
     validate_url(&req.url, &app).await?;
     let (token, hash) = new_token()?;
-    let (secret, stored) = new_secret(&app)?;
     let device = DeviceId::new();
     let subscription = SubscriptionId::new();
+    let (secret, stored) = new_secret(&app, subscription)?;
     let new = NewEndpoint {
         device,
         token_hash: &hash,
@@ -372,12 +372,20 @@ pub async fn rotate_secret(
     State(app): State<AppState>,
     device: Device,
 ) -> Result<Json<SecretRotated>, ApiError> {
-    let (secret, stored) = new_secret(&app)?;
+    // The new secret is sealed for the endpoint's subscription, and stored only on it.
+    let found = endpoints::view(&app.pool, device.id)
+        .await
+        .map_err(db("reading a webhook endpoint"))?;
+    let subscription = found
+        .filter(|e| e.active)
+        .ok_or(ApiError::NotFound("active webhook endpoint"))?
+        .subscription_id;
+    let (secret, stored) = new_secret(&app, subscription)?;
     let overlap = chrono::Duration::from_std(app.settings.webhook_secret_overlap)
         .unwrap_or(chrono::Duration::hours(24));
     // Microseconds, as Postgres keeps it: the answer and the status then say the same time.
     let until = (Utc::now() + overlap).trunc_subsecs(6);
-    let rotated = endpoints::rotate_secret(&app.pool, device.id, &stored, until)
+    let rotated = endpoints::rotate_secret(&app.pool, subscription, &stored, until)
         .await
         .map_err(db("rotating a webhook secret"))?;
     rotated.ok_or(ApiError::NotFound("active webhook endpoint"))?;

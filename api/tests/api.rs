@@ -2411,16 +2411,17 @@ async fn reseal_seals_every_webhook_secret_under_the_first_key() {
         .iter()
         .map(|s| s.as_str().unwrap().to_owned())
         .collect();
+    // Each stored secret with its subscription, to which a seal is bound.
     let stored = || async {
-        let rows: Vec<(String, Option<String>)> =
-            sqlx::query_as("SELECT secret, previous_secret FROM push_subscriptions")
+        let rows: Vec<(Uuid, String, Option<String>)> =
+            sqlx::query_as("SELECT id, secret, previous_secret FROM push_subscriptions")
                 .fetch_all(&db.pool)
                 .await
                 .unwrap();
         rows.into_iter()
-            .flat_map(|(s, p)| [Some(s), p])
+            .flat_map(|(id, s, p)| [Some((id, s)), p.map(|p| (id, p))])
             .flatten()
-            .collect::<BTreeSet<String>>()
+            .collect::<BTreeSet<(Uuid, String)>>()
     };
     let before = stored().await;
     assert_eq!(before.len(), 3);
@@ -2447,9 +2448,9 @@ async fn reseal_seals_every_webhook_secret_under_the_first_key() {
         "{stderr}"
     );
     let partly = stored().await;
-    let old_sealed: Vec<&String> = before
+    let old_sealed: Vec<&(Uuid, String)> = before
         .iter()
-        .filter(|s| s.starts_with("sealed1."))
+        .filter(|(_, s)| s.starts_with("sealed2."))
         .collect();
     assert_eq!(old_sealed.len(), 2);
     assert!(old_sealed.iter().all(|s| partly.contains(*s)), "{partly:?}");
@@ -2457,9 +2458,12 @@ async fn reseal_seals_every_webhook_secret_under_the_first_key() {
     tidings_tests::harness::succeeds(&mut reseal(&format!("{NEW}\n{OLD}")), "reseal");
     let new = SecretKeys::parse(NEW).unwrap();
     let after = stored().await;
-    assert!(after.iter().all(|s| new.sealed_by_first(s)), "{after:?}");
+    assert!(
+        after.iter().all(|(_, s)| new.sealed_by_first(s)),
+        "{after:?}"
+    );
     let opened: BTreeSet<String> = (after.iter())
-        .map(|s| open(s, Some(&new)).unwrap())
+        .map(|(id, s)| open(s, Some(&new), *id).unwrap())
         .collect();
     assert_eq!(
         opened, given,

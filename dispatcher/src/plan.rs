@@ -269,8 +269,13 @@ fn send(
 
 /// The secret `stored` holds, opened if it is sealed; `None`, logged with the row, if it cannot
 /// be (a key dropped too early, or not given to this dispatcher).
-fn signing_secret(stored: &str, keys: Option<&SecretKeys>, row: OutboxId) -> Option<Secret> {
-    let opened = sealed::open(stored, keys)
+fn signing_secret(
+    stored: &str,
+    keys: Option<&SecretKeys>,
+    endpoint: &Endpoint,
+    row: OutboxId,
+) -> Option<Secret> {
+    let opened = sealed::open(stored, keys, endpoint.subscription.0)
         .map_err(|e| tracing::error!(outbox_id = %row, error = %e, "a webhook secret does not open; the webhook goes unsigned by it"))
         .ok()?;
     Secret::parse(&opened).ok()
@@ -306,7 +311,7 @@ fn target(
             // A secret that does not open or parse signs nothing (the api stores only ones it
             // made); a receiver then refuses the webhook, which the attempt records.
             let signature = (endpoint.secrets.iter())
-                .filter_map(|stored| signing_secret(stored, keys, g.row.id))
+                .filter_map(|stored| signing_secret(stored, keys, endpoint, g.row.id))
                 .map(|secret| secret.sign(&id, timestamp, body.as_bytes()))
                 .collect::<Vec<_>>()
                 .join(" ");
@@ -534,9 +539,11 @@ mod tests {
         let (old, old_text) = Secret::generate().unwrap_or_else(|e| unreachable!("{e}"));
         let (new, new_text) = Secret::generate().unwrap_or_else(|e| unreachable!("{e}"));
         let mut w = watch(false);
+        let sub = SubscriptionId::new();
         w.subscription = Some((
-            SubscriptionId::new(),
+            sub,
             Destination::Webhook(Endpoint {
+                subscription: sub,
                 url: "https://hooks.example/in".into(),
                 secrets: vec![new_text, old_text],
                 open_until: None,
@@ -594,11 +601,15 @@ mod tests {
         let keys = SecretKeys::parse("AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=")
             .unwrap_or_else(|e| unreachable!("{e}"));
         let (secret, text) = Secret::generate().unwrap_or_else(|e| unreachable!("{e}"));
-        let stored = keys.seal(&text).unwrap_or_else(|e| unreachable!("{e}"));
+        let sub = SubscriptionId::new();
+        let stored = keys
+            .seal(&text, sub.0)
+            .unwrap_or_else(|e| unreachable!("{e}"));
         let mut w = watch(false);
         w.subscription = Some((
-            SubscriptionId::new(),
+            sub,
             Destination::Webhook(Endpoint {
+                subscription: sub,
                 url: "https://hooks.example/in".into(),
                 secrets: vec![stored],
                 open_until: None,

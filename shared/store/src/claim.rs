@@ -46,6 +46,8 @@ pub enum Destination {
 /// the one a rotation replaced, while it still signs).
 #[derive(Clone, PartialEq, Eq)]
 pub struct Endpoint {
+    /// Its subscription, to which its sealed secrets are bound.
+    pub subscription: SubscriptionId,
     pub url: String,
     pub secrets: Vec<String>,
     /// While its circuit is open (it kept failing), its rows are held back until then.
@@ -211,6 +213,7 @@ impl WatchRow {
                 auth: self.auth.take()?,
             }),
             Channel::Webhook => Destination::Webhook(Endpoint {
+                subscription: id,
                 url: endpoint,
                 secrets: [self.secret.take()?]
                     .into_iter()

@@ -154,22 +154,22 @@ pub async fn register(
     Ok(Registered::Yes)
 }
 
-/// Makes `secret` the endpoint's signing secret; the one it replaces keeps signing beside it
-/// until `previous_until`. `None` when `device` has no active webhook subscription (removed, or
-/// disabled after its URL answered 410).
+/// Makes `secret` the signing secret of webhook subscription `subscription` (sealed for it); the
+/// one it replaces keeps signing beside it until `previous_until`. `None` when it is no longer
+/// active (removed, or disabled after its URL answered 410).
 pub async fn rotate_secret(
     pool: &PgPool,
-    device: DeviceId,
+    subscription: SubscriptionId,
     secret: &str,
     previous_until: DateTime<Utc>,
 ) -> Result<Option<SubscriptionId>, sqlx::Error> {
     sqlx::query_scalar(
         "UPDATE push_subscriptions
          SET previous_secret = secret, previous_until = $3, secret = $2
-         WHERE device_id = $1 AND active AND channel = 'webhook'
+         WHERE id = $1 AND active AND channel = 'webhook'
          RETURNING id",
     )
-    .bind(device)
+    .bind(subscription)
     .bind(secret)
     .bind(previous_until)
     .fetch_optional(pool)
@@ -205,7 +205,7 @@ pub async fn stored_secrets(
 /// id; `None`: stored as given.
 pub async fn sealing_keys_in_use(pool: &PgPool) -> Result<Vec<(Option<String>, i64)>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT CASE WHEN v.s LIKE 'sealed1.%' THEN split_part(v.s, '.', 2) END, count(*)
+        "SELECT CASE WHEN v.s LIKE 'sealed_.%' THEN split_part(v.s, '.', 2) END, count(*)
          FROM push_subscriptions p, LATERAL (VALUES (p.secret), (p.previous_secret)) AS v(s)
          WHERE p.channel = 'webhook' AND v.s IS NOT NULL
          GROUP BY 1 ORDER BY 1 NULLS FIRST",

@@ -4,19 +4,33 @@
 //! every key opens, so keys rotate by putting a new one first, sealing every stored secret again
 //! (`tidings-api reseal`), and dropping the old one.
 //!
-//! Stored as `sealed1.<key id>.<base64 of nonce and ciphertext>`; the key id is the first four
-//! bytes of the key's SHA-256, in hex. A stored `whsec_…` (written before keys were given) is
-//! opened as it is.
+//! Stored as `sealed2.<key id>.<base64 of nonce and ciphertext>`; the key id is the first four
+//! bytes of the key's SHA-256, in hex. The seal is bound to its subscription (its id is in the
+//! associated data), so a sealed secret copied to another endpoint's row does not open there:
+//! whoever can write the table cannot make one receiver's secret sign for another. `sealed1.`
+//! (bound to nothing, from before) still opens until `tidings-api reseal` rewrites it. A stored
+//! `whsec_…` (written before keys were given) is opened as it is.
 
 use aws_lc_rs::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 use aws_lc_rs::digest::{SHA256, digest};
 use aws_lc_rs::rand::{SecureRandom, SystemRandom};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
+use uuid::Uuid;
 
-const PREFIX: &str = "sealed1.";
+const PREFIX: &str = "sealed2.";
+/// What `sealed1.` values were: bound to their use only.
+const UNBOUND: &str = "sealed1.";
 /// Binds a sealed value to its use: a value sealed for something else does not open as one.
 const AAD: &[u8] = b"tidings webhook signing secret";
+
+/// The associated data of a seal for `subscription`: the use, then the subscription's id.
+fn bound(subscription: Uuid) -> Vec<u8> {
+    let mut aad = AAD.to_vec();
+    aad.push(0);
+    aad.extend_from_slice(subscription.as_bytes());
+    aad
+}
 
 /// The keys that seal and open secrets; the first seals.
 pub struct SecretKeys {
@@ -73,15 +87,19 @@ impl SecretKeys {
         Ok(SecretKeys { keys })
     }
 
-    /// `secret` sealed under the first key, with a fresh random nonce.
-    pub fn seal(&self, secret: &str) -> Result<String, aws_lc_rs::error::Unspecified> {
+    /// `secret` of `subscription` sealed under the first key, with a fresh random nonce.
+    pub fn seal(
+        &self,
+        secret: &str,
+        subscription: Uuid,
+    ) -> Result<String, aws_lc_rs::error::Unspecified> {
         let (id, key) = &self.keys[0];
         let mut nonce = [0u8; NONCE_LEN];
         SystemRandom::new().fill(&mut nonce)?;
         let mut sealed = secret.as_bytes().to_vec();
         key.seal_in_place_append_tag(
             Nonce::assume_unique_for_key(nonce),
-            Aad::from(AAD),
+            Aad::from(bound(subscription)),
             &mut sealed,
         )?;
         let mut out = nonce.to_vec();
@@ -102,7 +120,7 @@ impl SecretKeys {
             .is_some_and(|(id, _)| id == self.keys[0].0)
     }
 
-    fn open_sealed(&self, id: &str, data: &str) -> Result<String, Unopened> {
+    fn open_sealed(&self, id: &str, data: &str, aad: &[u8]) -> Result<String, Unopened> {
         let (_, key) = (self.keys.iter())
             .find(|(k, _)| k == id)
             .ok_or_else(|| Unopened::UnknownKey(id.to_owned()))?;
@@ -114,28 +132,36 @@ impl SecretKeys {
         let nonce = Nonce::try_assume_unique_for_key(nonce).map_err(|_| Unopened::Corrupt)?;
         let mut sealed = sealed.to_vec();
         let plain = key
-            .open_in_place(nonce, Aad::from(AAD), &mut sealed)
+            .open_in_place(nonce, Aad::from(aad), &mut sealed)
             .map_err(|_| Unopened::Corrupt)?;
         String::from_utf8(plain.to_vec()).map_err(|_| Unopened::Corrupt)
     }
 }
 
-/// The secret `stored` holds: opened with `keys` if it is sealed, else as it is.
-pub fn open(stored: &str, keys: Option<&SecretKeys>) -> Result<String, Unopened> {
-    let Some(rest) = stored.strip_prefix(PREFIX) else {
-        return Ok(stored.to_owned());
+/// The secret `stored` (of `subscription`) holds: opened with `keys` if it is sealed, else as it
+/// is.
+pub fn open(
+    stored: &str,
+    keys: Option<&SecretKeys>,
+    subscription: Uuid,
+) -> Result<String, Unopened> {
+    let (rest, aad) = match (stored.strip_prefix(PREFIX), stored.strip_prefix(UNBOUND)) {
+        (Some(rest), _) => (rest, bound(subscription)),
+        (None, Some(rest)) => (rest, AAD.to_vec()),
+        (None, None) => return Ok(stored.to_owned()),
     };
     let (id, data) = rest.split_once('.').ok_or(Unopened::Corrupt)?;
-    keys.ok_or(Unopened::NoKeys)?.open_sealed(id, data)
+    keys.ok_or(Unopened::NoKeys)?.open_sealed(id, data, &aad)
 }
 
-/// `secret` as it is stored: sealed when keys are given.
+/// `secret` of `subscription` as it is stored: sealed when keys are given.
 pub fn store(
     secret: &str,
     keys: Option<&SecretKeys>,
+    subscription: Uuid,
 ) -> Result<String, aws_lc_rs::error::Unspecified> {
     match keys {
-        Some(keys) => keys.seal(secret),
+        Some(keys) => keys.seal(secret, subscription),
         None => Ok(secret.to_owned()),
     }
 }
@@ -203,34 +229,35 @@ mod tests {
     const A: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
     const B: &str = "ICEiIyQlJicoKSorLC0uLzAxMjM0NTY3ODk6Ozw9Pj8=";
     const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    const SUB: Uuid = Uuid::from_u128(0x0193_0000_0000_7000_8000_0000_0000_0001);
 
     #[test]
     fn a_sealed_secret_opens_to_itself_and_shows_nothing_of_it() {
         let keys = SecretKeys::parse(A).unwrap();
-        let sealed = store(SECRET, Some(&keys)).unwrap();
-        assert!(sealed.starts_with("sealed1."), "{sealed}");
+        let sealed = store(SECRET, Some(&keys), SUB).unwrap();
+        assert!(sealed.starts_with("sealed2."), "{sealed}");
         assert!(!sealed.contains("MfKQ9r8"), "{sealed}");
         assert_ne!(
             sealed,
-            keys.seal(SECRET).unwrap(),
+            keys.seal(SECRET, SUB).unwrap(),
             "a fresh nonce each time"
         );
-        assert_eq!(open(&sealed, Some(&keys)).unwrap(), SECRET);
+        assert_eq!(open(&sealed, Some(&keys), SUB).unwrap(), SECRET);
     }
 
     #[test]
     fn keys_rotate_the_first_seals_every_one_opens() {
         let old = SecretKeys::parse(A).unwrap();
-        let sealed_before = old.seal(SECRET).unwrap();
+        let sealed_before = old.seal(SECRET, SUB).unwrap();
         let both = SecretKeys::parse(&format!("# new first\n{B}\n\n{A}\n")).unwrap();
-        let sealed_after = both.seal(SECRET).unwrap();
-        assert_eq!(open(&sealed_before, Some(&both)).unwrap(), SECRET);
-        assert_eq!(open(&sealed_after, Some(&both)).unwrap(), SECRET);
+        let sealed_after = both.seal(SECRET, SUB).unwrap();
+        assert_eq!(open(&sealed_before, Some(&both), SUB).unwrap(), SECRET);
+        assert_eq!(open(&sealed_after, Some(&both), SUB).unwrap(), SECRET);
         // Once the old key is dropped, what it alone sealed does not open, and says which key.
         let new = SecretKeys::parse(B).unwrap();
         let id = sealed_before.split('.').nth(1).unwrap().to_owned();
         assert_eq!(
-            open(&sealed_before, Some(&new)),
+            open(&sealed_before, Some(&new), SUB),
             Err(Unopened::UnknownKey(id))
         );
     }
@@ -238,21 +265,56 @@ mod tests {
     #[test]
     fn an_altered_or_unkeyed_sealed_secret_does_not_open() {
         let keys = SecretKeys::parse(A).unwrap();
-        let sealed = keys.seal(SECRET).unwrap();
+        let sealed = keys.seal(SECRET, SUB).unwrap();
         let mut altered = sealed.clone().into_bytes();
         let last = altered.len() - 3;
         altered[last] = if altered[last] == b'A' { b'B' } else { b'A' };
         let altered = String::from_utf8(altered).unwrap();
-        assert_eq!(open(&altered, Some(&keys)), Err(Unopened::Corrupt));
-        assert_eq!(open(&sealed, None), Err(Unopened::NoKeys));
-        assert_eq!(open("sealed1.nodot", Some(&keys)), Err(Unopened::Corrupt));
+        assert_eq!(open(&altered, Some(&keys), SUB), Err(Unopened::Corrupt));
+        assert_eq!(open(&sealed, None, SUB), Err(Unopened::NoKeys));
+        assert_eq!(
+            open("sealed2.nodot", Some(&keys), SUB),
+            Err(Unopened::Corrupt)
+        );
+    }
+
+    /// Regression: a seal was bound to its use only, so someone who can write the table could
+    /// copy one endpoint's sealed secret to another's row and it signed there.
+    #[test]
+    fn a_sealed_secret_opens_only_for_its_own_subscription() {
+        let keys = SecretKeys::parse(A).unwrap();
+        let sealed = keys.seal(SECRET, SUB).unwrap();
+        let other = Uuid::from_u128(SUB.as_u128() + 1);
+        assert_eq!(open(&sealed, Some(&keys), other), Err(Unopened::Corrupt));
+        assert_eq!(open(&sealed, Some(&keys), SUB).unwrap(), SECRET);
+    }
+
+    /// What earlier releases stored still opens (for any subscription), until resealed.
+    #[test]
+    fn a_secret_sealed_before_seals_were_bound_still_opens() {
+        let keys = SecretKeys::parse(A).unwrap();
+        let (id, key) = &keys.keys[0];
+        let nonce = [7u8; NONCE_LEN];
+        let mut sealed = SECRET.as_bytes().to_vec();
+        key.seal_in_place_append_tag(
+            Nonce::assume_unique_for_key(nonce),
+            Aad::from(AAD),
+            &mut sealed,
+        )
+        .unwrap();
+        let stored = format!(
+            "{UNBOUND}{id}.{}",
+            STANDARD.encode([&nonce[..], &sealed].concat())
+        );
+        assert_eq!(open(&stored, Some(&keys), SUB).unwrap(), SECRET);
+        assert!(!keys.sealed_by_first(&stored), "reseal rewrites it");
     }
 
     #[test]
     fn a_secret_stored_before_keys_were_given_opens_as_it_is() {
         let keys = SecretKeys::parse(A).unwrap();
-        assert_eq!(open(SECRET, Some(&keys)).unwrap(), SECRET);
-        assert_eq!(store(SECRET, None).unwrap(), SECRET);
+        assert_eq!(open(SECRET, Some(&keys), SUB).unwrap(), SECRET);
+        assert_eq!(store(SECRET, None, SUB).unwrap(), SECRET);
     }
 
     #[test]
