@@ -97,7 +97,8 @@ fn sealed_again(stored: &StoredSecrets, keys: &SecretKeys) -> Result<Option<Stor
         if keys.sealed_by_first(text) {
             return Ok(text.clone());
         }
-        let plain = sealed::open(text, Some(keys), stored.id.0).map_err(Again::Unopened)?;
+        let plain =
+            sealed::open_for_reseal(text, Some(keys), stored.id.0).map_err(Again::Unopened)?;
         keys.seal(&plain, stored.id.0).map_err(|_| Again::Random)
     };
     let new = StoredSecrets {

@@ -240,7 +240,17 @@ fn send(
     let deadline = (now + settings.push_deadline).min(valid_until);
     let payload = payload_for(g, &checked, valid_until, settings);
     let keys = settings.webhook_secret_keys.as_deref();
-    let target = target(g, &checked, &payload, valid_until, keys, now);
+    let target = match target(g, &checked, &payload, valid_until, keys, now) {
+        Ok(target) => target,
+        Err(unsigned) => {
+            // Never sent unsigned: the row waits (retried, as for a source that does not
+            // answer) until its secret opens again, and says why in its last error.
+            tracing::error!(outbox_id = %row.id, error = %unsigned, "a webhook is held: its secret does not open");
+            plan.changes
+                .push(change(row, Event::Transient, Some(unsigned), settings, now));
+            return;
+        }
+    };
     let mut c = change(row, Event::Dispatched, None, settings, now);
     c.sent_value = serde_json::to_value(checked.observation).ok();
     c.payload = serde_json::to_value(&payload).ok();
@@ -267,18 +277,45 @@ fn send(
     plan.changes.push(c);
 }
 
-/// The secret `stored` holds, opened if it is sealed; `None`, logged with the row, if it cannot
-/// be (a key dropped too early, or not given to this dispatcher).
+/// The secret `stored` holds, opened if it is sealed; why not, naming the subscription, if it
+/// cannot be (a key dropped too early or not given to this dispatcher, a secret stored unsealed
+/// although keys are given).
 fn signing_secret(
     stored: &str,
     keys: Option<&SecretKeys>,
     endpoint: &Endpoint,
+) -> Result<Secret, String> {
+    let subscription = endpoint.subscription;
+    let opened = sealed::open(stored, keys, subscription.0)
+        .map_err(|e| format!("the signing secret of subscription {subscription}: {e}"))?;
+    Secret::parse(&opened)
+        .map_err(|e| format!("the signing secret of subscription {subscription}: {e}"))
+}
+
+/// The signature of `body`: by the current secret, which must open (else the webhook is not
+/// sent), and by a rotated-out one beside it if that opens (else it is left out, logged).
+fn signature(
+    endpoint: &Endpoint,
+    keys: Option<&SecretKeys>,
     row: OutboxId,
-) -> Option<Secret> {
-    let opened = sealed::open(stored, keys, endpoint.subscription.0)
-        .map_err(|e| tracing::error!(outbox_id = %row, error = %e, "a webhook secret does not open; the webhook goes unsigned by it"))
-        .ok()?;
-    Secret::parse(&opened).ok()
+    sign: impl Fn(&Secret) -> String,
+) -> Result<String, String> {
+    let (current, previous) = endpoint.secrets.split_first().ok_or_else(|| {
+        format!(
+            "subscription {} has no signing secret",
+            endpoint.subscription
+        )
+    })?;
+    let mut signed = vec![sign(&signing_secret(current, keys, endpoint)?)];
+    for stored in previous {
+        match signing_secret(stored, keys, endpoint) {
+            Ok(secret) => signed.push(sign(&secret)),
+            Err(e) => {
+                tracing::warn!(outbox_id = %row, error = %e, "a rotated-out webhook secret does not open; the current one signs alone")
+            }
+        }
+    }
+    Ok(signed.join(" "))
 }
 
 /// Where `g` goes: its browser's subscription, or its endpoint with the event signed by every
@@ -291,9 +328,9 @@ fn target(
     valid_until: DateTime<Utc>,
     keys: Option<&SecretKeys>,
     now: DateTime<Utc>,
-) -> Target {
+) -> Result<Target, String> {
     match g.subscription {
-        Destination::WebPush(sub) => Target::WebPush(sub.clone()),
+        Destination::WebPush(sub) => Ok(Target::WebPush(sub.clone())),
         Destination::Webhook(endpoint) => {
             let facts = Facts {
                 id: g.row.id,
@@ -308,19 +345,15 @@ fn target(
             let body = webhook::Event::new(facts, payload).to_json();
             let id = g.row.id.to_string();
             let timestamp = now.timestamp();
-            // A secret that does not open or parse signs nothing (the api stores only ones it
-            // made); a receiver then refuses the webhook, which the attempt records.
-            let signature = (endpoint.secrets.iter())
-                .filter_map(|stored| signing_secret(stored, keys, endpoint, g.row.id))
-                .map(|secret| secret.sign(&id, timestamp, body.as_bytes()))
-                .collect::<Vec<_>>()
-                .join(" ");
-            Target::Webhook(WebhookCall {
+            let signature = signature(endpoint, keys, g.row.id, |secret| {
+                secret.sign(&id, timestamp, body.as_bytes())
+            })?;
+            Ok(Target::Webhook(WebhookCall {
                 url: endpoint.url.clone(),
                 timestamp,
                 signature,
                 body,
-            })
+            }))
         }
     }
 }
@@ -593,10 +626,12 @@ mod tests {
         );
     }
 
-    /// A secret the api stored sealed signs once opened with the dispatcher's keys; without
-    /// them it signs nothing (the receiver refuses the webhook, and the attempt says so).
+    /// A secret the api stored sealed signs once opened with the dispatcher's keys. Without
+    /// them, or with a secret stored unsealed while keys are given, the webhook is not sent
+    /// unsigned: the row waits (retry) and its last error says why. Regression: it was sent
+    /// with an empty signature.
     #[test]
-    fn a_sealed_secret_signs_once_opened_and_not_without_the_keys() {
+    fn a_sealed_secret_signs_once_opened_and_nothing_goes_unsigned() {
         use tidings_webpush::standard_webhooks::{Headers, verify};
         let keys = SecretKeys::parse("AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=")
             .unwrap_or_else(|e| unreachable!("{e}"));
@@ -635,11 +670,21 @@ mod tests {
         let now = Utc::now().timestamp();
         let found = verify(&[&[secret]], headers, signed.body.as_bytes(), now);
         assert!(found.is_ok(), "{found:?}");
-        let (_, unsigned) = call(&settings());
-        assert_eq!(
-            unsigned.signature, "",
-            "no keys: the sealed secret signs nothing"
-        );
+        let held = |s: &Settings, w: WatchState| {
+            let (_, plan) = plan_with(s, w, &priced(1050));
+            assert!(plan.requests.is_empty(), "nothing is sent unsigned");
+            let c = &plan.changes[0];
+            assert_eq!(c.transition.to, Status::Retry);
+            c.last_error.clone().unwrap_or_default()
+        };
+        let no_keys = held(&settings(), w.clone());
+        assert!(no_keys.contains("no keys are given"), "{no_keys}");
+        let mut plain = w;
+        if let Some((_, Destination::Webhook(endpoint))) = &mut plain.subscription {
+            endpoint.secrets = vec![text];
+        }
+        let unsealed = held(&with_keys, plain);
+        assert!(unsealed.contains("tidings-api reseal"), "{unsealed}");
     }
 
     #[test]

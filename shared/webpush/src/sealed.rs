@@ -59,8 +59,12 @@ pub enum Unopened {
     UnknownKey(String),
     #[error("sealed, but no keys are given (TIDINGS_WEBHOOK_SECRET_KEYS)")]
     NoKeys,
-    #[error("not a sealed secret, or altered since it was sealed")]
+    #[error("not a sealed secret, altered since it was sealed, or sealed for another subscription")]
     Corrupt,
+    #[error(
+        "stored unsealed although sealing keys are given; seal it: tidings-api reseal (with the keys)"
+    )]
+    Unsealed,
 }
 
 impl SecretKeys {
@@ -138,9 +142,28 @@ impl SecretKeys {
     }
 }
 
-/// The secret `stored` (of `subscription`) holds: opened with `keys` if it is sealed, else as it
-/// is.
+/// The secret `stored` (of `subscription`) holds: opened with `keys` if it is sealed; as it is
+/// if it is not and no keys are given. Once keys are given a secret stored as it is does not
+/// open ([`Unopened::Unsealed`], naming the fix): whoever can write the table could otherwise
+/// put a secret of their own in place of a sealed one.
 pub fn open(
+    stored: &str,
+    keys: Option<&SecretKeys>,
+    subscription: Uuid,
+) -> Result<String, Unopened> {
+    if keys.is_some() && !is_sealed(stored) {
+        return Err(Unopened::Unsealed);
+    }
+    open_for_reseal(stored, keys, subscription)
+}
+
+fn is_sealed(stored: &str) -> bool {
+    stored.starts_with(PREFIX) || stored.starts_with(UNBOUND)
+}
+
+/// As [`open`], but a secret stored as it is opens whatever the keys: what `reseal` reads to
+/// seal it.
+pub fn open_for_reseal(
     stored: &str,
     keys: Option<&SecretKeys>,
     subscription: Uuid,
@@ -310,10 +333,19 @@ mod tests {
         assert!(!keys.sealed_by_first(&stored), "reseal rewrites it");
     }
 
+    /// Regression: a plain secret still opened once keys were given (a downgrade: anyone who
+    /// can write the table could put in a secret of their own).
     #[test]
-    fn a_secret_stored_before_keys_were_given_opens_as_it_is() {
+    fn a_secret_stored_as_it_is_opens_only_while_no_keys_are_given() {
         let keys = SecretKeys::parse(A).unwrap();
-        assert_eq!(open(SECRET, Some(&keys), SUB).unwrap(), SECRET);
+        assert_eq!(open(SECRET, None, SUB).unwrap(), SECRET);
+        assert_eq!(open(SECRET, Some(&keys), SUB), Err(Unopened::Unsealed));
+        assert!(
+            Unopened::Unsealed
+                .to_string()
+                .contains("tidings-api reseal")
+        );
+        assert_eq!(open_for_reseal(SECRET, Some(&keys), SUB).unwrap(), SECRET);
         assert_eq!(store(SECRET, None, SUB).unwrap(), SECRET);
     }
 
