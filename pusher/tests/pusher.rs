@@ -452,6 +452,11 @@ async fn endpoints_that_fail_the_guard_are_refused_without_a_connection() {
         "https://evil.example/push/x".to_owned(),
         format!("https://localhost:{port}/push/x"),
         format!("https://127.0.0.1:{port}/push/x"),
+        // 127.0.0.1 and 10.0.0.5 behind NAT64, 6to4 and IPv4-compatible forms (regression:
+        // judged as public IPv6).
+        format!("https://[64:ff9b::7f00:1]:{port}/push/x"),
+        format!("https://[2002:7f00:1::1]:{port}/push/x"),
+        "https://[::a00:5]/push/x".to_owned(),
     ] {
         let sub = Subscription {
             endpoint: endpoint.clone(),

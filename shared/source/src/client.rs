@@ -159,7 +159,9 @@ impl Source {
             cap,
             validators,
         } = get;
-        let fail = |kind, detail: String| SourceError::new(kind, format!("GET {url}: {detail}"));
+        let fail = |kind, detail: String| {
+            SourceError::new(kind, format!("GET {}: {detail}", crate::shown_url(url)))
+        };
         let _permit = limit
             .acquire()
             .await
@@ -176,7 +178,7 @@ impl Source {
         let mut resp = request
             .send()
             .await
-            .map_err(|e| fail(SourceErrorKind::Unavailable, e.to_string()))?;
+            .map_err(|e| fail(SourceErrorKind::Unavailable, crate::transport(e)))?;
         let status = resp.status();
         if status == StatusCode::NOT_MODIFIED {
             return Ok(Body::NotModified);
@@ -191,11 +193,12 @@ impl Source {
             return Err(fail(kind, format!("HTTP {status}")));
         }
         let mut body = Vec::new();
-        while let Some(chunk) = resp
-            .chunk()
-            .await
-            .map_err(|e| fail(SourceErrorKind::Unavailable, format!("reading body: {e}")))?
-        {
+        while let Some(chunk) = resp.chunk().await.map_err(|e| {
+            fail(
+                SourceErrorKind::Unavailable,
+                format!("reading body: {}", crate::transport(e)),
+            )
+        })? {
             if body.len() + chunk.len() > cap {
                 return Err(fail(
                     SourceErrorKind::BadData,
@@ -253,7 +256,7 @@ impl Source {
                 ..v.observation.clone()
             }),
             // Asked without validators, or forgotten since: nothing to reuse.
-            None => Err(unasked_304(format!("GET {url}"))),
+            None => Err(unasked_304(format!("GET {}", crate::shown_url(url)))),
         }
     }
 

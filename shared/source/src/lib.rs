@@ -84,9 +84,39 @@ impl SourceError {
 
     /// The same error, saying which request it answered.
     fn at(mut self, url: &str) -> Self {
-        self.detail = format!("GET {url}: {}", self.detail);
+        self.detail = format!("GET {}: {}", shown_url(url), self.detail);
         self
     }
+}
+
+/// A source URL as errors show it (they reach logs and rows' `last_error`): without its query
+/// or user info, where an API's key is often written (`?key=…`); the path names the item.
+pub(crate) fn shown_url(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut parsed) => {
+            let hidden = parsed.query().is_some();
+            parsed.set_query(None);
+            let _ = parsed.set_username("");
+            let _ = parsed.set_password(None);
+            match hidden {
+                true => format!("{parsed}?…"),
+                false => parsed.to_string(),
+            }
+        }
+        Err(_) => "(a URL that does not parse)".to_owned(),
+    }
+}
+
+/// A transport error without the URL reqwest puts in it, with its causes.
+pub(crate) fn transport(e: reqwest::Error) -> String {
+    let e = e.without_url();
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(&e);
+    while let Some(c) = cause {
+        text.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    text
 }
 
 pub type Fetched = Result<Observation, SourceError>;
@@ -355,6 +385,23 @@ mod tests {
             watched("..", Some("pages"), Some(&sku)),
             Err(Unwatchable::Selector(schema_org::SelectorError::Page(_)))
         ));
+    }
+
+    /// Regression: a source's error carried its whole URL, so an API key in a template's query
+    /// (`?key=…`) reached logs and rows' last_error.
+    #[test]
+    fn errors_show_a_source_url_without_its_query_or_user_info() {
+        assert_eq!(
+            shown_url("https://u:pw@api.shop.example/items/42?key=s3cret&x=1"),
+            "https://api.shop.example/items/42?…"
+        );
+        assert_eq!(
+            shown_url("http://catalog:8080/items/42"),
+            "http://catalog:8080/items/42"
+        );
+        let e = SourceError::new(SourceErrorKind::NotFound, "HTTP 404")
+            .at("https://api.shop.example/items/42?key=s3cret");
+        assert!(!e.detail.contains("s3cret"), "{}", e.detail);
     }
 
     #[test]
