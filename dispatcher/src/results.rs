@@ -280,8 +280,17 @@ fn change_for(
     }
     if t.to == Status::Retry {
         let retry_after = result.retry_after.map(Duration::from_secs);
-        c.next_attempt_at =
-            Some(Utc::now() + settings.retry.delay(current.retry_count, retry_after));
+        let delay = match retry_after {
+            // A webhook receiver that asks to slow down sets the pace of its rows.
+            Some(asked)
+                if row.channel == Channel::Webhook
+                    && push::back_pressure(result.http_status, result.retry_after) =>
+            {
+                settings.retry.paced(asked)
+            }
+            _ => settings.retry.delay(current.retry_count, retry_after),
+        };
+        c.next_attempt_at = Some(Utc::now() + delay);
     }
     if matches!(result.http_status, Some(401 | 403)) {
         tracing::error!(
@@ -307,7 +316,17 @@ pub async fn apply_in(
     attempts::insert_new(&mut *tx, &planned.fresh).await?;
     attempts::record(&mut *tx, &planned.late).await?;
     let sent_detected_at = follow_up(tx, &planned.changes, &won, &rows).await?;
-    count_webhook_results(tx, &planned.changes, &won, &rows, settings.webhook_breaker).await?;
+    let paced: HashSet<OutboxId> = (results.iter())
+        .filter(|r| push::back_pressure(r.http_status, r.retry_after))
+        .map(|r| r.outbox_id)
+        .collect();
+    let counted = Counted {
+        changes: &planned.changes,
+        won: &won,
+        rows: &rows,
+        paced: &paced,
+    };
+    count_webhook_results(tx, counted, settings.webhook_breaker).await?;
     Ok(Applied {
         changes: planned.changes,
         won,
@@ -422,19 +441,37 @@ fn advance<'r>(row: &'r Locked, sent: &Observation) -> baselines::Advance<'r> {
     }
 }
 
-/// Counts each result on its webhook endpoint's circuit (Web Push rows are skipped here, so their
-/// batches pay no statement for it):
-/// a delivery closes it, a failure (retried or final) adds one, and an endpoint at the breaker's
-/// threshold has its rows held back for its pause (`tidings_domain::webhook::Breaker`).
+/// The changes a batch of results made, as its endpoints' circuits count them.
+struct Counted<'a> {
+    changes: &'a [Change],
+    won: &'a HashSet<OutboxId>,
+    rows: &'a HashMap<OutboxId, &'a Locked>,
+    /// Rows whose receiver asked to slow down (`push::back_pressure`): no failure.
+    paced: &'a HashSet<OutboxId>,
+}
+
+/// Counts a batch's results on their webhook endpoints' circuits (Web Push rows are skipped
+/// here, so their batches pay no statement for it): a delivery closes one; the failures of one
+/// batch (retried or final) count once per endpoint, an observation rather than N failures in
+/// a row; back-pressure (a `429`, a `503` with `Retry-After`) counts not at all. An endpoint at
+/// the breaker's threshold has its rows held back for its pause
+/// (`tidings_domain::webhook::Breaker`).
 async fn count_webhook_results(
     tx: &mut PgConnection,
-    changes: &[Change],
-    won: &HashSet<OutboxId>,
-    rows: &HashMap<OutboxId, &Locked>,
+    counted: Counted<'_>,
     breaker: Breaker,
 ) -> Result<(), sqlx::Error> {
+    let Counted {
+        changes,
+        won,
+        rows,
+        paced,
+    } = counted;
     let (mut delivered, mut failed) = (Vec::new(), Vec::new());
-    for c in changes.iter().filter(|c| won.contains(&c.id)) {
+    for c in changes
+        .iter()
+        .filter(|c| won.contains(&c.id) && !paced.contains(&c.id))
+    {
         let Some(sub) = (rows.get(&c.id))
             .filter(|r| r.channel == Channel::Webhook)
             .and_then(|r| r.subscription_id)

@@ -619,3 +619,55 @@ async fn the_pusher_connects_to_receivers_itself_whatever_proxy_its_environment_
     listening.abort();
     p.stop().await;
 }
+
+/// Back-pressure is not failure (#53): a receiver answers the first attempt of each of 20
+/// webhooks `429` with `Retry-After: 2`, then `200`. Every row is sent within 15 s, paced by the
+/// receiver, and the endpoint's breaker never opens. Regression: the 20 answers counted as 20
+/// failures in a row and held the endpoint for an hour.
+#[tokio::test]
+async fn a_burst_of_429s_paces_an_endpoint_and_never_opens_its_breaker() {
+    let s = Scenario::new().await;
+    let receiver = FakeWebhookReceiver::start().await.unwrap();
+    let p = Pipeline::start(&s, &[]).await;
+    let key = client_key(&p).await;
+    let (token, _) = endpoint(&p, &key, &receiver.url("paced")).await;
+    let items: Vec<String> = (0..20).map(|i| format!("SKU-PACED-{i}")).collect();
+    for item in &items {
+        s.catalog.set_price(item, 1299);
+        watch(&p, &token, item).await;
+    }
+    let busy = Answer::TooManyRequests { retry_after: "2" };
+    receiver.answer_next("paced", &vec![busy; 20]);
+    let started = tokio::time::Instant::now();
+    for item in &items {
+        s.catalog.set_price(item, 900);
+    }
+    let status = || async {
+        let url = format!("{}/v1/endpoints/me", p.url("api"));
+        call(reqwest::Method::GET, url, Some(&token), None).await.1
+    };
+    loop {
+        let me = status().await;
+        assert_eq!(me["paused_until"], Value::Null, "the breaker opened: {me}");
+        assert_eq!(me["consecutive_failures"], 0, "{me}");
+        let sent = (s.db)
+            .count("SELECT count(*) FROM outbox WHERE status = 'sent'")
+            .await;
+        if sent == 20 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "{sent} of 20 sent in 15 s: {me}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let got = receiver.received_by("paced");
+    assert_eq!(
+        got.len(),
+        40,
+        "each webhook twice: refused once, then taken"
+    );
+    p.stop().await;
+    s.cleanup().await;
+}

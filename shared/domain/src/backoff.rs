@@ -55,6 +55,18 @@ impl RetryPolicy {
         let unit = rand::random::<f64>() * 2.0 - 1.0;
         self.delay_with(retry_count, retry_after, unit)
     }
+
+    /// The delay a webhook receiver asked for with `Retry-After` (back-pressure): its own pace,
+    /// not our backoff, within [1 s, 1 h], and up to 10 % later so its rows do not all come
+    /// back in the same instant. `unit` in [0, 1] is the jitter draw.
+    pub fn paced_with(&self, retry_after: Duration, unit: f64) -> Duration {
+        let asked = retry_after.clamp(Duration::from_secs(1), self.max_retry_after);
+        asked.mul_f64(1.0 + self.jitter * unit.clamp(0.0, 1.0))
+    }
+
+    pub fn paced(&self, retry_after: Duration) -> Duration {
+        self.paced_with(retry_after, rand::random::<f64>())
+    }
 }
 
 #[cfg(test)]
@@ -82,6 +94,24 @@ mod tests {
         assert_eq!(P.delay_with(0, None, -1.0), Duration::from_secs(27));
         assert_eq!(P.delay_with(0, None, 1.0), Duration::from_secs(33));
         assert_eq!(P.delay_with(0, None, 0.0), Duration::from_secs(30));
+    }
+
+    #[test]
+    fn a_receivers_pace_is_kept_within_a_second_and_an_hour() {
+        let p = RetryPolicy::new(Duration::from_secs(30), 8);
+        assert_eq!(
+            p.paced_with(Duration::from_secs(2), 0.0),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            p.paced_with(Duration::from_secs(2), 1.0),
+            Duration::from_millis(2200)
+        );
+        assert_eq!(p.paced_with(Duration::ZERO, 0.0), Duration::from_secs(1));
+        assert_eq!(
+            p.paced_with(Duration::from_secs(86_400), 0.0),
+            Duration::from_secs(3600)
+        );
     }
 
     #[test]

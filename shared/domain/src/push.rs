@@ -33,6 +33,17 @@ pub fn classify_webhook(status: u16) -> Outcome {
     }
 }
 
+/// Whether an answer asks the sender to slow down rather than says the receiver is broken: a
+/// `429`, or a `503` that says when to come back. Back-pressure paces an endpoint; it never
+/// counts toward its circuit breaker.
+pub fn back_pressure(http_status: Option<u16>, retry_after: Option<u64>) -> bool {
+    match http_status {
+        Some(429) => true,
+        Some(503) => retry_after.is_some(),
+        _ => false,
+    }
+}
+
 /// Seconds to wait from a `Retry-After` header: delta-seconds or an HTTP date.
 pub fn retry_after(value: &str, now: DateTime<Utc>) -> Option<u64> {
     let v = value.trim();
@@ -175,6 +186,17 @@ mod tests {
         ];
         for (r, expected) in cases {
             assert_eq!(event(&r), expected, "{r:?}");
+        }
+    }
+
+    #[test]
+    fn back_pressure_is_a_429_or_a_503_that_says_when() {
+        assert!(back_pressure(Some(429), None));
+        assert!(back_pressure(Some(429), Some(2)));
+        assert!(back_pressure(Some(503), Some(2)));
+        assert!(!back_pressure(Some(503), None), "down, not pacing");
+        for status in [None, Some(500), Some(502), Some(410), Some(200)] {
+            assert!(!back_pressure(status, Some(2)), "{status:?}");
         }
     }
 

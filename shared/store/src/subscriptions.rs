@@ -23,7 +23,8 @@ pub async fn deactivate_gone(
 }
 
 /// Counts attempts' results on webhook endpoints (other subscriptions are left alone): a
-/// delivery closes an endpoint's circuit and clears its count; each failure adds one. Returns
+/// delivery closes an endpoint's circuit and clears its count; a batch with failures adds one,
+/// however many it holds (one observation of the endpoint, not N failures in a row). Returns
 /// the endpoints that failed with their count of failures in a row now, for the caller to open
 /// their circuits ([`open_circuits`]).
 pub async fn count_webhook_results(
@@ -46,9 +47,8 @@ pub async fn count_webhook_results(
     }
     // One row per endpoint, in id order, so concurrent result batches lock them alike.
     sqlx::query_as(
-        "UPDATE push_subscriptions s SET consecutive_failures = s.consecutive_failures + f.n
-         FROM (SELECT id, count(*)::int AS n FROM UNNEST($1::uuid[]) AS id GROUP BY id
-               ORDER BY id) f
+        "UPDATE push_subscriptions s SET consecutive_failures = s.consecutive_failures + 1
+         FROM (SELECT DISTINCT id FROM UNNEST($1::uuid[]) AS id ORDER BY id) f
          WHERE s.id = f.id AND s.channel = 'webhook' AND s.active
          RETURNING s.id, s.consecutive_failures",
     )
