@@ -148,10 +148,19 @@ impl Dispatcher {
             .map_err(db("reading baselines"))?;
         let spans = self.recheck_spans(&rows);
 
-        let (guarded, mut changes, held) = plan::guard(&rows, &watches, s, Utc::now());
+        let plan::Guards {
+            guarded,
+            withheld: mut changes,
+            held,
+            probes,
+        } = plan::guard(&rows, &watches, s, Utc::now());
         claim::hold(&self.pool, &held)
             .await
             .map_err(db("holding back rows of failing webhook endpoints"))?;
+        // Other cycles and replicas hold a probed endpoint's rows until its probe answers.
+        claim::probing(&self.pool, &probes)
+            .await
+            .map_err(db("marking webhook endpoints probed"))?;
         let fetched = self.refetch(&guarded, &watches, &spans).await;
         let mut decided = plan::decide(&guarded, &watches, &last_sent, &fetched, s, Utc::now());
         let recalls = claim::recalls(&self.pool, &rows)

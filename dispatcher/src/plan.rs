@@ -49,17 +49,28 @@ pub struct Plan {
 /// A row held back until its webhook endpoint's circuit closes: (row, dedup day, until).
 pub type Held = (OutboxId, chrono::NaiveDate, DateTime<Utc>);
 
+/// What [`guard`] decided: rows to re-check, rows withheld, rows held back, and the half-open
+/// endpoints a probe goes to now, with how long their other rows wait for its answer.
+#[derive(Default)]
+pub struct Guards<'r> {
+    pub guarded: Vec<Guarded<'r>>,
+    pub withheld: Vec<Change>,
+    pub held: Vec<Held>,
+    pub probes: Vec<(SubscriptionId, DateTime<Utc>)>,
+}
+
 /// Pre-guards first, so the source is asked only about rows that could still be sent. Rows of a
-/// webhook endpoint whose circuit is open are held back, neither fetched nor changed.
+/// webhook endpoint whose circuit is open are held back, neither fetched nor changed. Once its
+/// pause is over the circuit is half-open: one row goes as a probe and the endpoint's other rows
+/// wait (a row's lease) for its answer, which closes the circuit or opens it for twice as long.
 pub fn guard<'r>(
     rows: &'r [Claimed],
     watches: &'r HashMap<WatchId, WatchState>,
     settings: &Settings,
     now: DateTime<Utc>,
-) -> (Vec<Guarded<'r>>, Vec<Change>, Vec<Held>) {
-    let mut guarded = Vec::with_capacity(rows.len());
-    let mut withheld = Vec::new();
-    let mut held = Vec::new();
+) -> Guards<'r> {
+    let mut g = Guards::default();
+    let probe_wait = now + settings.sending_lease;
     for row in rows {
         let watch = watches.get(&row.watch_id);
         match recheck::pre_guard(watch) {
@@ -69,18 +80,41 @@ pub fn guard<'r>(
                     open_until: Some(until),
                     ..
                 }),
-            )) if *until > now => held.push((row.id, row.dedup_day, *until)),
-            Ok((subscription_id, subscription)) => guarded.push(Guarded {
-                row,
-                subscription_id,
-                subscription,
-                locale: watch.and_then(|w| w.locale.as_deref()),
-                time_zone: watch.map_or("", |w| w.time_zone.as_str()),
-            }),
-            Err(reason) => withheld.push(change(row, Event::Withheld(reason), None, settings, now)),
+            )) if *until > now => g.held.push((row.id, row.dedup_day, *until)),
+            Ok((subscription_id, Destination::Webhook(endpoint)))
+                if half_open(endpoint, settings)
+                    && g.probes.iter().any(|(s, _)| *s == subscription_id) =>
+            {
+                g.held.push((row.id, row.dedup_day, probe_wait));
+            }
+            Ok((subscription_id, subscription)) => {
+                if let Destination::Webhook(endpoint) = subscription
+                    && half_open(endpoint, settings)
+                {
+                    g.probes.push((subscription_id, probe_wait));
+                }
+                g.guarded.push(Guarded {
+                    row,
+                    subscription_id,
+                    subscription,
+                    locale: watch.and_then(|w| w.locale.as_deref()),
+                    time_zone: watch.map_or("", |w| w.time_zone.as_str()),
+                });
+            }
+            Err(reason) => {
+                g.withheld
+                    .push(change(row, Event::Withheld(reason), None, settings, now));
+            }
         }
     }
-    (guarded, withheld, held)
+    g
+}
+
+/// Whether `endpoint` failed enough batches in a row for its circuit to have opened: past its
+/// pause, only a probe goes to it.
+fn half_open(endpoint: &Endpoint, settings: &Settings) -> bool {
+    let threshold = settings.webhook_breaker.failures;
+    threshold > 0 && u32::try_from(endpoint.failures).unwrap_or(0) >= threshold
 }
 
 /// The item a guarded row needs re-fetched (none when its code does not parse: `decide`
@@ -515,7 +549,9 @@ mod tests {
         let rows = vec![row(w)];
         let watches = HashMap::from([(w, watch)]);
         let now = Utc::now();
-        let (guarded, withheld, _) = guard(&rows, &watches, s, now);
+        let Guards {
+            guarded, withheld, ..
+        } = guard(&rows, &watches, s, now);
         let plan = decide(&guarded, &watches, &HashMap::new(), fetched, s, now);
         (withheld, plan)
     }
@@ -580,6 +616,7 @@ mod tests {
                 url: "https://hooks.example/in".into(),
                 secrets: vec![new_text, old_text],
                 open_until: None,
+                failures: 0,
             }),
         ));
         let (_, plan) = plan_one(w, &priced(1050));
@@ -648,6 +685,7 @@ mod tests {
                 url: "https://hooks.example/in".into(),
                 secrets: vec![stored],
                 open_until: None,
+                failures: 0,
             }),
         ));
         let call = |s: &Settings| {
@@ -687,13 +725,54 @@ mod tests {
         assert!(unsealed.contains("tidings-api reseal"), "{unsealed}");
     }
 
+    /// A circuit past its pause is half-open: one row goes as the probe and the endpoint's other
+    /// rows wait a lease for its answer (regression: every held row went at once, so a receiver
+    /// still down got a burst per pause); under the breaker's threshold every row goes.
+    #[test]
+    fn a_half_open_endpoint_gets_one_probe_and_its_other_rows_wait() {
+        let s = settings();
+        let now = Utc::now();
+        let sub = SubscriptionId::new();
+        let on_endpoint = |failures: u32| {
+            let ws: Vec<WatchId> = (0..3).map(|_| WatchId::new()).collect();
+            let rows: Vec<Claimed> = ws.iter().map(|w| row(*w)).collect();
+            let endpoint = Endpoint {
+                subscription: sub,
+                url: "https://hooks.example/in".into(),
+                secrets: Vec::new(),
+                open_until: Some(now - chrono::Duration::seconds(1)),
+                failures: i32::try_from(failures).unwrap_or(i32::MAX),
+            };
+            let watches: HashMap<WatchId, WatchState> = (ws.iter())
+                .map(|w| {
+                    let mut state = watch(false);
+                    state.subscription = Some((sub, Destination::Webhook(endpoint.clone())));
+                    (*w, state)
+                })
+                .collect();
+            (rows, watches)
+        };
+        let threshold = s.webhook_breaker.failures;
+        let (rows, watches) = on_endpoint(threshold);
+        let g = guard(&rows, &watches, &s, now);
+        let wait = now + s.sending_lease;
+        assert_eq!((g.guarded.len(), g.held.len()), (1, 2));
+        assert_eq!(g.probes, [(sub, wait)]);
+        assert!(g.held.iter().all(|(_, _, until)| *until == wait));
+        let (rows, watches) = on_endpoint(threshold - 1);
+        let g = guard(&rows, &watches, &s, now);
+        assert_eq!((g.guarded.len(), g.held.len(), g.probes.len()), (3, 0, 0));
+    }
+
     #[test]
     fn a_paused_watch_is_withheld_before_its_item_is_fetched() {
         let s = settings();
         let w = WatchId::new();
         let rows = vec![row(w)];
         let watches = HashMap::from([(w, watch(true))]);
-        let (guarded, withheld, _) = guard(&rows, &watches, &s, Utc::now());
+        let Guards {
+            guarded, withheld, ..
+        } = guard(&rows, &watches, &s, Utc::now());
         assert!(guarded.is_empty());
         assert!(items(&guarded, &watches).is_empty(), "nothing to fetch");
         assert_eq!(

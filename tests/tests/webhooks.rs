@@ -128,6 +128,55 @@ fn watch_id(id: &str) -> tidings_domain::WatchId {
     tidings_domain::WatchId(id.parse().unwrap())
 }
 
+/// An endpoint at `receiver`'s `name` watching `n` items (`<prefix>-0` …) that are at 12.99,
+/// and its token; `drop_prices` then puts them all below the threshold.
+async fn endpoint_watching(
+    p: &Pipeline,
+    s: &Scenario,
+    receiver: &FakeWebhookReceiver,
+    name: &str,
+    n: usize,
+) -> (String, Vec<String>) {
+    let key = client_key(p).await;
+    let (token, _) = endpoint(p, &key, &receiver.url(name)).await;
+    let items: Vec<String> = (0..n).map(|i| format!("SKU-{name}-{i}")).collect();
+    for item in &items {
+        s.catalog.set_price(item, 1299);
+        watch(p, &token, item).await;
+    }
+    (token, items)
+}
+
+fn drop_prices(s: &Scenario, items: &[String]) {
+    for item in items {
+        s.catalog.set_price(item, 900);
+    }
+}
+
+/// An endpoint status whose circuit is closed: no failures counted, no pause.
+fn assert_closed(status: &Value) {
+    assert_eq!(
+        (&status["consecutive_failures"], &status["paused_until"]),
+        (&json!(0), &Value::Null),
+        "{status}"
+    );
+}
+
+/// The pipeline with a breaker that opens after `failures` failing batches for `pause`.
+async fn with_breaker(s: &Scenario, failures: &str, pause: &str) -> Pipeline {
+    let breaker = [
+        ("TIDINGS_WEBHOOK_BREAKER_FAILURES", failures),
+        ("TIDINGS_WEBHOOK_BREAKER_PAUSE", pause),
+    ];
+    Pipeline::start(s, &breaker).await
+}
+
+/// `GET /v1/endpoints/me` with the endpoint's token.
+async fn endpoint_status(p: &Pipeline, token: &str) -> Value {
+    let url = format!("{}/v1/endpoints/me", p.url("api"));
+    call(reqwest::Method::GET, url, Some(token), None).await.1
+}
+
 #[tokio::test]
 async fn an_api_client_receives_signed_rechecked_webhooks_through_a_secret_rotation() {
     let s = Scenario::new().await;
@@ -506,14 +555,7 @@ async fn a_burst_to_a_hanging_receiver_holds_another_receiver_up_only_until_its_
 async fn a_failing_endpoint_is_held_back_by_its_circuit_breaker_and_says_so() {
     let s = Scenario::new().await;
     let receiver = FakeWebhookReceiver::start().await.unwrap();
-    let p = Pipeline::start(
-        &s,
-        &[
-            ("TIDINGS_WEBHOOK_BREAKER_FAILURES", "3"),
-            ("TIDINGS_WEBHOOK_BREAKER_PAUSE", "4s"),
-        ],
-    )
-    .await;
+    let p = with_breaker(&s, "3", "4s").await;
     let key = client_key(&p).await;
     receiver.answer_always("down", Answer::Status(503, "maintenance"));
     let (token, _) = endpoint(&p, &key, &receiver.url("down")).await;
@@ -560,12 +602,7 @@ async fn a_failing_endpoint_is_held_back_by_its_circuit_breaker_and_says_so() {
     // closes the circuit.
     receiver.answer_always("down", Answer::Ok);
     p.wait_for_rows(&s, &[Status::Sent], 3, 30).await;
-    let closed = status().await;
-    assert_eq!(
-        (&closed["consecutive_failures"], &closed["paused_until"]),
-        (&json!(0), &Value::Null),
-        "{closed}"
-    );
+    assert_closed(&status().await);
     p.stop().await;
     s.cleanup().await;
 }
@@ -629,25 +666,13 @@ async fn a_burst_of_429s_paces_an_endpoint_and_never_opens_its_breaker() {
     let s = Scenario::new().await;
     let receiver = FakeWebhookReceiver::start().await.unwrap();
     let p = Pipeline::start(&s, &[]).await;
-    let key = client_key(&p).await;
-    let (token, _) = endpoint(&p, &key, &receiver.url("paced")).await;
-    let items: Vec<String> = (0..20).map(|i| format!("SKU-PACED-{i}")).collect();
-    for item in &items {
-        s.catalog.set_price(item, 1299);
-        watch(&p, &token, item).await;
-    }
+    let (token, items) = endpoint_watching(&p, &s, &receiver, "paced", 20).await;
     let busy = Answer::TooManyRequests { retry_after: "2" };
     receiver.answer_next("paced", &vec![busy; 20]);
     let started = tokio::time::Instant::now();
-    for item in &items {
-        s.catalog.set_price(item, 900);
-    }
-    let status = || async {
-        let url = format!("{}/v1/endpoints/me", p.url("api"));
-        call(reqwest::Method::GET, url, Some(&token), None).await.1
-    };
+    drop_prices(&s, &items);
     loop {
-        let me = status().await;
+        let me = endpoint_status(&p, &token).await;
         assert_eq!(me["paused_until"], Value::Null, "the breaker opened: {me}");
         assert_eq!(me["consecutive_failures"], 0, "{me}");
         let sent = (s.db)
@@ -668,6 +693,46 @@ async fn a_burst_of_429s_paces_an_endpoint_and_never_opens_its_breaker() {
         40,
         "each webhook twice: refused once, then taken"
     );
+    p.stop().await;
+    s.cleanup().await;
+}
+
+/// A receiver that is down, then recovers (#53): the breaker opens, then a single probe goes per
+/// pause (1 s, 2 s, 4 s …) rather than every held row, and once a probe is answered 2xx the
+/// circuit closes and the rows it held are sent at once. Regression: each pause released every
+/// held row, a burst per pause to a receiver still down.
+#[tokio::test]
+async fn a_receiver_that_is_down_gets_one_probe_per_pause_and_its_rows_on_recovery() {
+    let s = Scenario::new().await;
+    let receiver = FakeWebhookReceiver::start().await.unwrap();
+    let p = with_breaker(&s, "2", "1s").await;
+    receiver.answer_always("flaky", Answer::Status(500, "down"));
+    let (token, items) = endpoint_watching(&p, &s, &receiver, "flaky", 5).await;
+    drop_prices(&s, &items);
+    let status = || endpoint_status(&p, &token);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while status().await["paused_until"].is_null() {
+        assert!(tokio::time::Instant::now() < deadline, "never opened");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let at_open = receiver.received_by("flaky").len();
+    // Pauses of 1, 2 and 4 s: three probes at most in 6 s (every held row each time: 15).
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let probes = receiver.received_by("flaky").len() - at_open;
+    assert!(
+        (1..=3).contains(&probes),
+        "{probes} requests while down and open"
+    );
+    receiver.answer_always("flaky", Answer::Ok);
+    let recovered = tokio::time::Instant::now();
+    p.wait_for_rows(&s, &[Status::Sent], 5, 30).await;
+    // Within the pause running at recovery (4 or 8 s) and a probe's round trip.
+    assert!(
+        recovered.elapsed() < Duration::from_secs(10),
+        "sent {:?} after recovery",
+        recovered.elapsed()
+    );
+    assert_closed(&status().await);
     p.stop().await;
     s.cleanup().await;
 }

@@ -52,6 +52,9 @@ pub struct Endpoint {
     pub secrets: Vec<String>,
     /// While its circuit is open (it kept failing), its rows are held back until then.
     pub open_until: Option<DateTime<Utc>>,
+    /// Its failing result batches in a row: at the breaker's threshold, once `open_until` has
+    /// passed, the circuit is half-open (one probe goes, the rest wait for its answer).
+    pub failures: i32,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -60,6 +63,7 @@ impl std::fmt::Debug for Endpoint {
             .field("url", &self.url)
             .field("secrets", &self.secrets.len())
             .field("open_until", &self.open_until)
+            .field("failures", &self.failures)
             .finish()
     }
 }
@@ -200,6 +204,7 @@ struct WatchRow {
     secret: Option<String>,
     previous_secret: Option<String>,
     circuit_open_until: Option<DateTime<Utc>>,
+    consecutive_failures: Option<i32>,
 }
 
 impl WatchRow {
@@ -220,6 +225,7 @@ impl WatchRow {
                     .chain(self.previous_secret.take())
                     .collect(),
                 open_until: self.circuit_open_until,
+                failures: self.consecutive_failures.unwrap_or(0),
             }),
         };
         Some((id, to))
@@ -239,7 +245,7 @@ pub async fn watches(
                 (w.removed_at IS NOT NULL OR d.removed_at IS NOT NULL) AS removed, d.locale, d.time_zone,
                 s.id AS subscription_id, s.channel, s.endpoint, s.p256dh, s.auth, s.secret,
                 CASE WHEN s.previous_until > now() THEN s.previous_secret END AS previous_secret,
-                s.circuit_open_until
+                s.circuit_open_until, s.consecutive_failures
          FROM watches w
          JOIN devices d ON d.id = w.device_id
          LEFT JOIN push_subscriptions s ON s.device_id = w.device_id AND s.active
@@ -345,4 +351,18 @@ pub async fn hold(
     .execute(pool)
     .await?;
     Ok(())
+}
+
+/// Holds half-open webhook endpoints' other rows until `until` while their probe is out: the
+/// endpoint's circuit is open until then again, and its probe's answer closes it or opens it
+/// for its next pause.
+pub async fn probing(
+    pool: &PgPool,
+    probes: &[(SubscriptionId, DateTime<Utc>)],
+) -> Result<(), sqlx::Error> {
+    if probes.is_empty() {
+        return Ok(());
+    }
+    let mut conn = pool.acquire().await?;
+    crate::subscriptions::open_circuits(&mut conn, probes).await
 }

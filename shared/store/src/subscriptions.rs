@@ -33,10 +33,18 @@ pub async fn count_webhook_results(
     failed: &[SubscriptionId],
 ) -> Result<Vec<(SubscriptionId, i32)>, sqlx::Error> {
     if !delivered.is_empty() {
+        // A circuit that closes releases the rows it held (behind a probe, they wait up to a
+        // lease): they go at once, re-checked as ever.
         sqlx::query(
-            "UPDATE push_subscriptions SET consecutive_failures = 0, circuit_open_until = NULL
-             WHERE id = ANY($1) AND channel = 'webhook'
-               AND (consecutive_failures > 0 OR circuit_open_until IS NOT NULL)",
+            "WITH closed AS (
+                 UPDATE push_subscriptions SET consecutive_failures = 0, circuit_open_until = NULL
+                 WHERE id = ANY($1) AND channel = 'webhook'
+                   AND (consecutive_failures > 0 OR circuit_open_until IS NOT NULL)
+                 RETURNING device_id)
+             UPDATE outbox o SET claimed_until = NULL
+             FROM closed c
+             WHERE o.device_id = c.device_id AND o.status IN ('pending', 'retry')
+               AND o.claimed_until > now()",
         )
         .bind(delivered)
         .execute(&mut *conn)
