@@ -106,7 +106,17 @@ fn sealing(keys: Option<&SecretKeys>, in_use: &[(Option<String>, i64)]) -> Check
             false,
             format!(
                 "sealed under keys {unknown:?} that TIDINGS_WEBHOOK_SECRET_KEYS does not hold: \
-                 their webhooks go unsigned; give those keys back (docs/security.md)"
+                 their webhooks wait, never sent unsigned; give those keys back (docs/security.md)"
+            ),
+        );
+    }
+    if keys.is_some() && plain > 0 {
+        return check(
+            "webhook secrets",
+            false,
+            format!(
+                "{plain} of {total} stored as given although keys are given: they do not open, \
+                 and their webhooks wait; run `tidings-api reseal`"
             ),
         );
     }
@@ -117,9 +127,8 @@ fn sealing(keys: Option<&SecretKeys>, in_use: &[(Option<String>, i64)]) -> Check
         ),
         (Some(_), 0, 0) => format!("{total} sealed under the first key"),
         (Some(_), _, _) => format!(
-            "{} of {total} not sealed under the first key: run `tidings-api reseal` before \
-             dropping a key",
-            plain + behind
+            "{behind} of {total} not sealed under the first key: run `tidings-api reseal` \
+             before dropping a key"
         ),
     };
     check("webhook secrets", true, detail)
@@ -408,12 +417,19 @@ mod tests {
             ok && detail.contains("set TIDINGS_WEBHOOK_SECRET_KEYS"),
             "{detail}"
         );
+        // Regression: a secret stored as given passed while keys were given; it no longer
+        // opens then (its webhooks wait), so doctor fails and names the fix.
         let (ok, detail) = found(
             Some(&both),
             &[(None, 1), (Some(&old_id), 2), (Some(&new_id), 4)],
         );
         assert!(
-            ok && detail.starts_with("3 of 7") && detail.contains("reseal"),
+            !ok && detail.starts_with("1 of 7") && detail.contains("reseal"),
+            "{detail}"
+        );
+        let (ok, detail) = found(Some(&both), &[(Some(&old_id), 2), (Some(&new_id), 4)]);
+        assert!(
+            ok && detail.starts_with("2 of 6") && detail.contains("reseal"),
             "{detail}"
         );
         assert!(!detail.contains("  "), "{detail}");
