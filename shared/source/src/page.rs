@@ -148,7 +148,9 @@ pub(crate) fn read(body: &[u8], budget: Budget) -> Result<Page, TooComplex> {
     }
     tokenizer.end();
     budget.check_time()?;
-    let state = tokenizer.sink.state.into_inner();
+    let mut state = tokenizer.sink.state.into_inner();
+    // A script left open runs to the end of the page, as a browser reads it.
+    state.script_ends();
     if let Some(failed) = state.failed {
         return Err(failed);
     }
@@ -372,22 +374,28 @@ impl State {
     }
 
     fn end(&mut self, tag: &Tag) {
-        if &*tag.name == "script"
-            && let Some(script) = self.script.take()
-        {
-            match self.json_left.checked_sub(json_cost(&script)) {
-                Some(left) => {
-                    self.json_left = left;
-                    self.json_ld.push(json_ld(&script));
-                }
-                None => self.failed = Some(TooComplex::Json(self.json_budget)),
-            }
+        if &*tag.name == "script" {
+            self.script_ends();
         }
         let reach = self.open.len().saturating_sub(END_TAG_REACH);
         if let Some(at) = self.open[reach..].iter().rposition(|o| o.name == tag.name) {
             while self.open.len() > reach + at {
                 self.close_top();
             }
+        }
+    }
+
+    /// The JSON-LD block being read ends: parsed, if its estimated size is within the budget.
+    fn script_ends(&mut self) {
+        let Some(script) = self.script.take() else {
+            return;
+        };
+        match self.json_left.checked_sub(json_cost(&script)) {
+            Some(left) => {
+                self.json_left = left;
+                self.json_ld.push(json_ld(&script));
+            }
+            None => self.failed = Some(TooComplex::Json(self.json_budget)),
         }
     }
 
@@ -629,6 +637,12 @@ mod tests {
         );
         assert!(page.json_ld[1].is_err());
         assert!(page.microdata.is_empty());
+    }
+
+    #[test]
+    fn a_json_ld_block_left_open_runs_to_the_end_of_the_page() {
+        let read = page(r#"<script type="application/ld+json">{"sku": "A"}"#);
+        assert_eq!(read.json_ld[0].as_ref().unwrap(), &json!({"sku": "A"}));
     }
 
     /// Regression: a template's comment on the block's first line made it unreadable.
