@@ -92,14 +92,7 @@ pub(crate) fn client(
 /// carry the receiver's tokens (`/hooks/<secret>?key=…`), and with its causes, which say what
 /// went wrong (`connection refused`).
 pub(crate) fn redacted(e: reqwest::Error) -> String {
-    let e = e.without_url();
-    let mut text = e.to_string();
-    let mut cause = std::error::Error::source(&e);
-    while let Some(c) = cause {
-        text.push_str(&format!(": {c}"));
-        cause = c.source();
-    }
-    text
+    tidings_runtime::telemetry::with_causes(&e.without_url())
 }
 
 impl Deliverer {

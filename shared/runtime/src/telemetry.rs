@@ -326,6 +326,18 @@ pub fn forward(span: &tracing::Span, incoming: Option<&str>) -> Option<String> {
     }
 }
 
+/// An error with its causes on one line (`outer: inner: …`), as logs and rows' `last_error` keep
+/// it: a `Display` alone often says only the outermost layer ("error sending request").
+pub fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -413,5 +425,14 @@ mod tests {
         let bare = resource_attributes(env_of(&[]));
         let id = attribute(&bare, "service.instance.id").unwrap();
         assert!(id.ends_with(&format!("-{}", std::process::id())), "{id}");
+    }
+
+    #[test]
+    fn an_error_is_told_with_its_causes() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("sending")]
+        struct Outer(#[source] std::io::Error);
+        let e = Outer(std::io::Error::other("refused"));
+        assert_eq!(with_causes(&e), "sending: refused");
     }
 }

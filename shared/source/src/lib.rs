@@ -109,14 +109,7 @@ pub(crate) fn shown_url(url: &str) -> String {
 
 /// A transport error without the URL reqwest puts in it, with its causes.
 pub(crate) fn transport(e: reqwest::Error) -> String {
-    let e = e.without_url();
-    let mut text = e.to_string();
-    let mut cause = std::error::Error::source(&e);
-    while let Some(c) = cause {
-        text.push_str(&format!(": {c}"));
-        cause = c.source();
-    }
-    text
+    tidings_runtime::telemetry::with_causes(&e.without_url())
 }
 
 pub type Fetched = Result<Observation, SourceError>;
