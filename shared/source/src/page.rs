@@ -257,12 +257,7 @@ impl State {
 
     fn start(&mut self, tag: &Tag) -> TokenSinkResult<()> {
         let name = &*tag.name;
-        let attr = |wanted: &str| {
-            tag.attrs
-                .iter()
-                .find(|a| &*a.name.local == wanted)
-                .map(|a| &*a.value)
-        };
+        let attr = |wanted: &str| attr_of(tag, wanted);
         let raw = match name {
             "script" => {
                 if attr("type").is_some_and(is_json_ld) {
@@ -296,12 +291,7 @@ impl State {
     /// A start tag within the depth followed: its item, its property, and, unless it is void,
     /// its place among the open elements.
     fn element(&mut self, tag: &Tag, void: bool) {
-        let attr = |wanted: &str| {
-            tag.attrs
-                .iter()
-                .find(|a| &*a.name.local == wanted)
-                .map(|a| &*a.value)
-        };
+        let attr = |wanted: &str| attr_of(tag, wanted);
         let parent_owner = self.open.last().and_then(|o| o.owner);
         // Microdata, or RDFa Lite's `typeof`/`property` (older shop templates).
         let scope = attr("itemscope").is_some() || attr("typeof").is_some();
@@ -411,13 +401,12 @@ impl State {
     }
 
     fn text(&mut self, text: &str) {
-        if let Some(script) = &mut self.script {
-            if self.text_left < text.len() {
-                self.failed = Some(TooComplex::Text(self.text_budget));
-                return;
+        if self.script.is_some() {
+            if self.spend(text.len())
+                && let Some(script) = &mut self.script
+            {
+                script.push_str(text);
             }
-            self.text_left -= text.len();
-            script.push_str(text);
             return;
         }
         let collecting = self.collecting.len();
@@ -474,6 +463,14 @@ impl State {
         }
         Value::Object(node)
     }
+}
+
+/// The value of a start tag's attribute `name`, if it has one.
+fn attr_of<'t>(tag: &'t Tag, name: &str) -> Option<&'t str> {
+    tag.attrs
+        .iter()
+        .find(|a| &*a.name.local == name)
+        .map(|a| &*a.value)
 }
 
 /// Nesting of items followed; deeper items are left out (a page that nests items this deep is
