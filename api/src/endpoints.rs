@@ -19,6 +19,7 @@ use chrono::{DateTime, SubsecRound, Utc};
 use serde::{Deserialize, Serialize};
 use tidings_api_types::clients::{ClientCreated, ClientList, ClientSummary};
 use tidings_domain::dedup::parse_time_zone;
+use tidings_domain::receiver::{self, Circuit};
 use tidings_domain::texts::check_locale;
 use tidings_domain::{DeviceId, SubscriptionId};
 use tidings_store::db;
@@ -97,12 +98,27 @@ pub struct EndpointStatus {
     pub deactivated_at: Option<DateTime<Utc>>,
     /// While a rotation's previous secret still signs: until when.
     pub previous_secret_until: Option<DateTime<Utc>>,
-    /// Attempts in a row that failed (a delivery resets it).
+    /// Result batches in a row that failed (a delivery resets it).
     pub consecutive_failures: i32,
-    /// While the endpoint kept failing, Tidings holds its webhooks back until then (the circuit
-    /// breaker is open); they are re-checked and sent after.
+    /// The circuit breaker: `closed`; `open` while failures lasted (webhooks held back until
+    /// `paused_until`, then re-checked and sent); `half_open` once that pause is over (one webhook
+    /// goes as a probe and the others wait for its answer).
+    pub breaker: BreakerState,
     pub paused_until: Option<DateTime<Utc>>,
+    /// While the receiver asked to slow down (`429`, `503` with `Retry-After`): the webhooks a
+    /// second it gets at most, none before `paced_until`. Absent: not paced.
+    pub pace_per_second: Option<f64>,
+    pub paced_until: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
+}
+
+/// Where an endpoint's circuit breaker stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BreakerState {
+    Closed,
+    Open,
+    HalfOpen,
 }
 
 /// A request made with a client key.
@@ -345,6 +361,12 @@ pub async fn get_endpoint(
         .await
         .map_err(db("reading a webhook endpoint"))?;
     let e = found.ok_or(ApiError::NotFound("webhook endpoint"))?;
+    let now = Utc::now();
+    let circuit = Circuit {
+        opens: u32::try_from(e.circuit_opens).unwrap_or(0),
+        open_until: e.circuit_open_until,
+        ..Circuit::default()
+    };
     Ok(Json(EndpointStatus {
         subscription_id: e.subscription_id.0,
         url: e.url,
@@ -352,9 +374,16 @@ pub async fn get_endpoint(
         active: e.active,
         deactivation_reason: e.deactivation_reason,
         deactivated_at: e.deactivated_at,
-        previous_secret_until: e.previous_until.filter(|until| *until > Utc::now()),
+        previous_secret_until: e.previous_until.filter(|until| *until > now),
         consecutive_failures: e.consecutive_failures,
-        paused_until: e.circuit_open_until.filter(|until| *until > Utc::now()),
+        breaker: match circuit.state(now) {
+            receiver::State::Closed => BreakerState::Closed,
+            receiver::State::Open { .. } => BreakerState::Open,
+            receiver::State::HalfOpen => BreakerState::HalfOpen,
+        },
+        paused_until: e.circuit_open_until.filter(|until| *until > now),
+        pace_per_second: e.pace_per_second,
+        paced_until: e.paced_until.filter(|until| *until > now),
         created_at: e.created_at,
     }))
 }

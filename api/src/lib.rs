@@ -17,6 +17,7 @@ pub mod coalesce;
 mod config;
 pub mod cors;
 mod dead_letters;
+mod deliveries;
 mod devices;
 mod doctor;
 mod endpoints;

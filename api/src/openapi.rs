@@ -3,8 +3,8 @@
 
 use crate::problem::{ApiError, FieldError, Problem};
 use crate::{
-    AppState, attempts, bulk, dead_letters, devices, doctor, endpoints, health, history, operators,
-    pause, shown, watches,
+    AppState, attempts, bulk, dead_letters, deliveries, devices, doctor, endpoints, health,
+    history, operators, pause, shown, watches,
 };
 use axum::Json;
 use std::sync::OnceLock;
@@ -66,6 +66,8 @@ fn public() -> OpenApiRouter<AppState> {
         .routes(routes!(endpoints::create_endpoint))
         .routes(routes!(endpoints::get_endpoint))
         .routes(routes!(endpoints::rotate_secret))
+        .routes(routes!(deliveries::list_endpoint_attempts))
+        .routes(routes!(deliveries::recover_endpoint))
         .routes(routes!(watches::create_watch, watches::list_watches))
         .routes(routes!(
             watches::get_watch,

@@ -1754,6 +1754,8 @@ async fn the_openapi_document_is_valid_3_1_and_matches_the_router() {
         ("POST", "/v1/endpoints"),
         ("GET", "/v1/endpoints/me"),
         ("POST", "/v1/endpoints/me/secret"),
+        ("GET", "/v1/endpoints/me/attempts"),
+        ("POST", "/v1/endpoints/me/recover"),
         ("POST", "/v1/admin/clients"),
         ("GET", "/v1/admin/clients"),
         ("DELETE", "/v1/admin/clients/{id}"),

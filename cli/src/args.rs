@@ -71,6 +71,9 @@ pub enum Command {
     /// API clients, who register webhook endpoints: create (prints its key once), ls, revoke.
     #[command(subcommand)]
     Client(Client),
+    /// Your own webhook endpoint, as its API client (the public api, the endpoint's token, not
+    /// the operator's): its status, its attempts, and a recovery after an outage on your side.
+    Endpoint(EndpointArgs),
     /// Check the deployment end to end and say what is wrong: api, schema, due backlog, the
     /// keys of sealed webhook secrets, streams, consumers and their lag, the VAPID key pair of
     /// the api and every pusher.
@@ -282,4 +285,36 @@ pub enum Client {
     /// Revoke a client's key: it registers no more endpoints; those it made keep receiving
     /// until removed.
     Revoke { id: String },
+}
+
+/// `tidings endpoint …`: where the public api is and the endpoint's token.
+#[derive(Debug, Args)]
+pub struct EndpointArgs {
+    /// The api's public address (its TIDINGS_LISTEN), e.g. https://tidings.example.
+    #[arg(long, env = "TIDINGS_API_URL", default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    /// The endpoint's token (the one its registration answered).
+    #[arg(long, env = "TIDINGS_ENDPOINT_TOKEN", hide_env_values = true)]
+    pub endpoint_token: String,
+    #[command(subcommand)]
+    pub command: Endpoint,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Endpoint {
+    /// Its URL, breaker (closed, open until, half-open) and pace.
+    Status,
+    /// Its latest attempts, newest first: status, duration, your answer's first bytes.
+    Attempts {
+        /// Webhooks to list.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// Replay its webhooks that ended failed or expired since a time; each is re-checked and
+    /// sent only if it still holds.
+    Recover {
+        /// An RFC 3339 instant, e.g. 2026-12-04T10:00:00Z (at most 30 days ago).
+        #[arg(long)]
+        since: String,
+    },
 }

@@ -7,6 +7,7 @@ mod client;
 mod clients;
 mod dead_letters;
 mod doctor;
+mod endpoint;
 mod objects;
 mod outbox;
 mod table;
@@ -34,8 +35,14 @@ fn token(cli: &Cli) -> Result<String, CliError> {
 
 async fn run(cli: Cli) -> Result<u8, CliError> {
     let json = cli.json;
+    // A client's own endpoint goes through the public api with its token, not the operator's.
+    if let Command::Endpoint(e) = cli.command {
+        let api = Api::new(&e.url, e.endpoint_token)?;
+        return endpoint::run(&api, json, e.command).await;
+    }
     let api = Api::new(&cli.api, token(&cli)?)?;
     match cli.command {
+        Command::Endpoint(_) => Ok(client::exit::USAGE),
         Command::Outbox(c) => outbox::run(&api, json, *c).await,
         Command::Attempts { id } => outbox::attempts(&api, json, &id).await,
         Command::Dlq(c) => dead_letters::run(&api, json, *c).await,

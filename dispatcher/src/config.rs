@@ -6,10 +6,10 @@ use tidings_bus::NatsArgs;
 use tidings_bus::streams::StreamSettings;
 use tidings_domain::backoff::RetryPolicy;
 use tidings_domain::duration::parse_duration;
+use tidings_domain::receiver::{Breaker, Pacing};
 use tidings_domain::retention::{Retention, parse_retention};
 use tidings_domain::subjects::{InvalidPrefix, Subjects};
 use tidings_domain::validity::Validity;
-use tidings_domain::webhook::Breaker;
 use tidings_runtime::flags;
 use tidings_runtime::ops::OpsArgs;
 use tidings_source::SourceArgs;
@@ -119,10 +119,14 @@ pub struct Config {
     /// older is dropped once all its rows are decided, so rows stay between this and 7 days more.
     #[arg(long, env = "TIDINGS_RETENTION", default_value = "30d", value_parser = parse_retention)]
     pub retention: Retention,
-    /// Failed attempts in a row after which a webhook endpoint's rows are held back (0: never).
+    /// Failing result batches in a row after which a webhook endpoint's circuit opens and its
+    /// rows are held back (0: never).
     #[arg(long, env = "TIDINGS_WEBHOOK_BREAKER_FAILURES", default_value_t = 5)]
     pub webhook_breaker_failures: u32,
-    /// How long they are held back at first; doubled per further failure, up to an hour.
+    /// How long those failures must have lasted, too: a burst is not a broken receiver.
+    #[arg(long, env = "TIDINGS_WEBHOOK_BREAKER_AFTER", default_value = "10s", value_parser = parse_duration)]
+    pub webhook_breaker_after: Duration,
+    /// How long they are held back at first; doubled per failed probe, up to an hour.
     #[arg(long, env = "TIDINGS_WEBHOOK_BREAKER_PAUSE", default_value = "30s", value_parser = parse_duration)]
     pub webhook_breaker_pause: Duration,
 }
@@ -214,6 +218,7 @@ pub struct Settings {
     pub db_pool: u32,
     pub retention: Retention,
     pub webhook_breaker: Breaker,
+    pub webhook_pacing: Pacing,
     /// Keys that open webhook secrets stored sealed (the api's keys).
     pub webhook_secret_keys: Option<Arc<SecretKeys>>,
 }
@@ -338,9 +343,11 @@ impl Config {
             retention: self.retention,
             webhook_breaker: Breaker {
                 failures: self.webhook_breaker_failures,
+                after: self.webhook_breaker_after,
                 pause: self.webhook_breaker_pause,
                 max_pause: Duration::from_secs(3600).max(self.webhook_breaker_pause),
             },
+            webhook_pacing: Pacing::default(),
             webhook_secret_keys: None,
         }
     }

@@ -153,14 +153,18 @@ impl Dispatcher {
             withheld: mut changes,
             held,
             probes,
+            paced,
         } = plan::guard(&rows, &watches, s, Utc::now());
-        claim::hold(&self.pool, &held)
-            .await
-            .map_err(db("holding back rows of failing webhook endpoints"))?;
+        claim::hold(&self.pool, &held).await.map_err(db(
+            "holding back rows of failing or paced webhook endpoints",
+        ))?;
         // Other cycles and replicas hold a probed endpoint's rows until its probe answers.
         claim::probing(&self.pool, &probes)
             .await
             .map_err(db("marking webhook endpoints probed"))?;
+        claim::pacing(&self.pool, &paced)
+            .await
+            .map_err(db("taking paced webhook endpoints' next slots"))?;
         let fetched = self.refetch(&guarded, &watches, &spans).await;
         let mut decided = plan::decide(&guarded, &watches, &last_sent, &fetched, s, Utc::now());
         let recalls = claim::recalls(&self.pool, &rows)

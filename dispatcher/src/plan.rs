@@ -12,6 +12,7 @@ use tidings_domain::dedup::parse_time_zone;
 use tidings_domain::messages::{Payload, PushRequest, Target, Urgency, VERSION, WebhookCall};
 use tidings_domain::notification::{Notice, render, withdrawal};
 use tidings_domain::outbox::{self, Event, Status};
+use tidings_domain::receiver::{Pacing, Release, State};
 use tidings_domain::trigger::{Baseline, LastSent, Observation, SourceErrorKind, Trigger};
 use tidings_domain::validity;
 use tidings_domain::webhook::{self, Facts};
@@ -46,23 +47,75 @@ pub struct Plan {
     pub requests: HashMap<OutboxId, PushRequest>,
 }
 
-/// A row held back until its webhook endpoint's circuit closes: (row, dedup day, until).
+/// A row held back until its webhook endpoint's circuit or pace lets it go: (row, dedup day,
+/// until).
 pub type Held = (OutboxId, chrono::NaiveDate, DateTime<Utc>);
 
-/// What [`guard`] decided: rows to re-check, rows withheld, rows held back, and the half-open
-/// endpoints a probe goes to now, with how long their other rows wait for its answer.
+/// What [`guard`] decided: rows to re-check, rows withheld, rows held back, the half-open
+/// endpoints a probe goes to now (with how long their other rows wait for its answer), and the
+/// paced endpoints that let rows go now (with when their next may).
 #[derive(Default)]
 pub struct Guards<'r> {
     pub guarded: Vec<Guarded<'r>>,
     pub withheld: Vec<Change>,
     pub held: Vec<Held>,
     pub probes: Vec<(SubscriptionId, DateTime<Utc>)>,
+    pub paced: Vec<(SubscriptionId, DateTime<Utc>)>,
+}
+
+/// Whether a webhook row goes now.
+enum Gate {
+    Go,
+    /// It goes as its half-open endpoint's probe.
+    Probe,
+    Hold(DateTime<Utc>),
+}
+
+/// The webhook endpoints' gates through one batch: the circuit first (open: hold; half-open: one
+/// probe, the rest wait for its answer), then the pace (what its next slot lets go).
+struct Gates {
+    now: DateTime<Utc>,
+    probe_wait: DateTime<Utc>,
+    pacing: Pacing,
+    probes: Vec<(SubscriptionId, DateTime<Utc>)>,
+    /// Per paced endpoint: its rows in this batch, then what its slot lets go.
+    paced: HashMap<SubscriptionId, (usize, Option<Release>)>,
+}
+
+impl Gates {
+    fn gate(&mut self, sub: SubscriptionId, endpoint: &Endpoint) -> Gate {
+        match endpoint.health.circuit.state(self.now) {
+            State::Open { until } => return Gate::Hold(until),
+            State::HalfOpen if self.probes.iter().any(|(s, _)| *s == sub) => {
+                return Gate::Hold(self.probe_wait);
+            }
+            State::HalfOpen => {
+                self.probes.push((sub, self.probe_wait));
+                return Gate::Probe;
+            }
+            State::Closed => {}
+        }
+        let pace = endpoint.health.pace;
+        let Some((waiting, release)) = self.paced.get_mut(&sub) else {
+            return Gate::Go;
+        };
+        let r = release.get_or_insert_with(|| self.pacing.release(pace, *waiting, self.now));
+        match (r.go, r.next) {
+            (0, Some(next)) => Gate::Hold(next),
+            (_, None) => Gate::Go,
+            (_, Some(_)) => {
+                r.go -= 1;
+                Gate::Go
+            }
+        }
+    }
 }
 
 /// Pre-guards first, so the source is asked only about rows that could still be sent. Rows of a
 /// webhook endpoint whose circuit is open are held back, neither fetched nor changed. Once its
 /// pause is over the circuit is half-open: one row goes as a probe and the endpoint's other rows
 /// wait (a row's lease) for its answer, which closes the circuit or opens it for twice as long.
+/// A paced endpoint's rows go as its pace allows; the rest wait for its next slot.
 pub fn guard<'r>(
     rows: &'r [Claimed],
     watches: &'r HashMap<WatchId, WatchState>,
@@ -70,51 +123,52 @@ pub fn guard<'r>(
     now: DateTime<Utc>,
 ) -> Guards<'r> {
     let mut g = Guards::default();
-    let probe_wait = now + settings.sending_lease;
-    for row in rows {
+    let mut gates = Gates {
+        now,
+        probe_wait: now + settings.sending_lease,
+        pacing: settings.webhook_pacing,
+        probes: Vec::new(),
+        paced: HashMap::new(),
+    };
+    let checked: Vec<_> = (rows.iter())
+        .map(|row| (row, recheck::pre_guard(watches.get(&row.watch_id))))
+        .collect();
+    for (_, pre) in &checked {
+        if let Ok((sub, Destination::Webhook(e))) = pre
+            && e.health.pace.per_second.is_some()
+        {
+            gates.paced.entry(*sub).or_default().0 += 1;
+        }
+    }
+    for (row, pre) in checked {
         let watch = watches.get(&row.watch_id);
-        match recheck::pre_guard(watch) {
-            Ok((
-                _,
-                Destination::Webhook(Endpoint {
-                    open_until: Some(until),
-                    ..
-                }),
-            )) if *until > now => g.held.push((row.id, row.dedup_day, *until)),
-            Ok((subscription_id, Destination::Webhook(endpoint)))
-                if half_open(endpoint, settings)
-                    && g.probes.iter().any(|(s, _)| *s == subscription_id) =>
-            {
-                g.held.push((row.id, row.dedup_day, probe_wait));
-            }
-            Ok((subscription_id, subscription)) => {
-                if let Destination::Webhook(endpoint) = subscription
-                    && half_open(endpoint, settings)
-                {
-                    g.probes.push((subscription_id, probe_wait));
-                }
-                g.guarded.push(Guarded {
-                    row,
-                    subscription_id,
-                    subscription,
-                    locale: watch.and_then(|w| w.locale.as_deref()),
-                    time_zone: watch.map_or("", |w| w.time_zone.as_str()),
-                });
-            }
+        let (subscription_id, subscription) = match pre {
+            Ok(found) => found,
             Err(reason) => {
                 g.withheld
                     .push(change(row, Event::Withheld(reason), None, settings, now));
+                continue;
             }
+        };
+        if let Destination::Webhook(endpoint) = subscription
+            && let Gate::Hold(until) = gates.gate(subscription_id, endpoint)
+        {
+            g.held.push((row.id, row.dedup_day, until));
+            continue;
         }
+        g.guarded.push(Guarded {
+            row,
+            subscription_id,
+            subscription,
+            locale: watch.and_then(|w| w.locale.as_deref()),
+            time_zone: watch.map_or("", |w| w.time_zone.as_str()),
+        });
     }
+    g.probes = gates.probes;
+    g.paced = (gates.paced.into_iter())
+        .filter_map(|(sub, (_, r))| Some((sub, r?.next?)))
+        .collect();
     g
-}
-
-/// Whether `endpoint` failed enough batches in a row for its circuit to have opened: past its
-/// pause, only a probe goes to it.
-fn half_open(endpoint: &Endpoint, settings: &Settings) -> bool {
-    let threshold = settings.webhook_breaker.failures;
-    threshold > 0 && u32::try_from(endpoint.failures).unwrap_or(0) >= threshold
 }
 
 /// The item a guarded row needs re-fetched (none when its code does not parse: `decide`
@@ -473,10 +527,12 @@ fn urgency(trigger: &Trigger) -> Urgency {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tidings_domain::receiver::{Circuit, Pace};
     use tidings_domain::subjects::Subjects;
     use tidings_domain::trigger::Observation;
     use tidings_domain::{DeviceId, OutboxId};
     use tidings_source::SourceConfig;
+    use tidings_store::subscriptions::Health;
 
     fn settings() -> Settings {
         let subjects = Subjects::new("t").unwrap_or_else(|e| unreachable!("{e}"));
@@ -615,8 +671,7 @@ mod tests {
                 subscription: sub,
                 url: "https://hooks.example/in".into(),
                 secrets: vec![new_text, old_text],
-                open_until: None,
-                failures: 0,
+                health: Health::default(),
             }),
         ));
         let (_, plan) = plan_one(w, &priced(1050));
@@ -684,8 +739,7 @@ mod tests {
                 subscription: sub,
                 url: "https://hooks.example/in".into(),
                 secrets: vec![stored],
-                open_until: None,
-                failures: 0,
+                health: Health::default(),
             }),
         ));
         let call = |s: &Settings| {
@@ -725,43 +779,90 @@ mod tests {
         assert!(unsealed.contains("tidings-api reseal"), "{unsealed}");
     }
 
+    /// `n` rows of one webhook endpoint whose health is `health`.
+    fn on_endpoint(
+        sub: SubscriptionId,
+        health: Health,
+        n: usize,
+    ) -> (Vec<Claimed>, HashMap<WatchId, WatchState>) {
+        let ws: Vec<WatchId> = (0..n).map(|_| WatchId::new()).collect();
+        let rows: Vec<Claimed> = ws.iter().map(|w| row(*w)).collect();
+        let endpoint = Endpoint {
+            subscription: sub,
+            url: "https://hooks.example/in".into(),
+            secrets: Vec::new(),
+            health,
+        };
+        let watches = (ws.iter())
+            .map(|w| {
+                let mut state = watch(false);
+                state.subscription = Some((sub, Destination::Webhook(endpoint.clone())));
+                (*w, state)
+            })
+            .collect();
+        (rows, watches)
+    }
+
     /// A circuit past its pause is half-open: one row goes as the probe and the endpoint's other
     /// rows wait a lease for its answer (regression: every held row went at once, so a receiver
-    /// still down got a burst per pause); under the breaker's threshold every row goes.
+    /// still down got a burst per pause); a closed one lets every row go, an open one none.
     #[test]
     fn a_half_open_endpoint_gets_one_probe_and_its_other_rows_wait() {
         let s = settings();
         let now = Utc::now();
         let sub = SubscriptionId::new();
-        let on_endpoint = |failures: u32| {
-            let ws: Vec<WatchId> = (0..3).map(|_| WatchId::new()).collect();
-            let rows: Vec<Claimed> = ws.iter().map(|w| row(*w)).collect();
-            let endpoint = Endpoint {
-                subscription: sub,
-                url: "https://hooks.example/in".into(),
-                secrets: Vec::new(),
-                open_until: Some(now - chrono::Duration::seconds(1)),
-                failures: i32::try_from(failures).unwrap_or(i32::MAX),
-            };
-            let watches: HashMap<WatchId, WatchState> = (ws.iter())
-                .map(|w| {
-                    let mut state = watch(false);
-                    state.subscription = Some((sub, Destination::Webhook(endpoint.clone())));
-                    (*w, state)
-                })
-                .collect();
-            (rows, watches)
+        let circuit = |opens, open_until| Health {
+            circuit: Circuit {
+                opens,
+                open_until: Some(open_until),
+                ..Circuit::default()
+            },
+            ..Health::default()
         };
-        let threshold = s.webhook_breaker.failures;
-        let (rows, watches) = on_endpoint(threshold);
+        let (rows, watches) = on_endpoint(sub, circuit(1, now - chrono::Duration::seconds(1)), 3);
         let g = guard(&rows, &watches, &s, now);
         let wait = now + s.sending_lease;
         assert_eq!((g.guarded.len(), g.held.len()), (1, 2));
         assert_eq!(g.probes, [(sub, wait)]);
         assert!(g.held.iter().all(|(_, _, until)| *until == wait));
-        let (rows, watches) = on_endpoint(threshold - 1);
+        let (rows, watches) = on_endpoint(sub, circuit(0, now - chrono::Duration::seconds(1)), 3);
         let g = guard(&rows, &watches, &s, now);
         assert_eq!((g.guarded.len(), g.held.len(), g.probes.len()), (3, 0, 0));
+        let later = now + chrono::Duration::seconds(20);
+        let (rows, watches) = on_endpoint(sub, circuit(2, later), 3);
+        let g = guard(&rows, &watches, &s, now);
+        assert_eq!((g.guarded.len(), g.probes.len()), (0, 0));
+        assert!(g.held.iter().all(|(_, _, until)| *until == later));
+    }
+
+    /// A paced endpoint's rows wait for its `Retry-After`, then go a second's worth at a time,
+    /// the rest held until the slot those used ends.
+    #[test]
+    fn a_paced_endpoint_lets_go_what_its_pace_allows() {
+        let s = settings();
+        let now = Utc::now();
+        let sub = SubscriptionId::new();
+        let paced = |until| Health {
+            pace: Pace {
+                per_second: Some(2.0),
+                until: Some(until),
+            },
+            ..Health::default()
+        };
+        let later = now + chrono::Duration::seconds(2);
+        let (rows, watches) = on_endpoint(sub, paced(later), 5);
+        let g = guard(&rows, &watches, &s, now);
+        assert_eq!((g.guarded.len(), g.held.len()), (0, 5));
+        assert!(g.held.iter().all(|(_, _, until)| *until == later));
+        let (rows, watches) = on_endpoint(sub, paced(now), 5);
+        let g = guard(&rows, &watches, &s, now);
+        let next = now + chrono::Duration::seconds(1);
+        assert_eq!((g.guarded.len(), g.held.len()), (2, 3));
+        assert!(g.held.iter().all(|(_, _, until)| *until == next));
+        assert_eq!(g.paced, [(sub, next)]);
+        let (rows, watches) = on_endpoint(sub, Health::default(), 5);
+        let g = guard(&rows, &watches, &s, now);
+        assert_eq!((g.guarded.len(), g.held.len(), g.paced.len()), (5, 0, 0));
     }
 
     #[test]

@@ -16,22 +16,22 @@ use async_nats::jetstream;
 use chrono::{DateTime, NaiveDate, Utc};
 use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tidings_bus::consume::{self, Consumer, ConsumerError, Decoded, Durable, Incoming, Shape};
 use tidings_domain::messages::{Outcome, PushResult};
 use tidings_domain::outbox::{self, Event, Row, Status};
 use tidings_domain::push;
+use tidings_domain::receiver::Observed;
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Observation;
 use tidings_domain::withdrawal::{self, Promise};
-use tidings_domain::{Channel, OutboxId};
+use tidings_domain::{Channel, OutboxId, SubscriptionId};
 use tidings_runtime::telemetry;
 
 use crate::config::Settings;
 use crate::stage::Stage;
-use tidings_domain::webhook::Breaker;
 use tidings_store::attempts::{self, Attempt};
 use tidings_store::rows::{self, Locked};
 use tidings_store::transition::{self, Change, Ending};
@@ -316,9 +316,9 @@ pub async fn apply_in(
     attempts::insert_new(&mut *tx, &planned.fresh).await?;
     attempts::record(&mut *tx, &planned.late).await?;
     let sent_detected_at = follow_up(tx, &planned.changes, &won, &rows).await?;
-    let paced: HashSet<OutboxId> = (results.iter())
+    let paced: HashMap<OutboxId, Duration> = (results.iter())
         .filter(|r| push::back_pressure(r.http_status, r.retry_after))
-        .map(|r| r.outbox_id)
+        .map(|r| (r.outbox_id, Duration::from_secs(r.retry_after.unwrap_or(0))))
         .collect();
     let counted = Counted {
         changes: &planned.changes,
@@ -326,7 +326,7 @@ pub async fn apply_in(
         rows: &rows,
         paced: &paced,
     };
-    count_webhook_results(tx, counted, settings.webhook_breaker).await?;
+    count_webhook_results(tx, counted, settings).await?;
     Ok(Applied {
         changes: planned.changes,
         won,
@@ -446,54 +446,85 @@ struct Counted<'a> {
     changes: &'a [Change],
     won: &'a HashSet<OutboxId>,
     rows: &'a HashMap<OutboxId, &'a Locked>,
-    /// Rows whose receiver asked to slow down (`push::back_pressure`): no failure.
-    paced: &'a HashSet<OutboxId>,
+    /// Rows whose receiver asked to slow down (`push::back_pressure`), with its `Retry-After`.
+    paced: &'a HashMap<OutboxId, Duration>,
 }
 
-/// Counts a batch's results on their webhook endpoints' circuits (Web Push rows are skipped
-/// here, so their batches pay no statement for it): a delivery closes one; the failures of one
-/// batch (retried or final) count once per endpoint, an observation rather than N failures in
-/// a row; back-pressure (a `429`, a `503` with `Retry-After`) counts not at all. An endpoint at
-/// the breaker's threshold has its rows held back for its pause
-/// (`tidings_domain::webhook::Breaker`).
+/// What one result batch said about one endpoint.
+#[derive(Default)]
+struct Said {
+    delivered: bool,
+    failed: bool,
+    /// The longest `Retry-After` of its answers that asked to slow down.
+    slow_down: Option<Duration>,
+}
+
+impl Said {
+    fn observed(&self) -> Observed {
+        match (self.delivered, self.failed) {
+            (true, _) => Observed::Delivered,
+            (false, true) => Observed::Failed,
+            (false, false) => Observed::SlowDown,
+        }
+    }
+}
+
+/// Counts a batch's results on their webhook endpoints' health (Web Push rows are skipped here,
+/// so their batches pay no statement for it), one observation per endpoint: a delivery closes
+/// its circuit, failures count once however many the batch holds, and back-pressure (a `429`, a
+/// `503` with `Retry-After`) slows its pace and never counts as a failure
+/// (`tidings_domain::receiver`).
 async fn count_webhook_results(
     tx: &mut PgConnection,
     counted: Counted<'_>,
-    breaker: Breaker,
+    settings: &Settings,
 ) -> Result<(), sqlx::Error> {
-    let Counted {
-        changes,
-        won,
-        rows,
-        paced,
-    } = counted;
-    let (mut delivered, mut failed) = (Vec::new(), Vec::new());
-    for c in changes
-        .iter()
-        .filter(|c| won.contains(&c.id) && !paced.contains(&c.id))
-    {
-        let Some(sub) = (rows.get(&c.id))
+    let mut said: BTreeMap<SubscriptionId, Said> = BTreeMap::new();
+    for c in (counted.changes.iter()).filter(|c| counted.won.contains(&c.id)) {
+        let Some(sub) = (counted.rows.get(&c.id))
             .filter(|r| r.channel == Channel::Webhook)
             .and_then(|r| r.subscription_id)
         else {
             continue;
         };
+        let s = said.entry(sub).or_default();
+        if let Some(ra) = counted.paced.get(&c.id) {
+            s.slow_down = Some(s.slow_down.map_or(*ra, |d| d.max(*ra)));
+            continue;
+        }
         match c.transition.to {
-            Status::Sent => delivered.push(sub),
-            Status::Retry | Status::Failed => failed.push(sub),
+            Status::Sent => s.delivered = true,
+            Status::Retry | Status::Failed => s.failed = true,
             _ => {}
         }
     }
-    let counted = subscriptions::count_webhook_results(&mut *tx, &delivered, &failed).await?;
+    let ids: Vec<SubscriptionId> = said.keys().copied().collect();
     let now = Utc::now();
-    let open: Vec<_> = (counted.into_iter())
-        .filter_map(|(sub, failures)| {
-            let pause = breaker.pause_after(u32::try_from(failures).unwrap_or(0))?;
-            tracing::warn!(subscription_id = %sub, failures, pause_secs = pause.as_secs(), "webhook endpoint failing: its rows are held back");
-            Some((sub, now + chrono::Duration::from_std(pause).unwrap_or_default()))
-        })
-        .collect();
-    subscriptions::open_circuits(&mut *tx, &open).await
+    let (breaker, pacing) = (settings.webhook_breaker, settings.webhook_pacing);
+    let (mut health, mut closed) = (Vec::new(), Vec::new());
+    for (sub, before) in subscriptions::lock_health(&mut *tx, &ids).await? {
+        let Some(s) = said.get(&sub) else { continue };
+        let circuit = breaker.observe(before.circuit, s.observed(), now);
+        let pace = match s.slow_down {
+            Some(ra) => pacing.slow_down(before.pace, ra, now),
+            None if s.delivered => pacing.speed_up(before.pace),
+            None => before.pace,
+        };
+        if circuit.opens > before.circuit.opens {
+            tracing::warn!(subscription_id = %sub, failures = circuit.failures, opens = circuit.opens, open_until = ?circuit.open_until, "webhook endpoint failing: its circuit is open and its rows are held back");
+        } else if circuit.opens == 0 && before.circuit.opens > 0 {
+            tracing::info!(subscription_id = %sub, "webhook endpoint delivers again: its circuit is closed");
+            closed.push(sub);
+        }
+        if pace.per_second != before.pace.per_second {
+            tracing::info!(subscription_id = %sub, per_second = ?pace.per_second, until = ?pace.until, "webhook endpoint's pace changed");
+        }
+        let after = subscriptions::Health { circuit, pace };
+        if after != before {
+            health.push((sub, after));
+        }
+    }
+    subscriptions::write_health(&mut *tx, &health, &closed).await
 }
 
 /// What follows from the changes that won: baselines advance for rows that became `sent`, and

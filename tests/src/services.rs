@@ -108,10 +108,25 @@ impl CliRun {
 
 /// Runs `tidings ARGS` against the operator api at `ops_url` with `token`.
 pub fn cli(ops_url: &str, token: &str, args: &[&str]) -> CliRun {
-    let out = Command::new(cli_binary())
+    let mut cmd = Command::new(cli_binary());
+    cmd.env("TIDINGS_OPS_URL", ops_url)
+        .env("TIDINGS_ADMIN_TOKEN", token);
+    run_cli(cmd, args)
+}
+
+/// Runs `tidings ARGS` as an API client, against the public api at `url` with an endpoint's
+/// `token` (no operator token in its environment).
+pub fn endpoint_cli(url: &str, token: &str, args: &[&str]) -> CliRun {
+    let mut cmd = Command::new(cli_binary());
+    cmd.env("TIDINGS_API_URL", url)
+        .env("TIDINGS_ENDPOINT_TOKEN", token)
+        .env_remove("TIDINGS_ADMIN_TOKEN");
+    run_cli(cmd, args)
+}
+
+fn run_cli(mut cmd: Command, args: &[&str]) -> CliRun {
+    let out = cmd
         .args(args)
-        .env("TIDINGS_OPS_URL", ops_url)
-        .env("TIDINGS_ADMIN_TOKEN", token)
         .env_remove("TIDINGS_ADMIN_TOKEN_FILE")
         .output()
         .expect("run tidings");

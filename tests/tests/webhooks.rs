@@ -8,6 +8,7 @@
 
 use serde_json::{Value, json};
 use std::time::Duration;
+use tidings_api_types::endpoints::{EndpointAttemptList, Recovered};
 use tidings_domain::outbox::{DropReason, Reason, Status};
 use tidings_tests::fake_webhooks::{Answer, FakeWebhookReceiver, Received};
 use tidings_tests::scenario::Scenario;
@@ -156,16 +157,22 @@ fn drop_prices(s: &Scenario, items: &[String]) {
 /// An endpoint status whose circuit is closed: no failures counted, no pause.
 fn assert_closed(status: &Value) {
     assert_eq!(
-        (&status["consecutive_failures"], &status["paused_until"]),
-        (&json!(0), &Value::Null),
+        (
+            &status["consecutive_failures"],
+            &status["paused_until"],
+            &status["breaker"]
+        ),
+        (&json!(0), &Value::Null, &json!("closed")),
         "{status}"
     );
 }
 
-/// The pipeline with a breaker that opens after `failures` failing batches for `pause`.
-async fn with_breaker(s: &Scenario, failures: &str, pause: &str) -> Pipeline {
+/// The pipeline with a breaker that opens after `failures` failing batches that lasted `after`,
+/// for `pause` at first.
+async fn with_breaker(s: &Scenario, failures: &str, after: &str, pause: &str) -> Pipeline {
     let breaker = [
         ("TIDINGS_WEBHOOK_BREAKER_FAILURES", failures),
+        ("TIDINGS_WEBHOOK_BREAKER_AFTER", after),
         ("TIDINGS_WEBHOOK_BREAKER_PAUSE", pause),
     ];
     Pipeline::start(s, &breaker).await
@@ -555,7 +562,7 @@ async fn a_burst_to_a_hanging_receiver_holds_another_receiver_up_only_until_its_
 async fn a_failing_endpoint_is_held_back_by_its_circuit_breaker_and_says_so() {
     let s = Scenario::new().await;
     let receiver = FakeWebhookReceiver::start().await.unwrap();
-    let p = with_breaker(&s, "3", "4s").await;
+    let p = with_breaker(&s, "3", "1s", "4s").await;
     let key = client_key(&p).await;
     receiver.answer_always("down", Answer::Status(503, "maintenance"));
     let (token, _) = endpoint(&p, &key, &receiver.url("down")).await;
@@ -671,10 +678,17 @@ async fn a_burst_of_429s_paces_an_endpoint_and_never_opens_its_breaker() {
     receiver.answer_next("paced", &vec![busy; 20]);
     let started = tokio::time::Instant::now();
     drop_prices(&s, &items);
+    let mut paces = Vec::new();
     loop {
         let me = endpoint_status(&p, &token).await;
+        assert_eq!(me["breaker"], "closed", "the breaker opened: {me}");
         assert_eq!(me["paused_until"], Value::Null, "the breaker opened: {me}");
         assert_eq!(me["consecutive_failures"], 0, "{me}");
+        if let Some(pace) = me["pace_per_second"].as_f64()
+            && paces.last() != Some(&pace)
+        {
+            paces.push(pace);
+        }
         let sent = (s.db)
             .count("SELECT count(*) FROM outbox WHERE status = 'sent'")
             .await;
@@ -693,46 +707,197 @@ async fn a_burst_of_429s_paces_an_endpoint_and_never_opens_its_breaker() {
         40,
         "each webhook twice: refused once, then taken"
     );
+    println!("paces seen (webhooks a second): {paces:?}");
+    assert!(
+        paces.first().is_some_and(|first| *first <= 8.0),
+        "the endpoint was never paced: {paces:?}"
+    );
     p.stop().await;
     s.cleanup().await;
 }
 
-/// A receiver that is down, then recovers (#53): the breaker opens, then a single probe goes per
-/// pause (1 s, 2 s, 4 s …) rather than every held row, and once a probe is answered 2xx the
-/// circuit closes and the rows it held are sent at once. Regression: each pause released every
-/// held row, a burst per pause to a receiver still down.
+/// A receiver that is down for 2 minutes, then recovers (#53): the breaker opens once, then a
+/// single probe goes per pause (2 s, 4 s, 8 s … 64 s) rather than every held row, and once a
+/// probe is answered 2xx the circuit closes and every row it held is sent within the pause that
+/// was running. Regression: each pause released every held row, a burst per pause to a receiver
+/// still down; and retries kept backing off after the receiver had recovered.
 #[tokio::test]
-async fn a_receiver_that_is_down_gets_one_probe_per_pause_and_its_rows_on_recovery() {
+async fn a_receiver_down_for_two_minutes_gets_one_probe_per_pause_and_its_rows_on_recovery() {
     let s = Scenario::new().await;
     let receiver = FakeWebhookReceiver::start().await.unwrap();
-    let p = with_breaker(&s, "2", "1s").await;
+    let p = with_breaker(&s, "2", "3s", "2s").await;
     receiver.answer_always("flaky", Answer::Status(500, "down"));
     let (token, items) = endpoint_watching(&p, &s, &receiver, "flaky", 5).await;
     drop_prices(&s, &items);
+    let down = tokio::time::Instant::now();
     let status = || endpoint_status(&p, &token);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while status().await["paused_until"].is_null() {
-        assert!(tokio::time::Instant::now() < deadline, "never opened");
+    while status().await["breaker"] != "open" {
+        assert!(down.elapsed() < Duration::from_secs(30), "never opened");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let at_open = receiver.received_by("flaky").len();
-    // Pauses of 1, 2 and 4 s: three probes at most in 6 s (every held row each time: 15).
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    let probes = receiver.received_by("flaky").len() - at_open;
-    assert!(
-        (1..=3).contains(&probes),
-        "{probes} requests while down and open"
+    let opened = tokio::time::Instant::now();
+    // Requests that passed the gate before it opened may still arrive for a moment; the first
+    // probe is due 2 s after it opened.
+    let first_pause_ms = chrono::Utc::now().timestamp_millis() + 1_000;
+    // Until the receiver recovers, the breaker never closes (it opens once: failed probes
+    // only lengthen its pause).
+    let mut last = status().await;
+    while down.elapsed() < Duration::from_secs(120) {
+        last = status().await;
+        assert_ne!(
+            last["breaker"], "closed",
+            "closed while the receiver was down"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let during = receiver.received_by("flaky");
+    let probes: Vec<_> = (during.iter())
+        .filter(|r| r.at_ms >= first_pause_ms)
+        .collect();
+    // Pauses of 2, 4, 8, 16, 32 and 64 s after opening (a probe's round trip between each):
+    // six probes at most, each alone (every held row each time: 5 per pause).
+    let open_for = opened.elapsed().as_secs();
+    println!(
+        "open {open_for} s while down: {} probes, at {:?} ms",
+        probes.len(),
+        probes
+            .iter()
+            .map(|r| r.at_ms - probes[0].at_ms)
+            .collect::<Vec<_>>()
     );
+    assert!(
+        (4..=6).contains(&probes.len()),
+        "{} requests in {open_for} s down and open",
+        probes.len()
+    );
+    assert!(
+        probes.windows(2).all(|w| w[1].at_ms - w[0].at_ms >= 1_500),
+        "two requests within a pause: {:?}",
+        probes
+            .iter()
+            .map(|r| r.at_ms - first_pause_ms)
+            .collect::<Vec<_>>()
+    );
+    let pause_ends = last["paused_until"].as_str().map(str::to_owned);
     receiver.answer_always("flaky", Answer::Ok);
     let recovered = tokio::time::Instant::now();
-    p.wait_for_rows(&s, &[Status::Sent], 5, 30).await;
-    // Within the pause running at recovery (4 or 8 s) and a probe's round trip.
+    p.wait_for_rows(&s, &[Status::Sent], 5, 120).await;
+    let took = recovered.elapsed();
+    println!("all 5 sent {took:?} after recovery; the pause running ended at {pause_ends:?}");
+    // Within the pause running at recovery (64 s at most) and a probe's round trip.
     assert!(
-        recovered.elapsed() < Duration::from_secs(10),
-        "sent {:?} after recovery",
-        recovered.elapsed()
+        took < Duration::from_secs(70),
+        "sent {took:?} after recovery"
     );
+    let sent_at = chrono::Utc::now();
+    if let Some(end) = pause_ends.and_then(|e| e.parse::<chrono::DateTime<chrono::Utc>>().ok()) {
+        assert!(
+            sent_at < end + chrono::Duration::seconds(5),
+            "sent past the pause: {end}"
+        );
+    }
     assert_closed(&status().await);
+    p.stop().await;
+    s.cleanup().await;
+}
+
+/// A client sees its endpoint's failed deliveries and recovers them itself (#53): its receiver
+/// was down until every webhook failed; `GET /v1/endpoints/me/attempts` lists each attempt with
+/// its status and the receiver's answer. A recovery through the route while the receiver is still
+/// down replays them (they fail again); one through the CLI once it is back replays those
+/// replays, and each is re-checked and sent.
+#[tokio::test]
+async fn a_client_sees_its_failed_deliveries_and_recovers_them_through_the_route_and_the_cli() {
+    let s = Scenario::new().await;
+    let receiver = FakeWebhookReceiver::start().await.unwrap();
+    let p = Pipeline::start(
+        &s,
+        &[
+            ("TIDINGS_MAX_RETRIES", "1"),
+            ("TIDINGS_WEBHOOK_BREAKER_FAILURES", "0"),
+        ],
+    )
+    .await;
+    let since = chrono::Utc::now().to_rfc3339();
+    receiver.answer_always("outage", Answer::Status(500, "our side is down"));
+    let (token, items) = endpoint_watching(&p, &s, &receiver, "outage", 4).await;
+    drop_prices(&s, &items);
+    p.wait_for_rows(&s, &[Status::Failed], 4, 60).await;
+
+    let url = format!("{}/v1/endpoints/me/attempts?limit=2", p.url("api"));
+    let (status, page) = call(reqwest::Method::GET, url, Some(&token), None).await;
+    assert_eq!(status, 200, "{page}");
+    let page: EndpointAttemptList = serde_json::from_value(page).unwrap();
+    assert_eq!(page.items.len(), 4, "2 webhooks, 2 attempts each: {page:?}");
+    for a in &page.items {
+        assert_eq!(
+            (a.status, a.http_status),
+            (Status::Failed, Some(500)),
+            "{a:?}"
+        );
+        assert!(
+            a.answer
+                .as_deref()
+                .is_some_and(|t| t.contains("our side is down")),
+            "{a:?}"
+        );
+        assert!(a.duration_ms.is_some(), "{a:?}");
+    }
+    let cursor = page.next_cursor.expect("a second page");
+    let url = format!("{}/v1/endpoints/me/attempts?cursor={cursor}", p.url("api"));
+    let rest: EndpointAttemptList =
+        serde_json::from_value(call(reqwest::Method::GET, url, Some(&token), None).await.1)
+            .unwrap();
+    assert_eq!((rest.items.len(), rest.next_cursor), (4, None));
+
+    // Too early: the receiver is still down, so the replays fail too.
+    let recover = format!("{}/v1/endpoints/me/recover", p.url("api"));
+    let (status, done) = call(
+        reqwest::Method::POST,
+        recover.clone(),
+        Some(&token),
+        Some(json!({ "since": since })),
+    )
+    .await;
+    assert_eq!(status, 200, "{done}");
+    let done: Recovered = serde_json::from_value(done).unwrap();
+    assert_eq!((done.replayed, done.more), (4, false));
+    p.wait_for_rows(&s, &[Status::Failed], 8, 60).await;
+    let (status, bad) = call(
+        reqwest::Method::POST,
+        recover,
+        Some(&token),
+        Some(json!({ "since": "2020-01-01T00:00:00Z" })),
+    )
+    .await;
+    assert_eq!(status, 400, "{bad}");
+
+    receiver.answer_always("outage", Answer::Ok);
+    let run = tidings_tests::services::endpoint_cli(
+        &p.url("api"),
+        &token,
+        &["--json", "endpoint", "recover", "--since", &since],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(run.json()["replayed"], 4, "{run:?}");
+    p.wait_for_rows(&s, &[Status::Sent], 4, 60).await;
+    let run = tidings_tests::services::endpoint_cli(
+        &p.url("api"),
+        &token,
+        &["--json", "endpoint", "recover", "--since", &since],
+    );
+    assert_eq!(
+        run.json()["replayed"],
+        0,
+        "nothing left to recover: {run:?}"
+    );
+    let run = tidings_tests::services::endpoint_cli(
+        &p.url("api"),
+        &token,
+        &["--json", "endpoint", "attempts", "--limit", "1"],
+    );
+    assert_eq!(run.json()[0]["outcome"], "delivered", "{run:?}");
+    assert_eq!(receiver.received_by("outage").len(), 4 * 2 + 4 * 2 + 4);
     p.stop().await;
     s.cleanup().await;
 }

@@ -6,6 +6,7 @@ pub mod attempts;
 pub mod clients;
 pub mod dead_letters;
 pub mod doctor;
+pub mod endpoints;
 pub mod objects;
 pub mod outbox;
 pub mod problem;

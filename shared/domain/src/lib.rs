@@ -14,7 +14,8 @@
 //!   in their language ([`texts`]) with amounts in the currency's minor units ([`money`]).
 //! - [`validity`]: how long a notification stays current, its push TTL, topic and tag;
 //!   [`withdrawal`]: when a sent one stopped holding and is followed by a correction.
-//! - [`webhook`]: what a webhook's body says.
+//! - [`webhook`]: what a webhook's body says; [`receiver`]: how its receiver is judged (a
+//!   breaker) and paced.
 //! - [`ids`], [`channel`], [`item`], [`duration`]: the values everything else is built from.
 //!
 //! The `sqlx` feature lets the ids be bound as Postgres values by the crates that talk to the
@@ -33,6 +34,7 @@ pub mod names;
 pub mod notification;
 pub mod outbox;
 pub mod push;
+pub mod receiver;
 pub mod retention;
 pub mod shown;
 #[cfg(feature = "sqlx")]

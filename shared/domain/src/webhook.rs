@@ -100,65 +100,9 @@ impl Event {
     }
 }
 
-/// When a webhook endpoint's circuit opens, and for how long: after `failures` failed attempts
-/// in a row its rows are held back for `pause`, doubled for each further failure up to
-/// `max_pause`. A delivery closes it. So a receiver that is down costs a request per pause, not
-/// one per row and retry, and its rows wait in the outbox, re-checked when they can be sent.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Breaker {
-    pub failures: u32,
-    pub pause: std::time::Duration,
-    pub max_pause: std::time::Duration,
-}
-
-impl Breaker {
-    /// How long an endpoint with `failures` failed attempts in a row is held back (none while
-    /// under the threshold; `failures` 0 disables the breaker).
-    pub fn pause_after(&self, failures: u32) -> Option<std::time::Duration> {
-        if self.failures == 0 || failures < self.failures {
-            return None;
-        }
-        let doublings = (failures - self.failures).min(20);
-        Some((self.pause * 2u32.pow(doublings)).min(self.max_pause))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
-
-    #[test]
-    fn the_circuit_opens_at_the_threshold_and_its_pause_doubles_up_to_the_cap() {
-        let b = Breaker {
-            failures: 3,
-            pause: Duration::from_secs(30),
-            max_pause: Duration::from_secs(3600),
-        };
-        let pauses: Vec<_> = (0..12)
-            .map(|n| b.pause_after(n).map(|d| d.as_secs()))
-            .collect();
-        assert_eq!(
-            pauses,
-            [
-                None,
-                None,
-                None,
-                Some(30),
-                Some(60),
-                Some(120),
-                Some(240),
-                Some(480),
-                Some(960),
-                Some(1920),
-                Some(3600),
-                Some(3600)
-            ]
-        );
-        assert_eq!(b.pause_after(u32::MAX), Some(Duration::from_secs(3600)));
-        let off = Breaker { failures: 0, ..b };
-        assert_eq!(off.pause_after(100), None);
-    }
 
     fn facts<'a>(trigger: &'a Trigger, checked: &'a Observation) -> Facts<'a> {
         let now = checked.observed_at;

@@ -223,3 +223,55 @@ pub async fn endings<'c, E: sqlx::PgExecutor<'c>>(
     .fetch_all(e)
     .await
 }
+
+/// One row's attempts, as its device's client lists them.
+pub struct RowAttempts {
+    pub id: OutboxId,
+    pub status: tidings_domain::outbox::Status,
+    /// First to last.
+    pub attempts: Vec<Recorded>,
+}
+
+/// The attempts of device `device`'s rows that were attempted, newest row first: at most `rows`
+/// rows whose ids are below `before` (a page's last id, for the next page).
+pub async fn of_device(
+    pool: &sqlx::PgPool,
+    device: tidings_domain::DeviceId,
+    before: Option<OutboxId>,
+    rows: i64,
+) -> Result<Vec<RowAttempts>, sqlx::Error> {
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        #[sqlx(flatten)]
+        ending: RowEnding,
+        status: tidings_domain::outbox::Status,
+    }
+    let found: Vec<Row> = sqlx::query_as(&format!(
+        "SELECT {ROW_ENDING_COLUMNS}, o.status FROM outbox o
+         WHERE o.device_id = $1 AND ($2::uuid IS NULL OR o.id < $2) AND o.attempt > 0
+         ORDER BY o.id DESC LIMIT $3"
+    ))
+    .bind(device)
+    .bind(before)
+    .bind(rows)
+    .fetch_all(pool)
+    .await?;
+    let ids: Vec<OutboxId> = found.iter().map(|r| r.ending.id).collect();
+    let days: Vec<NaiveDate> = found.iter().map(|r| r.ending.dedup_day).collect();
+    let mut recorded_of: std::collections::HashMap<OutboxId, Vec<Recorded>> =
+        std::collections::HashMap::new();
+    for r in recorded(pool, &ids, &days).await? {
+        recorded_of.entry(r.attempt.outbox_id).or_default().push(r);
+    }
+    Ok(found
+        .into_iter()
+        .map(|r| RowAttempts {
+            id: r.ending.id,
+            status: r.status,
+            attempts: merged(
+                recorded_of.remove(&r.ending.id).unwrap_or_default(),
+                &r.ending,
+            ),
+        })
+        .collect())
+}

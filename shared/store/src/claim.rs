@@ -8,12 +8,14 @@
 //! free (migration 0003), so a claim is a HOT update; every state transition clears it.
 
 use crate::baselines::BaselineRow;
+use crate::subscriptions::Health;
 use chrono::{DateTime, NaiveDate, Utc};
 use sqlx::PgPool;
 use std::collections::HashMap;
 use std::time::Duration;
 use tidings_domain::messages::Subscription;
 use tidings_domain::outbox::{Row, Status};
+use tidings_domain::receiver::{Circuit, Pace};
 use tidings_domain::trigger::{Baseline, LastSent, Observation};
 use tidings_domain::withdrawal::Announces;
 use tidings_domain::{Channel, DeviceId, OutboxId, SubscriptionId, WatchId};
@@ -36,7 +38,7 @@ pub struct WatchState {
 }
 
 /// Where a device's notifications go.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Destination {
     WebPush(Subscription),
     Webhook(Endpoint),
@@ -44,17 +46,14 @@ pub enum Destination {
 
 /// A webhook endpoint: its URL and the secrets that sign for it (the current one first, then
 /// the one a rotation replaced, while it still signs).
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq)]
 pub struct Endpoint {
     /// Its subscription, to which its sealed secrets are bound.
     pub subscription: SubscriptionId,
     pub url: String,
     pub secrets: Vec<String>,
-    /// While its circuit is open (it kept failing), its rows are held back until then.
-    pub open_until: Option<DateTime<Utc>>,
-    /// Its failing result batches in a row: at the breaker's threshold, once `open_until` has
-    /// passed, the circuit is half-open (one probe goes, the rest wait for its answer).
-    pub failures: i32,
+    /// Its circuit breaker and its pace, as this claim read them.
+    pub health: Health,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -62,8 +61,7 @@ impl std::fmt::Debug for Endpoint {
         f.debug_struct("Endpoint")
             .field("url", &self.url)
             .field("secrets", &self.secrets.len())
-            .field("open_until", &self.open_until)
-            .field("failures", &self.failures)
+            .field("health", &self.health)
             .finish()
     }
 }
@@ -204,7 +202,9 @@ struct WatchRow {
     secret: Option<String>,
     previous_secret: Option<String>,
     circuit_open_until: Option<DateTime<Utc>>,
-    consecutive_failures: Option<i32>,
+    circuit_opens: Option<i32>,
+    pace_per_second: Option<f64>,
+    paced_until: Option<DateTime<Utc>>,
 }
 
 impl WatchRow {
@@ -224,8 +224,19 @@ impl WatchRow {
                     .into_iter()
                     .chain(self.previous_secret.take())
                     .collect(),
-                open_until: self.circuit_open_until,
-                failures: self.consecutive_failures.unwrap_or(0),
+                health: Health {
+                    circuit: Circuit {
+                        opens: self
+                            .circuit_opens
+                            .map_or(0, |n| u32::try_from(n).unwrap_or(0)),
+                        open_until: self.circuit_open_until,
+                        ..Circuit::default()
+                    },
+                    pace: Pace {
+                        per_second: self.pace_per_second,
+                        until: self.paced_until,
+                    },
+                },
             }),
         };
         Some((id, to))
@@ -245,7 +256,7 @@ pub async fn watches(
                 (w.removed_at IS NOT NULL OR d.removed_at IS NOT NULL) AS removed, d.locale, d.time_zone,
                 s.id AS subscription_id, s.channel, s.endpoint, s.p256dh, s.auth, s.secret,
                 CASE WHEN s.previous_until > now() THEN s.previous_secret END AS previous_secret,
-                s.circuit_open_until, s.consecutive_failures
+                s.circuit_open_until, s.circuit_opens, s.pace_per_second, s.paced_until
          FROM watches w
          JOIN devices d ON d.id = w.device_id
          LEFT JOIN push_subscriptions s ON s.device_id = w.device_id AND s.active
@@ -353,9 +364,8 @@ pub async fn hold(
     Ok(())
 }
 
-/// Holds half-open webhook endpoints' other rows until `until` while their probe is out: the
-/// endpoint's circuit is open until then again, and its probe's answer closes it or opens it
-/// for its next pause.
+/// Marks half-open webhook endpoints' probes as out until `until`
+/// ([`crate::subscriptions::probing`]).
 pub async fn probing(
     pool: &PgPool,
     probes: &[(SubscriptionId, DateTime<Utc>)],
@@ -364,5 +374,17 @@ pub async fn probing(
         return Ok(());
     }
     let mut conn = pool.acquire().await?;
-    crate::subscriptions::open_circuits(&mut conn, probes).await
+    crate::subscriptions::probing(&mut conn, probes).await
+}
+
+/// Takes paced endpoints' next slots ([`crate::subscriptions::paced`]).
+pub async fn pacing(
+    pool: &PgPool,
+    next: &[(SubscriptionId, DateTime<Utc>)],
+) -> Result<(), sqlx::Error> {
+    if next.is_empty() {
+        return Ok(());
+    }
+    let mut conn = pool.acquire().await?;
+    crate::subscriptions::paced(&mut conn, next).await
 }

@@ -247,6 +247,9 @@ pub struct EndpointView {
     pub previous_until: Option<DateTime<Utc>>,
     pub consecutive_failures: i32,
     pub circuit_open_until: Option<DateTime<Utc>>,
+    pub circuit_opens: i32,
+    pub pace_per_second: Option<f64>,
+    pub paced_until: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
 }
 
@@ -255,7 +258,7 @@ pub async fn view(pool: &PgPool, device: DeviceId) -> Result<Option<EndpointView
     sqlx::query_as(
         "SELECT id AS subscription_id, endpoint AS url, description, active, deactivation_reason,
                 deactivated_at, previous_until, consecutive_failures, circuit_open_until,
-                created_at
+                circuit_opens, pace_per_second, paced_until, created_at
          FROM push_subscriptions WHERE device_id = $1 AND channel = 'webhook'
          ORDER BY active DESC, created_at DESC LIMIT 1",
     )

@@ -100,3 +100,37 @@ pub async fn replayability(
     .fetch_optional(pool)
     .await
 }
+
+/// A client's recovery of its endpoint's deliveries: device `device`'s rows that ended `failed`,
+/// or `dropped` because their validity ran out, at or after `since`, and were not replayed yet
+/// (replays among them, so a recovery tried before the receiver was back can be tried again),
+/// each replayed once in `conn`'s transaction, oldest first, at most `limit`. Returns how many
+/// were replayed and whether more remain.
+pub async fn recover(
+    conn: &mut PgConnection,
+    device: tidings_domain::DeviceId,
+    since: chrono::DateTime<chrono::Utc>,
+    limit: i64,
+    traceparent: Option<String>,
+) -> Result<(u64, bool), sqlx::Error> {
+    let found: Vec<(OutboxId, NaiveDate)> = sqlx::query_as(
+        "SELECT o.id, o.dedup_day FROM outbox o
+         WHERE o.device_id = $1 AND o.finished_at >= $2
+           AND (o.status = 'failed' OR (o.status = 'dropped' AND o.reason = 'validity_expired'))
+           AND NOT EXISTS (SELECT 1 FROM outbox r WHERE r.replay_of = o.id)
+         ORDER BY o.id LIMIT $3 + 1
+         FOR UPDATE OF o",
+    )
+    .bind(device)
+    .bind(since)
+    .bind(limit)
+    .fetch_all(&mut *conn)
+    .await?;
+    let more = found.len() as i64 > limit;
+    let (ids, days): (Vec<OutboxId>, Vec<NaiveDate>) =
+        found.into_iter().take(limit.max(0) as usize).unzip();
+    if ids.is_empty() {
+        return Ok((0, more));
+    }
+    Ok((many(conn, &ids, &days, traceparent).await?, more))
+}

@@ -1,7 +1,9 @@
 //! Push subscriptions as the pipeline changes them.
 
+use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use tidings_domain::SubscriptionId;
+use tidings_domain::receiver::{Circuit, Pace};
 
 /// Deactivates subscriptions the push service said are gone (404, 410).
 pub async fn deactivate_gone(
@@ -22,63 +24,163 @@ pub async fn deactivate_gone(
     Ok(())
 }
 
-/// Counts attempts' results on webhook endpoints (other subscriptions are left alone): a
-/// delivery closes an endpoint's circuit and clears its count; a batch with failures adds one,
-/// however many it holds (one observation of the endpoint, not N failures in a row). Returns
-/// the endpoints that failed with their count of failures in a row now, for the caller to open
-/// their circuits ([`open_circuits`]).
-pub async fn count_webhook_results(
-    conn: &mut PgConnection,
-    delivered: &[SubscriptionId],
-    failed: &[SubscriptionId],
-) -> Result<Vec<(SubscriptionId, i32)>, sqlx::Error> {
-    if !delivered.is_empty() {
-        // A circuit that closes releases the rows it held (behind a probe, they wait up to a
-        // lease): they go at once, re-checked as ever.
-        sqlx::query(
-            "WITH closed AS (
-                 UPDATE push_subscriptions SET consecutive_failures = 0, circuit_open_until = NULL
-                 WHERE id = ANY($1) AND channel = 'webhook'
-                   AND (consecutive_failures > 0 OR circuit_open_until IS NOT NULL)
-                 RETURNING device_id)
-             UPDATE outbox o SET claimed_until = NULL
-             FROM closed c
-             WHERE o.device_id = c.device_id AND o.status IN ('pending', 'retry')
-               AND o.claimed_until > now()",
-        )
-        .bind(delivered)
-        .execute(&mut *conn)
-        .await?;
-    }
-    if failed.is_empty() {
-        return Ok(Vec::new());
-    }
-    // One row per endpoint, in id order, so concurrent result batches lock them alike.
-    sqlx::query_as(
-        "UPDATE push_subscriptions s SET consecutive_failures = s.consecutive_failures + 1
-         FROM (SELECT DISTINCT id FROM UNNEST($1::uuid[]) AS id ORDER BY id) f
-         WHERE s.id = f.id AND s.channel = 'webhook' AND s.active
-         RETURNING s.id, s.consecutive_failures",
-    )
-    .bind(failed)
-    .fetch_all(conn)
-    .await
+/// A webhook endpoint's health as stored with it: its circuit breaker and its pace
+/// (`tidings_domain::receiver`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Health {
+    pub circuit: Circuit,
+    pub pace: Pace,
 }
 
-/// Holds each endpoint's rows back until its time.
-pub async fn open_circuits(
+#[derive(sqlx::FromRow)]
+struct HealthRow {
+    id: SubscriptionId,
+    consecutive_failures: i32,
+    failing_since: Option<DateTime<Utc>>,
+    circuit_opens: i32,
+    circuit_open_until: Option<DateTime<Utc>>,
+    circuit_probing: bool,
+    pace_per_second: Option<f64>,
+    paced_until: Option<DateTime<Utc>>,
+}
+
+impl HealthRow {
+    fn health(&self) -> Health {
+        // Both counts are checked `>= 0` by the schema.
+        Health {
+            circuit: Circuit {
+                failures: u32::try_from(self.consecutive_failures).unwrap_or_default(),
+                failing_since: self.failing_since,
+                opens: u32::try_from(self.circuit_opens).unwrap_or_default(),
+                open_until: self.circuit_open_until,
+                probing: self.circuit_probing,
+            },
+            pace: Pace {
+                per_second: self.pace_per_second,
+                until: self.paced_until,
+            },
+        }
+    }
+}
+
+/// Locks the active webhook endpoints among `ids` (in id order, so concurrent result batches
+/// lock them alike) and reads their health.
+pub async fn lock_health(
     conn: &mut PgConnection,
-    open: &[(SubscriptionId, chrono::DateTime<chrono::Utc>)],
+    ids: &[SubscriptionId],
+) -> Result<Vec<(SubscriptionId, Health)>, sqlx::Error> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows: Vec<HealthRow> = sqlx::query_as(
+        "SELECT id, consecutive_failures, failing_since, circuit_opens, circuit_open_until,
+                circuit_probing, pace_per_second, paced_until
+         FROM push_subscriptions
+         WHERE id = ANY($1) AND channel = 'webhook' AND active
+         ORDER BY id FOR UPDATE",
+    )
+    .bind(ids)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.iter().map(|r| (r.id, r.health())).collect())
+}
+
+/// Writes endpoints' health back. Endpoints in `closed` had their circuit closed: the rows it
+/// held (behind a probe, they wait up to a lease) and their retries are released at once,
+/// re-checked as ever.
+pub async fn write_health(
+    conn: &mut PgConnection,
+    health: &[(SubscriptionId, Health)],
+    closed: &[SubscriptionId],
 ) -> Result<(), sqlx::Error> {
-    if open.is_empty() {
+    if health.is_empty() {
         return Ok(());
     }
-    let (ids, until): (Vec<SubscriptionId>, Vec<chrono::DateTime<chrono::Utc>>) =
-        open.iter().copied().unzip();
+    let count = |n: u32| i32::try_from(n).unwrap_or(i32::MAX);
+    let ids: Vec<SubscriptionId> = health.iter().map(|h| h.0).collect();
+    let since: Vec<Option<DateTime<Utc>>> =
+        health.iter().map(|h| h.1.circuit.failing_since).collect();
+    let open_until: Vec<Option<DateTime<Utc>>> =
+        health.iter().map(|h| h.1.circuit.open_until).collect();
+    let probing: Vec<bool> = health.iter().map(|h| h.1.circuit.probing).collect();
+    let failures: Vec<i32> = health.iter().map(|h| count(h.1.circuit.failures)).collect();
+    let opens: Vec<i32> = health.iter().map(|h| count(h.1.circuit.opens)).collect();
+    let rate: Vec<Option<f64>> = health.iter().map(|h| h.1.pace.per_second).collect();
+    let paced: Vec<Option<DateTime<Utc>>> = health.iter().map(|h| h.1.pace.until).collect();
     sqlx::query(
-        "UPDATE push_subscriptions s SET circuit_open_until = o.until
+        "UPDATE push_subscriptions s
+         SET consecutive_failures = h.failures, failing_since = h.since, circuit_opens = h.opens,
+             circuit_open_until = h.open_until, circuit_probing = h.probing,
+             pace_per_second = h.rate, paced_until = h.paced
+         FROM UNNEST($1::uuid[], $2::int[], $3::timestamptz[], $4::int[], $5::timestamptz[],
+                     $6::bool[], $7::float8[], $8::timestamptz[])
+              AS h(id, failures, since, opens, open_until, probing, rate, paced)
+         WHERE s.id = h.id",
+    )
+    .bind(ids)
+    .bind(failures)
+    .bind(since)
+    .bind(opens)
+    .bind(open_until)
+    .bind(probing)
+    .bind(rate)
+    .bind(paced)
+    .execute(&mut *conn)
+    .await?;
+    if closed.is_empty() {
+        return Ok(());
+    }
+    // Its rows' retries were backing off from the receiver's outage, not from their own: they
+    // are due now too.
+    sqlx::query(
+        "UPDATE outbox o
+         SET claimed_until = NULL, next_attempt_at = LEAST(o.next_attempt_at, now())
+         FROM push_subscriptions s
+         WHERE s.id = ANY($1) AND o.device_id = s.device_id AND o.status IN ('pending', 'retry')
+           AND (o.claimed_until > now() OR o.next_attempt_at > now())",
+    )
+    .bind(closed)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Marks half-open endpoints' probes as out: each circuit is open again until its `until` (so
+/// other cycles and replicas hold its rows too), and its next failure is the probe's answer.
+pub async fn probing(
+    conn: &mut PgConnection,
+    probes: &[(SubscriptionId, DateTime<Utc>)],
+) -> Result<(), sqlx::Error> {
+    if probes.is_empty() {
+        return Ok(());
+    }
+    let (ids, until): (Vec<SubscriptionId>, Vec<DateTime<Utc>>) = probes.iter().copied().unzip();
+    sqlx::query(
+        "UPDATE push_subscriptions s SET circuit_open_until = o.until, circuit_probing = true
          FROM UNNEST($1::uuid[], $2::timestamptz[]) AS o(id, until)
          WHERE s.id = o.id",
+    )
+    .bind(ids)
+    .bind(until)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Paced endpoints' next slots: their rows wait until then. Another dispatcher replica may
+/// have taken a slot meanwhile; the later one wins, so the pace errs towards slower.
+pub async fn paced(
+    conn: &mut PgConnection,
+    next: &[(SubscriptionId, DateTime<Utc>)],
+) -> Result<(), sqlx::Error> {
+    if next.is_empty() {
+        return Ok(());
+    }
+    let (ids, until): (Vec<SubscriptionId>, Vec<DateTime<Utc>>) = next.iter().copied().unzip();
+    sqlx::query(
+        "UPDATE push_subscriptions s SET paced_until = GREATEST(s.paced_until, o.until)
+         FROM UNNEST($1::uuid[], $2::timestamptz[]) AS o(id, until)
+         WHERE s.id = o.id AND s.pace_per_second IS NOT NULL",
     )
     .bind(ids)
     .bind(until)
