@@ -52,7 +52,8 @@ pub struct Config {
     pub endpoints: EndpointArgs,
     #[command(flatten)]
     pub webhooks: WebhookArgs,
-    /// Webhooks in flight at once to one host: a slow or failing receiver holds only its own
+    /// Webhooks in flight at once to one receiver (the address its host resolves to, and the
+    /// port, so not one per subdomain): a slow or failing receiver holds only its own
     /// slots, never the others'.
     #[arg(
         long,

@@ -2,13 +2,15 @@
 //! one POST of the body exactly as the dispatcher signed it, and the answer classified into a
 //! PushResult. The pusher holds no signing secret.
 //!
-//! Fairness: each host has `webhook_concurrency_per_host` slots ([`Webhooks::host_slot`]), taken
-//! before the request starts and held until it ends, so a receiver that hangs holds its own slots
-//! only, and requests to other hosts go on beside it. A request that waited for a slot past its
+//! Fairness: each receiver (the address its host resolves to, so not one per subdomain a client
+//! registers) has `webhook_concurrency_per_host` slots ([`Webhooks::host_slot`]), taken before
+//! the request starts and held until it ends, so a receiver that hangs holds its own slots only,
+//! and requests to other receivers go on beside it. A request that waited for a slot past its
 //! deadline or validity is not sent (reported `expired` or outlived, like any late push).
 
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tidings_domain::messages::{Outcome, PushRequest, PushResult, WebhookCall};
@@ -27,7 +29,7 @@ pub struct Webhooks {
     client: reqwest::Client,
     guard: Guard,
     per_host: usize,
-    slots: Mutex<HashMap<String, Arc<Semaphore>>>,
+    slots: Mutex<HashMap<SocketAddr, Arc<Semaphore>>>,
 }
 
 impl Webhooks {
@@ -41,42 +43,40 @@ impl Webhooks {
         })
     }
 
-    /// A slot among those of `call`'s host (its authority: host and port), waited for until the
-    /// request's `deadline` at most. The worker takes it before one of its own slots, so requests
-    /// waiting on a busy host hold none of the slots other hosts' requests need; and a request
-    /// waits no longer than it may still be sent, so a burst to a hanging host leaves the
-    /// consumer's window by its deadline, not after the hanging requests' timeouts. `None` for a
-    /// URL without a host (the guard then refuses it) and past the deadline (then refused late).
+    /// A slot among those of `call`'s receiver (the address its host resolves to, and the port:
+    /// host names that resolve alike share them), waited for until the request's `deadline` at
+    /// most. The worker takes it before one of its own slots, so requests waiting on a busy
+    /// receiver hold none of the slots other receivers' requests need; and a request waits no
+    /// longer than it may still be sent, so a burst to a hanging receiver leaves the consumer's
+    /// window by its deadline, not after the hanging requests' timeouts. `None` for an endpoint
+    /// the guard refuses (the delivery then says why) and past the deadline (then refused late).
     pub async fn host_slot(
         &self,
         call: &WebhookCall,
         deadline: DateTime<Utc>,
     ) -> Option<OwnedSemaphorePermit> {
-        let url = reqwest::Url::parse(&call.url).ok()?;
-        let key = format!(
-            "{}:{}",
-            url.host_str()?,
-            url.port_or_known_default().unwrap_or(443)
-        );
-        let slots = {
-            // The map holds no invariant a panicking holder could break.
-            let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-            // Hosts whose slots are all free are forgotten once many are known.
-            if slots.len() >= 4096 {
-                let per_host = self.per_host;
-                slots.retain(|_, s| s.available_permits() < per_host);
-            }
-            slots
-                .entry(key)
-                .or_insert_with(|| Arc::new(Semaphore::new(self.per_host)))
-                .clone()
-        };
         // Just past the deadline, so the delivery that follows finds the request late.
         let left = (deadline - Utc::now()).to_std().unwrap_or_default() + Duration::from_millis(1);
-        // Never closed.
-        (tokio::time::timeout(left, slots.acquire_owned()).await)
-            .ok()?
-            .ok()
+        let slot = async {
+            let (_, receiver) = self.guard.check_at(&call.url).await.ok()?;
+            // Never closed.
+            self.slots_of(receiver).acquire_owned().await.ok()
+        };
+        tokio::time::timeout(left, slot).await.ok()?
+    }
+
+    fn slots_of(&self, receiver: SocketAddr) -> Arc<Semaphore> {
+        // The map holds no invariant a panicking holder could break.
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        // Receivers whose slots are all free are forgotten once many are known.
+        if slots.len() >= 4096 {
+            let per_host = self.per_host;
+            slots.retain(|_, s| s.available_permits() < per_host);
+        }
+        slots
+            .entry(receiver)
+            .or_insert_with(|| Arc::new(Semaphore::new(self.per_host)))
+            .clone()
     }
 
     pub async fn deliver(&self, req: &PushRequest, call: &WebhookCall) -> PushResult {

@@ -901,3 +901,57 @@ async fn a_client_sees_its_failed_deliveries_and_recovers_them_through_the_route
     p.stop().await;
     s.cleanup().await;
 }
+
+/// Fairness is by the receiver's address, not its host name (#53): a client's 20 endpoints on
+/// one receiver, half named `127.0.0.1` and half `localhost` (the names this test machine
+/// resolves without a DNS of its own; a client's `a.hooks.example`, `b.hooks.example`, … are
+/// the same case), share its 2 slots. Regression: slots were keyed on the host name, so each
+/// name had 2 of its own and the hanging receiver got 4 requests at once.
+#[tokio::test]
+async fn endpoints_on_one_address_under_several_names_share_its_slots() {
+    let s = Scenario::new().await;
+    let receiver = FakeWebhookReceiver::start().await.unwrap();
+    let p = Pipeline::start(&s, &[("TIDINGS_WEBHOOK_CONCURRENCY_PER_HOST", "2")]).await;
+    let key = client_key(&p).await;
+    let mut items = Vec::new();
+    for i in 0..20 {
+        let name = format!("named-{i}");
+        receiver.answer_always(&name, Answer::Hang);
+        let url = receiver.url(&name);
+        let url = match i % 2 {
+            0 => url,
+            _ => url.replacen("https://127.0.0.1:", "https://localhost:", 1),
+        };
+        let (token, _) = endpoint(&p, &key, &url).await;
+        let item = format!("SKU-NAMED-{i}");
+        s.catalog.set_price(&item, 1299);
+        watch(&p, &token, &item).await;
+        items.push(item);
+    }
+    drop_prices(&s, &items);
+    let in_flight = || -> Vec<String> {
+        (0..20)
+            .flat_map(|i| receiver.received_by(&format!("named-{i}")))
+            .map(|r| r.endpoint)
+            .collect()
+    };
+    let started = tokio::time::Instant::now();
+    while in_flight().len() < 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no webhook went out"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Every request hangs, so those in flight are all that were ever made; the other rows wait
+    // for a slot until their deadline.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let hanging = in_flight();
+    assert_eq!(
+        hanging.len(),
+        2,
+        "requests in flight to one address: {hanging:?}"
+    );
+    p.stop().await;
+    s.cleanup().await;
+}

@@ -287,7 +287,8 @@ const REMEMBERED_HOSTS: usize = 1024;
 /// remembered, so a host that stops failing is usable at once.
 pub struct Guard {
     policy: Arc<EndpointPolicy>,
-    resolved: Mutex<HashMap<(String, u16), Instant>>,
+    /// Each host's lowest address, and when it was resolved.
+    resolved: Mutex<HashMap<(String, u16), (Instant, IpAddr)>>,
     lookups: AtomicU64,
 }
 
@@ -301,26 +302,46 @@ impl Guard {
     }
 
     pub async fn check(&self, endpoint: &str) -> Result<reqwest::Url, Refused> {
+        self.check_at(endpoint).await.map(|(url, _)| url)
+    }
+
+    /// [`Guard::check`], with the receiver's address: the lowest the host resolved to (an IP
+    /// literal's own) and the port. Names that resolve alike share it, so fairness keyed on it
+    /// treats `a.hooks.example` and `b.hooks.example` on one address as one receiver.
+    pub async fn check_at(&self, endpoint: &str) -> Result<(reqwest::Url, SocketAddr), Refused> {
         let (url, name) = check_url(endpoint, &self.policy)?;
-        let Some(name) = name else { return Ok(url) };
+        let port = url.port_or_known_default().unwrap_or(443);
+        let Some(name) = name else {
+            let host = url.host_str().unwrap_or_default();
+            let ip = (host.trim_start_matches('[').trim_end_matches(']'))
+                .parse::<IpAddr>()
+                .map_err(|_| Refused::NotAUrl)?;
+            return Ok((url, SocketAddr::new(ip, port)));
+        };
         let now = Instant::now();
-        let fresh = self
-            .remembered()
-            .get(&name)
-            .is_some_and(|at| now.duration_since(*at) < RESOLVED_FOR);
-        if !fresh {
-            self.lookups.fetch_add(1, Ordering::Relaxed);
-            resolve(&name.0, name.1, &self.policy).await?;
-            let mut resolved = self.remembered();
-            if resolved.len() >= REMEMBERED_HOSTS {
-                resolved.retain(|_, at| now.duration_since(*at) < RESOLVED_FOR);
-                if resolved.len() >= REMEMBERED_HOSTS {
-                    resolved.clear();
-                }
-            }
-            resolved.insert(name, now);
+        let remembered = (self.remembered().get(&name))
+            .filter(|(at, _)| now.duration_since(*at) < RESOLVED_FOR)
+            .map(|(_, ip)| *ip);
+        if let Some(ip) = remembered {
+            return Ok((url, SocketAddr::new(ip, port)));
         }
-        Ok(url)
+        self.lookups.fetch_add(1, Ordering::Relaxed);
+        let addrs = resolve(&name.0, name.1, &self.policy).await?;
+        // `resolve` answers at least one address.
+        let ip = addrs
+            .iter()
+            .map(SocketAddr::ip)
+            .min()
+            .ok_or(Refused::NotAUrl)?;
+        let mut resolved = self.remembered();
+        if resolved.len() >= REMEMBERED_HOSTS {
+            resolved.retain(|_, (at, _)| now.duration_since(*at) < RESOLVED_FOR);
+            if resolved.len() >= REMEMBERED_HOSTS {
+                resolved.clear();
+            }
+        }
+        resolved.insert(name, (now, ip));
+        Ok((url, SocketAddr::new(ip, port)))
     }
 
     /// How many times a host was resolved.
@@ -328,7 +349,7 @@ impl Guard {
         self.lookups.load(Ordering::Relaxed)
     }
 
-    fn remembered(&self) -> std::sync::MutexGuard<'_, HashMap<(String, u16), Instant>> {
+    fn remembered(&self) -> std::sync::MutexGuard<'_, HashMap<(String, u16), (Instant, IpAddr)>> {
         // The map holds no invariant a panicking holder could break.
         self.resolved.lock().unwrap_or_else(|e| e.into_inner())
     }
