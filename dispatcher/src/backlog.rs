@@ -1,16 +1,18 @@
 //! The outbox backlog as gauges: non-terminal rows by state, the age of the oldest due row and
 //! how long the oldest `sending` row has been past its lease (read by `tidings_store::backlog`).
-//! Terminal states are counted by `tidings_outbox_transitions_total` instead.
+//! Terminal states are counted by `tidings_outbox_transitions_total` instead. Beside it, the
+//! health of webhook endpoints: breakers open, endpoints paced, and the longest failing.
 
 use crate::metrics::metrics;
 use sqlx::PgPool;
 use std::time::Duration;
 use tidings_domain::outbox::Status;
-use tidings_runtime::metrics::StatusLabels;
+use tidings_runtime::metrics::{StateLabels, StatusLabels};
 use tokio_util::sync::CancellationToken;
 
-/// Reads the backlog once and sets the gauges.
-pub async fn measure(pool: &PgPool) -> Result<(), sqlx::Error> {
+/// Reads the backlog once and sets the gauges (an endpoint fails from `breaker_failures`
+/// failing batches in a row).
+pub async fn measure(pool: &PgPool, breaker_failures: u32) -> Result<(), sqlx::Error> {
     let backlog = tidings_store::backlog::read(pool).await?;
     let m = metrics();
     for status in [Status::Pending, Status::Retry, Status::Sending] {
@@ -22,13 +24,32 @@ pub async fn measure(pool: &PgPool) -> Result<(), sqlx::Error> {
     }
     m.oldest_due_seconds.set(backlog.oldest_due_seconds);
     m.lease_overdue_seconds.set(backlog.lease_overdue_seconds);
+    let endpoints = tidings_store::subscriptions::unhealthy(pool, breaker_failures).await?;
+    for (state, n) in [
+        ("open", endpoints.open),
+        ("half_open", endpoints.half_open),
+        ("paced", endpoints.paced),
+    ] {
+        (m.webhook_endpoints)
+            .get_or_create(&StateLabels {
+                state: state.to_owned(),
+            })
+            .set(n);
+    }
+    m.webhook_failing_seconds.set(endpoints.failing_seconds);
+    m.webhook_breaker_open_seconds.set(endpoints.open_seconds);
     Ok(())
 }
 
 /// Measures every `every` until `shutdown`.
-pub async fn run(pool: PgPool, every: Duration, shutdown: CancellationToken) {
+pub async fn run(
+    pool: PgPool,
+    breaker_failures: u32,
+    every: Duration,
+    shutdown: CancellationToken,
+) {
     loop {
-        if let Err(e) = measure(&pool).await {
+        if let Err(e) = measure(&pool, breaker_failures).await {
             tracing::warn!(error = %e, "measuring the outbox backlog failed");
         }
         tokio::select! {

@@ -20,12 +20,14 @@ use tidings_domain::outbox::Status;
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::{Channel, ItemCode, OutboxId, WatchId};
 use tidings_runtime::liveness::Progress;
+use tidings_runtime::metrics::KeyLabels;
 use tidings_runtime::telemetry;
 use tidings_source::{Fetched, Sources};
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::Admission;
 use crate::config::Settings;
+use crate::metrics::metrics;
 use crate::plan;
 use tidings_store::claim::{self, Claimed, WatchState};
 use tidings_store::transition::{self, Change};
@@ -171,6 +173,11 @@ impl Dispatcher {
             .await
             .map_err(db("reading what withdrawals recall"))?;
         plan::recall(&mut decided, &rows, &recalls);
+        for key in decided.unsigned.drain(..) {
+            (metrics().secrets_unopened)
+                .get_or_create(&KeyLabels { key })
+                .inc();
+        }
         changes.extend(decided.changes);
 
         let won = match self.write(&changes, "writing dispatch transitions").await {

@@ -131,6 +131,7 @@ pub async fn run_with(
     let source = Arc::new(Sources::new(settings.source.clone())?);
     let admission = Arc::new(admission::Admission::new(settings.admission_lag));
     metrics::metrics().ingest_admitted.set(1);
+    metrics::init_webhook_labels();
     let ingest = ingest::Ingest::new(pool.clone(), js.clone(), settings.clone())
         .await?
         .with_gate(admission.gate());
@@ -139,6 +140,7 @@ pub async fn run_with(
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(backlog::run(
         pool.clone(),
+        settings.webhook_breaker.failures,
         std::time::Duration::from_secs(10),
         shutdown.clone(),
     ));

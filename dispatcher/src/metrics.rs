@@ -1,7 +1,8 @@
 //! The dispatcher's metric families: the outbox backlog, ingest, and detection to delivery.
 
 use tidings_runtime::metrics::{
-    Counter, Family, Gauge, ResultLabels, StatusLabels, Traced, exponential_buckets,
+    Counter, Family, Gauge, KeyLabels, ResultLabels, StateLabels, StatusLabels, Traced,
+    exponential_buckets,
 };
 
 tidings_runtime::families! {
@@ -29,10 +30,36 @@ tidings_runtime::families! {
             "1 while ingest takes new notifications; 0 while dispatch is behind (its oldest \
              claimed row was due longer than TIDINGS_INGEST_ADMISSION_LAG) and they wait in the \
              enqueue stream";
+        webhook_endpoints: Family<StateLabels, Gauge> = Family::default()
+            => "tidings_webhook_endpoints",
+            "Active webhook endpoints whose breaker is open or half_open, or that are paced";
+        webhook_failing_seconds: Gauge<f64, std::sync::atomic::AtomicU64> = Gauge::default()
+            => "tidings_webhook_failing_seconds",
+            "The longest an active webhook endpoint has failed every delivery, once its failures \
+             reached the breaker's threshold (0: none has)";
+        webhook_breaker_open_seconds: Gauge<f64, std::sync::atomic::AtomicU64> = Gauge::default()
+            => "tidings_webhook_breaker_open_seconds",
+            "The longest an active webhook endpoint's breaker has stayed open or half-open, from \
+             its first failure (0: none is)";
+        /// Webhooks held because their signing secret did not open, by the key it needs.
+        secrets_unopened: Family<KeyLabels, Counter> = Family::default()
+            => "tidings_webhook_secrets_unopened",
+            "Webhooks held (not sent unsigned) because their endpoint's signing secret did not \
+             open, by the sealing key it needs (or none, unsealed, corrupt, malformed, missing)";
         // 10 ms … ~2.9 h: a notification retried on the longest schedule (8 retries from 30 s,
         // capped at 30 min, ~1.5 h) still lands in a bucket, so p99 does not clip.
         detection_to_delivery: Traced = Traced::new(exponential_buckets(0.01, 2.0, 21))
             => "tidings_detection_to_delivery_seconds",
             "Time from detection to the push service accepting the notification";
+    }
+}
+
+/// Held webhooks' counter starts at 0 for the reasons known before any key id, so the first one
+/// after a start shows in `increase()`.
+pub fn init_webhook_labels() {
+    for key in ["none", "unsealed", "corrupt", "malformed", "missing"] {
+        let _ = metrics().secrets_unopened.get_or_create(&KeyLabels {
+            key: key.to_owned(),
+        });
     }
 }

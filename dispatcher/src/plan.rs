@@ -18,6 +18,7 @@ use tidings_domain::validity;
 use tidings_domain::webhook::{self, Facts};
 use tidings_domain::withdrawal::Announces;
 use tidings_domain::{ItemCode, OutboxId, SubscriptionId, WatchId};
+use tidings_runtime::telemetry;
 use tidings_source::{Fetched, SourceError};
 use tidings_webpush::sealed::{self, SecretKeys};
 use tidings_webpush::standard_webhooks::Secret;
@@ -45,6 +46,8 @@ pub struct Plan {
     pub changes: Vec<Change>,
     /// For each row planned `sending`, its PushRequest (published only if the write wins).
     pub requests: HashMap<OutboxId, PushRequest>,
+    /// For each webhook held because it could not be signed, [`Unsigned::key`].
+    pub unsigned: Vec<String>,
 }
 
 /// A row held back until its webhook endpoint's circuit or pace lets it go: (row, dedup day,
@@ -333,9 +336,11 @@ fn send(
         Err(unsigned) => {
             // Never sent unsigned: the row waits (retried, as for a source that does not
             // answer) until its secret opens again, and says why in its last error.
-            tracing::error!(outbox_id = %row.id, error = %unsigned, "a webhook is held: its secret does not open");
+            let error = telemetry::with_causes(&unsigned);
+            tracing::error!(outbox_id = %row.id, error, "a webhook is held: its secret does not open");
+            plan.unsigned.push(unsigned.key().to_owned());
             plan.changes
-                .push(change(row, Event::Transient, Some(unsigned), settings, now));
+                .push(change(row, Event::Transient, Some(error), settings, now));
             return;
         }
     };
@@ -368,16 +373,58 @@ fn send(
 /// The secret `stored` holds, opened if it is sealed; why not, naming the subscription, if it
 /// cannot be (a key dropped too early or not given to this dispatcher, a secret stored unsealed
 /// although keys are given).
+/// Why a webhook cannot be signed, so is not sent.
+#[derive(Debug, thiserror::Error)]
+pub enum Unsigned {
+    #[error("subscription {0} has no signing secret")]
+    NoSecret(SubscriptionId),
+    #[error("the signing secret of subscription {subscription} does not open")]
+    Unopened {
+        subscription: SubscriptionId,
+        #[source]
+        source: sealed::Unopened,
+    },
+    #[error("the signing secret of subscription {subscription} is malformed")]
+    Malformed {
+        subscription: SubscriptionId,
+        #[source]
+        source: tidings_webpush::standard_webhooks::BadSecret,
+    },
+}
+
+impl Unsigned {
+    /// The `key` label of `tidings_webhook_secrets_unopened_total`: the id of the sealing key
+    /// that is missing, or what else is wrong (`none` given, `unsealed`, `corrupt`,
+    /// `malformed`, `missing`).
+    pub fn key(&self) -> &str {
+        match self {
+            Unsigned::NoSecret(_) => "missing",
+            Unsigned::Malformed { .. } => "malformed",
+            Unsigned::Unopened { source, .. } => match source {
+                sealed::Unopened::UnknownKey(id) => id,
+                sealed::Unopened::NoKeys => "none",
+                sealed::Unopened::Unsealed => "unsealed",
+                sealed::Unopened::Corrupt => "corrupt",
+            },
+        }
+    }
+}
+
 fn signing_secret(
     stored: &str,
     keys: Option<&SecretKeys>,
     endpoint: &Endpoint,
-) -> Result<Secret, String> {
+) -> Result<Secret, Unsigned> {
     let subscription = endpoint.subscription;
-    let opened = sealed::open(stored, keys, subscription.0)
-        .map_err(|e| format!("the signing secret of subscription {subscription}: {e}"))?;
-    Secret::parse(&opened)
-        .map_err(|e| format!("the signing secret of subscription {subscription}: {e}"))
+    let opened =
+        sealed::open(stored, keys, subscription.0).map_err(|source| Unsigned::Unopened {
+            subscription,
+            source,
+        })?;
+    Secret::parse(&opened).map_err(|source| Unsigned::Malformed {
+        subscription,
+        source,
+    })
 }
 
 /// The signature of `body`: by the current secret, which must open (else the webhook is not
@@ -387,19 +434,16 @@ fn signature(
     keys: Option<&SecretKeys>,
     row: OutboxId,
     sign: impl Fn(&Secret) -> String,
-) -> Result<String, String> {
-    let (current, previous) = endpoint.secrets.split_first().ok_or_else(|| {
-        format!(
-            "subscription {} has no signing secret",
-            endpoint.subscription
-        )
-    })?;
+) -> Result<String, Unsigned> {
+    let (current, previous) =
+        (endpoint.secrets.split_first()).ok_or(Unsigned::NoSecret(endpoint.subscription))?;
     let mut signed = vec![sign(&signing_secret(current, keys, endpoint)?)];
     for stored in previous {
         match signing_secret(stored, keys, endpoint) {
             Ok(secret) => signed.push(sign(&secret)),
             Err(e) => {
-                tracing::warn!(outbox_id = %row, error = %e, "a rotated-out webhook secret does not open; the current one signs alone")
+                let error = telemetry::with_causes(&e);
+                tracing::warn!(outbox_id = %row, error, "a rotated-out webhook secret does not open; the current one signs alone")
             }
         }
     }
@@ -416,7 +460,7 @@ fn target(
     valid_until: DateTime<Utc>,
     keys: Option<&SecretKeys>,
     now: DateTime<Utc>,
-) -> Result<Target, String> {
+) -> Result<Target, Unsigned> {
     match g.subscription {
         Destination::WebPush(sub) => Ok(Target::WebPush(sub.clone())),
         Destination::Webhook(endpoint) => {

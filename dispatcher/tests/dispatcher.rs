@@ -1136,7 +1136,7 @@ async fn a_sweeper_that_cannot_ask_the_delivery_log_leaves_the_row_sending() {
             .lease_overdue_seconds
             .get()
     };
-    backlog::measure(&s.db.pool).await.unwrap();
+    backlog::measure(&s.db.pool, 5).await.unwrap();
     assert!(overdue() > 0.0, "{}", overdue());
 
     // Once the log answers (nothing on record), the row is retried, marked maybe delivered.
@@ -1144,7 +1144,7 @@ async fn a_sweeper_that_cannot_ask_the_delivery_log_leaves_the_row_sending() {
     let row = s.row(push.outbox_id).await;
     assert_eq!(row.notification.status, Status::Retry);
     assert!(row.notification.maybe_delivered);
-    backlog::measure(&s.db.pool).await.unwrap();
+    backlog::measure(&s.db.pool, 5).await.unwrap();
     assert_eq!(overdue(), 0.0);
     s.cleanup().await;
 }

@@ -317,7 +317,7 @@ fn the_families_the_crates_register_are_the_listed_ones() {
     touch!(tidings_bus::metrics::metrics() => dead_lettered, delivery_log_errors);
     touch!(tidings_source::metrics() => source_errors, source_requests, pages_too_complex);
     touch!(tidings_detector::metrics::metrics() => shard_count, detections, hinted_items);
-    touch!(tidings_dispatcher::metrics::metrics() => outbox_rows, ingested);
+    touch!(tidings_dispatcher::metrics::metrics() => outbox_rows, ingested, webhook_endpoints, secrets_unopened);
     touch!(tidings_pusher::metrics::metrics() => pushes, push_duration);
     touch!(tidings_api::metrics::metrics() => http_requests, http_duration, rate_limited, hints);
     let text = metrics().encode();

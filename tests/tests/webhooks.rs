@@ -955,3 +955,55 @@ async fn endpoints_on_one_address_under_several_names_share_its_slots() {
     p.stop().await;
     s.cleanup().await;
 }
+
+/// A sealing key dropped too early (#53): a dispatcher that cannot open an endpoint's secret
+/// holds its webhook (retried, counted by the key it needs), and the receiver, which counts,
+/// gets no request at all, signed or not; once the key is back the webhook goes out, signed so
+/// that PyPI's `standardwebhooks` verifies it.
+#[tokio::test]
+async fn a_webhook_whose_key_is_gone_is_held_never_unsigned_and_sent_signed_when_it_is_back() {
+    let s = Scenario::new().await;
+    let receiver = FakeWebhookReceiver::start().await.unwrap();
+    let mut p = Pipeline::start(&s, &[("TIDINGS_WEBHOOK_SECRET_KEYS", SEALING_KEYS[0])]).await;
+    let key = client_key(&p).await;
+    let (token, secret) = endpoint(&p, &key, &receiver.url("keyed")).await;
+    s.catalog.set_price("SKU-KEYED", 1299);
+    watch(&p, &token, "SKU-KEYED").await;
+    // The dispatcher restarts with only a new key: the secret was sealed under the old one.
+    p.kill("dispatcher");
+    p.set_env("TIDINGS_WEBHOOK_SECRET_KEYS", SEALING_KEYS[1]);
+    p.spawn("dispatcher");
+    p.wait_ready("dispatcher").await;
+    s.catalog.set_price("SKU-KEYED", 900);
+    let held = |text: &str| {
+        text.lines()
+            .filter(|l| l.starts_with("tidings_webhook_secrets_unopened_total{key=\""))
+            .filter(|l| {
+                !["none", "unsealed", "corrupt", "malformed", "missing"]
+                    .iter()
+                    .any(|k| l.contains(&format!("\"{k}\"")))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let metrics = format!("{}/metrics", p.ops_url("dispatcher"));
+    let started = tokio::time::Instant::now();
+    while held(&reqwest::get(&metrics).await.unwrap().text().await.unwrap()) < 2.0 {
+        assert!(started.elapsed() < Duration::from_secs(30), "never held");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(s.db.rows_in(&[Status::Retry]).await, 1, "held as a retry");
+    assert_eq!(receiver.received_by("keyed").len(), 0, "a request was made");
+    // The key is back (the new one first, as a rotation has it).
+    p.kill("dispatcher");
+    let both = format!("{},{}", SEALING_KEYS[1], SEALING_KEYS[0]);
+    p.set_env("TIDINGS_WEBHOOK_SECRET_KEYS", &both);
+    p.spawn("dispatcher");
+    p.wait_ready("dispatcher").await;
+    p.wait_for_rows(&s, &[Status::Sent], 1, 60).await;
+    let got = receiver.received_by("keyed");
+    assert_eq!(got.len(), 1, "{got:?}");
+    verified_by_python(&secret, &got[0]).unwrap();
+    p.stop().await;
+    s.cleanup().await;
+}

@@ -36,6 +36,13 @@ pub struct ResultLabels {
     pub result: String,
 }
 
+/// A sealing key's id (or what else kept a webhook secret shut), for
+/// `tidings_webhook_secrets_unopened_total`.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KeyLabels {
+    pub key: String,
+}
+
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabels {
     pub kind: String,
@@ -112,6 +119,18 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
         &["dispatcher"],
     ),
     ("tidings_ingested", "counter", &["dispatcher"]),
+    ("tidings_webhook_endpoints", "gauge", &["dispatcher"]),
+    ("tidings_webhook_failing_seconds", "gauge", &["dispatcher"]),
+    (
+        "tidings_webhook_breaker_open_seconds",
+        "gauge",
+        &["dispatcher"],
+    ),
+    (
+        "tidings_webhook_secrets_unopened",
+        "counter",
+        &["dispatcher"],
+    ),
     ("tidings_ingest_admitted", "gauge", &["dispatcher"]),
     (
         "tidings_dead_lettered",

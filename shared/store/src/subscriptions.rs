@@ -188,3 +188,38 @@ pub async fn paced(
     .await?;
     Ok(())
 }
+
+/// Webhook endpoints' health across the deployment, for the dispatcher's gauges.
+#[derive(Clone, Debug, Default, PartialEq, sqlx::FromRow)]
+pub struct Unhealthy {
+    pub open: i64,
+    pub half_open: i64,
+    pub paced: i64,
+    /// The longest an endpoint with `failures` or more failing batches in a row has failed.
+    pub failing_seconds: f64,
+    /// The longest an endpoint's breaker has been open or half-open, from its first failure.
+    pub open_seconds: f64,
+}
+
+/// Reads [`Unhealthy`], counting an endpoint as failing from `failures` failing batches in a
+/// row. Only API clients' devices have endpoints, so their partial index finds them.
+pub async fn unhealthy(pool: &sqlx::PgPool, failures: u32) -> Result<Unhealthy, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE s.circuit_open_until > now()) AS open,
+                count(*) FILTER (WHERE s.circuit_opens > 0
+                                   AND NOT COALESCE(s.circuit_open_until > now(), false))
+                    AS half_open,
+                count(*) FILTER (WHERE s.pace_per_second IS NOT NULL) AS paced,
+                COALESCE(EXTRACT(EPOCH FROM now() - min(s.failing_since)
+                             FILTER (WHERE s.consecutive_failures >= $1))::float8, 0)
+                    AS failing_seconds,
+                COALESCE(EXTRACT(EPOCH FROM now() - min(s.failing_since)
+                             FILTER (WHERE s.circuit_opens > 0))::float8, 0) AS open_seconds
+         FROM devices d
+         JOIN push_subscriptions s ON s.device_id = d.id AND s.active
+         WHERE d.client_id IS NOT NULL AND s.channel = 'webhook'",
+    )
+    .bind(i32::try_from(failures.max(1)).unwrap_or(i32::MAX))
+    .fetch_one(pool)
+    .await
+}
