@@ -81,6 +81,37 @@ async fn database(app: &AppState, max_due_age: u64, checks: &mut Vec<Check>) {
             Err(e) => check("webhook secrets", false, format!("reading them: {e}")),
         },
     );
+    checks.push(webhook_endpoints(app).await);
+}
+
+/// Webhook endpoints whose breaker is open or paced, naming the longest failing: a client's
+/// receiver, not this deployment, so it is said, not failed.
+async fn webhook_endpoints(app: &AppState) -> Check {
+    let read = async {
+        let health = tidings_store::subscriptions::unhealthy(&app.pool, 1).await?;
+        let opened = tidings_store::endpoints::opened(&app.pool, 5).await?;
+        Ok::<_, sqlx::Error>((health, opened))
+    };
+    let (health, opened) = match read.await {
+        Ok(found) => found,
+        Err(e) => return check("webhook endpoints", false, format!("reading them: {e}")),
+    };
+    let mut detail = format!(
+        "{} breakers open, {} half-open (probing), {} endpoints paced",
+        health.open, health.half_open, health.paced
+    );
+    for e in &opened {
+        // Its authority only: the path may carry the client's own tokens.
+        let host = (e.url.split("://").nth(1))
+            .and_then(|rest| rest.split(['/', '?', '#']).next())
+            .unwrap_or_default();
+        let since = e.failing_since.map_or("?".into(), |at| at.to_rfc3339());
+        detail.push_str(&format!(
+            "; subscription {} ({host}) failing since {since}",
+            e.subscription_id
+        ));
+    }
+    check("webhook endpoints", true, detail)
 }
 
 /// Whether every stored webhook secret opens with the api's keys (the dispatcher's are the

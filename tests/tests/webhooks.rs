@@ -8,6 +8,7 @@
 
 use serde_json::{Value, json};
 use std::time::Duration;
+use tidings_api_types::doctor::Diagnosis;
 use tidings_api_types::endpoints::{EndpointAttemptList, Recovered};
 use tidings_domain::outbox::{DropReason, Reason, Status};
 use tidings_tests::fake_webhooks::{Answer, FakeWebhookReceiver, Received};
@@ -595,6 +596,27 @@ async fn a_failing_endpoint_is_held_back_by_its_circuit_breaker_and_says_so() {
     };
     assert!(open["consecutive_failures"].as_i64() >= Some(3), "{open}");
     assert_eq!(open["active"], true, "paused, not disabled");
+    // Operators see it in `doctor`, by subscription and host.
+    let (_, diagnosis) = call(
+        reqwest::Method::GET,
+        format!("{}/v1/admin/doctor", p.ops_url("api")),
+        Some(ADMIN_TOKEN),
+        None,
+    )
+    .await;
+    let diagnosis: Diagnosis = serde_json::from_value(diagnosis).unwrap();
+    let endpoints = (diagnosis.checks.iter())
+        .find(|c| c.name == "webhook endpoints")
+        .expect("a webhook endpoints check");
+    let named = format!(
+        "subscription {} (127.0.0.1:",
+        open["subscription_id"].as_str().unwrap()
+    );
+    assert!(
+        endpoints.detail.starts_with("1 breakers open"),
+        "{endpoints:?}"
+    );
+    assert!(endpoints.detail.contains(&named), "{endpoints:?}");
     // Retries are due every ~0.5 s (TIDINGS_RETRY_BASE), but none reaches the receiver while
     // the circuit is open.
     tokio::time::sleep(Duration::from_millis(300)).await;

@@ -288,3 +288,26 @@ pub async fn channel_of_device(
         .fetch_optional(pool)
         .await
 }
+
+/// An endpoint whose breaker opened, for `doctor`.
+#[derive(Debug, sqlx::FromRow)]
+pub struct Opened {
+    pub subscription_id: SubscriptionId,
+    pub url: String,
+    pub failing_since: Option<DateTime<Utc>>,
+    pub circuit_open_until: Option<DateTime<Utc>>,
+}
+
+/// The `limit` active endpoints whose breaker opened longest ago (open or half-open).
+pub async fn opened(pool: &PgPool, limit: i64) -> Result<Vec<Opened>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT s.id AS subscription_id, s.endpoint AS url, s.failing_since, s.circuit_open_until
+         FROM devices d
+         JOIN push_subscriptions s ON s.device_id = d.id AND s.active
+         WHERE d.client_id IS NOT NULL AND s.channel = 'webhook' AND s.circuit_opens > 0
+         ORDER BY s.failing_since NULLS LAST LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+}
