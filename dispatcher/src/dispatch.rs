@@ -153,20 +153,8 @@ impl Dispatcher {
         let plan::Guards {
             guarded,
             withheld: mut changes,
-            held,
-            probes,
-            paced,
-        } = plan::guard(&rows, &watches, s, Utc::now());
-        claim::hold(&self.pool, &held).await.map_err(db(
-            "holding back rows of failing or paced webhook endpoints",
-        ))?;
-        // Other cycles and replicas hold a probed endpoint's rows until its probe answers.
-        claim::probing(&self.pool, &probes)
-            .await
-            .map_err(db("marking webhook endpoints probed"))?;
-        claim::pacing(&self.pool, &paced)
-            .await
-            .map_err(db("taking paced webhook endpoints' next slots"))?;
+            ..
+        } = self.gate(&rows, &watches).await?;
         let fetched = self.refetch(&guarded, &watches, &spans).await;
         let mut decided = plan::decide(&guarded, &watches, &last_sent, &fetched, s, Utc::now());
         let recalls = claim::recalls(&self.pool, &rows)
@@ -199,6 +187,28 @@ impl Dispatcher {
         stats.unconfirmed = failed.len();
         unconfirmed(failed, &spans);
         Ok(stats)
+    }
+
+    /// The pre-guards and the webhook endpoints' gates ([`plan::guard`]), with what they hold
+    /// written: held rows, probes (of two workers that found an endpoint half-open, one
+    /// probes and the other holds its row too) and paced endpoints' next slots.
+    async fn gate<'r>(
+        &self,
+        rows: &'r [Claimed],
+        watches: &'r HashMap<WatchId, WatchState>,
+    ) -> Result<plan::Guards<'r>, DispatchError> {
+        let mut guards = plan::guard(rows, watches, &self.settings, Utc::now());
+        let won = claim::probing(&self.pool, &guards.probes)
+            .await
+            .map_err(db("marking webhook endpoints probed"))?;
+        plan::probes_lost(&mut guards, &won);
+        claim::hold(&self.pool, &guards.held).await.map_err(db(
+            "holding back rows of failing or paced webhook endpoints",
+        ))?;
+        claim::pacing(&self.pool, &guards.paced)
+            .await
+            .map_err(db("taking paced webhook endpoints' next slots"))?;
+        Ok(guards)
     }
 
     /// One span per row while traces are exported, a child of its ingest span, covering

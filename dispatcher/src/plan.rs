@@ -174,6 +174,30 @@ pub fn guard<'r>(
     g
 }
 
+/// Holds the probe rows of endpoints whose probe another dispatcher (or worker) won meanwhile
+/// (`won`: those this one won): they wait for that probe's answer like the endpoint's other rows.
+pub fn probes_lost(g: &mut Guards<'_>, won: &[SubscriptionId]) {
+    let lost: Vec<(SubscriptionId, DateTime<Utc>)> = (g.probes.iter())
+        .filter(|(sub, _)| !won.contains(sub))
+        .copied()
+        .collect();
+    if lost.is_empty() {
+        return;
+    }
+    let mut held = Vec::new();
+    g.guarded.retain(
+        |r| match lost.iter().find(|(s, _)| *s == r.subscription_id) {
+            Some((_, until)) => {
+                held.push((r.row.id, r.row.dedup_day, *until));
+                false
+            }
+            None => true,
+        },
+    );
+    g.held.extend(held);
+    g.probes.retain(|(sub, _)| won.contains(sub));
+}
+
 /// The item a guarded row needs re-fetched (none when its code does not parse: `decide`
 /// withholds it as not found).
 pub fn item_of(g: &Guarded<'_>, watches: &HashMap<WatchId, WatchState>) -> Option<ItemCode> {
@@ -877,6 +901,39 @@ mod tests {
         let g = guard(&rows, &watches, &s, now);
         assert_eq!((g.guarded.len(), g.probes.len()), (0, 0));
         assert!(g.held.iter().all(|(_, _, until)| *until == later));
+    }
+
+    /// Two dispatch workers that both found an endpoint half-open: the one that lost the probe
+    /// (the database marked it for the other) holds its row too (regression: two probes 4 ms
+    /// apart in one pause, seen in the 2-minute outage test under CI's load).
+    #[test]
+    fn a_probe_another_worker_won_is_held_not_sent() {
+        let s = settings();
+        let now = Utc::now();
+        let sub = SubscriptionId::new();
+        let half_open = Health {
+            circuit: Circuit {
+                opens: 1,
+                open_until: Some(now - chrono::Duration::seconds(1)),
+                ..Circuit::default()
+            },
+            ..Health::default()
+        };
+        let (rows, watches) = on_endpoint(sub, half_open, 2);
+        let mut won = guard(&rows, &watches, &s, now);
+        probes_lost(&mut won, &[sub]);
+        assert_eq!(
+            (won.guarded.len(), won.held.len(), won.probes.len()),
+            (1, 1, 1)
+        );
+        let mut lost = guard(&rows, &watches, &s, now);
+        probes_lost(&mut lost, &[]);
+        assert_eq!(
+            (lost.guarded.len(), lost.held.len(), lost.probes.len()),
+            (0, 2, 0)
+        );
+        let wait = now + s.sending_lease;
+        assert!(lost.held.iter().all(|(_, _, until)| *until == wait));
     }
 
     /// A paced endpoint's rows wait for its `Retry-After`, then go a second's worth at a time,

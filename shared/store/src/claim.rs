@@ -364,14 +364,14 @@ pub async fn hold(
     Ok(())
 }
 
-/// Marks half-open webhook endpoints' probes as out until `until`
-/// ([`crate::subscriptions::probing`]).
+/// Marks half-open webhook endpoints' probes as out until `until`; returns those this caller
+/// won ([`crate::subscriptions::probing`]).
 pub async fn probing(
     pool: &PgPool,
     probes: &[(SubscriptionId, DateTime<Utc>)],
-) -> Result<(), sqlx::Error> {
+) -> Result<Vec<SubscriptionId>, sqlx::Error> {
     if probes.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let mut conn = pool.acquire().await?;
     crate::subscriptions::probing(&mut conn, probes).await

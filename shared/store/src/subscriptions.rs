@@ -147,24 +147,27 @@ pub async fn write_health(
 
 /// Marks half-open endpoints' probes as out: each circuit is open again until its `until` (so
 /// other cycles and replicas hold its rows too), and its next failure is the probe's answer.
+/// Only an endpoint still half-open is marked, so of two dispatchers (or workers) that both
+/// found it half-open one wins; returns the endpoints whose probe this caller won.
 pub async fn probing(
     conn: &mut PgConnection,
     probes: &[(SubscriptionId, DateTime<Utc>)],
-) -> Result<(), sqlx::Error> {
+) -> Result<Vec<SubscriptionId>, sqlx::Error> {
     if probes.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let (ids, until): (Vec<SubscriptionId>, Vec<DateTime<Utc>>) = probes.iter().copied().unzip();
-    sqlx::query(
+    sqlx::query_scalar(
         "UPDATE push_subscriptions s SET circuit_open_until = o.until, circuit_probing = true
          FROM UNNEST($1::uuid[], $2::timestamptz[]) AS o(id, until)
-         WHERE s.id = o.id",
+         WHERE s.id = o.id AND s.circuit_opens > 0
+           AND NOT COALESCE(s.circuit_open_until > now(), false)
+         RETURNING s.id",
     )
     .bind(ids)
     .bind(until)
-    .execute(conn)
-    .await?;
-    Ok(())
+    .fetch_all(conn)
+    .await
 }
 
 /// Paced endpoints' next slots: their rows wait until then. Another dispatcher replica may
