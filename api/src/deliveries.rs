@@ -101,6 +101,7 @@ pub async fn list_endpoint_attempts(
     responses(
         (status = 200, description = "The endpoint's webhooks that ended failed or expired since `since`, and were not recovered yet, replayed (1,000 a call; `more` says to call again). Each is re-checked first and sent only if it still holds, with its own new `webhook-id`.", body = Recovered),
         BodyRejected,
+        (status = 422, description = "A body of the wrong shape (not an object, an unknown field, `since` missing or not an RFC 3339 instant)", body = Problem, content_type = "application/problem+json"),
         Unauthorized,
         (status = 404, description = "This token's device has no webhook endpoint", body = Problem, content_type = "application/problem+json"),
     )
@@ -108,22 +109,23 @@ pub async fn list_endpoint_attempts(
 pub async fn recover_endpoint(
     State(app): State<AppState>,
     device: Device,
-    JsonBody { value: req, .. }: JsonBody<Recover>,
+    JsonBody { value: req, raw }: JsonBody<Recover>,
 ) -> Result<Json<Recovered>, ApiError> {
-    let earliest = Utc::now() - RECOVER_WITHIN;
-    if req.since < earliest {
-        return Err(ApiError::BadRequest(format!(
-            "since must be within the last 30 days (at or after {earliest})"
-        )));
-    }
+    crate::extract::require_object(&raw)?;
+    // Further back than the outbox is sure to keep rows means from then.
+    let since = req.since.max(Utc::now() - RECOVER_WITHIN);
     require_endpoint(&app, &device).await?;
     let traceparent = telemetry::forward(&tracing::Span::current(), None);
     let mut tx = app.pool.begin().await.map_err(db("starting a recovery"))?;
     let (replayed, more) =
-        tidings_store::replay::recover(&mut tx, device.id, req.since, RECOVER_BATCH, traceparent)
+        tidings_store::replay::recover(&mut tx, device.id, since, RECOVER_BATCH, traceparent)
             .await
             .map_err(db("replaying a webhook endpoint's failed deliveries"))?;
     tx.commit().await.map_err(db("committing a recovery"))?;
-    tracing::info!(device_id = %device.id, since = %req.since, replayed, more, "webhook endpoint recovered its deliveries");
-    Ok(Json(Recovered { replayed, more }))
+    tracing::info!(device_id = %device.id, %since, replayed, more, "webhook endpoint recovered its deliveries");
+    Ok(Json(Recovered {
+        replayed,
+        more,
+        since,
+    }))
 }

@@ -452,6 +452,8 @@ pub async fn serve(
     drain: Duration,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
+    // Operators' cancels move rows through the store: their transitions count from 0.
+    tidings_store::transition::init_metrics();
     let sweeper = tokio::spawn(watches::expire_idempotency_keys(
         pool.clone(),
         Duration::from_secs(600),

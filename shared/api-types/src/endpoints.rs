@@ -40,7 +40,8 @@ pub struct EndpointAttemptList {
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Recover {
-    /// Webhooks that ended failed, or expired, at or after this instant (at most 30 days ago).
+    /// Webhooks that ended failed, or expired, at or after this instant (an earlier one is read
+    /// as 30 days ago: how far back a recovery reaches).
     pub since: DateTime<Utc>,
 }
 
@@ -50,4 +51,6 @@ pub struct Recovered {
     pub replayed: u64,
     /// More remain: call again.
     pub more: bool,
+    /// From when it recovered: `since`, or 30 days ago if that was earlier.
+    pub since: DateTime<Utc>,
 }

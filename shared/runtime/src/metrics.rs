@@ -106,7 +106,11 @@ pub const SERVICES: &[&str] = &["api", "dispatcher", "pusher", "detector"];
 /// and alerts may use exactly the sample names [`sample_names`] derives from this (a test
 /// checks it matches the registry).
 pub const FAMILIES: &[(&str, &str, &[&str])] = &[
-    ("tidings_outbox_transitions", "counter", &["dispatcher"]),
+    (
+        "tidings_outbox_transitions",
+        "counter",
+        &["dispatcher", "api"],
+    ),
     ("tidings_outbox_rows", "gauge", &["dispatcher"]),
     (
         "tidings_outbox_oldest_due_seconds",
@@ -289,13 +293,61 @@ macro_rules! families {
 /// first used (a service touches them all at start), so no crate holds another's families.
 static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Mutex::default);
 
-/// Registers `metric` as family `name` if this process's service exports it ([`exports`]).
+/// Registers `metric` as family `name`. The exposition shows it if this process's service
+/// exports it ([`exports`]), or once a code path fed it ([`exported_or_fed`]).
 pub fn register(name: &str, help: &str, metric: impl Metric) {
-    if exports(crate::telemetry::service_name(), name)
-        && let Ok(mut registry) = REGISTRY.lock()
-    {
+    if let Ok(mut registry) = REGISTRY.lock() {
         registry.register(name, help, metric);
     }
+}
+
+/// The exposition `text` of `service` with only the families it exports, and any other that a
+/// code path fed (a sample not 0): a family a service feeds but FAMILIES does not list for it is
+/// shown, never silently left out, and the test over every service's exposition names it
+/// (tests/tests/end_to_end.rs). A crate's families are registered together, so a service
+/// registers some it never feeds (the api has the consumer gauges); those stay out.
+pub fn exported_or_fed(text: &str, service: &str) -> String {
+    fn flush(out: &mut String, block: &mut Vec<&str>, family: &str, service: &str) {
+        let fed = || {
+            (block.iter())
+                .filter(|l| !l.starts_with('#'))
+                .any(|l| sample_value(l).is_some_and(|v| v != 0.0))
+        };
+        if exports(service, family) || fed() {
+            for l in block.iter() {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+        block.clear();
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut block: Vec<&str> = Vec::new();
+    let mut family = "";
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            flush(&mut out, &mut block, family, service);
+            family = rest.split(' ').next().unwrap_or_default();
+        } else if line == "# EOF" {
+            flush(&mut out, &mut block, family, service);
+            family = "";
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        }
+        block.push(line);
+    }
+    flush(&mut out, &mut block, family, service);
+    out
+}
+
+/// A sample line's value: the first field after its name and labels.
+fn sample_value(line: &str) -> Option<f64> {
+    let after_labels = match line.find('{') {
+        Some(_) => &line[line.find('}')? + 1..],
+        None => line.split_once(' ')?.1,
+    };
+    after_labels.split_whitespace().next()?.parse().ok()
 }
 
 /// The names samples appear under in the exposition (`_total` for counters; `_bucket`, `_sum`,
@@ -460,7 +512,7 @@ impl Metrics {
             }
             Err(e) => tracing::error!(error = %e, "the metrics registry is poisoned"),
         }
-        out
+        exported_or_fed(&out, crate::telemetry::service_name())
     }
 
     /// CPU, resident memory and open files from `/proc/self` (Linux; elsewhere they stay 0).
@@ -566,6 +618,27 @@ pub fn status_class(status: Option<u16>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The api shows the families it lists, and one it does not list only once fed.
+    #[test]
+    fn a_service_shows_its_listed_families_and_any_other_it_fed() {
+        let text = "# HELP tidings_ready 1 while ready.\n# TYPE tidings_ready gauge\ntidings_ready 1\n\
+            # HELP tidings_consumer_pending_messages Lag.\n# TYPE tidings_consumer_pending_messages gauge\n\
+            # HELP tidings_ingested Ingested.\n# TYPE tidings_ingested counter\n\
+            tidings_ingested_total{result=\"new\"} 0\n\
+            # HELP tidings_outbox_oldest_due_seconds Age.\n# TYPE tidings_outbox_oldest_due_seconds gauge\n\
+            tidings_outbox_oldest_due_seconds 2.5\n# EOF\n";
+        let shown = exported_or_fed(text, "tidings-api");
+        let families: Vec<&str> = (shown.lines())
+            .filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next())
+            .collect();
+        assert_eq!(
+            families,
+            ["tidings_ready", "tidings_outbox_oldest_due_seconds"]
+        );
+        assert!(shown.ends_with("# EOF\n"), "{shown}");
+        assert_eq!(exported_or_fed(text, "something-else"), text);
+    }
 
     /// The `# TYPE` lines of an exposition: (family, type).
     pub(crate) fn families_in(text: &str) -> Vec<(String, String)> {

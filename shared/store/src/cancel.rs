@@ -81,8 +81,46 @@ pub async fn cancel(
             changes.push(change);
         }
     }
-    let won = transition::apply(conn, &changes)
+    let won = apply(conn, &changes)
         .await
         .map_err(db("cancelling outbox rows"))?;
     Ok(Cancelled { changes, won })
+}
+
+/// Writes cancels by compare-and-set on state and attempt, setting only the columns the api's
+/// role may update (migrations 0013 and 0022: status, reason, last_error, finished_at and the
+/// claim), not the whole transition `transition::apply` writes. Regression: through it, every operator cancel failed
+/// with "permission denied for table outbox" wherever the api runs as its own role.
+async fn apply(
+    conn: &mut PgConnection,
+    changes: &[Change],
+) -> Result<std::collections::HashSet<OutboxId>, sqlx::Error> {
+    if changes.is_empty() {
+        return Ok(Default::default());
+    }
+    let ids: Vec<OutboxId> = changes.iter().map(|c| c.id).collect();
+    let days: Vec<NaiveDate> = changes.iter().map(|c| c.day).collect();
+    let from: Vec<&str> = changes.iter().map(|c| c.from.as_str()).collect();
+    let attempts: Vec<i32> = (changes.iter())
+        .map(|c| i32::try_from(c.from_attempt).unwrap_or(i32::MAX))
+        .collect();
+    let errors: Vec<Option<&str>> = changes.iter().map(|c| c.last_error.as_deref()).collect();
+    let won: Vec<OutboxId> = sqlx::query_scalar(
+        "UPDATE outbox o
+         SET status = 'dropped', reason = 'cancelled', last_error = u.error, finished_at = now(),
+             claimed_until = NULL
+         FROM UNNEST($1::uuid[], $2::date[], $3::text[], $4::int[], $5::text[])
+              AS u(id, day, from_status, from_attempt, error)
+         WHERE o.id = u.id AND o.dedup_day = u.day
+           AND o.status = u.from_status AND o.attempt = u.from_attempt
+         RETURNING o.id",
+    )
+    .bind(ids)
+    .bind(days)
+    .bind(from)
+    .bind(attempts)
+    .bind(errors)
+    .fetch_all(conn)
+    .await?;
+    Ok(won.into_iter().collect())
 }

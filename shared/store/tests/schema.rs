@@ -334,7 +334,7 @@ async fn each_service_role_may_do_its_job_and_is_refused_the_rest() {
     let move_row = move_row.as_str();
     let cancel = format!(
         "UPDATE outbox SET status = 'dropped', reason = 'cancelled', finished_at = now(),
-                last_error = 'cancelled' WHERE id = '{}'",
+                last_error = 'cancelled', claimed_until = NULL WHERE id = '{}'",
         outbox.0
     );
     let cancel = cancel.as_str();
