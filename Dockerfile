@@ -53,7 +53,7 @@ RUN for c in shared/domain shared/runtime shared/bus shared/webpush shared/sourc
       -p tidings-cli \
  && rm -rf shared/*/src api/src dispatcher/src pusher/src detector/src cli/src
 
-# 2. Tidings itself (the same command CI's image check runs, see deploy/docker/check).
+# 2. Tidings itself (tests/tests/deploy.rs checks this file without a container engine).
 COPY migrations migrations
 # The browser client, service worker and demo page, compiled into the api.
 COPY web web

@@ -237,10 +237,15 @@ async fn require_schema(
     next: Next,
 ) -> Result<Response, ApiError> {
     if request.uri().path().starts_with("/v1/") {
-        app.schema
-            .pass()
-            .await
-            .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+        app.schema.pass().await.map_err(|e| {
+            // Operators read why in the log and on the ops port's /readyz; a stranger on the
+            // public port learns nothing of the database.
+            tracing::debug!(error = %tidings_runtime::telemetry::with_causes(&e), "a /v1 request waits for the schema");
+            ApiError::Unavailable(
+                "not ready: the service is starting or its database is not ready; try again shortly"
+                    .into(),
+            )
+        })?;
     }
     Ok(next.run(request).await)
 }

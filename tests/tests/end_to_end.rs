@@ -1523,6 +1523,15 @@ async fn against_an_empty_database_every_service_is_unready_until_migrate_has_ru
     assert_eq!(r.status(), 503);
     assert_eq!(r.headers()["content-type"], "application/problem+json");
     assert_eq!(r.headers()["retry-after"], "5");
+    // Nothing of the database's own words reaches a stranger (regression: the raw schema error).
+    let problem: Value = r.json().await.unwrap();
+    let detail = problem["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.starts_with("not ready")
+            && !detail.contains("migrat")
+            && !detail.contains("relation"),
+        "{problem}"
+    );
 
     let migrated = Instant::now();
     tidings_tests::harness::succeeds(
