@@ -326,6 +326,8 @@ pub enum Command {
     Migrate {
         #[command(flatten)]
         database: tidings_runtime::secrets::DatabaseArgs,
+        #[command(flatten)]
+        limits: MigrateLimits,
     },
     /// Print the OpenAPI document and exit.
     Openapi,
@@ -337,6 +339,21 @@ pub enum Command {
         #[command(flatten)]
         keys: tidings_webpush::sealed::SecretKeyArgs,
     },
+}
+
+/// How long `migrate` may wait ([`tidings_store::schema::Limits`]).
+#[derive(clap::Args, Debug)]
+pub struct MigrateLimits {
+    /// The longest a migration's statement waits for a lock before it is rolled back and tried
+    /// again, so queries queued behind it go on.
+    #[arg(long, env = "TIDINGS_MIGRATE_LOCK_TIMEOUT", default_value = "5s", value_parser = tidings_domain::duration::parse_duration)]
+    pub lock_timeout: Duration,
+    /// The longest one statement of a migration runs.
+    #[arg(long, env = "TIDINGS_MIGRATE_STATEMENT_TIMEOUT", default_value = "1h", value_parser = tidings_domain::duration::parse_duration)]
+    pub statement_timeout: Duration,
+    /// When `migrate` gives up (exit 1; the pod's init container starts again).
+    #[arg(long, env = "TIDINGS_MIGRATE_DEADLINE", default_value = "10m", value_parser = tidings_domain::duration::parse_duration)]
+    pub deadline: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -356,7 +373,7 @@ pub enum StartError {
     #[error("connecting to Postgres to apply migrations: {0}")]
     Connect(#[source] sqlx::Error),
     #[error("applying migrations: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
+    Migrate(#[from] tidings_store::schema::MigrateFailed),
     #[error("reseal needs TIDINGS_WEBHOOK_SECRET_KEYS (or _FILE): the keys to seal under")]
     NoSealingKeys,
     #[error(transparent)]
@@ -396,11 +413,16 @@ pub async fn run(command: Command, shutdown: CancellationToken) -> Result<(), St
                 .map_err(StartError::Serve)?;
             tracing::info!("api stopped");
         }
-        Command::Migrate { database } => {
+        Command::Migrate { database, limits } => {
             let url = database.url().map_err(config::ConfigError::from)?;
             let pool = tidings_store::postgres(&url, 1).map_err(StartError::Database)?;
             let mut conn = pool.acquire().await.map_err(StartError::Connect)?;
-            let migrated = tidings_store::schema::migrate(&mut conn).await?;
+            let limits = tidings_store::schema::Limits {
+                lock_timeout: limits.lock_timeout,
+                statement_timeout: limits.statement_timeout,
+                deadline: limits.deadline,
+            };
+            let migrated = tidings_store::schema::migrate_within(&mut conn, limits).await?;
             if !migrated.newer.is_empty() {
                 tracing::warn!(
                     schema_version = migrated.version,

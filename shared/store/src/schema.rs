@@ -10,6 +10,7 @@
 use sqlx::PgPool;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 /// Apply with `MIGRATOR.run(&pool)`; sqlx takes an advisory lock, so concurrent runs are safe,
 /// but deployments run it once from `tidings-api migrate` rather than from every replica.
@@ -56,6 +57,83 @@ pub async fn migrate(
         version: needed,
         newer,
     })
+}
+
+/// How long `migrate` may wait, so a rollout never stalls writes behind its DDL: a DDL statement
+/// queued behind a long transaction blocks every later query on its table for as long as it
+/// waits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// The longest a statement waits for a lock (the advisory lock that keeps migrations one at
+    /// a time included). Past it the migration is rolled back and tried again after a pause, so
+    /// the queries queued behind it go on meanwhile.
+    pub lock_timeout: Duration,
+    /// The longest one statement runs.
+    pub statement_timeout: Duration,
+    /// Tries stop after this (and a wait for the advisory lock ends with it).
+    pub deadline: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateFailed {
+    #[error(transparent)]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("setting the migration's timeouts: {0}")]
+    Timeouts(#[source] sqlx::Error),
+    #[error(
+        "the migrations did not get their locks within {0:?} (a long transaction holds a table they change): try again when it has ended"
+    )]
+    Deadline(Duration),
+}
+
+/// Whether a migration failed because a lock wait ran out (`lock_not_available`).
+fn lock_timed_out(e: &sqlx::migrate::MigrateError) -> bool {
+    match e {
+        sqlx::migrate::MigrateError::Execute(sqlx::Error::Database(d))
+        | sqlx::migrate::MigrateError::ExecuteMigration(sqlx::Error::Database(d), _) => {
+            d.code().as_deref() == Some("55P03")
+        }
+        _ => false,
+    }
+}
+
+/// [`migrate`] within `limits`: each statement waits at most `lock_timeout` for a lock and runs
+/// at most `statement_timeout`; a migration whose lock wait ran out is tried again after 1 s,
+/// 2 s, 4 s … (at most 30 s), until `deadline`.
+pub async fn migrate_within(
+    conn: &mut sqlx::PgConnection,
+    limits: Limits,
+) -> Result<Migrated, MigrateFailed> {
+    let ms = |d: Duration| format!("{}ms", d.as_millis().max(1));
+    sqlx::query(
+        "SELECT set_config('lock_timeout', $1, false), set_config('statement_timeout', $2, false)",
+    )
+    .bind(ms(limits.lock_timeout))
+    .bind(ms(limits.statement_timeout))
+    .execute(&mut *conn)
+    .await
+    .map_err(MigrateFailed::Timeouts)?;
+    let started = tokio::time::Instant::now();
+    let mut pause = Duration::from_secs(1);
+    loop {
+        let left = limits.deadline.saturating_sub(started.elapsed());
+        match tokio::time::timeout(left, migrate(&mut *conn)).await {
+            Err(_) => return Err(MigrateFailed::Deadline(limits.deadline)),
+            Ok(Ok(done)) => return Ok(done),
+            Ok(Err(e)) if lock_timed_out(&e) && started.elapsed() + pause < limits.deadline => {
+                log::warn!(
+                    "a migration waited {:?} for a lock and was rolled back; trying again in {pause:?}",
+                    limits.lock_timeout
+                );
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(30));
+            }
+            Ok(Err(e)) if lock_timed_out(&e) => {
+                return Err(MigrateFailed::Deadline(limits.deadline));
+            }
+            Ok(Err(e)) => return Err(e.into()),
+        }
+    }
 }
 
 /// The schema version this build needs: its highest migration.

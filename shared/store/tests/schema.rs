@@ -623,3 +623,69 @@ async fn outbox_states_decode_as_enums_and_an_unknown_one_is_an_error() {
         .await;
     assert!(unknown.is_err(), "{unknown:?}");
 }
+
+/// A migration that needs a lock a long transaction holds waits at most its lock timeout, and
+/// queries on that table go on meanwhile; once the transaction ends, `migrate` finishes (#54).
+/// Regression: with no lock timeout, 0020's `ALTER TABLE push_subscriptions`, queued behind the
+/// transaction, blocked every later query on the table for as long as it waited.
+#[tokio::test]
+async fn migrate_waits_out_a_long_transaction_without_stalling_its_table() {
+    use std::time::{Duration, Instant};
+    use tidings_store::schema::{self, Limits};
+    let db = TestDb::empty().await.unwrap();
+    let before_0020 = sqlx::migrate::Migrator {
+        migrations: (schema::MIGRATOR.iter())
+            .filter(|m| m.version < 20)
+            .cloned()
+            .collect::<Vec<_>>()
+            .into(),
+        ..sqlx::migrate::Migrator::DEFAULT
+    };
+    before_0020.run(&db.pool).await.unwrap();
+    // A long transaction that read push_subscriptions: its lock outlives the read.
+    let mut long = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT count(*) FROM push_subscriptions")
+        .execute(&mut *long)
+        .await
+        .unwrap();
+    let limits = Limits {
+        lock_timeout: Duration::from_millis(300),
+        statement_timeout: Duration::from_secs(60),
+        deadline: Duration::from_secs(60),
+    };
+    let mut conn = db.pool.acquire().await.unwrap();
+    // Traffic on the table goes on while migrate waits and tries again; then the transaction
+    // ends.
+    let traffic = async {
+        let started = Instant::now();
+        let mut slowest = Duration::ZERO;
+        while started.elapsed() < Duration::from_secs(4) {
+            let query = Instant::now();
+            let read = tokio::time::timeout(
+                Duration::from_secs(2),
+                sqlx::query("SELECT count(*) FROM push_subscriptions").execute(&db.pool),
+            )
+            .await;
+            assert!(
+                read.is_ok(),
+                "a query on the table waited behind the migration"
+            );
+            slowest = slowest.max(query.elapsed());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            schema::check(&db.pool).await.is_err(),
+            "0020 applied through the lock"
+        );
+        long.commit().await.unwrap();
+        slowest
+    };
+    let (migrated, slowest) = tokio::join!(schema::migrate_within(&mut conn, limits), traffic);
+    assert!(
+        slowest < Duration::from_secs(1),
+        "slowest query {slowest:?}"
+    );
+    let migrated = migrated.unwrap();
+    assert_eq!(migrated.version, schema::needed());
+    schema::check(&db.pool).await.unwrap();
+}
