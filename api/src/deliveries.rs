@@ -4,8 +4,8 @@
 
 use crate::AppState;
 use crate::auth::Device;
-use crate::extract::{ApiQuery, JsonBody, cursor, limit};
-use crate::problem::{ApiError, BodyRejected, Problem, Unauthorized};
+use crate::extract::{ApiQuery, JsonBody, cursor, limit, page};
+use crate::problem::{ApiError, BodyRejected, NoWebhookEndpoint, Problem, Unauthorized};
 use axum::Json;
 use axum::extract::State;
 use chrono::Utc;
@@ -42,7 +42,7 @@ async fn require_endpoint(app: &AppState, device: &Device) -> Result<(), ApiErro
         .ok_or(ApiError::NotFound("webhook endpoint"))
 }
 
-fn attempts_of(row: RowAttempts) -> impl Iterator<Item = EndpointAttempt> {
+fn attempts_of(row: RowAttempts) -> Vec<EndpointAttempt> {
     let status = row.status;
     row.attempts
         .into_iter()
@@ -58,6 +58,7 @@ fn attempts_of(row: RowAttempts) -> impl Iterator<Item = EndpointAttempt> {
             duration_ms: r.attempt.duration_ms,
             answer: r.attempt.error,
         })
+        .collect()
 }
 
 #[utoipa::path(
@@ -68,7 +69,7 @@ fn attempts_of(row: RowAttempts) -> impl Iterator<Item = EndpointAttempt> {
         (status = 200, description = "The endpoint's webhooks that were attempted, newest first, each with its attempts: status, duration and your answer's first bytes", body = EndpointAttemptList),
         (status = 400, description = "Bad cursor or limit", body = Problem, content_type = "application/problem+json"),
         Unauthorized,
-        (status = 404, description = "This token's device has no webhook endpoint", body = Problem, content_type = "application/problem+json"),
+        NoWebhookEndpoint,
     )
 )]
 pub async fn list_endpoint_attempts(
@@ -79,17 +80,13 @@ pub async fn list_endpoint_attempts(
     let before = cursor(q.cursor.as_deref())?;
     let limit = limit(q.limit)?;
     require_endpoint(&app, &device).await?;
-    let mut rows =
+    let rows =
         tidings_store::attempts::of_device(&app.pool, device.id, before.map(OutboxId), limit + 1)
             .await
             .map_err(db("listing a webhook endpoint's attempts"))?;
-    let mut next_cursor = None;
-    if rows.len() as i64 > limit {
-        rows.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
-        next_cursor = rows.last().map(|r| r.id.0.to_string());
-    }
+    let (webhooks, next_cursor) = page(rows, limit, |r| r.id.0, attempts_of);
     Ok(Json(EndpointAttemptList {
-        items: rows.into_iter().flat_map(attempts_of).collect(),
+        items: webhooks.into_iter().flatten().collect(),
         next_cursor,
     }))
 }
@@ -103,7 +100,7 @@ pub async fn list_endpoint_attempts(
         BodyRejected,
         (status = 422, description = "A body of the wrong shape (not an object, an unknown field, `since` missing or not an RFC 3339 instant)", body = Problem, content_type = "application/problem+json"),
         Unauthorized,
-        (status = 404, description = "This token's device has no webhook endpoint", body = Problem, content_type = "application/problem+json"),
+        NoWebhookEndpoint,
     )
 )]
 pub async fn recover_endpoint(

@@ -69,6 +69,11 @@ problem_answer!(
 problem_answer!(NoSuchRow, 404, "No such row");
 problem_answer!(NoSuchDevice, 404, "No such device");
 problem_answer!(NoSuchWatch, 404, "No such watch");
+problem_answer!(
+    NoWebhookEndpoint,
+    404,
+    "This token's device has no webhook endpoint"
+);
 problem_answer!(NoSuchDevicesWatch, 404, "No such watch for this device");
 problem_answer!(
     NoSuchDevicesNotification,

@@ -222,19 +222,23 @@ impl EndpointPolicy {
 
 /// Checks an endpoint without connecting: scheme, host, and every address it resolves to.
 pub async fn check(endpoint: &str, policy: &EndpointPolicy) -> Result<reqwest::Url, Refused> {
-    let (url, name) = check_url(endpoint, policy)?;
-    if let Some((host, port)) = name {
-        resolve(&host, port, policy).await?;
+    let (url, host) = check_url(endpoint, policy)?;
+    if let Host::Name(name, port) = host {
+        resolve(&name, port, policy).await?;
     }
     Ok(url)
 }
 
-/// Everything [`check`] does short of resolving: the URL, and the host name and port still to
-/// resolve (`None` for an IP literal, judged by its address here).
-fn check_url(
-    endpoint: &str,
-    policy: &EndpointPolicy,
-) -> Result<(reqwest::Url, Option<(String, u16)>), Refused> {
+/// An endpoint's host as [`check_url`] found it.
+enum Host {
+    /// An IP literal, judged by its address already; with the port.
+    Literal(SocketAddr),
+    /// A name still to resolve, and the port.
+    Name(String, u16),
+}
+
+/// Everything [`check`] does short of resolving: the URL, and its host.
+fn check_url(endpoint: &str, policy: &EndpointPolicy) -> Result<(reqwest::Url, Host), Refused> {
     let url = reqwest::Url::parse(endpoint).map_err(|_| Refused::NotAUrl)?;
     match url.scheme() {
         "https" => {}
@@ -268,8 +272,11 @@ fn check_url(
     if !policy.port_allowed(&host, port) {
         return Err(Refused::Port { host, port });
     }
-    let name = literal.is_none().then_some((host, port));
-    Ok((url, name))
+    let host = match literal {
+        Some(ip) => Host::Literal(SocketAddr::new(ip, port)),
+        None => Host::Name(host, port),
+    };
+    Ok((url, host))
 }
 
 /// How long a host that resolved to allowed addresses is not resolved again by [`Guard`].
@@ -309,14 +316,9 @@ impl Guard {
     /// literal's own) and the port. Names that resolve alike share it, so fairness keyed on it
     /// treats `a.hooks.example` and `b.hooks.example` on one address as one receiver.
     pub async fn check_at(&self, endpoint: &str) -> Result<(reqwest::Url, SocketAddr), Refused> {
-        let (url, name) = check_url(endpoint, &self.policy)?;
-        let port = url.port_or_known_default().unwrap_or(443);
-        let Some(name) = name else {
-            let host = url.host_str().unwrap_or_default();
-            let ip = (host.trim_start_matches('[').trim_end_matches(']'))
-                .parse::<IpAddr>()
-                .map_err(|_| Refused::NotAUrl)?;
-            return Ok((url, SocketAddr::new(ip, port)));
+        let (url, name, port) = match check_url(endpoint, &self.policy)? {
+            (url, Host::Literal(addr)) => return Ok((url, addr)),
+            (url, Host::Name(host, port)) => (url, (host, port), port),
         };
         let now = Instant::now();
         let remembered = (self.remembered().get(&name))
