@@ -125,6 +125,9 @@ pub struct Pacing {
     pub step: f64,
     /// At this rate it is paced no more.
     pub max: f64,
+    /// The longest a `Retry-After` holds an endpoint's rows: the receiver's number is
+    /// untrusted (`Retry-After: 999999999999` would hold them for ever, or overflow the clock).
+    pub max_wait: Duration,
 }
 
 impl Default for Pacing {
@@ -134,6 +137,7 @@ impl Default for Pacing {
             min: 0.1,
             step: 1.0,
             max: 64.0,
+            max_wait: Duration::from_secs(3600),
         }
     }
 }
@@ -161,7 +165,8 @@ impl Pacing {
     /// `retry_after`.
     pub fn slow_down(&self, p: Pace, retry_after: Duration, now: DateTime<Utc>) -> Pace {
         let rate = p.per_second.map_or(self.start, |r| r / 2.0).max(self.min);
-        let asked = now + chrono::Duration::from_std(retry_after).unwrap_or_default();
+        let wait = retry_after.min(self.max_wait);
+        let asked = now + chrono::Duration::from_std(wait).unwrap_or_default();
         Pace {
             per_second: Some(rate),
             until: Some(p.until.map_or(asked, |u| u.max(asked))),
@@ -349,6 +354,18 @@ mod tests {
                 prop_assert!(climbs <= 64);
             }
             prop_assert_eq!(p.release(pace, 7, now), Release { go: 7, next: None });
+        }
+    }
+
+    proptest! {
+        /// Whatever a receiver says its `Retry-After` is, its rows wait an hour at most.
+        #[test]
+        fn a_hostile_retry_after_holds_rows_an_hour_at_most(secs in prop::num::u64::ANY) {
+            let p = Pacing::default();
+            let pace = p.slow_down(Pace::default(), Duration::from_secs(secs), at(0));
+            let until = pace.until.unwrap();
+            prop_assert!(until <= at(3600));
+            prop_assert_eq!(until, at(secs.min(3600) as i64));
         }
     }
 
