@@ -45,18 +45,76 @@ pub async fn migrate(
                 sqlx::Error::Database(d) if d.code().as_deref() == Some("42P01") => Ok(Vec::new()),
                 _ => Err(e),
             })?;
+    let applied_is_empty = applied.is_empty();
     let known: std::collections::BTreeSet<i64> = MIGRATOR.iter().map(|m| m.version).collect();
     let newer: Vec<i64> = applied.into_iter().filter(|v| !known.contains(v)).collect();
+    if !applied_is_empty {
+        accept_rewrites(&mut *conn).await?;
+    }
     let tolerant = sqlx::migrate::Migrator {
         migrations: MIGRATOR.migrations.clone(),
         ignore_missing: true,
         ..sqlx::migrate::Migrator::DEFAULT
     };
     tolerant.run(&mut *conn).await?;
+    repair_indexes(&mut *conn).await?;
     Ok(Migrated {
         version: needed,
         newer,
     })
+}
+
+/// Unreleased migrations rewritten after some databases had applied them, with the SHA-384 of
+/// the text they had, so those databases take the new text as the same migration instead of
+/// failing sqlx's checksum check. 0019 built its index without `CONCURRENTLY` (blocking writes to
+/// `devices` for the build); the rewrite builds the same index without that lock.
+const REWRITTEN: &[(i64, &str)] = &[(
+    19,
+    "ffdea6f896df0ade45923c6110fc8c5ed6c4f95833197f43b2f188ca51b1bea22170addf32be9af33afa4fef8b3df9b1",
+)];
+
+async fn accept_rewrites(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::migrate::MigrateError> {
+    for (version, old) in REWRITTEN {
+        let Some(now) = MIGRATOR.iter().find(|m| m.version == *version) else {
+            continue;
+        };
+        sqlx::query(
+            "UPDATE _sqlx_migrations SET checksum = $2 WHERE version = $1 AND checksum = decode($3, 'hex')",
+        )
+        .bind(version)
+        .bind(&*now.checksum)
+        .bind(old)
+        .execute(&mut *conn)
+        .await
+        .map_err(sqlx::migrate::MigrateError::Execute)?;
+    }
+    Ok(())
+}
+
+/// Rebuilds the schema's invalid indexes: what a `CREATE INDEX CONCURRENTLY` leaves when it is
+/// cut short (a lock timeout, a killed pod). Its `IF NOT EXISTS` passes over such an index on the
+/// next try, so without this the migration would count as applied with an index Postgres keeps
+/// updating but never uses.
+pub async fn repair_indexes(
+    conn: &mut sqlx::PgConnection,
+) -> Result<Vec<String>, sqlx::migrate::MigrateError> {
+    let invalid: Vec<String> = sqlx::query_scalar(
+        "SELECT format('%I.%I', n.nspname, c.relname) FROM pg_index i \
+         JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE NOT i.indisvalid AND n.nspname = current_schema() ORDER BY 1",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(sqlx::migrate::MigrateError::Execute)?;
+    for index in &invalid {
+        log::warn!("rebuilding {index}: an earlier concurrent build of it was cut short");
+        // A quoted identifier from format('%I'), not input: it cannot carry a statement.
+        sqlx::raw_sql(&format!("REINDEX INDEX CONCURRENTLY {index}"))
+            .execute(&mut *conn)
+            .await
+            .map_err(sqlx::migrate::MigrateError::Execute)?;
+    }
+    Ok(invalid)
 }
 
 /// How long `migrate` may wait, so a rollout never stalls writes behind its DDL: a DDL statement

@@ -689,3 +689,60 @@ async fn migrate_waits_out_a_long_transaction_without_stalling_its_table() {
     assert_eq!(migrated.version, schema::needed());
     schema::check(&db.pool).await.unwrap();
 }
+
+#[tokio::test]
+async fn migrate_rebuilds_an_index_a_cut_short_build_left_and_takes_0019s_first_text() {
+    use tidings_store::schema;
+    let db = TestDb::empty().await.unwrap();
+    let mut conn = db.pool.acquire().await.unwrap();
+    schema::migrate(&mut conn).await.unwrap();
+    // A concurrent build that fails leaves its index behind, invalid, as a killed one would.
+    sqlx::raw_sql("CREATE TABLE scratch (a int); INSERT INTO scratch VALUES (1), (1)")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let cut_short = sqlx::raw_sql("CREATE UNIQUE INDEX CONCURRENTLY scratch_a ON scratch (a)")
+        .execute(&mut *conn)
+        .await;
+    assert!(cut_short.is_err());
+    let valid = "SELECT indisvalid FROM pg_index WHERE indexrelid = 'scratch_a'::regclass";
+    let before: bool = sqlx::query_scalar(valid)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert!(!before);
+    sqlx::raw_sql("DELETE FROM scratch WHERE ctid = (SELECT min(ctid) FROM scratch)")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    // A database that applied 0019 before it was rewritten to build CONCURRENTLY.
+    sqlx::query(
+        "UPDATE _sqlx_migrations SET checksum = decode($1, 'hex') WHERE version = 19",
+    )
+    .bind("ffdea6f896df0ade45923c6110fc8c5ed6c4f95833197f43b2f188ca51b1bea22170addf32be9af33afa4fef8b3df9b1")
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    schema::migrate(&mut conn).await.unwrap();
+    let after: bool = sqlx::query_scalar(valid)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert!(after, "migrate left the invalid index invalid");
+    let now: Vec<u8> =
+        sqlx::query_scalar("SELECT checksum FROM _sqlx_migrations WHERE version = 19")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+    let carried = schema::MIGRATOR.iter().find(|m| m.version == 19).unwrap();
+    assert_eq!(now, carried.checksum.to_vec());
+    // Any other checksum is still refused: the acceptance is for that one text only.
+    sqlx::query("UPDATE _sqlx_migrations SET checksum = '\\x00' WHERE version = 19")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    assert!(matches!(
+        schema::migrate(&mut conn).await,
+        Err(sqlx::migrate::MigrateError::VersionMismatch(19))
+    ));
+}
