@@ -36,7 +36,7 @@ mod shown;
 mod watches;
 mod web;
 
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
 use sqlx::PgPool;
@@ -138,7 +138,10 @@ pub fn app(pool: PgPool, settings: Settings) -> axum::Router {
 fn one_router(pool: PgPool, settings: Settings, stopping: CancellationToken) -> axum::Router {
     let (public, ops, state) = parts(pool, settings, stopping);
     let public = with_web(public, &state);
-    with_cors(finish(public.merge(ops), state.clone()), &state)
+    with_cors(
+        finish(public.merge(ops), state.clone(), Listener::Public),
+        &state,
+    )
 }
 
 /// The public router and the operator router (`/v1/admin/*`, `/metrics`, and the probes), which
@@ -158,8 +161,8 @@ pub fn routers(
         .route("/readyz", axum::routing::get(health::readyz));
     let public = with_web(public, &state);
     (
-        with_cors(finish(public, state.clone()), &state),
-        finish(ops, state),
+        with_cors(finish(public, state.clone(), Listener::Public), &state),
+        finish(ops, state, Listener::Ops),
     )
 }
 
@@ -214,7 +217,15 @@ fn parts(
     (public, ops, state)
 }
 
-fn finish(router: axum::Router<AppState>, state: AppState) -> axum::Router {
+/// Which port a router serves: strangers reach the public one, operators and the monitoring
+/// stack the ops one.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Listener {
+    Public,
+    Ops,
+}
+
+fn finish(router: axum::Router<AppState>, state: AppState, listener: Listener) -> axum::Router {
     let max_body = state.settings.max_body_bytes;
     router
         .route_layer(axum::middleware::from_fn_with_state(
@@ -225,7 +236,10 @@ fn finish(router: axum::Router<AppState>, state: AppState) -> axum::Router {
         .fallback(no_route)
         .layer(DefaultBodyLimit::max(max_body))
         .layer(axum::middleware::from_fn(problem::problems_everywhere))
-        .layer(axum::middleware::from_fn(trace_request))
+        .layer(axum::middleware::from_fn_with_state(
+            listener,
+            trace_request,
+        ))
 }
 
 /// The `/v1` routes answer 503 until the database has the schema this build needs (before
@@ -255,7 +269,7 @@ async fn no_route() -> ApiError {
 }
 
 /// One span per request, named by its route template (low cardinality), with the outcome.
-async fn trace_request(request: Request, next: Next) -> Response {
+async fn trace_request(State(listener): State<Listener>, request: Request, next: Next) -> Response {
     let route = request
         .extensions()
         .get::<MatchedPath>()
@@ -277,12 +291,16 @@ async fn trace_request(request: Request, next: Next) -> Response {
         http.response.status_code = tracing::field::Empty,
         )
     };
-    // A client's W3C traceparent makes this request part of its trace.
+    // A client's W3C traceparent makes this request part of its trace. On the public port its
+    // sampled flag is not obeyed: a stranger could otherwise have every request exported.
     let incoming = request
         .headers()
         .get("traceparent")
         .and_then(|v| v.to_str().ok());
-    tidings_runtime::telemetry::set_parent(&span, incoming);
+    match listener {
+        Listener::Public => tidings_runtime::telemetry::set_untrusted_parent(&span, incoming),
+        Listener::Ops => tidings_runtime::telemetry::set_parent(&span, incoming),
+    }
     let started = Instant::now();
     let response = next.run(request).instrument(span.clone()).await;
     let status = response.status().as_u16();

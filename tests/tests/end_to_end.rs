@@ -929,6 +929,58 @@ async fn one_notification_is_one_trace_across_every_service() {
     s.cleanup().await;
 }
 
+/// With the prod overlay's kind of sampler at ratio 0, a stranger's `traceparent` that asks for
+/// sampling continues no exported trace, while an operator's on the ops port is followed.
+#[tokio::test]
+async fn a_public_traceparent_continues_a_trace_but_cannot_force_its_sampling() {
+    let s = Scenario::new().await;
+    let sampler = [
+        ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+        ("OTEL_TRACES_SAMPLER_ARG", "0"),
+    ];
+    let (p, spans) = traced_pipeline_with(&s, &sampler).await;
+    let (stranger, operator) = (
+        "4bf92f3577b34da6a3ce929d0e0e4736",
+        "5c0a03a688c44eb7b40d3a1e2f3b4c5d",
+    );
+    let http = reqwest::Client::new();
+    let answer = http
+        .get(format!("{}/v1/vapid-public-key", p.url("api")))
+        .header("traceparent", format!("00-{stranger}-00f067aa0ba902b7-01"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    let answer = http
+        .get(format!("{}/v1/admin/clients", p.ops_url("api")))
+        .bearer_auth(ADMIN_TOKEN)
+        .header("traceparent", format!("00-{operator}-00f067aa0ba902b7-01"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    let traced = |trace: &str| {
+        spans
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|sp| sp["traceId"] == trace)
+    };
+    let started = Instant::now();
+    while !traced(operator) {
+        poll_wait(started, 10, || {
+            "the operator's trace was not followed".into()
+        })
+        .await;
+    }
+    // The stranger's request ended first, in the same exporter: had it been kept, it would be
+    // here by now; a further export period makes sure.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!traced(stranger), "a stranger's sampled flag was obeyed");
+    p.stop().await;
+    s.cleanup().await;
+}
+
 /// With PushRequests batched (`TIDINGS_DISPATCH_PUSH_BATCH`), the requests of one claim share a
 /// push-stream message, whose one header cannot carry their traces: each request carries its own,
 /// and each notification is still one trace, its push a child of its own re-check.

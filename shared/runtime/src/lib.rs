@@ -7,6 +7,7 @@ pub mod flags;
 pub mod liveness;
 pub mod metrics;
 pub mod ops;
+pub mod sampling;
 pub mod secrets;
 pub mod signals;
 pub mod startup;

@@ -52,6 +52,9 @@ impl Telemetry {
             .ok()
             .filter(|e| !e.trim().is_empty());
         let env = |key: &str| std::env::var(key).ok().filter(|v| !v.trim().is_empty());
+        let sampling = crate::sampling::Sampling::from_env(env);
+        let chosen = sampling.as_ref().copied().unwrap_or_default();
+        crate::sampling::install(chosen);
         let (provider, build_error) = match endpoint {
             None => (None, None),
             Some(_) => match opentelemetry_otlp::SpanExporter::builder()
@@ -63,6 +66,7 @@ impl Telemetry {
                     Some(
                         SdkTracerProvider::builder()
                             .with_batch_exporter(exporter)
+                            .with_sampler(chosen.sampler())
                             .with_resource(resource(service, env))
                             .build(),
                     ),
@@ -80,6 +84,9 @@ impl Telemetry {
             .with(layers(filter, tracer, std::io::stderr))
             .init();
         let _ = DISPATCH.set(tracing::dispatcher::get_default(|d| d.downgrade()));
+        if let Err(e) = &sampling {
+            tracing::error!(error = %e, "trace sampling is left at parentbased_always_on");
+        }
         if let Some(e) = build_error {
             tracing::error!(error = %e, "OTLP trace exporter could not be built; traces are not exported");
         }
@@ -261,9 +268,18 @@ impl Drop for Telemetry {
     }
 }
 
-/// Makes `span` a child of the W3C `traceparent` (when there is one and it parses).
+/// Makes `span` a child of the W3C `traceparent` (when there is one and it parses), following
+/// its sampled flag: for a `traceparent` from another Tidings service or an operator.
 pub fn set_parent(span: &tracing::Span, traceparent: Option<&str>) {
     if let Some(cx) = remote(traceparent) {
+        let _ = span.set_parent(cx);
+    }
+}
+
+/// [`set_parent`] for a `traceparent` from outside: the trace goes on, but whether it is kept
+/// is drawn here ([`crate::sampling::untrusted_parent`]), not taken from the caller.
+pub fn set_untrusted_parent(span: &tracing::Span, traceparent: Option<&str>) {
+    if let Some(cx) = crate::sampling::untrusted_parent(traceparent) {
         let _ = span.set_parent(cx);
     }
 }
@@ -277,7 +293,7 @@ pub fn add_link(span: &tracing::Span, traceparent: Option<&str>) {
 }
 
 /// The span context a W3C `traceparent` names, when there is one and it parses.
-fn remote(traceparent: Option<&str>) -> Option<opentelemetry::Context> {
+pub(crate) fn remote(traceparent: Option<&str>) -> Option<opentelemetry::Context> {
     let mut headers = async_nats::HeaderMap::new();
     headers.insert("traceparent", traceparent?);
     let cx = crate::trace_context::extract(Some(&headers));
