@@ -19,6 +19,7 @@ use tidings_api_types::dead_letters::{
     DeadLetterDetail, DeadLetterList, DeadLetterReport, DeadLetterSummary,
 };
 use tidings_bus::dead_letters::{DeadLetter, DeadLetterError, DeadLetterFilter, DeadLetters};
+use tidings_bus::redrive::Answer;
 use tidings_domain::subjects::StreamKind;
 use utoipa::{IntoParams, ToSchema};
 
@@ -245,8 +246,27 @@ fn checked_batch(req: &DeadLetterBulk) -> Result<usize, ApiError> {
     Ok(batch)
 }
 
+/// How long a dispatcher has to redrive one dead letter.
+const REDRIVE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Asks a dispatcher to redrive dead letter `sequence` (`tidings_bus::redrive`).
+async fn ask_redrive(app: &AppState, sequence: u64) -> Result<Answer, ApiError> {
+    let client = app
+        .settings
+        .bus
+        .as_ref()
+        .ok_or_else(|| ApiError::Unavailable("the api is not connected to NATS".into()))?;
+    tidings_bus::redrive::ask(client, &app.settings.subjects, sequence, REDRIVE_WAIT)
+        .await
+        .map_err(|e| {
+            tracing::warn!(sequence, error = %tidings_runtime::telemetry::with_causes(&e), "redrive not done");
+            ApiError::Unavailable(tidings_runtime::telemetry::with_causes(&e))
+        })
+}
+
 /// Redrives or purges one dead letter (or, in a dry run, counts what would be done).
 async fn handle(
+    app: &AppState,
     dlq: &DeadLetters,
     action: Action,
     letter: &DeadLetter,
@@ -259,13 +279,27 @@ async fn handle(
                 *report.skipped.entry(why).or_default() += 1;
             }
             Err(e) => return Err(bus_error(e)),
-            Ok(subject) => {
-                if !dry_run {
-                    dlq.redrive(letter).await.map_err(bus_error)?;
-                }
+            Ok(subject) if dry_run => {
                 report.done += 1;
                 *report.redriven_to.entry(subject).or_default() += 1;
             }
+            Ok(_) => match ask_redrive(app, letter.sequence).await? {
+                Answer::Redriven { subject } => {
+                    report.done += 1;
+                    *report.redriven_to.entry(subject).or_default() += 1;
+                }
+                // Redriven or purged by someone else meanwhile.
+                Answer::Gone => {
+                    *report.skipped.entry("gone".to_owned()).or_default() += 1;
+                }
+                Answer::Refused { why } => *report.skipped.entry(why).or_default() += 1,
+                Answer::Failed { detail } => {
+                    return Err(ApiError::Unavailable(format!(
+                        "redriving dead letter {}: {detail}",
+                        letter.sequence
+                    )));
+                }
+            },
         },
         Action::Purge => {
             if dry_run || dlq.purge(letter.sequence).await.map_err(bus_error)? {
@@ -311,7 +345,7 @@ async fn bulk(
         if req.dry_run && report.sample.len() < 10 {
             report.sample.push(summary(letter));
         }
-        handle(&dlq, action, letter, req.dry_run, &mut report).await?;
+        handle(app, &dlq, action, letter, req.dry_run, &mut report).await?;
     }
     tracing::info!(
         action = if action == Action::Redrive {
@@ -332,7 +366,7 @@ async fn bulk(
     request_body = DeadLetterBulk,
     security(("admin_token" = [])),
     responses(
-        (status = 200, description = "One batch redriven (or, with `dry_run`, counted): each message goes back to its original subject with a new message id and a `Tidings-Redriven-From` header, then leaves the dead-letter stream. Push requests are not redriven (the lease sweeper retries their rows).", body = DeadLetterReport),
+        (status = 200, description = "One batch redriven (or, with `dry_run`, counted): a dispatcher publishes each message back to its original subject with a new message id and a `Tidings-Redriven-From` header, then deletes it from the dead-letter stream. Push requests are not redriven (the lease sweeper retries their rows). 503 when no dispatcher answers.", body = DeadLetterReport),
         BodyRejected,
         BulkRejected,
         Unauthorized,

@@ -167,11 +167,8 @@ pub async fn run_with(
         let shutdown = shutdown.clone();
         tasks.spawn(async move { d.run(shutdown).await });
     }
-    let log = Arc::new(DeliveryLog::new(
-        js.clone(),
-        &settings.subjects,
-        &settings.streams,
-    ));
+    let log =
+        Arc::new(DeliveryLog::new(js.clone(), &settings.subjects, &settings.streams).creating());
     tasks.spawn(retention::run(
         pool.clone(),
         settings.retention,
@@ -182,6 +179,12 @@ pub async fn run_with(
         pool.clone(),
         settings.clone(),
         log,
+        shutdown.clone(),
+    ));
+    // Operators' redrives of dead letters, asked by the api (which may not publish them).
+    tasks.spawn(tidings_bus::redrive::serve(
+        js.client(),
+        settings.subjects.clone(),
         shutdown.clone(),
     ));
     tracing::info!(

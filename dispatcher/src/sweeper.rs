@@ -186,6 +186,11 @@ pub async fn run(
                 tracing::error!(error = %e, "sweep failed");
             }
         }
+        // The pusher may not make the delivery log: a bucket lost outright (a broker that lost
+        // its storage) is made again here, within a sweep interval.
+        if let Err(e) = log.restore_if_lost().await {
+            tracing::error!(error = %e, "the delivery log is gone and could not be made again");
+        }
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(settings.sweep_interval) => {}

@@ -109,7 +109,8 @@ impl Pusher {
         require_streams(&js, &settings.subjects).await?;
         crate::metrics::init(channel);
         let delivered = DeliveryLog::new(js.clone(), &settings.subjects, &settings.streams);
-        delivered.ensure().await?;
+        // The dispatcher made it with the streams; the pusher may not.
+        delivered.open().await?;
         // Updated on start: a changed ack wait (it follows the HTTP timeout) takes effect.
         let durable = Durable {
             name: consumer_for(channel),

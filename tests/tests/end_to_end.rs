@@ -1722,4 +1722,66 @@ async fn each_service_works_as_its_own_nats_user_and_cannot_publish_the_others_m
     assert!(!info(StreamKind::Push, "pusher").await);
     let log = p.log("detector");
     assert!(!log.contains("cannot read the enqueue backlog"), "{log}");
+    refusals(&s, &last, &as_user).await;
+}
+
+/// What the services' users may NOT do, tried as each: the api forges no result or enqueue
+/// request, the pusher cannot shorten the delivery log's memory (the guard against a second
+/// push) or make a stream, and nobody but the dispatcher creates one.
+async fn refusals<L, LF, U, UF>(s: &Scenario, last: &L, as_user: &U)
+where
+    L: Fn(StreamKind) -> LF,
+    LF: std::future::Future<Output = u64>,
+    U: Fn(Service) -> UF,
+    UF: std::future::Future<Output = async_nats::jetstream::Context>,
+{
+    let refused = |r: Result<async_nats::jetstream::context::PublishAckFuture, _>| async move {
+        match r {
+            Ok(ack) => ack.await.is_err(),
+            Err(_) => true,
+        }
+    };
+    let api = as_user(Service::Api).await;
+    for kind in [StreamKind::Result, StreamKind::Enqueue] {
+        let before = last(kind).await;
+        let subject = s.subjects.subject(kind, Channel::WebPush);
+        assert!(
+            refused(api.publish(subject, "forged".into()).await).await,
+            "the api published a {kind:?} message"
+        );
+        assert_eq!(last(kind).await, before);
+    }
+    let pusher = as_user(Service::Pusher).await;
+    let bucket = s.subjects.bucket(tidings_bus::delivered::BUCKET);
+    let kv_stream = format!("KV_{bucket}");
+    let admin_view = pusher.get_stream(&kv_stream).await;
+    let mut shortened = admin_view
+        .expect("the pusher may look at the delivery log's stream")
+        .cached_info()
+        .config
+        .clone();
+    let max_age = shortened.max_age;
+    shortened.max_age = Duration::from_secs(1);
+    assert!(
+        pusher.update_stream(shortened).await.is_err(),
+        "the pusher shortened the delivery log's memory"
+    );
+    assert!(
+        pusher.delete_key_value(&bucket).await.is_err(),
+        "the pusher deleted the delivery log"
+    );
+    let dispatcher = as_user(Service::Dispatcher).await;
+    let mut stream = dispatcher.get_stream(&kv_stream).await.unwrap();
+    assert_eq!(stream.info().await.unwrap().config.max_age, max_age);
+    for service in [Service::Pusher, Service::Api, Service::Detector] {
+        let js = as_user(service).await;
+        let made = js
+            .create_stream(async_nats::jetstream::stream::Config {
+                name: format!("{}_sneaky", s.subjects.prefix()),
+                subjects: vec![format!("{}.sneaky.>", s.subjects.prefix())],
+                ..Default::default()
+            })
+            .await;
+        assert!(made.is_err(), "{service:?} created a stream");
+    }
 }

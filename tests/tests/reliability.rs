@@ -225,11 +225,20 @@ async fn after_a_broker_restart_a_running_pusher_still_sends_a_redelivered_push_
     {
         poll_wait(started, 10, || "no reconnect".into()).await;
     }
-    // Then even a delivery log lost outright is recreated on the next delivery.
+    // Then even a delivery log lost outright is made again by the dispatcher's sweeper (the
+    // pusher may not make it), and the running pusher uses it again.
     for (sent, lose_the_log) in [(1, false), (2, true)] {
         if lose_the_log {
             let bucket = b.subjects.bucket(tidings_bus::delivered::BUCKET);
             b.js.delete_key_value(bucket).await.unwrap();
+            let dispatchers = tidings_bus::delivered::DeliveryLog::new(
+                b.js.clone(),
+                &b.subjects,
+                &Default::default(),
+            )
+            .creating();
+            assert!(dispatchers.restore_if_lost().await.unwrap(), "was lost");
+            assert!(!dispatchers.restore_if_lost().await.unwrap(), "is back");
         }
         let req = fixtures::push_request(&sub);
         assert_eq!(
@@ -258,7 +267,7 @@ async fn an_in_memory_delivery_log_left_by_an_older_tidings_is_replaced_by_one_o
     .await
     .unwrap();
 
-    let log = DeliveryLog::new(js.clone(), &subjects, &Default::default());
+    let log = DeliveryLog::new(js.clone(), &subjects, &Default::default()).creating();
     log.ensure().await.unwrap();
     let mut stream = js
         .get_stream(format!("KV_{}", subjects.bucket(BUCKET)))

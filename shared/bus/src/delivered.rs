@@ -11,8 +11,9 @@
 //!
 //! It is a JetStream key-value bucket, keyed by outbox id, kept on disk with the streams'
 //! replicas and a TTL. Losing it cannot lose a notification, only widen the duplicate window,
-//! and it repairs itself: an operation that fails (the bucket vanished in a broker restart, say)
-//! recreates the bucket and is tried once more. Failures that remain are counted in
+//! and it repairs itself: the dispatcher, which alone may make the bucket, makes it again within a
+//! sweep interval when it is gone, and an operation that fails opens it anew and is tried once
+//! more. Failures that remain are counted in
 //! `tidings_delivery_log_errors_total`: while that counter moves, the guard against a second
 //! push is off.
 
@@ -50,6 +51,7 @@ pub struct DeliveryLog {
     /// Behind an `Arc`: a `kv::Store` carries the stream's info, and cloning that for every
     /// push would cost more than the lookup it serves.
     store: RwLock<Option<Arc<kv::Store>>>,
+    creates: bool,
 }
 
 impl DeliveryLog {
@@ -73,6 +75,55 @@ impl DeliveryLog {
                 ..Default::default()
             },
             store: RwLock::new(None),
+            creates: false,
+        }
+    }
+
+    /// This log may create its bucket, or set it up again: the dispatcher's, which makes every
+    /// stream. Without it the log only opens the bucket the dispatcher made.
+    pub fn creating(mut self) -> Self {
+        self.creates = true;
+        self
+    }
+
+    /// Opens the bucket and keeps the handle; an error while the dispatcher has not made it yet.
+    pub async fn open(&self) -> Result<Arc<kv::Store>, DeliveryLogError> {
+        let store = Arc::new(
+            self.js
+                .get_key_value(&self.config.bucket)
+                .await
+                .map_err(|e| self.error("open bucket", e))?,
+        );
+        if let Ok(mut slot) = self.store.write() {
+            *slot = Some(store.clone());
+        }
+        Ok(store)
+    }
+
+    /// Makes the bucket again if it is gone (only a [`DeliveryLog::creating`] log may); whether
+    /// it was gone.
+    pub async fn restore_if_lost(&self) -> Result<bool, DeliveryLogError> {
+        let stream = format!("KV_{}", self.config.bucket);
+        match self.js.get_stream(&stream).await {
+            Ok(_) => Ok(false),
+            Err(e)
+                if matches!(e.kind(), jetstream::context::GetStreamErrorKind::JetStream(j)
+                    if j.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND) =>
+            {
+                tracing::warn!(bucket = self.bucket(), error = %e, "making the lost delivery log again");
+                self.ensure().await.map(|_| true)
+            }
+            Err(e) => Err(self.error("look for the bucket", e)),
+        }
+    }
+
+    /// The bucket again, after an operation on it failed: made anew if this log may
+    /// ([`DeliveryLog::creating`]), else opened anew.
+    async fn reopen(&self) -> Result<Arc<kv::Store>, DeliveryLogError> {
+        if self.creates {
+            self.ensure().await
+        } else {
+            self.open().await
         }
     }
 
@@ -139,7 +190,7 @@ impl DeliveryLog {
         let held = self.store.read().ok().and_then(|s| s.clone());
         match held {
             Some(store) => Ok(store),
-            None => self.ensure().await,
+            None => self.reopen().await,
         }
     }
 
@@ -155,8 +206,8 @@ impl DeliveryLog {
             match self.store().await?.put(&key, value.clone().into()).await {
                 Ok(_) => Ok(()),
                 Err(e) => {
-                    tracing::warn!(bucket = self.bucket(), outbox_id = %outbox_id, error = %e, "recording a delivery failed; recreating the bucket and trying again");
-                    self.ensure()
+                    tracing::warn!(bucket = self.bucket(), outbox_id = %outbox_id, error = %e, "recording a delivery failed; opening the bucket again and trying again");
+                    self.reopen()
                         .await?
                         .put(&key, value.into())
                         .await
@@ -177,8 +228,8 @@ impl DeliveryLog {
             match self.store().await?.get(&key).await {
                 Ok(v) => Ok(v),
                 Err(e) => {
-                    tracing::warn!(bucket = self.bucket(), outbox_id = %outbox_id, error = %e, "looking up a delivery failed; recreating the bucket and trying again");
-                    self.ensure()
+                    tracing::warn!(bucket = self.bucket(), outbox_id = %outbox_id, error = %e, "looking up a delivery failed; opening the bucket again and trying again");
+                    self.reopen()
                         .await?
                         .get(&key)
                         .await

@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod permissions;
 pub mod publish;
 mod pull;
+pub mod redrive;
 pub mod roll_call;
 pub mod streams;
 

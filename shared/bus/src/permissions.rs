@@ -80,9 +80,17 @@ fn consume(prefix: &str, kind: StreamKind, publish: &mut Vec<String>) {
     publish.push(format!("$JS.ACK.{s}.>"));
 }
 
-/// The delivery log's bucket (`crate::delivered`): created, read and written by the pusher,
-/// read by the dispatcher.
-fn delivery_log(prefix: &str, write: bool, publish: &mut Vec<String>) {
+/// Who does what to the delivery log's bucket (`crate::delivered`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum LogUse {
+    /// The dispatcher makes it (with the streams), and reads it.
+    Own,
+    /// The pusher reads and writes its keys, but cannot make, reshape or delete its stream.
+    Write,
+}
+
+/// The delivery log's bucket (`crate::delivered`).
+fn delivery_log(prefix: &str, using: LogUse, publish: &mut Vec<String>) {
     let bucket = if prefix == "*" {
         "*".to_owned()
     } else {
@@ -93,11 +101,20 @@ fn delivery_log(prefix: &str, write: bool, publish: &mut Vec<String>) {
     } else {
         format!("KV_{bucket}")
     };
-    for call in ["INFO", "CREATE", "UPDATE", "MSG.GET"] {
+    let calls: &[&str] = match using {
+        LogUse::Own => &["INFO", "CREATE", "UPDATE", "MSG.GET"],
+        LogUse::Write => &["INFO", "MSG.GET"],
+    };
+    for call in calls {
         publish.push(format!("$JS.API.STREAM.{call}.{stream}"));
     }
+    // A bucket an older Tidings kept in memory is replaced (`crate::delivered`). Not under the
+    // prefix `*`, where the stream's name would be any stream's.
+    if using == LogUse::Own && prefix != "*" {
+        publish.push(format!("$JS.API.STREAM.DELETE.{stream}"));
+    }
     publish.push(format!("$JS.API.DIRECT.GET.{stream}.>"));
-    if write {
+    if using == LogUse::Write {
         publish.push(format!("$KV.{bucket}.>"));
     }
 }
@@ -136,14 +153,20 @@ pub fn permissions(service: Service, prefix: &str) -> Permissions {
                 consume(prefix, kind, &mut publish);
                 // Acknowledged messages are purged in bulk (`crate::consume`).
                 publish.push(format!("$JS.API.STREAM.PURGE.{}", stream(prefix, kind)));
+                // A dead letter redriven (`crate::redrive`) goes back where it came from.
+                publish.push(subject(kind));
             }
-            delivery_log(prefix, false, &mut publish);
+            let dlq = stream(prefix, StreamKind::Dlq);
+            publish.push(format!("$JS.API.STREAM.MSG.GET.{dlq}"));
+            publish.push(format!("$JS.API.STREAM.MSG.DELETE.{dlq}"));
+            subscribe.push(format!("{prefix}.{}", crate::redrive::SUBJECT));
+            delivery_log(prefix, LogUse::Own, &mut publish);
         }
         Service::Pusher => {
             publish.push(subject(StreamKind::Result));
             publish.push(subject(StreamKind::Dlq));
             consume(prefix, StreamKind::Push, &mut publish);
-            delivery_log(prefix, true, &mut publish);
+            delivery_log(prefix, LogUse::Write, &mut publish);
             // Answers the api's roll call (its VAPID key, for `doctor`).
             subscribe.push(roll_call.clone());
         }
@@ -152,13 +175,12 @@ pub fn permissions(service: Service, prefix: &str) -> Permissions {
             for kind in [StreamKind::Enqueue, StreamKind::Result, StreamKind::Push] {
                 publish.push(format!("$JS.API.CONSUMER.INFO.{}.>", stream(prefix, kind)));
             }
-            // Dead letters: read, delete, and redrive to where they came from (never a push
-            // request: `crate::dead_letters`).
+            // Dead letters: read and delete. A redrive is asked of a dispatcher
+            // (`crate::redrive`): the api publishes nothing to the pipeline's streams.
             let dlq = stream(prefix, StreamKind::Dlq);
             publish.push(format!("$JS.API.STREAM.MSG.GET.{dlq}"));
             publish.push(format!("$JS.API.STREAM.MSG.DELETE.{dlq}"));
-            publish.push(subject(StreamKind::Enqueue));
-            publish.push(subject(StreamKind::Result));
+            publish.push(format!("{prefix}.{}", crate::redrive::SUBJECT));
             publish.push(roll_call);
             // Change hints that `POST /v1/items/changed` verified.
             publish.push(format!("{prefix}.hints.>"));
@@ -170,7 +192,8 @@ pub fn permissions(service: Service, prefix: &str) -> Permissions {
     Permissions {
         publish,
         subscribe,
-        allow_responses: service == Service::Pusher,
+        // The pusher answers the roll call, the dispatcher redrive asks.
+        allow_responses: matches!(service, Service::Pusher | Service::Dispatcher),
     }
 }
 
@@ -305,12 +328,13 @@ mod tests {
             let result = s.subject(StreamKind::Result, Channel::WebPush);
             let dlq = s.dlq(StreamKind::Push);
             use Service::*;
-            // The api may redrive a dead enqueue request or result, never a push request.
+            // The dispatcher may redrive a dead enqueue request or result, never a push request;
+            // the api publishes none of them.
             let table = [
                 (Detector, [true, false, false, false]),
-                (Dispatcher, [false, true, false, true]),
+                (Dispatcher, [true, true, true, true]),
                 (Pusher, [false, false, true, true]),
-                (Api, [true, false, true, false]),
+                (Api, [false, false, false, false]),
             ];
             for (service, allowed) in table {
                 for (subject, allowed) in [&enqueue, &push, &result, &dlq].into_iter().zip(allowed)
@@ -353,7 +377,7 @@ mod tests {
                 let purges = own && kind != StreamKind::Push;
                 assert_eq!(may_publish(service, "tidings", &purge(kind)), purges);
             }
-            // Nobody deletes a stream.
+            // Nobody deletes a stream of the pipeline.
             assert!(!may_publish(
                 service,
                 "*",
@@ -380,23 +404,48 @@ mod tests {
     }
 
     #[test]
-    fn only_the_pusher_writes_the_delivery_log() {
+    fn only_the_pusher_writes_the_delivery_log_and_only_the_dispatcher_shapes_it() {
         let key = "$KV.tidings_delivered.0192";
-        assert!(may_publish(Service::Pusher, "tidings", key));
-        assert!(!may_publish(Service::Dispatcher, "tidings", key));
-        assert!(!may_publish(Service::Detector, "tidings", key));
-        assert!(!may_publish(Service::Api, "tidings", key));
+        for prefix in ["tidings", "*"] {
+            for service in Service::ALL {
+                let p = |subject: &str| may_publish(service, prefix, subject);
+                assert_eq!(p(key), service == Service::Pusher, "{service:?}");
+                for call in ["CREATE", "UPDATE", "DELETE"] {
+                    let shape = format!("$JS.API.STREAM.{call}.KV_tidings_delivered");
+                    let owner =
+                        service == Service::Dispatcher && (prefix != "*" || call != "DELETE");
+                    assert_eq!(p(&shape), owner, "{service:?} {call}");
+                }
+            }
+        }
     }
 
     #[test]
-    fn only_the_api_reads_and_deletes_dead_letters_and_calls_the_roll() {
+    fn only_the_api_and_the_redriving_dispatcher_handle_dead_letters_and_the_api_calls_the_roll() {
         let get = "$JS.API.STREAM.MSG.GET.tidings_dlq";
         let delete = "$JS.API.STREAM.MSG.DELETE.tidings_dlq";
         let roll_call = format!("tidings.{}", crate::roll_call::SUBJECT);
+        let redrive = format!("tidings.{}", crate::redrive::SUBJECT);
         for service in Service::ALL {
             let api = service == Service::Api;
-            assert_eq!(may_publish(service, "tidings", get), api, "{service:?}");
-            assert_eq!(may_publish(service, "tidings", delete), api, "{service:?}");
+            let handles = matches!(service, Service::Api | Service::Dispatcher);
+            assert_eq!(may_publish(service, "tidings", get), handles, "{service:?}");
+            assert_eq!(
+                may_publish(service, "tidings", delete),
+                handles,
+                "{service:?}"
+            );
+            assert_eq!(
+                may_publish(service, "tidings", &redrive),
+                api,
+                "{service:?}"
+            );
+            let p = permissions(service, "tidings");
+            assert_eq!(
+                p.subscribe.iter().any(|s| matches(s, &redrive)),
+                service == Service::Dispatcher,
+                "{service:?}"
+            );
             assert_eq!(
                 may_publish(service, "tidings", &roll_call),
                 api,
@@ -408,10 +457,9 @@ mod tests {
                 "tidings",
                 "$JS.API.STREAM.MSG.GET.tidings_push"
             ));
-            let p = permissions(service, "tidings");
             let answers = service == Service::Pusher;
             assert_eq!(p.subscribe.iter().any(|s| matches(s, &roll_call)), answers);
-            assert_eq!(p.allow_responses, answers, "{service:?}");
+            assert_eq!(p.allow_responses, answers || handles && !api, "{service:?}");
         }
         // Only the dispatcher creates streams: the api, the detector and the internet-facing
         // pusher cannot make or reshape one.

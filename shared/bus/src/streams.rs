@@ -67,11 +67,15 @@ impl Default for StreamSettings {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("could not create or update stream {stream}: {source}")]
-pub struct StreamError {
-    pub stream: String,
-    #[source]
-    pub source: async_nats::jetstream::context::CreateStreamError,
+pub enum StreamError {
+    #[error("could not create or update stream {stream}: {source}")]
+    Stream {
+        stream: String,
+        #[source]
+        source: async_nats::jetstream::context::CreateStreamError,
+    },
+    #[error(transparent)]
+    DeliveryLog(#[from] crate::delivered::DeliveryLogError),
 }
 
 /// A stream a service needs is not there: the dispatcher, which alone may create streams,
@@ -146,16 +150,24 @@ pub fn stream_config(subjects: &Subjects, kind: StreamKind, s: &StreamSettings) 
     }
 }
 
-/// Creates every stream under the prefix, or leaves it as it is when it already exists.
+/// Creates every stream under the prefix and the delivery log's bucket, or leaves them as they
+/// are when they already exist. The dispatcher alone does this: the pusher, which talks to URLs
+/// strangers chose, may neither make nor reshape one (it could shorten the delivery log's memory
+/// and with it the guard against a second push).
 pub async fn ensure_streams(
     js: &jetstream::Context,
     subjects: &Subjects,
     settings: &StreamSettings,
 ) -> Result<(), StreamError> {
+    // First: the pusher starts once the streams exist, and then opens the bucket.
+    crate::delivered::DeliveryLog::new(js.clone(), subjects, settings)
+        .creating()
+        .ensure()
+        .await?;
     for kind in StreamKind::ALL {
         let config = stream_config(subjects, kind, settings);
         let name = config.name.clone();
-        let error = |source| StreamError {
+        let error = |source| StreamError::Stream {
             stream: name.clone(),
             source,
         };
