@@ -471,6 +471,12 @@ pub async fn run(command: Command, shutdown: CancellationToken) -> Result<(), St
     Ok(())
 }
 
+/// The OpenAPI document of this build (`tidings-api openapi` prints it; docs/api.md is made
+/// from it).
+pub fn openapi_document() -> &'static serde_json::Value {
+    openapi::document()
+}
+
 /// The router with each connection's peer address, which the abuse limits key on.
 fn with_peer(
     router: axum::Router,

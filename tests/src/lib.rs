@@ -12,6 +12,7 @@ pub use tidings_testkit::{brokers, fake_catalog, fake_push, fake_webhooks, fixtu
 pub mod api;
 pub mod demo;
 pub mod manifests;
+pub mod network_policy;
 pub mod otlp;
 pub mod pushers;
 pub mod scenario;

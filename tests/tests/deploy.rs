@@ -841,3 +841,75 @@ async fn the_prod_overlay_refuses_a_postgres_its_ca_did_not_sign() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// The egress policies of both overlays, tried destination by destination: the pusher reaches
+/// the internet on any port but nothing inside the cluster beyond NATS, DNS and the Collector;
+/// the others reach Postgres, NATS and their sources; nobody reaches the cloud metadata address.
+#[test]
+fn each_service_may_send_only_where_its_work_is() {
+    use std::net::IpAddr;
+    use tidings_tests::network_policy::Destination;
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    let dns: &[(&str, &str)] = &[("k8s-app", "kube-dns")];
+    let any: &[(&str, &str)] = &[("app", "something")];
+    let inside = |addr: &str, port: u16, protocol: &'static str, ns: &'static str, labels| {
+        (ip(addr), port, protocol, Some((ns, labels)))
+    };
+    let outside = |addr: &str, port: u16| (ip(addr), port, "TCP", None);
+    // (where, who may send there: pusher, api, dispatcher, detector)
+    let cases = [
+        (
+            inside("10.96.0.10", 53, "UDP", "kube-system", dns),
+            [true; 4],
+        ),
+        (inside("10.4.0.9", 4222, "TCP", "nats", any), [true; 4]),
+        (
+            inside("10.7.0.3", 4318, "TCP", "monitoring", any),
+            [true; 4],
+        ),
+        (inside("10.7.0.3", 4318, "TCP", "default", any), [false; 4]),
+        (
+            inside("10.5.0.3", 5432, "TCP", "tidings", any),
+            [false, true, true, true],
+        ),
+        (
+            inside("10.6.0.2", 443, "TCP", "catalog", any),
+            [false, true, true, true],
+        ),
+        (inside("10.4.0.7", 8080, "TCP", "default", any), [false; 4]),
+        (
+            inside("10.96.0.1", 443, "TCP", "default", any),
+            [false, true, true, true],
+        ),
+        (outside("169.254.169.254", 80), [false; 4]),
+        (outside("fd00:ec2::254", 443), [false; 4]),
+        (outside("172.20.0.1", 443), [false, true, true, true]),
+        (outside("93.184.216.34", 443), [true; 4]),
+        (outside("93.184.216.34", 8443), [true, false, false, false]),
+        (outside("2606:2800:220:1::1", 443), [true, true, true, true]),
+        (outside("fd00::1", 443), [false, true, true, true]),
+        (outside("::ffff:10.0.0.1", 443), [false, true, true, true]),
+        (outside("192.168.1.1", 5432), [false, true, true, true]),
+    ];
+    for overlay in ["dev", "prod"] {
+        let o = Overlay::render(overlay);
+        for ((addr, port, protocol, pod), allowed) in &cases {
+            let to = Destination {
+                ip: *addr,
+                port: *port,
+                protocol,
+                pod: *pod,
+            };
+            for (workload, allowed) in ["pusher", "api", "dispatcher", "detector"]
+                .into_iter()
+                .zip(allowed)
+            {
+                assert_eq!(
+                    o.egress_allows(workload, &to),
+                    *allowed,
+                    "{overlay}: {workload} to {addr}:{port}/{protocol} in {pod:?}"
+                );
+            }
+        }
+    }
+}
