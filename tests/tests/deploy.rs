@@ -86,7 +86,7 @@ fn the_manifests_dashboards_and_dockerfile_pass_the_checks() {
     for expected in [
         "overlay dev: renders, valid for Kubernetes",
         "overlay prod: renders, valid for Kubernetes",
-        "and its 2 prometheus-operator resources valid",
+        "and its 4 prometheus-operator and KEDA resources valid",
         "yamllint: clean",
         "hadolint: Dockerfile clean",
         "dashboards and alerts: valid, every metric exported",
@@ -123,9 +123,27 @@ fn an_invalid_service_monitor_fails_the_checks() {
     let (ok, out) = check(&dir);
     assert!(!ok, "{out}");
     assert!(
-        out.contains("a prometheus-operator resource is not valid")
+        out.contains("a prometheus-operator or KEDA resource is not valid")
             && out.contains("ServiceMonitor/tidings")
             && out.contains("interval"),
+        "{out}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_invalid_scaled_object_fails_the_checks() {
+    let dir = copy();
+    edit(
+        &dir.join("deploy/k8s/components/keda/scaledobjects.yaml"),
+        "  minReplicaCount: 2\n  maxReplicaCount: 10\n  pollingInterval: 15\n  cooldownPeriod: 300\n  triggers:\n    - type: nats-jetstream\n      metadata:\n        natsServerMonitoringEndpoint: \"nats.nats.svc:8222\"\n        account: \"$G\"\n        stream: tidings_enqueue",
+        "  minReplicaCount: 2\n  maxReplicaCount: 10\n  pollingInterval: 15\n  cooldownPeriod: 300\n  triggers:\n    - type: nats-jetstream\n      metadata:\n        natsServerMonitoringEndpoint: \"nats.nats.svc:8222\"\n        account: \"$G\"\n        stream: [tidings_enqueue]",
+    );
+    let (ok, out) = check(&dir);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("a prometheus-operator or KEDA resource is not valid")
+            && out.contains("ScaledObject/dispatcher"),
         "{out}"
     );
     let _ = std::fs::remove_dir_all(&dir);
@@ -576,13 +594,15 @@ async fn the_rendered_prod_overlay_starts_to_ready() {
 /// the pods a rolling update adds (a Deployment's default surge of 25 %, rounded up).
 fn max_pods(overlay: &Overlay, kind: &str, name: &str) -> u32 {
     let workload = overlay.find(kind, name).unwrap();
-    let replicas = overlay
-        .docs()
-        .iter()
-        .find(|d| {
-            d["kind"] == "HorizontalPodAutoscaler" && d["spec"]["scaleTargetRef"]["name"] == name
-        })
-        .map(|hpa| &hpa["spec"]["maxReplicas"])
+    let scaler = |kind: &str| {
+        overlay
+            .docs()
+            .iter()
+            .find(move |d| d["kind"] == kind && d["spec"]["scaleTargetRef"]["name"] == name)
+    };
+    let replicas = scaler("ScaledObject")
+        .map(|keda| &keda["spec"]["maxReplicaCount"])
+        .or_else(|| scaler("HorizontalPodAutoscaler").map(|hpa| &hpa["spec"]["maxReplicas"]))
         .unwrap_or(&workload["spec"]["replicas"])
         .as_u64()
         .unwrap_or(1);
@@ -911,5 +931,58 @@ fn each_service_may_send_only_where_its_work_is() {
                 );
             }
         }
+    }
+}
+
+/// KEDA's ScaledObjects scale on the lag of the consumers the services really run, under the
+/// prod overlay's prefix, and replace the CPU-only HPAs; without KEDA those HPAs remain.
+#[test]
+fn the_scaled_objects_watch_the_consumers_the_services_run() {
+    use tidings_domain::subjects::{StreamKind, Subjects};
+    let prod = Overlay::render("prod");
+    let prefix = prod
+        .find("ConfigMap", "tidings-config")
+        .and_then(|c| c["data"]["TIDINGS_PREFIX"].as_str())
+        .unwrap_or(Subjects::DEFAULT_PREFIX)
+        .to_owned();
+    let subjects = Subjects::new(&prefix).unwrap();
+    let mut run: Vec<(String, &str)> = tidings_bus::streams::CONSUMERS
+        .iter()
+        .map(|(kind, consumer)| (subjects.stream(*kind), *consumer))
+        .collect();
+    run.push((
+        subjects.stream(StreamKind::Push),
+        tidings_pusher::worker::WEBHOOK_CONSUMER,
+    ));
+    let mut watched = Vec::new();
+    for name in ["pusher", "dispatcher"] {
+        let so = prod.find("ScaledObject", name).unwrap();
+        assert_eq!(so["spec"]["scaleTargetRef"]["name"], name);
+        let triggers = so["spec"]["triggers"].as_array().unwrap();
+        assert!(
+            triggers.iter().any(|t| t["type"] == "cpu"),
+            "{name} keeps CPU"
+        );
+        for t in triggers.iter().filter(|t| t["type"] == "nats-jetstream") {
+            let m = &t["metadata"];
+            let pair = (
+                m["stream"].as_str().unwrap().to_owned(),
+                m["consumer"].as_str().unwrap(),
+            );
+            assert!(
+                run.contains(&pair),
+                "{name} watches {pair:?}, which nothing runs"
+            );
+            watched.push(pair);
+        }
+        assert!(prod.find("HorizontalPodAutoscaler", name).is_none());
+    }
+    watched.sort();
+    run.sort();
+    assert_eq!(watched, run, "every consumer's lag scales its service");
+    let dev = Overlay::render("dev");
+    for name in ["pusher", "dispatcher"] {
+        assert!(dev.find("HorizontalPodAutoscaler", name).is_some());
+        assert!(dev.find("ScaledObject", name).is_none());
     }
 }
