@@ -82,6 +82,10 @@ pub struct Config {
     /// believed when limits look up the client's address; 0 uses the TCP peer.
     #[arg(long, env = "TIDINGS_API_TRUSTED_PROXIES", default_value_t = 0)]
     pub trusted_proxies: usize,
+    /// How many api replicas share the rate limits behind one load balancer: each keeps 1/N of
+    /// every rate, so a client spread over them gets the configured rate in all (1–1000).
+    #[arg(long, env = "TIDINGS_API_REPLICAS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub replicas: u32,
     /// Most concurrent watch creates inserted by one statement; 1 inserts each alone.
     #[arg(long, env = "TIDINGS_API_CREATE_BATCH", default_value_t = 64)]
     pub create_batch: usize,
@@ -196,6 +200,7 @@ impl Config {
             watch_rate_per_device: self.watch_rate_per_device,
             hint_rate_per_address: self.hint_rate_per_address,
             trusted_proxies: self.trusted_proxies,
+            replicas: self.replicas,
             cors_origins: crate::cors::Origins::parse(&self.cors_origins)?,
             web: self.web,
             subjects: self.nats.subjects()?,

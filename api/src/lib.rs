@@ -71,6 +71,8 @@ pub struct Settings {
     pub watch_rate_per_device: Option<limits::Rate>,
     pub hint_rate_per_address: Option<limits::Rate>,
     pub trusted_proxies: usize,
+    /// Replicas that share the rate limits (`TIDINGS_API_REPLICAS`).
+    pub replicas: u32,
     /// Origins whose pages may call the public routes (see [`cors`]).
     pub cors_origins: cors::Origins,
     /// Serve the browser client and demo page under `/web/` (see [`web`]).

@@ -2,10 +2,13 @@
 //! watch creation) and per device (watch creation). Anyone can register a device, so these are
 //! what stands between a script and the database.
 //!
-//! Buckets live in this replica's memory: with N replicas behind a load balancer a client gets
-//! up to N times the rate, which bounds abuse without a shared store on every request. The
-//! client address is the TCP peer, or, behind `TIDINGS_API_TRUSTED_PROXIES` proxies, the
-//! address the outermost trusted one saw (read from the right of `X-Forwarded-For`).
+//! Buckets live in this replica's memory, so a limit costs no shared store on every request:
+//! with `TIDINGS_API_REPLICAS` = N, each replica keeps a share of 1/N of each rate, and a load
+//! balancer that spreads a client's requests over the replicas (round robin, least requests)
+//! gives the client the configured rate in all. One that pins a client to a replica gives it a
+//! share only. The client address is the TCP peer, or, behind `TIDINGS_API_TRUSTED_PROXIES`
+//! proxies, the address the outermost trusted one saw (read from the right of
+//! `X-Forwarded-For`).
 
 use axum::http::HeaderMap;
 use std::collections::HashMap;
@@ -53,27 +56,49 @@ struct Bucket {
 /// grows past this: memory stays bounded under an address-spraying client.
 const MAX_KEYS: usize = 100_000;
 
+/// A bucket's size and how fast it refills.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Shape {
+    capacity: f64,
+    per_token: f64,
+}
+
 /// One limit: a token bucket per key.
 pub struct Limit<K> {
-    rate: Option<Rate>,
+    shape: Option<Shape>,
     buckets: Mutex<HashMap<K, Bucket>>,
 }
 
 impl<K: Hash + Eq + Clone> Limit<K> {
     pub fn new(rate: Option<Rate>) -> Self {
+        Self::shared(rate, 1)
+    }
+
+    /// This replica's share of `rate` when `replicas` replicas keep it together: a bucket of
+    /// 1/`replicas` of the burst (at least one token) refilled at 1/`replicas` of the rate.
+    pub fn shared(rate: Option<Rate>, replicas: u32) -> Self {
+        let shape = rate.map(|rate| {
+            let share = f64::from(rate.count) / f64::from(replicas.max(1));
+            Shape {
+                capacity: share.max(1.0),
+                per_token: rate.per.as_secs_f64() / share,
+            }
+        });
         Limit {
-            rate,
+            shape,
             buckets: Mutex::new(HashMap::new()),
         }
     }
 
     /// Takes one token for `key` at `now`; `Err(wait)` says how long until one is there.
     pub fn take(&self, key: &K, now: Instant) -> Result<(), Duration> {
-        let Some(rate) = self.rate else {
+        let Some(Shape {
+            capacity,
+            per_token,
+        }) = self.shape
+        else {
             return Ok(());
         };
-        let capacity = f64::from(rate.count);
-        let per_token = rate.per.as_secs_f64() / capacity;
         let refill = |b: &Bucket| {
             let earned = now.saturating_duration_since(b.at).as_secs_f64() / per_token;
             (b.tokens + earned).min(capacity)
@@ -129,11 +154,12 @@ impl Limits {
                 "hints_per_source",
             ]),
         );
+        let n = settings.replicas;
         Limits {
-            register: Limit::new(settings.register_rate),
-            watches_per_address: Limit::new(settings.watch_rate_per_address),
-            watches_per_device: Limit::new(settings.watch_rate_per_device),
-            hints_per_address: Limit::new(settings.hint_rate_per_address),
+            register: Limit::shared(settings.register_rate, n),
+            watches_per_address: Limit::shared(settings.watch_rate_per_address, n),
+            watches_per_device: Limit::shared(settings.watch_rate_per_device, n),
+            hints_per_address: Limit::shared(settings.hint_rate_per_address, n),
             trusted_proxies: settings.trusted_proxies,
         }
     }
@@ -187,6 +213,34 @@ mod tests {
         for bad in ["20", "20/week", "x/h", "-1/h", ""] {
             assert!(parse_rate(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn each_of_n_replicas_keeps_an_nth_of_the_rate() {
+        let hour = Duration::from_secs(3600);
+        let t0 = Instant::now();
+        let taken = |limit: &Limit<u8>, at| (0..100).filter(|_| limit.take(&1, at).is_ok()).count();
+        let rate = Some(Rate {
+            count: 20,
+            per: hour,
+        });
+        // Three replicas: 20 / 3 each, so a client spread over all three gets 20 in all.
+        let replicas: Vec<Limit<u8>> = (0..3).map(|_| Limit::shared(rate, 3)).collect();
+        let burst: usize = replicas.iter().map(|l| taken(l, t0)).sum();
+        assert_eq!(burst, 18, "6 whole tokens each of 6.67");
+        // Refilled at 20/h in all: an hour later each has its share again.
+        let later: usize = replicas.iter().map(|l| taken(l, t0 + hour)).sum();
+        assert_eq!(later, 18);
+        // A rate smaller than the replicas still lets one through on each.
+        let tiny = Limit::<u8>::shared(
+            Some(Rate {
+                count: 2,
+                per: hour,
+            }),
+            4,
+        );
+        assert_eq!(taken(&tiny, t0), 1);
+        assert_eq!(taken(&Limit::shared(rate, 1), t0), 20);
     }
 
     #[test]

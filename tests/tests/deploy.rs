@@ -940,9 +940,7 @@ fn each_service_may_send_only_where_its_work_is() {
 fn the_scaled_objects_watch_the_consumers_the_services_run() {
     use tidings_domain::subjects::{StreamKind, Subjects};
     let prod = Overlay::render("prod");
-    let prefix = prod
-        .find("ConfigMap", "tidings-config")
-        .and_then(|c| c["data"]["TIDINGS_PREFIX"].as_str())
+    let prefix = config_var(&prod, "TIDINGS_PREFIX")
         .unwrap_or(Subjects::DEFAULT_PREFIX)
         .to_owned();
     let subjects = Subjects::new(&prefix).unwrap();
@@ -985,4 +983,43 @@ fn the_scaled_objects_watch_the_consumers_the_services_run() {
         assert!(dev.find("HorizontalPodAutoscaler", name).is_some());
         assert!(dev.find("ScaledObject", name).is_none());
     }
+}
+
+/// The prod overlay exposes the api through an Ingress to its public port only, believes exactly
+/// that one proxy's X-Forwarded-For, and splits each rate over as many replicas as it runs.
+#[test]
+fn the_prod_ingress_and_the_limits_agree() {
+    let prod = Overlay::render("prod");
+    let ingress = prod.find("Ingress", "api").expect("an Ingress for the api");
+    for rule in ingress["spec"]["rules"].as_array().unwrap() {
+        for path in rule["http"]["paths"].as_array().unwrap() {
+            let backend = &path["backend"]["service"];
+            assert_eq!(backend["name"], "api", "{path}");
+            assert_eq!(
+                backend["port"]["name"], "http",
+                "only the public port: {path}"
+            );
+        }
+    }
+    assert_eq!(config_var(&prod, "TIDINGS_API_TRUSTED_PROXIES"), Some("1"));
+    let replicas = prod.find("Deployment", "api").unwrap()["spec"]["replicas"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(
+        config_var(&prod, "TIDINGS_API_REPLICAS"),
+        Some(replicas.to_string().as_str()),
+        "each replica keeps 1/N of every rate"
+    );
+    assert!(prod.find("HorizontalPodAutoscaler", "api").is_none());
+}
+
+/// A setting of the rendered `tidings-config` ConfigMap (its name carries kustomize's hash).
+fn config_var<'a>(overlay: &'a Overlay, key: &str) -> Option<&'a str> {
+    overlay.docs().iter().find(|d| {
+        d["kind"] == "ConfigMap"
+            && d["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("tidings-config"))
+    })?["data"][key]
+        .as_str()
 }
