@@ -102,23 +102,196 @@ impl FromRequestParts<AppState> for Device {
     }
 }
 
-/// An operator request (the admin token).
-#[derive(Clone, Copy, Debug)]
-pub struct Operator;
+/// An operator request (one of the operator tokens).
+#[derive(Clone, Debug)]
+pub struct Operator {
+    /// The token's name: who the audit trail says acted.
+    pub name: String,
+}
+
+/// An operator token the api accepts: its name and the SHA-256 of the token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OperatorToken {
+    pub name: String,
+    pub hash: Vec<u8>,
+}
+
+impl OperatorToken {
+    pub fn named(name: &str, token: &str) -> Self {
+        OperatorToken {
+            name: name.to_owned(),
+            hash: token_hash(token),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OperatorTokensError {
+    #[error(
+        "line {line}: expected `NAME SHA256-HEX` (`tidings-api operator-token NAME` prints one)"
+    )]
+    Shape { line: usize },
+    #[error("line {line}: a name is 1 to 64 of A–Z, a–z, 0–9, `.`, `_`, `@`, `-`")]
+    Name { line: usize },
+    #[error("line {line}: the hash is 64 hex digits, the SHA-256 of the token")]
+    Hash { line: usize },
+    #[error("line {line}: {name} is named twice")]
+    Twice { line: usize, name: String },
+}
+
+/// Whether `name` may name an operator.
+pub fn valid_operator_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b".@_-".contains(&b))
+}
+
+/// The tokens of a `TIDINGS_ADMIN_TOKENS_FILE`: one `NAME SHA256-HEX` a line, `#` comments.
+pub fn parse_operator_tokens(text: &str) -> Result<Vec<OperatorToken>, OperatorTokensError> {
+    let mut tokens: Vec<OperatorToken> = Vec::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = i + 1;
+        let content = raw.split('#').next().unwrap_or("").trim();
+        if content.is_empty() {
+            continue;
+        }
+        let mut parts = content.split_whitespace();
+        let (Some(name), Some(hex), None) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(OperatorTokensError::Shape { line });
+        };
+        if !valid_operator_name(name) {
+            return Err(OperatorTokensError::Name { line });
+        }
+        let hex = hex.strip_prefix("sha256:").unwrap_or(hex);
+        let hash = decode_hex(hex).ok_or(OperatorTokensError::Hash { line })?;
+        if tokens.iter().any(|t| t.name == name) {
+            return Err(OperatorTokensError::Twice {
+                line,
+                name: name.to_owned(),
+            });
+        }
+        tokens.push(OperatorToken {
+            name: name.to_owned(),
+            hash,
+        });
+    }
+    Ok(tokens)
+}
+
+fn decode_hex(hex: &str) -> Option<Vec<u8>> {
+    if hex.len() != 64 || !hex.is_ascii() {
+        return None;
+    }
+    (0..32)
+        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok())
+        .collect()
+}
+
+/// A new operator token for `name`: the token, and its line for `TIDINGS_ADMIN_TOKENS_FILE`.
+pub fn new_operator_token(name: &str) -> Result<(String, String), ApiError> {
+    let (token, _) = new_token()?;
+    let token = format!("tot_{token}");
+    let hex: String = token_hash(&token)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Ok((token, format!("{name} sha256:{hex}")))
+}
 
 impl FromRequestParts<AppState> for Operator {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, app: &AppState) -> Result<Self, ApiError> {
-        let Some(expected) = app.settings.admin_token_hash.as_deref() else {
-            return Err(ApiError::Unauthorized(
-                "operator endpoints are disabled: no TIDINGS_ADMIN_TOKEN is configured",
-            ));
-        };
-        let given = token_hash(bearer(parts)?);
+        operator_of(parts, &app.settings.operators)
+    }
+}
+
+/// The operator whose token `parts` carries. Every known token is compared, each in constant
+/// time, so the time taken says nothing about which one (or how much of one) matched.
+pub(crate) fn operator_of(parts: &Parts, known: &[OperatorToken]) -> Result<Operator, ApiError> {
+    if known.is_empty() {
+        return Err(ApiError::Unauthorized(
+            "operator endpoints are disabled: no TIDINGS_ADMIN_TOKEN or TIDINGS_ADMIN_TOKENS_FILE is configured",
+        ));
+    }
+    let given = token_hash(bearer(parts)?);
+    let mut found = None;
+    for token in known {
         #[allow(deprecated)]
-        aws_lc_rs::constant_time::verify_slices_are_equal(&given, expected)
-            .map(|()| Operator)
-            .map_err(|_| ApiError::Unauthorized("invalid operator token"))
+        let same = aws_lc_rs::constant_time::verify_slices_are_equal(&given, &token.hash).is_ok();
+        if same && found.is_none() {
+            found = Some(token.name.clone());
+        }
+    }
+    found
+        .map(|name| Operator { name })
+        .ok_or(ApiError::Unauthorized("invalid operator token"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hex_of(token: &str) -> String {
+        token_hash(token)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    #[test]
+    fn the_tokens_file_names_each_hash_and_refuses_what_it_cannot_read() {
+        let file = format!(
+            "# on-call\nalice sha256:{}\n\nbob {}  # the second\n",
+            hex_of("a-token"),
+            hex_of("b-token")
+        );
+        let tokens = parse_operator_tokens(&file).unwrap();
+        assert_eq!(
+            tokens,
+            vec![
+                OperatorToken::named("alice", "a-token"),
+                OperatorToken::named("bob", "b-token")
+            ]
+        );
+        let h = hex_of("x");
+        for (bad, why) in [
+            ("alice".to_owned(), OperatorTokensError::Shape { line: 1 }),
+            (
+                format!("alice {h} extra"),
+                OperatorTokensError::Shape { line: 1 },
+            ),
+            (
+                format!("al ice:x {h}"),
+                OperatorTokensError::Shape { line: 1 },
+            ),
+            (format!("al/ice {h}"), OperatorTokensError::Name { line: 1 }),
+            (
+                format!("alice {}", &h[..62]),
+                OperatorTokensError::Hash { line: 1 },
+            ),
+            (
+                format!("alice {}zz", &h[..62]),
+                OperatorTokensError::Hash { line: 1 },
+            ),
+            (
+                format!("alice {h}\nalice {h}"),
+                OperatorTokensError::Twice {
+                    line: 2,
+                    name: "alice".into(),
+                },
+            ),
+        ] {
+            assert_eq!(parse_operator_tokens(&bad), Err(why), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_printed_token_matches_its_printed_line() {
+        let (token, line) = new_operator_token("carol").unwrap();
+        assert!(token.starts_with("tot_"));
+        let parsed = parse_operator_tokens(&line).unwrap();
+        assert_eq!(parsed, vec![OperatorToken::named("carol", &token)]);
     }
 }

@@ -1,7 +1,6 @@
 //! Api configuration: every setting a flag and an environment variable.
 
 use crate::Settings;
-use crate::auth::token_hash;
 use crate::limits::{Rate, parse_rate};
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -32,6 +31,13 @@ pub struct Config {
     /// A file holding the operator token (a mounted Secret), instead of TIDINGS_ADMIN_TOKEN.
     #[arg(long, env = "TIDINGS_ADMIN_TOKEN_FILE", conflicts_with = "admin_token")]
     pub admin_token_file: Option<std::path::PathBuf>,
+    /// The name the audit trail gives the holder of TIDINGS_ADMIN_TOKEN.
+    #[arg(long, env = "TIDINGS_ADMIN_TOKEN_NAME", default_value = "operator")]
+    pub admin_token_name: String,
+    /// Named operator tokens, stored hashed: one `NAME SHA256-HEX` a line (`tidings-api
+    /// operator-token NAME` prints a token and its line). Beside TIDINGS_ADMIN_TOKEN or instead.
+    #[arg(long, env = "TIDINGS_ADMIN_TOKENS_FILE")]
+    pub admin_tokens_file: Option<std::path::PathBuf>,
     /// Base64url VAPID public key served to browsers (`tidings-pusher vapid-keygen` prints it).
     #[arg(long, env = "TIDINGS_VAPID_PUBLIC_KEY")]
     pub vapid_public_key: Option<String>,
@@ -124,6 +130,18 @@ pub enum ConfigError {
     Secret(#[from] tidings_runtime::secrets::SecretError),
     #[error("TIDINGS_ADMIN_TOKEN must be at least 32 characters")]
     WeakAdminToken,
+    #[error(
+        "TIDINGS_ADMIN_TOKEN_NAME must be 1 to 64 of A–Z, a–z, 0–9, `.`, `_`, `@`, `-`, and not a name of TIDINGS_ADMIN_TOKENS_FILE"
+    )]
+    AdminTokenName,
+    #[error("TIDINGS_ADMIN_TOKENS_FILE {}: {source}", path.display())]
+    OperatorTokensFile {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("TIDINGS_ADMIN_TOKENS_FILE: {0}")]
+    OperatorTokens(#[from] crate::auth::OperatorTokensError),
     #[error("TIDINGS_MAX_WATCHES_PER_DEVICE must be between 1 and 1000000")]
     MaxWatches,
     #[error("TIDINGS_MAX_TRIGGERS_PER_WATCH must be at least 1")]
@@ -151,11 +169,29 @@ impl Config {
             self.admin_token.as_deref(),
             self.admin_token_file.as_deref(),
         )?;
-        let admin_token_hash = match &admin_token {
-            Some(t) if t.len() < 32 => return Err(ConfigError::WeakAdminToken),
-            Some(t) => Some(token_hash(t)),
-            None => None,
+        let mut operators = match &self.admin_tokens_file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| {
+                    ConfigError::OperatorTokensFile {
+                        path: path.clone(),
+                        source,
+                    }
+                })?;
+                crate::auth::parse_operator_tokens(&text)?
+            }
+            None => Vec::new(),
         };
+        match &admin_token {
+            Some(t) if t.len() < 32 => return Err(ConfigError::WeakAdminToken),
+            Some(_) if !crate::auth::valid_operator_name(&self.admin_token_name) => {
+                return Err(ConfigError::AdminTokenName);
+            }
+            Some(_) if operators.iter().any(|o| o.name == self.admin_token_name) => {
+                return Err(ConfigError::AdminTokenName);
+            }
+            Some(t) => operators.push(crate::auth::OperatorToken::named(&self.admin_token_name, t)),
+            None => {}
+        }
         let max_watches_per_device = i32::try_from(self.max_watches_per_device)
             .ok()
             .filter(|n| (1..=1_000_000).contains(n))
@@ -189,7 +225,7 @@ impl Config {
             webhook_secret_overlap: self.webhook_secret_overlap,
             webhook_secret_keys: self.webhook_keys.keys()?,
             vapid_public_key,
-            admin_token_hash,
+            operators,
             max_watches_per_device,
             max_endpoints_per_client: self.max_endpoints_per_client,
             max_triggers_per_watch: self.max_triggers_per_watch,
@@ -249,7 +285,13 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(s.vapid_public_key.as_deref(), Some("BPublicKey"));
-        assert_eq!(s.admin_token_hash, Some(token_hash(&"t".repeat(40))));
+        assert_eq!(
+            s.operators,
+            vec![crate::auth::OperatorToken::named(
+                "operator",
+                &"t".repeat(40)
+            )]
+        );
 
         std::fs::write(&key, "").unwrap();
         let empty = settings(&["--vapid-public-key-file", key.to_str().unwrap()]);

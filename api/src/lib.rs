@@ -11,6 +11,7 @@
 //!   which other origins' pages may call the public routes (`TIDINGS_API_CORS_ORIGINS`).
 
 mod attempts;
+mod audit;
 pub mod auth;
 mod bulk;
 pub mod coalesce;
@@ -57,8 +58,8 @@ pub struct Settings {
     pub policy: EndpointPolicy,
     /// Base64url VAPID public key browsers pass to `pushManager.subscribe`.
     pub vapid_public_key: Option<String>,
-    /// SHA-256 of the operator token; `None` disables the operator endpoints.
-    pub admin_token_hash: Option<Vec<u8>>,
+    /// The operator tokens accepted (none: the operator routes are off).
+    pub operators: Vec<auth::OperatorToken>,
     pub max_watches_per_device: i32,
     pub max_endpoints_per_client: u32,
     pub max_triggers_per_watch: usize,
@@ -232,6 +233,10 @@ fn finish(router: axum::Router<AppState>, state: AppState, listener: Listener) -
     router
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
+            audit::record,
+        ))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
             require_schema,
         ))
         .with_state(state)
@@ -351,6 +356,12 @@ pub enum Command {
     },
     /// Print the OpenAPI document and exit.
     Openapi,
+    /// Print a new operator token for NAME, then its line for TIDINGS_ADMIN_TOKENS_FILE (the
+    /// file keeps only the token's SHA-256), and exit.
+    OperatorToken {
+        /// Who holds it: the audit trail's name for their actions.
+        name: String,
+    },
     /// Seal every stored webhook secret under the first of TIDINGS_WEBHOOK_SECRET_KEYS, and
     /// exit (after adding a key, before dropping the old one).
     Reseal {
@@ -380,6 +391,10 @@ pub struct MigrateLimits {
 pub enum StartError {
     #[error("invalid configuration: {0}")]
     Config(#[from] config::ConfigError),
+    #[error("{0:?} cannot name an operator: 1 to 64 of A–Z, a–z, 0–9, `.`, `_`, `@`, `-`")]
+    OperatorName(String),
+    #[error("making a token: {0}")]
+    Token(#[source] problem::ApiError),
     #[error("DATABASE_URL: {0}")]
     Database(#[source] sqlx::Error),
     #[error("listening on {listen}: {source}")]
@@ -464,6 +479,13 @@ pub async fn run(command: Command, shutdown: CancellationToken) -> Result<(), St
                 unchanged = done.unchanged,
                 "webhook secrets sealed under the first key"
             );
+        }
+        Command::OperatorToken { name } => {
+            if !auth::valid_operator_name(&name) {
+                return Err(StartError::OperatorName(name));
+            }
+            let (token, line) = auth::new_operator_token(&name).map_err(StartError::Token)?;
+            println!("{token}\n{line}");
         }
         Command::Openapi => {
             let document = serde_json::to_string_pretty(openapi::document()).unwrap_or_default();

@@ -3,7 +3,7 @@
 
 use crate::problem::{ApiError, FieldError, Problem};
 use crate::{
-    AppState, attempts, bulk, dead_letters, deliveries, devices, doctor, endpoints, health,
+    AppState, attempts, audit, bulk, dead_letters, deliveries, devices, doctor, endpoints, health,
     history, operators, pause, shown, watches,
 };
 use axum::Json;
@@ -108,6 +108,7 @@ fn operators() -> OpenApiRouter<AppState> {
         .routes(routes!(endpoints::create_client))
         .routes(routes!(endpoints::list_clients))
         .routes(routes!(endpoints::revoke_client))
+        .routes(routes!(audit::list_audit))
         .routes(routes!(health::metrics))
 }
 

@@ -1778,6 +1778,7 @@ async fn the_openapi_document_is_valid_3_1_and_matches_the_router() {
         ("POST", "/v1/admin/dlq/redrive"),
         ("POST", "/v1/admin/dlq/purge"),
         ("GET", "/v1/admin/doctor"),
+        ("GET", "/v1/admin/audit"),
         ("GET", "/livez"),
         ("GET", "/readyz"),
         ("GET", "/metrics"),

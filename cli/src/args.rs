@@ -71,6 +71,18 @@ pub enum Command {
     /// API clients, who register webhook endpoints: create (prints its key once), ls, revoke.
     #[command(subcommand)]
     Client(Client),
+    /// The operators' audit trail, newest first: who did what, when, to how many rows.
+    Audit {
+        /// Only this operator's actions (the token's name).
+        #[arg(long)]
+        operator: Option<String>,
+        /// Only actions since then (RFC 3339).
+        #[arg(long)]
+        since: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
     /// Your own webhook endpoint, as its API client (the public api, the endpoint's token, not
     /// the operator's): its status, its attempts, and a recovery after an outage on your side.
     Endpoint(EndpointArgs),

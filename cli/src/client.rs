@@ -213,6 +213,13 @@ impl Page for DeadLetterList {
     }
 }
 
+impl Page for tidings_api_types::audit::AuditList {
+    type Item = tidings_api_types::audit::AuditEntry;
+    fn split(self) -> (Vec<Self::Item>, Option<String>) {
+        (self.items, self.next_cursor.map(|c| c.to_string()))
+    }
+}
+
 impl Page for tidings_api_types::endpoints::EndpointAttemptList {
     type Item = tidings_api_types::endpoints::EndpointAttempt;
     fn split(self) -> (Vec<Self::Item>, Option<String>) {

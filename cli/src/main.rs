@@ -3,6 +3,7 @@
 //! made by `tidings-pusher vapid-keygen`: one command each.)
 
 mod args;
+mod audit;
 mod client;
 mod clients;
 mod dead_letters;
@@ -49,6 +50,11 @@ async fn run(cli: Cli) -> Result<u8, CliError> {
         Command::Device(c) => objects::run(&api, json, objects::Kind::Device, c).await,
         Command::Watch(c) => objects::run(&api, json, objects::Kind::Watch, c).await,
         Command::Client(c) => clients::run(&api, json, c).await,
+        Command::Audit {
+            operator,
+            since,
+            limit,
+        } => audit::run(&api, json, operator, since, limit).await,
         Command::Doctor {
             max_lag,
             max_due_age,

@@ -119,6 +119,9 @@ pub struct Config {
     /// older is dropped once all its rows are decided, so rows stay between this and 7 days more.
     #[arg(long, env = "TIDINGS_RETENTION", default_value = "30d", value_parser = parse_retention)]
     pub retention: Retention,
+    /// How long the operators' audit trail keeps an action, in whole days (at least 8d).
+    #[arg(long, env = "TIDINGS_AUDIT_RETENTION", default_value = "365d", value_parser = parse_retention)]
+    pub audit_retention: Retention,
     /// Failing result batches in a row after which a webhook endpoint's circuit opens and its
     /// rows are held back (0: never).
     #[arg(long, env = "TIDINGS_WEBHOOK_BREAKER_FAILURES", default_value_t = 5)]
@@ -217,6 +220,7 @@ pub struct Settings {
     pub admission_lag: Duration,
     pub db_pool: u32,
     pub retention: Retention,
+    pub audit_retention: Retention,
     pub webhook_breaker: Breaker,
     pub webhook_pacing: Pacing,
     /// Keys that open webhook secrets stored sealed (the api's keys).
@@ -341,6 +345,7 @@ impl Config {
             admission_lag: self.admission_lag,
             db_pool: self.db_pool,
             retention: self.retention,
+            audit_retention: self.audit_retention,
             webhook_breaker: Breaker {
                 failures: self.webhook_breaker_failures,
                 after: self.webhook_breaker_after,

@@ -172,6 +172,7 @@ pub async fn run_with(
     tasks.spawn(retention::run(
         pool.clone(),
         settings.retention,
+        settings.audit_retention,
         RETENTION_INTERVAL,
         shutdown.clone(),
     ));

@@ -125,10 +125,32 @@ pub enum RetentionError {
     Drop(#[from] DropError),
 }
 
+/// Deletes the operators' audit actions from before `today` less `keep` (in the replica that
+/// holds the retention lock this round).
+pub async fn purge_audit(pool: &PgPool, keep: Retention, today: NaiveDate) -> Option<u64> {
+    let from = today - chrono::Days::new(u64::from(keep.in_days()));
+    let before = from.and_time(chrono::NaiveTime::MIN).and_utc();
+    match tidings_store::audit::purge_before(pool, before).await {
+        Ok(n) => {
+            if n > 0 {
+                tracing::info!(deleted = n, before = %before, "old operator actions left the audit trail");
+            }
+            Some(n)
+        }
+        Err(e) => {
+            tidings_runtime::metrics::metrics()
+                .failed(tidings_runtime::metrics::Failure::Retention);
+            tracing::error!(error = %e, "purging the audit trail failed; the next round tries again");
+            None
+        }
+    }
+}
+
 /// Rounds every `interval` until `shutdown` (the first at once).
 pub async fn run(
     pool: PgPool,
     retention: Retention,
+    audit_retention: Retention,
     interval: Duration,
     shutdown: CancellationToken,
 ) {
@@ -138,6 +160,7 @@ pub async fn run(
         let today = Utc::now().date_naive();
         match run_once(&pool, retention, today).await {
             Ok(round) if round.ran => {
+                purge_audit(&pool, audit_retention, today).await;
                 crate::metrics::metrics()
                     .expired_partitions_kept
                     .set(i64::try_from(round.kept.len()).unwrap_or(i64::MAX));

@@ -467,3 +467,34 @@ async fn a_row_for_a_week_without_a_partition_is_told_apart_by_its_code() {
         .unwrap_err();
     assert!(!tidings_store::partitions::is_missing(&other), "{other}");
 }
+
+/// The operators' audit trail keeps TIDINGS_AUDIT_RETENTION days, counted from the day the
+/// round runs.
+#[tokio::test]
+async fn the_audit_trail_keeps_its_retention_and_no_more() {
+    let db = TestDb::new().await.unwrap();
+    let today = NaiveDate::from_ymd_opt(2026, 12, 5).unwrap();
+    for (operator, at) in [
+        (
+            "old",
+            Utc.with_ymd_and_hms(2026, 11, 20, 23, 59, 59).unwrap(),
+        ),
+        ("kept", Utc.with_ymd_and_hms(2026, 11, 21, 0, 0, 0).unwrap()),
+    ] {
+        sqlx::query(
+            "INSERT INTO operator_actions (at, operator, action, target) VALUES ($1, $2, 'POST /v1/admin/x', '{}')",
+        )
+        .bind(at)
+        .bind(operator)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+    let purged = retention::purge_audit(&db.pool, Retention::days(14).unwrap(), today).await;
+    assert_eq!(purged, Some(1));
+    let left: Vec<String> = sqlx::query_scalar("SELECT operator FROM operator_actions")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, ["kept"]);
+}

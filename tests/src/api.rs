@@ -7,7 +7,6 @@ use reqwest::{Method, RequestBuilder, Response};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use tidings_api::Settings;
-use tidings_api::auth::token_hash;
 use tidings_webpush::endpoint::EndpointPolicy;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -26,7 +25,10 @@ pub fn test_settings() -> Settings {
             allow_http: false,
         },
         vapid_public_key: Some(VAPID_PUBLIC.into()),
-        admin_token_hash: Some(token_hash(ADMIN_TOKEN)),
+        operators: vec![tidings_api::auth::OperatorToken::named(
+            "operator",
+            ADMIN_TOKEN,
+        )],
         max_watches_per_device: 3,
         // Every client of a test is 127.0.0.1; the limits have a test of their own.
         register_rate: None,

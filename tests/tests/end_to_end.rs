@@ -128,6 +128,27 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
     webhook_as_the_endpoint_received_it(&s, &report, &webhooks).await;
     pushes_as_the_push_service_decrypted_them(&push);
     metrics_moved_as_the_scenario_ran(&before, &scrape_all(&p).await);
+    // The operator's one change in the demo, issuing the client key, is the first on the audit
+    // trail (newest first; the checks above made changes of their own).
+    let audit = cli(&p.ops_url("api"), ADMIN_TOKEN, &["--json", "audit"]).json();
+    let actions: Vec<(&str, &str, i64)> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            let action = a["action"].as_str().unwrap();
+            (
+                a["operator"].as_str().unwrap(),
+                action,
+                a["status"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        actions.last(),
+        Some(&("operator", "POST /v1/admin/clients", 201)),
+        "{actions:?}"
+    );
 
     p.stop().await;
     s.cleanup().await;

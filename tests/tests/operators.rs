@@ -352,3 +352,162 @@ async fn the_services_migrate_a_database_and_make_a_vapid_key_pair() {
         tidings_webpush::vapid::VapidKey::parse(&value("TIDINGS_VAPID_PRIVATE_KEY")).unwrap();
     assert_eq!(private.public_key(), value("TIDINGS_VAPID_PUBLIC_KEY"));
 }
+
+/// Every change an operator makes is on record under the name of the token that made it, with
+/// its status and row count; reads and refused tokens are not; and an action the trail cannot
+/// record is not done.
+#[tokio::test]
+async fn every_operator_action_is_in_the_audit_trail_under_its_tokens_name() {
+    use tidings_api_types::audit::AuditList;
+    let s = Scenario::new().await;
+    let dir = std::env::temp_dir().join(format!("tidings-audit-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (alice, line) = tidings_api::auth::new_operator_token("alice").unwrap();
+    let tokens = dir.join("operators");
+    std::fs::write(&tokens, format!("# the on-call rota\n{line}\n")).unwrap();
+    let p = Pipeline::start_only(
+        &s,
+        &["api"],
+        &[
+            ("TIDINGS_ADMIN_TOKENS_FILE", tokens.to_str().unwrap()),
+            ("TIDINGS_ADMIN_TOKEN_NAME", "ops-bot"),
+        ],
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let call = |token: &str, method: reqwest::Method, path: &str, body: Option<Value>| {
+        let mut r = http
+            .request(method, format!("{}{path}", p.ops_url("api")))
+            .bearer_auth(token);
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        async move {
+            let r = r.send().await.unwrap();
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    use reqwest::Method;
+    let (status, made) = call(
+        &alice,
+        Method::POST,
+        "/v1/admin/clients",
+        Some(serde_json::json!({"name": "shop"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{made}");
+    let dry = serde_json::json!({"filter": {"status": "failed"}, "dry_run": true});
+    let (status, _) = call(
+        ADMIN_TOKEN,
+        Method::POST,
+        "/v1/admin/outbox/replay",
+        Some(dry),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let wrong = "w".repeat(40);
+    let (status, _) = call(
+        &wrong,
+        Method::POST,
+        "/v1/admin/clients",
+        Some(serde_json::json!({"name": "x"})),
+    )
+    .await;
+    assert_eq!(status, 401);
+    let (status, _) = call(&alice, Method::GET, "/v1/admin/clients", None).await;
+    assert_eq!(status, 200);
+    let client = made["client_id"].as_str().unwrap();
+    let (status, _) = call(
+        &alice,
+        Method::DELETE,
+        &format!("/v1/admin/clients/{client}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+
+    let (status, trail) = call(ADMIN_TOKEN, Method::GET, "/v1/admin/audit", None).await;
+    assert_eq!(status, 200);
+    let trail: AuditList = serde_json::from_value(trail).unwrap();
+    type Seen<'a> = (&'a str, &'a str, bool, Option<i16>, Option<i64>);
+    let seen: Vec<Seen> = trail
+        .items
+        .iter()
+        .map(|a| {
+            (
+                a.operator.as_str(),
+                a.action.as_str(),
+                a.dry_run,
+                a.status,
+                a.rows,
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (
+                "alice",
+                "DELETE /v1/admin/clients/{id}",
+                false,
+                Some(204),
+                Some(1)
+            ),
+            (
+                "ops-bot",
+                "POST /v1/admin/outbox/replay",
+                true,
+                Some(200),
+                Some(0)
+            ),
+            ("alice", "POST /v1/admin/clients", false, Some(201), Some(1)),
+        ]
+    );
+    assert_eq!(trail.items[2].target["body"]["name"], "shop");
+    assert_eq!(
+        trail.items[0].target["path"],
+        format!("/v1/admin/clients/{client}")
+    );
+
+    // The CLI reads the same trail, here one operator's part of it.
+    let run = cli(
+        &p.ops_url("api"),
+        ADMIN_TOKEN,
+        &["--json", "audit", "--operator", "alice"],
+    );
+    let listed = run.json();
+    let actions: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        actions,
+        ["DELETE /v1/admin/clients/{id}", "POST /v1/admin/clients"]
+    );
+
+    // No record, no action: with the api unable to write the trail, the change is refused.
+    sqlx::query("REVOKE INSERT ON operator_actions FROM tidings_api")
+        .execute(&s.db.pool)
+        .await
+        .unwrap();
+    let (status, _) = call(
+        &alice,
+        Method::POST,
+        "/v1/admin/clients",
+        Some(serde_json::json!({"name": "unrecorded"})),
+    )
+    .await;
+    assert_eq!(status, 503);
+    let clients: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM api_clients WHERE name = 'unrecorded'")
+            .fetch_one(&s.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(clients, 0);
+    p.stop().await;
+    s.cleanup().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

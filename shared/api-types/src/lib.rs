@@ -3,6 +3,7 @@
 //! field without a compile error. Only the wire shapes live here: no I/O, no handlers.
 
 pub mod attempts;
+pub mod audit;
 pub mod clients;
 pub mod dead_letters;
 pub mod doctor;

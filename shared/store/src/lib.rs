@@ -5,6 +5,7 @@
 //! schema this build needs) at start-up, and the readiness check.
 
 pub mod attempts;
+pub mod audit;
 pub mod backlog;
 pub mod baselines;
 pub mod bulk;
