@@ -459,3 +459,135 @@ fn the_api_reference_is_the_openapi_document_as_generated() {
         "the OpenAPI document (tests/tests/docs.rs)",
     );
 }
+
+/// How long each table keeps a row, and why it is there: what the catalogs cannot say.
+const TABLES: &[(&str, &str, &str)] = &[
+    (
+        "devices",
+        "A browser or a webhook endpoint that receives notifications.",
+        "until removed, then purged once no retained outbox row refers to it.",
+    ),
+    (
+        "push_subscriptions",
+        "A device's Web Push subscription or webhook URL and sealed secret.",
+        "until replaced or gone, then purged like devices.",
+    ),
+    (
+        "watches",
+        "What a device watches: an item and its triggers.",
+        "until removed, then purged like devices.",
+    ),
+    (
+        "baselines",
+        "The last value notified per watch and trigger.",
+        "as long as its watch.",
+    ),
+    (
+        "outbox",
+        "One row per notification: its detection, state, attempts and outcome; weekly partitions.",
+        "`TIDINGS_RETENTION` (30 days), whole weeks once every row is decided.",
+    ),
+    (
+        "outbox_attempts",
+        "Every push attempt but a row's last (which is on the row).",
+        "with its outbox week.",
+    ),
+    (
+        "idempotency_keys",
+        "An `Idempotency-Key` and the answer it gave.",
+        "24 hours.",
+    ),
+    (
+        "notifications_shown",
+        "What a device showed for a notification.",
+        "with its notification's week.",
+    ),
+    (
+        "api_clients",
+        "API clients and their key's hash.",
+        "for ever; revoked ones stay listed.",
+    ),
+    (
+        "operator_actions",
+        "The operators' audit trail.",
+        "`TIDINGS_AUDIT_RETENTION` (365 days).",
+    ),
+];
+
+/// docs/data-model.md: every table the migrations make, its columns, which service may write it
+/// (from the grants) and how long it keeps a row.
+#[tokio::test]
+async fn the_data_model_page_is_the_schema_as_generated() {
+    use std::fmt::Write as _;
+    let db = tidings_tests::harness::TestDb::new().await.unwrap();
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p') AND NOT c.relispartition \
+           AND c.relname <> '_sqlx_migrations' ORDER BY 1",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let described: BTreeSet<&str> = TABLES.iter().map(|(t, _, _)| *t).collect();
+    let made: BTreeSet<&str> = tables.iter().map(String::as_str).collect();
+    assert_eq!(
+        described, made,
+        "TABLES describes exactly the tables the migrations make"
+    );
+    let mut out = format!(
+        "{GENERATED} from the migrated schema and its grants; TIDINGS_BLESS=1 rewrites it -->\n\
+         # Data model\n\n\
+         Postgres holds every table; `migrate` (the schema owner) makes them. A service writes a \
+         table only where its role has the grant (`may write`; every service reads what it \
+         needs). Partitions, retention rounds and purges: [design.md](design.md#retention).\n"
+    );
+    for (table, what, kept) in TABLES {
+        let writers: Vec<String> = sqlx::query_scalar(
+            "SELECT DISTINCT replace(grantee::text, 'tidings_', '') FROM information_schema.role_table_grants \
+             WHERE table_name = $1 AND grantee::text LIKE 'tidings\\_%' \
+               AND privilege_type IN ('INSERT', 'UPDATE', 'DELETE') ORDER BY 1",
+        )
+        .bind(table)
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+        let column_writers: Vec<String> = sqlx::query_scalar(
+            "SELECT DISTINCT replace(grantee::text, 'tidings_', '') FROM information_schema.column_privileges \
+             WHERE table_name = $1 AND grantee::text LIKE 'tidings\\_%' \
+               AND privilege_type IN ('INSERT', 'UPDATE') ORDER BY 1",
+        )
+        .bind(table)
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+        let writers: BTreeSet<String> = writers.into_iter().chain(column_writers).collect();
+        let writers = if writers.is_empty() {
+            "none (the schema owner)".to_owned()
+        } else {
+            writers.into_iter().collect::<Vec<_>>().join(", ")
+        };
+        let columns: Vec<(String, String, bool)> = sqlx::query_as(
+            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), a.attnotnull \
+             FROM pg_attribute a WHERE a.attrelid = $1::regclass AND a.attnum > 0 \
+               AND NOT a.attisdropped ORDER BY a.attnum",
+        )
+        .bind(table)
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+        let columns: Vec<String> = columns
+            .into_iter()
+            .map(|(name, ty, not_null)| format!("`{name}` {ty}{}", if not_null { "" } else { "?" }))
+            .collect();
+        let _ = write!(
+            out,
+            "\n## {table}\n\n{what} Kept: {kept} May write: {writers}.\n\nColumns (`?`: may be null): {}.\n",
+            columns.join(", ")
+        );
+    }
+    tidings_tests::harness::assert_generated(
+        &repo().join("docs/data-model.md"),
+        &out,
+        "the migrated schema (tests/tests/docs.rs)",
+    );
+}
