@@ -159,10 +159,13 @@ pub fn routers(
     let last_ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
     state.last_ready = Some(last_ready);
     tokio::spawn(health::refresh_readiness(state.clone()));
+    // Each port serves the document of the routes it serves.
     let ops = ops
         .route("/livez", axum::routing::get(health::livez))
-        .route("/readyz", axum::routing::get(health::readyz));
-    let public = with_web(public, &state);
+        .route("/readyz", axum::routing::get(health::readyz))
+        .route("/openapi.json", axum::routing::get(openapi::openapi_json))
+        .layer(axum::Extension(openapi::Scope::Ops));
+    let public = with_web(public, &state).layer(axum::Extension(openapi::Scope::Public));
     (
         with_cors(finish(public, state.clone(), Listener::Public), &state),
         finish(ops, state, Listener::Ops),

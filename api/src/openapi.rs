@@ -112,6 +112,63 @@ fn operators() -> OpenApiRouter<AppState> {
         .routes(routes!(health::metrics))
 }
 
+/// Which routes a document lists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// The public port's (`TIDINGS_API_LISTEN`): what a client generated from it can call.
+    Public,
+    /// The ops port's (`TIDINGS_OPS_LISTEN`): the operator routes and `/metrics`.
+    Ops,
+    /// Both (`tidings-api openapi`, docs/api.md, and a router serving both on one port).
+    All,
+}
+
+/// Whether `path` is served on the ops port rather than the public one.
+pub fn on_ops_port(path: &str) -> bool {
+    path.starts_with("/v1/admin/") || path == "/v1/admin" || path == "/metrics"
+}
+
+/// The document of `scope`: [`document`] cut to the routes its port serves, with the tags and
+/// credentials those use, and a `servers` entry saying which port it is.
+pub fn document_for(scope: Scope) -> &'static serde_json::Value {
+    static PUBLIC: OnceLock<serde_json::Value> = OnceLock::new();
+    static OPS: OnceLock<serde_json::Value> = OnceLock::new();
+    let (slot, ops) = match scope {
+        Scope::All => return document(),
+        Scope::Public => (&PUBLIC, false),
+        Scope::Ops => (&OPS, true),
+    };
+    slot.get_or_init(|| {
+        let mut doc = document().clone();
+        if let Some(paths) = doc["paths"].as_object_mut() {
+            paths.retain(|path, _| on_ops_port(path) == ops || path == "/openapi.json");
+        }
+        let used_tags: std::collections::BTreeSet<String> = doc["paths"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .flat_map(|(_, item)| item.as_object().into_iter().flatten())
+            .filter_map(|(_, op)| op["tags"][0].as_str().map(str::to_owned))
+            .collect();
+        if let Some(tags) = doc["tags"].as_array_mut() {
+            tags.retain(|t| t["name"].as_str().is_some_and(|n| used_tags.contains(n)));
+        }
+        if let Some(schemes) = doc["components"]["securitySchemes"].as_object_mut() {
+            schemes.retain(|name, _| (name == "admin_token") == ops);
+        }
+        let (port, setting) = if ops {
+            ("ops", "TIDINGS_OPS_LISTEN")
+        } else {
+            ("public", "TIDINGS_API_LISTEN")
+        };
+        doc["servers"] = serde_json::json!([{
+            "url": "/",
+            "description": format!("the api's {port} port ({setting}); the other port serves its own document")
+        }]);
+        doc
+    })
+}
+
 /// The OpenAPI document of this build: every route, public and operator.
 pub fn document() -> &'static serde_json::Value {
     static DOC: OnceLock<serde_json::Value> = OnceLock::new();
@@ -122,6 +179,11 @@ pub fn document() -> &'static serde_json::Value {
         let triggers = &mut doc["components"]["schemas"]["CreateWatch"]["properties"]["triggers"];
         if triggers.is_object() {
             triggers["uniqueItems"] = true.into();
+        }
+        // A trigger is one of its variants, each with no other field (`deny_unknown_fields`).
+        let variants = &mut doc["components"]["schemas"]["TriggerSpec"]["oneOf"];
+        for variant in variants.as_array_mut().into_iter().flatten() {
+            variant["additionalProperties"] = false.into();
         }
         // The reasons a row can record, from the domain's own list.
         let reasons: Vec<&str> = Reason::all().map(Reason::as_str).collect();
@@ -149,6 +211,10 @@ pub fn routers() -> (axum::Router<AppState>, axum::Router<AppState>) {
 
 #[utoipa::path(get, path = "/openapi.json", tag = "health",
     responses((status = 200, description = "This document (OpenAPI 3.1)", content_type = "application/json")))]
-pub async fn openapi_json() -> Result<Json<&'static serde_json::Value>, ApiError> {
-    Ok(Json(document()))
+pub async fn openapi_json(
+    scope: Option<axum::Extension<Scope>>,
+) -> Result<Json<&'static serde_json::Value>, ApiError> {
+    Ok(Json(document_for(
+        scope.map_or(Scope::All, |axum::Extension(s)| s),
+    )))
 }

@@ -53,10 +53,53 @@ async fn operator_routes_and_metrics_answer_on_the_ops_port_only_and_the_api_dra
         .json()
         .await
         .unwrap();
+    // Each port documents what it serves: a client generated from the public document calls
+    // no route that answers 404 there.
+    assert!(doc["paths"]["/v1/vapid-public-key"].is_object());
+    let paths = |doc: &serde_json::Value| -> Vec<String> {
+        doc["paths"].as_object().unwrap().keys().cloned().collect()
+    };
     assert!(
-        doc["paths"]["/v1/admin/outbox/stats"].is_object(),
-        "documented"
+        !paths(&doc)
+            .iter()
+            .any(|p| p.starts_with("/v1/admin") || p == "/metrics"),
+        "{:?}",
+        paths(&doc)
     );
+    assert!(doc["components"]["securitySchemes"]["admin_token"].is_null());
+    let ops_doc: serde_json::Value = ops.get("/openapi.json", None).await.json().await.unwrap();
+    assert!(ops_doc["paths"]["/v1/admin/outbox/stats"].is_object());
+    assert!(ops_doc["paths"]["/metrics"].is_object());
+    assert!(ops_doc["paths"]["/v1/devices"].is_null());
+    assert!(ops_doc["components"]["securitySchemes"]["admin_token"].is_object());
+    for (port, d) in [("public", &doc), ("ops", &ops_doc)] {
+        for path in paths(d) {
+            let served = if path.contains('{') {
+                continue;
+            } else {
+                path.clone()
+            };
+            let on = if port == "public" { &public } else { &ops };
+            let method = d["paths"][&path]
+                .as_object()
+                .unwrap()
+                .keys()
+                .next()
+                .unwrap()
+                .clone();
+            if method != "get" {
+                continue;
+            }
+            let answer = on
+                .get(&served, if port == "ops" { admin } else { None })
+                .await;
+            assert_ne!(
+                answer.status(),
+                404,
+                "{port} documents {path}, which it does not serve"
+            );
+        }
+    }
 
     assert_eq!(status(&ops, "/v1/admin/outbox/stats", admin).await, 200);
     assert_eq!(status(&ops, "/v1/admin/outbox/stats", None).await, 401);
