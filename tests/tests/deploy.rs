@@ -1023,3 +1023,78 @@ fn config_var<'a>(overlay: &'a Overlay, key: &str) -> Option<&'a str> {
     })?["data"][key]
         .as_str()
 }
+
+/// The release step: `deploy/pin-images` pins every prod image by digest, refusing a list that
+/// misses a service or is malformed; until a release, the prod overlay runs tags pulled always.
+#[test]
+fn a_release_pins_every_prod_image_by_digest() {
+    let images = |root: &Path| -> Vec<String> {
+        let out = tidings_tests::harness::succeeds(
+            Command::new("kubectl")
+                .arg("kustomize")
+                .arg(root.join("deploy/k8s/overlays/prod")),
+            "rendering prod",
+        );
+        let mut found: Vec<String> = String::from_utf8(out)
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("image: "))
+            .map(str::to_owned)
+            .collect();
+        found.sort();
+        found.dedup();
+        found
+    };
+    let tagged = images(&repo());
+    assert_eq!(tagged.len(), 4, "{tagged:?}");
+    assert!(tagged.iter().all(|i| i.ends_with(":0.1.0")), "{tagged:?}");
+    let prod = std::fs::read_to_string(repo().join("deploy/k8s/overlays/prod/kustomization.yaml"))
+        .unwrap();
+    assert!(
+        prod.contains("imagePullPolicy"),
+        "a tag is pulled each time"
+    );
+
+    let dir = copy();
+    let pin = |digests: &str| {
+        let file = dir.join("digests");
+        std::fs::write(&file, digests).unwrap();
+        Command::new(dir.join("deploy/pin-images"))
+            .arg(&file)
+            .output()
+            .unwrap()
+    };
+    let digest = |n: u32| format!("sha256:{n:064}");
+    let line = |service: &str, n| format!("ghcr.io/tidings/tidings-{service}@{}", digest(n));
+    let all: Vec<String> = ["api", "dispatcher", "pusher", "detector"]
+        .iter()
+        .zip(1..)
+        .map(|(s, n)| line(s, n))
+        .collect();
+    for bad in [
+        all[..3].join("\n"),
+        format!("{}\n{}", all.join("\n"), all[0]),
+        all.join("\n").replace("sha256:0", "sha256:g"),
+        format!(
+            "{}\nghcr.io/tidings/tidings-mailer@{}",
+            all.join("\n"),
+            digest(9)
+        ),
+    ] {
+        let out = pin(&bad);
+        assert_eq!(out.status.code(), Some(1), "{bad}");
+        assert_eq!(images(&dir), tagged, "a refused list changes nothing");
+    }
+    let out = pin(&format!("# release 0.2.0\n{}\n", all.join("\n")));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut pinned = all.clone();
+    pinned.sort();
+    assert_eq!(images(&dir), pinned);
+    let (ok, report) = check(&dir);
+    assert!(ok, "{report}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
