@@ -170,6 +170,11 @@ pub async fn list_audit(
     ApiQuery(q): ApiQuery<ListAudit>,
 ) -> Result<Json<AuditList>, ApiError> {
     let limit = crate::extract::limit(q.limit)?;
+    if let Some(c) = q.cursor.filter(|c| *c < 1) {
+        return Err(ApiError::BadRequest(format!(
+            "cursor is an action's id, at least 1, got {c}"
+        )));
+    }
     let rows = audit::list(
         &app.pool,
         &audit::Filter {

@@ -420,9 +420,9 @@ fn plan(
 /// until when, so that it can be withdrawn; a withdrawal leaves the value it reported under the
 /// withdrawn trigger's key, and nothing left to withdraw.
 fn advance<'r>(row: &'r Locked, sent: &Observation) -> baselines::Advance<'r> {
-    let withdrawn = row.trigger.strip_prefix(withdrawal::PREFIX);
-    let promise = match (withdrawn, row.valid_until) {
-        (None, Some(valid_until)) => Some(Promise {
+    let (trigger, withdrawal) = withdrawal::split_key(&row.trigger);
+    let promise = match (withdrawal, row.valid_until) {
+        (false, Some(valid_until)) => Some(Promise {
             outbox_id: row.id,
             dedup_day: row.dedup_day,
             observed_at: sent.observed_at,
@@ -433,7 +433,7 @@ fn advance<'r>(row: &'r Locked, sent: &Observation) -> baselines::Advance<'r> {
     };
     baselines::Advance {
         watch_id: row.watch_id,
-        trigger: withdrawn.unwrap_or(&row.trigger),
+        trigger,
         price: sent.price,
         in_stock: sent.in_stock,
         outbox_id: row.id,
@@ -495,7 +495,9 @@ async fn count_webhook_results(
         match c.transition.to {
             Status::Sent => s.delivered = true,
             Status::Retry | Status::Failed => s.failed = true,
-            _ => {}
+            // Neither a delivery nor a failure of the endpoint: a row dropped (gone, expired,
+            // recalled) or not moved. Named, so a new state must say which it is.
+            Status::Dropped | Status::Pending | Status::Sending => {}
         }
     }
     let ids: Vec<SubscriptionId> = said.keys().copied().collect();

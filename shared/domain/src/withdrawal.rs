@@ -17,6 +17,17 @@ use serde::{Deserialize, Serialize};
 /// What a withdrawal's trigger key starts with.
 pub const PREFIX: &str = "withdraw:";
 
+/// An outbox `trigger` column's parts, without parsing the trigger itself: the key of the trigger
+/// the row is about (whose baseline it is decided on), and whether the row withdraws it. The one
+/// place that knows how a withdrawal's key is spelt, for readers that need no [`Trigger`] (a key
+/// this build does not know still has its baseline).
+pub fn split_key(key: &str) -> (&str, bool) {
+    match key.strip_prefix(PREFIX) {
+        Some(withdrawn) => (withdrawn, true),
+        None => (key, false),
+    }
+}
+
 /// What an outbox row tells its reader, as its `trigger` column names it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Announces {
@@ -37,9 +48,9 @@ impl Announces {
 
     /// Reads a key written by [`Announces::key`]; `None` for one this build does not know.
     pub fn from_key(key: &str) -> Option<Announces> {
-        match key.strip_prefix(PREFIX) {
-            Some(rest) => Trigger::from_key(rest).map(Announces::Ended),
-            None => Trigger::from_key(key).map(Announces::Holds),
+        match split_key(key) {
+            (withdrawn, true) => Trigger::from_key(withdrawn).map(Announces::Ended),
+            (key, false) => Trigger::from_key(key).map(Announces::Holds),
         }
     }
 
@@ -124,6 +135,13 @@ mod tests {
         }
         assert_eq!(Announces::from_key("withdraw:withdraw:back_in_stock"), None);
         assert_eq!(Announces::from_key("withdraw:"), None);
+        assert_eq!(
+            split_key("withdraw:price_below:1200"),
+            ("price_below:1200", true)
+        );
+        assert_eq!(split_key("price_below:1200"), ("price_below:1200", false));
+        // A key this build cannot parse still splits, so its baseline is found.
+        assert_eq!(split_key("withdraw:someday_kind"), ("someday_kind", true));
         assert_eq!(Announces::from_key("recall:back_in_stock"), None);
     }
 

@@ -54,7 +54,8 @@ pub async fn finish(
 ) -> Result<(), sqlx::Error> {
     sqlx::query("UPDATE operator_actions SET status = $2, rows = $3 WHERE id = $1")
         .bind(id)
-        .bind(i16::try_from(status).unwrap_or(i16::MAX))
+        // An HTTP status is three digits; one that is not is not recorded rather than bent.
+        .bind(i16::try_from(status).ok())
         .bind(rows)
         .execute(pool)
         .await

@@ -104,9 +104,7 @@ impl Claimed {
     /// The key of the trigger the row is about, whose baseline it is decided on (a withdrawal's
     /// key without its prefix).
     pub fn trigger_key(&self) -> &str {
-        self.trigger
-            .strip_prefix(tidings_domain::withdrawal::PREFIX)
-            .unwrap_or(&self.trigger)
+        tidings_domain::withdrawal::split_key(&self.trigger).0
     }
 
     /// The detection snapshot.
