@@ -21,10 +21,13 @@ use tidings_domain::{Channel, OutboxId};
 use tidings_pusher::Settings;
 use tidings_pusher::report::{BATCH, ReportError, Reporter};
 use tidings_pusher::worker::{Handled, Pusher};
-use tidings_tests::fake_push::{Answer, FakePushService, NAMED_HOSTS};
-use tidings_tests::fixtures;
-use tidings_tests::harness::{delete_streams, nats, test_subjects};
-use tidings_tests::pushers::{self, pusher_settings};
+use tidings_testkit::fake_push::{Answer, FakePushService, NAMED_HOSTS};
+use tidings_testkit::fixtures;
+use tidings_testkit::harness::{delete_streams, nats, test_subjects};
+
+#[path = "support/pushers.rs"]
+mod pushers;
+use pushers::pusher_settings;
 use tidings_webpush::endpoint::EndpointPolicy;
 
 const WAIT: Duration = Duration::from_millis(300);
@@ -347,13 +350,13 @@ async fn a_withdrawal_deletes_its_undelivered_original_or_else_is_sent() {
 
 #[tokio::test]
 async fn a_push_without_a_ttl_topic_or_urgency_is_refused_by_the_fake_as_by_a_real_service() {
-    let push = tidings_tests::fake_push::FakePushService::start()
+    let push = tidings_testkit::fake_push::FakePushService::start()
         .await
         .unwrap();
     let sub = push.subscription();
     let client = reqwest::Client::builder()
         .add_root_certificate(
-            reqwest::Certificate::from_pem(tidings_tests::fake_push::CERT_PEM).unwrap(),
+            reqwest::Certificate::from_pem(tidings_testkit::fake_push::CERT_PEM).unwrap(),
         )
         .build()
         .unwrap();

@@ -14,6 +14,7 @@ pub mod demo;
 pub mod manifests;
 pub mod network_policy;
 pub mod otlp;
+#[path = "../../pusher/tests/support/pushers.rs"]
 pub mod pushers;
 pub mod scenario;
 pub mod services;

@@ -1,5 +1,7 @@
 //! A pusher to drive by hand in tests: its settings for the fake push service, its durable
-//! consumer, and a delivery whose ack is lost.
+//! consumer, and a delivery whose ack is lost. The pusher's own tests use it, and so do the
+//! cross-service tests (`tidings_tests::pushers` is this file), so the pusher's tests build
+//! without the other services.
 
 use async_nats::jetstream::AckKind;
 use async_nats::jetstream::consumer::PullConsumer;
