@@ -94,7 +94,7 @@ pub struct EndpointStatus {
     pub description: Option<String>,
     /// False once the endpoint answered 410 Gone (or was removed): nothing is posted to it.
     pub active: bool,
-    pub deactivation_reason: Option<String>,
+    pub deactivation_reason: Option<tidings_domain::subscription::Deactivation>,
     pub deactivated_at: Option<DateTime<Utc>>,
     /// While a rotation's previous secret still signs: until when.
     pub previous_secret_until: Option<DateTime<Utc>>,

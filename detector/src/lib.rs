@@ -1,7 +1,7 @@
 //! The Tidings detector: scans watches, evaluates triggers with the shared `evaluate`, and only
 //! enqueues — the dispatcher decides, right before sending, whether a notification is still true.
 //!
-//! - [`scan`]: one scan of this shard's watches, and the loop.
+//! - [`scan`]: one scan of this shard's watches; the loop of scans is here, in [`run`].
 //! - [`watchlist`]: the shard's watches and baselines in memory, refreshed by what changed.
 //! - [`evaluate`]: what one watch's triggers say about one observation (pure).
 //! - [`memory`]: what was enqueued today, so a condition that keeps holding is published once.
@@ -56,7 +56,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
         .connect(&settings.subjects, tidings_bus::streams::Streams::Await)
         .await?;
     let dependencies = vec![tidings_store::dependency(pool.clone()), bus];
-    config.ops.apply();
+    config.ops.set_stall_bound();
     // `--once` is a command, not a service: no ops endpoint.
     let ops = (!config.once).then_some(config.ops.ops_listen);
     if startup::start(ops, dependencies, &shutdown).await.is_none() {

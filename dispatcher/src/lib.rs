@@ -71,7 +71,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
         .connect(&settings.subjects, tidings_bus::streams::Streams::Create)
         .await?;
     let dependencies = vec![tidings_store::dependency(pool.clone()), bus];
-    config.ops.apply();
+    config.ops.set_stall_bound();
     if startup::start(Some(config.ops.ops_listen), dependencies, &shutdown)
         .await
         .is_none()

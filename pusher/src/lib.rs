@@ -60,7 +60,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
     ));
     let js = async_nats::jetstream::new(nats);
     let dependencies = vec![bus];
-    config.ops.apply();
+    config.ops.set_stall_bound();
     // Built before start-up reports ready: nothing may stand between that report and the wait
     // for the consumers, or /readyz answers ready while they do not exist yet.
     let deliverer =

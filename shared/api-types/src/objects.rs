@@ -16,7 +16,7 @@ pub struct SubscriptionView {
     pub active: bool,
     pub created_at: DateTime<Utc>,
     pub deactivated_at: Option<DateTime<Utc>>,
-    pub deactivation_reason: Option<String>,
+    pub deactivation_reason: Option<tidings_domain::subscription::Deactivation>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

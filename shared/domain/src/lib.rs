@@ -40,6 +40,7 @@ pub mod shown;
 #[cfg(feature = "sqlx")]
 pub mod sql;
 pub mod subjects;
+pub mod subscription;
 pub mod texts;
 pub mod trigger;
 pub mod validity;

@@ -156,8 +156,9 @@ pub struct OpsArgs {
 }
 
 impl OpsArgs {
-    /// Applies [`OpsArgs::stall_after`] to this process's loops.
-    pub fn apply(&self) {
+    /// Makes [`OpsArgs::stall_after`] the stall bound of this process's loops (the listen
+    /// address is used where the ops endpoint is served).
+    pub fn set_stall_bound(&self) {
         crate::liveness::set_stall_after(self.stall_after);
     }
 }

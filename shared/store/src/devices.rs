@@ -3,6 +3,7 @@
 
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
+use tidings_domain::subscription::Deactivation;
 use tidings_domain::{DeviceId, SubscriptionId};
 
 /// A Web Push subscription as the browser gave it.
@@ -78,10 +79,11 @@ pub async fn replace_subscription(
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
         "UPDATE push_subscriptions SET active = false, deactivated_at = now(),
-                deactivation_reason = 'replaced'
+                deactivation_reason = $2
          WHERE device_id = $1 AND active",
     )
     .bind(device)
+    .bind(Deactivation::Replaced)
     .execute(&mut *conn)
     .await?;
     sqlx::query(
@@ -106,11 +108,12 @@ pub async fn remove(pool: &PgPool, id: DeviceId) -> Result<(), sqlx::Error> {
               w AS (UPDATE watches SET removed_at = now(), updated_at = now()
                     WHERE device_id IN (SELECT id FROM d) AND removed_at IS NULL),
               s AS (UPDATE push_subscriptions SET active = false, deactivated_at = now(),
-                           deactivation_reason = 'device_removed'
+                           deactivation_reason = $2
                     WHERE device_id IN (SELECT id FROM d) AND active)
          SELECT count(*) FROM d",
     )
     .bind(id)
+    .bind(Deactivation::DeviceRemoved)
     .execute(pool)
     .await?;
     Ok(())
@@ -161,7 +164,7 @@ pub struct Subscription {
     pub active: bool,
     pub created_at: DateTime<Utc>,
     pub deactivated_at: Option<DateTime<Utc>>,
-    pub deactivation_reason: Option<String>,
+    pub deactivation_reason: Option<Deactivation>,
 }
 
 /// Device `id`'s subscriptions, newest first.

@@ -55,11 +55,12 @@ pub async fn revoke_client(pool: &PgPool, id: ClientId) -> Result<bool, sqlx::Er
               w AS (UPDATE watches SET removed_at = now(), updated_at = now()
                     WHERE device_id IN (SELECT id FROM d) AND removed_at IS NULL),
               s AS (UPDATE push_subscriptions SET active = false, deactivated_at = now(),
-                           deactivation_reason = 'client_revoked'
+                           deactivation_reason = $2
                     WHERE device_id IN (SELECT id FROM d) AND active)
          SELECT count(*) FROM c",
     )
     .bind(id.0)
+    .bind(tidings_domain::subscription::Deactivation::ClientRevoked)
     .fetch_one(pool)
     .await?;
     Ok(revoked == 1)
@@ -242,7 +243,7 @@ pub struct EndpointView {
     pub url: String,
     pub description: Option<String>,
     pub active: bool,
-    pub deactivation_reason: Option<String>,
+    pub deactivation_reason: Option<tidings_domain::subscription::Deactivation>,
     pub deactivated_at: Option<DateTime<Utc>>,
     pub previous_until: Option<DateTime<Utc>>,
     pub consecutive_failures: i32,

@@ -15,10 +15,11 @@ pub async fn deactivate_gone(
     }
     sqlx::query(
         "UPDATE push_subscriptions
-         SET active = false, deactivated_at = now(), deactivation_reason = 'gone'
+         SET active = false, deactivated_at = now(), deactivation_reason = $2
          WHERE id = ANY($1) AND active",
     )
     .bind(ids)
+    .bind(tidings_domain::subscription::Deactivation::Gone)
     .execute(conn)
     .await?;
     Ok(())
