@@ -37,6 +37,7 @@ pub struct OutboxFilter {
     #[schema(value_type = Option<tidings_domain::outbox::Status>)]
     pub status: Option<String>,
     /// A drop or failure reason, e.g. `condition_lost`.
+    #[schema(value_type = Option<Reason>)]
     pub reason: Option<String>,
     #[schema(value_type = Option<tidings_domain::Channel>)]
     pub channel: Option<String>,
@@ -130,7 +131,7 @@ fn sampled(r: bulk::Sampled) -> Sampled {
     Sampled {
         id: r.id.0,
         status: r.status,
-        reason: r.reason.map(|r| r.as_str().to_owned()),
+        reason: r.reason,
         item_code: r.item_code,
         device_id: r.device_id.0,
         detected_at: r.detected_at,
@@ -364,6 +365,6 @@ pub async fn cancel(
     Ok(Json(Cancelled {
         id,
         status: tidings_domain::outbox::Status::Dropped,
-        reason: "cancelled".into(),
+        reason: Reason::Dropped(tidings_domain::outbox::DropReason::Cancelled),
     }))
 }

@@ -43,7 +43,7 @@ pub(crate) fn notification(r: history::Notification) -> Notification {
         trigger: TriggerSpec::from_trigger(r.trigger.trigger()),
         channel: r.channel,
         status: r.status,
-        reason: r.reason.map(|r| r.as_str().to_owned()),
+        reason: r.reason,
         delivery: Delivery::of(r.status, r.reason, r.maybe_delivered),
         detected: Detected {
             price: r.detected_price,

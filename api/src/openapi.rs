@@ -8,7 +8,7 @@ use crate::{
 };
 use axum::Json;
 use std::sync::OnceLock;
-use tidings_domain::outbox::{Reason, Status};
+use tidings_domain::outbox::Status;
 use utoipa::openapi::OpenApi as Document;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
@@ -184,19 +184,6 @@ pub fn document() -> &'static serde_json::Value {
         let variants = &mut doc["components"]["schemas"]["TriggerSpec"]["oneOf"];
         for variant in variants.as_array_mut().into_iter().flatten() {
             variant["additionalProperties"] = false.into();
-        }
-        // The reasons a row can record, from the domain's own list.
-        let reasons: Vec<&str> = Reason::all().map(Reason::as_str).collect();
-        let parameters = &mut doc["paths"]["/v1/admin/outbox"]["get"]["parameters"];
-        for p in parameters.as_array_mut().into_iter().flatten() {
-            if p["name"] == "reason" {
-                p["schema"] = serde_json::json!({"type": "string", "enum": reasons});
-            }
-        }
-        // The bulk operations' filter names the same reasons (or none).
-        let filter = &mut doc["components"]["schemas"]["OutboxFilter"]["properties"]["reason"];
-        if filter.is_object() {
-            *filter = serde_json::json!({"type": ["string", "null"], "enum": reasons.iter().map(|r| serde_json::Value::from(*r)).chain([serde_json::Value::Null]).collect::<Vec<_>>()});
         }
         doc
     })

@@ -27,6 +27,7 @@ pub struct ListOutbox {
     #[param(value_type = Option<tidings_domain::outbox::Status>)]
     pub status: Option<String>,
     /// A drop or failure reason, e.g. `condition_lost`.
+    #[param(value_type = Option<tidings_domain::outbox::Reason>)]
     pub reason: Option<String>,
     #[param(value_type = Option<tidings_domain::Channel>)]
     pub channel: Option<String>,
@@ -130,6 +131,7 @@ pub async fn list_outbox(
         (status = 200, description = "The row with its delivery record", body = OutboxRow),
         Unauthorized,
         NoSuchRow,
+        (status = 405, description = "`replay` or `cancel` in place of an id: the path of the bulk route, which takes POST", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn get_outbox_row(
@@ -169,7 +171,7 @@ pub async fn outbox_stats(
             .into_iter()
             .map(|(status, reason, count)| StateCount {
                 status,
-                reason: reason.map(|r| r.as_str().to_owned()),
+                reason,
                 count,
             })
             .collect(),

@@ -7,7 +7,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use tidings_domain::Channel;
-use tidings_domain::outbox::{Delivery, Status};
+use tidings_domain::outbox::{Delivery, Reason, Status};
 use tidings_domain::shown::Shown;
 use utoipa::ToSchema;
 use uuid::Uuid;
@@ -31,7 +31,7 @@ pub struct Notification {
     pub channel: Channel,
     pub status: Status,
     /// Why a row was dropped (withheld) or failed, e.g. `condition_lost`.
-    pub reason: Option<String>,
+    pub reason: Option<Reason>,
     /// What it means for the device: `in_progress`, `delivered`, `withheld`, `not_delivered`, or
     /// `may_have_been_delivered` (no confirmed delivery, but an attempt timed out after it was
     /// sent, so the notification may have arrived).
@@ -138,7 +138,7 @@ pub struct OutboxRow {
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct StateCount {
     pub status: Status,
-    pub reason: Option<String>,
+    pub reason: Option<Reason>,
     pub count: i64,
 }
 
@@ -164,7 +164,7 @@ pub struct Replayed {
 pub struct Sampled {
     pub id: Uuid,
     pub status: Status,
-    pub reason: Option<String>,
+    pub reason: Option<Reason>,
     pub item_code: Option<String>,
     pub device_id: Uuid,
     pub detected_at: DateTime<Utc>,
@@ -197,5 +197,5 @@ pub struct BulkReport {
 pub struct Cancelled {
     pub id: Uuid,
     pub status: Status,
-    pub reason: String,
+    pub reason: Reason,
 }

@@ -138,12 +138,43 @@ names! {
     }
 }
 
-/// The reason a terminal row records (`sent` records none).
+/// The reason a terminal row records (`sent` records none). Sent, stored and documented as its
+/// name alone: the names of the two sets never overlap (a test checks).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Reason {
     Dropped(DropReason),
     Failed(FailReason),
 }
+
+impl serde::Serialize for Reason {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Reason {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        Reason::parse(&name).ok_or_else(|| {
+            serde::de::Error::custom(format!("unknown drop or failure reason {name:?}"))
+        })
+    }
+}
+
+/// A string, one of every reason's name (what the api's document lists for a `reason`).
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for Reason {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .description(Some("Why a row was dropped (withheld) or failed."))
+            .enum_values(Some(Reason::all().map(Reason::as_str)))
+            .into()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for Reason {}
 
 impl Reason {
     pub fn as_str(self) -> &'static str {
@@ -587,6 +618,14 @@ mod tests {
             assert_eq!(Reason::parse(r.as_str()), Some(Reason::Failed(r)));
         }
         assert_eq!(Reason::parse("bogus"), None);
+        for r in Reason::all() {
+            let sent = serde_json::to_string(&r).unwrap();
+            assert_eq!(sent, format!("\"{}\"", r.as_str()));
+            assert_eq!(serde_json::from_str::<Reason>(&sent).unwrap(), r);
+        }
+        assert!(serde_json::from_str::<Reason>("\"bogus\"").is_err());
+        let names: std::collections::HashSet<&str> = Reason::all().map(Reason::as_str).collect();
+        assert_eq!(names.len(), Reason::all().count(), "a name in both sets");
         assert_eq!(Reason::parse("condition_lost\0"), None);
         assert_eq!(
             Reason::all().count(),
