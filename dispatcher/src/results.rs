@@ -377,8 +377,8 @@ fn plan(
         };
         let current = Row {
             status: row.status,
-            retry_count: u32::try_from(row.retry_count).unwrap_or(0),
-            attempt: u32::try_from(row.attempt).unwrap_or(0),
+            retry_count: row.retry_count,
+            attempt: row.attempt,
         };
         // Every attempt the row has made is recorded once, a stale one's result included: the
         // record is history, whatever the result does to the row. The attempt that ends the row

@@ -14,8 +14,11 @@ pub struct Locked {
     pub id: OutboxId,
     pub dedup_day: NaiveDate,
     pub status: Status,
-    pub attempt: i32,
-    pub retry_count: i32,
+    /// Checked `>= 0` by the schema; outside `u32` the row fails to decode rather than bend.
+    #[sqlx(try_from = "i32")]
+    pub attempt: u32,
+    #[sqlx(try_from = "i32")]
+    pub retry_count: u32,
     pub watch_id: WatchId,
     pub trigger: String,
     /// Where it goes: results count on a webhook endpoint's circuit breaker only.

@@ -33,12 +33,16 @@ pub struct Health {
     pub pace: Pace,
 }
 
+/// Both counts are checked `>= 0` by the schema; a value outside `u32` fails the row's decoding
+/// (`try_from`) rather than being bent to fit.
 #[derive(sqlx::FromRow)]
 struct HealthRow {
     id: SubscriptionId,
-    consecutive_failures: i32,
+    #[sqlx(try_from = "i32")]
+    consecutive_failures: u32,
     failing_since: Option<DateTime<Utc>>,
-    circuit_opens: i32,
+    #[sqlx(try_from = "i32")]
+    circuit_opens: u32,
     circuit_open_until: Option<DateTime<Utc>>,
     circuit_probing: bool,
     pace_per_second: Option<f64>,
@@ -47,12 +51,11 @@ struct HealthRow {
 
 impl HealthRow {
     fn health(&self) -> Health {
-        // Both counts are checked `>= 0` by the schema.
         Health {
             circuit: Circuit {
-                failures: u32::try_from(self.consecutive_failures).unwrap_or_default(),
+                failures: self.consecutive_failures,
                 failing_since: self.failing_since,
-                opens: u32::try_from(self.circuit_opens).unwrap_or_default(),
+                opens: self.circuit_opens,
                 open_until: self.circuit_open_until,
                 probing: self.circuit_probing,
             },
