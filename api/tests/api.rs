@@ -116,19 +116,21 @@ async fn history_says_may_have_been_delivered_when_an_attempt_timed_out_before_a
         watches.push(w["id"].as_str().unwrap().to_owned());
     }
     let db = &s.db.pool;
-    let sending = "status = 'sending', attempt = 1, lease_until = now(), deadline = now()";
-    let timed_out = "status = 'retry', retry_count = 1, maybe_delivered = true, lease_until = NULL";
-    let lost = "status = 'dropped', reason = 'condition_lost', finished_at = now()";
+    use tidings_domain::outbox::{DropReason, Event};
+    use tidings_testkit::walk::walk;
+    let lost = Event::Withheld(DropReason::ConditionLost);
+    let row = |id: Uuid| tidings_domain::OutboxId(id);
 
     // Withheld outright: the price went back up before the first attempt.
     let withheld = outbox_row(db, &device, &watches[0], 1100).await;
-    walk_row(db, withheld, &[lost]).await;
+    walk(db, row(withheld), &[lost]).await;
     // Attempt 1 timed out after it was sent, then the retry's re-check found the price back up.
     let maybe = outbox_row(db, &device, &watches[1], 1050).await;
-    walk_row(db, maybe, &[sending, timed_out, lost]).await;
+    walk(db, row(maybe), &[Event::Dispatched, Event::Unknown, lost]).await;
     // Still retrying after such a timeout.
     let open = outbox_row(db, &device, &watches[2], 1000).await;
-    walk_row(db, open, &[sending, timed_out]).await;
+    let t = walk(db, row(open), &[Event::Dispatched, Event::Unknown]).await;
+    assert!(t.maybe_delivered && t.retry_count == 1, "{t:?}");
 
     let history = json(api.get("/v1/notifications", Some(&token)).await).await;
     let delivery = |id: Uuid| {

@@ -7,7 +7,9 @@
 //! - [`services`]: the real binaries, started by a test.
 //! - [`demo`]: the README's demo, also run by `tidings-demo`.
 
-pub use tidings_testkit::{brokers, fake_catalog, fake_push, fake_webhooks, fixtures, harness};
+pub use tidings_testkit::{
+    brokers, fake_catalog, fake_push, fake_webhooks, fixtures, harness, walk,
+};
 
 pub mod api;
 pub mod demo;

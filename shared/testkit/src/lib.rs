@@ -14,3 +14,4 @@ pub mod fake_push;
 pub mod fake_webhooks;
 pub mod fixtures;
 pub mod harness;
+pub mod walk;
