@@ -163,7 +163,8 @@ pub enum ConfigError {
 }
 
 impl Config {
-    pub fn settings(&self) -> Result<Settings, ConfigError> {
+    /// The operator tokens: the tokens file's, and TIDINGS_ADMIN_TOKEN under its name.
+    fn operators(&self) -> Result<Vec<crate::auth::OperatorToken>, ConfigError> {
         let admin_token = tidings_runtime::secrets::value_or_file(
             "TIDINGS_ADMIN_TOKEN",
             self.admin_token.as_deref(),
@@ -192,6 +193,11 @@ impl Config {
             Some(t) => operators.push(crate::auth::OperatorToken::named(&self.admin_token_name, t)),
             None => {}
         }
+        Ok(operators)
+    }
+
+    pub fn settings(&self) -> Result<Settings, ConfigError> {
+        let operators = self.operators()?;
         let max_watches_per_device = i32::try_from(self.max_watches_per_device)
             .ok()
             .filter(|n| (1..=1_000_000).contains(n))

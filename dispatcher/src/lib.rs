@@ -116,6 +116,38 @@ fn init_metrics() {
     ]);
 }
 
+/// The loops beside the notifications' own: retention (with the audit trail's), the lease
+/// sweeper (which also makes a lost delivery log again), and operators' redrives of dead letters,
+/// asked by the api (which may not publish them).
+fn spawn_upkeep(
+    tasks: &mut tokio::task::JoinSet<()>,
+    pool: &PgPool,
+    js: &jetstream::Context,
+    settings: &Arc<Settings>,
+    shutdown: &CancellationToken,
+) {
+    let log =
+        Arc::new(DeliveryLog::new(js.clone(), &settings.subjects, &settings.streams).creating());
+    tasks.spawn(retention::run(
+        pool.clone(),
+        settings.retention,
+        settings.audit_retention,
+        RETENTION_INTERVAL,
+        shutdown.clone(),
+    ));
+    tasks.spawn(sweeper::run(
+        pool.clone(),
+        settings.clone(),
+        log,
+        shutdown.clone(),
+    ));
+    tasks.spawn(tidings_bus::redrive::serve(
+        js.client(),
+        settings.subjects.clone(),
+        shutdown.clone(),
+    ));
+}
+
 /// Runs every loop on connections made elsewhere (tests and benchmarks make their own) until
 /// `shutdown`, then lets each finish (and ack) its batch in flight.
 pub async fn run_with(
@@ -167,27 +199,7 @@ pub async fn run_with(
         let shutdown = shutdown.clone();
         tasks.spawn(async move { d.run(shutdown).await });
     }
-    let log =
-        Arc::new(DeliveryLog::new(js.clone(), &settings.subjects, &settings.streams).creating());
-    tasks.spawn(retention::run(
-        pool.clone(),
-        settings.retention,
-        settings.audit_retention,
-        RETENTION_INTERVAL,
-        shutdown.clone(),
-    ));
-    tasks.spawn(sweeper::run(
-        pool.clone(),
-        settings.clone(),
-        log,
-        shutdown.clone(),
-    ));
-    // Operators' redrives of dead letters, asked by the api (which may not publish them).
-    tasks.spawn(tidings_bus::redrive::serve(
-        js.client(),
-        settings.subjects.clone(),
-        shutdown.clone(),
-    ));
+    spawn_upkeep(&mut tasks, &pool, &js, &settings, &shutdown);
     tracing::info!(
         prefix = settings.subjects.prefix(),
         workers = settings.dispatch_workers,
