@@ -125,18 +125,32 @@ pub async fn record(State(app): State<AppState>, request: Request, next: Next) -
         .run(Request::from_parts(parts, Body::from(bytes)))
         .await;
     let status = response.status().as_u16();
-    let (parts, body) = response.into_parts();
-    let (body, rows) = match axum::body::to_bytes(body, READ_ANSWER).await {
-        Ok(b) => {
-            let rows = rows_of(status, &b);
-            (Body::from(b), rows)
+    // Only an answer known to be small is read for its count; any other passes on untouched.
+    let small = axum::body::HttpBody::size_hint(response.body())
+        .upper()
+        .is_some_and(|n| n <= READ_ANSWER as u64);
+    let (response, rows) = if small {
+        let (parts, body) = response.into_parts();
+        match axum::body::to_bytes(body, READ_ANSWER).await {
+            Ok(b) => {
+                let rows = rows_of(status, &b);
+                (Response::from_parts(parts, Body::from(b)), rows)
+            }
+            Err(e) => {
+                tracing::warn!(audit_id = id, error = %e, "an operator answer could not be read");
+                (
+                    ApiError::Internal("the answer could not be read".into()).into_response(),
+                    None,
+                )
+            }
         }
-        Err(_) => (Body::empty(), None),
+    } else {
+        (response, None)
     };
     if let Err(e) = audit::finish(&app.pool, id, status, rows).await {
         tracing::error!(audit_id = id, operator = %name, error = %e, "an operator action's outcome could not be added to its audit record");
     }
-    Response::from_parts(parts, body)
+    response
 }
 
 #[derive(Debug, Deserialize, IntoParams)]

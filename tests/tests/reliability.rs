@@ -230,7 +230,18 @@ async fn after_a_broker_restart_a_running_pusher_still_sends_a_redelivered_push_
     for (sent, lose_the_log) in [(1, false), (2, true)] {
         if lose_the_log {
             let bucket = b.subjects.bucket(tidings_bus::delivered::BUCKET);
-            b.js.delete_key_value(bucket).await.unwrap();
+            b.js.delete_key_value(&bucket).await.unwrap();
+            // A log that may not make the bucket (the pusher's) leaves it gone.
+            let pushers = tidings_bus::delivered::DeliveryLog::new(
+                b.js.clone(),
+                &b.subjects,
+                &Default::default(),
+            );
+            assert!(!pushers.restore_if_lost().await.unwrap());
+            assert!(
+                b.js.get_key_value(&bucket).await.is_err(),
+                "the pusher made it"
+            );
             let dispatchers = tidings_bus::delivered::DeliveryLog::new(
                 b.js.clone(),
                 &b.subjects,

@@ -103,6 +103,9 @@ impl DeliveryLog {
     /// Makes the bucket again if it is gone (only a [`DeliveryLog::creating`] log may); whether
     /// it was gone.
     pub async fn restore_if_lost(&self) -> Result<bool, DeliveryLogError> {
+        if !self.creates {
+            return Ok(false);
+        }
         let stream = format!("KV_{}", self.config.bucket);
         match self.js.get_stream(&stream).await {
             Ok(_) => Ok(false),
