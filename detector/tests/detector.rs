@@ -694,6 +694,14 @@ async fn a_backlog_that_cannot_be_read_does_not_hold_scans() {
                 .await
         );
     }
+    // JetStream updates a consumer's pending count a moment after the store (CI saw 0 once,
+    // under load): wait for it to count both, then check what the hold makes of them.
+    let counted = std::time::Instant::now() + Duration::from_secs(5);
+    while s.unacked(StreamKind::Enqueue, "dispatcher-ingest").await < 2
+        && std::time::Instant::now() < counted
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(
         Hold::new(s.js.clone(), &s.subjects, 1).check().await,
         Gate::Wait
