@@ -87,11 +87,14 @@ pub async fn record(State(app): State<AppState>, request: Request, next: Next) -
     if !is_action(&request) {
         return next.run(request).await;
     }
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
     // Unauthenticated requests are the handler's to refuse (401); nothing to record.
-    let Ok(Operator { name }) = crate::auth::operator_of(&parts, &app.settings.operators) else {
+    let Ok(operator) = crate::auth::operator_of(&parts, &app.settings.operators) else {
         return next.run(Request::from_parts(parts, body)).await;
     };
+    let name = operator.name.clone();
+    // The handler's `Operator` takes it from here rather than hashing the token again.
+    parts.extensions.insert(operator);
     let bytes = match axum::body::to_bytes(body, app.settings.max_body_bytes).await {
         Ok(b) => b,
         Err(_) => return ApiError::TooLarge(app.settings.max_body_bytes).into_response(),
@@ -200,11 +203,11 @@ pub async fn list_audit(
     )
     .await
     .map_err(db("reading the audit trail"))?;
-    let more = rows.len() > usize::try_from(limit).unwrap_or(usize::MAX);
-    let items: Vec<AuditEntry> = rows
-        .into_iter()
-        .take(usize::try_from(limit).unwrap_or(usize::MAX))
-        .map(|a| AuditEntry {
+    let (items, next_cursor) = crate::extract::page(
+        rows,
+        limit,
+        |a| a.id,
+        |a| AuditEntry {
             id: a.id,
             at: a.at,
             operator: a.operator,
@@ -213,13 +216,8 @@ pub async fn list_audit(
             dry_run: a.dry_run,
             status: a.status,
             rows: a.rows,
-        })
-        .collect();
-    let next_cursor = if more {
-        items.last().map(|a| a.id)
-    } else {
-        None
-    };
+        },
+    );
     Ok(Json(AuditList { items, next_cursor }))
 }
 

@@ -203,6 +203,10 @@ impl FromRequestParts<AppState> for Operator {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, app: &AppState) -> Result<Self, ApiError> {
+        // Already authenticated by the audit trail's middleware (`crate::audit::record`).
+        if let Some(known) = parts.extensions.get::<Operator>() {
+            return Ok(known.clone());
+        }
         operator_of(parts, &app.settings.operators)
     }
 }

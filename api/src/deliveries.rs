@@ -84,7 +84,7 @@ pub async fn list_endpoint_attempts(
         tidings_store::attempts::of_device(&app.pool, device.id, before.map(OutboxId), limit + 1)
             .await
             .map_err(db("listing a webhook endpoint's attempts"))?;
-    let (webhooks, next_cursor) = page(rows, limit, |r| r.id.0, attempts_of);
+    let (webhooks, next_cursor) = page(rows, limit, |r| r.id.0.to_string(), attempts_of);
     Ok(Json(EndpointAttemptList {
         items: webhooks.into_iter().flatten().collect(),
         next_cursor,

@@ -97,18 +97,18 @@ pub fn limit(raw: Option<u32>) -> Result<i64, ApiError> {
 }
 
 /// Splits `limit + 1` fetched rows into a page, each row as the api shows it, and the cursor of
-/// the next page.
-pub fn page<T, U>(
+/// the next page (`cursor` of its last row).
+pub fn page<T, U, C>(
     mut rows: Vec<T>,
     limit: i64,
-    id: impl Fn(&T) -> Uuid,
+    cursor: impl Fn(&T) -> C,
     show: impl Fn(T) -> U,
-) -> (Vec<U>, Option<String>) {
+) -> (Vec<U>, Option<C>) {
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     let mut next = None;
     if rows.len() > limit {
         rows.truncate(limit);
-        next = rows.last().map(|r| id(r).to_string());
+        next = rows.last().map(cursor);
     }
     (rows.into_iter().map(show).collect(), next)
 }

@@ -124,7 +124,7 @@ pub async fn list_notifications(
     )
     .await
     .map_err(db("listing notifications"))?;
-    let (mut items, next_cursor) = page(rows, limit, |r| r.id.0, notification);
+    let (mut items, next_cursor) = page(rows, limit, |r| r.id.0.to_string(), notification);
     with_attempts(&app, items.iter_mut()).await?;
     let kept_from = tidings_store::partitions::kept_from(&app.pool)
         .await

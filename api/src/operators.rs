@@ -111,7 +111,8 @@ pub async fn list_outbox(
     let rows = history::deliveries(&app.pool, &filter, before.map(OutboxId), limit + 1)
         .await
         .map_err(db("listing outbox rows"))?;
-    let (mut items, next_cursor) = page(rows, limit, |r| r.notification.id.0, outbox_row);
+    let (mut items, next_cursor) =
+        page(rows, limit, |r| r.notification.id.0.to_string(), outbox_row);
     with_attempts(&app, items.iter_mut().map(|r| &mut r.notification)).await?;
     let kept_from = tidings_store::partitions::kept_from(&app.pool)
         .await

@@ -520,7 +520,7 @@ pub async fn list_watches(
     let rows = watches::list(&app.pool, device.id, after.map(WatchId), limit + 1)
         .await
         .map_err(db("listing watches"))?;
-    let (items, next_cursor) = page(rows, limit, |r| r.id.0, watch_of);
+    let (items, next_cursor) = page(rows, limit, |r| r.id.0.to_string(), watch_of);
     Ok(Json(WatchList { items, next_cursor }))
 }
 

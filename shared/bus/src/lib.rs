@@ -15,6 +15,7 @@ pub mod permissions;
 pub mod publish;
 mod pull;
 pub mod redrive;
+pub mod respond;
 pub mod roll_call;
 pub mod streams;
 

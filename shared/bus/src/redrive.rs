@@ -5,7 +5,6 @@
 //! by its sequence, publishes it back where it came from and deletes it, and answers.
 
 use crate::dead_letters::{DeadLetterError, DeadLetters};
-use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use tidings_domain::subjects::Subjects;
@@ -60,42 +59,33 @@ async fn handle(dlq: &DeadLetters, ask: Ask) -> Answer {
     }
 }
 
-/// Answers redrive asks until `shutdown`, resubscribing if the subscription ends.
+/// Answers redrive asks until `shutdown` (`crate::respond`), as one of the dispatchers' queue
+/// group.
 pub async fn serve(client: async_nats::Client, subjects: Subjects, shutdown: CancellationToken) {
-    let dlq = DeadLetters::new(async_nats::jetstream::new(client.clone()), subjects.clone());
-    while !shutdown.is_cancelled() {
-        let mut asks = match client
-            .queue_subscribe(subject(&subjects), QUEUE.into())
-            .await
-        {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot subscribe to redrive asks; trying again");
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(Duration::from_secs(5)) => continue,
-                }
+    let dlq = std::sync::Arc::new(DeadLetters::new(
+        async_nats::jetstream::new(client.clone()),
+        subjects.clone(),
+    ));
+    crate::respond::serve(
+        client,
+        subject(&subjects),
+        Some(QUEUE),
+        "redrive asks",
+        shutdown,
+        move |request| {
+            let dlq = dlq.clone();
+            async move {
+                let answer = match serde_json::from_slice::<Ask>(&request.payload) {
+                    Ok(ask) => handle(&dlq, ask).await,
+                    Err(e) => Answer::Failed {
+                        detail: format!("an ask this dispatcher cannot read: {e}"),
+                    },
+                };
+                serde_json::to_vec(&answer).unwrap_or_default()
             }
-        };
-        loop {
-            let ask = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                ask = asks.next() => ask,
-            };
-            let Some(message) = ask else { break };
-            let Some(reply) = message.reply else { continue };
-            let answer = match serde_json::from_slice::<Ask>(&message.payload) {
-                Ok(ask) => handle(&dlq, ask).await,
-                Err(e) => Answer::Failed {
-                    detail: format!("an ask this dispatcher cannot read: {e}"),
-                },
-            };
-            let body = serde_json::to_vec(&answer).unwrap_or_default();
-            if let Err(e) = client.publish(reply, body.into()).await {
-                tracing::warn!(error = %e, ?answer, "cannot answer a redrive ask");
-            }
-        }
-    }
+        },
+    )
+    .await;
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -25,8 +25,7 @@ fn subject(subjects: &Subjects) -> String {
     format!("{}.{SUBJECT}", subjects.prefix())
 }
 
-/// Answers every roll call until `shutdown`. Resubscribes if the subscription ends (the
-/// connection keeps reconnecting on its own).
+/// Answers every roll call until `shutdown` (`crate::respond`).
 pub async fn answer(
     client: async_nats::Client,
     subjects: Subjects,
@@ -40,30 +39,15 @@ pub async fn answer(
             return;
         }
     };
-    while !shutdown.is_cancelled() {
-        let mut calls = match client.subscribe(subject(&subjects)).await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot subscribe to the roll call; trying again");
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(Duration::from_secs(5)) => continue,
-                }
-            }
-        };
-        loop {
-            let call = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                call = calls.next() => call,
-            };
-            let Some(call) = call else { break };
-            if let Some(reply) = call.reply
-                && let Err(e) = client.publish(reply, body.clone().into()).await
-            {
-                tracing::warn!(error = %e, "cannot answer the roll call");
-            }
-        }
-    }
+    crate::respond::serve(
+        client,
+        subject(&subjects),
+        None,
+        "the roll call",
+        shutdown,
+        |_| std::future::ready(body.clone()),
+    )
+    .await;
 }
 
 #[derive(Debug, thiserror::Error)]
