@@ -766,17 +766,16 @@ async fn seed_rows(s: &Scenario, item: &str, n: usize) {
 /// plans that ignore the due index's order turned off; this checks the plan it gets.
 #[tokio::test]
 async fn a_claim_reads_due_rows_in_index_order_even_without_statistics() {
-    use tidings_store::claim::{CLAIM, PLAN_BY_DUE_INDEX};
+    use sqlx::Execute;
+    use tidings_store::claim::{plan_by_due_index, statement};
     let s = Scenario::new().await;
     seed_rows(&s, "SKU-1", 5000).await;
     let mut tx = s.db.pool.begin().await.unwrap();
-    sqlx::query(PLAN_BY_DUE_INDEX)
-        .execute(&mut *tx)
-        .await
-        .unwrap();
+    plan_by_due_index(&mut tx).await.unwrap();
+    let claim = statement(500, 30.0).sql();
     let plan: Vec<String> = sqlx::query_scalar(&format!(
         "EXPLAIN {}",
-        CLAIM.replace("$1", "500").replace("$2", "30")
+        claim.replace("$1", "500").replace("$2", "30")
     ))
     .fetch_all(&mut *tx)
     .await

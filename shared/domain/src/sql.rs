@@ -30,6 +30,12 @@ macro_rules! as_text {
             }
         }
 
+        impl ::sqlx::postgres::PgHasArrayType for $t {
+            fn array_type_info() -> ::sqlx::postgres::PgTypeInfo {
+                <&str as ::sqlx::postgres::PgHasArrayType>::array_type_info()
+            }
+        }
+
         impl ::sqlx::Encode<'_, ::sqlx::Postgres> for $t {
             fn encode_by_ref(
                 &self,

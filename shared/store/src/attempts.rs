@@ -6,59 +6,64 @@
 
 use chrono::{DateTime, NaiveDate, Utc};
 use sqlx::PgConnection;
+use std::sync::LazyLock;
 use tidings_domain::messages::AttemptOutcome;
+use tidings_domain::outbox::Status;
 use tidings_domain::{OutboxId, SubscriptionId};
 
-/// One attempt as recorded.
-#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
-pub struct Attempt {
-    pub outbox_id: OutboxId,
-    pub dedup_day: NaiveDate,
-    pub attempt: i32,
-    pub started_at: Option<DateTime<Utc>>,
-    pub subscription_id: Option<SubscriptionId>,
-    pub push_host: Option<String>,
-    pub outcome: AttemptOutcome,
-    pub http_status: Option<i32>,
-    pub error: Option<String>,
-    pub duration_ms: Option<i64>,
-    pub push_message_id: Option<String>,
+crate::unnest::unnest_rows! {
+    /// One attempt as recorded.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct Attempt {
+        outbox_id: OutboxId,
+        dedup_day: NaiveDate,
+        attempt: i32,
+        started_at: Option<DateTime<Utc>>,
+        subscription_id: Option<SubscriptionId>,
+        push_host: Option<String>,
+        outcome: AttemptOutcome,
+        http_status: Option<i32>,
+        error: Option<String>,
+        duration_ms: Option<i64>,
+        push_message_id: Option<String>,
+    }
 }
 
-fn col<'a, T>(attempts: &'a [Attempt], f: impl Fn(&'a Attempt) -> T) -> Vec<T> {
-    attempts.iter().map(f).collect()
-}
-
-/// The insert's columns, from `$1`…`$11` as an `UNNEST`.
-macro_rules! insert_attempts {
-    () => {
+/// The insert of [`Attempt`]s; `then` follows it (a conflict clause).
+fn insert_statement(then: &str) -> String {
+    format!(
         "INSERT INTO outbox_attempts AS a (outbox_id, dedup_day, attempt, started_at,
              subscription_id, push_host, outcome, http_status, error, duration_ms, push_message_id)
-         SELECT * FROM UNNEST($1::uuid[], $2::date[], $3::int[], $4::timestamptz[], $5::uuid[],
-             $6::text[], $7::text[], $8::int[], $9::text[], $10::bigint[], $11::text[])"
-    };
+         SELECT outbox_id, dedup_day, attempt, started_at, subscription_id, push_host, outcome,
+                http_status, error, duration_ms, push_message_id
+         FROM {} {then}",
+        Attempt::table("u")
+    )
 }
+
+static INSERT_NEW: LazyLock<String> = LazyLock::new(|| insert_statement(""));
+
+static RECORD: LazyLock<String> = LazyLock::new(|| {
+    insert_statement(
+        "ON CONFLICT (outbox_id, dedup_day, attempt) DO UPDATE
+         SET started_at = EXCLUDED.started_at, recorded_at = now(),
+             subscription_id = COALESCE(EXCLUDED.subscription_id, a.subscription_id),
+             push_host = EXCLUDED.push_host, outcome = EXCLUDED.outcome,
+             http_status = EXCLUDED.http_status, error = EXCLUDED.error,
+             duration_ms = EXCLUDED.duration_ms, push_message_id = EXCLUDED.push_message_id
+         WHERE a.outcome = 'lease_expired' AND EXCLUDED.outcome <> 'lease_expired'",
+    )
+});
 
 async fn insert(
     conn: &mut PgConnection,
-    sql: &str,
+    sql: &'static str,
     attempts: &[Attempt],
 ) -> Result<(), sqlx::Error> {
     if attempts.is_empty() {
         return Ok(());
     }
-    sqlx::query(sql)
-        .bind(col(attempts, |a| a.outbox_id))
-        .bind(col(attempts, |a| a.dedup_day))
-        .bind(col(attempts, |a| a.attempt))
-        .bind(col(attempts, |a| a.started_at))
-        .bind(col(attempts, |a| a.subscription_id))
-        .bind(col(attempts, |a| a.push_host.as_deref()))
-        .bind(col(attempts, |a| a.outcome.as_str()))
-        .bind(col(attempts, |a| a.http_status))
-        .bind(col(attempts, |a| a.error.as_deref()))
-        .bind(col(attempts, |a| a.duration_ms))
-        .bind(col(attempts, |a| a.push_message_id.as_deref()))
+    Attempt::bind(attempts, sqlx::query(sql))
         .execute(conn)
         .await?;
     Ok(())
@@ -68,40 +73,25 @@ async fn insert(
 /// current attempt, which the caller knows because the row is still `sending` with that attempt
 /// under its lock (every record is written in the transaction that moves the row off it).
 pub async fn insert_new(conn: &mut PgConnection, attempts: &[Attempt]) -> Result<(), sqlx::Error> {
-    insert(conn, insert_attempts!(), attempts).await
+    insert(conn, INSERT_NEW.as_str(), attempts).await
 }
 
 /// Records attempts that may be on record already (a late or repeated result): a recorded
 /// attempt keeps its record, except a `lease_expired` placeholder, which the attempt's real
 /// result replaces.
 pub async fn record(conn: &mut PgConnection, attempts: &[Attempt]) -> Result<(), sqlx::Error> {
-    insert(
-        conn,
-        concat!(
-            insert_attempts!(),
-            " ON CONFLICT (outbox_id, dedup_day, attempt) DO UPDATE
-             SET started_at = EXCLUDED.started_at, recorded_at = now(),
-                 subscription_id = COALESCE(EXCLUDED.subscription_id, a.subscription_id),
-                 push_host = EXCLUDED.push_host, outcome = EXCLUDED.outcome,
-                 http_status = EXCLUDED.http_status, error = EXCLUDED.error,
-                 duration_ms = EXCLUDED.duration_ms, push_message_id = EXCLUDED.push_message_id
-             WHERE a.outcome = 'lease_expired' AND EXCLUDED.outcome <> 'lease_expired'"
-        ),
-        attempts,
-    )
-    .await
+    insert(conn, RECORD.as_str(), attempts).await
 }
 
 /// One recorded attempt with when it was recorded.
-#[derive(Clone, Debug, sqlx::FromRow)]
+#[derive(Clone, Debug)]
 pub struct Recorded {
-    #[sqlx(flatten)]
     pub attempt: Attempt,
     pub recorded_at: DateTime<Utc>,
 }
 
 /// What a row says of the attempt that ended it (migration 0012's columns and its own).
-#[derive(Clone, Debug, sqlx::FromRow)]
+#[derive(Clone, Debug)]
 pub struct RowEnding {
     pub id: OutboxId,
     pub dedup_day: NaiveDate,
@@ -117,10 +107,27 @@ pub struct RowEnding {
     pub finished_at: Option<DateTime<Utc>>,
 }
 
-/// The row's columns [`RowEnding`] reads, with the outbox as `o`.
-pub const ROW_ENDING_COLUMNS: &str = "o.id, o.dedup_day, o.attempt, o.attempt_outcome, \
-     o.attempt_started_at, o.attempt_push_host, o.attempt_ms, o.http_status, o.push_message_id, \
-     o.last_error, o.subscription_id, o.finished_at";
+/// A [`RowEnding`] from a record of a statement that selects its columns (with the overrides
+/// that type them: `o.id AS "id: OutboxId"`, `o.attempt_outcome AS "attempt_outcome:
+/// AttemptOutcome"`, `o.subscription_id AS "subscription_id: SubscriptionId"`).
+macro_rules! row_ending {
+    ($r:ident) => {
+        RowEnding {
+            id: $r.id,
+            dedup_day: $r.dedup_day,
+            attempt: $r.attempt,
+            attempt_outcome: $r.attempt_outcome,
+            attempt_started_at: $r.attempt_started_at,
+            attempt_push_host: $r.attempt_push_host,
+            attempt_ms: $r.attempt_ms,
+            http_status: $r.http_status,
+            push_message_id: $r.push_message_id,
+            last_error: $r.last_error,
+            subscription_id: $r.subscription_id,
+            finished_at: $r.finished_at,
+        }
+    };
+}
 
 impl RowEnding {
     /// The ending attempt as a record, if an attempt ended the row.
@@ -173,16 +180,37 @@ pub async fn recorded<'c, E: sqlx::PgExecutor<'c>>(
     ids: &[OutboxId],
     days: &[NaiveDate],
 ) -> Result<Vec<Recorded>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT outbox_id, dedup_day, attempt, started_at, subscription_id, push_host, outcome,
-                http_status, error, duration_ms, push_message_id, recorded_at
-         FROM outbox_attempts WHERE outbox_id = ANY($1) AND dedup_day = ANY($2)
-         ORDER BY outbox_id, attempt",
+    let rows = sqlx::query!(
+        r#"SELECT outbox_id AS "outbox_id: OutboxId", dedup_day, attempt, started_at,
+                  subscription_id AS "subscription_id: SubscriptionId", push_host,
+                  outcome AS "outcome: AttemptOutcome", http_status, error, duration_ms,
+                  push_message_id, recorded_at
+           FROM outbox_attempts WHERE outbox_id = ANY($1) AND dedup_day = ANY($2)
+           ORDER BY outbox_id, attempt"#,
+        ids as _,
+        days
     )
-    .bind(ids)
-    .bind(days)
     .fetch_all(e)
-    .await
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| Recorded {
+            attempt: Attempt {
+                outbox_id: r.outbox_id,
+                dedup_day: r.dedup_day,
+                attempt: r.attempt,
+                started_at: r.started_at,
+                subscription_id: r.subscription_id,
+                push_host: r.push_host,
+                outcome: r.outcome,
+                http_status: r.http_status,
+                error: r.error,
+                duration_ms: r.duration_ms,
+                push_message_id: r.push_message_id,
+            },
+            recorded_at: r.recorded_at,
+        })
+        .collect())
 }
 
 /// A row's attempts, first to last, with its traceparent (every attempt continues the row's
@@ -191,21 +219,22 @@ pub async fn of_row(
     pool: &sqlx::PgPool,
     id: OutboxId,
 ) -> Result<Option<(Vec<Recorded>, Option<String>)>, sqlx::Error> {
-    #[derive(sqlx::FromRow)]
-    struct Row {
-        #[sqlx(flatten)]
-        ending: RowEnding,
-        traceparent: Option<String>,
-    }
-    let row: Option<Row> = sqlx::query_as(&format!(
-        "SELECT {ROW_ENDING_COLUMNS}, o.traceparent FROM outbox o WHERE o.id = $1"
-    ))
-    .bind(id)
+    let row = sqlx::query!(
+        r#"SELECT o.id AS "id: OutboxId", o.dedup_day, o.attempt,
+                  o.attempt_outcome AS "attempt_outcome: AttemptOutcome", o.attempt_started_at,
+                  o.attempt_push_host, o.attempt_ms, o.http_status, o.push_message_id,
+                  o.last_error, o.subscription_id AS "subscription_id: SubscriptionId",
+                  o.finished_at, o.traceparent
+           FROM outbox o WHERE o.id = $1"#,
+        id.0
+    )
     .fetch_optional(pool)
     .await?;
-    let Some(row) = row else { return Ok(None) };
-    let found = recorded(pool, &[id], &[row.ending.dedup_day]).await?;
-    Ok(Some((merged(found, &row.ending), row.traceparent)))
+    let Some(r) = row else { return Ok(None) };
+    let traceparent = r.traceparent.clone();
+    let ending = row_ending!(r);
+    let found = recorded(pool, &[id], &[ending.dedup_day]).await?;
+    Ok(Some((merged(found, &ending), traceparent)))
 }
 
 /// How rows `ids` (of days `days`, which prune the read to their partitions) ended, as
@@ -215,19 +244,25 @@ pub async fn endings<'c, E: sqlx::PgExecutor<'c>>(
     ids: &[OutboxId],
     days: &[NaiveDate],
 ) -> Result<Vec<RowEnding>, sqlx::Error> {
-    sqlx::query_as(&format!(
-        "SELECT {ROW_ENDING_COLUMNS} FROM outbox o WHERE o.id = ANY($1) AND o.dedup_day = ANY($2)"
-    ))
-    .bind(ids)
-    .bind(days)
+    let rows = sqlx::query!(
+        r#"SELECT o.id AS "id: OutboxId", o.dedup_day, o.attempt,
+                  o.attempt_outcome AS "attempt_outcome: AttemptOutcome", o.attempt_started_at,
+                  o.attempt_push_host, o.attempt_ms, o.http_status, o.push_message_id,
+                  o.last_error, o.subscription_id AS "subscription_id: SubscriptionId",
+                  o.finished_at
+           FROM outbox o WHERE o.id = ANY($1) AND o.dedup_day = ANY($2)"#,
+        ids as _,
+        days
+    )
     .fetch_all(e)
-    .await
+    .await?;
+    Ok(rows.into_iter().map(|r| row_ending!(r)).collect())
 }
 
 /// One row's attempts, as its device's client lists them.
 pub struct RowAttempts {
     pub id: OutboxId,
-    pub status: tidings_domain::outbox::Status,
+    pub status: Status,
     /// First to last.
     pub attempts: Vec<Recorded>,
 }
@@ -240,24 +275,29 @@ pub async fn of_device(
     before: Option<OutboxId>,
     rows: i64,
 ) -> Result<Vec<RowAttempts>, sqlx::Error> {
-    #[derive(sqlx::FromRow)]
-    struct Row {
-        #[sqlx(flatten)]
-        ending: RowEnding,
-        status: tidings_domain::outbox::Status,
-    }
-    let found: Vec<Row> = sqlx::query_as(&format!(
-        "SELECT {ROW_ENDING_COLUMNS}, o.status FROM outbox o
-         WHERE o.device_id = $1 AND ($2::uuid IS NULL OR o.id < $2) AND o.attempt > 0
-         ORDER BY o.id DESC LIMIT $3"
-    ))
-    .bind(device)
-    .bind(before)
-    .bind(rows)
+    let found: Vec<(RowEnding, Status)> = sqlx::query!(
+        r#"SELECT o.id AS "id: OutboxId", o.dedup_day, o.attempt,
+                  o.attempt_outcome AS "attempt_outcome: AttemptOutcome", o.attempt_started_at,
+                  o.attempt_push_host, o.attempt_ms, o.http_status, o.push_message_id,
+                  o.last_error, o.subscription_id AS "subscription_id: SubscriptionId",
+                  o.finished_at, o.status AS "status: Status"
+           FROM outbox o
+           WHERE o.device_id = $1 AND ($2::uuid IS NULL OR o.id < $2) AND o.attempt > 0
+           ORDER BY o.id DESC LIMIT $3"#,
+        device.0,
+        before.map(|b| b.0),
+        rows
+    )
     .fetch_all(pool)
-    .await?;
-    let ids: Vec<OutboxId> = found.iter().map(|r| r.ending.id).collect();
-    let days: Vec<NaiveDate> = found.iter().map(|r| r.ending.dedup_day).collect();
+    .await?
+    .into_iter()
+    .map(|r| {
+        let status = r.status;
+        (row_ending!(r), status)
+    })
+    .collect();
+    let ids: Vec<OutboxId> = found.iter().map(|r| r.0.id).collect();
+    let days: Vec<NaiveDate> = found.iter().map(|r| r.0.dedup_day).collect();
     let mut recorded_of: std::collections::HashMap<OutboxId, Vec<Recorded>> =
         std::collections::HashMap::new();
     for r in recorded(pool, &ids, &days).await? {
@@ -265,13 +305,10 @@ pub async fn of_device(
     }
     Ok(found
         .into_iter()
-        .map(|r| RowAttempts {
-            id: r.ending.id,
-            status: r.status,
-            attempts: merged(
-                recorded_of.remove(&r.ending.id).unwrap_or_default(),
-                &r.ending,
-            ),
+        .map(|(ending, status)| RowAttempts {
+            id: ending.id,
+            status,
+            attempts: merged(recorded_of.remove(&ending.id).unwrap_or_default(), &ending),
         })
         .collect())
 }

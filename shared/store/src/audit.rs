@@ -17,7 +17,7 @@ pub struct Started {
 }
 
 /// One recorded action.
-#[derive(Clone, Debug, PartialEq, sqlx::FromRow)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Action {
     pub id: i64,
     pub at: DateTime<Utc>,
@@ -33,14 +33,14 @@ pub struct Action {
 
 /// Records `started`; its id, to [`finish`] it.
 pub async fn start(pool: &PgPool, started: &Started) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar(
-        "INSERT INTO operator_actions (operator, action, target, dry_run) \
+    sqlx::query_scalar!(
+        "INSERT INTO operator_actions (operator, action, target, dry_run)
          VALUES ($1, $2, $3, $4) RETURNING id",
+        started.operator,
+        started.action,
+        started.target,
+        started.dry_run
     )
-    .bind(&started.operator)
-    .bind(&started.action)
-    .bind(&started.target)
-    .bind(started.dry_run)
     .fetch_one(pool)
     .await
 }
@@ -52,14 +52,17 @@ pub async fn finish(
     status: u16,
     rows: Option<i64>,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query("UPDATE operator_actions SET status = $2, rows = $3 WHERE id = $1")
-        .bind(id)
-        // An HTTP status is three digits; one that is not is not recorded rather than bent.
-        .bind(i16::try_from(status).ok())
-        .bind(rows)
-        .execute(pool)
-        .await
-        .map(|_| ())
+    // An HTTP status is three digits; one that is not is not recorded rather than bent.
+    let status = i16::try_from(status).ok();
+    sqlx::query!(
+        "UPDATE operator_actions SET status = $2, rows = $3 WHERE id = $1",
+        id,
+        status,
+        rows
+    )
+    .execute(pool)
+    .await
+    .map(|_| ())
 }
 
 /// Which actions to list: newest first, below `before` (an id: the cursor).
@@ -72,25 +75,27 @@ pub struct Filter {
 }
 
 pub async fn list(pool: &PgPool, filter: &Filter) -> Result<Vec<Action>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT id, at, operator, action, target, dry_run, status, rows FROM operator_actions \
-         WHERE ($1::text IS NULL OR operator = $1) AND ($2::timestamptz IS NULL OR at >= $2) \
-           AND ($3::bigint IS NULL OR id < $3) \
+    sqlx::query_as!(
+        Action,
+        "SELECT id, at, operator, action, target, dry_run, status, rows FROM operator_actions
+         WHERE ($1::text IS NULL OR operator = $1) AND ($2::timestamptz IS NULL OR at >= $2)
+           AND ($3::bigint IS NULL OR id < $3)
          ORDER BY id DESC LIMIT $4",
+        filter.operator.as_deref(),
+        filter.since,
+        filter.before,
+        filter.limit
     )
-    .bind(&filter.operator)
-    .bind(filter.since)
-    .bind(filter.before)
-    .bind(filter.limit)
     .fetch_all(pool)
     .await
 }
 
 /// Deletes actions older than `before` (the dispatcher's retention round); how many.
 pub async fn purge_before(pool: &PgPool, before: DateTime<Utc>) -> Result<u64, sqlx::Error> {
-    Ok(sqlx::query("DELETE FROM operator_actions WHERE at < $1")
-        .bind(before)
-        .execute(pool)
-        .await?
-        .rows_affected())
+    Ok(
+        sqlx::query!("DELETE FROM operator_actions WHERE at < $1", before)
+            .execute(pool)
+            .await?
+            .rows_affected(),
+    )
 }

@@ -30,44 +30,35 @@ impl Backlog {
 
 /// Reads the backlog in two statements.
 pub async fn read(pool: &PgPool) -> Result<Backlog, sqlx::Error> {
-    let counts: Vec<(Status, i64)> = sqlx::query_as(concat!(
-        "SELECT status, count(*) FROM outbox WHERE status IN ",
-        crate::status_sql!(due),
-        " GROUP BY status
-         UNION ALL
-         SELECT ",
-        crate::status_sql!(sending),
-        ", count(*) FROM outbox WHERE status = ",
-        crate::status_sql!(sending),
-    ))
+    let counts = sqlx::query!(
+        r#"SELECT status AS "status!: Status", count(*) AS "n!" FROM outbox
+           WHERE status IN ('pending', 'retry') /* status: due */
+           GROUP BY status
+           UNION ALL
+           SELECT 'sending' /* status: sending */, count(*) FROM outbox
+           WHERE status = 'sending' /* status: sending */"#
+    )
     .fetch_all(pool)
     .await?;
     // Both ages in one round trip, each from its partial index.
-    let (oldest, overdue): (f64, f64) = sqlx::query_as(concat!(
-        "SELECT
-           COALESCE((SELECT EXTRACT(EPOCH FROM now() - min(next_attempt_at))::float8
-                     FROM outbox WHERE status IN ",
-        crate::status_sql!(due),
-        " AND next_attempt_at <= now()), 0),
-           COALESCE((SELECT EXTRACT(EPOCH FROM now() - min(lease_until))::float8
-                     FROM outbox WHERE status = ",
-        crate::status_sql!(sending),
-        " AND lease_until < now()), 0)",
-    ))
+    let ages = sqlx::query!(
+        r#"SELECT
+             COALESCE((SELECT EXTRACT(EPOCH FROM now() - min(next_attempt_at))::float8
+                       FROM outbox WHERE status IN ('pending', 'retry') /* status: due */
+                         AND next_attempt_at <= now()), 0) AS "oldest!",
+             COALESCE((SELECT EXTRACT(EPOCH FROM now() - min(lease_until))::float8
+                       FROM outbox WHERE status = 'sending' /* status: sending */
+                         AND lease_until < now()), 0) AS "overdue!""#
+    )
     .fetch_one(pool)
     .await?;
-    let of = |s: Status| {
-        counts
-            .iter()
-            .find(|(st, _)| *st == s)
-            .map_or(0, |(_, n)| *n)
-    };
+    let of = |s: Status| counts.iter().find(|r| r.status == s).map_or(0, |r| r.n);
     Ok(Backlog {
         pending: of(Status::Pending),
         retry: of(Status::Retry),
         sending: of(Status::Sending),
-        oldest_due_seconds: oldest,
-        lease_overdue_seconds: overdue,
+        oldest_due_seconds: ages.oldest,
+        lease_overdue_seconds: ages.overdue,
     })
 }
 
@@ -81,16 +72,17 @@ pub struct Due {
 
 /// Reads the due backlog in one statement.
 pub async fn due(pool: &PgPool) -> Result<Due, sqlx::Error> {
-    let (rows, oldest_seconds): (i64, f64) = sqlx::query_as(concat!(
-        "SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(next_attempt_at))::float8, 0)
-         FROM outbox WHERE status IN ",
-        crate::status_sql!(due),
-        " AND next_attempt_at <= now()",
-    ))
+    let due = sqlx::query!(
+        r#"SELECT count(*) AS "rows!",
+                  COALESCE(EXTRACT(EPOCH FROM now() - min(next_attempt_at))::float8, 0)
+                      AS "oldest!"
+           FROM outbox
+           WHERE status IN ('pending', 'retry') /* status: due */ AND next_attempt_at <= now()"#
+    )
     .fetch_one(pool)
     .await?;
     Ok(Due {
-        rows,
-        oldest_seconds,
+        rows: due.rows,
+        oldest_seconds: due.oldest,
     })
 }

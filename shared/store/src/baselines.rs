@@ -3,12 +3,13 @@
 //! that marks the outbox row `sent`.
 
 use chrono::{DateTime, NaiveDate, Utc};
+use std::sync::LazyLock;
 use tidings_domain::trigger::{Baseline, LastSent};
 use tidings_domain::withdrawal::Promise;
 use tidings_domain::{OutboxId, WatchId};
 
-/// A `baselines` row (`SELECT {BASELINE_COLUMNS}`).
-#[derive(Debug, sqlx::FromRow)]
+/// A `baselines` row.
+#[derive(Debug)]
 pub struct BaselineRow {
     pub watch_id: WatchId,
     pub trigger: String,
@@ -23,9 +24,6 @@ pub struct BaselineRow {
     pub decided_reference: Option<i64>,
     pub decided_in_stock: Option<bool>,
 }
-
-pub const BASELINE_COLUMNS: &str = "watch_id, trigger, price, in_stock, sent_at, outbox_id, \
-     dedup_day, observed_at, valid_until, decided_price, decided_reference, decided_in_stock";
 
 impl BaselineRow {
     pub fn last_sent(&self) -> LastSent {
@@ -65,19 +63,44 @@ pub struct Advance<'a> {
     pub promise: Option<Promise>,
 }
 
-/// Upserts (watch, trigger)'s baseline from arrays of each column, `$6` the send's time.
-const ADVANCE: &str = "INSERT INTO baselines (watch_id, trigger, price, in_stock, outbox_id, sent_at,
-                           dedup_day, valid_until, decided_price, decided_reference,
-                           decided_in_stock, observed_at)
-    SELECT w, t, p, s, o, $6, d, v, dp, dr, ds, ob
-    FROM UNNEST($1::uuid[], $2::text[], $3::bigint[], $4::bool[], $5::uuid[], $7::date[],
-                $8::timestamptz[], $9::bigint[], $10::bigint[], $11::bool[], $12::timestamptz[])
-         AS u(w, t, p, s, o, d, v, dp, dr, ds, ob)
-    ON CONFLICT (watch_id, trigger) DO UPDATE
-    SET price = EXCLUDED.price, in_stock = EXCLUDED.in_stock, outbox_id = EXCLUDED.outbox_id,
-        sent_at = EXCLUDED.sent_at, dedup_day = EXCLUDED.dedup_day,
-        observed_at = EXCLUDED.observed_at, valid_until = EXCLUDED.valid_until, decided_price = EXCLUDED.decided_price,
-        decided_reference = EXCLUDED.decided_reference, decided_in_stock = EXCLUDED.decided_in_stock";
+crate::unnest::unnest_rows! {
+    /// A (watch, trigger)'s baseline as [`advance`] writes it: the columns of table `u`.
+    struct AdvanceRow<'a> {
+        watch_id: WatchId,
+        trigger: &'a str,
+        price: i64,
+        in_stock: bool,
+        outbox_id: OutboxId,
+        sent_at: DateTime<Utc>,
+        dedup_day: Option<NaiveDate>,
+        valid_until: Option<DateTime<Utc>>,
+        decided_price: Option<i64>,
+        decided_reference: Option<i64>,
+        decided_in_stock: Option<bool>,
+        observed_at: Option<DateTime<Utc>>,
+    }
+}
+
+/// Upserts each (watch, trigger)'s baseline.
+static ADVANCE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "INSERT INTO baselines (watch_id, trigger, price, in_stock, outbox_id, sent_at,
+                                dedup_day, valid_until, decided_price, decided_reference,
+                                decided_in_stock, observed_at)
+         SELECT watch_id, trigger, price, in_stock, outbox_id, sent_at,
+                dedup_day, valid_until, decided_price, decided_reference,
+                decided_in_stock, observed_at
+         FROM {rows}
+         ON CONFLICT (watch_id, trigger) DO UPDATE
+         SET price = EXCLUDED.price, in_stock = EXCLUDED.in_stock,
+             outbox_id = EXCLUDED.outbox_id, sent_at = EXCLUDED.sent_at,
+             dedup_day = EXCLUDED.dedup_day, observed_at = EXCLUDED.observed_at,
+             valid_until = EXCLUDED.valid_until, decided_price = EXCLUDED.decided_price,
+             decided_reference = EXCLUDED.decided_reference,
+             decided_in_stock = EXCLUDED.decided_in_stock",
+        rows = AdvanceRow::table("u"),
+    )
+});
 
 /// Moves each (watch, trigger)'s baseline to the value sent, in the transaction that ends its row
 /// `sent`.
@@ -89,33 +112,28 @@ pub async fn advance(
     if advanced.is_empty() {
         return Ok(());
     }
-    let watch: Vec<WatchId> = advanced.iter().map(|a| a.watch_id).collect();
-    let trigger: Vec<&str> = advanced.iter().map(|a| a.trigger).collect();
-    let price: Vec<i64> = advanced.iter().map(|a| a.price).collect();
-    let in_stock: Vec<bool> = advanced.iter().map(|a| a.in_stock).collect();
-    let outbox: Vec<OutboxId> = advanced.iter().map(|a| a.outbox_id).collect();
-    sqlx::query(ADVANCE)
-        .bind(watch)
-        .bind(trigger)
-        .bind(price)
-        .bind(in_stock)
-        .bind(outbox)
-        .bind(sent_at)
-        .bind(promised(advanced, |p| Some(p.dedup_day)))
-        .bind(promised(advanced, |p| Some(p.valid_until)))
-        .bind(promised(advanced, |p| p.decided_on.price))
-        .bind(promised(advanced, |p| p.decided_on.reference))
-        .bind(promised(advanced, |p| p.decided_on.in_stock))
-        .bind(promised(advanced, |p| Some(p.observed_at)))
+    let rows: Vec<AdvanceRow<'_>> = advanced
+        .iter()
+        .map(|a| {
+            let promise = a.promise.as_ref();
+            AdvanceRow {
+                watch_id: a.watch_id,
+                trigger: a.trigger,
+                price: a.price,
+                in_stock: a.in_stock,
+                outbox_id: a.outbox_id,
+                sent_at,
+                dedup_day: promise.map(|p| p.dedup_day),
+                valid_until: promise.map(|p| p.valid_until),
+                decided_price: promise.and_then(|p| p.decided_on.price),
+                decided_reference: promise.and_then(|p| p.decided_on.reference),
+                decided_in_stock: promise.and_then(|p| p.decided_on.in_stock),
+                observed_at: promise.map(|p| p.observed_at),
+            }
+        })
+        .collect();
+    AdvanceRow::bind(&rows, sqlx::query(ADVANCE.as_str()))
         .execute(conn)
         .await?;
     Ok(())
-}
-
-/// One column of what the advanced rows promised (`None` where nothing was).
-fn promised<T>(advanced: &[Advance<'_>], f: fn(&Promise) -> Option<T>) -> Vec<Option<T>> {
-    advanced
-        .iter()
-        .map(|a| a.promise.as_ref().and_then(f))
-        .collect()
 }

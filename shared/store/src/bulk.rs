@@ -1,6 +1,7 @@
 //! Selecting the rows of an operator's bulk replay or cancel: counting and sampling what a
 //! filter matches, and locking one batch of it. The changes themselves go through
-//! [`crate::replay`] and [`crate::cancel`], like a single row's.
+//! [`crate::replay`] and [`crate::cancel`], like a single row's. These statements are built at
+//! run time (not checked when they compile), since the filter decides their conditions.
 
 use crate::history::Filter;
 use chrono::{DateTime, NaiveDate, Utc};

@@ -6,21 +6,15 @@ use crate::transition::{self, Change};
 use crate::{DbError, db};
 use chrono::NaiveDate;
 use sqlx::PgConnection;
+use sqlx::types::Uuid;
 use std::collections::HashSet;
 use tidings_domain::OutboxId;
-use tidings_domain::names::UnknownName;
 use tidings_domain::outbox::{self, Event, Row, Status};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CancelError {
     #[error(transparent)]
     Db(#[from] DbError),
-    #[error("outbox row {id} has a status this build does not know")]
-    Status {
-        id: OutboxId,
-        #[source]
-        source: UnknownName,
-    },
 }
 
 /// What a cancel changed. Count it with [`Cancelled::record`] once the transaction commits.
@@ -41,10 +35,6 @@ impl Cancelled {
     }
 }
 
-fn count(v: i32) -> u32 {
-    u32::try_from(v).unwrap_or(0)
-}
-
 /// Ends each of `rows` (id and dedup day) that is still pending or retrying as
 /// `dropped`/`cancelled`. A row that is `sending` (a push may be out) or has ended is left as it
 /// is, also when it got there after it was read.
@@ -52,27 +42,29 @@ pub async fn cancel(
     conn: &mut PgConnection,
     rows: &[(OutboxId, NaiveDate)],
 ) -> Result<Cancelled, CancelError> {
-    let ids: Vec<OutboxId> = rows.iter().map(|r| r.0).collect();
+    let ids: Vec<Uuid> = rows.iter().map(|r| r.0.0).collect();
     let days: Vec<NaiveDate> = rows.iter().map(|r| r.1).collect();
-    let found: Vec<(OutboxId, NaiveDate, String, i32, i32)> = sqlx::query_as(
-        "SELECT o.id, o.dedup_day, o.status::text, o.retry_count, o.attempt
-         FROM outbox o JOIN UNNEST($1::uuid[], $2::date[]) AS u(id, day)
-           ON o.id = u.id AND o.dedup_day = u.day",
+    let found = sqlx::query!(
+        r#"SELECT o.id AS "id: OutboxId", o.dedup_day, o.status AS "status: Status",
+                  o.retry_count, o.attempt
+           FROM outbox o JOIN UNNEST($1::uuid[], $2::date[]) AS u(id, day)
+             ON o.id = u.id AND o.dedup_day = u.day"#,
+        &ids,
+        &days
     )
-    .bind(&ids)
-    .bind(&days)
     .fetch_all(&mut *conn)
     .await
     .map_err(db("reading outbox rows to cancel"))?;
     let mut changes = Vec::new();
-    for (id, day, status, retry_count, attempt) in found {
-        let status: Status = status
-            .parse()
-            .map_err(|source| CancelError::Status { id, source })?;
+    for r in found {
+        let (id, day) = (r.id, r.dedup_day);
+        let counts = crate::count("retry_count", r.retry_count)
+            .and_then(|retries| Ok((retries, crate::count("attempt", r.attempt)?)))
+            .map_err(db("reading outbox rows to cancel"))?;
         let row = Row {
-            status,
-            retry_count: count(retry_count),
-            attempt: count(attempt),
+            status: r.status,
+            retry_count: counts.0,
+            attempt: counts.1,
         };
         // The state machine refuses a cancel of a row whose push may be out or that has ended.
         if let Ok(t) = outbox::apply(row, Event::Cancelled, u32::MAX) {
@@ -98,28 +90,30 @@ async fn apply(
     if changes.is_empty() {
         return Ok(Default::default());
     }
-    let ids: Vec<OutboxId> = changes.iter().map(|c| c.id).collect();
+    let ids: Vec<Uuid> = changes.iter().map(|c| c.id.0).collect();
     let days: Vec<NaiveDate> = changes.iter().map(|c| c.day).collect();
     let from: Vec<&str> = changes.iter().map(|c| c.from.as_str()).collect();
+    // An attempt beyond `i32` matches no stored row (the schema's column is an `int`), so the
+    // saturated value loses the race as it should.
     let attempts: Vec<i32> = (changes.iter())
         .map(|c| i32::try_from(c.from_attempt).unwrap_or(i32::MAX))
         .collect();
     let errors: Vec<Option<&str>> = changes.iter().map(|c| c.last_error.as_deref()).collect();
-    let won: Vec<OutboxId> = sqlx::query_scalar(
-        "UPDATE outbox o
-         SET status = 'dropped', reason = 'cancelled', last_error = u.error, finished_at = now(),
-             claimed_until = NULL
-         FROM UNNEST($1::uuid[], $2::date[], $3::text[], $4::int[], $5::text[])
-              AS u(id, day, from_status, from_attempt, error)
-         WHERE o.id = u.id AND o.dedup_day = u.day
-           AND o.status = u.from_status AND o.attempt = u.from_attempt
-         RETURNING o.id",
+    let won = sqlx::query_scalar!(
+        r#"UPDATE outbox o
+           SET status = 'dropped', reason = 'cancelled', last_error = u.error,
+               finished_at = now(), claimed_until = NULL
+           FROM UNNEST($1::uuid[], $2::date[], $3::text[], $4::int[], $5::text[])
+                AS u(id, day, from_status, from_attempt, error)
+           WHERE o.id = u.id AND o.dedup_day = u.day
+             AND o.status = u.from_status AND o.attempt = u.from_attempt
+           RETURNING o.id AS "id: OutboxId""#,
+        &ids,
+        &days,
+        &from as _,
+        &attempts,
+        errors as _
     )
-    .bind(ids)
-    .bind(days)
-    .bind(from)
-    .bind(attempts)
-    .bind(errors)
     .fetch_all(conn)
     .await?;
     Ok(won.into_iter().collect())

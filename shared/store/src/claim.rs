@@ -10,7 +10,10 @@
 use crate::baselines::BaselineRow;
 use crate::subscriptions::Health;
 use chrono::{DateTime, NaiveDate, Utc};
-use sqlx::PgPool;
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::query::Map;
+use sqlx::types::Uuid;
+use sqlx::{PgConnection, PgPool, Postgres};
 use std::collections::HashMap;
 use std::time::Duration;
 use tidings_domain::messages::Subscription;
@@ -66,7 +69,7 @@ impl std::fmt::Debug for Endpoint {
     }
 }
 
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug)]
 pub struct Claimed {
     pub id: OutboxId,
     pub dedup_day: NaiveDate,
@@ -139,33 +142,53 @@ impl Claimed {
     }
 }
 
-/// Takes up to `$1` due rows, oldest first, and hides them from other claims for `$2` seconds.
-/// The update finds each row by its whole key, dedup day included, so it reads one partition.
-pub const CLAIM: &str = concat!(
-    "WITH due AS (
-         SELECT id, dedup_day FROM outbox
-         WHERE status IN ",
-    crate::status_sql!(due),
-    " AND next_attempt_at <= now()
-           AND (claimed_until IS NULL OR claimed_until <= now())
-         ORDER BY next_attempt_at
-         LIMIT $1
-         FOR UPDATE SKIP LOCKED
-     )
-     UPDATE outbox o SET claimed_until = now() + make_interval(secs => $2)
-     FROM due WHERE o.id = due.id AND o.dedup_day = due.dedup_day
-     RETURNING o.id, o.dedup_day, o.watch_id, o.device_id, o.channel, o.status, o.trigger, ",
-    crate::snapshot_columns!(),
-    ", o.attempt, o.retry_count, o.traceparent, o.next_attempt_at, o.withdraws"
-);
+/// Takes up to `batch` due rows, oldest first, and hides them from other claims for `lease`
+/// seconds. The update finds each row by its whole key, dedup day included, so it reads one
+/// partition.
+pub fn statement(
+    batch: i64,
+    lease: f64,
+) -> Map<'static, Postgres, impl FnMut(PgRow) -> Result<Claimed, sqlx::Error> + Send, PgArguments> {
+    sqlx::query_as!(
+        Claimed,
+        r#"WITH due AS (
+               SELECT id, dedup_day FROM outbox
+               WHERE status IN ('pending', 'retry') /* status: due */
+                 AND next_attempt_at <= now()
+                 AND (claimed_until IS NULL OR claimed_until <= now())
+               ORDER BY next_attempt_at
+               LIMIT $1
+               FOR UPDATE SKIP LOCKED
+           )
+           UPDATE outbox o SET claimed_until = now() + make_interval(secs => $2)
+           FROM due WHERE o.id = due.id AND o.dedup_day = due.dedup_day
+           RETURNING o.id AS "id: OutboxId", o.dedup_day, o.watch_id AS "watch_id: WatchId",
+                     o.device_id AS "device_id: DeviceId", o.channel AS "channel: Channel",
+                     o.status AS "status: Status", o.trigger, o.detected_at, o.detected_price,
+                     o.detected_currency, o.detected_in_stock, o.detected_paused,
+                     o.detected_observed_at, o.baseline_price, o.baseline_reference,
+                     o.baseline_in_stock, o.attempt, o.retry_count, o.traceparent,
+                     o.next_attempt_at, o.withdraws AS "withdraws: OutboxId""#,
+        batch,
+        lease
+    )
+}
 
-/// Run before [`CLAIM`] in the same transaction. The due index yields rows in claim order, so a
-/// claim should read about as many rows as it takes. But Postgres' estimate of how many rows are
-/// due lags (statistics refresh about once a minute; a backlog builds in seconds), and when it
-/// guesses few it plans a bitmap scan of *every* due row and a sort. With 25,000 due rows that
-/// took 13 ms to pick 500, against 0.9 ms through the index. `set_config(…, true)` lasts until the
-/// transaction ends.
-pub const PLAN_BY_DUE_INDEX: &str = "SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true)";
+/// Run before [`statement`] in the same transaction. The due index yields rows in claim order,
+/// so a claim should read about as many rows as it takes. But Postgres' estimate of how many
+/// rows are due lags (statistics refresh about once a minute; a backlog builds in seconds), and
+/// when it guesses few it plans a bitmap scan of *every* due row and a sort. With 25,000 due
+/// rows that took 13 ms to pick 500, against 0.9 ms through the index. `set_config(…, true)`
+/// lasts until the transaction ends.
+pub async fn plan_by_due_index(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "SELECT set_config('enable_bitmapscan', 'off', true) AS bitmap,
+                set_config('enable_seqscan', 'off', true) AS seq"
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(())
+}
 
 pub async fn claim(
     pool: &PgPool,
@@ -173,17 +196,14 @@ pub async fn claim(
     lease: Duration,
 ) -> Result<Vec<Claimed>, sqlx::Error> {
     let mut tx = pool.begin().await?;
-    sqlx::query(PLAN_BY_DUE_INDEX).execute(&mut *tx).await?;
-    let claimed = sqlx::query_as(CLAIM)
-        .bind(batch)
-        .bind(lease.as_secs_f64())
+    plan_by_due_index(&mut tx).await?;
+    let claimed = statement(batch, lease.as_secs_f64())
         .fetch_all(&mut *tx)
         .await?;
     tx.commit().await?;
     Ok(claimed)
 }
 
-#[derive(sqlx::FromRow)]
 struct WatchRow {
     watch_id: WatchId,
     item_code: String,
@@ -246,21 +266,26 @@ pub async fn watches(
     pool: &PgPool,
     rows: &[Claimed],
 ) -> Result<HashMap<WatchId, WatchState>, sqlx::Error> {
-    let mut ids: Vec<WatchId> = rows.iter().map(|r| r.watch_id).collect();
+    let mut ids: Vec<Uuid> = rows.iter().map(|r| r.watch_id.0).collect();
     ids.sort();
     ids.dedup();
-    let found: Vec<WatchRow> = sqlx::query_as(
-        "SELECT w.id AS watch_id, w.item_code, w.paused, d.paused_at IS NOT NULL AS device_paused,
-                (w.removed_at IS NOT NULL OR d.removed_at IS NOT NULL) AS removed, d.locale, d.time_zone,
-                s.id AS subscription_id, s.channel, s.endpoint, s.p256dh, s.auth, s.secret,
-                CASE WHEN s.previous_until > now() THEN s.previous_secret END AS previous_secret,
-                s.circuit_open_until, s.circuit_opens, s.pace_per_second, s.paced_until
-         FROM watches w
-         JOIN devices d ON d.id = w.device_id
-         LEFT JOIN push_subscriptions s ON s.device_id = w.device_id AND s.active
-         WHERE w.id = ANY($1)",
+    let found = sqlx::query_as!(
+        WatchRow,
+        r#"SELECT w.id AS "watch_id: WatchId", w.item_code, w.paused,
+                  d.paused_at IS NOT NULL AS "device_paused!",
+                  (w.removed_at IS NOT NULL OR d.removed_at IS NOT NULL) AS "removed!", d.locale,
+                  d.time_zone, s.id AS "subscription_id?: SubscriptionId",
+                  s.channel AS "channel?: Channel", s.endpoint AS "endpoint?", s.p256dh, s.auth,
+                  s.secret, CASE WHEN s.previous_until > now() THEN s.previous_secret END
+                      AS previous_secret,
+                  s.circuit_open_until, s.circuit_opens AS "circuit_opens?", s.pace_per_second,
+                  s.paced_until
+           FROM watches w
+           JOIN devices d ON d.id = w.device_id
+           LEFT JOIN push_subscriptions s ON s.device_id = w.device_id AND s.active
+           WHERE w.id = ANY($1)"#,
+        &ids
     )
-    .bind(ids)
     .fetch_all(pool)
     .await?;
     Ok(found
@@ -288,18 +313,19 @@ pub async fn baselines(
     pool: &PgPool,
     rows: &[Claimed],
 ) -> Result<HashMap<(WatchId, String), LastSent>, sqlx::Error> {
-    let watch_ids: Vec<WatchId> = rows.iter().map(|r| r.watch_id).collect();
+    let watch_ids: Vec<Uuid> = rows.iter().map(|r| r.watch_id.0).collect();
     let triggers: Vec<&str> = rows.iter().map(Claimed::trigger_key).collect();
-    let found: Vec<BaselineRow> = sqlx::query_as(
-        "SELECT DISTINCT b.watch_id, b.trigger, b.price, b.in_stock, b.sent_at, b.outbox_id,
-                b.dedup_day, b.observed_at, b.valid_until, b.decided_price, b.decided_reference,
-                b.decided_in_stock
-         FROM baselines b
-         JOIN UNNEST($1::uuid[], $2::text[]) AS k(watch_id, trigger)
-           ON b.watch_id = k.watch_id AND b.trigger = k.trigger",
+    let found = sqlx::query_as!(
+        BaselineRow,
+        r#"SELECT DISTINCT b.watch_id AS "watch_id: WatchId", b.trigger, b.price, b.in_stock,
+                  b.sent_at, b.outbox_id AS "outbox_id: OutboxId", b.dedup_day, b.observed_at,
+                  b.valid_until, b.decided_price, b.decided_reference, b.decided_in_stock
+           FROM baselines b
+           JOIN UNNEST($1::uuid[], $2::text[]) AS k(watch_id, trigger)
+             ON b.watch_id = k.watch_id AND b.trigger = k.trigger"#,
+        &watch_ids,
+        &triggers as _
     )
-    .bind(watch_ids)
-    .bind(triggers)
     .fetch_all(pool)
     .await?;
     Ok(found
@@ -317,24 +343,24 @@ pub async fn recalls(
     pool: &PgPool,
     rows: &[Claimed],
 ) -> Result<HashMap<OutboxId, String>, sqlx::Error> {
-    let (ids, days): (Vec<OutboxId>, Vec<NaiveDate>) = rows
+    let (ids, days): (Vec<Uuid>, Vec<NaiveDate>) = rows
         .iter()
-        .filter_map(|r| Some((r.withdraws?, r.dedup_day)))
+        .filter_map(|r| Some((r.withdraws?.0, r.dedup_day)))
         .unzip();
     if ids.is_empty() {
         return Ok(HashMap::new());
     }
-    let found: Vec<(OutboxId, String)> = sqlx::query_as(
-        "SELECT o.id, o.push_message_id FROM outbox o
-         JOIN UNNEST($1::uuid[], $2::date[]) AS k(id, dedup_day)
-           ON o.id = k.id AND o.dedup_day = k.dedup_day
-         WHERE o.push_message_id IS NOT NULL",
+    let found = sqlx::query!(
+        r#"SELECT o.id AS "id: OutboxId", o.push_message_id AS "message_id!" FROM outbox o
+           JOIN UNNEST($1::uuid[], $2::date[]) AS k(id, dedup_day)
+             ON o.id = k.id AND o.dedup_day = k.dedup_day
+           WHERE o.push_message_id IS NOT NULL"#,
+        &ids,
+        &days
     )
-    .bind(ids)
-    .bind(days)
     .fetch_all(pool)
     .await?;
-    Ok(found.into_iter().collect())
+    Ok(found.into_iter().map(|r| (r.id, r.message_id)).collect())
 }
 
 /// Holds claimed rows back until their time (their webhook endpoint's circuit is open), as a
@@ -346,17 +372,18 @@ pub async fn hold(
     if rows.is_empty() {
         return Ok(());
     }
-    let ids: Vec<OutboxId> = rows.iter().map(|r| r.0).collect();
+    let ids: Vec<Uuid> = rows.iter().map(|r| r.0.0).collect();
     let days: Vec<NaiveDate> = rows.iter().map(|r| r.1).collect();
     let until: Vec<DateTime<Utc>> = rows.iter().map(|r| r.2).collect();
-    sqlx::query(
+    sqlx::query!(
         "UPDATE outbox o SET claimed_until = h.until
          FROM UNNEST($1::uuid[], $2::date[], $3::timestamptz[]) AS h(id, day, until)
-         WHERE o.id = h.id AND o.dedup_day = h.day AND o.status IN ('pending', 'retry')",
+         WHERE o.id = h.id AND o.dedup_day = h.day
+           AND o.status IN ('pending', 'retry') /* status: due */",
+        &ids,
+        &days,
+        &until
     )
-    .bind(ids)
-    .bind(days)
-    .bind(until)
     .execute(pool)
     .await?;
     Ok(())

@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, PgPool};
 use tidings_domain::subscription::Deactivation;
-use tidings_domain::{DeviceId, SubscriptionId};
+use tidings_domain::{Channel, DeviceId, SubscriptionId};
 
 /// A Web Push subscription as the browser gave it.
 #[derive(Debug, Clone, Copy)]
@@ -30,20 +30,20 @@ pub async fn register(
     device: NewDevice<'_>,
     sub: NewSubscription<'_>,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
+    sqlx::query!(
         "WITH d AS (INSERT INTO devices (id, token_hash, time_zone, locale)
                     VALUES ($1, $2, $3, $8) RETURNING id)
          INSERT INTO push_subscriptions (id, device_id, endpoint, p256dh, auth)
          SELECT $4, d.id, $5, $6, $7 FROM d",
+        device.id.0,
+        device.token_hash,
+        device.time_zone,
+        sub.id.0,
+        sub.endpoint,
+        sub.p256dh,
+        sub.auth,
+        device.locale
     )
-    .bind(device.id)
-    .bind(device.token_hash)
-    .bind(device.time_zone)
-    .bind(sub.id)
-    .bind(sub.endpoint)
-    .bind(sub.p256dh)
-    .bind(sub.auth)
-    .bind(device.locale)
     .execute(pool)
     .await?;
     Ok(())
@@ -54,18 +54,21 @@ pub async fn authenticate(
     pool: &PgPool,
     token_hash: &[u8],
 ) -> Result<Option<DeviceId>, sqlx::Error> {
-    sqlx::query_scalar("SELECT id FROM devices WHERE token_hash = $1 AND removed_at IS NULL")
-        .bind(token_hash)
-        .fetch_optional(pool)
-        .await
+    sqlx::query_scalar!(
+        r#"SELECT id AS "id: DeviceId" FROM devices WHERE token_hash = $1 AND removed_at IS NULL"#,
+        token_hash
+    )
+    .fetch_optional(pool)
+    .await
 }
 
 /// Whether a live device has this token.
 pub async fn is_live(pool: &PgPool, token_hash: &[u8]) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM devices WHERE token_hash = $1 AND removed_at IS NULL)",
+    sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM devices WHERE token_hash = $1 AND removed_at IS NULL)
+               AS "live!""#,
+        token_hash
     )
-    .bind(token_hash)
     .fetch_one(pool)
     .await
 }
@@ -77,24 +80,24 @@ pub async fn replace_subscription(
     device: DeviceId,
     sub: NewSubscription<'_>,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
+    sqlx::query!(
         "UPDATE push_subscriptions SET active = false, deactivated_at = now(),
                 deactivation_reason = $2
          WHERE device_id = $1 AND active",
+        device.0,
+        Deactivation::Replaced.as_str()
     )
-    .bind(device)
-    .bind(Deactivation::Replaced)
     .execute(&mut *conn)
     .await?;
-    sqlx::query(
+    sqlx::query!(
         "INSERT INTO push_subscriptions (id, device_id, endpoint, p256dh, auth)
          VALUES ($1, $2, $3, $4, $5)",
+        sub.id.0,
+        device.0,
+        sub.endpoint,
+        sub.p256dh,
+        sub.auth
     )
-    .bind(sub.id)
-    .bind(device)
-    .bind(sub.endpoint)
-    .bind(sub.p256dh)
-    .bind(sub.auth)
     .execute(conn)
     .await?;
     Ok(())
@@ -103,7 +106,7 @@ pub async fn replace_subscription(
 /// Soft-deletes device `id` with its watches and subscriptions in one statement, so history
 /// stays explainable and the dispatcher's pre-guard drops whatever is still pending.
 pub async fn remove(pool: &PgPool, id: DeviceId) -> Result<(), sqlx::Error> {
-    sqlx::query(
+    sqlx::query!(
         "WITH d AS (UPDATE devices SET removed_at = now() WHERE id = $1 AND removed_at IS NULL RETURNING id),
               w AS (UPDATE watches SET removed_at = now(), updated_at = now()
                     WHERE device_id IN (SELECT id FROM d) AND removed_at IS NULL),
@@ -111,22 +114,22 @@ pub async fn remove(pool: &PgPool, id: DeviceId) -> Result<(), sqlx::Error> {
                            deactivation_reason = $2
                     WHERE device_id IN (SELECT id FROM d) AND active)
          SELECT count(*) FROM d",
+        id.0,
+        Deactivation::DeviceRemoved.as_str()
     )
-    .bind(id)
-    .bind(Deactivation::DeviceRemoved)
-    .execute(pool)
+    .fetch_one(pool)
     .await?;
     Ok(())
 }
 
 /// Pauses (keeping the first pause's time) or resumes device `id`; false if there is none.
 pub async fn set_paused(pool: &PgPool, id: DeviceId, pause: bool) -> Result<bool, sqlx::Error> {
-    let found = sqlx::query(
+    let found = sqlx::query!(
         "UPDATE devices SET paused_at = CASE WHEN $2 THEN COALESCE(paused_at, now()) END
          WHERE id = $1",
+        id.0,
+        pause
     )
-    .bind(id)
-    .bind(pause)
     .execute(pool)
     .await?
     .rows_affected();
@@ -134,7 +137,7 @@ pub async fn set_paused(pool: &PgPool, id: DeviceId, pause: bool) -> Result<bool
 }
 
 /// A device as operators see it.
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug)]
 pub struct Device {
     pub id: DeviceId,
     pub time_zone: String,
@@ -143,21 +146,23 @@ pub struct Device {
     pub removed_at: Option<DateTime<Utc>>,
     pub paused_at: Option<DateTime<Utc>>,
     pub watch_count: i32,
-    pub channel: tidings_domain::Channel,
+    pub channel: Channel,
 }
 
 pub async fn read(pool: &PgPool, id: DeviceId) -> Result<Option<Device>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT id, time_zone, locale, created_at, removed_at, paused_at, watch_count, channel
-         FROM devices WHERE id = $1",
+    sqlx::query_as!(
+        Device,
+        r#"SELECT id AS "id: DeviceId", time_zone, locale, created_at, removed_at, paused_at,
+                  watch_count, channel AS "channel: Channel"
+           FROM devices WHERE id = $1"#,
+        id.0
     )
-    .bind(id)
     .fetch_optional(pool)
     .await
 }
 
 /// A subscription as operators see it: its push service's host, never its keys.
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug)]
 pub struct Subscription {
     pub id: SubscriptionId,
     pub push_host: Option<String>,
@@ -169,12 +174,15 @@ pub struct Subscription {
 
 /// Device `id`'s subscriptions, newest first.
 pub async fn subscriptions(pool: &PgPool, id: DeviceId) -> Result<Vec<Subscription>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT id, substring(endpoint FROM '^[a-z]+://([^/:?#]+)') AS push_host, active,
-                created_at, deactivated_at, deactivation_reason
-         FROM push_subscriptions WHERE device_id = $1 ORDER BY created_at DESC",
+    sqlx::query_as!(
+        Subscription,
+        r#"SELECT id AS "id: SubscriptionId",
+                  substring(endpoint FROM '^[a-z]+://([^/:?#]+)') AS push_host, active,
+                  created_at, deactivated_at,
+                  deactivation_reason AS "deactivation_reason: Deactivation"
+           FROM push_subscriptions WHERE device_id = $1 ORDER BY created_at DESC"#,
+        id.0
     )
-    .bind(id)
     .fetch_all(pool)
     .await
 }

@@ -50,17 +50,24 @@ pub async fn of_device(
     limit: i64,
 ) -> Result<Vec<Notification>, sqlx::Error> {
     // UUIDv7 ids are time-ordered: "newest first" is id order, served by outbox_device.
-    sqlx::query_as(&format!(
-        "SELECT {NOTIFICATION_COLUMNS}
-         FROM outbox o LEFT JOIN watches w ON w.id = o.watch_id
-         WHERE o.device_id = $1 AND ($2::text IS NULL OR o.status = $2)
-           AND ($3::uuid IS NULL OR o.id < $3)
-         ORDER BY o.id DESC LIMIT $4"
-    ))
-    .bind(device)
-    .bind(status)
-    .bind(before)
-    .bind(limit)
+    sqlx::query_as!(
+        Notification,
+        r#"SELECT o.id AS "id: OutboxId", o.watch_id AS "watch_id: WatchId", w.item_code AS "item_code?",
+                  o.trigger AS "trigger: Announces", o.channel AS "channel: Channel",
+                  o.status AS "status: Status", o.reason AS "reason: Reason",
+                  o.detected_price, o.detected_currency, o.detected_in_stock, o.detected_at,
+                  o.checked, o.sent_value, o.created_at, o.updated_at, o.finished_at,
+                  o.replay_of AS "replay_of: OutboxId", o.maybe_delivered, o.dedup_day,
+                  o.withdraws AS "withdraws: OutboxId"
+           FROM outbox o LEFT JOIN watches w ON w.id = o.watch_id
+           WHERE o.device_id = $1 AND ($2::text IS NULL OR o.status = $2)
+             AND ($3::uuid IS NULL OR o.id < $3)
+           ORDER BY o.id DESC LIMIT $4"#,
+        device.0,
+        status.map(Status::as_str),
+        before.map(|b| b.0),
+        limit
+    )
     .fetch_all(pool)
     .await
 }
@@ -160,7 +167,8 @@ fn delivery_query(filter: &str) -> String {
     )
 }
 
-/// Rows `filter` matches before `before`, newest first, at most `limit`.
+/// Rows `filter` matches before `before`, newest first, at most `limit`. Built at run time (not
+/// checked when it compiles): the filter decides which conditions it has.
 pub async fn deliveries(
     pool: &PgPool,
     filter: &Filter,
@@ -176,10 +184,12 @@ pub async fn deliveries(
     query.build_query_as().fetch_all(pool).await
 }
 
-/// Row `id` with its delivery record.
+/// Row `id` with its delivery record (the statement of [`deliveries`], whose filters make it
+/// dynamic, for one row).
 pub async fn delivery(pool: &PgPool, id: OutboxId) -> Result<Option<Delivery>, sqlx::Error> {
-    sqlx::query_as(&delivery_query("WHERE o.id = $1"))
-        .bind(id)
+    QueryBuilder::new(delivery_query("WHERE o.id = "))
+        .push_bind(id)
+        .build_query_as()
         .fetch_optional(pool)
         .await
 }
@@ -189,19 +199,27 @@ pub async fn status_of(
     pool: &PgPool,
     id: OutboxId,
 ) -> Result<Option<(NaiveDate, Status)>, sqlx::Error> {
-    sqlx::query_as("SELECT dedup_day, status FROM outbox WHERE id = $1")
-        .bind(id)
-        .fetch_optional(pool)
-        .await
+    let row = sqlx::query!(
+        r#"SELECT dedup_day, status AS "status: Status" FROM outbox WHERE id = $1"#,
+        id.0
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.map(|r| (r.dedup_day, r.status)))
 }
 
 /// Rows by state and reason, over the whole outbox.
 pub async fn by_state_and_reason(
     pool: &PgPool,
 ) -> Result<Vec<(Status, Option<Reason>, i64)>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT status, reason, count(*) FROM outbox GROUP BY status, reason ORDER BY status, reason",
+    let rows = sqlx::query!(
+        r#"SELECT status AS "status: Status", reason AS "reason: Reason", count(*) AS "n!"
+           FROM outbox GROUP BY status, reason ORDER BY status, reason"#
     )
     .fetch_all(pool)
-    .await
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.status, r.reason, r.n))
+        .collect())
 }

@@ -5,7 +5,7 @@ use sqlx::{PgConnection, PgPool};
 use tidings_domain::DeviceId;
 
 /// What a key's first request was and what it was answered.
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug)]
 pub struct Stored {
     pub request_hash: Vec<u8>,
     pub status: i16,
@@ -20,13 +20,13 @@ pub async fn claim(
     key: &str,
     request_hash: &[u8],
 ) -> Result<bool, sqlx::Error> {
-    let claimed = sqlx::query(
+    let claimed = sqlx::query!(
         "INSERT INTO idempotency_keys (device_id, key, request_hash, status, response)
          VALUES ($1, $2, $3, 0, 'null') ON CONFLICT DO NOTHING",
+        device.0,
+        key,
+        request_hash
     )
-    .bind(device)
-    .bind(key)
-    .bind(request_hash)
     .execute(conn)
     .await?
     .rows_affected();
@@ -41,13 +41,13 @@ pub async fn record(
     status: i16,
     response: &serde_json::Value,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
+    sqlx::query!(
         "UPDATE idempotency_keys SET status = $3, response = $4 WHERE device_id = $1 AND key = $2",
+        device.0,
+        key,
+        status,
+        response
     )
-    .bind(device)
-    .bind(key)
-    .bind(status)
-    .bind(response)
     .execute(conn)
     .await?;
     Ok(())
@@ -55,12 +55,13 @@ pub async fn record(
 
 /// The record of `key` for device `device`.
 pub async fn read(pool: &PgPool, device: DeviceId, key: &str) -> Result<Stored, sqlx::Error> {
-    sqlx::query_as(
+    sqlx::query_as!(
+        Stored,
         "SELECT request_hash, status, response FROM idempotency_keys
          WHERE device_id = $1 AND key = $2",
+        device.0,
+        key
     )
-    .bind(device)
-    .bind(key)
     .fetch_one(pool)
     .await
 }
@@ -68,7 +69,7 @@ pub async fn read(pool: &PgPool, device: DeviceId, key: &str) -> Result<Stored, 
 /// Deletes the records older than a day; how many went.
 pub async fn expire(pool: &PgPool) -> Result<u64, sqlx::Error> {
     Ok(
-        sqlx::query("DELETE FROM idempotency_keys WHERE created_at < now() - interval '24 hours'")
+        sqlx::query!("DELETE FROM idempotency_keys WHERE created_at < now() - interval '24 hours'")
             .execute(pool)
             .await?
             .rows_affected(),

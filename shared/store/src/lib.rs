@@ -1,8 +1,18 @@
 //! Tidings in Postgres: the schema ([`schema`], the embedded migrations), the outbox's shared SQL
-//! ([`outbox`]: the snapshot columns and status sets written once; [`transition`]: every state
-//! change, as batches of compare-and-sets), row types several services read ([`baselines`]), and
+//! ([`outbox`]: the snapshot columns and status sets; [`transition`]: every state change, as
+//! batches of compare-and-sets), row types several services read ([`baselines`]), and
 //! connecting: a pool that can be built before the database is up, waiting for it (and for the
 //! schema this build needs) at start-up, and the readiness check.
+//!
+//! **SQL is checked when it compiles.** Statements are `sqlx::query!` (and `query_as!`,
+//! `query_scalar!`), checked against the query cache in `shared/store/.sqlx`: the columns they
+//! name, their parameters' and results' types and nullability. Changing a statement or a migration:
+//! run `deploy/local/stack sqlx prepare` (it migrates a fresh database and rewrites the cache) and
+//! commit the cache with the change; CI's `deploy/local/stack sqlx check` fails on a stale one.
+//! Three kinds of statement are built at run time instead, each said so where it is: the bulk
+//! writes (the `unnest` module: one struct per row, bound field by field), the operators' filters
+//! ([`history::deliveries`], [`bulk`]), and rebuilding an index by name
+//! ([`schema::repair_indexes`]).
 
 pub mod attempts;
 pub mod audit;
@@ -27,6 +37,7 @@ pub mod shown;
 pub mod subscriptions;
 pub mod sweep;
 pub mod transition;
+mod unnest;
 pub mod watch_creates;
 pub mod watches;
 
@@ -50,6 +61,15 @@ pub struct DbError {
 /// `.map_err(db("reading watches"))`: a [`DbError`] that says what was being done.
 pub fn db(what: &'static str) -> impl FnOnce(sqlx::Error) -> DbError {
     move |source| DbError { what, source }
+}
+
+/// A count the schema keeps `>= 0`, read from column `column`: a value outside `u32` fails the
+/// row's decoding, as a `try_from` column would, rather than being bent to fit.
+pub(crate) fn count(column: &str, value: i32) -> Result<u32, sqlx::Error> {
+    u32::try_from(value).map_err(|e| sqlx::Error::ColumnDecode {
+        index: column.to_owned(),
+        source: Box::new(e),
+    })
 }
 
 /// A pooled connection idle at least this long is pinged before it is handed out.

@@ -1,9 +1,13 @@
-//! SQL of the outbox table that several statements share, written once.
+//! SQL of the outbox table that several statements share.
 //!
-//! Statements are `&'static str` built with `concat!`, so these pieces are macros. Status sets
-//! are spelled out as literals rather than bound as parameters because the outbox's partial
-//! indexes (`outbox_due`, `outbox_leases`) are chosen only when a statement's predicate matches
-//! theirs literally; a test checks every set against [`Status`](tidings_domain::outbox::Status).
+//! Status sets are spelled out as literals rather than bound as parameters because the outbox's
+//! partial indexes (`outbox_due`, `outbox_leases`) are chosen only when a statement's predicate
+//! matches theirs literally. The statements checked at compile time (`query!`) take only string
+//! literals, so they spell each set out and name it in a comment, `IN ('pending', 'retry')
+//! /* status: due */`; the few statements built at run time use [`status_sql!`]. Tests read
+//! every compile-checked statement from the query cache (`.sqlx/`) and check each set against
+//! [`Status`](tidings_domain::outbox::Status), and each insert into the outbox against the
+//! snapshot's columns.
 
 /// The detection snapshot's columns, in the order every statement lists them (the database
 /// guard in `migrations/0001_init.sql` keeps them immutable).
@@ -90,5 +94,85 @@ mod tests {
                 "{column} is not frozen by outbox_guard"
             );
         }
+    }
+
+    /// Every statement `query!` checked, from the query cache.
+    fn cached_statements() -> Vec<String> {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/.sqlx");
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{dir}: {e}")) {
+            let path = entry.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+            found.push(json["query"].as_str().unwrap().to_owned());
+        }
+        assert!(found.len() > 50, "{} statements in {dir}", found.len());
+        found
+    }
+
+    /// The statuses quoted in `sql` (`'pending'`, `('pending', 'retry')`), which must be all of
+    /// it but whitespace.
+    fn quoted(sql: &str) -> Vec<Status> {
+        listed(sql.trim())
+    }
+
+    #[test]
+    fn every_status_set_in_a_checked_statement_is_the_state_machines() {
+        let named = |name: &str| match name {
+            "due" => status_sql!(due),
+            "sending" => status_sql!(sending),
+            "terminal" => status_sql!(terminal),
+            "undecided" => status_sql!(undecided),
+            "replayable" => status_sql!(replayable),
+            "cancellable" => status_sql!(cancellable),
+            other => panic!("no status set is named {other}"),
+        };
+        let mut marked = 0;
+        for sql in cached_statements() {
+            let mut rest = sql.as_str();
+            while let Some(at) = rest.find("/* status: ") {
+                let (before, after) = rest.split_at(at);
+                let name = &after["/* status: ".len()..after.find(" */").unwrap()];
+                // The set is the literal just before the comment, after `IN`, `=` or `SELECT`.
+                let start = before
+                    .rfind(" IN ")
+                    .map(|i| i + 4)
+                    .into_iter()
+                    .chain(before.rfind("= ").map(|i| i + 2))
+                    .chain(before.rfind("SELECT ").map(|i| i + 7))
+                    .max()
+                    .unwrap();
+                assert_eq!(quoted(&before[start..]), quoted(named(name)), "{sql}");
+                marked += 1;
+                rest = &after[1..];
+            }
+            // A set without its name could drift from the state machine unnoticed.
+            let sets = sql.matches("status IN (").count();
+            let named_sets = sql.matches(") /* status: ").count();
+            assert_eq!(sets, named_sets, "a status set without its name in {sql}");
+            // Single statuses compared or set must at least be ones the state machine has.
+            for part in sql.split("status = '").skip(1) {
+                let name = &part[..part.find('\'').unwrap()];
+                assert!(name.parse::<Status>().is_ok(), "{name} in {sql}");
+            }
+        }
+        assert!(marked >= 10, "{marked} named status sets");
+    }
+
+    #[test]
+    fn every_checked_insert_into_the_outbox_copies_the_whole_snapshot() {
+        let mut inserts = 0;
+        for sql in cached_statements() {
+            if sql.contains("INSERT INTO outbox (") {
+                inserts += 1;
+                for column in snapshot_columns!().split(',').map(str::trim) {
+                    assert!(
+                        sql.matches(column).count() >= 2,
+                        "{column} is not copied by {sql}"
+                    );
+                }
+            }
+        }
+        assert!(inserts >= 2, "{inserts} inserts into the outbox");
     }
 }

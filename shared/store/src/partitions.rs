@@ -16,11 +16,11 @@ pub fn is_missing(e: &sqlx::Error) -> bool {
 
 /// The Monday of every week the outbox has a partition for, oldest first.
 pub async fn weeks<'c, E: sqlx::PgExecutor<'c>>(e: E) -> Result<Vec<NaiveDate>, sqlx::Error> {
-    sqlx::query_scalar(
-        r"SELECT to_date(substr(c.relname, 8), 'YYYYMMDD')
-          FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-          WHERE i.inhparent = 'outbox'::regclass AND c.relname ~ '^outbox_[0-9]{8}$'
-          ORDER BY 1",
+    sqlx::query_scalar!(
+        r#"SELECT to_date(substr(c.relname, 8), 'YYYYMMDD') AS "week!"
+           FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+           WHERE i.inhparent = 'outbox'::regclass AND c.relname ~ '^outbox_[0-9]{8}$'
+           ORDER BY 1"#
     )
     .fetch_all(e)
     .await
@@ -55,9 +55,8 @@ impl Partitions {
                 .collect()
         };
         for week in missing {
-            sqlx::query("SELECT outbox_ensure_partition($1)")
-                .bind(week)
-                .execute(pool)
+            sqlx::query_scalar!("SELECT outbox_ensure_partition($1)", week)
+                .fetch_one(pool)
                 .await?;
             self.known
                 .lock()
@@ -83,13 +82,13 @@ pub async fn with_undecided_rows(
     let mut out = Vec::with_capacity(found.len());
     for week in found {
         let live = expired(week)
-            && sqlx::query_scalar(concat!(
-                "SELECT EXISTS (SELECT 1 FROM outbox WHERE dedup_day >= $1 AND dedup_day < $1 + 7
-                                AND status IN ",
-                crate::status_sql!(undecided),
-                ")"
-            ))
-            .bind(week)
+            && sqlx::query_scalar!(
+                r#"SELECT EXISTS (
+                       SELECT 1 FROM outbox WHERE dedup_day >= $1 AND dedup_day < $1 + 7
+                         AND status IN ('pending', 'retry', 'sending') /* status: undecided */
+                   ) AS "live!""#,
+                week
+            )
             .fetch_one(&mut *conn)
             .await?;
         out.push((week, live));
@@ -99,16 +98,17 @@ pub async fn with_undecided_rows(
 
 /// Takes the transaction-scoped lock named `key`; false if another session holds it.
 pub async fn try_lock(conn: &mut sqlx::PgConnection, key: &str) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext($1))")
-        .bind(key)
-        .fetch_one(conn)
-        .await
+    sqlx::query_scalar!(
+        r#"SELECT pg_try_advisory_xact_lock(hashtext($1)) AS "locked!""#,
+        key
+    )
+    .fetch_one(conn)
+    .await
 }
 
 /// Makes the partition of `week`; true if it was not there.
 pub async fn create(conn: &mut sqlx::PgConnection, week: NaiveDate) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar("SELECT outbox_ensure_partition($1)")
-        .bind(week)
+    sqlx::query_scalar!(r#"SELECT outbox_ensure_partition($1) AS "created!""#, week)
         .fetch_one(conn)
         .await
 }
@@ -138,11 +138,15 @@ pub async fn drop_expired(
     week: NaiveDate,
     retention_days: u32,
 ) -> Result<DropOutcome, DropError> {
-    let answer: String = sqlx::query_scalar("SELECT outbox_drop_partition($1, $2)")
-        .bind(week)
-        .bind(i32::try_from(retention_days).unwrap_or(i32::MAX))
-        .fetch_one(conn)
-        .await?;
+    // A retention beyond `i32` days keeps everything, as the largest `i32` does.
+    let days = i32::try_from(retention_days).unwrap_or(i32::MAX);
+    let answer = sqlx::query_scalar!(
+        r#"SELECT outbox_drop_partition($1, $2) AS "answer!""#,
+        week,
+        days
+    )
+    .fetch_one(conn)
+    .await?;
     match answer.as_str() {
         "dropped" => Ok(DropOutcome::Dropped),
         "kept" => Ok(DropOutcome::Kept),
@@ -152,7 +156,7 @@ pub async fn drop_expired(
 }
 
 /// Rows of each kind deleted for good.
-#[derive(Debug, Default, PartialEq, Eq, Clone, Copy, sqlx::FromRow)]
+#[derive(Debug, Default, PartialEq, Eq, Clone, Copy)]
 pub struct Purged {
     pub watches: i64,
     pub subscriptions: i64,
@@ -162,8 +166,13 @@ pub struct Purged {
 /// Deletes up to `batch` of each kind removed long enough ago that no retained outbox row refers
 /// to it (the database function decides, from the oldest week it holds).
 pub async fn purge_removed_batch(pool: &PgPool, batch: i32) -> Result<Purged, sqlx::Error> {
-    sqlx::query_as("SELECT * FROM tidings_purge_removed($1)")
-        .bind(batch)
-        .fetch_one(pool)
-        .await
+    sqlx::query_as!(
+        Purged,
+        r#"SELECT watches AS "watches!", subscriptions AS "subscriptions!",
+                  devices AS "devices!"
+           FROM tidings_purge_removed($1)"#,
+        batch
+    )
+    .fetch_one(pool)
+    .await
 }

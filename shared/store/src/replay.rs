@@ -4,6 +4,7 @@
 //! sends something that is no longer true; the original is never edited.
 
 use chrono::NaiveDate;
+use sqlx::types::Uuid;
 use sqlx::{PgConnection, PgPool};
 use tidings_domain::OutboxId;
 use tidings_domain::outbox::Status;
@@ -16,20 +17,23 @@ pub async fn one(
     new: OutboxId,
     traceparent: Option<String>,
 ) -> Result<bool, sqlx::Error> {
-    let inserted = sqlx::query(concat!(
-        "INSERT INTO outbox (id, watch_id, device_id, trigger, channel, dedup_day, ",
-        crate::snapshot_columns!(),
-        ", replay_of, traceparent)
-         SELECT $1, watch_id, device_id, trigger, channel, dedup_day, ",
-        crate::snapshot_columns!(),
-        ", id, $3
-         FROM outbox WHERE id = $2 AND replay_of IS NULL AND status IN ",
-        crate::status_sql!(replayable),
-        " ON CONFLICT DO NOTHING",
-    ))
-    .bind(new)
-    .bind(original)
-    .bind(traceparent)
+    let inserted = sqlx::query!(
+        "INSERT INTO outbox (id, watch_id, device_id, trigger, channel, dedup_day,
+                             detected_at, detected_price, detected_currency, detected_in_stock,
+                             detected_paused, detected_observed_at, baseline_price,
+                             baseline_reference, baseline_in_stock, replay_of, traceparent)
+         SELECT $1, watch_id, device_id, trigger, channel, dedup_day,
+                detected_at, detected_price, detected_currency, detected_in_stock,
+                detected_paused, detected_observed_at, baseline_price,
+                baseline_reference, baseline_in_stock, id, $3
+         FROM outbox
+         WHERE id = $2 AND replay_of IS NULL
+           AND status IN ('dropped', 'failed') /* status: replayable */
+         ON CONFLICT DO NOTHING",
+        new.0,
+        original.0,
+        traceparent
+    )
     .execute(pool)
     .await?
     .rows_affected();
@@ -44,22 +48,24 @@ pub async fn many(
     days: &[NaiveDate],
     traceparent: Option<String>,
 ) -> Result<u64, sqlx::Error> {
-    let new: Vec<OutboxId> = ids.iter().map(|_| OutboxId::new()).collect();
-    let inserted = sqlx::query(concat!(
-        "INSERT INTO outbox (id, watch_id, device_id, trigger, channel, dedup_day, ",
-        crate::snapshot_columns!(),
-        ", replay_of, traceparent)
-         SELECT u.new_id, o.watch_id, o.device_id, o.trigger, o.channel, o.dedup_day, ",
-        crate::snapshot_columns!(),
-        ", o.id, $4
+    let new: Vec<Uuid> = ids.iter().map(|_| OutboxId::new().0).collect();
+    let inserted = sqlx::query!(
+        "INSERT INTO outbox (id, watch_id, device_id, trigger, channel, dedup_day,
+                             detected_at, detected_price, detected_currency, detected_in_stock,
+                             detected_paused, detected_observed_at, baseline_price,
+                             baseline_reference, baseline_in_stock, replay_of, traceparent)
+         SELECT u.new_id, o.watch_id, o.device_id, o.trigger, o.channel, o.dedup_day,
+                o.detected_at, o.detected_price, o.detected_currency, o.detected_in_stock,
+                o.detected_paused, o.detected_observed_at, o.baseline_price,
+                o.baseline_reference, o.baseline_in_stock, o.id, $4
          FROM UNNEST($1::uuid[], $2::date[], $3::uuid[]) AS u(id, day, new_id)
          JOIN outbox o ON o.id = u.id AND o.dedup_day = u.day
          ON CONFLICT DO NOTHING",
-    ))
-    .bind(ids)
-    .bind(days)
-    .bind(new)
-    .bind(traceparent)
+        ids as _,
+        days,
+        &new,
+        traceparent
+    )
     .execute(conn)
     .await?
     .rows_affected();
@@ -72,15 +78,14 @@ pub async fn traceparent_of(
     pool: &PgPool,
     id: OutboxId,
 ) -> Result<Option<Option<String>>, sqlx::Error> {
-    sqlx::query_scalar("SELECT traceparent FROM outbox WHERE id = $1")
-        .bind(id)
+    sqlx::query_scalar!("SELECT traceparent FROM outbox WHERE id = $1", id.0)
         .fetch_optional(pool)
         .await
 }
 
 /// Why row `id` was not replayed: its state, the replay it already has, and the row it is
 /// itself a replay of. `None` if there is no such row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Replayability {
     pub status: Status,
     pub replayed_as: Option<OutboxId>,
@@ -91,12 +96,15 @@ pub async fn replayability(
     pool: &PgPool,
     id: OutboxId,
 ) -> Result<Option<Replayability>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT status, (SELECT r.id FROM outbox r WHERE r.replay_of = o.id) AS replayed_as,
-                replay_of
-         FROM outbox o WHERE id = $1",
+    sqlx::query_as!(
+        Replayability,
+        r#"SELECT status AS "status: Status",
+                  (SELECT r.id FROM outbox r WHERE r.replay_of = o.id)
+                      AS "replayed_as: OutboxId",
+                  replay_of AS "replay_of: OutboxId"
+           FROM outbox o WHERE id = $1"#,
+        id.0
     )
-    .bind(id)
     .fetch_optional(pool)
     .await
 }
@@ -113,22 +121,25 @@ pub async fn recover(
     limit: i64,
     traceparent: Option<String>,
 ) -> Result<(u64, bool), sqlx::Error> {
-    let found: Vec<(OutboxId, NaiveDate)> = sqlx::query_as(
-        "SELECT o.id, o.dedup_day FROM outbox o
-         WHERE o.device_id = $1 AND o.finished_at >= $2
-           AND (o.status = 'failed' OR (o.status = 'dropped' AND o.reason = 'validity_expired'))
-           AND NOT EXISTS (SELECT 1 FROM outbox r WHERE r.replay_of = o.id)
-         ORDER BY o.id LIMIT $3 + 1
-         FOR UPDATE OF o",
+    let found = sqlx::query!(
+        r#"SELECT o.id AS "id: OutboxId", o.dedup_day FROM outbox o
+           WHERE o.device_id = $1 AND o.finished_at >= $2
+             AND (o.status = 'failed'
+                  OR (o.status = 'dropped' AND o.reason = 'validity_expired'))
+             AND NOT EXISTS (SELECT 1 FROM outbox r WHERE r.replay_of = o.id)
+           ORDER BY o.id LIMIT $3::bigint + 1
+           FOR UPDATE OF o"#,
+        device.0,
+        since,
+        limit
     )
-    .bind(device)
-    .bind(since)
-    .bind(limit)
     .fetch_all(&mut *conn)
     .await?;
     let more = found.len() as i64 > limit;
-    let (ids, days): (Vec<OutboxId>, Vec<NaiveDate>) =
-        found.into_iter().take(limit.max(0) as usize).unzip();
+    let (ids, days): (Vec<OutboxId>, Vec<NaiveDate>) = (found.into_iter())
+        .take(limit.max(0) as usize)
+        .map(|r| (r.id, r.dedup_day))
+        .unzip();
     if ids.is_empty() {
         return Ok((0, more));
     }

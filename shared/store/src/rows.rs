@@ -9,15 +9,13 @@ use tidings_domain::trigger::{Baseline, Observation};
 use tidings_domain::{Channel, OutboxId, SubscriptionId, WatchId};
 
 /// A row as the results loop needs it.
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug)]
 pub struct Locked {
     pub id: OutboxId,
     pub dedup_day: NaiveDate,
     pub status: Status,
     /// Checked `>= 0` by the schema; outside `u32` the row fails to decode rather than bend.
-    #[sqlx(try_from = "i32")]
     pub attempt: u32,
-    #[sqlx(try_from = "i32")]
     pub retry_count: u32,
     pub watch_id: WatchId,
     pub trigger: String,
@@ -45,12 +43,28 @@ impl Locked {
     }
 }
 
-macro_rules! lock_rows {
-    () => {
-        "SELECT id, dedup_day, status, attempt, retry_count, watch_id, trigger, channel, sent_value,
-                subscription_id, detected_at, traceparent, baseline_price, baseline_reference,
-                baseline_in_stock, (payload->>'valid_until')::timestamptz AS valid_until
-         FROM outbox WHERE id = ANY($1)"
+/// A [`Locked`] from a record of a statement that selects its columns (typed by the overrides
+/// both statements below spell out).
+macro_rules! locked {
+    ($r:ident) => {
+        Locked {
+            id: $r.id,
+            dedup_day: $r.dedup_day,
+            status: $r.status,
+            attempt: crate::count("attempt", $r.attempt)?,
+            retry_count: crate::count("retry_count", $r.retry_count)?,
+            watch_id: $r.watch_id,
+            trigger: $r.trigger,
+            channel: $r.channel,
+            sent_value: $r.sent_value,
+            subscription_id: $r.subscription_id,
+            detected_at: $r.detected_at,
+            traceparent: $r.traceparent,
+            baseline_price: $r.baseline_price,
+            baseline_reference: $r.baseline_reference,
+            baseline_in_stock: $r.baseline_in_stock,
+            valid_until: $r.valid_until,
+        }
     };
 }
 
@@ -64,21 +78,40 @@ pub async fn lock(
 ) -> Result<Vec<Locked>, sqlx::Error> {
     // Two statements rather than one with `$2 IS NULL OR …`, which Postgres cannot prune by.
     match days {
-        Some(days) => {
-            sqlx::query_as(concat!(
-                lock_rows!(),
-                " AND dedup_day = ANY($2) ORDER BY id FOR UPDATE"
-            ))
-            .bind(ids)
-            .bind(days)
-            .fetch_all(conn)
-            .await
-        }
-        None => {
-            sqlx::query_as(concat!(lock_rows!(), " ORDER BY id FOR UPDATE"))
-                .bind(ids)
-                .fetch_all(conn)
-                .await
-        }
+        Some(days) => sqlx::query!(
+            r#"SELECT id AS "id: OutboxId", dedup_day, status AS "status: Status", attempt,
+                      retry_count, watch_id AS "watch_id: WatchId", trigger,
+                      channel AS "channel: Channel",
+                      sent_value AS "sent_value: Json<Observation>",
+                      subscription_id AS "subscription_id: SubscriptionId", detected_at,
+                      traceparent, baseline_price, baseline_reference, baseline_in_stock,
+                      (payload->>'valid_until')::timestamptz AS valid_until
+               FROM outbox WHERE id = ANY($1) AND dedup_day = ANY($2)
+               ORDER BY id FOR UPDATE"#,
+            ids as _,
+            days
+        )
+        .fetch_all(conn)
+        .await?
+        .into_iter()
+        .map(|r| Ok(locked!(r)))
+        .collect(),
+        None => sqlx::query!(
+            r#"SELECT id AS "id: OutboxId", dedup_day, status AS "status: Status", attempt,
+                      retry_count, watch_id AS "watch_id: WatchId", trigger,
+                      channel AS "channel: Channel",
+                      sent_value AS "sent_value: Json<Observation>",
+                      subscription_id AS "subscription_id: SubscriptionId", detected_at,
+                      traceparent, baseline_price, baseline_reference, baseline_in_stock,
+                      (payload->>'valid_until')::timestamptz AS valid_until
+               FROM outbox WHERE id = ANY($1)
+               ORDER BY id FOR UPDATE"#,
+            ids as _
+        )
+        .fetch_all(conn)
+        .await?
+        .into_iter()
+        .map(|r| Ok(locked!(r)))
+        .collect(),
     }
 }

@@ -2,11 +2,11 @@
 //! the first read and only the rows written since afterwards (migration 0005 marks each row with
 //! the transaction that wrote it), each read in one repeatable-read snapshot.
 
-use crate::baselines::{BASELINE_COLUMNS, BaselineRow};
+use crate::baselines::BaselineRow;
 use sqlx::types::Json;
 use sqlx::{PgPool, Postgres, Transaction};
 use tidings_domain::trigger::Trigger;
-use tidings_domain::{DeviceId, WatchId};
+use tidings_domain::{DeviceId, OutboxId, WatchId};
 
 /// Which share of the watches a detector replica scans: those whose id hashes to `index` of
 /// `count`.
@@ -17,7 +17,7 @@ pub struct Shard {
 }
 
 /// A watch as the detector reads it, with its device's time zone.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct ScannedWatch {
     pub id: WatchId,
     pub device_id: DeviceId,
@@ -35,18 +35,10 @@ pub struct ScannedWatch {
     pub active: bool,
 }
 
-const WATCH_COLUMNS: &str =
-    "w.id, w.device_id, w.item_code, w.triggers, w.channel, w.reference_price,
-     d.time_zone, w.last_in_stock, w.withdraw,
-     (w.removed_at IS NULL AND NOT w.paused AND d.removed_at IS NULL) AS active";
-
-/// The shard condition on `w.id`, with the shard count and index bound as the parameters named.
-fn in_shard(count: &str, index: &str) -> String {
-    format!(
-        "({count}::int = 1
-          OR ((get_byte(uuid_send(w.id), 14) * 256 + get_byte(uuid_send(w.id), 15)) % {count}::int) = {index}::int)"
-    )
-}
+// The statements below spell out the columns of a `ScannedWatch` (with its device's time zone
+// and whether it is active), a `BaselineRow`, and the shard condition on `w.id`: the shard
+// count and index are bound, and a watch is in shard `index` of `count` when the last two
+// bytes of its id, as a number, leave `index` divided by `count`.
 
 /// One read, in one read-only repeatable-read snapshot.
 pub struct Snapshot {
@@ -60,12 +52,14 @@ pub struct Snapshot {
 impl Snapshot {
     pub async fn begin(pool: &PgPool) -> Result<Self, sqlx::Error> {
         let mut tx = pool.begin().await?;
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        sqlx::query!("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             .execute(&mut *tx)
             .await?;
-        let read_below = sqlx::query_scalar("SELECT pg_snapshot_xmin(pg_current_snapshot())::text")
-            .fetch_one(&mut *tx)
-            .await?;
+        let read_below = sqlx::query_scalar!(
+            r#"SELECT pg_snapshot_xmin(pg_current_snapshot())::text AS "xmin!""#
+        )
+        .fetch_one(&mut *tx)
+        .await?;
         Ok(Snapshot { tx, read_below })
     }
 
@@ -77,19 +71,27 @@ impl Snapshot {
         after: (&str, WatchId),
         limit: i64,
     ) -> Result<Vec<ScannedWatch>, sqlx::Error> {
-        sqlx::query_as(&format!(
-            "SELECT {WATCH_COLUMNS} FROM watches w JOIN devices d ON d.id = w.device_id
-             WHERE w.removed_at IS NULL AND NOT w.paused AND d.removed_at IS NULL
-               AND (w.item_code, w.id) > ($1, $2) AND {}
-             ORDER BY w.item_code, w.id
-             LIMIT $3",
-            in_shard("$4", "$5")
-        ))
-        .bind(after.0)
-        .bind(after.1)
-        .bind(limit)
-        .bind(shard.count)
-        .bind(shard.index)
+        sqlx::query_as!(
+            ScannedWatch,
+            r#"SELECT w.id AS "id: WatchId", w.device_id AS "device_id: DeviceId", w.item_code,
+                      w.triggers AS "triggers: Json<Vec<Trigger>>", w.channel, w.reference_price,
+                      d.time_zone, w.last_in_stock, w.withdraw,
+                      (w.removed_at IS NULL AND NOT w.paused AND d.removed_at IS NULL)
+                          AS "active!"
+               FROM watches w JOIN devices d ON d.id = w.device_id
+               WHERE w.removed_at IS NULL AND NOT w.paused AND d.removed_at IS NULL
+                 AND (w.item_code, w.id) > ($1, $2)
+                 AND ($4::int = 1
+                      OR ((get_byte(uuid_send(w.id), 14) * 256
+                           + get_byte(uuid_send(w.id), 15)) % $4::int) = $5::int)
+               ORDER BY w.item_code, w.id
+               LIMIT $3"#,
+            after.0,
+            after.1.0,
+            limit,
+            shard.count,
+            shard.index
+        )
         .fetch_all(&mut *self.tx)
         .await
     }
@@ -100,24 +102,36 @@ impl Snapshot {
         shard: Shard,
         since: &str,
     ) -> Result<Vec<ScannedWatch>, sqlx::Error> {
-        sqlx::query_as(&format!(
-            "SELECT {WATCH_COLUMNS} FROM watches w JOIN devices d ON d.id = w.device_id
-             WHERE w.changed_xid >= $1::text::xid8 AND {}",
-            in_shard("$2", "$3")
-        ))
-        .bind(since)
-        .bind(shard.count)
-        .bind(shard.index)
+        sqlx::query_as!(
+            ScannedWatch,
+            r#"SELECT w.id AS "id: WatchId", w.device_id AS "device_id: DeviceId", w.item_code,
+                      w.triggers AS "triggers: Json<Vec<Trigger>>", w.channel, w.reference_price,
+                      d.time_zone, w.last_in_stock, w.withdraw,
+                      (w.removed_at IS NULL AND NOT w.paused AND d.removed_at IS NULL)
+                          AS "active!"
+               FROM watches w JOIN devices d ON d.id = w.device_id
+               WHERE w.changed_xid >= $1::text::xid8
+                 AND ($2::int = 1
+                      OR ((get_byte(uuid_send(w.id), 14) * 256
+                           + get_byte(uuid_send(w.id), 15)) % $2::int) = $3::int)"#,
+            since,
+            shard.count,
+            shard.index
+        )
         .fetch_all(&mut *self.tx)
         .await
     }
 
     /// The baselines of watches `ids`.
     pub async fn baselines_of(&mut self, ids: &[WatchId]) -> Result<Vec<BaselineRow>, sqlx::Error> {
-        sqlx::query_as(&format!(
-            "SELECT {BASELINE_COLUMNS} FROM baselines WHERE watch_id = ANY($1)"
-        ))
-        .bind(ids)
+        sqlx::query_as!(
+            BaselineRow,
+            r#"SELECT watch_id AS "watch_id: WatchId", trigger, price, in_stock, sent_at,
+                      outbox_id AS "outbox_id: OutboxId", dedup_day, observed_at, valid_until,
+                      decided_price, decided_reference, decided_in_stock
+               FROM baselines WHERE watch_id = ANY($1)"#,
+            ids as _
+        )
         .fetch_all(&mut *self.tx)
         .await
     }
@@ -127,10 +141,14 @@ impl Snapshot {
         &mut self,
         since: &str,
     ) -> Result<Vec<BaselineRow>, sqlx::Error> {
-        sqlx::query_as(&format!(
-            "SELECT {BASELINE_COLUMNS} FROM baselines WHERE changed_xid >= $1::text::xid8"
-        ))
-        .bind(since)
+        sqlx::query_as!(
+            BaselineRow,
+            r#"SELECT watch_id AS "watch_id: WatchId", trigger, price, in_stock, sent_at,
+                      outbox_id AS "outbox_id: OutboxId", dedup_day, observed_at, valid_until,
+                      decided_price, decided_reference, decided_in_stock
+               FROM baselines WHERE changed_xid >= $1::text::xid8"#,
+            since
+        )
         .fetch_all(&mut *self.tx)
         .await
     }

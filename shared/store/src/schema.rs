@@ -38,7 +38,7 @@ pub async fn migrate(
     let needed = needed();
     // undefined_table: a new database, nothing applied yet.
     let applied: Vec<i64> =
-        sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success ORDER BY version")
+        sqlx::query_scalar!("SELECT version FROM _sqlx_migrations WHERE success ORDER BY version")
             .fetch_all(&mut *conn)
             .await
             .or_else(|e| match &e {
@@ -78,12 +78,12 @@ async fn accept_rewrites(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::migr
         let Some(now) = MIGRATOR.iter().find(|m| m.version == *version) else {
             continue;
         };
-        sqlx::query(
+        sqlx::query!(
             "UPDATE _sqlx_migrations SET checksum = $2 WHERE version = $1 AND checksum = decode($3, 'hex')",
+            version,
+            &*now.checksum,
+            old
         )
-        .bind(version)
-        .bind(&*now.checksum)
-        .bind(old)
         .execute(&mut *conn)
         .await
         .map_err(sqlx::migrate::MigrateError::Execute)?;
@@ -98,10 +98,10 @@ async fn accept_rewrites(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::migr
 pub async fn repair_indexes(
     conn: &mut sqlx::PgConnection,
 ) -> Result<Vec<String>, sqlx::migrate::MigrateError> {
-    let invalid: Vec<String> = sqlx::query_scalar(
-        "SELECT format('%I.%I', n.nspname, c.relname) FROM pg_index i \
-         JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
-         WHERE NOT i.indisvalid AND n.nspname = current_schema() ORDER BY 1",
+    let invalid: Vec<String> = sqlx::query_scalar!(
+        r#"SELECT format('%I.%I', n.nspname, c.relname) AS "index!" FROM pg_index i
+           JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+           WHERE NOT i.indisvalid AND n.nspname = current_schema() ORDER BY 1"#
     )
     .fetch_all(&mut *conn)
     .await
@@ -163,12 +163,13 @@ pub async fn migrate_within(
     limits: Limits,
 ) -> Result<Migrated, MigrateFailed> {
     let ms = |d: Duration| format!("{}ms", d.as_millis().max(1));
-    sqlx::query(
-        "SELECT set_config('lock_timeout', $1, false), set_config('statement_timeout', $2, false)",
+    sqlx::query!(
+        "SELECT set_config('lock_timeout', $1, false) AS lock,
+                set_config('statement_timeout', $2, false) AS statement",
+        ms(limits.lock_timeout),
+        ms(limits.statement_timeout)
     )
-    .bind(ms(limits.lock_timeout))
-    .bind(ms(limits.statement_timeout))
-    .execute(&mut *conn)
+    .fetch_one(&mut *conn)
     .await
     .map_err(MigrateFailed::Timeouts)?;
     let started = tokio::time::Instant::now();
@@ -217,7 +218,7 @@ pub enum SchemaError {
 pub async fn check(pool: &PgPool) -> Result<i64, SchemaError> {
     let needed = needed();
     let found: Option<i64> =
-        sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
+        sqlx::query_scalar!("SELECT max(version) FROM _sqlx_migrations WHERE success")
             .fetch_one(pool)
             .await
             .map_err(|e| match &e {

@@ -2,6 +2,7 @@
 
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
+use sqlx::types::Uuid;
 use tidings_domain::SubscriptionId;
 use tidings_domain::receiver::{Circuit, Pace};
 
@@ -13,13 +14,13 @@ pub async fn deactivate_gone(
     if ids.is_empty() {
         return Ok(());
     }
-    sqlx::query(
+    sqlx::query!(
         "UPDATE push_subscriptions
          SET active = false, deactivated_at = now(), deactivation_reason = $2
          WHERE id = ANY($1) AND active",
+        ids as _,
+        tidings_domain::subscription::Deactivation::Gone.as_str()
     )
-    .bind(ids)
-    .bind(tidings_domain::subscription::Deactivation::Gone)
     .execute(conn)
     .await?;
     Ok(())
@@ -33,40 +34,6 @@ pub struct Health {
     pub pace: Pace,
 }
 
-/// Both counts are checked `>= 0` by the schema; a value outside `u32` fails the row's decoding
-/// (`try_from`) rather than being bent to fit.
-#[derive(sqlx::FromRow)]
-struct HealthRow {
-    id: SubscriptionId,
-    #[sqlx(try_from = "i32")]
-    consecutive_failures: u32,
-    failing_since: Option<DateTime<Utc>>,
-    #[sqlx(try_from = "i32")]
-    circuit_opens: u32,
-    circuit_open_until: Option<DateTime<Utc>>,
-    circuit_probing: bool,
-    pace_per_second: Option<f64>,
-    paced_until: Option<DateTime<Utc>>,
-}
-
-impl HealthRow {
-    fn health(&self) -> Health {
-        Health {
-            circuit: Circuit {
-                failures: self.consecutive_failures,
-                failing_since: self.failing_since,
-                opens: self.circuit_opens,
-                open_until: self.circuit_open_until,
-                probing: self.circuit_probing,
-            },
-            pace: Pace {
-                per_second: self.pace_per_second,
-                until: self.paced_until,
-            },
-        }
-    }
-}
-
 /// Locks the active webhook endpoints among `ids` (in id order, so concurrent result batches
 /// lock them alike) and reads their health.
 pub async fn lock_health(
@@ -76,17 +43,34 @@ pub async fn lock_health(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    let rows: Vec<HealthRow> = sqlx::query_as(
-        "SELECT id, consecutive_failures, failing_since, circuit_opens, circuit_open_until,
-                circuit_probing, pace_per_second, paced_until
-         FROM push_subscriptions
-         WHERE id = ANY($1) AND channel = 'webhook' AND active
-         ORDER BY id FOR UPDATE",
+    let rows = sqlx::query!(
+        r#"SELECT id AS "id: SubscriptionId", consecutive_failures, failing_since, circuit_opens,
+                  circuit_open_until, circuit_probing, pace_per_second, paced_until
+           FROM push_subscriptions
+           WHERE id = ANY($1) AND channel = 'webhook' AND active
+           ORDER BY id FOR UPDATE"#,
+        ids as _
     )
-    .bind(ids)
     .fetch_all(conn)
     .await?;
-    Ok(rows.iter().map(|r| (r.id, r.health())).collect())
+    // Both counts are checked `>= 0` by the schema; a value outside `u32` fails the row's
+    // decoding rather than being bent to fit.
+    rows.into_iter()
+        .map(|r| {
+            let circuit = Circuit {
+                failures: crate::count("consecutive_failures", r.consecutive_failures)?,
+                failing_since: r.failing_since,
+                opens: crate::count("circuit_opens", r.circuit_opens)?,
+                open_until: r.circuit_open_until,
+                probing: r.circuit_probing,
+            };
+            let pace = Pace {
+                per_second: r.pace_per_second,
+                until: r.paced_until,
+            };
+            Ok((r.id, Health { circuit, pace }))
+        })
+        .collect()
 }
 
 /// Writes endpoints' health back. Endpoints in `closed` had their circuit closed: the rows it
@@ -101,7 +85,7 @@ pub async fn write_health(
         return Ok(());
     }
     let count = |n: u32| i32::try_from(n).unwrap_or(i32::MAX);
-    let ids: Vec<SubscriptionId> = health.iter().map(|h| h.0).collect();
+    let ids: Vec<Uuid> = health.iter().map(|h| h.0.0).collect();
     let since: Vec<Option<DateTime<Utc>>> =
         health.iter().map(|h| h.1.circuit.failing_since).collect();
     let open_until: Vec<Option<DateTime<Utc>>> =
@@ -111,7 +95,7 @@ pub async fn write_health(
     let opens: Vec<i32> = health.iter().map(|h| count(h.1.circuit.opens)).collect();
     let rate: Vec<Option<f64>> = health.iter().map(|h| h.1.pace.per_second).collect();
     let paced: Vec<Option<DateTime<Utc>>> = health.iter().map(|h| h.1.pace.until).collect();
-    sqlx::query(
+    sqlx::query!(
         "UPDATE push_subscriptions s
          SET consecutive_failures = h.failures, failing_since = h.since, circuit_opens = h.opens,
              circuit_open_until = h.open_until, circuit_probing = h.probing,
@@ -120,15 +104,15 @@ pub async fn write_health(
                      $6::bool[], $7::float8[], $8::timestamptz[])
               AS h(id, failures, since, opens, open_until, probing, rate, paced)
          WHERE s.id = h.id",
+        &ids,
+        &failures,
+        since as _,
+        &opens,
+        open_until as _,
+        &probing,
+        rate as _,
+        paced as _
     )
-    .bind(ids)
-    .bind(failures)
-    .bind(since)
-    .bind(opens)
-    .bind(open_until)
-    .bind(probing)
-    .bind(rate)
-    .bind(paced)
     .execute(&mut *conn)
     .await?;
     if closed.is_empty() {
@@ -136,14 +120,15 @@ pub async fn write_health(
     }
     // Its rows' retries were backing off from the receiver's outage, not from their own: they
     // are due now too.
-    sqlx::query(
+    sqlx::query!(
         "UPDATE outbox o
          SET claimed_until = NULL, next_attempt_at = LEAST(o.next_attempt_at, now())
          FROM push_subscriptions s
-         WHERE s.id = ANY($1) AND o.device_id = s.device_id AND o.status IN ('pending', 'retry')
+         WHERE s.id = ANY($1) AND o.device_id = s.device_id
+           AND o.status IN ('pending', 'retry') /* status: due */
            AND (o.claimed_until > now() OR o.next_attempt_at > now())",
+        closed as _
     )
-    .bind(closed)
     .execute(conn)
     .await?;
     Ok(())
@@ -160,16 +145,16 @@ pub async fn probing(
     if probes.is_empty() {
         return Ok(Vec::new());
     }
-    let (ids, until): (Vec<SubscriptionId>, Vec<DateTime<Utc>>) = probes.iter().copied().unzip();
-    sqlx::query_scalar(
-        "UPDATE push_subscriptions s SET circuit_open_until = o.until, circuit_probing = true
-         FROM UNNEST($1::uuid[], $2::timestamptz[]) AS o(id, until)
-         WHERE s.id = o.id AND s.circuit_opens > 0
-           AND NOT COALESCE(s.circuit_open_until > now(), false)
-         RETURNING s.id",
+    let (ids, until): (Vec<Uuid>, Vec<DateTime<Utc>>) = probes.iter().map(|p| (p.0.0, p.1)).unzip();
+    sqlx::query_scalar!(
+        r#"UPDATE push_subscriptions s SET circuit_open_until = o.until, circuit_probing = true
+           FROM UNNEST($1::uuid[], $2::timestamptz[]) AS o(id, until)
+           WHERE s.id = o.id AND s.circuit_opens > 0
+             AND NOT COALESCE(s.circuit_open_until > now(), false)
+           RETURNING s.id AS "id: SubscriptionId""#,
+        &ids,
+        &until
     )
-    .bind(ids)
-    .bind(until)
     .fetch_all(conn)
     .await
 }
@@ -183,21 +168,21 @@ pub async fn paced(
     if next.is_empty() {
         return Ok(());
     }
-    let (ids, until): (Vec<SubscriptionId>, Vec<DateTime<Utc>>) = next.iter().copied().unzip();
-    sqlx::query(
+    let (ids, until): (Vec<Uuid>, Vec<DateTime<Utc>>) = next.iter().map(|p| (p.0.0, p.1)).unzip();
+    sqlx::query!(
         "UPDATE push_subscriptions s SET paced_until = GREATEST(s.paced_until, o.until)
          FROM UNNEST($1::uuid[], $2::timestamptz[]) AS o(id, until)
          WHERE s.id = o.id AND s.pace_per_second IS NOT NULL",
+        &ids,
+        &until
     )
-    .bind(ids)
-    .bind(until)
     .execute(conn)
     .await?;
     Ok(())
 }
 
 /// Webhook endpoints' health across the deployment, for the dispatcher's gauges.
-#[derive(Clone, Debug, Default, PartialEq, sqlx::FromRow)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Unhealthy {
     pub open: i64,
     pub half_open: i64,
@@ -211,22 +196,26 @@ pub struct Unhealthy {
 /// Reads [`Unhealthy`], counting an endpoint as failing from `failures` failing batches in a
 /// row. Only API clients' devices have endpoints, so their partial index finds them.
 pub async fn unhealthy(pool: &sqlx::PgPool, failures: u32) -> Result<Unhealthy, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT count(*) FILTER (WHERE s.circuit_open_until > now()) AS open,
-                count(*) FILTER (WHERE s.circuit_opens > 0
-                                   AND NOT COALESCE(s.circuit_open_until > now(), false))
-                    AS half_open,
-                count(*) FILTER (WHERE s.pace_per_second IS NOT NULL) AS paced,
-                COALESCE(EXTRACT(EPOCH FROM now() - min(s.failing_since)
-                             FILTER (WHERE s.consecutive_failures >= $1))::float8, 0)
-                    AS failing_seconds,
-                COALESCE(EXTRACT(EPOCH FROM now() - min(s.failing_since)
-                             FILTER (WHERE s.circuit_opens > 0))::float8, 0) AS open_seconds
-         FROM devices d
-         JOIN push_subscriptions s ON s.device_id = d.id AND s.active
-         WHERE d.client_id IS NOT NULL AND s.channel = 'webhook'",
+    // A threshold beyond `i32` counts no endpoint as failing, as the largest `i32` would.
+    let threshold = i32::try_from(failures.max(1)).unwrap_or(i32::MAX);
+    sqlx::query_as!(
+        Unhealthy,
+        r#"SELECT count(*) FILTER (WHERE s.circuit_open_until > now()) AS "open!",
+                  count(*) FILTER (WHERE s.circuit_opens > 0
+                                     AND NOT COALESCE(s.circuit_open_until > now(), false))
+                      AS "half_open!",
+                  count(*) FILTER (WHERE s.pace_per_second IS NOT NULL) AS "paced!",
+                  COALESCE(EXTRACT(EPOCH FROM now() - min(s.failing_since)
+                               FILTER (WHERE s.consecutive_failures >= $1))::float8, 0)
+                      AS "failing_seconds!",
+                  COALESCE(EXTRACT(EPOCH FROM now() - min(s.failing_since)
+                               FILTER (WHERE s.circuit_opens > 0))::float8, 0)
+                      AS "open_seconds!"
+           FROM devices d
+           JOIN push_subscriptions s ON s.device_id = d.id AND s.active
+           WHERE d.client_id IS NOT NULL AND s.channel = 'webhook'"#,
+        threshold
     )
-    .bind(i32::try_from(failures.max(1)).unwrap_or(i32::MAX))
     .fetch_one(pool)
     .await
 }

@@ -7,7 +7,7 @@ use tidings_domain::outbox::{Row, Status};
 use tidings_domain::{OutboxId, SubscriptionId};
 
 /// A `sending` row past its lease.
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug)]
 pub struct Expired {
     pub id: OutboxId,
     pub dedup_day: NaiveDate,
@@ -33,16 +33,17 @@ pub async fn lock_expired(
     conn: &mut PgConnection,
     limit: i64,
 ) -> Result<Vec<Expired>, sqlx::Error> {
-    sqlx::query_as(concat!(
-        "SELECT id, dedup_day, attempt, retry_count, subscription_id FROM outbox
-         WHERE status = ",
-        crate::status_sql!(sending),
-        " AND lease_until < now()
-         ORDER BY lease_until
-         LIMIT $1
-         FOR UPDATE SKIP LOCKED",
-    ))
-    .bind(limit)
+    sqlx::query_as!(
+        Expired,
+        r#"SELECT id AS "id: OutboxId", dedup_day, attempt, retry_count,
+                  subscription_id AS "subscription_id: SubscriptionId"
+           FROM outbox
+           WHERE status = 'sending' /* status: sending */ AND lease_until < now()
+           ORDER BY lease_until
+           LIMIT $1
+           FOR UPDATE SKIP LOCKED"#,
+        limit
+    )
     .fetch_all(conn)
     .await
 }

@@ -7,8 +7,9 @@
 
 use chrono::{DateTime, NaiveDate, Utc};
 use serde_json::Value;
-use sqlx::PgConnection;
+use sqlx::{PgConnection, Row as _};
 use std::collections::{HashMap, HashSet};
+use std::sync::LazyLock;
 use tidings_domain::messages::AttemptOutcome;
 use tidings_domain::outbox::{Reason, Row, Status, Transition};
 use tidings_domain::{OutboxId, SubscriptionId};
@@ -71,112 +72,107 @@ impl Change {
     }
 }
 
+/// A count as the schema's `int` columns store it. The state machine bounds attempts and
+/// retries far below `i32::MAX` (`max_retries`), so saturating never changes a real value; a
+/// saturated `from_attempt` would match no row and lose its compare-and-set.
 fn int(v: u32) -> i32 {
     i32::try_from(v).unwrap_or(i32::MAX)
 }
 
-/// One compare-and-set per change: the row moves only from the state and attempt the change was
-/// decided on. The lease is always cleared, so a claim never outlives the change that ends it.
-const APPLY: &str = concat!(
-    r#"UPDATE outbox o SET
-         status = u.to_status,
-         reason = u.reason,
-         retry_count = u.retry_count,
-         attempt = u.attempt,
-         next_attempt_at = COALESCE(u.next_attempt_at, o.next_attempt_at),
-         last_error = COALESCE(u.last_error, o.last_error),
-         checked = COALESCE(u.checked, o.checked),
-         sent_value = COALESCE(u.sent_value, o.sent_value),
-         payload = COALESCE(u.payload, o.payload),
-         subscription_id = COALESCE(u.subscription_id, o.subscription_id),
-         lease_until = u.lease_until,
-         claimed_until = NULL,
-         deadline = COALESCE(u.deadline, o.deadline),
-         http_status = COALESCE(u.http_status, o.http_status),
-         push_message_id = COALESCE(u.push_message_id, o.push_message_id),
-         maybe_delivered = o.maybe_delivered OR u.maybe_delivered,
-         attempt_outcome = COALESCE(u.attempt_outcome, o.attempt_outcome),
-         attempt_started_at = COALESCE(u.attempt_started_at, o.attempt_started_at),
-         attempt_push_host = COALESCE(u.attempt_push_host, o.attempt_push_host),
-         attempt_ms = COALESCE(u.attempt_ms, o.attempt_ms),
-         finished_at = CASE WHEN u.to_status IN "#,
-    crate::status_sql!(terminal),
-    r#" THEN now() END
-     FROM UNNEST($1::uuid[], $2::text[], $3::int[], $4::text[], $5::text[], $6::int[], $7::int[],
-                 $8::timestamptz[], $9::text[], $10::jsonb[], $11::jsonb[], $12::jsonb[],
-                 $13::uuid[], $14::timestamptz[], $15::timestamptz[], $16::int[], $17::text[],
-                 $18::bool[], $19::date[], $20::text[], $21::timestamptz[], $22::text[],
-                 $23::bigint[])
-          AS u(id, from_status, from_attempt, to_status, reason, retry_count, attempt,
-               next_attempt_at, last_error, checked, sent_value, payload,
-               subscription_id, lease_until, deadline, http_status, push_message_id,
-               maybe_delivered, day, attempt_outcome, attempt_started_at,
-               attempt_push_host, attempt_ms)
-     WHERE o.id = u.id AND o.dedup_day = u.day
-       AND o.status = u.from_status AND o.attempt = u.from_attempt
-     RETURNING o.id"#
-);
-
-/// The changes as one array per column, in the order [`APPLY`] binds them.
-struct Columns<'a> {
-    ids: Vec<OutboxId>,
-    from: Vec<&'a str>,
-    from_attempt: Vec<i32>,
-    to: Vec<&'a str>,
-    reason: Vec<Option<&'a str>>,
-    retry_count: Vec<i32>,
-    attempt: Vec<i32>,
-    next_attempt_at: Vec<Option<DateTime<Utc>>>,
-    last_error: Vec<Option<&'a str>>,
-    checked: Vec<Option<Value>>,
-    sent_value: Vec<Option<Value>>,
-    payload: Vec<Option<Value>>,
-    subscription_id: Vec<Option<SubscriptionId>>,
-    lease_until: Vec<Option<DateTime<Utc>>>,
-    deadline: Vec<Option<DateTime<Utc>>>,
-    http_status: Vec<Option<i32>>,
-    message_id: Vec<Option<&'a str>>,
-    maybe_delivered: Vec<bool>,
-    days: Vec<NaiveDate>,
-    outcome: Vec<Option<&'a str>>,
-    started_at: Vec<Option<DateTime<Utc>>>,
-    host: Vec<Option<&'a str>>,
-    duration_ms: Vec<Option<i64>>,
+crate::unnest::unnest_rows! {
+    /// One change as [`apply`] binds it: the columns of table `u` in its statement.
+    struct ChangeRow<'a> {
+        id: OutboxId,
+        day: NaiveDate,
+        from_status: Status,
+        from_attempt: i32,
+        to_status: Status,
+        reason: Option<Reason>,
+        retry_count: i32,
+        attempt: i32,
+        next_attempt_at: Option<DateTime<Utc>>,
+        last_error: Option<&'a str>,
+        checked: Option<&'a Value>,
+        sent_value: Option<&'a Value>,
+        payload: Option<&'a Value>,
+        subscription_id: Option<SubscriptionId>,
+        lease_until: Option<DateTime<Utc>>,
+        deadline: Option<DateTime<Utc>>,
+        http_status: Option<i32>,
+        push_message_id: Option<&'a str>,
+        maybe_delivered: bool,
+        attempt_outcome: Option<AttemptOutcome>,
+        attempt_started_at: Option<DateTime<Utc>>,
+        attempt_push_host: Option<&'a str>,
+        attempt_ms: Option<i64>,
+    }
 }
 
-impl<'a> Columns<'a> {
-    fn of(changes: &'a [Change]) -> Self {
-        fn col<'a, T>(changes: &'a [Change], f: impl Fn(&'a Change) -> T) -> Vec<T> {
-            changes.iter().map(f).collect()
-        }
-        let ending = |c: &'a Change| c.ending.as_ref();
-        Columns {
-            ids: col(changes, |c| c.id),
-            from: col(changes, |c| c.from.as_str()),
-            from_attempt: col(changes, |c| int(c.from_attempt)),
-            to: col(changes, |c| c.transition.to.as_str()),
-            reason: col(changes, |c| c.transition.reason.map(|r| r.as_str())),
-            retry_count: col(changes, |c| int(c.transition.retry_count)),
-            attempt: col(changes, |c| int(c.transition.attempt)),
-            next_attempt_at: col(changes, |c| c.next_attempt_at),
-            last_error: col(changes, |c| c.last_error.as_deref()),
-            checked: col(changes, |c| c.checked.clone()),
-            sent_value: col(changes, |c| c.sent_value.clone()),
-            payload: col(changes, |c| c.payload.clone()),
-            subscription_id: col(changes, |c| c.subscription_id),
-            lease_until: col(changes, |c| c.lease_until),
-            deadline: col(changes, |c| c.deadline),
-            http_status: col(changes, |c| c.http_status.map(i32::from)),
-            message_id: col(changes, |c| c.push_message_id.as_deref()),
-            maybe_delivered: col(changes, |c| c.transition.maybe_delivered),
-            days: col(changes, |c| c.day),
-            outcome: col(changes, |c| ending(c).map(|e| e.outcome.as_str())),
-            started_at: col(changes, |c| ending(c).and_then(|e| e.started_at)),
-            host: col(changes, |c| ending(c).and_then(|e| e.push_host.as_deref())),
-            duration_ms: col(changes, |c| ending(c).and_then(|e| e.duration_ms)),
+impl<'a> ChangeRow<'a> {
+    fn of(c: &'a Change) -> Self {
+        let ending = c.ending.as_ref();
+        ChangeRow {
+            id: c.id,
+            day: c.day,
+            from_status: c.from,
+            from_attempt: int(c.from_attempt),
+            to_status: c.transition.to,
+            reason: c.transition.reason,
+            retry_count: int(c.transition.retry_count),
+            attempt: int(c.transition.attempt),
+            next_attempt_at: c.next_attempt_at,
+            last_error: c.last_error.as_deref(),
+            checked: c.checked.as_ref(),
+            sent_value: c.sent_value.as_ref(),
+            payload: c.payload.as_ref(),
+            subscription_id: c.subscription_id,
+            lease_until: c.lease_until,
+            deadline: c.deadline,
+            http_status: c.http_status.map(i32::from),
+            push_message_id: c.push_message_id.as_deref(),
+            maybe_delivered: c.transition.maybe_delivered,
+            attempt_outcome: ending.map(|e| e.outcome),
+            attempt_started_at: ending.and_then(|e| e.started_at),
+            attempt_push_host: ending.and_then(|e| e.push_host.as_deref()),
+            attempt_ms: ending.and_then(|e| e.duration_ms),
         }
     }
 }
+
+/// One compare-and-set per change: the row moves only from the state and attempt the change was
+/// decided on. The lease is always cleared, so a claim never outlives the change that ends it.
+static APPLY: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE outbox o SET
+             status = u.to_status,
+             reason = u.reason,
+             retry_count = u.retry_count,
+             attempt = u.attempt,
+             next_attempt_at = COALESCE(u.next_attempt_at, o.next_attempt_at),
+             last_error = COALESCE(u.last_error, o.last_error),
+             checked = COALESCE(u.checked, o.checked),
+             sent_value = COALESCE(u.sent_value, o.sent_value),
+             payload = COALESCE(u.payload, o.payload),
+             subscription_id = COALESCE(u.subscription_id, o.subscription_id),
+             lease_until = u.lease_until,
+             claimed_until = NULL,
+             deadline = COALESCE(u.deadline, o.deadline),
+             http_status = COALESCE(u.http_status, o.http_status),
+             push_message_id = COALESCE(u.push_message_id, o.push_message_id),
+             maybe_delivered = o.maybe_delivered OR u.maybe_delivered,
+             attempt_outcome = COALESCE(u.attempt_outcome, o.attempt_outcome),
+             attempt_started_at = COALESCE(u.attempt_started_at, o.attempt_started_at),
+             attempt_push_host = COALESCE(u.attempt_push_host, o.attempt_push_host),
+             attempt_ms = COALESCE(u.attempt_ms, o.attempt_ms),
+             finished_at = CASE WHEN u.to_status IN {terminal} THEN now() END
+         FROM {rows}
+         WHERE o.id = u.id AND o.dedup_day = u.day
+           AND o.status = u.from_status AND o.attempt = u.from_attempt
+         RETURNING o.id",
+        terminal = crate::status_sql!(terminal),
+        rows = ChangeRow::table("u"),
+    )
+});
 
 /// Applies `changes`; returns the ids whose compare-and-set won.
 pub async fn apply(
@@ -186,33 +182,13 @@ pub async fn apply(
     if changes.is_empty() {
         return Ok(HashSet::new());
     }
-    let c = Columns::of(changes);
-    let won: Vec<OutboxId> = sqlx::query_scalar(APPLY)
-        .bind(c.ids)
-        .bind(c.from)
-        .bind(c.from_attempt)
-        .bind(c.to)
-        .bind(c.reason)
-        .bind(c.retry_count)
-        .bind(c.attempt)
-        .bind(c.next_attempt_at)
-        .bind(c.last_error)
-        .bind(c.checked)
-        .bind(c.sent_value)
-        .bind(c.payload)
-        .bind(c.subscription_id)
-        .bind(c.lease_until)
-        .bind(c.deadline)
-        .bind(c.http_status)
-        .bind(c.message_id)
-        .bind(c.maybe_delivered)
-        .bind(c.days)
-        .bind(c.outcome)
-        .bind(c.started_at)
-        .bind(c.host)
-        .bind(c.duration_ms)
+    let rows: Vec<ChangeRow<'_>> = changes.iter().map(ChangeRow::of).collect();
+    let won: Vec<OutboxId> = ChangeRow::bind(&rows, sqlx::query(APPLY.as_str()))
         .fetch_all(conn)
-        .await?;
+        .await?
+        .iter()
+        .map(|r| r.try_get(0))
+        .collect::<Result<_, _>>()?;
     Ok(won.into_iter().collect())
 }
 

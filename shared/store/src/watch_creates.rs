@@ -6,9 +6,9 @@
 //! cannot deadlock) and counts from the locked, latest row; the one-create statements increment
 //! the counter only while it is under the limit.
 
-use crate::watches::{WATCH_COLUMNS, Watch};
+use crate::watches::Watch;
 use chrono::{DateTime, Utc};
-use sqlx::types::Json;
+use sqlx::types::{Json, Uuid};
 use sqlx::{PgConnection, PgPool};
 use tidings_domain::trigger::Trigger;
 use tidings_domain::{Channel, DeviceId, ItemCode, WatchId};
@@ -61,20 +61,9 @@ impl Create {
     }
 }
 
-/// The one-create statement: the device's counter moves only if the device is live, matches
-/// `device` (a condition on `$2`) and is under the limit (`$5`), and the watch (`$1`, `$3`,
-/// `$4`, `$6`) is inserted only if it moved, on its device's channel.
-fn one_create_statement(device: &str, returning: &str) -> String {
-    format!(
-        "WITH dev AS (
-             UPDATE devices SET watch_count = watch_count + 1
-             WHERE {device} AND removed_at IS NULL AND watch_count < $5
-             RETURNING id, channel)
-         INSERT INTO watches (id, device_id, item_code, triggers, channel, withdraw)
-         SELECT $1, dev.id, $3, $4, dev.channel, $6 FROM dev
-         RETURNING {returning}"
-    )
-}
+// The one-create statements: the device's counter moves only if the device is live, is the one
+// named (by id, or by token hash: `$2`) and is under the limit (`$5`), and the watch is inserted
+// only if it moved, on its device's channel.
 
 /// Creates watch `id` for device `device`, which the caller authenticated, in `conn` (an
 /// Idempotency-Key's transaction); `None` if the device is at its limit.
@@ -85,15 +74,26 @@ pub async fn for_device(
     new: &NewWatch,
     max_watches: i32,
 ) -> Result<Option<Watch>, sqlx::Error> {
-    sqlx::query_as(&one_create_statement("id = $2", WATCH_COLUMNS))
-        .bind(id)
-        .bind(device)
-        .bind(new.item.as_str())
-        .bind(Json(&new.triggers))
-        .bind(max_watches)
-        .bind(new.withdraw)
-        .fetch_optional(conn)
-        .await
+    sqlx::query_as!(
+        Watch,
+        r#"WITH dev AS (
+               UPDATE devices SET watch_count = watch_count + 1
+               WHERE id = $2 AND removed_at IS NULL AND watch_count < $5
+               RETURNING id, channel)
+           INSERT INTO watches (id, device_id, item_code, triggers, channel, withdraw)
+           SELECT $1, dev.id, $3, $4, dev.channel, $6 FROM dev
+           RETURNING id AS "id: WatchId", item_code, triggers AS "triggers: Json<Vec<Trigger>>",
+                     channel AS "channel: Channel", paused, reference_price, withdraw,
+                     created_at, updated_at"#,
+        id.0,
+        device.0,
+        new.item.as_str(),
+        Json(&new.triggers) as _,
+        max_watches,
+        new.withdraw
+    )
+    .fetch_optional(conn)
+    .await
 }
 
 /// One create, one statement, authenticated by its token hash.
@@ -102,23 +102,29 @@ pub async fn one(
     max_watches: i32,
     create: &Create,
 ) -> Result<Admission, sqlx::Error> {
-    let row: Option<(DeviceId, DateTime<Utc>, Channel)> = sqlx::query_as(&one_create_statement(
-        "token_hash = $2",
-        "device_id, created_at, channel",
-    ))
-    .bind(create.id)
-    .bind(&create.token_hash)
-    .bind(&create.item)
-    .bind(&create.triggers)
-    .bind(max_watches)
-    .bind(create.withdraw)
+    let row = sqlx::query!(
+        r#"WITH dev AS (
+               UPDATE devices SET watch_count = watch_count + 1
+               WHERE token_hash = $2 AND removed_at IS NULL AND watch_count < $5
+               RETURNING id, channel)
+           INSERT INTO watches (id, device_id, item_code, triggers, channel, withdraw)
+           SELECT $1, dev.id, $3, $4, dev.channel, $6 FROM dev
+           RETURNING device_id AS "device_id: DeviceId", created_at,
+                     channel AS "channel: Channel""#,
+        create.id.0,
+        create.token_hash,
+        create.item,
+        create.triggers as _,
+        max_watches,
+        create.withdraw
+    )
     .fetch_optional(pool)
     .await?;
-    if let Some((device_id, at, channel)) = row {
+    if let Some(r) = row {
         return Ok(Admission::Created {
-            device_id,
-            at,
-            channel,
+            device_id: r.device_id,
+            at: r.created_at,
+            channel: r.channel,
         });
     }
     // Nothing inserted: an unknown token, or the limit.
@@ -138,13 +144,13 @@ pub async fn many(
     max_watches: i32,
     creates: &[Create],
 ) -> Result<Vec<Admission>, sqlx::Error> {
-    let ids: Vec<WatchId> = creates.iter().map(|p| p.id).collect();
+    let ids: Vec<Uuid> = creates.iter().map(|p| p.id.0).collect();
     let hashes: Vec<&[u8]> = creates.iter().map(|p| p.token_hash.as_slice()).collect();
     let items: Vec<&str> = creates.iter().map(|p| p.item.as_str()).collect();
     let triggers: Vec<&Json<Vec<Trigger>>> = creates.iter().map(|p| &p.triggers).collect();
     let withdraw: Vec<bool> = creates.iter().map(|p| p.withdraw).collect();
-    let rows: Vec<(i64, DeviceId, bool, DateTime<Utc>, Channel)> = sqlx::query_as(
-        "WITH req AS (
+    let rows = sqlx::query!(
+        r#"WITH req AS (
              SELECT * FROM UNNEST($1::uuid[], $2::bytea[], $3::text[], $4::jsonb[], $6::bool[])
                            WITH ORDINALITY AS r(id, token_hash, item_code, triggers, withdraw, n)
          ), dev AS MATERIALIZED (
@@ -167,27 +173,28 @@ pub async fn many(
              SELECT id, device_id, item_code, triggers, channel, withdraw FROM ranked
              WHERE admitted
          )
-         SELECT n, device_id, admitted, now(), channel FROM ranked",
+         SELECT n AS "n!", device_id AS "device_id!: DeviceId", admitted AS "admitted!",
+                now() AS "at!", channel AS "channel!: Channel" FROM ranked"#,
+        &ids,
+        &hashes as _,
+        &items as _,
+        &triggers as _,
+        i64::from(max_watches),
+        &withdraw
     )
-    .bind(ids)
-    .bind(hashes)
-    .bind(items)
-    .bind(triggers)
-    .bind(max_watches)
-    .bind(withdraw)
     .fetch_all(pool)
     .await?;
     let mut admissions = vec![Admission::UnknownToken; creates.len()];
-    for (n, device_id, admitted, at, channel) in rows {
-        let slot = usize::try_from(n - 1)
+    for r in rows {
+        let slot = usize::try_from(r.n - 1)
             .ok()
             .and_then(|i| admissions.get_mut(i));
         if let Some(slot) = slot {
-            *slot = if admitted {
+            *slot = if r.admitted {
                 Admission::Created {
-                    device_id,
-                    at,
-                    channel,
+                    device_id: r.device_id,
+                    at: r.at,
+                    channel: r.channel,
                 }
             } else {
                 Admission::AtLimit

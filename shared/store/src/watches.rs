@@ -3,7 +3,7 @@
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
-use sqlx::types::Json;
+use sqlx::types::{Json, Uuid};
 use tidings_domain::trigger::Trigger;
 use tidings_domain::{Channel, DeviceId, WatchId};
 
@@ -22,26 +22,26 @@ pub async fn record_seen(pool: &PgPool, seen: &[Seen]) -> Result<(), sqlx::Error
     if seen.is_empty() {
         return Ok(());
     }
-    let ids: Vec<WatchId> = seen.iter().map(|s| s.watch_id).collect();
+    let ids: Vec<Uuid> = seen.iter().map(|s| s.watch_id.0).collect();
     let states: Vec<Option<bool>> = seen.iter().map(|s| s.in_stock).collect();
     let prices: Vec<Option<i64>> = seen.iter().map(|s| s.reference_price).collect();
-    sqlx::query(
+    sqlx::query!(
         "UPDATE watches w
          SET last_in_stock = COALESCE(u.s, w.last_in_stock),
              reference_price = COALESCE(w.reference_price, u.p)
          FROM UNNEST($1::uuid[], $2::bool[], $3::bigint[]) AS u(id, s, p)
          WHERE w.id = u.id",
+        &ids,
+        states as _,
+        prices as _
     )
-    .bind(ids)
-    .bind(states)
-    .bind(prices)
     .execute(pool)
     .await?;
     Ok(())
 }
 
 /// A watch as the api shows it to its device.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct Watch {
     pub id: WatchId,
     pub item_code: String,
@@ -56,10 +56,6 @@ pub struct Watch {
     pub updated_at: DateTime<Utc>,
 }
 
-/// The columns [`Watch`] reads, for `SELECT` and `RETURNING`.
-pub(crate) const WATCH_COLUMNS: &str =
-    "id, item_code, triggers, channel, paused, reference_price, withdraw, created_at, updated_at";
-
 /// Device `device`'s live watches after `after`, in id order, at most `limit`.
 pub async fn list(
     pool: &PgPool,
@@ -67,14 +63,18 @@ pub async fn list(
     after: Option<WatchId>,
     limit: i64,
 ) -> Result<Vec<Watch>, sqlx::Error> {
-    sqlx::query_as(&format!(
-        "SELECT {WATCH_COLUMNS} FROM watches
-         WHERE device_id = $1 AND removed_at IS NULL AND ($2::uuid IS NULL OR id > $2)
-         ORDER BY id LIMIT $3"
-    ))
-    .bind(device)
-    .bind(after)
-    .bind(limit)
+    sqlx::query_as!(
+        Watch,
+        r#"SELECT id AS "id: WatchId", item_code, triggers AS "triggers: Json<Vec<Trigger>>",
+                  channel AS "channel: Channel", paused, reference_price, withdraw, created_at,
+                  updated_at
+           FROM watches
+           WHERE device_id = $1 AND removed_at IS NULL AND ($2::uuid IS NULL OR id > $2)
+           ORDER BY id LIMIT $3"#,
+        device.0,
+        after.map(|a| a.0),
+        limit
+    )
     .fetch_all(pool)
     .await
 }
@@ -85,11 +85,15 @@ pub async fn get(
     id: WatchId,
     device: DeviceId,
 ) -> Result<Option<Watch>, sqlx::Error> {
-    sqlx::query_as(&format!(
-        "SELECT {WATCH_COLUMNS} FROM watches WHERE id = $1 AND device_id = $2 AND removed_at IS NULL"
-    ))
-    .bind(id)
-    .bind(device)
+    sqlx::query_as!(
+        Watch,
+        r#"SELECT id AS "id: WatchId", item_code, triggers AS "triggers: Json<Vec<Trigger>>",
+                  channel AS "channel: Channel", paused, reference_price, withdraw, created_at,
+                  updated_at
+           FROM watches WHERE id = $1 AND device_id = $2 AND removed_at IS NULL"#,
+        id.0,
+        device.0
+    )
     .fetch_optional(pool)
     .await
 }
@@ -101,14 +105,17 @@ pub async fn set_paused_for_device(
     device: DeviceId,
     paused: bool,
 ) -> Result<Option<Watch>, sqlx::Error> {
-    sqlx::query_as(&format!(
-        "UPDATE watches SET paused = $3, updated_at = now()
-         WHERE id = $1 AND device_id = $2 AND removed_at IS NULL
-         RETURNING {WATCH_COLUMNS}"
-    ))
-    .bind(id)
-    .bind(device)
-    .bind(paused)
+    sqlx::query_as!(
+        Watch,
+        r#"UPDATE watches SET paused = $3, updated_at = now()
+           WHERE id = $1 AND device_id = $2 AND removed_at IS NULL
+           RETURNING id AS "id: WatchId", item_code, triggers AS "triggers: Json<Vec<Trigger>>",
+                     channel AS "channel: Channel", paused, reference_price, withdraw,
+                     created_at, updated_at"#,
+        id.0,
+        device.0,
+        paused
+    )
     .fetch_optional(pool)
     .await
 }
@@ -116,15 +123,15 @@ pub async fn set_paused_for_device(
 /// Soft-deletes live watch `id` of device `device` and gives its slot back under the device's
 /// limit, in one statement; false if it has no such watch.
 pub async fn remove(pool: &PgPool, id: WatchId, device: DeviceId) -> Result<bool, sqlx::Error> {
-    let removed: Option<i64> = sqlx::query_scalar(
+    let removed = sqlx::query_scalar!(
         "WITH w AS (UPDATE watches SET removed_at = now(), updated_at = now()
                     WHERE id = $1 AND device_id = $2 AND removed_at IS NULL RETURNING device_id),
               d AS (UPDATE devices SET watch_count = watch_count - 1
                     WHERE id IN (SELECT device_id FROM w) RETURNING id)
          SELECT count(*) FROM d HAVING count(*) > 0",
+        id.0,
+        device.0
     )
-    .bind(id)
-    .bind(device)
     .fetch_optional(pool)
     .await?;
     Ok(removed.is_some())
@@ -132,20 +139,20 @@ pub async fn remove(pool: &PgPool, id: WatchId, device: DeviceId) -> Result<bool
 
 /// Whether watch `id` of device `device` is gone (deleted, or never its).
 pub async fn is_removed(pool: &PgPool, id: WatchId, device: DeviceId) -> Result<bool, sqlx::Error> {
-    let removed: Option<bool> = sqlx::query_scalar(
-        "SELECT removed_at IS NOT NULL FROM watches WHERE id = $1 AND device_id = $2",
+    let removed = sqlx::query_scalar!(
+        r#"SELECT removed_at IS NOT NULL AS "removed!" FROM watches
+           WHERE id = $1 AND device_id = $2"#,
+        id.0,
+        device.0
     )
-    .bind(id)
-    .bind(device)
     .fetch_optional(pool)
     .await?;
     Ok(removed.unwrap_or(true))
 }
 
 /// A watch as operators see it, removed or not.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct Inspected {
-    #[sqlx(flatten)]
     pub watch: Watch,
     pub device_id: DeviceId,
     pub removed_at: Option<DateTime<Utc>>,
@@ -153,21 +160,39 @@ pub struct Inspected {
 
 /// Watch `id` as operators see it.
 pub async fn inspect(pool: &PgPool, id: WatchId) -> Result<Option<Inspected>, sqlx::Error> {
-    sqlx::query_as(&format!(
-        "SELECT {WATCH_COLUMNS}, device_id, removed_at FROM watches WHERE id = $1"
-    ))
-    .bind(id)
+    let row = sqlx::query!(
+        r#"SELECT id AS "id: WatchId", item_code, triggers AS "triggers: Json<Vec<Trigger>>",
+                  channel AS "channel: Channel", paused, reference_price, withdraw, created_at,
+                  updated_at, device_id AS "device_id: DeviceId", removed_at
+           FROM watches WHERE id = $1"#,
+        id.0
+    )
     .fetch_optional(pool)
-    .await
+    .await?;
+    Ok(row.map(|r| Inspected {
+        watch: Watch {
+            id: r.id,
+            item_code: r.item_code,
+            triggers: r.triggers,
+            channel: r.channel,
+            paused: r.paused,
+            reference_price: r.reference_price,
+            withdraw: r.withdraw,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        },
+        device_id: r.device_id,
+        removed_at: r.removed_at,
+    }))
 }
 
 /// Pauses or resumes watch `id` for an operator; false if it was already so (or is absent).
 pub async fn set_paused(pool: &PgPool, id: WatchId, paused: bool) -> Result<bool, sqlx::Error> {
-    let changed = sqlx::query(
+    let changed = sqlx::query!(
         "UPDATE watches SET paused = $2, updated_at = now() WHERE id = $1 AND paused <> $2",
+        id.0,
+        paused
     )
-    .bind(id)
-    .bind(paused)
     .execute(pool)
     .await?
     .rows_affected();
@@ -179,10 +204,12 @@ pub async fn owners(
     pool: &PgPool,
     ids: &[WatchId],
 ) -> Result<std::collections::HashMap<WatchId, DeviceId>, sqlx::Error> {
-    let rows: Vec<(WatchId, DeviceId)> =
-        sqlx::query_as("SELECT id, device_id FROM watches WHERE id = ANY($1)")
-            .bind(ids)
-            .fetch_all(pool)
-            .await?;
-    Ok(rows.into_iter().collect())
+    let rows = sqlx::query!(
+        r#"SELECT id AS "id: WatchId", device_id AS "device_id: DeviceId"
+           FROM watches WHERE id = ANY($1)"#,
+        ids as _
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.id, r.device_id)).collect())
 }
