@@ -77,41 +77,28 @@ pub async fn lock(
     days: Option<&[NaiveDate]>,
 ) -> Result<Vec<Locked>, sqlx::Error> {
     // Two statements rather than one with `$2 IS NULL OR …`, which Postgres cannot prune by.
+    macro_rules! lock_where {
+        ($condition:tt $(, $arg:expr)*) => {
+            sqlx::query!(
+                r#"SELECT id AS "id: OutboxId", dedup_day, status AS "status: Status", attempt,
+                          retry_count, watch_id AS "watch_id: WatchId", trigger,
+                          channel AS "channel: Channel",
+                          sent_value AS "sent_value: Json<Observation>",
+                          subscription_id AS "subscription_id: SubscriptionId", detected_at,
+                          traceparent, baseline_price, baseline_reference, baseline_in_stock,
+                          (payload->>'valid_until')::timestamptz AS valid_until
+                   FROM outbox WHERE id = ANY($1) "# + $condition + " ORDER BY id FOR UPDATE"
+                $(, $arg)*
+            )
+            .fetch_all(conn)
+            .await?
+            .into_iter()
+            .map(|r| Ok(locked!(r)))
+            .collect()
+        };
+    }
     match days {
-        Some(days) => sqlx::query!(
-            r#"SELECT id AS "id: OutboxId", dedup_day, status AS "status: Status", attempt,
-                      retry_count, watch_id AS "watch_id: WatchId", trigger,
-                      channel AS "channel: Channel",
-                      sent_value AS "sent_value: Json<Observation>",
-                      subscription_id AS "subscription_id: SubscriptionId", detected_at,
-                      traceparent, baseline_price, baseline_reference, baseline_in_stock,
-                      (payload->>'valid_until')::timestamptz AS valid_until
-               FROM outbox WHERE id = ANY($1) AND dedup_day = ANY($2)
-               ORDER BY id FOR UPDATE"#,
-            ids as _,
-            days
-        )
-        .fetch_all(conn)
-        .await?
-        .into_iter()
-        .map(|r| Ok(locked!(r)))
-        .collect(),
-        None => sqlx::query!(
-            r#"SELECT id AS "id: OutboxId", dedup_day, status AS "status: Status", attempt,
-                      retry_count, watch_id AS "watch_id: WatchId", trigger,
-                      channel AS "channel: Channel",
-                      sent_value AS "sent_value: Json<Observation>",
-                      subscription_id AS "subscription_id: SubscriptionId", detected_at,
-                      traceparent, baseline_price, baseline_reference, baseline_in_stock,
-                      (payload->>'valid_until')::timestamptz AS valid_until
-               FROM outbox WHERE id = ANY($1)
-               ORDER BY id FOR UPDATE"#,
-            ids as _
-        )
-        .fetch_all(conn)
-        .await?
-        .into_iter()
-        .map(|r| Ok(locked!(r)))
-        .collect(),
+        Some(days) => lock_where!("AND dedup_day = ANY($2)", ids as _, days),
+        None => lock_where!("", ids as _),
     }
 }

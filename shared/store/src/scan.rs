@@ -35,10 +35,41 @@ pub struct ScannedWatch {
     pub active: bool,
 }
 
-// The statements below spell out the columns of a `ScannedWatch` (with its device's time zone
-// and whether it is active), a `BaselineRow`, and the shard condition on `w.id`: the shard
-// count and index are bound, and a watch is in shard `index` of `count` when the last two
-// bytes of its id, as a number, leave `index` divided by `count`.
+/// `query_as!` of the [`ScannedWatch`]es `$condition` picks in the shard (`$count`, `$index`:
+/// the parameters that bind it), then `$tail`. A watch is in shard `index` of `count` when the
+/// last two bytes of its id, as a number, leave `index` divided by `count`. (The compile-time
+/// check reads only string literals, joined with `+`.)
+macro_rules! scanned_watches {
+    ($condition:tt, $count:tt, $index:tt, $tail:tt $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            ScannedWatch,
+            r#"SELECT w.id AS "id: WatchId", w.device_id AS "device_id: DeviceId", w.item_code,
+                      w.triggers AS "triggers: Json<Vec<Trigger>>", w.channel, w.reference_price,
+                      d.time_zone, w.last_in_stock, w.withdraw,
+                      (w.removed_at IS NULL AND NOT w.paused AND d.removed_at IS NULL)
+                          AS "active!"
+               FROM watches w JOIN devices d ON d.id = w.device_id
+               WHERE "# + $condition + " AND (" + $count + "::int = 1
+                    OR ((get_byte(uuid_send(w.id), 14) * 256 + get_byte(uuid_send(w.id), 15)) % "
+                + $count + "::int) = " + $index + "::int) " + $tail
+            $(, $arg)*
+        )
+    };
+}
+
+/// `query_as!` of the [`BaselineRow`]s `$condition` picks.
+macro_rules! baseline_rows {
+    ($condition:tt $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            BaselineRow,
+            r#"SELECT watch_id AS "watch_id: WatchId", trigger, price, in_stock, sent_at,
+                      outbox_id AS "outbox_id: OutboxId", dedup_day, observed_at, valid_until,
+                      decided_price, decided_reference, decided_in_stock
+               FROM baselines WHERE "# + $condition
+            $(, $arg)*
+        )
+    };
+}
 
 /// One read, in one read-only repeatable-read snapshot.
 pub struct Snapshot {
@@ -71,21 +102,12 @@ impl Snapshot {
         after: (&str, WatchId),
         limit: i64,
     ) -> Result<Vec<ScannedWatch>, sqlx::Error> {
-        sqlx::query_as!(
-            ScannedWatch,
-            r#"SELECT w.id AS "id: WatchId", w.device_id AS "device_id: DeviceId", w.item_code,
-                      w.triggers AS "triggers: Json<Vec<Trigger>>", w.channel, w.reference_price,
-                      d.time_zone, w.last_in_stock, w.withdraw,
-                      (w.removed_at IS NULL AND NOT w.paused AND d.removed_at IS NULL)
-                          AS "active!"
-               FROM watches w JOIN devices d ON d.id = w.device_id
-               WHERE w.removed_at IS NULL AND NOT w.paused AND d.removed_at IS NULL
-                 AND (w.item_code, w.id) > ($1, $2)
-                 AND ($4::int = 1
-                      OR ((get_byte(uuid_send(w.id), 14) * 256
-                           + get_byte(uuid_send(w.id), 15)) % $4::int) = $5::int)
-               ORDER BY w.item_code, w.id
-               LIMIT $3"#,
+        scanned_watches!(
+            "w.removed_at IS NULL AND NOT w.paused AND d.removed_at IS NULL
+             AND (w.item_code, w.id) > ($1, $2)",
+            "$4",
+            "$5",
+            "ORDER BY w.item_code, w.id LIMIT $3",
             after.0,
             after.1.0,
             limit,
@@ -102,18 +124,11 @@ impl Snapshot {
         shard: Shard,
         since: &str,
     ) -> Result<Vec<ScannedWatch>, sqlx::Error> {
-        sqlx::query_as!(
-            ScannedWatch,
-            r#"SELECT w.id AS "id: WatchId", w.device_id AS "device_id: DeviceId", w.item_code,
-                      w.triggers AS "triggers: Json<Vec<Trigger>>", w.channel, w.reference_price,
-                      d.time_zone, w.last_in_stock, w.withdraw,
-                      (w.removed_at IS NULL AND NOT w.paused AND d.removed_at IS NULL)
-                          AS "active!"
-               FROM watches w JOIN devices d ON d.id = w.device_id
-               WHERE w.changed_xid >= $1::text::xid8
-                 AND ($2::int = 1
-                      OR ((get_byte(uuid_send(w.id), 14) * 256
-                           + get_byte(uuid_send(w.id), 15)) % $2::int) = $3::int)"#,
+        scanned_watches!(
+            "w.changed_xid >= $1::text::xid8",
+            "$2",
+            "$3",
+            "",
             since,
             shard.count,
             shard.index
@@ -124,16 +139,9 @@ impl Snapshot {
 
     /// The baselines of watches `ids`.
     pub async fn baselines_of(&mut self, ids: &[WatchId]) -> Result<Vec<BaselineRow>, sqlx::Error> {
-        sqlx::query_as!(
-            BaselineRow,
-            r#"SELECT watch_id AS "watch_id: WatchId", trigger, price, in_stock, sent_at,
-                      outbox_id AS "outbox_id: OutboxId", dedup_day, observed_at, valid_until,
-                      decided_price, decided_reference, decided_in_stock
-               FROM baselines WHERE watch_id = ANY($1)"#,
-            ids as _
-        )
-        .fetch_all(&mut *self.tx)
-        .await
+        baseline_rows!("watch_id = ANY($1)", ids as _)
+            .fetch_all(&mut *self.tx)
+            .await
     }
 
     /// The baselines written since snapshot `since` read.
@@ -141,16 +149,9 @@ impl Snapshot {
         &mut self,
         since: &str,
     ) -> Result<Vec<BaselineRow>, sqlx::Error> {
-        sqlx::query_as!(
-            BaselineRow,
-            r#"SELECT watch_id AS "watch_id: WatchId", trigger, price, in_stock, sent_at,
-                      outbox_id AS "outbox_id: OutboxId", dedup_day, observed_at, valid_until,
-                      decided_price, decided_reference, decided_in_stock
-               FROM baselines WHERE changed_xid >= $1::text::xid8"#,
-            since
-        )
-        .fetch_all(&mut *self.tx)
-        .await
+        baseline_rows!("changed_xid >= $1::text::xid8", since)
+            .fetch_all(&mut *self.tx)
+            .await
     }
 
     pub async fn commit(self) -> Result<(), sqlx::Error> {

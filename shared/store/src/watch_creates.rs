@@ -74,17 +74,16 @@ pub async fn for_device(
     new: &NewWatch,
     max_watches: i32,
 ) -> Result<Option<Watch>, sqlx::Error> {
-    sqlx::query_as!(
-        Watch,
-        r#"WITH dev AS (
-               UPDATE devices SET watch_count = watch_count + 1
-               WHERE id = $2 AND removed_at IS NULL AND watch_count < $5
-               RETURNING id, channel)
-           INSERT INTO watches (id, device_id, item_code, triggers, channel, withdraw)
-           SELECT $1, dev.id, $3, $4, dev.channel, $6 FROM dev
-           RETURNING id AS "id: WatchId", item_code, triggers AS "triggers: Json<Vec<Trigger>>",
-                     channel AS "channel: Channel", paused, reference_price, withdraw,
-                     created_at, updated_at"#,
+    crate::watches::watch_query!(
+        query_as Watch;
+        "WITH dev AS (
+             UPDATE devices SET watch_count = watch_count + 1
+             WHERE id = $2 AND removed_at IS NULL AND watch_count < $5
+             RETURNING id, channel)
+         INSERT INTO watches (id, device_id, item_code, triggers, channel, withdraw)
+         SELECT $1, dev.id, $3, $4, dev.channel, $6 FROM dev
+         RETURNING",
+        "",
         id.0,
         device.0,
         new.item.as_str(),

@@ -56,6 +56,25 @@ pub struct Watch {
     pub updated_at: DateTime<Utc>,
 }
 
+/// `sqlx::query_as!` (`query_as Watch`) or `sqlx::query!` (`query`) of `$head`, the columns of
+/// a [`Watch`] typed as it reads them, then `$tail`. The compile-time check reads only string
+/// literals (joined with `+`), so the columns are written once here rather than in a constant.
+macro_rules! watch_query {
+    ($kind:ident $($ty:ident)?; $head:tt, $tail:tt $(, $arg:expr)* $(,)?) => {
+        sqlx::$kind!(
+            $($ty,)?
+            $head
+                + r#" id AS "id: WatchId", item_code, triggers AS "triggers: Json<Vec<Trigger>>",
+                      channel AS "channel: Channel", paused, reference_price, withdraw,
+                      created_at, updated_at "#
+                + $tail
+            $(, $arg)*
+        )
+    };
+}
+
+pub(crate) use watch_query;
+
 /// Device `device`'s live watches after `after`, in id order, at most `limit`.
 pub async fn list(
     pool: &PgPool,
@@ -63,14 +82,12 @@ pub async fn list(
     after: Option<WatchId>,
     limit: i64,
 ) -> Result<Vec<Watch>, sqlx::Error> {
-    sqlx::query_as!(
-        Watch,
-        r#"SELECT id AS "id: WatchId", item_code, triggers AS "triggers: Json<Vec<Trigger>>",
-                  channel AS "channel: Channel", paused, reference_price, withdraw, created_at,
-                  updated_at
-           FROM watches
-           WHERE device_id = $1 AND removed_at IS NULL AND ($2::uuid IS NULL OR id > $2)
-           ORDER BY id LIMIT $3"#,
+    watch_query!(
+        query_as Watch;
+        "SELECT",
+        "FROM watches
+         WHERE device_id = $1 AND removed_at IS NULL AND ($2::uuid IS NULL OR id > $2)
+         ORDER BY id LIMIT $3",
         device.0,
         after.map(|a| a.0),
         limit
@@ -85,12 +102,10 @@ pub async fn get(
     id: WatchId,
     device: DeviceId,
 ) -> Result<Option<Watch>, sqlx::Error> {
-    sqlx::query_as!(
-        Watch,
-        r#"SELECT id AS "id: WatchId", item_code, triggers AS "triggers: Json<Vec<Trigger>>",
-                  channel AS "channel: Channel", paused, reference_price, withdraw, created_at,
-                  updated_at
-           FROM watches WHERE id = $1 AND device_id = $2 AND removed_at IS NULL"#,
+    watch_query!(
+        query_as Watch;
+        "SELECT",
+        "FROM watches WHERE id = $1 AND device_id = $2 AND removed_at IS NULL",
         id.0,
         device.0
     )
@@ -105,13 +120,12 @@ pub async fn set_paused_for_device(
     device: DeviceId,
     paused: bool,
 ) -> Result<Option<Watch>, sqlx::Error> {
-    sqlx::query_as!(
-        Watch,
-        r#"UPDATE watches SET paused = $3, updated_at = now()
-           WHERE id = $1 AND device_id = $2 AND removed_at IS NULL
-           RETURNING id AS "id: WatchId", item_code, triggers AS "triggers: Json<Vec<Trigger>>",
-                     channel AS "channel: Channel", paused, reference_price, withdraw,
-                     created_at, updated_at"#,
+    watch_query!(
+        query_as Watch;
+        "UPDATE watches SET paused = $3, updated_at = now()
+         WHERE id = $1 AND device_id = $2 AND removed_at IS NULL
+         RETURNING",
+        "",
         id.0,
         device.0,
         paused
@@ -160,11 +174,10 @@ pub struct Inspected {
 
 /// Watch `id` as operators see it.
 pub async fn inspect(pool: &PgPool, id: WatchId) -> Result<Option<Inspected>, sqlx::Error> {
-    let row = sqlx::query!(
-        r#"SELECT id AS "id: WatchId", item_code, triggers AS "triggers: Json<Vec<Trigger>>",
-                  channel AS "channel: Channel", paused, reference_price, withdraw, created_at,
-                  updated_at, device_id AS "device_id: DeviceId", removed_at
-           FROM watches WHERE id = $1"#,
+    let row = watch_query!(
+        query;
+        "SELECT",
+        r#", device_id AS "device_id: DeviceId", removed_at FROM watches WHERE id = $1"#,
         id.0
     )
     .fetch_optional(pool)
