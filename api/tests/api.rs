@@ -4,20 +4,20 @@
 // Test code: a failed unwrap is a failed test, which is what we want.
 #![allow(clippy::unwrap_used)]
 
+#[path = "support/server.rs"]
+mod server;
+
 use chrono::Utc;
 use reqwest::{Method, Response};
 use serde_json::{Value, json};
+use server::{ADMIN_TOKEN, ApiServer, VAPID_PUBLIC, browser_subscription, test_settings};
 use std::collections::{BTreeMap, BTreeSet};
 use tidings_api::Settings;
 use tidings_domain::trigger::Trigger;
 use tidings_domain::{DeviceId, WatchId};
-use tidings_tests::api::{
-    ADMIN_TOKEN, ApiServer, VAPID_PUBLIC, browser_subscription, test_settings,
-};
-use tidings_tests::fixtures::{self, Device, Inserted};
-use tidings_tests::harness::{TestDb, tool};
-use tidings_tests::scenario::Scenario;
-use tidings_tests::services::cli;
+use tidings_testkit::binaries::cli;
+use tidings_testkit::fixtures::{self, Device, Inserted};
+use tidings_testkit::harness::{TestDb, tool};
 use tidings_webpush::endpoint::EndpointPolicy;
 use uuid::Uuid;
 
@@ -107,15 +107,15 @@ async fn walk_row(db: &sqlx::PgPool, id: Uuid, steps: &[&str]) {
 
 #[tokio::test]
 async fn history_says_may_have_been_delivered_when_an_attempt_timed_out_before_a_drop() {
-    let s = Scenario::new().await;
-    let api = ApiServer::start(s.db.pool.clone(), test_settings()).await;
+    let db = TestDb::new().await.unwrap();
+    let api = ApiServer::start(db.pool.clone(), test_settings()).await;
     let (device, token) = api.register().await;
     let mut watches = Vec::new();
     for item in ["SKU-1", "SKU-2", "SKU-3"] {
         let w = create_watch(&api, &token, item, json!([below(1200)])).await;
         watches.push(w["id"].as_str().unwrap().to_owned());
     }
-    let db = &s.db.pool;
+    let db = &db.pool;
     use tidings_domain::outbox::{DropReason, Event};
     use tidings_testkit::walk::walk;
     let lost = Event::Withheld(DropReason::ConditionLost);
@@ -160,8 +160,8 @@ async fn history_says_may_have_been_delivered_when_an_attempt_timed_out_before_a
 
 #[tokio::test]
 async fn a_client_registers_watches_pauses_reads_history_and_leaves() {
-    let s = Scenario::new().await;
-    let api = ApiServer::start(s.db.pool.clone(), test_settings()).await;
+    let db = TestDb::new().await.unwrap();
+    let api = ApiServer::start(db.pool.clone(), test_settings()).await;
 
     let key = json(api.get("/v1/vapid-public-key", None).await).await;
     assert_eq!(key["public_key"], VAPID_PUBLIC);
@@ -170,7 +170,7 @@ async fn a_client_registers_watches_pauses_reads_history_and_leaves() {
     assert_eq!(token.len(), 43, "32 random bytes, base64url");
     let stored: Vec<u8> = sqlx::query_scalar("SELECT token_hash FROM devices WHERE id = $1::uuid")
         .bind(&device)
-        .fetch_one(&s.db.pool)
+        .fetch_one(&db.pool)
         .await
         .unwrap();
     assert_ne!(stored, token.as_bytes(), "only the hash is stored");
@@ -227,16 +227,16 @@ async fn a_client_registers_watches_pauses_reads_history_and_leaves() {
     assert_eq!(read["paused"], true);
 
     // History: a withheld row and a pending one, newest first, with the reason.
-    let withheld = outbox_row(&s.db.pool, &device, &ids[0], 1100).await;
+    let withheld = outbox_row(&db.pool, &device, &ids[0], 1100).await;
     sqlx::query(
         "UPDATE outbox SET status = 'dropped', reason = 'condition_lost', finished_at = now(),
                 checked = '{\"price\": 1300}' WHERE id = $1",
     )
     .bind(withheld)
-    .execute(&s.db.pool)
+    .execute(&db.pool)
     .await
     .unwrap();
-    let pending = outbox_row(&s.db.pool, &device, &ids[1], 1000).await;
+    let pending = outbox_row(&db.pool, &device, &ids[1], 1000).await;
     let history = json(api.get("/v1/notifications", Some(&token)).await).await;
     let items = history["items"].as_array().unwrap();
     assert_eq!(items.len(), 2);
@@ -253,7 +253,7 @@ async fn a_client_registers_watches_pauses_reads_history_and_leaves() {
         "SELECT min(to_date(substr(c.relname, 8), 'YYYYMMDD')) FROM pg_inherits i
          JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = 'outbox'::regclass",
     )
-    .fetch_one(&s.db.pool)
+    .fetch_one(&db.pool)
     .await
     .unwrap();
     assert_eq!(history["kept_from"], oldest.to_string());
@@ -264,36 +264,26 @@ async fn a_client_registers_watches_pauses_reads_history_and_leaves() {
     .await;
     assert_eq!(dropped_only["items"].as_array().unwrap().len(), 1);
 
-    // Leaving: the token stops working, watches and subscription go, the pending row is dropped
-    // by the dispatcher's pre-guard.
+    // Leaving: the token stops working, watches and subscription go.
     let r = api
         .call(Method::DELETE, "/v1/devices/me", Some(&token))
         .await;
     assert_eq!(r.status(), 204);
     problem(api.get("/v1/watches", Some(&token)).await, 401).await;
-    s.db.assert_count("SELECT count(*) FROM watches WHERE removed_at IS NULL", 0)
+    db.assert_count("SELECT count(*) FROM watches WHERE removed_at IS NULL", 0)
         .await;
-    s.db.assert_count("SELECT count(*) FROM push_subscriptions WHERE active", 0)
+    db.assert_count("SELECT count(*) FROM push_subscriptions WHERE active", 0)
         .await;
-    sqlx::query("UPDATE watches SET paused = false")
-        .execute(&s.db.pool)
-        .await
-        .unwrap();
-    assert_eq!(s.dispatcher().dispatch_once().await.unwrap().dropped, 1);
-    let reason: String = sqlx::query_scalar("SELECT reason FROM outbox WHERE id = $1")
-        .bind(pending)
-        .fetch_one(&s.db.pool)
-        .await
-        .unwrap();
-    assert_eq!(reason, "watch_removed");
-    assert_eq!(
-        s.catalog.requests(),
-        (0, 0),
-        "no source call for a removed watch"
-    );
+    // Its pending row stays as it is: the dispatcher's pre-guard drops it as `watch_removed`
+    // (the dispatcher's tests: pre_guards_drop_paused_and_removed_watches_…).
+    let (_, status) =
+        tidings_store::history::status_of(&db.pool, tidings_domain::OutboxId(pending))
+            .await
+            .unwrap()
+            .unwrap();
+    assert_eq!(status, tidings_domain::outbox::Status::Pending);
 
     api.stop().await;
-    s.cleanup().await;
 }
 
 #[tokio::test]
@@ -1693,7 +1683,7 @@ async fn the_openapi_document_is_valid_3_1_and_matches_the_router() {
 
     let file = std::env::temp_dir().join(format!("tidings-openapi-{}.json", Uuid::new_v4()));
     std::fs::write(&file, doc.to_string()).unwrap();
-    tidings_tests::harness::succeeds(
+    tidings_testkit::harness::succeeds(
         std::process::Command::new(tool("openapi-spec-validator").unwrap())
             .args(["--schema", "3.1"])
             .arg(&file),
@@ -2440,13 +2430,13 @@ async fn reseal_seals_every_webhook_secret_under_the_first_key() {
     assert_eq!(before.len(), 3);
 
     let reseal = |keys: &str| {
-        let mut command = std::process::Command::new(tidings_tests::services::binary("api"));
+        let mut command = std::process::Command::new(tidings_testkit::binaries::binary("api"));
         command
             .arg("reseal")
             // As the api's own login, as an operator runs it in an api pod.
             .env(
                 "DATABASE_URL",
-                tidings_tests::harness::login_url(&db.url, "api"),
+                tidings_testkit::harness::login_url(&db.url, "api"),
             )
             .env("TIDINGS_WEBHOOK_SECRET_KEYS", keys);
         command
@@ -2468,7 +2458,7 @@ async fn reseal_seals_every_webhook_secret_under_the_first_key() {
     assert_eq!(old_sealed.len(), 2);
     assert!(old_sealed.iter().all(|s| partly.contains(*s)), "{partly:?}");
 
-    tidings_tests::harness::succeeds(&mut reseal(&format!("{NEW}\n{OLD}")), "reseal");
+    tidings_testkit::harness::succeeds(&mut reseal(&format!("{NEW}\n{OLD}")), "reseal");
     let new = SecretKeys::parse(NEW).unwrap();
     let after = stored().await;
     assert!(
@@ -2482,7 +2472,7 @@ async fn reseal_seals_every_webhook_secret_under_the_first_key() {
         opened, given,
         "each opens, with NEW alone, to what its client holds"
     );
-    tidings_tests::harness::succeeds(&mut reseal(&format!("{NEW}\n{OLD}")), "reseal again");
+    tidings_testkit::harness::succeeds(&mut reseal(&format!("{NEW}\n{OLD}")), "reseal again");
     assert_eq!(stored().await, after, "nothing left to seal");
 
     // Doctor, with NEW alone: every secret opens, sealed under the first key; had it OLD

@@ -5,6 +5,9 @@
 // Test code: a failed unwrap is a failed test, which is what we want.
 #![allow(clippy::unwrap_used)]
 
+#[path = "support/server.rs"]
+mod server;
+
 use reqwest::Method;
 use reqwest::header::{
     ACCESS_CONTROL_ALLOW_HEADERS, ACCESS_CONTROL_ALLOW_METHODS, ACCESS_CONTROL_ALLOW_ORIGIN,
@@ -12,10 +15,10 @@ use reqwest::header::{
     ORIGIN, VARY,
 };
 use serde_json::Value;
+use server::test_settings;
 use tidings_api::Settings;
 use tidings_api::cors::Origins;
-use tidings_tests::api::test_settings;
-use tidings_tests::harness::{TestDb, serve};
+use tidings_testkit::harness::{TestDb, serve};
 use tokio_util::sync::CancellationToken;
 
 const SHOP: &str = "https://shop.example";

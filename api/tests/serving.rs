@@ -4,10 +4,13 @@
 // Test code: a failed unwrap is a failed test, which is what we want.
 #![allow(clippy::unwrap_used)]
 
+#[path = "support/server.rs"]
+mod server;
+
+use server::{ADMIN_TOKEN, ApiClient, test_settings};
 use std::time::{Duration, Instant};
 use tidings_api::Listeners;
-use tidings_tests::api::{ADMIN_TOKEN, ApiClient, test_settings};
-use tidings_tests::harness::TestDb;
+use tidings_testkit::harness::TestDb;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -182,7 +185,7 @@ async fn the_public_readyz_answers_without_a_query_and_without_a_reason() {
     shutdown.cancel();
 
     // A database that is not there.
-    let port = tidings_tests::brokers::free_port().unwrap();
+    let port = tidings_testkit::brokers::free_port().unwrap();
     let gone =
         tidings_store::postgres(&format!("postgres://tidings@127.0.0.1:{port}/gone"), 1).unwrap();
     let (public, ops_gone, shutdown) = serving(gone).await;

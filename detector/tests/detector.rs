@@ -5,18 +5,18 @@
 
 use chrono::{Duration as ChronoDuration, TimeZone, Utc};
 use std::time::Duration;
-use tidings_bus::consume::Handler;
 use tidings_bus::streams::{StreamSettings, ensure_streams};
 use tidings_detector::Settings;
 use tidings_detector::hold::{Gate, Hold};
 use tidings_detector::scan::Detector;
+use tidings_domain::messages::EnqueueRequest;
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
 use tidings_source::Sources;
-use tidings_tests::fake_catalog::{Behavior, Item};
-use tidings_tests::scenario::Scenario;
+use tidings_testkit::fake_catalog::{Behavior, Item};
+use tidings_testkit::world::World;
 
-fn detector(s: &Scenario, shard_index: u32, shard_count: u32) -> Detector {
+fn detector(s: &World, shard_index: u32, shard_count: u32) -> Detector {
     let mut source = s.catalog.source_config(true);
     source.set_timeout(Duration::from_millis(500));
     let mut settings = Settings::new(s.subjects.clone(), source);
@@ -30,7 +30,7 @@ fn detector(s: &Scenario, shard_index: u32, shard_count: u32) -> Detector {
 
 #[tokio::test]
 async fn a_price_below_threshold_is_enqueued_once_a_day() {
-    let s = Scenario::new().await;
+    let s = World::new().await;
     s.watcher("SKU-1", Trigger::PriceBelow { threshold: 1200 }, 1100)
         .await;
     let d = detector(&s, 0, 1);
@@ -90,7 +90,7 @@ async fn a_price_below_threshold_is_enqueued_once_a_day() {
 /// same scan) they are that message again, which JetStream's duplicate window drops.
 #[tokio::test]
 async fn triggers_found_together_are_one_message_and_their_republish_a_duplicate() {
-    let s = Scenario::new().await;
+    let s = World::new().await;
     for threshold in [1200, 1300, 1400] {
         s.watcher("SKU-1", Trigger::PriceBelow { threshold }, 1100)
             .await;
@@ -110,7 +110,7 @@ async fn triggers_found_together_are_one_message_and_their_republish_a_duplicate
 
 #[tokio::test]
 async fn price_drop_fires_at_ten_percent_and_then_needs_ten_more_after_a_send() {
-    let s = Scenario::new().await;
+    let s = World::new().await;
     let w = s
         .watcher("SKU-1", Trigger::PriceDrop { percent: 10 }, 1000)
         .await;
@@ -145,7 +145,7 @@ async fn price_drop_fires_at_ten_percent_and_then_needs_ten_more_after_a_send() 
 
 #[tokio::test]
 async fn price_drop_without_a_reference_measures_from_the_first_price_seen() {
-    let s = Scenario::new().await;
+    let s = World::new().await;
     let w = s
         .watcher("SKU-1", Trigger::PriceDrop { percent: 10 }, 1000)
         .await;
@@ -182,7 +182,7 @@ async fn price_drop_without_a_reference_measures_from_the_first_price_seen() {
 /// reference price recorded in the same scan gets both, and a reference already set stays.
 #[tokio::test]
 async fn one_scan_records_a_watch_s_stock_state_and_first_price_together() {
-    let s = Scenario::new().await;
+    let s = World::new().await;
     let w = s.watcher("SKU-1", Trigger::BackInStock, 1000).await;
     let kept = s
         .watcher("SKU-1", Trigger::PriceDrop { percent: 10 }, 1000)
@@ -221,7 +221,7 @@ async fn one_scan_records_a_watch_s_stock_state_and_first_price_together() {
 
 #[tokio::test]
 async fn back_in_stock_fires_on_the_out_to_in_transition_only() {
-    let s = Scenario::new().await;
+    let s = World::new().await;
     s.watcher("SKU-1", Trigger::BackInStock, 1000).await;
     let d = detector(&s, 0, 1);
     let t = Utc.with_ymd_and_hms(2026, 11, 30, 9, 0, 0).unwrap();
@@ -248,7 +248,7 @@ async fn back_in_stock_fires_on_the_out_to_in_transition_only() {
 
 #[tokio::test]
 async fn a_failing_item_does_not_stop_the_others() {
-    let s = Scenario::new().await;
+    let s = World::new().await;
     s.watcher("BROKEN", Trigger::PriceBelow { threshold: 1200 }, 1100)
         .await;
     s.watcher("FINE", Trigger::PriceBelow { threshold: 1200 }, 1100)
@@ -270,7 +270,7 @@ async fn a_failing_item_does_not_stop_the_others() {
 
 #[tokio::test]
 async fn two_shards_enqueue_each_holding_watch_exactly_once() {
-    let s = Scenario::new().await;
+    let s = World::new().await;
     let w = s
         .watcher("SKU-0", Trigger::PriceBelow { threshold: 1200 }, 1100)
         .await;
@@ -314,7 +314,7 @@ async fn two_shards_enqueue_each_holding_watch_exactly_once() {
 
 #[tokio::test]
 async fn each_item_is_fetched_once_per_scan_even_across_pages() {
-    let s = Scenario::new().await;
+    let s = World::new().await;
     let w = s
         .watcher("ITEM-0", Trigger::PriceBelow { threshold: 1200 }, 1100)
         .await;
@@ -347,7 +347,7 @@ async fn each_item_is_fetched_once_per_scan_even_across_pages() {
 
 #[tokio::test]
 async fn stock_state_is_kept_only_where_back_in_stock_needs_it() {
-    let s = Scenario::new().await;
+    let s = World::new().await;
     let price = s
         .watcher("SKU-1", Trigger::PriceBelow { threshold: 1200 }, 1100)
         .await;
@@ -374,7 +374,7 @@ async fn stock_state_is_kept_only_where_back_in_stock_needs_it() {
 
 #[tokio::test]
 async fn a_dry_run_publishes_and_writes_nothing() {
-    let s = Scenario::new().await;
+    let s = World::new().await;
     let w = s.watcher("SKU-1", Trigger::BackInStock, 1100).await;
     sqlx::query("UPDATE watches SET last_in_stock = false WHERE id = $1")
         .bind(w.watch)
@@ -407,7 +407,7 @@ async fn a_dry_run_publishes_and_writes_nothing() {
 
 #[tokio::test]
 async fn later_scans_read_only_what_changed_and_see_every_change() {
-    let s = Scenario::new().await;
+    let s = World::new().await;
     let below = Trigger::PriceBelow { threshold: 1200 };
     let a = s.watcher("SKU-1", below.clone(), 1300).await;
     let b = s.watcher("SKU-2", below.clone(), 1300).await;
@@ -509,7 +509,7 @@ async fn later_scans_read_only_what_changed_and_see_every_change() {
 
 #[tokio::test]
 async fn a_change_committed_after_a_later_one_was_read_is_still_seen() {
-    let s = Scenario::new().await;
+    let s = World::new().await;
     let a = s
         .watcher("SKU-1", Trigger::PriceBelow { threshold: 1200 }, 1300)
         .await;
@@ -544,7 +544,7 @@ async fn a_change_committed_after_a_later_one_was_read_is_still_seen() {
 
 #[tokio::test]
 async fn a_trigger_whose_enqueue_request_was_lost_is_published_again() {
-    let s = Scenario::new().await;
+    let s = World::new().await;
     s.watcher("SKU-1", Trigger::PriceBelow { threshold: 1200 }, 1100)
         .await;
     let d = detector(&s, 0, 1);
@@ -578,7 +578,7 @@ async fn a_trigger_whose_enqueue_request_was_lost_is_published_again() {
 /// removal already took it out of the watchlist, and the scans after the purge go on.
 #[tokio::test]
 async fn a_purged_watch_leaves_the_detector_running() {
-    let s = Scenario::new().await;
+    let s = World::new().await;
     let kept = s
         .watcher("SKU-1", Trigger::PriceBelow { threshold: 1200 }, 1500)
         .await;
@@ -623,7 +623,7 @@ async fn a_purged_watch_leaves_the_detector_running() {
 /// and once ingest has taken the backlog, the first scan finds what began during the wait.
 #[tokio::test]
 async fn scans_wait_while_the_enqueue_backlog_is_deep_and_then_find_what_changed() {
-    let s = Scenario::new().await;
+    let s = World::new().await;
     let filler = s
         .watcher("SKU-F", Trigger::PriceBelow { threshold: 1200 }, 1500)
         .await;
@@ -631,7 +631,7 @@ async fn scans_wait_while_the_enqueue_backlog_is_deep_and_then_find_what_changed
         .watcher("SKU-1", Trigger::PriceBelow { threshold: 1200 }, 1500)
         .await;
     // The ingest consumer exists (as once a dispatcher has started) and 30 messages wait for it.
-    let ingest = s.ingest().await;
+    let ingest = s.ingest_consumer().await;
     let t = Utc::now();
     for i in 0..30 {
         let req = s.detection(&filler, 1100 - i, t);
@@ -653,19 +653,21 @@ async fn scans_wait_while_the_enqueue_backlog_is_deep_and_then_find_what_changed
     assert_eq!(enqueued.len(), 30, "held: nothing published");
     assert!(enqueued.iter().all(|r| r.watch_id == filler.watch));
 
-    // Ingest takes the backlog; the detector resumes and its first scan finds SKU-1 below the
-    // threshold, which ingest then stores.
-    let ingesting = tokio::spawn(ingest.run(stop.clone()));
+    // Ingest (played here) takes the backlog; the detector resumes and its first scan finds
+    // SKU-1 below the threshold and publishes it.
     let until = std::time::Instant::now() + Duration::from_secs(20);
-    while s.rows(w.watch).await.is_empty() && std::time::Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut taken = Vec::new();
+    while !taken.iter().any(|r: &EnqueueRequest| r.watch_id == w.watch)
+        && std::time::Instant::now() < until
+    {
+        taken.extend(s.take_enqueues(&ingest, Duration::from_millis(200)).await);
     }
-    let rows = s.rows(w.watch).await;
-    assert_eq!(rows.len(), 1, "found after the hold, once");
-    assert_eq!(rows[0].notification.detected_price, 1100);
+    taken.extend(s.take_enqueues(&ingest, Duration::from_millis(500)).await);
+    let found: Vec<&EnqueueRequest> = taken.iter().filter(|r| r.watch_id == w.watch).collect();
+    assert_eq!(found.len(), 1, "found after the hold, once");
+    assert_eq!(found[0].detected.price, 1100);
     stop.cancel();
     run.await.unwrap();
-    let _ = ingesting.await.unwrap();
     s.cleanup().await;
 }
 
@@ -673,7 +675,7 @@ async fn scans_wait_while_the_enqueue_backlog_is_deep_and_then_find_what_changed
 /// the scans; a scan may publish the room left under the limit; a zero limit never even looks.
 #[tokio::test]
 async fn a_backlog_that_cannot_be_read_does_not_hold_scans() {
-    let s = Scenario::new().await;
+    let s = World::new().await;
     assert!(
         s.consumer(StreamKind::Enqueue, "dispatcher-ingest")
             .await
@@ -684,7 +686,7 @@ async fn a_backlog_that_cannot_be_read_does_not_hold_scans() {
         Gate::Scan { budget: Some(5) },
         "nothing can be waiting for a consumer that does not exist"
     );
-    s.ingest().await;
+    s.ingest_consumer().await;
     let w = s
         .watcher("SKU-1", Trigger::PriceBelow { threshold: 1200 }, 1100)
         .await;
@@ -739,7 +741,7 @@ async fn a_backlog_that_cannot_be_read_does_not_hold_scans() {
 /// earlier item does not take its turn), and every trigger is published exactly once.
 #[tokio::test]
 async fn a_scan_past_its_budget_leaves_the_rest_to_the_next_which_starts_there() {
-    let s = Scenario::new().await;
+    let s = World::new().await;
     let mut watchers = Vec::new();
     for item in ["SKU-1", "SKU-2", "SKU-3", "SKU-4"] {
         watchers.push(
@@ -796,7 +798,7 @@ async fn a_scan_past_its_budget_leaves_the_rest_to_the_next_which_starts_there()
 
 #[tokio::test]
 async fn hinted_items_are_fetched_at_their_source_s_rate_and_unwatched_ones_let_go() {
-    let s = Scenario::new().await;
+    let s = World::new().await;
     let below = Trigger::PriceBelow { threshold: 1200 };
     for item in ["H1", "H2", "H3", "H4"] {
         s.watcher(item, below.clone(), 1100).await;

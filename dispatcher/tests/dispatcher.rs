@@ -5,8 +5,11 @@
 // Test code: a failed unwrap is a failed test, which is what we want.
 #![allow(clippy::unwrap_used)]
 
+#[path = "support/scenario.rs"]
+mod scenario;
+
 use chrono::{Duration as ChronoDuration, Utc};
-use reqwest::Method;
+use scenario::Scenario;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 use tidings_bus::consume::Handler as _;
@@ -21,11 +24,9 @@ use tidings_domain::outbox::Status;
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
 use tidings_domain::validity;
-use tidings_tests::api::{ADMIN_TOKEN, ApiServer, test_settings};
-use tidings_tests::brokers::PrivateNats;
-use tidings_tests::fake_catalog::{Behavior, Item};
-use tidings_tests::fixtures;
-use tidings_tests::scenario::Scenario;
+use tidings_testkit::brokers::PrivateNats;
+use tidings_testkit::fake_catalog::{Behavior, Item};
+use tidings_testkit::fixtures;
 
 const BELOW_1200: Trigger = Trigger::PriceBelow { threshold: 1200 };
 const WAIT: Duration = Duration::from_millis(300);
@@ -302,23 +303,23 @@ async fn pre_guards_drop_paused_and_removed_watches_and_inactive_subscriptions()
     s.cleanup().await;
 }
 
-/// An operator pauses a device through the api: its due rows are withheld at the re-check, as
-/// a paused watch's are, and once it is resumed its next notification is sent.
+/// An operator pauses a device (the store's operation behind `POST
+/// /v1/admin/devices/{id}/pause`): its due rows are withheld at the re-check, as a paused
+/// watch's are, and once it is resumed its next notification is sent.
 #[tokio::test]
 async fn a_paused_device_is_withheld_at_the_recheck_until_resumed() {
     let s = Scenario::new().await;
-    let api = ApiServer::start(s.db.pool.clone(), test_settings()).await;
     let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
     let other = s.watcher("SKU-2", BELOW_1200, 1100).await;
-    let pause = |verb: &'static str| {
-        let path = format!("/v1/admin/devices/{}/{verb}", w.device.id);
-        let api = &api;
+    let pause = |paused: bool| {
+        let pool = s.db.pool.clone();
+        let device = w.device.id;
         async move {
-            let r = api.call(Method::POST, &path, Some(ADMIN_TOKEN)).await;
-            assert_eq!(r.status(), 200, "{verb}");
+            let found = tidings_store::devices::set_paused(&pool, device, paused).await;
+            assert!(found.unwrap(), "pause {paused}");
         }
     };
-    pause("pause").await;
+    pause(true).await;
     s.ingested(&w, 1100).await;
     s.ingested(&other, 1100).await;
     let dispatched = s.dispatcher().dispatch_once().await.unwrap();
@@ -337,7 +338,7 @@ async fn a_paused_device_is_withheld_at_the_recheck_until_resumed() {
         "another device is not paused"
     );
 
-    pause("resume").await;
+    pause(false).await;
     // The next day's detection of the same watch goes out.
     s.publish_enqueue(
         &s.detection(&w, 1050, Utc::now() + ChronoDuration::days(1)),
@@ -349,7 +350,6 @@ async fn a_paused_device_is_withheld_at_the_recheck_until_resumed() {
     let rows = s.rows(w.watch).await;
     assert_eq!(rows.len(), 2);
     assert_eq!(rows[1].notification.status, Status::Sending);
-    api.stop().await;
     s.cleanup().await;
 }
 
@@ -809,7 +809,7 @@ async fn two_dispatchers_never_claim_the_same_row() {
     seed_rows(&s, "SKU-1", 10_000).await;
 
     // Every publish, duplicates included, is seen by a plain subscriber on the push subject.
-    let nats = tidings_tests::harness::nats().await.unwrap();
+    let nats = tidings_testkit::harness::nats().await.unwrap();
     let mut seen = nats
         .subscribe(
             s.subjects
@@ -1313,7 +1313,7 @@ async fn ingest_waits_while_dispatch_is_behind_and_loses_nothing() {
     assert!(admission.is_open());
     let started = Instant::now();
     while s.db.count("SELECT count(*) FROM outbox").await < 21 {
-        tidings_tests::harness::poll_wait(started, 10, || {
+        tidings_testkit::harness::poll_wait(started, 10, || {
             "the held requests were not ingested".into()
         })
         .await;

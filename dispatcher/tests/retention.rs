@@ -6,6 +6,9 @@
 // Test code: a failed unwrap is a failed test, which is what we want.
 #![allow(clippy::unwrap_used)]
 
+#[path = "support/scenario.rs"]
+mod scenario;
+
 use chrono::{Duration, NaiveDate, TimeZone, Utc};
 use serde_json::Value;
 use tidings_bus::consume::Handler as _;
@@ -14,8 +17,8 @@ use tidings_domain::WatchId;
 use tidings_domain::retention::{Retention, week_of};
 use tidings_domain::trigger::Trigger;
 use tidings_store::partitions::Partitions;
-use tidings_tests::fixtures::{self, Device, Inserted};
-use tidings_tests::harness::TestDb;
+use tidings_testkit::fixtures::{self, Device, Inserted};
+use tidings_testkit::harness::TestDb;
 
 const BELOW_1200: Trigger = Trigger::PriceBelow { threshold: 1200 };
 
@@ -289,17 +292,20 @@ async fn the_database_refuses_a_drop_inside_the_window_or_under_the_minimum() {
 }
 
 /// What was removed before the oldest retained week is deleted for good; what a retained row
-/// may refer to stays, and the device's history (through the api) still names every watch.
+/// may refer to stays, and the device's history (as the api reads it) still names every watch.
 #[tokio::test]
 async fn what_was_removed_before_the_oldest_week_is_purged_and_the_rest_stays() {
-    use tidings_tests::api::{ApiServer, test_settings};
     let db = TestDb::new().await.unwrap();
-    let api = ApiServer::start(db.pool.clone(), test_settings()).await;
-    let (device_id, token) = api.register().await;
-    let device = Device {
-        id: tidings_domain::DeviceId(device_id.parse().unwrap()),
-        time_zone: "UTC".into(),
+    // A device as the api registers one: with its subscription.
+    let device = fixtures::device(&db.pool, "UTC").await.unwrap();
+    let kept = tidings_domain::messages::Subscription {
+        endpoint: "https://push.example/kept".into(),
+        p256dh: "k".into(),
+        auth: "a".into(),
     };
+    fixtures::subscription(&db.pool, device.id, &kept)
+        .await
+        .unwrap();
     let today = Utc::now().date_naive();
     let long_ago = today - Duration::days(60);
     let recently = today - Duration::days(5);
@@ -384,32 +390,26 @@ async fn what_was_removed_before_the_oldest_week_is_purged_and_the_rest_stays() 
         .unwrap();
     assert_eq!(watches, ["SKU-KEPT", "SKU-RECENT"]);
     // The history still explains every retained notification, removed watch included.
-    let history: Value = api
-        .get("/v1/notifications", Some(&token))
-        .await
-        .json()
+    let history = tidings_store::history::of_device(&db.pool, device.id, None, None, 10)
         .await
         .unwrap();
-    let items: Vec<&str> = history["items"]
-        .as_array()
+    let items: Vec<Option<&str>> = history.iter().map(|n| n.item_code.as_deref()).collect();
+    assert_eq!(items, [Some("SKU-KEPT"), Some("SKU-RECENT")], "{history:?}");
+    let kept_from = tidings_store::partitions::kept_from(&db.pool)
+        .await
         .unwrap()
-        .iter()
-        .map(|n| n["item_code"].as_str().unwrap_or("(none)"))
-        .collect();
-    assert_eq!(items, ["SKU-KEPT", "SKU-RECENT"], "{history}");
-    let kept_from: NaiveDate = history["kept_from"].as_str().unwrap().parse().unwrap();
-    assert!(long_ago < kept_from && kept_from <= recently, "{history}");
+        .unwrap();
+    assert!(long_ago < kept_from && kept_from <= recently, "{kept_from}");
     // Nothing more to purge.
     let again = retention::purge_removed(&db.pool).await.unwrap();
     assert_eq!(again, retention::Purged::default());
-    api.stop().await;
 }
 
 /// Ingest makes the week a detection falls in when no partition holds it (a detection dated
 /// far from today), and a week dropped under a running ingest is made again.
 #[tokio::test]
 async fn ingest_inserts_a_detection_whose_week_has_no_partition_yet() {
-    use tidings_tests::scenario::Scenario;
+    use scenario::Scenario;
     let s = Scenario::new().await;
     let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
     let ingest = s.ingest().await;

@@ -1,16 +1,18 @@
 //! Test support that needs the services, the cross-service tests' world, and the demo. What
-//! needs no service is in `tidings-testkit`, re-exported here so a service's tests use one crate.
+//! needs no service is in `tidings-testkit` (re-exported here). What needs one service lives
+//! beside that service's tests, so they build without the others, and is included here by path:
 //!
-//! - [`api`]: the api served in-process, and a browser-like client.
-//! - [`pushers`]: a pusher driven by hand against the fake push service.
-//! - [`scenario`]: a story-test world (NATS streams, the dispatcher's loops in-process).
+//! - [`api`]: the api served in-process, and a browser-like client (api/tests/support).
+//! - [`pushers`]: a pusher driven by hand against the fake push service (pusher/tests/support).
+//! - [`scenario`]: the dispatcher's loops in-process over a test world (dispatcher/tests/support).
 //! - [`services`]: the real binaries, started by a test.
 //! - [`demo`]: the README's demo, also run by `tidings-demo`.
 
 pub use tidings_testkit::{
-    brokers, fake_catalog, fake_push, fake_webhooks, fixtures, harness, walk,
+    binaries, brokers, fake_catalog, fake_push, fake_webhooks, fixtures, harness, walk, world,
 };
 
+#[path = "../../api/tests/support/server.rs"]
 pub mod api;
 pub mod demo;
 pub mod manifests;
@@ -18,5 +20,6 @@ pub mod network_policy;
 pub mod otlp;
 #[path = "../../pusher/tests/support/pushers.rs"]
 pub mod pushers;
+#[path = "../../dispatcher/tests/support/scenario.rs"]
 pub mod scenario;
 pub mod services;

@@ -3,11 +3,15 @@
 //!
 //! - [`harness`]: the one Postgres and one NATS that `deploy/local/stack test` started, a fresh
 //!   migrated database per test and a unique subject prefix per test, so tests run in parallel.
+//! - [`binaries`]: the service binaries and the operator CLI, built once and run by a test.
 //! - [`brokers`]: nats-servers of a test's own — one (with authentication or TLS if asked) or
 //!   a three-node JetStream cluster.
 //! - [`fixtures`]: devices, subscriptions, watches and outbox rows to build a story on.
 //! - [`fake_catalog`], [`fake_push`], [`fake_webhooks`]: the outside world, served on loopback.
+//! - [`world`]: a database, streams and catalog of a test's own, and the other services' parts
+//!   played by hand around the one under test.
 
+pub mod binaries;
 pub mod brokers;
 pub mod fake_catalog;
 pub mod fake_push;
@@ -15,3 +19,4 @@ pub mod fake_webhooks;
 pub mod fixtures;
 pub mod harness;
 pub mod walk;
+pub mod world;

@@ -1,21 +1,14 @@
-//! A test world for the dispatcher (and later the whole pipeline): a fresh database, a fresh
-//! subject prefix with its streams, a fake catalog, and helpers to play the other services'
-//! parts — publish what a detector would, read what a pusher would get, answer as a pusher would.
+//! A test world with no service in it: a fresh database, a fresh subject prefix with its
+//! streams, a fake catalog, and helpers to play the services' parts around the one under test —
+//! publish what a detector would, read what a pusher would get, answer as a pusher would, read
+//! the outbox as the store does. The dispatcher's tests build their `Scenario` on it.
 
 use async_nats::jetstream::{self, consumer::PullConsumer, consumer::pull};
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
-use std::sync::Arc;
 use std::time::Duration;
-use tidings_bus::consume::Handler as _;
-use tidings_bus::delivered::DeliveryLog;
 use tidings_bus::publish::Outgoing;
-use tidings_bus::streams::ensure_streams;
-use tidings_dispatcher::Settings;
-use tidings_dispatcher::dispatch::Dispatcher;
-use tidings_dispatcher::ingest::Ingest;
-use tidings_dispatcher::results::Results;
-use tidings_dispatcher::sweeper::{self, SweepStats};
+use tidings_bus::streams::{StreamSettings, ensure_streams};
 use tidings_domain::messages::{
     EnqueueRequest, Outcome, PushRequest, PushResult, PushResults, Subscription, decode_enqueues,
     decode_requests, encode,
@@ -23,19 +16,18 @@ use tidings_domain::messages::{
 use tidings_domain::subjects::{StreamKind, Subjects};
 use tidings_domain::trigger::Trigger;
 use tidings_domain::{Channel, OutboxId, WatchId};
-use tidings_source::Sources;
 use tidings_store::history;
 
 use crate::fake_catalog::FakeCatalog;
 use crate::fixtures::{self, Device};
 use crate::harness::{self, TestDb, delete_streams};
 
-pub struct Scenario {
+pub struct World {
     pub db: TestDb,
     pub js: jetstream::Context,
     pub subjects: Subjects,
+    pub streams: StreamSettings,
     pub catalog: FakeCatalog,
-    pub settings: Settings,
 }
 
 /// A device with an active subscription and a watch.
@@ -76,8 +68,8 @@ impl Watcher {
 /// its delivery record).
 pub type OutboxRow = tidings_store::history::Delivery;
 
-impl Scenario {
-    /// Settings suited to tests: short timeouts and leases, so recovery paths run in seconds.
+impl World {
+    /// A fresh database, subject prefix (with its streams) and catalog.
     pub async fn new() -> Self {
         let db = TestDb::new().await.expect("test database");
         let js = jetstream::new(harness::nats().await.expect("NATS"));
@@ -87,63 +79,13 @@ impl Scenario {
             .await
             .expect("streams");
         let catalog = FakeCatalog::start().await.expect("fake catalog");
-        let mut source = catalog.source_config(true);
-        source.set_timeout(Duration::from_millis(500));
-        let mut settings = Settings::new(subjects.clone(), source);
-        settings.streams = streams;
-        settings.claim_lease = Duration::from_secs(1);
-        settings.push_deadline = Duration::from_secs(1);
-        settings.push_http_timeout = Duration::from_millis(500);
-        settings.lease_margin = Duration::from_millis(250);
-        settings.result_ack_wait = Duration::from_secs(1);
-        settings.sending_lease = Duration::from_secs(3);
-        settings.sweep_interval = Duration::from_millis(200);
-        settings.poll_interval = Duration::from_millis(20);
-        Scenario {
+        World {
             db,
             js,
             subjects,
+            streams,
             catalog,
-            settings,
         }
-    }
-
-    pub fn settings(&self) -> Arc<Settings> {
-        Arc::new(self.settings.clone())
-    }
-
-    pub fn dispatcher(&self) -> Dispatcher {
-        let source = Sources::new(self.settings.source.clone()).expect("source");
-        Dispatcher::new(
-            self.db.pool.clone(),
-            self.js.clone(),
-            Arc::new(source),
-            self.settings(),
-        )
-    }
-
-    pub async fn ingest(&self) -> Ingest {
-        Ingest::new(self.db.pool.clone(), self.js.clone(), self.settings())
-            .await
-            .expect("ingest")
-    }
-
-    /// The delivery log the pusher writes and the sweeper reads, under this scenario's prefix.
-    pub fn delivery_log(&self) -> DeliveryLog {
-        DeliveryLog::new(self.js.clone(), &self.subjects, &self.settings.streams)
-    }
-
-    /// One sweep of expired leases, as the dispatcher's sweeper loop runs it.
-    pub async fn sweep(&self) -> SweepStats {
-        sweeper::sweep_once(&self.db.pool, &self.settings, &self.delivery_log())
-            .await
-            .expect("sweep")
-    }
-
-    pub async fn results(&self) -> Results {
-        Results::new(self.db.pool.clone(), self.js.clone(), self.settings())
-            .await
-            .expect("results")
     }
 
     /// A device with a subscription, watching `item` with `trigger`; the catalog serves `price`.
@@ -156,7 +98,7 @@ impl Scenario {
         self.watcher_at(item, trigger, price, &sub).await
     }
 
-    /// [`Scenario::watcher`] whose device pushes to `sub` (a fake push service's, say).
+    /// [`World::watcher`] whose device pushes to `sub` (a fake push service's, say).
     pub async fn watcher_at(
         &self,
         item: &str,
@@ -197,7 +139,7 @@ impl Scenario {
         self.publish_enqueue_traced(req, msg_id, None).await
     }
 
-    /// [`Scenario::publish_enqueue`] within the trace `traceparent` names, as a detector's span
+    /// [`World::publish_enqueue`] within the trace `traceparent` names, as a detector's span
     /// would send it.
     pub async fn publish_enqueue_traced(
         &self,
@@ -221,37 +163,6 @@ impl Scenario {
             .await
             .expect("publish ack")
             .duplicate
-    }
-
-    /// `w` detected at `price` now, published as the detector does, and ingested: one due row.
-    pub async fn ingested(&self, w: &Watcher, price: i64) {
-        let req = self.detection(w, price, Utc::now());
-        self.publish_enqueue(&req, &req.dedup_key().to_string())
-            .await;
-        // Fetch until it is there: on a loaded cluster one short fetch can come back empty.
-        let ingest = self.ingest().await;
-        let started = std::time::Instant::now();
-        let mut inserted = 0;
-        while inserted == 0 && started.elapsed() < Duration::from_secs(10) {
-            let stats = ingest
-                .run_once(Duration::from_millis(300))
-                .await
-                .expect("ingest");
-            inserted += stats.inserted;
-        }
-        assert_eq!(inserted, 1, "one outbox row for the detection");
-    }
-
-    /// The usual preamble: `w` detected at `price`, ingested, dispatched; returns the PushRequest
-    /// a pusher would receive.
-    pub async fn dispatched(&self, w: &Watcher, price: i64) -> PushRequest {
-        self.ingested(w, price).await;
-        self.dispatcher().dispatch_once().await.expect("dispatch");
-        let mut pushes = self
-            .take_pushes(&self.push_consumer().await, Duration::from_millis(300))
-            .await;
-        assert_eq!(pushes.len(), 1, "one PushRequest for the detection");
-        pushes.remove(0)
     }
 
     /// Publishes raw bytes on the enqueue subject (for malformed-message tests).
@@ -303,34 +214,55 @@ impl Scenario {
         consumer: &PullConsumer,
         wait: Duration,
     ) -> Vec<(String, Vec<PushRequest>)> {
-        let mut out = Vec::new();
-        loop {
-            let mut batch = consumer
-                .fetch()
-                .max_messages(1000)
-                .expires(wait)
-                .messages()
-                .await
-                .expect("fetch pushes");
-            let mut got = 0;
-            while let Some(Ok(m)) = batch.next().await {
-                got += 1;
-                m.ack().await.expect("ack push");
-                let id = tidings_bus::consume::message_id(&m)
-                    .unwrap_or_default()
-                    .to_owned();
-                out.push((
-                    id,
-                    decode_requests(&m.payload).expect("decodable PushRequest(s)"),
-                ));
-            }
-            if got == 0 {
-                return out;
-            }
-        }
+        take(consumer, wait)
+            .await
+            .into_iter()
+            .map(|(id, payload)| {
+                let requests = decode_requests(&payload).expect("decodable PushRequest(s)");
+                (id, requests)
+            })
+            .collect()
     }
 
-    /// The durable consumer `name` on a stream of this scenario, if it exists yet.
+    /// The enqueue stream's durable consumer as the dispatcher's ingest makes it (by its name),
+    /// for a test that plays ingest's part.
+    pub async fn ingest_consumer(&self) -> PullConsumer {
+        let name = tidings_bus::streams::consumer_of(StreamKind::Enqueue);
+        let stream = self
+            .js
+            .get_stream(self.subjects.stream(StreamKind::Enqueue))
+            .await
+            .expect("enqueue stream");
+        stream
+            .get_or_create_consumer(
+                name,
+                pull::Config {
+                    durable_name: Some(name.into()),
+                    ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("ingest consumer")
+    }
+
+    /// Every EnqueueRequest available now, acked as ingest acks what it stored, waiting up to
+    /// `wait` for the first.
+    pub async fn take_enqueues(
+        &self,
+        consumer: &PullConsumer,
+        wait: Duration,
+    ) -> Vec<EnqueueRequest> {
+        take(consumer, wait)
+            .await
+            .into_iter()
+            .flat_map(|(_, payload)| {
+                decode_enqueues(&payload).expect("decodable EnqueueRequest(s)")
+            })
+            .collect()
+    }
+
+    /// The durable consumer `name` on a stream of this world, if it exists yet.
     pub async fn consumer(&self, kind: StreamKind, name: &str) -> Option<PullConsumer> {
         let stream = self.js.get_stream(self.subjects.stream(kind)).await.ok()?;
         stream.get_consumer::<pull::Config>(name).await.ok()
@@ -346,12 +278,12 @@ impl Scenario {
         info.num_pending + info.num_ack_pending as u64
     }
 
-    /// Number of messages stored in a stream of this scenario.
+    /// Number of messages stored in a stream of this world.
     pub async fn stream_len(&self, kind: StreamKind) -> u64 {
         harness::stream_len(&self.js, &self.subjects, kind).await
     }
 
-    /// The messages stored in a stream of this scenario, oldest first.
+    /// The messages stored in a stream of this world, oldest first.
     async fn stored(&self, kind: StreamKind) -> Vec<jetstream::message::StreamMessage> {
         let mut stream = self
             .js
@@ -368,7 +300,7 @@ impl Scenario {
         out
     }
 
-    /// PushRequests stored in this scenario's push stream, counting each request of a batch.
+    /// PushRequests stored in this world's push stream, counting each request of a batch.
     pub async fn push_requests_stored(&self) -> usize {
         self.stored(StreamKind::Push)
             .await
@@ -381,7 +313,7 @@ impl Scenario {
             .sum()
     }
 
-    /// The EnqueueRequests stored in this scenario's enqueue stream, oldest first, each request
+    /// The EnqueueRequests stored in this world's enqueue stream, oldest first, each request
     /// of a batch on its own.
     pub async fn enqueued(&self) -> Vec<EnqueueRequest> {
         self.stored(StreamKind::Enqueue)
@@ -486,5 +418,32 @@ impl Scenario {
 
     pub async fn cleanup(&self) {
         delete_streams(&self.js, &self.subjects).await;
+    }
+}
+
+/// Every message `consumer` has now (acked), waiting up to `wait` for the first: its
+/// `Nats-Msg-Id` and its payload.
+async fn take(consumer: &PullConsumer, wait: Duration) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    loop {
+        let mut batch = consumer
+            .fetch()
+            .max_messages(1000)
+            .expires(wait)
+            .messages()
+            .await
+            .expect("fetch");
+        let mut got = 0;
+        while let Some(Ok(m)) = batch.next().await {
+            got += 1;
+            m.ack().await.expect("ack");
+            let id = tidings_bus::consume::message_id(&m)
+                .unwrap_or_default()
+                .to_owned();
+            out.push((id, m.payload.to_vec()));
+        }
+        if got == 0 {
+            return out;
+        }
     }
 }

@@ -1,4 +1,9 @@
-//! The api served in-process on a free port, and a browser-like client for it.
+//! The api served in-process on a free port, and a browser-like client for it. The api's own
+//! tests use it, and so do the cross-service tests (`tidings_tests::api` is this file), so the
+//! api's tests build without the other services.
+
+// Each test binary that includes this file uses part of it.
+#![allow(dead_code)]
 
 use aws_lc_rs::agreement::{ECDH_P256, PrivateKey};
 use base64::Engine;
@@ -63,8 +68,10 @@ impl std::ops::Deref for ApiServer {
 
 impl ApiServer {
     /// The api with [`test_settings`] on a fresh database of its own.
-    pub async fn on_fresh_db() -> (crate::harness::TestDb, Self) {
-        let db = crate::harness::TestDb::new().await.expect("test database");
+    pub async fn on_fresh_db() -> (tidings_testkit::harness::TestDb, Self) {
+        let db = tidings_testkit::harness::TestDb::new()
+            .await
+            .expect("test database");
         let api = Self::start(db.pool.clone(), test_settings()).await;
         (db, api)
     }
