@@ -18,7 +18,7 @@ use tidings_store::db;
 use uuid::Uuid;
 
 /// Attempt `r` as operators see it, in the row's trace `trace_id`.
-fn record(r: Recorded, trace_id: Option<String>) -> AttemptRecord {
+fn attempt_record(r: Recorded, trace_id: Option<String>) -> AttemptRecord {
     let a = r.attempt;
     AttemptRecord {
         attempt: a.attempt,
@@ -59,7 +59,7 @@ pub async fn list_attempts(
     let trace_id = traceparent.as_deref().and_then(telemetry::trace_id_of);
     let items = found
         .into_iter()
-        .map(|r| record(r, trace_id.clone()))
+        .map(|r| attempt_record(r, trace_id.clone()))
         .collect();
     Ok(Json(AttemptList {
         outbox_id: id,

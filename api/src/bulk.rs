@@ -186,7 +186,7 @@ async fn run(app: &AppState, op: Operation, req: BulkRequest) -> Result<BulkRepo
         .await
         .map_err(db("committing a bulk operation"))?;
     if let Some(done) = cancelled {
-        done.record();
+        done.observe();
     }
     tracing::info!(
         operation = op.as_str(),
@@ -360,7 +360,7 @@ pub async fn cancel(
             detail: format!("row {id} is {now}; only pending or retrying rows can be cancelled"),
         });
     }
-    cancelled.record();
+    cancelled.observe();
     tracing::info!(outbox_id = %id, "outbox row cancelled");
     Ok(Json(Cancelled {
         id,

@@ -363,7 +363,7 @@ pub async fn get_endpoint(
     let e = found.ok_or(ApiError::NotFound("webhook endpoint"))?;
     let now = Utc::now();
     let circuit = Circuit {
-        opens: u32::try_from(e.circuit_opens).unwrap_or(0),
+        opens: e.circuit_opens,
         open_until: e.circuit_open_until,
         ..Circuit::default()
     };

@@ -193,7 +193,7 @@ pub async fn listen(
                 match detector.scan_items(chrono::Utc::now(), due).await {
                     Ok(stats) => {
                         metrics::hinted(Hinted::Fetched, count);
-                        metrics::record_hinted(&stats, detector.is_dry_run());
+                        metrics::observe_hinted(&stats, detector.is_dry_run());
                         tracing::info!(items = count, evaluated = stats.evaluated, published = stats.published, "change hints fetched");
                     }
                     Err(e) => tracing::error!(items = count, error = %e, "fetching hinted items; the next scan sees them"),

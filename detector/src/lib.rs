@@ -105,7 +105,7 @@ impl scan::Detector {
             let started = tokio::time::Instant::now();
             match self.scan_within(chrono::Utc::now(), budget).await {
                 Ok(stats) => {
-                    metrics::record(&stats, started.elapsed(), self.is_dry_run());
+                    metrics::observe_scan(&stats, started.elapsed(), self.is_dry_run());
                     tracing::info!(
                         watches = stats.watches,
                         rows_read = stats.rows_read,

@@ -122,7 +122,7 @@ pub(crate) fn hinted(result: Hinted, n: usize) {
 }
 
 /// A hint-driven fetch round in the metrics: what it evaluated and detected (no scan counted).
-pub(crate) fn record_hinted(stats: &ScanStats, dry_run: bool) {
+pub(crate) fn observe_hinted(stats: &ScanStats, dry_run: bool) {
     let m = metrics();
     m.evaluated_watches.inc_by(stats.evaluated as u64);
     if !dry_run {
@@ -142,7 +142,7 @@ fn count_detections(stats: &ScanStats) {
 }
 
 /// A finished scan in the metrics. A dry run publishes nothing, so its detections are not counted.
-pub(crate) fn record(stats: &ScanStats, took: Duration, dry_run: bool) {
+pub(crate) fn observe_scan(stats: &ScanStats, took: Duration, dry_run: bool) {
     let m = metrics();
     m.scans.inc();
     m.last_scan.set(chrono::Utc::now().timestamp());

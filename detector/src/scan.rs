@@ -253,9 +253,9 @@ impl Detector {
                 .iter()
                 .map(|&i| found.detections[i].request.watch_id),
         );
-        settle(list, &found, &memory, now, republish_at);
+        mark_settled(list, &found, &memory, now, republish_at);
         drop(memory);
-        self.record(list, found.writes, &failed).await
+        self.record_seen(list, found.writes, &failed).await
     }
 
     /// Publishes detections `fresh` (indices into `detections`) in batches of up to
@@ -339,7 +339,7 @@ impl Detector {
     /// Records stock states and first prices in one statement, and in the list. The stock state
     /// moves on only where nothing failed to publish, so a back_in_stock that could not be
     /// enqueued is detected again next scan.
-    async fn record(
+    async fn record_seen(
         &self,
         list: &mut Watchlist,
         writes: Writes,
@@ -603,7 +603,7 @@ fn batches(detections: &[Found], fresh: &[usize], batch: usize) -> Vec<Vec<(usiz
 
 /// Marks each evaluated item: settled when every trigger that held for it is now enqueued for
 /// its day and nothing is left to record, to do again otherwise.
-fn settle(
+fn mark_settled(
     list: &mut Watchlist,
     found: &Evaluation<'_>,
     memory: &Enqueued,

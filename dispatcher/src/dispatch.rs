@@ -356,7 +356,7 @@ impl Dispatcher {
         let won = transition::apply(&mut conn, changes)
             .await
             .map_err(db(what))?;
-        transition::record(changes, &won);
+        transition::observe(changes, &won);
         Ok(won)
     }
 

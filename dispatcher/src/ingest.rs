@@ -245,7 +245,7 @@ impl consume::Handler for Ingest {
             Ok(inserted) => {
                 stats.inserted = inserted;
                 stats.duplicates = count - inserted;
-                self.settle(sorted, &mut stats).await;
+                self.acknowledge(sorted, &mut stats).await;
                 Ok(stats)
             }
             Err(source) => {
@@ -339,7 +339,7 @@ impl Ingest {
 
     /// After the insert committed: counts it, dead-letters the refused parts, and acks each
     /// message (or naks one whose refused requests could not be stored, so they come back).
-    async fn settle(&self, sorted: Sorted, stats: &mut IngestStats) {
+    async fn acknowledge(&self, sorted: Sorted, stats: &mut IngestStats) {
         let m = crate::metrics::metrics();
         for (result, n) in [
             (Ingested::New, stats.inserted),

@@ -7,7 +7,7 @@
 //! - [`dispatch`]: claim due rows (`tidings_store::claim`) → pre-guards and re-check ([`plan`], [`recheck`];
 //!   pure) → `sending` → PushRequest.
 //! - [`results`]: PushResults → `sent` (baseline advanced in the same transaction), `retry`,
-//!   `dropped` or `failed`.
+//!   `dropped` or `failed`, as [`resolve`] (pure) decides.
 //! - [`sweeper`]: `sending` rows whose lease ran out → `sent` if the delivery log has them,
 //!   else `retry` (marked maybe delivered).
 //! - [`backlog`]: the outbox backlog as metrics.
@@ -23,6 +23,7 @@ pub mod ingest;
 pub mod metrics;
 mod plan;
 mod recheck;
+mod resolve;
 pub mod results;
 pub mod retention;
 mod stage;

@@ -20,21 +20,19 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tidings_bus::consume::{self, Consumer, ConsumerError, Decoded, Durable, Incoming, Shape};
-use tidings_domain::messages::{Outcome, PushResult};
-use tidings_domain::outbox::{self, Event, Row, Status};
+use tidings_domain::messages::PushResult;
+use tidings_domain::outbox::{self, Status};
 use tidings_domain::push;
-use tidings_domain::receiver::Observed;
 use tidings_domain::subjects::StreamKind;
-use tidings_domain::trigger::Observation;
-use tidings_domain::withdrawal::{self, Promise};
 use tidings_domain::{Channel, OutboxId, SubscriptionId};
 use tidings_runtime::telemetry;
 
 use crate::config::Settings;
+use crate::resolve::{Said, advance, plan};
 use crate::stage::Stage;
-use tidings_store::attempts::{self, Attempt};
+use tidings_store::attempts;
 use tidings_store::rows::{self, Locked};
-use tidings_store::transition::{self, Change, Ending};
+use tidings_store::transition::{self, Change};
 use tidings_store::{baselines, subscriptions};
 
 pub const CONSUMER: &str = tidings_bus::streams::consumer_of(StreamKind::Result);
@@ -102,7 +100,7 @@ impl Results {
         let mut tx = self.stage.pool.begin().await?;
         let applied = apply_in(&mut tx, &self.stage.settings, results).await?;
         tx.commit().await?;
-        applied.record();
+        applied.observe();
         Ok(applied.count())
     }
 }
@@ -185,7 +183,7 @@ fn result_span(d: &Incoming<PushResult>, r: &PushResult) -> tracing::Span {
     span
 }
 
-/// What [`apply_in`] changed; [`Applied::record`] counts it in the metrics once committed.
+/// What [`apply_in`] changed; [`Applied::observe`] counts it in the metrics once committed.
 #[derive(Default)]
 pub struct Applied {
     changes: Vec<Change>,
@@ -200,8 +198,8 @@ impl Applied {
         self.won.len()
     }
 
-    pub fn record(&self) {
-        transition::record(&self.changes, &self.won);
+    pub fn observe(&self) {
+        transition::observe(&self.changes, &self.won);
         let now = Utc::now();
         let latency = &crate::metrics::metrics().detection_to_delivery;
         for (detected_at, trace_id) in &self.sent_detected_at {
@@ -212,94 +210,6 @@ impl Applied {
             );
         }
     }
-}
-
-/// How long the attempt took; a result the pusher did not time (the sweeper's, an older
-/// pusher's) has no duration.
-fn duration_of(result: &PushResult) -> Option<i64> {
-    result
-        .started_at
-        .map(|_| i64::try_from(result.latency_ms).unwrap_or(i64::MAX))
-}
-
-/// The record of the attempt `result` reports.
-fn attempt_of(row: &Locked, result: &PushResult) -> Attempt {
-    Attempt {
-        outbox_id: row.id,
-        dedup_day: row.dedup_day,
-        attempt: i32::try_from(result.attempt).unwrap_or(i32::MAX),
-        started_at: result.started_at,
-        subscription_id: row.subscription_id,
-        push_host: result.push_host.clone(),
-        outcome: result.outcome.into(),
-        http_status: result.http_status.map(i32::from),
-        error: result.error.clone(),
-        duration_ms: duration_of(result),
-        push_message_id: result.message_id.clone(),
-    }
-}
-
-/// The transition `result` makes to `row`, if any: none for a result of an older attempt, a
-/// second result of the same attempt in the batch, or an outcome the row's state ignores.
-fn change_for(
-    row: &Locked,
-    current: Row,
-    result: &PushResult,
-    settings: &Settings,
-    seen: &mut HashSet<OutboxId>,
-) -> Option<Change> {
-    // A result of an older attempt is stale: a newer attempt owns the row now.
-    if current.attempt != result.attempt || seen.contains(&result.outbox_id) {
-        return None;
-    }
-    let event = push::event(result);
-    match current.status {
-        Status::Sending => {}
-        // A late result of the last attempt, which the sweeper (or an earlier transient
-        // result) already sent back to retry: only an outcome that ends the row counts.
-        Status::Retry if !matches!(event, Event::Transient | Event::Unknown) => {
-            tracing::info!(outbox_id = %row.id, attempt = result.attempt, outcome = result.outcome.as_str(), "late result of the last attempt applied to a retrying row");
-        }
-        // Terminal, or a pending row (no attempt yet): nothing to do.
-        _ => return None,
-    }
-    let mut t = outbox::apply(current, event, settings.retry.max_retries).ok()?;
-    // A result that ends the row unsent (gone, refused) may follow a push that reached the user
-    // (a redelivered request whose first holder died): the row keeps that mark.
-    if result.maybe_delivered && t.to != Status::Sent {
-        t.maybe_delivered = true;
-    }
-    seen.insert(result.outbox_id);
-    let mut c = Change::new(row.id, row.dedup_day, current, t);
-    c.http_status = result.http_status;
-    c.push_message_id = result.message_id.clone();
-    if let Some(e) = &result.error {
-        c.last_error = Some(format!("{}: {e}", result.outcome.as_str()));
-    } else if result.outcome != Outcome::Delivered {
-        c.last_error = Some(result.outcome.as_str().to_owned());
-    }
-    if t.to == Status::Retry {
-        let retry_after = result.retry_after.map(Duration::from_secs);
-        let delay = match retry_after {
-            // A webhook receiver that asks to slow down sets the pace of its rows.
-            Some(asked)
-                if row.channel == Channel::Webhook
-                    && push::back_pressure(result.http_status, result.retry_after) =>
-            {
-                settings.retry.paced(asked)
-            }
-            _ => settings.retry.delay(current.retry_count, retry_after),
-        };
-        c.next_attempt_at = Some(Utc::now() + delay);
-    }
-    if matches!(result.http_status, Some(401 | 403)) {
-        tracing::error!(
-            outbox_id = %row.id,
-            http_status = result.http_status,
-            "push service rejected our VAPID credentials: check TIDINGS_VAPID_PRIVATE_KEY and the subject"
-        );
-    }
-    Some(c)
 }
 
 /// Applies results inside `tx`: rows locked in id order, transitions by compare-and-set, and
@@ -352,95 +262,6 @@ async fn lock_rows_of(
     rows::lock(&mut *tx, &ids, days.as_deref()).await
 }
 
-/// What a batch of results does, before it is written.
-#[derive(Default)]
-struct Planned {
-    changes: Vec<Change>,
-    /// Attempts with no record yet: the row is still `sending` with that attempt, under our lock.
-    fresh: Vec<Attempt>,
-    /// Attempts that may have a record already: a late or repeated result.
-    late: Vec<Attempt>,
-}
-
-fn plan(
-    results: &[&PushResult],
-    rows: &HashMap<OutboxId, &Locked>,
-    settings: &Settings,
-) -> Planned {
-    let mut planned = Planned::default();
-    let mut seen = HashSet::new();
-    let mut recorded = HashSet::new();
-    for result in results {
-        let Some(row) = rows.get(&result.outbox_id) else {
-            tracing::warn!(outbox_id = %result.outbox_id, "result for an unknown outbox row");
-            continue;
-        };
-        let current = Row {
-            status: row.status,
-            retry_count: row.retry_count,
-            attempt: row.attempt,
-        };
-        // Every attempt the row has made is recorded once, a stale one's result included: the
-        // record is history, whatever the result does to the row. The attempt that ends the row
-        // is recorded on it by the same update; any other in `outbox_attempts`.
-        // The record itself is built only where it is written (the common delivered-at-once
-        // result ends its row and needs none).
-        let record = result.attempt >= 1
-            && result.attempt <= current.attempt
-            && recorded.insert((result.outbox_id, result.attempt));
-        let change = change_for(row, current, result, settings, &mut seen);
-        match (change, record) {
-            (Some(mut c), _) if c.transition.to.is_terminal() => {
-                c.ending = Some(Ending {
-                    outcome: result.outcome.into(),
-                    started_at: result.started_at,
-                    push_host: result.push_host.clone(),
-                    duration_ms: duration_of(result),
-                });
-                planned.changes.push(c);
-            }
-            // A repeated result of the attempt that ended the row: that attempt is on record.
-            (None, true) if current.status.is_terminal() && result.attempt == current.attempt => {}
-            (change, true) => {
-                let a = attempt_of(row, result);
-                if current.status == Status::Sending && result.attempt == current.attempt {
-                    planned.fresh.push(a);
-                } else {
-                    planned.late.push(a);
-                }
-                planned.changes.extend(change);
-            }
-            (change, false) => planned.changes.extend(change),
-        }
-    }
-    planned
-}
-
-/// The baseline row `row` leaves, having sent `sent`. A notification leaves what it stated and
-/// until when, so that it can be withdrawn; a withdrawal leaves the value it reported under the
-/// withdrawn trigger's key, and nothing left to withdraw.
-fn advance<'r>(row: &'r Locked, sent: &Observation) -> baselines::Advance<'r> {
-    let (trigger, withdrawal) = withdrawal::split_key(&row.trigger);
-    let promise = match (withdrawal, row.valid_until) {
-        (false, Some(valid_until)) => Some(Promise {
-            outbox_id: row.id,
-            dedup_day: row.dedup_day,
-            observed_at: sent.observed_at,
-            valid_until,
-            decided_on: row.baseline(),
-        }),
-        _ => None,
-    };
-    baselines::Advance {
-        watch_id: row.watch_id,
-        trigger,
-        price: sent.price,
-        in_stock: sent.in_stock,
-        outbox_id: row.id,
-        promise,
-    }
-}
-
 /// The changes a batch of results made, as its endpoints' circuits count them.
 struct Counted<'a> {
     changes: &'a [Change],
@@ -448,25 +269,6 @@ struct Counted<'a> {
     rows: &'a HashMap<OutboxId, &'a Locked>,
     /// Rows whose receiver asked to slow down (`push::back_pressure`), with its `Retry-After`.
     paced: &'a HashMap<OutboxId, Duration>,
-}
-
-/// What one result batch said about one endpoint.
-#[derive(Default)]
-struct Said {
-    delivered: bool,
-    failed: bool,
-    /// The longest `Retry-After` of its answers that asked to slow down.
-    slow_down: Option<Duration>,
-}
-
-impl Said {
-    fn observed(&self) -> Observed {
-        match (self.delivered, self.failed) {
-            (true, _) => Observed::Delivered,
-            (false, true) => Observed::Failed,
-            (false, false) => Observed::SlowDown,
-        }
-    }
 }
 
 /// Counts a batch's results on their webhook endpoints' health (Web Push rows are skipped here,

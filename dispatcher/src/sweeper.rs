@@ -108,7 +108,8 @@ fn outcome_unknown(expired: &Expired, settings: &Settings, plan: &mut Planned) {
         plan.unknown.push(Attempt {
             outbox_id: expired.id,
             dedup_day: expired.dedup_day,
-            attempt: expired.attempt,
+            // Read from the row's `int` column, so it fits.
+            attempt: i32::try_from(expired.attempt).unwrap_or(i32::MAX),
             started_at: None,
             subscription_id: expired.subscription_id,
             push_host: None,
@@ -152,8 +153,8 @@ pub async fn sweep_once(
     plan.unknown.retain(|a| won.contains(&a.outbox_id));
     attempts::insert_new(&mut tx, &plan.unknown).await?;
     tx.commit().await?;
-    applied.record();
-    transition::record(&plan.changes, &won);
+    applied.observe();
+    transition::observe(&plan.changes, &won);
     Ok(SweepStats {
         delivered: applied.count(),
         expired: won.len(),

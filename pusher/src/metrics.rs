@@ -33,7 +33,7 @@ pub(crate) fn init(channel: Channel) {
 
 /// One request's outcome, by `host` (`invalid` without one), and its latency when an HTTP answer
 /// came, with the notification's trace as the exemplar.
-pub(crate) fn record(
+pub(crate) fn observe(
     channel: Channel,
     result: &PushResult,
     host: Option<String>,

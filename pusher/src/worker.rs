@@ -143,7 +143,7 @@ impl Pusher {
     /// could not be published). How each of its requests was handled, in order.
     pub async fn handle_message(&self, msg: jetstream::Message) -> Vec<Handled> {
         let handled = self.process(&msg).await;
-        settle(&msg, &handled).await;
+        acknowledge(&msg, &handled).await;
         handled
     }
 
@@ -228,7 +228,7 @@ impl Pusher {
         if !matches!(handled, Handled::AlreadyDelivered) {
             // A redelivery recognised as already delivered made no request: not counted.
             let trace_id = telemetry::trace_id(&span);
-            crate::metrics::record(self.channel, &result, label, trace_id);
+            crate::metrics::observe(self.channel, &result, label, trace_id);
         }
         result.traceparent = telemetry::forward(&span, incoming.as_deref());
         if let Err(e) = inner.reporter.report(result).await {
@@ -325,7 +325,7 @@ impl consume::Handler for Pusher {
     async fn handle(&self, batch: Decoded<PushRequest>) -> Result<(), Self::Error> {
         for Incoming { message, items } in batch.deliveries {
             let handled = self.deliver_all(&message, items).await;
-            settle(&message, &handled).await;
+            acknowledge(&message, &handled).await;
         }
         Ok(())
     }
@@ -333,7 +333,7 @@ impl consume::Handler for Pusher {
 
 /// Acks `msg` once its requests were handled, or naks it for redelivery if a result could not
 /// be published. A dead-lettered message was acknowledged by dead-lettering.
-async fn settle(msg: &jetstream::Message, handled: &[Handled]) {
+async fn acknowledge(msg: &jetstream::Message, handled: &[Handled]) {
     if handled.contains(&Handled::Retried) {
         let _ = msg
             .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))

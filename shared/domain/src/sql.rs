@@ -63,3 +63,28 @@ as_text!(Reason, |r| r.as_str().to_owned(), |s| Reason::parse(s)
     .ok_or_else(|| unknown("reason", s)));
 as_text!(Announces, Announces::key, |s| Announces::from_key(s)
     .ok_or_else(|| unknown("trigger key", s)));
+
+/// A count the schema keeps `>= 0` (attempts, retries, failures), read as the `u32` the domain
+/// counts in: `attempt AS "attempt: Count"` in a checked statement. A value outside `u32` fails
+/// the row's decoding, naming the column, rather than being bent to fit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Count(pub u32);
+
+impl From<Count> for u32 {
+    fn from(c: Count) -> u32 {
+        c.0
+    }
+}
+
+impl ::sqlx::Type<::sqlx::Postgres> for Count {
+    fn type_info() -> ::sqlx::postgres::PgTypeInfo {
+        <i32 as ::sqlx::Type<::sqlx::Postgres>>::type_info()
+    }
+}
+
+impl<'r> ::sqlx::Decode<'r, ::sqlx::Postgres> for Count {
+    fn decode(value: ::sqlx::postgres::PgValueRef<'r>) -> Result<Self, ::sqlx::error::BoxDynError> {
+        let n = <i32 as ::sqlx::Decode<::sqlx::Postgres>>::decode(value)?;
+        Ok(Count(u32::try_from(n)?))
+    }
+}

@@ -131,7 +131,7 @@ macro_rules! row_ending {
 
 impl RowEnding {
     /// The ending attempt as a record, if an attempt ended the row.
-    pub fn record(&self) -> Option<Recorded> {
+    pub fn attempt(&self) -> Option<Recorded> {
         let outcome = self.attempt_outcome?;
         // `last_error` is "<outcome>: <error>" (or the outcome alone) when this attempt set it; a
         // delivered attempt leaves an earlier attempt's error there.
@@ -166,7 +166,7 @@ impl RowEnding {
 /// A row's attempts, first to last: the recorded ones, with the row's ending attempt in place
 /// of any record of the same attempt (a `lease_expired` placeholder its late result ended).
 pub fn merged(mut recorded: Vec<Recorded>, ending: &RowEnding) -> Vec<Recorded> {
-    if let Some(last) = ending.record() {
+    if let Some(last) = ending.attempt() {
         recorded.retain(|r| r.attempt.attempt != last.attempt.attempt);
         recorded.push(last);
     }

@@ -10,6 +10,7 @@ use sqlx::types::Uuid;
 use std::collections::HashSet;
 use tidings_domain::OutboxId;
 use tidings_domain::outbox::{self, Event, Row, Status};
+use tidings_domain::sql::Count;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CancelError {
@@ -17,7 +18,7 @@ pub enum CancelError {
     Db(#[from] DbError),
 }
 
-/// What a cancel changed. Count it with [`Cancelled::record`] once the transaction commits.
+/// What a cancel changed. Count it with [`Cancelled::observe`] once the transaction commits.
 #[derive(Debug, Default)]
 pub struct Cancelled {
     changes: Vec<Change>,
@@ -30,8 +31,8 @@ impl Cancelled {
     }
 
     /// Counts the cancelled rows in `tidings_outbox_transitions_total`.
-    pub fn record(&self) {
-        transition::record(&self.changes, &self.won);
+    pub fn observe(&self) {
+        transition::observe(&self.changes, &self.won);
     }
 }
 
@@ -46,7 +47,7 @@ pub async fn cancel(
     let days: Vec<NaiveDate> = rows.iter().map(|r| r.1).collect();
     let found = sqlx::query!(
         r#"SELECT o.id AS "id: OutboxId", o.dedup_day, o.status AS "status: Status",
-                  o.retry_count, o.attempt
+                  o.retry_count AS "retry_count: Count", o.attempt AS "attempt: Count"
            FROM outbox o JOIN UNNEST($1::uuid[], $2::date[]) AS u(id, day)
              ON o.id = u.id AND o.dedup_day = u.day"#,
         &ids,
@@ -58,13 +59,10 @@ pub async fn cancel(
     let mut changes = Vec::new();
     for r in found {
         let (id, day) = (r.id, r.dedup_day);
-        let counts = crate::count("retry_count", r.retry_count)
-            .and_then(|retries| Ok((retries, crate::count("attempt", r.attempt)?)))
-            .map_err(db("reading outbox rows to cancel"))?;
         let row = Row {
             status: r.status,
-            retry_count: counts.0,
-            attempt: counts.1,
+            retry_count: r.retry_count.0,
+            attempt: r.attempt.0,
         };
         // The state machine refuses a cancel of a row whose push may be out or that has ended.
         if let Ok(t) = outbox::apply(row, Event::Cancelled, u32::MAX) {

@@ -19,6 +19,7 @@ use std::time::Duration;
 use tidings_domain::messages::Subscription;
 use tidings_domain::outbox::{Row, Status};
 use tidings_domain::receiver::{Circuit, Pace};
+use tidings_domain::sql::Count;
 use tidings_domain::trigger::{Baseline, LastSent, Observation};
 use tidings_domain::withdrawal::Announces;
 use tidings_domain::{Channel, DeviceId, OutboxId, SubscriptionId, WatchId};
@@ -88,8 +89,8 @@ pub struct Claimed {
     pub baseline_price: Option<i64>,
     pub baseline_reference: Option<i64>,
     pub baseline_in_stock: Option<bool>,
-    pub attempt: i32,
-    pub retry_count: i32,
+    pub attempt: u32,
+    pub retry_count: u32,
     pub traceparent: Option<String>,
     /// When it became due: how long it waited for this claim is what admission reads.
     pub next_attempt_at: DateTime<Utc>,
@@ -136,8 +137,8 @@ impl Claimed {
     pub fn row(&self) -> Row {
         Row {
             status: self.status,
-            retry_count: u32::try_from(self.retry_count).unwrap_or(0),
-            attempt: u32::try_from(self.attempt).unwrap_or(0),
+            retry_count: self.retry_count,
+            attempt: self.attempt,
         }
     }
 }
@@ -167,7 +168,8 @@ pub fn statement(
                      o.status AS "status: Status", o.trigger, o.detected_at, o.detected_price,
                      o.detected_currency, o.detected_in_stock, o.detected_paused,
                      o.detected_observed_at, o.baseline_price, o.baseline_reference,
-                     o.baseline_in_stock, o.attempt, o.retry_count, o.traceparent,
+                     o.baseline_in_stock, o.attempt AS "attempt: Count",
+                     o.retry_count AS "retry_count: Count", o.traceparent,
                      o.next_attempt_at, o.withdraws AS "withdraws: OutboxId""#,
         batch,
         lease
@@ -220,7 +222,7 @@ struct WatchRow {
     secret: Option<String>,
     previous_secret: Option<String>,
     circuit_open_until: Option<DateTime<Utc>>,
-    circuit_opens: Option<i32>,
+    circuit_opens: Option<Count>,
     pace_per_second: Option<f64>,
     paced_until: Option<DateTime<Utc>>,
 }
@@ -244,9 +246,7 @@ impl WatchRow {
                     .collect(),
                 health: Health {
                     circuit: Circuit {
-                        opens: self
-                            .circuit_opens
-                            .map_or(0, |n| u32::try_from(n).unwrap_or(0)),
+                        opens: self.circuit_opens.map_or(0, u32::from),
                         open_until: self.circuit_open_until,
                         ..Circuit::default()
                     },
@@ -278,7 +278,7 @@ pub async fn watches(
                   s.channel AS "channel?: Channel", s.endpoint AS "endpoint?", s.p256dh, s.auth,
                   s.secret, CASE WHEN s.previous_until > now() THEN s.previous_secret END
                       AS previous_secret,
-                  s.circuit_open_until, s.circuit_opens AS "circuit_opens?", s.pace_per_second,
+                  s.circuit_open_until, s.circuit_opens AS "circuit_opens?: Count", s.pace_per_second,
                   s.paced_until
            FROM watches w
            JOIN devices d ON d.id = w.device_id

@@ -5,6 +5,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use sqlx::types::Uuid;
+use tidings_domain::sql::Count;
 use tidings_domain::subscription::Deactivation;
 use tidings_domain::{Channel, DeviceId, SubscriptionId};
 
@@ -257,7 +258,7 @@ pub struct EndpointView {
     pub previous_until: Option<DateTime<Utc>>,
     pub consecutive_failures: i32,
     pub circuit_open_until: Option<DateTime<Utc>>,
-    pub circuit_opens: i32,
+    pub circuit_opens: u32,
     pub pace_per_second: Option<f64>,
     pub paced_until: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
@@ -270,7 +271,8 @@ pub async fn view(pool: &PgPool, device: DeviceId) -> Result<Option<EndpointView
         r#"SELECT id AS "subscription_id: SubscriptionId", endpoint AS url, description, active,
                   deactivation_reason AS "deactivation_reason: Deactivation",
                   deactivated_at, previous_until, consecutive_failures, circuit_open_until,
-                  circuit_opens, pace_per_second, paced_until, created_at
+                  circuit_opens AS "circuit_opens: Count", pace_per_second, paced_until,
+                  created_at
            FROM push_subscriptions WHERE device_id = $1 AND channel = 'webhook'
            ORDER BY active DESC, created_at DESC LIMIT 1"#,
         device.0

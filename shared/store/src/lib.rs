@@ -63,15 +63,6 @@ pub fn db(what: &'static str) -> impl FnOnce(sqlx::Error) -> DbError {
     move |source| DbError { what, source }
 }
 
-/// A count the schema keeps `>= 0`, read from column `column`: a value outside `u32` fails the
-/// row's decoding, as a `try_from` column would, rather than being bent to fit.
-pub(crate) fn count(column: &str, value: i32) -> Result<u32, sqlx::Error> {
-    u32::try_from(value).map_err(|e| sqlx::Error::ColumnDecode {
-        index: column.to_owned(),
-        source: Box::new(e),
-    })
-}
-
 /// A pooled connection idle at least this long is pinged before it is handed out.
 ///
 /// sqlx pings every connection when it goes back to the pool, and by default again when it is
@@ -112,6 +103,7 @@ pub fn postgres(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Error> 
     tidings_runtime::metrics::on_scrape(move || {
         let m = tidings_runtime::metrics::metrics();
         let open = i64::from(watched.size());
+        // Idle connections are at most the pool's `u32` size, so the fallback is never taken.
         let idle = i64::try_from(watched.num_idle()).unwrap_or(open);
         for (state, n) in [("in_use", open - idle), ("idle", idle)] {
             m.db_pool_connections

@@ -5,6 +5,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use sqlx::PgConnection;
 use sqlx::types::Json;
 use tidings_domain::outbox::Status;
+use tidings_domain::sql::Count;
 use tidings_domain::trigger::{Baseline, Observation};
 use tidings_domain::{Channel, OutboxId, SubscriptionId, WatchId};
 
@@ -51,8 +52,8 @@ macro_rules! locked {
             id: $r.id,
             dedup_day: $r.dedup_day,
             status: $r.status,
-            attempt: crate::count("attempt", $r.attempt)?,
-            retry_count: crate::count("retry_count", $r.retry_count)?,
+            attempt: $r.attempt.0,
+            retry_count: $r.retry_count.0,
             watch_id: $r.watch_id,
             trigger: $r.trigger,
             channel: $r.channel,
@@ -80,8 +81,9 @@ pub async fn lock(
     macro_rules! lock_where {
         ($condition:tt $(, $arg:expr)*) => {
             sqlx::query!(
-                r#"SELECT id AS "id: OutboxId", dedup_day, status AS "status: Status", attempt,
-                          retry_count, watch_id AS "watch_id: WatchId", trigger,
+                r#"SELECT id AS "id: OutboxId", dedup_day, status AS "status: Status",
+                          attempt AS "attempt: Count", retry_count AS "retry_count: Count",
+                          watch_id AS "watch_id: WatchId", trigger,
                           channel AS "channel: Channel",
                           sent_value AS "sent_value: Json<Observation>",
                           subscription_id AS "subscription_id: SubscriptionId", detected_at,
@@ -93,12 +95,12 @@ pub async fn lock(
             .fetch_all(conn)
             .await?
             .into_iter()
-            .map(|r| Ok(locked!(r)))
-            .collect()
+            .map(|r| locked!(r))
+            .collect::<Vec<_>>()
         };
     }
-    match days {
+    Ok(match days {
         Some(days) => lock_where!("AND dedup_day = ANY($2)", ids as _, days),
         None => lock_where!("", ids as _),
-    }
+    })
 }

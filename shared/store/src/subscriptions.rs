@@ -5,6 +5,7 @@ use sqlx::PgConnection;
 use sqlx::types::Uuid;
 use tidings_domain::SubscriptionId;
 use tidings_domain::receiver::{Circuit, Pace};
+use tidings_domain::sql::Count;
 
 /// Deactivates subscriptions the push service said are gone (404, 410).
 pub async fn deactivate_gone(
@@ -44,8 +45,8 @@ pub async fn lock_health(
         return Ok(Vec::new());
     }
     let rows = sqlx::query!(
-        r#"SELECT id AS "id: SubscriptionId", consecutive_failures, failing_since, circuit_opens,
-                  circuit_open_until, circuit_probing, pace_per_second, paced_until
+        r#"SELECT id AS "id: SubscriptionId", consecutive_failures AS "failures: Count",
+                  failing_since, circuit_opens AS "opens: Count", circuit_open_until, circuit_probing, pace_per_second, paced_until
            FROM push_subscriptions
            WHERE id = ANY($1) AND channel = 'webhook' AND active
            ORDER BY id FOR UPDATE"#,
@@ -53,14 +54,13 @@ pub async fn lock_health(
     )
     .fetch_all(conn)
     .await?;
-    // Both counts are checked `>= 0` by the schema; a value outside `u32` fails the row's
-    // decoding rather than being bent to fit.
-    rows.into_iter()
+    Ok(rows
+        .into_iter()
         .map(|r| {
             let circuit = Circuit {
-                failures: crate::count("consecutive_failures", r.consecutive_failures)?,
+                failures: r.failures.0,
                 failing_since: r.failing_since,
-                opens: crate::count("circuit_opens", r.circuit_opens)?,
+                opens: r.opens.0,
                 open_until: r.circuit_open_until,
                 probing: r.circuit_probing,
             };
@@ -68,9 +68,9 @@ pub async fn lock_health(
                 per_second: r.pace_per_second,
                 until: r.paced_until,
             };
-            Ok((r.id, Health { circuit, pace }))
+            (r.id, Health { circuit, pace })
         })
-        .collect()
+        .collect())
 }
 
 /// Writes endpoints' health back. Endpoints in `closed` had their circuit closed: the rows it
@@ -84,6 +84,8 @@ pub async fn write_health(
     if health.is_empty() {
         return Ok(());
     }
+    // Counts far past `i32::MAX` failing batches say no more than `i32::MAX` does: the circuit
+    // is open either way, so the column's limit is a fine place to stop counting.
     let count = |n: u32| i32::try_from(n).unwrap_or(i32::MAX);
     let ids: Vec<Uuid> = health.iter().map(|h| h.0.0).collect();
     let since: Vec<Option<DateTime<Utc>>> =

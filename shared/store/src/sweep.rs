@@ -4,6 +4,7 @@
 use chrono::NaiveDate;
 use sqlx::PgConnection;
 use tidings_domain::outbox::{Row, Status};
+use tidings_domain::sql::Count;
 use tidings_domain::{OutboxId, SubscriptionId};
 
 /// A `sending` row past its lease.
@@ -11,8 +12,8 @@ use tidings_domain::{OutboxId, SubscriptionId};
 pub struct Expired {
     pub id: OutboxId,
     pub dedup_day: NaiveDate,
-    pub attempt: i32,
-    pub retry_count: i32,
+    pub attempt: u32,
+    pub retry_count: u32,
     pub subscription_id: Option<SubscriptionId>,
 }
 
@@ -21,8 +22,8 @@ impl Expired {
     pub fn row(&self) -> Row {
         Row {
             status: Status::Sending,
-            retry_count: u32::try_from(self.retry_count).unwrap_or(0),
-            attempt: u32::try_from(self.attempt).unwrap_or(0),
+            retry_count: self.retry_count,
+            attempt: self.attempt,
         }
     }
 }
@@ -35,7 +36,8 @@ pub async fn lock_expired(
 ) -> Result<Vec<Expired>, sqlx::Error> {
     sqlx::query_as!(
         Expired,
-        r#"SELECT id AS "id: OutboxId", dedup_day, attempt, retry_count,
+        r#"SELECT id AS "id: OutboxId", dedup_day, attempt AS "attempt: Count",
+                  retry_count AS "retry_count: Count",
                   subscription_id AS "subscription_id: SubscriptionId"
            FROM outbox
            WHERE status = 'sending' /* status: sending */ AND lease_until < now()

@@ -228,7 +228,7 @@ pub fn init_metrics() {
 }
 
 /// Counts the changes that won in the metrics, by target state and reason. Call after commit.
-pub fn record(changes: &[Change], won: &HashSet<OutboxId>) {
+pub fn observe(changes: &[Change], won: &HashSet<OutboxId>) {
     let mut counts: HashMap<(Status, Option<Reason>), u64> = HashMap::new();
     for c in changes.iter().filter(|c| won.contains(&c.id)) {
         *counts

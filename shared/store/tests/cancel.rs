@@ -58,7 +58,7 @@ async fn a_cancel_clears_the_claim_counts_itself_and_leaves_rows_with_a_push_out
     let mut tx = db.pool.begin().await.unwrap();
     let done = tidings_store::cancel::cancel(&mut tx, &rows).await.unwrap();
     tx.commit().await.unwrap();
-    done.record();
+    done.observe();
 
     assert_eq!(done.count(), 2);
     assert!(done.won.contains(&rows[0].0) && done.won.contains(&rows[2].0));
