@@ -13,11 +13,13 @@ use serde_json::{Value, json};
 use server::{ADMIN_TOKEN, ApiServer, VAPID_PUBLIC, browser_subscription, test_settings};
 use std::collections::{BTreeMap, BTreeSet};
 use tidings_api::Settings;
+use tidings_domain::outbox::{DropReason, Event, Status};
 use tidings_domain::trigger::Trigger;
-use tidings_domain::{DeviceId, WatchId};
+use tidings_domain::{DeviceId, OutboxId, WatchId};
 use tidings_testkit::binaries::cli;
 use tidings_testkit::fixtures::{self, Device, Inserted};
 use tidings_testkit::harness::{TestDb, tool};
+use tidings_testkit::walk::{self, Step, walk};
 use tidings_webpush::endpoint::EndpointPolicy;
 use uuid::Uuid;
 
@@ -83,26 +85,23 @@ async fn create_watch(api: &ApiServer, token: &str, item: &str, triggers: Value)
     json(r).await
 }
 
-/// Moves a row along legal edges with SQL, as the dispatcher's loops would.
 /// `POST /v1/admin/outbox/{id}/replay` as the operator.
 async fn replay_row(api: &ApiServer, id: impl std::fmt::Display) -> Response {
     let path = format!("/v1/admin/outbox/{id}/replay");
     api.call(Method::POST, &path, Some(ADMIN_TOKEN)).await
 }
 
-async fn set_row(db: &sqlx::PgPool, id: Uuid, sql: &str) {
-    walk_row(db, id, &[sql]).await;
+/// The re-check found the condition no longer holds: the row is withheld.
+fn condition_lost() -> Event {
+    Event::Withheld(DropReason::ConditionLost)
 }
 
-/// Row `id` through each of `steps` (`SET` clauses) in turn, as the state machine would take it.
-async fn walk_row(db: &sqlx::PgPool, id: Uuid, steps: &[&str]) {
-    for sql in steps {
-        sqlx::query(&format!("UPDATE outbox SET {sql} WHERE id = $1"))
-            .bind(id)
-            .execute(db)
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
-    }
+/// Row `id` as the store reads it, with its delivery record.
+async fn stored(db: &sqlx::PgPool, id: Uuid) -> tidings_store::history::Delivery {
+    tidings_store::history::delivery(db, OutboxId(id))
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("no outbox row {id}"))
 }
 
 #[tokio::test]
@@ -116,10 +115,8 @@ async fn history_says_may_have_been_delivered_when_an_attempt_timed_out_before_a
         watches.push(w["id"].as_str().unwrap().to_owned());
     }
     let db = &db.pool;
-    use tidings_domain::outbox::{DropReason, Event};
-    use tidings_testkit::walk::walk;
-    let lost = Event::Withheld(DropReason::ConditionLost);
-    let row = |id: Uuid| tidings_domain::OutboxId(id);
+    let lost = condition_lost();
+    let row = OutboxId;
 
     // Withheld outright: the price went back up before the first attempt.
     let withheld = outbox_row(db, &device, &watches[0], 1100).await;
@@ -149,7 +146,8 @@ async fn history_says_may_have_been_delivered_when_an_attempt_timed_out_before_a
     );
     assert_eq!(delivery(open), (json!("retry"), json!("in_progress")));
 
-    // The mark is evidence: the database refuses to clear it.
+    // The mark is evidence: the database refuses to clear it (raw SQL on purpose: the state no
+    // code makes).
     let cleared = sqlx::query("UPDATE outbox SET maybe_delivered = false WHERE id = $1")
         .bind(open)
         .execute(db)
@@ -228,14 +226,8 @@ async fn a_client_registers_watches_pauses_reads_history_and_leaves() {
 
     // History: a withheld row and a pending one, newest first, with the reason.
     let withheld = outbox_row(&db.pool, &device, &ids[0], 1100).await;
-    sqlx::query(
-        "UPDATE outbox SET status = 'dropped', reason = 'condition_lost', finished_at = now(),
-                checked = '{\"price\": 1300}' WHERE id = $1",
-    )
-    .bind(withheld)
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    let lost = Step::from(condition_lost()).checked(json!({"price": 1300}));
+    walk(&db.pool, OutboxId(withheld), [lost]).await;
     let pending = outbox_row(&db.pool, &device, &ids[1], 1000).await;
     let history = json(api.get("/v1/notifications", Some(&token)).await).await;
     let items = history["items"].as_array().unwrap();
@@ -965,15 +957,7 @@ async fn operators_list_count_inspect_and_replay_terminal_rows() {
     let (device, token) = api.register().await;
     let w = create_watch(&api, &token, "SKU-1", json!([below(1200)])).await;
     let failed = outbox_row(&db.pool, &device, w["id"].as_str().unwrap(), 1100).await;
-    sqlx::query(
-        "UPDATE outbox SET status = 'failed', reason = 'retries_exhausted', finished_at = now(),
-                retry_count = 5, attempt = 5, last_error = 'push service answered 503', http_status = 503
-         WHERE id = $1",
-    )
-    .bind(failed)
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    let ended = walk::exhaust(&db.pool, OutboxId(failed), 503).await;
     let admin = Some(ADMIN_TOKEN);
 
     let listed = json(
@@ -994,43 +978,37 @@ async fn operators_list_count_inspect_and_replay_terminal_rows() {
     assert_eq!(none["items"].as_array().unwrap().len(), 0);
 
     let one = json(api.get(&format!("/v1/admin/outbox/{failed}"), admin).await).await;
-    assert_eq!(one["attempt"], 5);
+    assert_eq!(one["attempt"], ended.attempt);
     assert_eq!(one["last_error"], "push service answered 503");
     assert_eq!(one["http_status"], 503);
 
     let r = replay_row(&api, failed).await;
     assert_eq!(r.status(), 201);
     let replay = json(r).await["id"].as_str().unwrap().to_owned();
-    let (status, replay_of): (String, Uuid) =
-        sqlx::query_as("SELECT status, replay_of FROM outbox WHERE id = $1::uuid")
-            .bind(&replay)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-    assert_eq!((status.as_str(), replay_of), ("pending", failed));
-    let original: (String, i32) =
-        sqlx::query_as("SELECT status, attempt FROM outbox WHERE id = $1")
-            .bind(failed)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+    let replayed = stored(&db.pool, replay.parse().unwrap()).await;
     assert_eq!(
-        original,
-        ("failed".to_owned(), 5),
+        (
+            replayed.notification.status,
+            replayed.notification.replay_of
+        ),
+        (Status::Pending, Some(OutboxId(failed)))
+    );
+    let original = stored(&db.pool, failed).await;
+    assert_eq!(
+        (original.notification.status, original.attempt),
+        (Status::Failed, i32::try_from(ended.attempt).unwrap()),
         "the terminal row is untouched"
     );
     let again = problem(replay_row(&api, failed).await, 409).await;
     assert_eq!(again["type"], "/problems/already-replayed");
     problem(replay_row(&api, &replay).await, 409).await;
     // Even once the replay has ended unsent, it is not replayed again: no chains.
-    sqlx::query(
-        "UPDATE outbox SET status = 'dropped', reason = 'condition_lost', finished_at = now()
-         WHERE id = $1::uuid",
+    walk(
+        &db.pool,
+        OutboxId(replay.parse().unwrap()),
+        [condition_lost()],
     )
-    .bind(&replay)
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    .await;
     let chained = problem(replay_row(&api, &replay).await, 409).await;
     assert_eq!(chained["type"], "/problems/is-a-replay", "{chained}");
     problem(
@@ -1109,23 +1087,13 @@ async fn bulk_replay_takes_only_matching_rows_once_each_in_resumable_batches() {
     let mut matching = Vec::new();
     for _ in 0..5 {
         let id = row_on("SKU-1", 1100).await;
-        set_row(&db.pool, id, "status = 'failed', reason = 'retries_exhausted', finished_at = now(), http_status = 503").await;
+        walk::exhaust(&db.pool, OutboxId(id), 503).await;
         matching.push(id);
     }
     let other = row_on("SKU-2", 1100).await;
-    set_row(
-        &db.pool,
-        other,
-        "status = 'failed', reason = 'retries_exhausted', finished_at = now(), http_status = 503",
-    )
-    .await;
+    walk::exhaust(&db.pool, OutboxId(other), 503).await;
     let lost = row_on("SKU-1", 1000).await;
-    set_row(
-        &db.pool,
-        lost,
-        "status = 'dropped', reason = 'condition_lost', finished_at = now()",
-    )
-    .await;
+    walk(&db.pool, OutboxId(lost), [condition_lost()]).await;
     let pending = row_on("SKU-1", 900).await;
     // One of the five was replayed before: it is not replayed again.
     let earlier = json(replay_row(&api, matching[0]).await).await["id"]
@@ -1209,10 +1177,10 @@ async fn bulk_replay_takes_only_matching_rows_once_each_in_resumable_batches() {
     assert_eq!(twice["changed"], 0, "{twice}");
     assert_eq!(twice["skipped"]["is_a_replay"], 7, "{twice}");
     assert_eq!(twice["skipped"]["already_replayed"], 7, "{twice}");
-    set_row(
+    walk(
         &db.pool,
-        earlier.parse().unwrap(),
-        "status = 'dropped', reason = 'condition_lost', finished_at = now()",
+        OutboxId(earlier.parse().unwrap()),
+        [condition_lost()],
     )
     .await;
     let chained = admin_post(
@@ -1334,14 +1302,14 @@ async fn operators_cancel_due_rows_only_and_pause_devices_and_watches() {
         let w = create_watch(&api, &token, item, json!([below(1200)])).await;
         rows.push(outbox_row(&db.pool, &device, w["id"].as_str().unwrap(), 1100).await);
     }
-    set_row(&db.pool, rows[1], "status = 'retry', retry_count = 1").await;
-    set_row(&db.pool, rows[2], "status = 'sending', attempt = 1, lease_until = now() + interval '1 hour', deadline = now()").await;
-    set_row(
+    walk(
         &db.pool,
-        rows[3],
-        "status = 'dropped', reason = 'condition_lost', finished_at = now()",
+        OutboxId(rows[1]),
+        [Event::Dispatched, Event::Transient],
     )
     .await;
+    walk(&db.pool, OutboxId(rows[2]), [Event::Dispatched]).await;
+    walk(&db.pool, OutboxId(rows[3]), [condition_lost()]).await;
 
     // One row: pending → cancelled; a row with a push out, or one that ended, is refused.
     let done = admin_act(&api, &format!("/v1/admin/outbox/{}/cancel", rows[0])).await;
@@ -1427,7 +1395,8 @@ async fn operators_cancel_due_rows_only_and_pause_devices_and_watches() {
         cancelled.iter().all(|n| n["delivery"] == "not_delivered"),
         "{history}"
     );
-    // Nobody but an operator's cancel may record the reason, and not on a row in flight.
+    // Nobody but an operator's cancel may record the reason, and not on a row in flight (raw SQL
+    // on purpose: the write the database must refuse).
     let refused = sqlx::query("UPDATE outbox SET status = 'dropped', reason = 'cancelled', finished_at = now() WHERE id = $1")
         .bind(rows[2]).execute(&db.pool).await.unwrap_err();
     assert!(
@@ -1516,18 +1485,8 @@ async fn the_cli_replays_cancels_and_pauses_with_exit_codes_scripts_rely_on() {
         let w = create_watch(&api, &token, item, json!([below(1200)])).await;
         rows.push(outbox_row(&db.pool, &device, w["id"].as_str().unwrap(), 1100).await);
     }
-    set_row(
-        &db.pool,
-        rows[0],
-        "status = 'failed', reason = 'retries_exhausted', finished_at = now(), http_status = 503",
-    )
-    .await;
-    set_row(
-        &db.pool,
-        rows[1],
-        "status = 'failed', reason = 'retries_exhausted', finished_at = now(), http_status = 410",
-    )
-    .await;
+    walk::exhaust(&db.pool, OutboxId(rows[0]), 503).await;
+    walk::exhaust(&db.pool, OutboxId(rows[1]), 410).await;
 
     // A bulk change needs a filter (or --all), says what it would do, and acts only with --yes.
     let nothing = run(args(&["outbox", "replay"])).await;

@@ -14,11 +14,13 @@ use serde_json::Value;
 use tidings_bus::consume::Handler as _;
 use tidings_dispatcher::retention;
 use tidings_domain::WatchId;
+use tidings_domain::outbox::{DropReason, Event, Status};
 use tidings_domain::retention::{Retention, week_of};
 use tidings_domain::trigger::Trigger;
 use tidings_store::partitions::Partitions;
 use tidings_testkit::fixtures::{self, Device, Inserted};
 use tidings_testkit::harness::TestDb;
+use tidings_testkit::walk::walk;
 
 const BELOW_1200: Trigger = Trigger::PriceBelow { threshold: 1200 };
 
@@ -37,15 +39,19 @@ async fn notify(db: &TestDb, device: &Device, watch: WatchId, day: NaiveDate) ->
     fixtures::insert_outbox(&db.pool, &req).await.unwrap()
 }
 
-/// Every row decided: withheld (pending → dropped is a legal transition).
+/// Every pending row decided: withheld, as the re-check would.
 async fn decide_all(db: &TestDb) {
-    sqlx::query(
-        "UPDATE outbox SET status = 'dropped', reason = 'condition_lost', finished_at = now()
-         WHERE status = 'pending'",
-    )
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    let pending = tidings_store::history::Filter {
+        status: Some(tidings_domain::outbox::Status::Pending),
+        ..Default::default()
+    };
+    let rows = tidings_store::history::deliveries(&db.pool, &pending, None, 100_000)
+        .await
+        .unwrap();
+    for row in rows {
+        let lost = Event::Withheld(DropReason::ConditionLost);
+        walk(&db.pool, row.notification.id, [lost]).await;
+    }
 }
 
 /// The rows from `from` on, whole, in id order.
@@ -183,8 +189,7 @@ async fn an_expired_week_with_a_row_to_decide_is_kept_until_it_is_decided() {
         .unwrap();
     assert_eq!(round.kept, vec![week_of(old)]);
     assert!(round.dropped.is_empty());
-    db.assert_count("SELECT count(*) FROM outbox WHERE status = 'pending'", 1)
-        .await;
+    assert_eq!(db.rows_in(&[Status::Pending]).await, 1);
     decide_all(&db).await;
     let round = retention::run_once(&db.pool, retention, today)
         .await

@@ -12,6 +12,7 @@ use tidings_bus::consume::Handler as _;
 use tidings_bus::publish::{Outgoing, publish_all};
 use tidings_bus::streams::ensure_streams;
 use tidings_domain::Channel;
+use tidings_domain::outbox::Status;
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
 use tidings_tests::brokers::{NatsCluster, free_port};
@@ -99,9 +100,9 @@ async fn a_node_killed_mid_burst_loses_no_notification_and_repeats_none_unmarked
     s.catalog.set_price("SKU-1", 1000);
 
     // Mid-burst, kill the node that leads the push stream (every push request goes through it).
-    let sent = "SELECT count(*) FROM outbox WHERE status = 'sent'";
+    let sent = [Status::Sent];
     let started = Instant::now();
-    while s.db.count(sent).await < 30 {
+    while s.db.rows_in(&sent).await < 30 {
         poll_wait(started, 60, || {
             format!("nothing sent:\n{}", p.log("dispatcher"))
         })
@@ -109,7 +110,7 @@ async fn a_node_killed_mid_burst_loses_no_notification_and_repeats_none_unmarked
     }
     let victim = leader(&js, &s.subjects.stream(StreamKind::Push)).await;
     cluster.node(&victim).unwrap().kill();
-    let sent_at_kill = s.db.count(sent).await;
+    let sent_at_kill = s.db.rows_in(&sent).await;
     eprintln!("killed {victim} with {sent_at_kill} of {N} sent");
     assert!(
         sent_at_kill < N,
@@ -118,9 +119,9 @@ async fn a_node_killed_mid_burst_loses_no_notification_and_repeats_none_unmarked
     tokio::time::sleep(Duration::from_secs(3)).await;
     cluster.node(&victim).unwrap().start().await.unwrap();
 
-    let terminal = "SELECT count(*) FROM outbox WHERE status IN ('sent', 'dropped', 'failed')";
+    let terminal = [Status::Sent, Status::Dropped, Status::Failed];
     let started = Instant::now();
-    while s.db.count(terminal).await < N {
+    while s.db.rows_in(&terminal).await < N {
         poll_wait(started, 120, || {
             format!(
                 "not every row terminal:\ndispatcher:\n{}\npusher:\n{}",
@@ -135,7 +136,7 @@ async fn a_node_killed_mid_burst_loses_no_notification_and_repeats_none_unmarked
         N,
         "one row per watch"
     );
-    assert_eq!(s.db.count(sent).await, N, "every notification sent");
+    assert_eq!(s.db.rows_in(&sent).await, N, "every notification sent");
 
     // Deliveries per row, by the notification's id.
     let mut deliveries: HashMap<String, usize> = HashMap::new();

@@ -85,7 +85,7 @@ async fn postgres_restored_to_a_dump_taken_mid_burst_strands_nothing_and_repeats
     let started = Instant::now();
     while s
         .db
-        .count("SELECT count(*) FROM outbox WHERE status IN ('sent', 'dropped', 'failed')")
+        .rows_in(&[Status::Sent, Status::Dropped, Status::Failed])
         .await
         < n
     {

@@ -711,9 +711,7 @@ async fn a_burst_of_429s_paces_an_endpoint_and_never_opens_its_breaker() {
         {
             paces.push(pace);
         }
-        let sent = (s.db)
-            .count("SELECT count(*) FROM outbox WHERE status = 'sent'")
-            .await;
+        let sent = s.db.rows_in(&[Status::Sent]).await;
         if sent == 20 {
             break;
         }

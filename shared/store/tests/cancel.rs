@@ -5,9 +5,11 @@
 #![allow(clippy::unwrap_used)]
 
 use tidings_domain::OutboxId;
+use tidings_domain::outbox::Event;
 use tidings_domain::trigger::Trigger;
 use tidings_testkit::fixtures;
 use tidings_testkit::harness::TestDb;
+use tidings_testkit::walk::walk;
 
 /// Pending rows of one watch, one per day.
 async fn rows(db: &TestDb, n: u32) -> Vec<(OutboxId, chrono::NaiveDate)> {
@@ -39,20 +41,14 @@ async fn a_cancel_clears_the_claim_counts_itself_and_leaves_rows_with_a_push_out
     let rows = rows(&db, 3).await;
     // Row 0: claimed by a dispatcher that has not moved it yet. Row 1: its push is out.
     // Row 2: plain pending.
-    sqlx::query("UPDATE outbox SET claimed_until = now() + interval '30 seconds' WHERE id = $1")
-        .bind(rows[0].0)
-        .execute(&db.pool)
+    let claimed = tidings_store::claim::claim(&db.pool, 1, std::time::Duration::from_secs(30))
         .await
         .unwrap();
-    sqlx::query(
-        "UPDATE outbox SET status = 'sending', attempt = 1,
-                lease_until = now() + interval '1 minute', deadline = now() + interval '5 seconds'
-         WHERE id = $1",
-    )
-    .bind(rows[1].0)
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    assert_eq!(
+        claimed[0].id, rows[0].0,
+        "the oldest due row is claimed first"
+    );
+    walk(&db.pool, rows[1].0, [Event::Dispatched]).await;
     let before = cancelled_count();
 
     let mut tx = db.pool.begin().await.unwrap();

@@ -5,13 +5,14 @@
 #![allow(clippy::unwrap_used)]
 
 use std::error::Error as _;
-use tidings_domain::outbox::{DropReason, Reason, Status};
+use tidings_domain::outbox::{DropReason, Event, Reason, Status};
 use tidings_domain::trigger::Trigger;
 use tidings_domain::withdrawal::Announces;
 use tidings_domain::{DeviceId, OutboxId};
 use tidings_store::history::{self, Filter};
 use tidings_testkit::fixtures;
 use tidings_testkit::harness::TestDb;
+use tidings_testkit::walk::walk;
 
 async fn device_of(db: &TestDb, id: OutboxId) -> DeviceId {
     sqlx::query_scalar("SELECT device_id FROM outbox WHERE id = $1")
@@ -29,14 +30,12 @@ async fn triggers_and_reasons_decode_as_enums_and_an_unknown_one_is_an_error() {
         .await
         .unwrap();
     let (first, second) = (rows[0].0, rows[1].0);
-    sqlx::query(
-        "UPDATE outbox SET status = 'dropped', reason = 'condition_lost', finished_at = now()
-         WHERE id = $1",
+    walk(
+        &db.pool,
+        first,
+        [Event::Withheld(DropReason::ConditionLost)],
     )
-    .bind(first)
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    .await;
 
     let device = device_of(&db, first).await;
     let read = history::of_device(&db.pool, device, None, None, 10)
@@ -64,8 +63,9 @@ async fn triggers_and_reasons_decode_as_enums_and_an_unknown_one_is_an_error() {
         [first]
     );
 
-    // A trigger key a newer build wrote: reading it fails and says what it was. (The snapshot
-    // is immutable; the guard trigger is set aside for this one edit.)
+    // A trigger key a newer build wrote: reading it fails and says what it was. (Raw SQL on
+    // purpose: no build of this code can write it. The snapshot is immutable; the guard
+    // trigger is set aside for this one edit.)
     let mut tx = db.pool.begin().await.unwrap();
     sqlx::query("SET LOCAL session_replication_role = replica")
         .execute(&mut *tx)

@@ -1,4 +1,6 @@
-//! The schema keeps the promises docs/design.md makes at the database level.
+//! The schema keeps the promises docs/design.md makes at the database level. Its tests write
+//! raw SQL on purpose: each makes (or tries) a state or an edit the code never would, to see the
+//! database refuse it or keep its promise anyway.
 
 // Test code: a failed unwrap is a failed test, which is what we want.
 #![allow(clippy::unwrap_used)]

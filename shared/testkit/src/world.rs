@@ -406,7 +406,8 @@ impl World {
             .expect("baseline")
     }
 
-    /// Makes every waiting row due now, as if its backoff had passed.
+    /// Makes every waiting row due now, as if its backoff had passed (a time only, so raw SQL:
+    /// no state changes).
     pub async fn make_due(&self) {
         sqlx::query(
             "UPDATE outbox SET next_attempt_at = now() WHERE status IN ('pending', 'retry')",
