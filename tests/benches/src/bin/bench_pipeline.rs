@@ -242,6 +242,10 @@ async fn load_phase(rate: usize, secs: u64, channel: Channel) -> Value {
             ("RUST_LOG", &service_log()),
             ("TIDINGS_POLL_INTERVAL", "20ms"),
             ("TIDINGS_PUSH_ALLOWED_HOSTS", NAMED_HOSTS),
+            // The sink's endpoints name `localhost`, a private address the guard refuses
+            // unless allowed by name (regression: every push of a run ended `failed`,
+            // `endpoint_refused`, once the guard matched private hosts by name).
+            ("TIDINGS_PUSH_ALLOW_PRIVATE", NAMED_HOSTS),
             // One receiver stands for every endpoint, as one push sink does for every push
             // service: as many in flight as the push sink gets.
             ("TIDINGS_WEBHOOK_CONCURRENCY_PER_HOST", "256"),
@@ -506,6 +510,7 @@ async fn stale_phase(naive: bool) -> Value {
             ("RUST_LOG", &service_log()),
             ("TIDINGS_RETRY_BASE", "1s"),
             ("TIDINGS_PUSH_ALLOWED_HOSTS", NAMED_HOSTS),
+            ("TIDINGS_PUSH_ALLOW_PRIVATE", NAMED_HOSTS),
         ],
     )
     .await;
