@@ -229,7 +229,7 @@ impl Dispatcher {
                     messaging.destination.name = push_subject.as_str(),
                     outbox_id = %r.id,
                     watch_id = %r.watch_id,
-                    trigger = r.trigger.as_str(),
+                    trigger = r.trigger.key.as_str(),
                     channel = r.channel.as_str(),
                     outcome = tracing::field::Empty,
                     reason = tracing::field::Empty,

@@ -224,8 +224,8 @@ pub fn decide(
         let row = g.row;
         // Keys are written by ingest from a valid trigger; one this build cannot read is kept
         // for an operator (retried, then failed with the key in last_error), never guessed at.
-        let Some(announces) = row.announces() else {
-            let error = format!("unknown trigger key {:?}", row.trigger);
+        let Some(announces) = row.trigger.announces.clone() else {
+            let error = format!("unknown trigger key {:?}", row.trigger.key);
             plan.changes
                 .push(change(row, Event::Transient, Some(error), settings, now));
             continue;
@@ -598,6 +598,7 @@ mod tests {
     use tidings_domain::receiver::{Circuit, Pace};
     use tidings_domain::subjects::Subjects;
     use tidings_domain::trigger::Observation;
+    use tidings_domain::withdrawal::TriggerColumn;
     use tidings_domain::{DeviceId, OutboxId};
     use tidings_source::SourceConfig;
     use tidings_store::subscriptions::Health;
@@ -616,7 +617,7 @@ mod tests {
             device_id: DeviceId::new(),
             channel: tidings_domain::Channel::WebPush,
             status: Status::Pending,
-            trigger: Trigger::PriceBelow { threshold: 1200 }.key(),
+            trigger: TriggerColumn::parse(&Trigger::PriceBelow { threshold: 1200 }.key()),
             detected_at: at,
             detected_price: 1100,
             detected_currency: "EUR".into(),

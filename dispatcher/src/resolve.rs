@@ -11,7 +11,7 @@ use tidings_domain::outbox::{self, Event, Row, Status};
 use tidings_domain::push;
 use tidings_domain::receiver::Observed;
 use tidings_domain::trigger::Observation;
-use tidings_domain::withdrawal::{self, Promise};
+use tidings_domain::withdrawal::Promise;
 use tidings_domain::{Channel, OutboxId};
 use tidings_store::attempts::Attempt;
 use tidings_store::baselines;
@@ -178,8 +178,7 @@ pub(crate) fn plan(
 /// until when, so that it can be withdrawn; a withdrawal leaves the value it reported under the
 /// withdrawn trigger's key, and nothing left to withdraw.
 pub(crate) fn advance<'r>(row: &'r Locked, sent: &Observation) -> baselines::Advance<'r> {
-    let (trigger, withdrawal) = withdrawal::split_key(&row.trigger);
-    let promise = match (withdrawal, row.valid_until) {
+    let promise = match (row.trigger.withdrawal, row.valid_until) {
         (false, Some(valid_until)) => Some(Promise {
             outbox_id: row.id,
             dedup_day: row.dedup_day,
@@ -191,7 +190,7 @@ pub(crate) fn advance<'r>(row: &'r Locked, sent: &Observation) -> baselines::Adv
     };
     baselines::Advance {
         watch_id: row.watch_id,
-        trigger,
+        trigger: &row.trigger.key,
         price: sent.price,
         in_stock: sent.in_stock,
         outbox_id: row.id,

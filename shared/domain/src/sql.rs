@@ -5,7 +5,7 @@
 use crate::names::UnknownName;
 use crate::outbox::Reason;
 use crate::trigger::Trigger;
-use crate::withdrawal::Announces;
+use crate::withdrawal::{Announces, TriggerColumn};
 
 /// Makes `$t` a Postgres `text` value: written by `$to_text`, read by `$from_text` (which fails
 /// on a name it does not know).
@@ -64,9 +64,27 @@ as_text!(Reason, |r| r.as_str().to_owned(), |s| Reason::parse(s)
 as_text!(Announces, Announces::key, |s| Announces::from_key(s)
     .ok_or_else(|| unknown("trigger key", s)));
 
+/// An outbox row's `trigger` column, split as it is read (`trigger AS "trigger: TriggerColumn"`);
+/// never an error: a key this build does not know fails its own row where it is used.
+impl ::sqlx::Type<::sqlx::Postgres> for TriggerColumn {
+    fn type_info() -> ::sqlx::postgres::PgTypeInfo {
+        <&str as ::sqlx::Type<::sqlx::Postgres>>::type_info()
+    }
+    fn compatible(ty: &::sqlx::postgres::PgTypeInfo) -> bool {
+        <&str as ::sqlx::Type<::sqlx::Postgres>>::compatible(ty)
+    }
+}
+
+impl<'r> ::sqlx::Decode<'r, ::sqlx::Postgres> for TriggerColumn {
+    fn decode(value: ::sqlx::postgres::PgValueRef<'r>) -> Result<Self, ::sqlx::error::BoxDynError> {
+        let text = <&str as ::sqlx::Decode<::sqlx::Postgres>>::decode(value)?;
+        Ok(TriggerColumn::parse(text))
+    }
+}
+
 /// A count the schema keeps `>= 0` (attempts, retries, failures), read as the `u32` the domain
 /// counts in: `attempt AS "attempt: Count"` in a checked statement. A value outside `u32` fails
-/// the row's decoding, naming the column, rather than being bent to fit.
+/// the row's decoding (a column decode error) rather than being bent to fit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Count(pub u32);
 

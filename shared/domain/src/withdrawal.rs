@@ -21,10 +21,32 @@ pub const PREFIX: &str = "withdraw:";
 /// the row is about (whose baseline it is decided on), and whether the row withdraws it. The one
 /// place that knows how a withdrawal's key is spelt, for readers that need no [`Trigger`] (a key
 /// this build does not know still has its baseline).
-pub fn split_key(key: &str) -> (&str, bool) {
+fn split_key(key: &str) -> (&str, bool) {
     match key.strip_prefix(PREFIX) {
         Some(withdrawn) => (withdrawn, true),
         None => (key, false),
+    }
+}
+
+/// An outbox row's `trigger` column, split once where it is read: the key of the trigger the
+/// row is about (whose baseline it is decided on), whether the row withdraws it, and what it
+/// announces if this build knows the trigger. A key this build does not know (a newer build's)
+/// still has its baseline key; only its own row fails.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TriggerColumn {
+    pub key: String,
+    pub withdrawal: bool,
+    pub announces: Option<Announces>,
+}
+
+impl TriggerColumn {
+    pub fn parse(column: &str) -> Self {
+        let (key, withdrawal) = split_key(column);
+        TriggerColumn {
+            key: key.to_owned(),
+            withdrawal,
+            announces: Announces::from_key(column),
+        }
     }
 }
 
@@ -143,6 +165,23 @@ mod tests {
         // A key this build cannot parse still splits, so its baseline is found.
         assert_eq!(split_key("withdraw:someday_kind"), ("someday_kind", true));
         assert_eq!(Announces::from_key("recall:back_in_stock"), None);
+        assert_eq!(
+            TriggerColumn::parse("withdraw:someday_kind"),
+            TriggerColumn {
+                key: "someday_kind".into(),
+                withdrawal: true,
+                announces: None
+            }
+        );
+        let below = Trigger::PriceBelow { threshold: 1200 };
+        assert_eq!(
+            TriggerColumn::parse("withdraw:price_below:1200"),
+            TriggerColumn {
+                key: "price_below:1200".into(),
+                withdrawal: true,
+                announces: Some(Announces::Ended(below))
+            }
+        );
     }
 
     #[test]

@@ -21,7 +21,7 @@ use tidings_domain::outbox::{Row, Status};
 use tidings_domain::receiver::{Circuit, Pace};
 use tidings_domain::sql::Count;
 use tidings_domain::trigger::{Baseline, LastSent, Observation};
-use tidings_domain::withdrawal::Announces;
+use tidings_domain::withdrawal::TriggerColumn;
 use tidings_domain::{Channel, DeviceId, OutboxId, SubscriptionId, WatchId};
 
 /// What the database says about a claimed row's watch right now.
@@ -79,7 +79,8 @@ pub struct Claimed {
     /// The channel it goes out on (its watch's, so its device's).
     pub channel: Channel,
     pub status: Status,
-    pub trigger: String,
+    /// Its `trigger` column, split: what it announces, if this build knows the key.
+    pub trigger: TriggerColumn,
     pub detected_at: DateTime<Utc>,
     pub detected_price: i64,
     pub detected_currency: String,
@@ -99,16 +100,10 @@ pub struct Claimed {
 }
 
 impl Claimed {
-    /// What the row announces, read back from its trigger key; `None` only for a key this build
-    /// does not know.
-    pub fn announces(&self) -> Option<Announces> {
-        Announces::from_key(&self.trigger)
-    }
-
     /// The key of the trigger the row is about, whose baseline it is decided on (a withdrawal's
     /// key without its prefix).
     pub fn trigger_key(&self) -> &str {
-        tidings_domain::withdrawal::split_key(&self.trigger).0
+        &self.trigger.key
     }
 
     /// The detection snapshot.
@@ -165,7 +160,7 @@ pub fn statement(
            FROM due WHERE o.id = due.id AND o.dedup_day = due.dedup_day
            RETURNING o.id AS "id: OutboxId", o.dedup_day, o.watch_id AS "watch_id: WatchId",
                      o.device_id AS "device_id: DeviceId", o.channel AS "channel: Channel",
-                     o.status AS "status: Status", o.trigger, o.detected_at, o.detected_price,
+                     o.status AS "status: Status", o.trigger AS "trigger: TriggerColumn", o.detected_at, o.detected_price,
                      o.detected_currency, o.detected_in_stock, o.detected_paused,
                      o.detected_observed_at, o.baseline_price, o.baseline_reference,
                      o.baseline_in_stock, o.attempt AS "attempt: Count",

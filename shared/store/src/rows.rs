@@ -7,6 +7,7 @@ use sqlx::types::Json;
 use tidings_domain::outbox::Status;
 use tidings_domain::sql::Count;
 use tidings_domain::trigger::{Baseline, Observation};
+use tidings_domain::withdrawal::TriggerColumn;
 use tidings_domain::{Channel, OutboxId, SubscriptionId, WatchId};
 
 /// A row as the results loop needs it.
@@ -19,7 +20,7 @@ pub struct Locked {
     pub attempt: u32,
     pub retry_count: u32,
     pub watch_id: WatchId,
-    pub trigger: String,
+    pub trigger: TriggerColumn,
     /// Where it goes: results count on a webhook endpoint's circuit breaker only.
     pub channel: Channel,
     pub sent_value: Option<Json<Observation>>,
@@ -83,7 +84,7 @@ pub async fn lock(
             sqlx::query!(
                 r#"SELECT id AS "id: OutboxId", dedup_day, status AS "status: Status",
                           attempt AS "attempt: Count", retry_count AS "retry_count: Count",
-                          watch_id AS "watch_id: WatchId", trigger,
+                          watch_id AS "watch_id: WatchId", trigger AS "trigger: TriggerColumn",
                           channel AS "channel: Channel",
                           sent_value AS "sent_value: Json<Observation>",
                           subscription_id AS "subscription_id: SubscriptionId", detected_at,
