@@ -1018,12 +1018,10 @@ async fn notifications_pushed_in_one_batch_are_each_one_trace() {
     let mut ids = Vec::new();
     for w in [&a, &b] {
         let id = loop {
-            let sent: Option<uuid::Uuid> =
-                sqlx::query_scalar("SELECT id FROM outbox WHERE watch_id = $1 AND status = 'sent'")
-                    .bind(w.watch)
-                    .fetch_optional(&s.db.pool)
-                    .await
-                    .unwrap();
+            let rows = s.rows(w.watch).await;
+            let sent = (rows.iter())
+                .find(|r| r.notification.status == Status::Sent)
+                .map(|r| r.notification.id.0);
             if let Some(id) = sent {
                 break id;
             }

@@ -150,15 +150,25 @@ async fn postgres_restored_to_a_dump_taken_mid_burst_strands_nothing_and_repeats
     }
 
     // Nothing stranded: every watch ends with one row, decided.
+    let counted = |pool: sqlx::PgPool| async move {
+        let by_state = tidings_store::history::by_state_and_reason(&pool)
+            .await
+            .unwrap();
+        let of = |keep: fn(Status) -> bool| {
+            (by_state.iter())
+                .filter(|(s, _, _)| keep(*s))
+                .map(|(_, _, n)| n)
+                .sum::<i64>()
+        };
+        (
+            of(|_| true),
+            of(Status::is_terminal),
+            of(|s| s == Status::Sent),
+        )
+    };
     let started = Instant::now();
     loop {
-        let (rows, decided): (i64, i64) = sqlx::query_as(
-            "SELECT count(*), count(*) FILTER (WHERE status IN ('sent', 'dropped', 'failed')) \
-             FROM outbox",
-        )
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+        let (rows, decided, _) = counted(pool.clone()).await;
         if rows == n && decided == n {
             break;
         }
@@ -170,10 +180,7 @@ async fn postgres_restored_to_a_dump_taken_mid_burst_strands_nothing_and_repeats
         })
         .await;
     }
-    let sent: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE status = 'sent'")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let (_, _, sent) = counted(pool.clone()).await;
     assert_eq!(sent, n, "every watch's notification ends sent");
 
     // Nothing repeated unmarked: a row the push service got twice says it may have been.
