@@ -135,6 +135,7 @@ pub async fn list_dead_letters(
         .list(
             &filter,
             sequence_bound(q.cursor)?,
+            // The limit was checked to be 1 to the page maximum, so it fits.
             usize::try_from(limit).unwrap_or(50),
             EXAMINE,
         )

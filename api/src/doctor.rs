@@ -285,6 +285,7 @@ async fn consumer(
             subjects.all(kind)
         ));
     }
+    // `usize` fits `u64` on every target this builds for.
     let waiting = info.num_pending + u64::try_from(info.num_ack_pending).unwrap_or(0);
     if waiting > max_lag {
         wrong.push(format!(

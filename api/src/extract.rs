@@ -104,6 +104,7 @@ pub fn page<T, U, C>(
     cursor: impl Fn(&T) -> C,
     show: impl Fn(T) -> U,
 ) -> (Vec<U>, Option<C>) {
+    // A limit past `usize` is no limit: every item fits on the page.
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     let mut next = None;
     if rows.len() > limit {

@@ -92,6 +92,7 @@ impl Hold {
 
     /// Counts each waiting message as `n` notifications (the publish batch).
     pub fn counting_each_message_as(mut self, n: usize) -> Self {
+        // `usize` fits `u64` on every target this builds for.
         self.per_message = u64::try_from(n.max(1)).unwrap_or(u64::MAX);
         self
     }
@@ -167,6 +168,7 @@ impl Hold {
         // began during it, and the backlog would only grow in bursts.
         let room = self.limit.saturating_sub(waiting);
         Gate::Scan {
+            // Room past `usize` is more than a scan can publish: no limit.
             budget: Some(usize::try_from(room).unwrap_or(usize::MAX)),
         }
     }

@@ -58,6 +58,7 @@ pub(crate) fn init(settings: &Settings) {
         .set(i64::from(settings.shard_count));
     metrics()
         .scan_interval
+        // Gauges saturate at `i64::MAX`, which no interval or count reaches.
         .set(i64::try_from(settings.scan_interval.as_secs()).unwrap_or(i64::MAX));
     metrics().last_scan.set(chrono::Utc::now().timestamp());
     tidings_runtime::metrics::metrics().may_fail(&[Failure::Scan]);
@@ -148,6 +149,7 @@ pub(crate) fn observe_scan(stats: &ScanStats, took: Duration, dry_run: bool) {
     m.last_scan.set(chrono::Utc::now().timestamp());
     m.scan_duration.observe(took.as_secs_f64());
     m.watches
+        // Gauges saturate at `i64::MAX`, which no interval or count reaches.
         .set(i64::try_from(stats.watches).unwrap_or(i64::MAX));
     m.evaluated_watches.inc_by(stats.evaluated as u64);
     if !dry_run {

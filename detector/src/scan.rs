@@ -112,6 +112,7 @@ impl Detector {
         };
         let started = std::time::Instant::now();
         let (mut list, mut stats) = self.begin(now).await?;
+        // A page size is a small `u32`, which fits `usize`; at least one watch a page.
         let page_size = usize::try_from(self.settings.page_size).unwrap_or(1).max(1);
         let mut pages: Vec<Vec<ItemCode>> = Vec::new();
         let mut in_page = page_size;
@@ -192,6 +193,7 @@ impl Detector {
             left: None,
             stopped_at: None,
         };
+        // A page size is a small `u32`, which fits `usize`; at least one watch a page.
         let page_size = usize::try_from(self.settings.page_size).unwrap_or(1).max(1);
         for page in watched.chunks(page_size) {
             self.scan_page(

@@ -297,6 +297,7 @@ impl Watchlist {
     ) -> Result<Refreshed, sqlx::Error> {
         let mut snapshot = Snapshot::begin(pool).await?;
         let shard = Shard {
+            // Checked at start: 0 < index < count; a count past `i32` would be refused by no real deployment, and Postgres takes the shard as `int`.
             count: i32::try_from(settings.shard_count).unwrap_or(1),
             index: i32::try_from(settings.shard_index).unwrap_or(0),
         };

@@ -245,6 +245,7 @@ impl Settings {
     /// results batch in flight, the sweeper's, and one for the idle pick-up.
     pub fn db_connections_needed(&self) -> u32 {
         let need = self.dispatch_workers + 2 * self.consumer_concurrency + 2;
+        // A need past `u32` connections is one no pool meets: the check then refuses it.
         u32::try_from(need).unwrap_or(u32::MAX)
     }
 
@@ -280,6 +281,7 @@ impl Settings {
             ("TIDINGS_DISPATCH_WORKERS", self.dispatch_workers),
             (
                 "TIDINGS_CLAIM_BATCH",
+                // A negative batch reads as 0, which the check below refuses.
                 usize::try_from(self.claim_batch).unwrap_or(0),
             ),
         ] {

@@ -114,6 +114,7 @@ impl Dispatcher {
                 // Requests, counting every message as a full batch: with batches, dispatch
                 // pauses no later than with one request a message.
                 let waiting = messages.saturating_mul(self.settings.push_batch.max(1) as u64);
+                // Room past `i64` is no limit on a claim.
                 let free = i64::try_from(limit.saturating_sub(waiting)).unwrap_or(i64::MAX);
                 free.min(self.settings.claim_batch)
             }

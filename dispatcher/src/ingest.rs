@@ -87,6 +87,7 @@ impl Ingest {
         settings: Arc<Settings>,
     ) -> Result<Self, IngestError> {
         let messages = messages_per_call(settings.ingest_batch);
+        // A batch is a few hundred messages; the fallback is never taken.
         let max_pending = i64::try_from(messages * 20).unwrap_or(20_000);
         let durable = Durable {
             name: CONSUMER,

@@ -28,6 +28,7 @@ pub struct Deliverer {
 
 pub(crate) fn result(req: &PushRequest, outcome: Outcome, started: Instant) -> PushResult {
     PushResult {
+        // Milliseconds past `u64` are 584 million years.
         latency_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         ..PushResult::new(req.outbox_id, req.attempt, outcome)
     }

@@ -116,6 +116,7 @@ impl Pusher {
             name: consumer_for(channel),
             kind: StreamKind::Push,
             filter: Some(settings.subjects.subject(StreamKind::Push, channel)),
+            // Concurrency is a few hundred; the fallback is never taken.
             max_ack_pending: i64::try_from(settings.concurrency * 2).unwrap_or(512),
             ack_wait: settings.ack_wait(),
             shape: Shape::each(settings.concurrency),

@@ -96,6 +96,7 @@ pub fn reconnect_delay(attempts: usize) -> Duration {
     };
     match attempts {
         0 | 1 => Duration::ZERO,
+        // Past `u32` attempts the backoff is long at its cap anyway.
         n => POLICY.delay(u32::try_from(n - 2).unwrap_or(u32::MAX), None),
     }
 }

@@ -51,6 +51,7 @@ pub fn retry_after(value: &str, now: DateTime<Utc>) -> Option<u64> {
         return Some(secs);
     }
     let at = DateTime::parse_from_rfc2822(v).ok()?;
+    // A date already past asks for no wait.
     Some(u64::try_from((at.with_timezone(&Utc) - now).num_seconds()).unwrap_or(0))
 }
 

@@ -60,6 +60,7 @@ impl Validity {
 /// and at most `max` (the operator's TTL). `None` once nothing is left: the message must not go.
 pub fn ttl(valid_until: DateTime<Utc>, now: DateTime<Utc>, max: Duration) -> Option<u32> {
     let left = (valid_until - now).to_std().ok().filter(|l| !l.is_zero())?;
+    // `max` is a TTL of days at most, far below `u32` seconds.
     Some(u32::try_from(left.min(max).as_secs()).unwrap_or(u32::MAX))
 }
 

@@ -24,6 +24,7 @@ pub fn stall_after() -> Duration {
 }
 
 fn millis(d: Duration) -> u64 {
+    // Milliseconds past `u64` are 584 million years.
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 

@@ -545,6 +545,7 @@ impl Metrics {
         }
         if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
             self.process_open_fds
+                // Gauges saturate at `i64::MAX`, which no count of descriptors reaches.
                 .set(i64::try_from(fds.count()).unwrap_or(i64::MAX));
         }
     }

@@ -208,9 +208,11 @@ pub async fn watch_consumers(
                     };
                     m.consumer_pending
                         .get_or_create(&labels)
+                        // Gauges saturate at `i64::MAX`, which no message count reaches.
                         .set(i64::try_from(info.num_pending).unwrap_or(i64::MAX));
                     m.consumer_ack_pending
                         .get_or_create(&labels)
+                        // Gauges saturate at `i64::MAX`, which no message count reaches.
                         .set(i64::try_from(info.num_ack_pending).unwrap_or(i64::MAX));
                 }
                 Err(e) => {
@@ -234,6 +236,7 @@ pub async fn measure_dlq(
     let messages = stream.cached_info().state.messages;
     crate::metrics::metrics()
         .dlq_messages
+        // Gauges saturate at `i64::MAX`, which no message count reaches.
         .set(i64::try_from(messages).unwrap_or(i64::MAX));
     Ok(messages)
 }

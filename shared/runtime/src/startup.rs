@@ -100,6 +100,7 @@ where
                     what,
                     error = %e,
                     failures,
+                    // Milliseconds past `u64` are 584 million years.
                     retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
                     "start-up: not available yet; retrying"
                 );
