@@ -10,6 +10,23 @@ use tidings_domain::outbox::Status;
 use tidings_runtime::metrics::{StateLabels, StatusLabels};
 use tokio_util::sync::CancellationToken;
 
+/// Creates the gauges' series at 0, so a scrape between start and the first reading finds them
+/// (regression: under CI's load the dashboards' check scraped a dispatcher before its first
+/// reading and found no `tidings_outbox_rows`).
+pub fn init_metrics() {
+    let m = metrics();
+    for status in [Status::Pending, Status::Retry, Status::Sending] {
+        let _ = m.outbox_rows.get_or_create(&StatusLabels {
+            status: status.as_str().to_owned(),
+        });
+    }
+    for state in ["open", "half_open", "paced"] {
+        let _ = (m.webhook_endpoints).get_or_create(&StateLabels {
+            state: state.to_owned(),
+        });
+    }
+}
+
 /// Reads the backlog once and sets the gauges (an endpoint fails from `breaker_failures`
 /// failing batches in a row).
 pub async fn measure(pool: &PgPool, breaker_failures: u32) -> Result<(), sqlx::Error> {

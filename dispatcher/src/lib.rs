@@ -105,10 +105,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Star
 /// How often a dispatcher makes the coming weeks' partitions and drops expired ones.
 const RETENTION_INTERVAL: Duration = Duration::from_secs(3600);
 
-/// Creates at 0 the series this service's alerts take the `increase()` of.
+/// Creates at 0 the series this service's alerts take the `increase()` of, and the backlog's
+/// gauges.
 fn init_metrics() {
     use tidings_runtime::metrics::Failure;
     tidings_store::transition::init_metrics();
+    backlog::init_metrics();
     tidings_runtime::metrics::metrics().may_fail(&[
         Failure::Dispatch,
         Failure::PublishPush,
