@@ -12,7 +12,7 @@ use tidings_domain::outbox::Status;
 use tidings_domain::subjects::StreamKind;
 use tidings_tests::fake_push::{Answer, FakePushService};
 use tidings_tests::fixtures;
-use tidings_tests::harness::poll_wait;
+use tidings_tests::harness::{poll_wait, rows_in};
 use tidings_tests::scenario::Scenario;
 use tidings_tests::services::Pipeline;
 
@@ -150,25 +150,10 @@ async fn postgres_restored_to_a_dump_taken_mid_burst_strands_nothing_and_repeats
     }
 
     // Nothing stranded: every watch ends with one row, decided.
-    let counted = |pool: sqlx::PgPool| async move {
-        let by_state = tidings_store::history::by_state_and_reason(&pool)
-            .await
-            .unwrap();
-        let of = |keep: fn(Status) -> bool| {
-            (by_state.iter())
-                .filter(|(s, _, _)| keep(*s))
-                .map(|(_, _, n)| n)
-                .sum::<i64>()
-        };
-        (
-            of(|_| true),
-            of(Status::is_terminal),
-            of(|s| s == Status::Sent),
-        )
-    };
     let started = Instant::now();
     loop {
-        let (rows, decided, _) = counted(pool.clone()).await;
+        let rows = rows_in(&pool, &Status::ALL).await;
+        let decided = rows_in(&pool, &[Status::Sent, Status::Dropped, Status::Failed]).await;
         if rows == n && decided == n {
             break;
         }
@@ -180,7 +165,7 @@ async fn postgres_restored_to_a_dump_taken_mid_burst_strands_nothing_and_repeats
         })
         .await;
     }
-    let (_, _, sent) = counted(pool.clone()).await;
+    let sent = rows_in(&pool, &[Status::Sent]).await;
     assert_eq!(sent, n, "every watch's notification ends sent");
 
     // Nothing repeated unmarked: a row the push service got twice says it may have been.

@@ -276,15 +276,9 @@ impl TestDb {
         Self::create(true).await
     }
 
-    /// Outbox rows in any of `states`, read through the store's typed counts.
+    /// Outbox rows in any of `states` ([`rows_in`]).
     pub async fn rows_in(&self, states: &[tidings_domain::outbox::Status]) -> i64 {
-        tidings_store::history::by_state_and_reason(&self.pool)
-            .await
-            .unwrap_or_else(|e| panic!("counting outbox rows: {e}"))
-            .into_iter()
-            .filter(|(status, _, _)| states.contains(status))
-            .map(|(_, _, n)| n)
-            .sum()
+        rows_in(&self.pool, states).await
     }
 
     /// A database with nothing in it, as before the migration Job has run.
@@ -432,4 +426,15 @@ pub async fn stream_len(
 ) -> u64 {
     let mut stream = js.get_stream(subjects.stream(kind)).await.expect("stream");
     stream.info().await.expect("stream info").state.messages
+}
+
+/// Outbox rows of `pool` in any of `states`, read through the store's typed counts.
+pub async fn rows_in(pool: &PgPool, states: &[tidings_domain::outbox::Status]) -> i64 {
+    tidings_store::history::by_state_and_reason(pool)
+        .await
+        .unwrap_or_else(|e| panic!("counting outbox rows: {e}"))
+        .into_iter()
+        .filter(|(status, _, _)| states.contains(status))
+        .map(|(_, _, n)| n)
+        .sum()
 }
