@@ -5,7 +5,7 @@ use crate::limits::{Rate, parse_rate};
 use std::net::SocketAddr;
 use std::time::Duration;
 use tidings_domain::duration::parse_duration;
-use tidings_webpush::EndpointArgs;
+use tidings_endpoint_guard::EndpointArgs;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct Config {
@@ -52,13 +52,13 @@ pub struct Config {
     #[command(flatten)]
     pub endpoints: EndpointArgs,
     #[command(flatten)]
-    pub webhooks: tidings_webpush::endpoint::WebhookArgs,
+    pub webhooks: tidings_endpoint_guard::WebhookArgs,
     /// After a webhook endpoint's secret is rotated, how long the previous one keeps signing
     /// beside it, so its receiver can switch over.
     #[arg(long, env = "TIDINGS_WEBHOOK_SECRET_OVERLAP", default_value = "24h", value_parser = parse_duration)]
     pub webhook_secret_overlap: Duration,
     #[command(flatten)]
-    pub webhook_keys: tidings_webpush::sealed::SecretKeyArgs,
+    pub webhook_keys: tidings_sealing::SecretKeyArgs,
     #[arg(long, env = "TIDINGS_MAX_WATCHES_PER_DEVICE", default_value_t = 100)]
     pub max_watches_per_device: u32,
     /// Webhook endpoints one API client may have at once (removed ones do not count).
@@ -159,7 +159,7 @@ pub enum ConfigError {
     #[error("TIDINGS_SOURCES_FILE: {0}")]
     HintSecrets(#[from] crate::hints::SecretError),
     #[error(transparent)]
-    WebhookKeys(#[from] tidings_webpush::sealed::KeysError),
+    WebhookKeys(#[from] tidings_sealing::KeysError),
 }
 
 impl Config {

@@ -12,10 +12,10 @@ use serde::{Deserialize, Serialize};
 use tidings_domain::dedup::parse_time_zone;
 use tidings_domain::texts::check_locale;
 use tidings_domain::{DeviceId, SubscriptionId};
+use tidings_endpoint_guard::{EndpointPolicy, check};
 use tidings_store::db;
 use tidings_store::devices::{self, NewDevice, NewSubscription};
-use tidings_webpush::endpoint::{EndpointPolicy, check};
-use tidings_webpush::webpush::{KeyError, UaKeys};
+use tidings_webpush::encryption::{KeyError, UaKeys};
 use utoipa::ToSchema;
 use uuid::Uuid;
 

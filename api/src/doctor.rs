@@ -21,7 +21,7 @@ use std::time::Duration;
 use tidings_api_types::doctor::{Check, Diagnosis};
 use tidings_bus::streams::{CONSUMERS, stream_config};
 use tidings_domain::subjects::{StreamKind, Subjects};
-use tidings_webpush::sealed::SecretKeys;
+use tidings_sealing::SecretKeys;
 use utoipa::IntoParams;
 
 #[derive(Debug, Deserialize, IntoParams)]

@@ -22,11 +22,11 @@ use tidings_domain::dedup::parse_time_zone;
 use tidings_domain::receiver::{self, Circuit};
 use tidings_domain::texts::check_locale;
 use tidings_domain::{DeviceId, SubscriptionId};
+use tidings_endpoint_guard::check;
+use tidings_sealing as sealed;
+use tidings_signatures::Secret;
 use tidings_store::db;
 use tidings_store::endpoints::{self, ClientId, NewEndpoint};
-use tidings_webpush::endpoint::check;
-use tidings_webpush::sealed;
-use tidings_webpush::standard_webhooks::Secret;
 use utoipa::ToSchema;
 use uuid::Uuid;
 

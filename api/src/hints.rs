@@ -19,12 +19,12 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tidings_domain::hints::BadHint;
 use tidings_domain::item::ItemCode;
+use tidings_signatures::{self as signatures, BadSecret, Headers, Secret, Unverified};
 use tidings_source::SourceConfig;
-use tidings_webpush::standard_webhooks::{self, BadSecret, Headers, Secret, Unverified};
 use utoipa::ToSchema;
 
 /// How far a hint's `webhook-timestamp` may be from now, either way.
-pub const TOLERANCE: Duration = Duration::from_secs(standard_webhooks::TOLERANCE_SECS);
+pub const TOLERANCE: Duration = Duration::from_secs(signatures::TOLERANCE_SECS);
 /// Message ids remembered per source (for [`TOLERANCE`] each) to refuse a replay. One source
 /// that fills its memory is slowed down; every other source keeps its own.
 const SEEN_PER_SOURCE: usize = 20_000;
@@ -116,7 +116,7 @@ impl Keys {
             signature: header("webhook-signature"),
         };
         let groups: Vec<&[Secret]> = self.sources.iter().map(|(_, s)| s.as_slice()).collect();
-        let (group, id) = standard_webhooks::verify(&groups, signed, body, now_unix)?;
+        let (group, id) = signatures::verify(&groups, signed, body, now_unix)?;
         Ok((self.sources[group].0.as_str(), id))
     }
 
@@ -200,7 +200,7 @@ enum Taken {
 /// Message ids taken in the last [`TOLERANCE`], each source in a memory of its own: a replay
 /// within it is refused, and one after it has a stale timestamp. Per api replica: a replay that
 /// reaches another replica costs one more fetch of items already fetched (a hint carries no
-/// value). Ids are at most `standard_webhooks::MAX_ID_LEN` bytes, so a source's memory is
+/// value). Ids are at most `tidings_signatures::MAX_ID_LEN` bytes, so a source's memory is
 /// bounded too.
 #[derive(Default)]
 pub struct Seen {

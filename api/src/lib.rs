@@ -43,8 +43,8 @@ use axum::response::Response;
 use sqlx::PgPool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tidings_endpoint_guard::EndpointPolicy;
 use tidings_runtime::metrics::{HttpLabels, RouteLabels};
-use tidings_webpush::endpoint::EndpointPolicy;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -89,11 +89,11 @@ pub struct Settings {
     /// How long an item's current value serves show-time checks.
     pub check_cache: std::time::Duration,
     /// Where webhook endpoints may point (see [`endpoints`]).
-    pub webhook_policy: tidings_webpush::endpoint::EndpointPolicy,
+    pub webhook_policy: tidings_endpoint_guard::EndpointPolicy,
     /// How long a rotated-out webhook secret keeps signing.
     pub webhook_secret_overlap: std::time::Duration,
     /// Keys that seal webhook secrets before they are stored; none: stored as they are.
-    pub webhook_secret_keys: Option<Arc<tidings_webpush::sealed::SecretKeys>>,
+    pub webhook_secret_keys: Option<Arc<tidings_sealing::SecretKeys>>,
     /// Each source's change-hint secrets (see [`hints`]); none: every hint is refused.
     pub hint_keys: hints::Keys,
 }
@@ -371,7 +371,7 @@ pub enum Command {
         #[command(flatten)]
         database: tidings_runtime::secrets::DatabaseArgs,
         #[command(flatten)]
-        keys: tidings_webpush::sealed::SecretKeyArgs,
+        keys: tidings_sealing::SecretKeyArgs,
     },
 }
 

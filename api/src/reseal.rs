@@ -3,8 +3,8 @@
 //! stored as they are (before keys were given) are sealed too. A secret rotated meanwhile is
 //! left as the rotation stored it (sealed by the api's own keys).
 
+use tidings_sealing::{self as sealed, SecretKeys, Unopened};
 use tidings_store::endpoints::{self, StoredSecrets};
-use tidings_webpush::sealed::{self, SecretKeys, Unopened};
 
 /// Subscriptions read per page.
 const PAGE: i64 = 500;

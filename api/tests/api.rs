@@ -16,11 +16,11 @@ use tidings_api::Settings;
 use tidings_domain::outbox::{DropReason, Event, Status};
 use tidings_domain::trigger::Trigger;
 use tidings_domain::{DeviceId, OutboxId, WatchId};
+use tidings_endpoint_guard::EndpointPolicy;
 use tidings_testkit::binaries::cli;
 use tidings_testkit::fixtures::{self, Device, Inserted};
 use tidings_testkit::harness::{TestDb, tool};
 use tidings_testkit::walk::{self, Step, walk};
-use tidings_webpush::endpoint::EndpointPolicy;
 use uuid::Uuid;
 
 async fn json(r: Response) -> Value {
@@ -2337,7 +2337,7 @@ async fn a_client_registers_at_most_its_quota_of_endpoints_at_a_time() {
 #[tokio::test]
 async fn reseal_seals_every_webhook_secret_under_the_first_key() {
     use std::sync::Arc;
-    use tidings_webpush::sealed::{SecretKeys, open};
+    use tidings_sealing::{SecretKeys, open};
     const OLD: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
     const NEW: &str = "ICEiIyQlJicoKSorLC0uLzAxMjM0NTY3ODk6Ozw9Pj8=";
     let db = TestDb::new().await.unwrap();

@@ -12,9 +12,9 @@ use tidings_domain::subjects::{InvalidPrefix, Subjects};
 use tidings_domain::validity::Validity;
 use tidings_runtime::flags;
 use tidings_runtime::ops::OpsArgs;
+use tidings_sealing::SecretKeys;
 use tidings_source::SourceArgs;
 use tidings_source::SourceConfig;
-use tidings_webpush::sealed::SecretKeys;
 
 /// Default slack between the last moment a pusher may still be sending (deadline + its HTTP
 /// timeout) and the moment the sweeper may take the row back.
@@ -32,7 +32,7 @@ pub struct Config {
     #[command(flatten)]
     pub ops: OpsArgs,
     #[command(flatten)]
-    pub webhook_keys: tidings_webpush::sealed::SecretKeyArgs,
+    pub webhook_keys: tidings_sealing::SecretKeyArgs,
     /// Link a notification opens, a template with {item}.
     #[arg(long, env = "TIDINGS_ITEM_PAGE_URL")]
     pub item_page_url: Option<String>,
@@ -139,7 +139,7 @@ pub enum ConfigError {
     #[error(transparent)]
     Secret(#[from] tidings_runtime::secrets::SecretError),
     #[error(transparent)]
-    WebhookKeys(#[from] tidings_webpush::sealed::KeysError),
+    WebhookKeys(#[from] tidings_sealing::KeysError),
     #[error(transparent)]
     Source(#[from] tidings_source::SourceConfigError),
     #[error(

@@ -19,9 +19,9 @@ use tidings_domain::webhook::{self, Facts};
 use tidings_domain::withdrawal::Announces;
 use tidings_domain::{ItemCode, OutboxId, SubscriptionId, WatchId};
 use tidings_runtime::telemetry;
+use tidings_sealing::{self as sealed, SecretKeys};
+use tidings_signatures::Secret;
 use tidings_source::{Fetched, SourceError};
-use tidings_webpush::sealed::{self, SecretKeys};
-use tidings_webpush::standard_webhooks::Secret;
 
 use crate::config::Settings;
 use crate::recheck::{self, Decision};
@@ -412,7 +412,7 @@ pub enum Unsigned {
     Malformed {
         subscription: SubscriptionId,
         #[source]
-        source: tidings_webpush::standard_webhooks::BadSecret,
+        source: tidings_signatures::BadSecret,
     },
 }
 
@@ -729,7 +729,7 @@ mod tests {
 
     #[test]
     fn a_webhook_carries_the_rechecked_event_signed_by_every_current_secret() {
-        use tidings_webpush::standard_webhooks::{Headers, verify};
+        use tidings_signatures::{Headers, verify};
         let (old, old_text) = Secret::generate().unwrap_or_else(|e| unreachable!("{e}"));
         let (new, new_text) = Secret::generate().unwrap_or_else(|e| unreachable!("{e}"));
         let mut w = watch(false);
@@ -793,7 +793,7 @@ mod tests {
     /// with an empty signature.
     #[test]
     fn a_sealed_secret_signs_once_opened_and_nothing_goes_unsigned() {
-        use tidings_webpush::standard_webhooks::{Headers, verify};
+        use tidings_signatures::{Headers, verify};
         let keys = SecretKeys::parse("AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=")
             .unwrap_or_else(|e| unreachable!("{e}"));
         let (secret, text) = Secret::generate().unwrap_or_else(|e| unreachable!("{e}"));

@@ -8,11 +8,11 @@ use tidings_bus::NatsArgs;
 use tidings_bus::streams::StreamSettings;
 use tidings_domain::duration::parse_duration;
 use tidings_domain::subjects::{InvalidPrefix, Subjects};
+use tidings_endpoint_guard::EndpointArgs;
+use tidings_endpoint_guard::EndpointPolicy;
+use tidings_endpoint_guard::WebhookArgs;
 use tidings_runtime::flags;
 use tidings_runtime::ops::OpsArgs;
-use tidings_webpush::EndpointArgs;
-use tidings_webpush::endpoint::EndpointPolicy;
-use tidings_webpush::endpoint::WebhookArgs;
 use tidings_webpush::vapid::{VapidError, VapidKey, VapidSigner};
 
 #[derive(clap::Parser, Clone, Debug)]

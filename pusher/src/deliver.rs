@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use tidings_domain::messages::{Outcome, PushRequest, PushResult, Subscription, Target};
 use tidings_domain::outbox::FailReason;
 use tidings_domain::validity;
-use tidings_webpush::endpoint::{EndpointPolicy, Guard, GuardedResolver};
+use tidings_endpoint_guard::{EndpointPolicy, Guard, GuardedResolver};
+use tidings_webpush::encryption::{self, EncryptError, UaKeys};
 use tidings_webpush::vapid::VapidSigner;
-use tidings_webpush::webpush::{self, EncryptError, UaKeys};
 
 use crate::config::Settings;
 use crate::webhook::Webhooks;
@@ -233,7 +233,7 @@ impl Deliverer {
             .map_err(|e| (FailReason::PushRejected, format!("subscription keys: {e}")))?;
         let plaintext = serde_json::to_vec(&req.payload)
             .map_err(|e| (FailReason::PushRejected, format!("payload: {e}")))?;
-        let body = webpush::encrypt(&keys, &plaintext).map_err(|e| match e {
+        let body = encryption::encrypt(&keys, &plaintext).map_err(|e| match e {
             EncryptError::TooLarge(_) => (FailReason::PayloadTooLarge, e.to_string()),
             e => (FailReason::PushRejected, e.to_string()),
         })?;

@@ -10,7 +10,7 @@
 //!
 //! What a push service's answer means is `tidings_domain::push`, shared with the dispatcher,
 //! which turns reported outcomes into outbox events. Encryption, VAPID and the endpoint guard
-//! are `tidings_webpush`, where the api uses them too.
+//! are `tidings_webpush` and `tidings_endpoint_guard`, where the api uses them too.
 
 pub mod config;
 mod deliver;

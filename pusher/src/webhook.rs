@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use tidings_domain::messages::{Outcome, PushRequest, PushResult, WebhookCall};
 use tidings_domain::outbox::FailReason;
 use tidings_domain::push::{classify_webhook, retry_after};
-use tidings_webpush::endpoint::Guard;
+use tidings_endpoint_guard::Guard;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::Settings;

@@ -28,7 +28,7 @@ use tidings_testkit::harness::{delete_streams, nats, test_subjects};
 #[path = "support/pushers.rs"]
 mod pushers;
 use pushers::pusher_settings;
-use tidings_webpush::endpoint::EndpointPolicy;
+use tidings_endpoint_guard::EndpointPolicy;
 
 const WAIT: Duration = Duration::from_millis(300);
 

@@ -420,7 +420,7 @@ async fn webhook_step(
 
 /// Whether the webhook as received verifies with `secret` (Standard Webhooks).
 fn verify(webhook: &Value, secret: &str) -> bool {
-    use tidings_webpush::standard_webhooks::{Headers, Secret, verify};
+    use tidings_signatures::{Headers, Secret, verify};
     let Ok(secret) = Secret::parse(secret) else {
         return false;
     };

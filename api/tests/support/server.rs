@@ -12,7 +12,7 @@ use reqwest::{Method, RequestBuilder, Response};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use tidings_api::Settings;
-use tidings_webpush::endpoint::EndpointPolicy;
+use tidings_endpoint_guard::EndpointPolicy;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 

@@ -25,7 +25,7 @@ pub fn pusher_settings(subjects: tidings_domain::subjects::Subjects) -> tidings_
     settings.http_timeout = std::time::Duration::from_secs(1);
     settings.connect_timeout = std::time::Duration::from_secs(1);
     settings.concurrency = 64;
-    settings.policy = tidings_webpush::endpoint::EndpointPolicy {
+    settings.policy = tidings_endpoint_guard::EndpointPolicy {
         allowed_hosts: vec!["127.0.0.1:*".into()],
         private_hosts: vec!["*:*".into()],
         allow_http: false,

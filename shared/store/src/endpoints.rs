@@ -103,7 +103,7 @@ pub struct NewEndpoint<'a> {
     pub subscription: SubscriptionId,
     pub url: &'a str,
     pub description: Option<&'a str>,
-    /// As stored: sealed (`tidings_webpush::sealed`), or `whsec_…` as the client was given it.
+    /// As stored: sealed (`tidings_sealing`), or `whsec_…` as the client was given it.
     pub secret: &'a str,
 }
 
@@ -183,7 +183,7 @@ pub async fn rotate_secret(
     .await
 }
 
-/// A webhook subscription's secrets as stored (see `tidings_webpush::sealed`).
+/// A webhook subscription's secrets as stored (see `tidings_sealing`).
 #[derive(Debug, Clone)]
 pub struct StoredSecrets {
     pub id: SubscriptionId,

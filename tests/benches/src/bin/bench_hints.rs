@@ -18,9 +18,9 @@ use tidings_benches::procstat::cpu_seconds;
 use tidings_domain::WatchId;
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
+use tidings_signatures::Secret;
 use tidings_tests::scenario::Scenario;
 use tidings_tests::services::{HINT_SECRETS, Pipeline};
-use tidings_webpush::standard_webhooks::Secret;
 
 const HIGH: i64 = 1300;
 const LOW: i64 = 1100;

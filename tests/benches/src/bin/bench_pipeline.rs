@@ -39,12 +39,12 @@ use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
 use tidings_domain::validity;
 use tidings_domain::{Channel, ItemCode, OutboxId, WatchId};
+use tidings_signatures::Secret;
 use tidings_tests::fake_catalog::Item;
 use tidings_tests::fake_push::{FakePushService, NAMED_HOSTS};
 use tidings_tests::fake_webhooks::FakeWebhookReceiver;
 use tidings_tests::scenario::Scenario;
 use tidings_tests::services::Pipeline;
-use tidings_webpush::standard_webhooks::Secret;
 use tokio_util::sync::CancellationToken;
 
 const THRESHOLD: i64 = 1000;

@@ -14,13 +14,13 @@ use tidings_bus::streams::{StreamSettings, ensure_streams};
 use tidings_domain::messages::{Payload, encode};
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::{Channel, OutboxId};
+use tidings_endpoint_guard::EndpointPolicy;
 use tidings_pusher::Settings;
 use tidings_pusher::worker::Pusher;
 use tidings_tests::fake_push::{CERT_PEM, FakePushService, NAMED_HOSTS};
 use tidings_tests::harness::{delete_streams, nats, test_subjects};
-use tidings_webpush::endpoint::EndpointPolicy;
+use tidings_webpush::encryption::{UaKeys, encrypt};
 use tidings_webpush::vapid::{VapidKey, VapidSigner};
-use tidings_webpush::webpush::{UaKeys, encrypt};
 use tokio_util::sync::CancellationToken;
 
 /// The allocator the `tidings-pusher` binary runs with (pusher/src/main.rs), so the pusher in

@@ -1,6 +1,6 @@
 //! Standard Webhooks signatures: `webhook-signature` is `v1,` and the base64 HMAC-SHA256 of
 //! `<webhook-id>.<webhook-timestamp>.<body>` under a secret written `whsec_<base64 of its bytes>`.
-//! The api verifies change hints with it; the webhook channel will sign deliveries with it.
+//! The dispatcher signs every webhook with it; the api verifies change hints with it.
 
 use aws_lc_rs::hmac;
 use aws_lc_rs::rand::{SecureRandom, SystemRandom};
