@@ -39,11 +39,11 @@ pub(crate) fn attempt_of(row: &Locked, result: &PushResult) -> Attempt {
         started_at: result.started_at,
         subscription_id: row.subscription_id,
         push_host: result.push_host.clone(),
-        outcome: result.outcome.into(),
+        outcome: result.outcome().into(),
         http_status: result.http_status.map(i32::from),
         error: result.error.clone(),
         duration_ms: duration_of(result),
-        push_message_id: result.message_id.clone(),
+        push_message_id: result.ended.message_id().map(str::to_owned),
     }
 }
 
@@ -66,7 +66,7 @@ pub(crate) fn change_for(
         // A late result of the last attempt, which the sweeper (or an earlier transient
         // result) already sent back to retry: only an outcome that ends the row counts.
         Status::Retry if !matches!(event, Event::Transient | Event::Unknown) => {
-            tracing::info!(outbox_id = %row.id, attempt = result.attempt, outcome = result.outcome.as_str(), "late result of the last attempt applied to a retrying row");
+            tracing::info!(outbox_id = %row.id, attempt = result.attempt, outcome = result.outcome().as_str(), "late result of the last attempt applied to a retrying row");
         }
         // Terminal, or a pending row (no attempt yet): nothing to do.
         _ => return None,
@@ -74,25 +74,25 @@ pub(crate) fn change_for(
     let mut t = outbox::apply(current, event, settings.retry.max_retries).ok()?;
     // A result that ends the row unsent (gone, refused) may follow a push that reached the user
     // (a redelivered request whose first holder died): the row keeps that mark.
-    if result.maybe_delivered && t.to != Status::Sent {
+    if result.ended.maybe_delivered() && t.to != Status::Sent {
         t.maybe_delivered = true;
     }
     seen.insert(result.outbox_id);
     let mut c = Change::new(row.id, row.dedup_day, current, t);
     c.http_status = result.http_status;
-    c.push_message_id = result.message_id.clone();
+    c.push_message_id = result.ended.message_id().map(str::to_owned);
     if let Some(e) = &result.error {
-        c.last_error = Some(format!("{}: {e}", result.outcome.as_str()));
-    } else if result.outcome != Outcome::Delivered {
-        c.last_error = Some(result.outcome.as_str().to_owned());
+        c.last_error = Some(format!("{}: {e}", result.outcome().as_str()));
+    } else if result.outcome() != Outcome::Delivered {
+        c.last_error = Some(result.outcome().as_str().to_owned());
     }
     if t.to == Status::Retry {
-        let retry_after = result.retry_after.map(Duration::from_secs);
+        let retry_after = result.ended.retry_after().map(Duration::from_secs);
         let delay = match retry_after {
             // A webhook receiver that asks to slow down sets the pace of its rows.
             Some(asked)
                 if row.channel == Channel::Webhook
-                    && push::back_pressure(result.http_status, result.retry_after) =>
+                    && push::back_pressure(result.http_status, result.ended.retry_after()) =>
             {
                 settings.retry.paced(asked)
             }
@@ -150,7 +150,7 @@ pub(crate) fn plan(
         match (change, record) {
             (Some(mut c), _) if c.transition.to.is_terminal() => {
                 c.ending = Some(Ending {
-                    outcome: result.outcome.into(),
+                    outcome: result.outcome().into(),
                     started_at: result.started_at,
                     push_host: result.push_host.clone(),
                     duration_ms: duration_of(result),

@@ -176,7 +176,7 @@ fn result_span(d: &Incoming<PushResult>, r: &PushResult) -> tracing::Span {
         outbox_id = %r.outbox_id,
         // i64: tracing-opentelemetry exports unsigned fields as strings.
         attempt = i64::from(r.attempt),
-        outcome = r.outcome.as_str(),
+        outcome = r.outcome().as_str(),
         http.response.status_code = r.http_status.map(i64::from),
     );
     telemetry::set_parent(&span, d.traceparent(r));
@@ -227,8 +227,11 @@ pub async fn apply_in(
     attempts::record(&mut *tx, &planned.late).await?;
     let sent_detected_at = follow_up(tx, &planned.changes, &won, &rows).await?;
     let paced: HashMap<OutboxId, Duration> = (results.iter())
-        .filter(|r| push::back_pressure(r.http_status, r.retry_after))
-        .map(|r| (r.outbox_id, Duration::from_secs(r.retry_after.unwrap_or(0))))
+        .filter(|r| push::back_pressure(r.http_status, r.ended.retry_after()))
+        .map(|r| {
+            let asked = r.ended.retry_after().unwrap_or(0);
+            (r.outbox_id, Duration::from_secs(asked))
+        })
         .collect();
     let counted = Counted {
         changes: &planned.changes,

@@ -23,7 +23,7 @@ use chrono::Utc;
 use sqlx::PgPool;
 use std::sync::Arc;
 use tidings_bus::delivered::{Delivery, DeliveryLog};
-use tidings_domain::messages::{AttemptOutcome, Outcome, PushResult};
+use tidings_domain::messages::{AttemptOutcome, Ended, PushResult};
 use tidings_domain::outbox::{self, Event, Status};
 use tidings_store::attempts::{self, Attempt};
 use tidings_store::sweep::{self, Expired};
@@ -72,14 +72,16 @@ struct Planned {
 fn found_delivered(expired: &Expired, done: Delivery) -> PushResult {
     let row = expired.row();
     tracing::warn!(outbox_id = %expired.id, attempt = row.attempt, delivered_by = done.attempt, "lease expired; the delivery log says it was delivered");
-    PushResult {
+    let delivered = Ended::Delivered {
         message_id: done.message_id,
+    };
+    PushResult {
         error: Some(format!(
             "result lost; attempt {} found in the delivery log",
             done.attempt
         )),
         dedup_day: Some(expired.dedup_day),
-        ..PushResult::new(expired.id, row.attempt, Outcome::Delivered)
+        ..PushResult::new(expired.id, row.attempt, delivered)
     }
 }
 

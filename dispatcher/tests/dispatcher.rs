@@ -17,7 +17,7 @@ use tidings_bus::delivered::{Delivery, DeliveryLog};
 use tidings_dispatcher::ingest::IngestStats;
 use tidings_dispatcher::{backlog, sweeper};
 use tidings_domain::messages::{
-    EnqueueRequest, EnqueueRequests, Outcome, PushRequest, PushResult, decode_enqueues,
+    Ended, EnqueueRequest, EnqueueRequests, Outcome, PushRequest, PushResult, decode_enqueues,
     decode_requests, encode,
 };
 use tidings_domain::outbox::Status;
@@ -366,8 +366,10 @@ async fn results_are_applied_once_and_move_the_baseline_only_on_sent() {
         .remove(0);
 
     let results = s.results().await;
-    let mut delivered = s.result(&push, Outcome::Delivered, Some(201));
-    delivered.message_id = Some("https://push.example/m/1".into());
+    let delivered = Ended::Delivered {
+        message_id: Some("https://push.example/m/1".into()),
+    };
+    let delivered = s.result(&push, delivered, Some(201));
     s.publish_result(&delivered).await;
     // A redelivered result (published without a message id here, so JetStream keeps both).
     s.publish_result(&delivered).await;
@@ -517,8 +519,10 @@ async fn a_gone_result_that_may_follow_a_delivery_marks_the_row() {
     let s = Scenario::new().await;
     let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
     let push = s.dispatched(&w, 1100).await;
-    let mut gone = s.result(&push, Outcome::Gone, Some(410));
-    gone.maybe_delivered = true;
+    let maybe_delivered = Ended::Gone {
+        maybe_delivered: true,
+    };
+    let gone = s.result(&push, maybe_delivered, Some(410));
     s.publish_result(&gone).await;
     assert_eq!(s.results().await.run_once(WAIT).await.unwrap().applied, 1);
     let row = s.row(push.outbox_id).await;
@@ -539,8 +543,11 @@ async fn a_429_with_retry_after_is_not_retried_sooner() {
     let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
     let push = s.dispatched(&w, 1100).await;
 
-    let mut throttled = s.result(&push, Outcome::Transient, Some(429));
-    throttled.retry_after = Some(120);
+    let asked = Ended::Transient {
+        retry_after: Some(120),
+        maybe_delivered: false,
+    };
+    let throttled = s.result(&push, asked, Some(429));
     let before = Utc::now();
     s.publish_result(&throttled).await;
     assert_eq!(s.results().await.run_once(WAIT).await.unwrap().applied, 1);

@@ -5,7 +5,7 @@
 use chrono::{DateTime, Utc};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tidings_domain::messages::{Outcome, PushRequest, PushResult, Subscription, Target};
+use tidings_domain::messages::{Ended, Outcome, PushRequest, PushResult, Subscription, Target};
 use tidings_domain::outbox::FailReason;
 use tidings_domain::validity;
 use tidings_endpoint_guard::{EndpointPolicy, Guard, GuardedResolver};
@@ -26,11 +26,11 @@ pub struct Deliverer {
     webhooks: Webhooks,
 }
 
-pub(crate) fn result(req: &PushRequest, outcome: Outcome, started: Instant) -> PushResult {
+pub(crate) fn result(req: &PushRequest, ended: impl Into<Ended>, started: Instant) -> PushResult {
     PushResult {
         // Milliseconds past `u64` are 584 million years.
         latency_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-        ..PushResult::new(req.outbox_id, req.attempt, outcome)
+        ..PushResult::new(req.outbox_id, req.attempt, ended)
     }
 }
 
@@ -41,9 +41,15 @@ pub(crate) fn refused(
     started: Instant,
 ) -> PushResult {
     PushResult {
-        refused: Some(reason),
         error: Some(error),
-        ..result(req, Outcome::Permanent, started)
+        ..result(
+            req,
+            Ended::Permanent {
+                refused: Some(reason),
+                maybe_delivered: false,
+            },
+            started,
+        )
     }
 }
 
@@ -54,13 +60,16 @@ fn outlived(
     now: DateTime<Utc>,
     started: Instant,
 ) -> PushResult {
-    PushResult {
+    let ended = Ended::Expired {
         outlived: true,
+        maybe_delivered: false,
+    };
+    PushResult {
         error: Some(format!(
             "its validity ran out {} ms ago, at {until}; not sent",
             (now - until).num_milliseconds()
         )),
-        ..result(req, Outcome::Expired, started)
+        ..result(req, ended, started)
     }
 }
 
@@ -165,12 +174,15 @@ impl Deliverer {
                 } else {
                     "request"
                 };
-                PushResult {
-                    // Only a connection that never opened proves the request did not arrive;
-                    // after that, a timeout or a broken exchange may follow an accepted push.
+                // Only a connection that never opened proves the request did not arrive; after
+                // that, a timeout or a broken exchange may follow an accepted push.
+                let ended = Ended::Transient {
+                    retry_after: None,
                     maybe_delivered: !e.is_connect(),
+                };
+                PushResult {
                     error: Some(format!("{what}: {}", redacted(e))),
-                    ..result(req, Outcome::Transient, started)
+                    ..result(req, ended, started)
                 }
             }
         }
@@ -326,9 +338,11 @@ async fn answered(
     }
     PushResult {
         http_status: Some(status),
-        retry_after: retry,
-        message_id,
         error,
-        ..result(req, outcome, started)
+        ..result(
+            req,
+            Ended::answered(outcome, message_id, retry, None),
+            started,
+        )
     }
 }

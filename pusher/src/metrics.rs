@@ -45,7 +45,7 @@ pub(crate) fn observe(
     m.pushes
         .get_or_create(&PushLabels {
             channel: channel.to_string(),
-            outcome: result.outcome.as_str().to_owned(),
+            outcome: result.outcome().as_str().to_owned(),
             status_class: class.clone(),
             host,
         })

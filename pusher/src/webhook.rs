@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tidings_domain::messages::{Outcome, PushRequest, PushResult, WebhookCall};
+use tidings_domain::messages::{Ended, Outcome, PushRequest, PushResult, WebhookCall};
 use tidings_domain::outbox::FailReason;
 use tidings_domain::push::{classify_webhook, retry_after};
 use tidings_endpoint_guard::Guard;
@@ -102,17 +102,22 @@ impl Webhooks {
             .await;
         match sent {
             Ok(resp) => answered(req, resp, started).await,
-            Err(e) => PushResult {
+            Err(e) => {
                 // As for a push: only a connection that never opened proves the webhook did not
                 // arrive.
-                maybe_delivered: !e.is_connect(),
-                error: Some(format!(
-                    "{}: {}",
-                    if e.is_timeout() { "timeout" } else { "request" },
-                    crate::deliver::redacted(e)
-                )),
-                ..result(req, Outcome::Transient, started)
-            },
+                let ended = Ended::Transient {
+                    retry_after: None,
+                    maybe_delivered: !e.is_connect(),
+                };
+                PushResult {
+                    error: Some(format!(
+                        "{}: {}",
+                        if e.is_timeout() { "timeout" } else { "request" },
+                        crate::deliver::redacted(e)
+                    )),
+                    ..result(req, ended, started)
+                }
+            }
         }
     }
 }
@@ -136,11 +141,10 @@ async fn answered(req: &PushRequest, mut resp: reqwest::Response, started: Insta
         }
     }
     let said = String::from_utf8_lossy(&text).trim().to_owned();
+    let ended = Ended::answered(outcome, None, retry, Some(FailReason::WebhookRejected));
     PushResult {
         http_status: Some(status),
-        retry_after: retry,
         error: (outcome != Outcome::Delivered).then(|| format!("HTTP {status}: {said}")),
-        refused: (outcome == Outcome::Permanent).then_some(FailReason::WebhookRejected),
-        ..result(req, outcome, started)
+        ..result(req, ended, started)
     }
 }

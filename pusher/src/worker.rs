@@ -21,14 +21,13 @@
 //! another pusher sends it at once, and finishes what is in flight.
 
 use async_nats::jetstream::{self, AckKind};
-use futures::StreamExt;
 use std::sync::Arc;
 use std::time::Duration;
 use tidings_bus::consume::{self, Consumer, ConsumerError, Decoded, Durable, Incoming, Shape};
 use tidings_bus::delivered::{Delivery, DeliveryLog, DeliveryLogError};
 use tidings_bus::streams::require_streams;
 use tidings_domain::Channel;
-use tidings_domain::messages::{Outcome, PushRequest, PushResult};
+use tidings_domain::messages::{Ended, Outcome, PushRequest, PushResult};
 use tidings_domain::subjects::StreamKind;
 use tidings_runtime::metrics::{Failure, metrics};
 use tidings_runtime::telemetry;
@@ -75,7 +74,6 @@ pub enum Handled {
 }
 
 struct Inner {
-    js: jetstream::Context,
     settings: Settings,
     /// Shared by the channels' pushers: one HTTP client each for push services and receivers.
     deliverer: Arc<Deliverer>,
@@ -129,7 +127,6 @@ impl Pusher {
         Ok(Pusher {
             inner: Arc::new(Inner {
                 reporter,
-                js,
                 slots: Semaphore::new(settings.concurrency.max(1)),
                 settings,
                 deliverer,
@@ -138,24 +135,6 @@ impl Pusher {
             consumer,
             channel,
         })
-    }
-
-    /// Handles one message: [`Pusher::process`], then ack (or nak for redelivery if a result
-    /// could not be published). How each of its requests was handled, in order.
-    pub async fn handle_message(&self, msg: jetstream::Message) -> Vec<Handled> {
-        let handled = self.process(&msg).await;
-        acknowledge(&msg, &handled).await;
-        handled
-    }
-
-    /// Everything but the ack: decode, then [`Pusher::deliver_all`].
-    pub async fn process(&self, msg: &jetstream::Message) -> Vec<Handled> {
-        let inner = &self.inner;
-        let decoded = consume::decode_one::<PushRequest>(&inner.js, &inner.settings.subjects, msg);
-        match decoded.await {
-            Some(requests) => self.deliver_all(msg, requests).await,
-            None => vec![Handled::DeadLettered],
-        }
     }
 
     /// Delivers (or recognises a redelivery of), records and reports each request `msg`
@@ -251,11 +230,13 @@ impl Pusher {
             None
         };
         if let Some(done) = earlier {
-            let result = PushResult {
+            let delivered = Ended::Delivered {
                 message_id: done.message_id,
+            };
+            let result = PushResult {
                 error: (done.attempt != req.attempt)
                     .then(|| format!("not sent again: attempt {} was delivered", done.attempt)),
-                ..PushResult::new(req.outbox_id, req.attempt, Outcome::Delivered)
+                ..PushResult::new(req.outbox_id, req.attempt, delivered)
             };
             return (result, Handled::AlreadyDelivered);
         }
@@ -264,84 +245,61 @@ impl Pusher {
         // the pusher that held it before can have died after the service accepted it and before
         // recording it. Not delivering now proves nothing then, whatever this attempt's answer
         // (a subscription gone since, say).
-        if redelivered && r.outcome != Outcome::Delivered {
-            r.maybe_delivered = true;
+        if redelivered {
+            r.ended = r.ended.maybe_arrived();
         }
-        if r.outcome == Outcome::Delivered {
+        if let Ended::Delivered { message_id } = &r.ended {
             let delivery = Delivery {
                 attempt: req.attempt,
-                message_id: r.message_id.clone(),
+                message_id: message_id.clone(),
             };
             // Still reported when this fails: the record only narrows the duplicate window, and
             // the failure is logged and counted by the log.
             let _ = inner.delivered.record(req.outbox_id, &delivery).await;
         }
-        let handled = Handled::Reported(r.outcome);
+        let handled = Handled::Reported(r.outcome());
         (r, handled)
-    }
-
-    /// One batch of whatever is available now, each message handled as it arrives, concurrently
-    /// (tests). Named apart from [`consume::Handler::run_once`], which takes the batch first.
-    pub async fn handle_available(&self, wait: Duration) -> Result<Vec<Handled>, PusherError> {
-        let pull = self.consumer.pull();
-        let mut batch = pull
-            .fetch()
-            .max_messages(self.inner.settings.concurrency)
-            .expires(wait)
-            .messages()
-            .await
-            .map_err(|e| ConsumerError::Consumer {
-                consumer: consumer_for(self.channel).to_owned(),
-                stream: pull.cached_info().stream_name.clone(),
-                detail: e.to_string(),
-            })?;
-        // Each handled as it arrives, as the running loop would: not after the fetch ends.
-        let mut handles = Vec::new();
-        while let Some(Ok(msg)) = batch.next().await {
-            let this = self.clone();
-            handles.push(tokio::spawn(async move { this.handle_message(msg).await }));
-        }
-        let mut out = Vec::new();
-        for h in handles {
-            if let Ok(handled) = h.await {
-                out.extend(handled);
-            }
-        }
-        Ok(out)
     }
 }
 
 /// The running loop ([`consume::Handler::run`]: deliver until shutdown, then hand back what was
 /// pulled but not started and finish what is in flight) hands the pusher one message per call,
-/// `concurrency` at a time.
+/// `concurrency` at a time. Tests take the same path, a call at a time
+/// ([`consume::Handler::run_once`]), and read how each request was handled.
 impl consume::Handler for Pusher {
     type Item = PushRequest;
-    type Done = ();
+    /// How each request of the batch was handled, in order; then one `DeadLettered` for each
+    /// message that could not be decoded.
+    type Done = Vec<Handled>;
     type Error = PusherError;
 
     fn consumer(&self) -> &Consumer {
         &self.consumer
     }
 
-    async fn handle(&self, batch: Decoded<PushRequest>) -> Result<(), Self::Error> {
+    async fn handle(&self, batch: Decoded<PushRequest>) -> Result<Vec<Handled>, Self::Error> {
+        let mut done = Vec::new();
         for Incoming { message, items } in batch.deliveries {
             let handled = self.deliver_all(&message, items).await;
             acknowledge(&message, &handled).await;
+            done.extend(handled);
         }
-        Ok(())
+        done.extend(std::iter::repeat_n(
+            Handled::DeadLettered,
+            batch.dead_lettered,
+        ));
+        Ok(done)
     }
 }
 
 /// Acks `msg` once its requests were handled, or naks it for redelivery if a result could not
-/// be published. A dead-lettered message was acknowledged by dead-lettering.
+/// be published.
 async fn acknowledge(msg: &jetstream::Message, handled: &[Handled]) {
     if handled.contains(&Handled::Retried) {
         let _ = msg
             .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
             .await;
-    } else if handled != [Handled::DeadLettered]
-        && let Err(e) = msg.ack().await
-    {
+    } else if let Err(e) = msg.ack().await {
         tracing::warn!(subject = %msg.subject, error = %e, "ack failed; a redelivery will be absorbed");
     }
 }
@@ -384,21 +342,21 @@ fn finish_span(span: &tracing::Span, result: &PushResult) {
         parent: span,
         outbox_id = %result.outbox_id,
         attempt = result.attempt,
-        outcome = result.outcome.as_str(),
+        outcome = result.outcome().as_str(),
         http_status = result.http_status,
         latency_ms = result.latency_ms,
         error = result.error.as_deref(),
         "push attempt finished"
     );
-    span.record("outcome", result.outcome.as_str());
+    span.record("outcome", result.outcome().as_str());
     if let Some(status) = result.http_status {
         span.record("http.response.status_code", i64::from(status));
     }
-    if !matches!(result.outcome, Outcome::Delivered | Outcome::Gone) {
+    if !matches!(result.outcome(), Outcome::Delivered | Outcome::Gone) {
         span.record("otel.status_code", "ERROR");
         span.record(
             "otel.status_message",
-            result.error.as_deref().unwrap_or(result.outcome.as_str()),
+            result.error.as_deref().unwrap_or(result.outcome().as_str()),
         );
     }
 }

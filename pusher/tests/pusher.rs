@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use tidings_bus::consume::{self, Handler as _};
 use tidings_bus::streams::{StreamSettings, ensure_streams};
 use tidings_domain::messages::{
-    Outcome, PushRequest, PushRequests, PushResult, Subscription, decode_results,
+    Ended, Outcome, PushRequest, PushRequests, PushResult, Subscription, decode_results,
 };
 use tidings_domain::outbox::FailReason;
 use tidings_domain::subjects::{StreamKind, Subjects};
@@ -126,7 +126,7 @@ impl World {
     /// Publishes one request for `sub`, lets the pusher handle it, returns its result.
     async fn push_one(&self, pusher: &Pusher, req: &PushRequest) -> PushResult {
         self.publish(req, &req.msg_id()).await;
-        let handled = pusher.handle_available(WAIT).await.unwrap();
+        let handled = pushers::handle_available(pusher, WAIT).await;
         assert_eq!(handled.len(), 1, "{handled:?}");
         let mut results = self.results().await;
         assert_eq!(results.len(), 1);
@@ -150,11 +150,11 @@ async fn the_push_service_decrypts_exactly_the_body_with_a_valid_vapid_token() {
 
     let result = w.push_one(&pusher, &req).await;
     assert_eq!(
-        (result.outcome, result.http_status),
+        (result.outcome(), result.http_status),
         (Outcome::Delivered, Some(201))
     );
     assert!(
-        result.message_id.as_deref().unwrap().contains("/m/"),
+        result.ended.message_id().unwrap().contains("/m/"),
         "Location kept"
     );
 
@@ -187,7 +187,7 @@ async fn an_endpoint_by_host_name_is_signed_for_that_origin_and_delivered() {
     for _ in 0..3 {
         let req = w.request(&sub);
         let result = w.push_one(&pusher, &req).await;
-        assert_eq!(result.outcome, Outcome::Delivered, "{result:?}");
+        assert_eq!(result.outcome(), Outcome::Delivered, "{result:?}");
     }
     let got = w.push.received_by(&sub);
     assert_eq!(got.len(), 3, "rejected: {:?}", w.push.rejected());
@@ -219,7 +219,7 @@ async fn each_answer_of_the_push_service_becomes_the_right_outcome() {
         w.push.answer_always(&sub, answer.clone());
         let r = w.push_one(&pusher, &w.request(&sub)).await;
         assert_eq!(
-            (r.outcome, r.http_status, r.retry_after),
+            (r.outcome(), r.http_status, r.ended.retry_after()),
             (outcome, status, retry_after),
             "{answer:?}"
         );
@@ -237,7 +237,7 @@ async fn a_hung_endpoint_is_transient_after_the_timeout() {
     w.push.answer_always(&sub, Answer::Hang);
     let started = Instant::now();
     let r = w.push_one(&pusher, &w.request(&sub)).await;
-    assert_eq!(r.outcome, Outcome::Transient);
+    assert_eq!(r.outcome(), Outcome::Transient);
     assert!(
         r.error.as_deref().unwrap().starts_with("timeout"),
         "{:?}",
@@ -258,7 +258,7 @@ async fn a_transport_error_names_no_path_or_query_of_the_endpoint() {
     let mut sub = w.push.subscription();
     sub.endpoint = format!("https://127.0.0.1:{port}/push/tok_s3cret?auth=hunter2");
     let r = w.push_one(&pusher, &w.request(&sub)).await;
-    assert_eq!(r.outcome, Outcome::Transient);
+    assert_eq!(r.outcome(), Outcome::Transient);
     let error = r.error.unwrap();
     assert!(error.starts_with("connect"), "{error}");
     assert!(
@@ -274,9 +274,9 @@ async fn a_request_past_its_deadline_is_never_sent() {
     let r = w
         .push_one(&pusher, &w.expired_request(&w.push.subscription()))
         .await;
-    assert_eq!(r.outcome, Outcome::Expired);
+    assert_eq!(r.outcome(), Outcome::Expired);
     assert!(
-        !r.maybe_delivered,
+        !r.ended.maybe_delivered(),
         "a first delivery: nothing was sent before"
     );
     assert_eq!(w.push.hits(), 0, "no request reached the push service");
@@ -289,8 +289,11 @@ async fn a_request_whose_validity_ran_out_is_not_sent_and_says_so() {
     let mut req = w.request(&w.push.subscription());
     req.payload.valid_until = Some(Utc::now() - ChronoDuration::milliseconds(10));
     let r = w.push_one(&pusher, &req).await;
-    assert_eq!((r.outcome, r.outlived), (Outcome::Expired, true));
-    assert!(!r.maybe_delivered);
+    let outlived = Ended::Expired {
+        outlived: true,
+        maybe_delivered: false,
+    };
+    assert_eq!(r.ended, outlived);
     assert!(
         r.error.as_deref().unwrap().contains("validity ran out"),
         "{:?}",
@@ -301,7 +304,7 @@ async fn a_request_whose_validity_ran_out_is_not_sent_and_says_so() {
     let r = w
         .push_one(&pusher, &w.expired_request(&w.push.subscription()))
         .await;
-    assert_eq!((r.outcome, r.outlived), (Outcome::Expired, false));
+    assert_eq!(r.ended, Ended::of(Outcome::Expired));
     w.cleanup().await;
 }
 
@@ -314,8 +317,8 @@ async fn a_withdrawal_deletes_its_undelivered_original_or_else_is_sent() {
     let sub = w.push.subscription();
     w.push.set_offline(&sub, true);
     let original = w.push_one(&pusher, &w.request(&sub)).await;
-    assert_eq!(original.outcome, Outcome::Delivered);
-    let location = original.message_id.clone().unwrap();
+    assert_eq!(original.outcome(), Outcome::Delivered);
+    let location = original.ended.message_id().unwrap().to_owned();
     assert_eq!(w.push.waiting().len(), 1);
     let withdrawal = |recall: &str| PushRequest {
         recall: Some(recall.to_owned()),
@@ -323,8 +326,8 @@ async fn a_withdrawal_deletes_its_undelivered_original_or_else_is_sent() {
     };
 
     let r = w.push_one(&pusher, &withdrawal(&location)).await;
-    assert_eq!((r.outcome, r.http_status), (Outcome::Recalled, Some(204)));
-    assert!(!r.maybe_delivered);
+    assert_eq!((r.outcome(), r.http_status), (Outcome::Recalled, Some(204)));
+    assert!(!r.ended.maybe_delivered());
     assert!(w.push.waiting().is_empty(), "deleted at the push service");
     assert_eq!(w.push.deleted().len(), 1);
     w.push.set_offline(&sub, false);
@@ -332,9 +335,9 @@ async fn a_withdrawal_deletes_its_undelivered_original_or_else_is_sent() {
 
     // Delivered already: the push service answers 404 and the withdrawal is sent.
     let shown = w.push_one(&pusher, &w.request(&sub)).await;
-    let location = shown.message_id.clone().unwrap();
+    let location = shown.ended.message_id().unwrap().to_owned();
     let r = w.push_one(&pusher, &withdrawal(&location)).await;
-    assert_eq!(r.outcome, Outcome::Delivered);
+    assert_eq!(r.outcome(), Outcome::Delivered);
     assert_eq!(w.push.received().len(), 2);
 
     // Another origin is not the push service's resource: not asked, the withdrawal is sent.
@@ -342,7 +345,7 @@ async fn a_withdrawal_deletes_its_undelivered_original_or_else_is_sent() {
     let r = w
         .push_one(&pusher, &withdrawal("https://elsewhere.example/m/1"))
         .await;
-    assert_eq!(r.outcome, Outcome::Delivered);
+    assert_eq!(r.outcome(), Outcome::Delivered);
     assert_eq!(w.push.hits(), hits + 1, "one push, no DELETE");
     assert!(w.push.rejected().is_empty(), "{:?}", w.push.rejected());
     w.cleanup().await;
@@ -409,12 +412,12 @@ async fn a_redelivery_answered_gone_may_have_been_delivered() {
     taken[0].ack_with(AckKind::Nak(None)).await.unwrap();
     w.push.answer_next(&sub, &[Answer::Gone]);
     assert_eq!(
-        pusher.handle_available(WAIT).await.unwrap(),
+        pushers::handle_available(&pusher, WAIT).await,
         [Handled::Reported(Outcome::Gone)]
     );
     let results = w.results().await;
     assert_eq!(results.len(), 1);
-    assert!(results[0].maybe_delivered, "{:?}", results[0]);
+    assert!(results[0].ended.maybe_delivered(), "{:?}", results[0]);
     w.cleanup().await;
 }
 
@@ -429,12 +432,12 @@ async fn a_redelivery_past_its_deadline_may_have_been_delivered() {
     assert_eq!(taken.len(), 1);
     taken[0].ack_with(AckKind::Nak(None)).await.unwrap();
     assert_eq!(
-        pusher.handle_available(WAIT).await.unwrap(),
+        pushers::handle_available(&pusher, WAIT).await,
         [Handled::Reported(Outcome::Expired)]
     );
     let results = w.results().await;
     assert_eq!(results.len(), 1);
-    assert!(results[0].maybe_delivered, "{:?}", results[0]);
+    assert!(results[0].ended.maybe_delivered(), "{:?}", results[0]);
     assert_eq!(w.push.hits(), 0, "nothing was sent past its deadline");
     w.cleanup().await;
 }
@@ -467,8 +470,14 @@ async fn endpoints_that_fail_the_guard_are_refused_without_a_connection() {
         };
         let r = w.push_one(&pusher, &w.request(&sub)).await;
         assert_eq!(
-            (r.outcome, r.refused, r.http_status),
-            (Outcome::Permanent, Some(FailReason::EndpointRefused), None),
+            (r.ended, r.http_status),
+            (
+                Ended::Permanent {
+                    refused: Some(FailReason::EndpointRefused),
+                    maybe_delivered: false
+                },
+                None
+            ),
             "{endpoint}"
         );
     }
@@ -501,11 +510,11 @@ async fn a_redelivered_request_that_was_delivered_is_not_sent_again() {
     assert_eq!(results.len(), 2, "{results:?}");
     for r in &results {
         assert_eq!(
-            (r.outbox_id, r.attempt, r.outcome),
+            (r.outbox_id, r.attempt, r.outcome()),
             (req.outbox_id, req.attempt, Outcome::Delivered)
         );
-        assert_eq!(r.message_id, results[0].message_id);
-        assert!(r.message_id.is_some());
+        assert_eq!(r.ended.message_id(), results[0].ended.message_id());
+        assert!(r.ended.message_id().is_some());
     }
     w.cleanup().await;
 }
@@ -545,8 +554,8 @@ async fn a_pusher_killed_mid_batch_leaves_every_request_with_exactly_one_result(
     assert_eq!(results.len(), requests.len(), "and only one");
     let undelivered: Vec<(Outcome, Option<String>)> = results
         .iter()
-        .filter(|r| r.outcome != Outcome::Delivered)
-        .map(|r| (r.outcome, r.error.clone()))
+        .filter(|r| r.outcome() != Outcome::Delivered)
+        .map(|r| (r.outcome(), r.error.clone()))
         .collect();
     assert!(undelivered.is_empty(), "{undelivered:?}");
     let delivered_rows: HashSet<String> = w
@@ -645,7 +654,7 @@ async fn a_stopping_pusher_hands_back_what_it_pulled_within_a_second() {
             w.results()
                 .await
                 .into_iter()
-                .filter(|r| r.outcome == Outcome::Delivered),
+                .filter(|r| r.outcome() == Outcome::Delivered),
         );
     }
     assert_eq!(delivered.len(), 4, "handed over: {delivered:?}");
@@ -688,7 +697,7 @@ async fn a_batch_is_delivered_request_by_request_in_the_pushers_slots_and_acked_
     let batch = PushRequests::new(requests.iter().map(|(_, r)| r.clone()).collect());
     w.publish(&batch, &batch.msg_id()).await;
 
-    let handled = pusher.handle_available(WAIT).await.unwrap();
+    let handled = pushers::handle_available(&pusher, WAIT).await;
     assert_eq!(handled, [Handled::Reported(Outcome::Delivered); 5]);
     for (sub, req) in &requests {
         let got = w.push.received_by(sub);
@@ -709,7 +718,7 @@ async fn a_batch_is_delivered_request_by_request_in_the_pushers_slots_and_acked_
             .iter()
             .find(|r| r.outbox_id == req.outbox_id)
             .unwrap_or_else(|| panic!("no result for {}", req.outbox_id));
-        assert_eq!((r.outcome, r.attempt), (Outcome::Delivered, req.attempt));
+        assert_eq!((r.outcome(), r.attempt), (Outcome::Delivered, req.attempt));
         assert_eq!(
             r.traceparent, req.traceparent,
             "each result continues its own request's trace"
@@ -745,17 +754,12 @@ async fn a_redelivered_batch_sends_again_only_what_was_not_delivered() {
 
     // The pusher handles the batch, then dies before its ack: JetStream redelivers it (a NAK
     // stands in for the ack timeout).
-    let mut fetched = pushers::pusher_consumer(&w.js, &w.subjects)
-        .await
-        .fetch()
-        .max_messages(1)
-        .expires(Duration::from_secs(2))
-        .messages()
-        .await
-        .unwrap();
-    let msg = fetched.next().await.unwrap().unwrap();
+    let msg = pushers::take_one(&w.js, &w.subjects).await;
     assert_eq!(
-        pusher.process(&msg).await,
+        pusher
+            .decode_and_handle(vec![pushers::ack_lost(&msg)])
+            .await
+            .unwrap(),
         [
             Handled::Reported(Outcome::Delivered),
             Handled::Reported(Outcome::Transient),
@@ -764,10 +768,7 @@ async fn a_redelivered_batch_sends_again_only_what_was_not_delivered() {
     );
     msg.ack_with(AckKind::Nak(None)).await.unwrap();
     assert_eq!(
-        pusher
-            .handle_available(Duration::from_secs(2))
-            .await
-            .unwrap(),
+        pushers::handle_available(&pusher, Duration::from_secs(2)).await,
         [
             Handled::AlreadyDelivered,
             Handled::Reported(Outcome::Delivered),
@@ -790,7 +791,7 @@ async fn an_undecodable_batch_is_dead_lettered_whole_and_nothing_is_sent() {
     w.publish(&batch, &batch.msg_id()).await;
 
     assert_eq!(
-        pusher.handle_available(WAIT).await.unwrap(),
+        pushers::handle_available(&pusher, WAIT).await,
         [Handled::DeadLettered]
     );
     assert_eq!(w.push.hits(), 0);

@@ -66,7 +66,7 @@ async fn results_a_frozen_dispatcher_holds_past_the_lease_change_nothing_the_use
     let results = s.results().await;
     assert_eq!(s.dispatcher().dispatch_once().await.unwrap().published, 10);
     let pusher = pusher(&s).await;
-    let handled = pusher.handle_available(WAIT).await.unwrap();
+    let handled = pushers::handle_available(&pusher, WAIT).await;
     assert_eq!(handled.len(), 10);
 
     // Dispatcher A pulls the ten `delivered` results and freezes before committing them.
@@ -97,7 +97,7 @@ async fn results_a_frozen_dispatcher_holds_past_the_lease_change_nothing_the_use
     tokio::time::sleep(Duration::from_millis(200)).await;
     s.make_due().await;
     assert_eq!(s.dispatcher().dispatch_once().await.unwrap().claimed, 0);
-    assert!(pusher.handle_available(WAIT).await.unwrap().is_empty());
+    assert!(pushers::handle_available(&pusher, WAIT).await.is_empty());
 
     // A thaws: its results are redelivered and change nothing.
     for m in &held {
@@ -136,7 +136,7 @@ async fn a_push_accepted_after_the_timeout_then_withheld_is_recorded_as_maybe_de
 
     // The push service accepts it but answers after the pusher's 1 s timeout.
     push.answer_next(&sub, &[Answer::CreatedAfter(Duration::from_secs(3))]);
-    let handled = pusher(&s).await.handle_available(WAIT).await.unwrap();
+    let handled = pushers::handle_available(&pusher(&s).await, WAIT).await;
     assert_eq!(handled, [Handled::Reported(Outcome::Transient)]);
     assert_eq!(push.received_by(&sub).len(), 1, "the user got it");
     assert_eq!(s.results().await.run_once(WAIT).await.unwrap().applied, 1);

@@ -3,9 +3,10 @@
 //! cross-service tests (`tidings_tests::pushers` is this file), so the pusher's tests build
 //! without the other services.
 
-use async_nats::jetstream::AckKind;
 use async_nats::jetstream::consumer::PullConsumer;
-use futures::StreamExt;
+use async_nats::jetstream::{self, AckKind};
+use std::time::Duration;
+use tidings_bus::consume::{self, Handler};
 use tidings_domain::messages::{Outcome, PushRequest};
 use tidings_domain::subjects::{StreamKind, Subjects};
 use tidings_pusher::worker::{Handled, Pusher};
@@ -35,10 +36,7 @@ pub fn pusher_settings(subjects: tidings_domain::subjects::Subjects) -> tidings_
 }
 
 /// The pushers' durable consumer (it exists once a `Pusher` was made).
-pub async fn pusher_consumer(
-    js: &async_nats::jetstream::Context,
-    subjects: &Subjects,
-) -> PullConsumer {
+pub async fn pusher_consumer(js: &jetstream::Context, subjects: &Subjects) -> PullConsumer {
     js.get_stream(subjects.stream(StreamKind::Push))
         .await
         .expect("push stream")
@@ -47,29 +45,61 @@ pub async fn pusher_consumer(
         .expect("pusher consumer")
 }
 
-/// Publishes `req`; a pusher delivers it and dies before its ack would (a NAK stands in for the
-/// ack timeout, so the test does not wait it out); returns how the redelivery is handled.
+/// Every request available now, through the pusher's one path ([`Handler::run_once`]: its
+/// consumer's next message, decoded, delivered, acked), until none is left: how each was
+/// handled, in order.
+pub async fn handle_available(pusher: &Pusher, wait: Duration) -> Vec<Handled> {
+    let mut all = Vec::new();
+    loop {
+        let handled = pusher.run_once(wait).await.expect("a pusher's round");
+        if handled.is_empty() {
+            return all;
+        }
+        all.extend(handled);
+    }
+}
+
+/// `msg` as a pusher that dies before its ack sees it: what it sends back to JetStream (ack,
+/// progress) goes to a consumer that does not exist, so it is lost as a dead pusher's would be.
+pub fn ack_lost(msg: &jetstream::Message) -> jetstream::Message {
+    let reply = msg
+        .reply
+        .as_ref()
+        .expect("a JetStream message has a reply subject");
+    let mut tokens: Vec<&str> = reply.split('.').collect();
+    // `$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>`
+    assert_eq!((tokens.len(), tokens[1]), (9, "ACK"), "{reply}");
+    tokens[3] = "died-before-ack";
+    let mut lost = msg.clone();
+    lost.message.reply = Some(tokens.join(".").into());
+    lost
+}
+
+/// The next message on the pushers' consumer, taken and held as a pusher would hold it.
+pub async fn take_one(js: &jetstream::Context, subjects: &Subjects) -> jetstream::Message {
+    let consumer = pusher_consumer(js, subjects).await;
+    let mut taken = consume::fetch(&consumer, 1, Duration::from_secs(2))
+        .await
+        .expect("fetch");
+    assert_eq!(taken.len(), 1, "one message waits");
+    taken.remove(0)
+}
+
+/// Publishes `req`; a pusher delivers it and dies before its ack (a NAK stands in for the ack
+/// timeout, so the test does not wait it out); returns how the redelivery is handled.
 pub async fn deliver_then_redeliver(
     pusher: &Pusher,
-    js: &async_nats::jetstream::Context,
+    js: &jetstream::Context,
     subjects: &Subjects,
     req: &PushRequest,
 ) -> Vec<Handled> {
     publish_push(js, subjects, req, &req.msg_id()).await;
-    let wait = std::time::Duration::from_secs(2);
-    let mut batch = pusher_consumer(js, subjects)
-        .await
-        .fetch()
-        .max_messages(1)
-        .expires(wait)
-        .messages()
-        .await
-        .expect("fetch");
-    let msg = batch.next().await.expect("a request").expect("a message");
+    let msg = take_one(js, subjects).await;
+    let first = pusher.decode_and_handle(vec![ack_lost(&msg)]).await;
     assert_eq!(
-        pusher.process(&msg).await,
+        first.expect("delivered"),
         [Handled::Reported(Outcome::Delivered)]
     );
     msg.ack_with(AckKind::Nak(None)).await.expect("nak");
-    pusher.handle_available(wait).await.expect("redelivery")
+    handle_available(pusher, Duration::from_secs(2)).await
 }

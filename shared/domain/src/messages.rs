@@ -14,6 +14,9 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+mod result;
+pub use result::{Ended, PushResult};
+
 /// The schema version this build writes and reads.
 pub const VERSION: u32 = 1;
 
@@ -466,14 +469,14 @@ names! {
         /// 2xx: the push service accepted it.
         Delivered = "delivered",
         /// 429, 5xx, timeouts, connection errors: try again later. With
-        /// [`PushResult::maybe_delivered`] the request may have reached the push service all the same.
+        /// [`Ended::Transient::maybe_delivered`] the request may have reached the push service all the same.
         Transient = "transient",
         /// 404, 410: the subscription no longer exists.
         Gone = "gone",
         /// 400, 401, 403, 413, or a refused endpoint: trying again will not help.
         Permanent = "permanent",
         /// The request reached the pusher after its deadline, or after its notification's
-        /// validity ran out ([`PushResult::outlived`]), and was not sent.
+        /// validity ran out ([`Ended::Expired::outlived`]), and was not sent.
         Expired = "expired",
         /// A withdrawal that was not sent because the push service deleted the message it
         /// withdraws before the device fetched it ([`PushRequest::recall`]).
@@ -506,86 +509,6 @@ impl From<Outcome> for AttemptOutcome {
             Outcome::Expired => AttemptOutcome::Expired,
             Outcome::Recalled => AttemptOutcome::Recalled,
         }
-    }
-}
-
-/// Pusher → dispatcher: how one attempt ended.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct PushResult {
-    pub v: u32,
-    pub outbox_id: OutboxId,
-    pub attempt: u32,
-    pub outcome: Outcome,
-    #[serde(default)]
-    pub http_status: Option<u16>,
-    /// Seconds, from the push service's Retry-After.
-    #[serde(default)]
-    pub retry_after: Option<u64>,
-    /// The push service's message id (its `Location` header).
-    #[serde(default)]
-    pub message_id: Option<String>,
-    #[serde(default)]
-    pub error: Option<String>,
-    #[serde(default)]
-    pub latency_ms: u64,
-    /// Set when the pusher refused the request itself, with no HTTP exchange (endpoint guard,
-    /// invalid subscription keys, payload too large): the failure reason to record.
-    #[serde(default)]
-    pub refused: Option<crate::outbox::FailReason>,
-    /// On a `transient` or `expired` outcome: the push service may have accepted the request —
-    /// it was sent but no answer came (a timeout after the connection was open), or it is a
-    /// redelivery the delivery log does not know, whose earlier holder may have sent it before
-    /// it died. Older pushers omit it.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub maybe_delivered: bool,
-    /// On an `expired` outcome: the request was not sent because its notification's validity
-    /// ([`Payload::valid_until`]) had run out, so the row is withheld rather than retried. Older
-    /// dispatchers ignore it and retry, as for any expired request.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub outlived: bool,
-    /// The request's `dedup_day`, when it had one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dedup_day: Option<NaiveDate>,
-    /// When the pusher started the attempt, for its record. Older pushers omit it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub started_at: Option<DateTime<Utc>>,
-    /// The push service's host, when the endpoint passed the guard.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub push_host: Option<String>,
-    /// The W3C trace context of the push span, in a [`PushResults`] batch (whose one header
-    /// cannot carry every result's). A result alone carries it as its message's header.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub traceparent: Option<String>,
-}
-
-impl PushResult {
-    /// How `attempt` of row `outbox_id` ended, with nothing more known; the pusher and the
-    /// sweeper add what they know (status, message id, error) with `..PushResult::new(..)`.
-    pub fn new(outbox_id: OutboxId, attempt: u32, outcome: Outcome) -> Self {
-        PushResult {
-            v: VERSION,
-            outbox_id,
-            attempt,
-            outcome,
-            http_status: None,
-            retry_after: None,
-            message_id: None,
-            error: None,
-            latency_ms: 0,
-            refused: None,
-            maybe_delivered: false,
-            outlived: false,
-            dedup_day: None,
-            started_at: None,
-            push_host: None,
-            traceparent: None,
-        }
-    }
-}
-
-impl Message for PushResult {
-    fn version(&self) -> u32 {
-        self.v
     }
 }
 
@@ -803,7 +726,7 @@ mod tests {
         PushResult {
             http_status: Some(201),
             traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
-            ..PushResult::new(OutboxId::new(), attempt, Outcome::Delivered)
+            ..PushResult::new(OutboxId::new(), attempt, Ended::of(Outcome::Delivered))
         }
     }
 

@@ -2,7 +2,7 @@
 //! answer ([`classify`], with [`retry_after`]), and the outbox event a reported result stands for,
 //! with its failure reason ([`event`]).
 
-use crate::messages::{Outcome, PushResult};
+use crate::messages::{Ended, Outcome, PushResult};
 use crate::outbox::{Event, FailReason};
 use chrono::{DateTime, Utc};
 
@@ -57,14 +57,24 @@ pub fn retry_after(value: &str, now: DateTime<Utc>) -> Option<u64> {
 
 /// The state-machine event a result stands for.
 pub fn event(result: &PushResult) -> Event {
-    match result.outcome {
-        Outcome::Delivered => Event::Delivered,
-        Outcome::Expired if result.outlived && !result.maybe_delivered => Event::Outlived,
-        Outcome::Recalled => Event::Recalled,
-        Outcome::Transient | Outcome::Expired if result.maybe_delivered => Event::Unknown,
-        Outcome::Transient | Outcome::Expired => Event::Transient,
-        Outcome::Gone => Event::Gone,
-        Outcome::Permanent => Event::Rejected(match (result.refused, result.http_status) {
+    match result.ended {
+        Ended::Delivered { .. } => Event::Delivered,
+        Ended::Expired {
+            outlived: true,
+            maybe_delivered: false,
+        } => Event::Outlived,
+        Ended::Recalled { .. } => Event::Recalled,
+        Ended::Transient {
+            maybe_delivered: true,
+            ..
+        }
+        | Ended::Expired {
+            maybe_delivered: true,
+            ..
+        } => Event::Unknown,
+        Ended::Transient { .. } | Ended::Expired { .. } => Event::Transient,
+        Ended::Gone { .. } => Event::Gone,
+        Ended::Permanent { refused, .. } => Event::Rejected(match (refused, result.http_status) {
             (Some(reason), _) => reason,
             (None, Some(401 | 403)) => FailReason::VapidRejected,
             (None, Some(413)) => FailReason::PayloadTooLarge,
@@ -115,73 +125,68 @@ mod tests {
         );
     }
 
-    fn result(outcome: Outcome, http_status: Option<u16>) -> PushResult {
+    fn result(ended: Ended, http_status: Option<u16>) -> PushResult {
         PushResult {
             http_status,
-            ..PushResult::new(crate::OutboxId::new(), 1, outcome)
+            ..PushResult::new(crate::OutboxId::new(), 1, ended)
         }
+    }
+
+    fn of(outcome: Outcome, http_status: Option<u16>) -> PushResult {
+        result(Ended::of(outcome), http_status)
     }
 
     #[test]
     fn each_reported_result_is_one_outbox_event() {
+        let expired = |outlived, maybe_delivered| Ended::Expired {
+            outlived,
+            maybe_delivered,
+        };
         let cases = [
-            (result(Outcome::Delivered, Some(201)), Event::Delivered),
-            (result(Outcome::Gone, Some(410)), Event::Gone),
-            (result(Outcome::Transient, Some(503)), Event::Transient),
-            (result(Outcome::Expired, None), Event::Transient),
+            (of(Outcome::Delivered, Some(201)), Event::Delivered),
+            (of(Outcome::Gone, Some(410)), Event::Gone),
+            (of(Outcome::Transient, Some(503)), Event::Transient),
+            (of(Outcome::Expired, None), Event::Transient),
             (
-                PushResult {
-                    maybe_delivered: true,
-                    ..result(Outcome::Transient, None)
-                },
+                result(
+                    Ended::Transient {
+                        retry_after: None,
+                        maybe_delivered: true,
+                    },
+                    None,
+                ),
                 Event::Unknown,
             ),
             // Not sent because its validity ran out: withheld, not retried.
-            (
-                PushResult {
-                    outlived: true,
-                    ..result(Outcome::Expired, None)
-                },
-                Event::Outlived,
-            ),
+            (result(expired(true, false), None), Event::Outlived),
             // Unless an earlier holder of the same request may have sent it.
-            (
-                PushResult {
-                    outlived: true,
-                    maybe_delivered: true,
-                    ..result(Outcome::Expired, None)
-                },
-                Event::Unknown,
-            ),
+            (result(expired(true, true), None), Event::Unknown),
             // A redelivery past its deadline whose first delivery may have been accepted.
+            (result(expired(false, true), None), Event::Unknown),
             (
-                PushResult {
-                    maybe_delivered: true,
-                    ..result(Outcome::Expired, None)
-                },
-                Event::Unknown,
-            ),
-            (
-                result(Outcome::Permanent, Some(401)),
+                of(Outcome::Permanent, Some(401)),
                 Event::Rejected(FailReason::VapidRejected),
             ),
             (
-                result(Outcome::Permanent, Some(413)),
+                of(Outcome::Permanent, Some(413)),
                 Event::Rejected(FailReason::PayloadTooLarge),
             ),
             (
-                result(Outcome::Permanent, Some(400)),
+                of(Outcome::Permanent, Some(400)),
                 Event::Rejected(FailReason::PushRejected),
             ),
             (
-                result(Outcome::Permanent, None),
+                of(Outcome::Permanent, None),
                 Event::Rejected(FailReason::EndpointRefused),
             ),
             (
-                PushResult {
-                    refused: Some(FailReason::PayloadTooLarge),
-                    ..result(Outcome::Permanent, None)
-                },
+                result(
+                    Ended::Permanent {
+                        refused: Some(FailReason::PayloadTooLarge),
+                        maybe_delivered: false,
+                    },
+                    None,
+                ),
                 Event::Rejected(FailReason::PayloadTooLarge),
             ),
         ];

@@ -10,7 +10,7 @@ use std::time::Duration;
 use tidings_bus::publish::Outgoing;
 use tidings_bus::streams::{StreamSettings, ensure_streams};
 use tidings_domain::messages::{
-    EnqueueRequest, Outcome, PushRequest, PushResult, PushResults, Subscription, decode_enqueues,
+    Ended, EnqueueRequest, PushRequest, PushResult, PushResults, Subscription, decode_enqueues,
     decode_requests, encode,
 };
 use tidings_domain::subjects::{StreamKind, Subjects};
@@ -327,13 +327,13 @@ impl World {
     pub fn result(
         &self,
         push: &PushRequest,
-        outcome: Outcome,
+        ended: impl Into<Ended>,
         http_status: Option<u16>,
     ) -> PushResult {
         PushResult {
             http_status,
             latency_ms: 5,
-            ..PushResult::new(push.outbox_id, push.attempt, outcome)
+            ..PushResult::new(push.outbox_id, push.attempt, ended)
         }
     }
 

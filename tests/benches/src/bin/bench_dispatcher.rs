@@ -18,7 +18,7 @@ use tidings_dispatcher::ingest::Ingest;
 use tidings_dispatcher::results::Results;
 use tidings_domain::Channel;
 use tidings_domain::messages::{
-    EnqueueRequests, Outcome, PushResult, PushResults, decode_requests, encode,
+    Ended, EnqueueRequests, PushResult, PushResults, decode_requests, encode,
 };
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::trigger::Trigger;
@@ -205,14 +205,16 @@ async fn round(rows: usize) -> Round {
         while let Some(Ok(m)) = msgs.next().await {
             // As the pusher reports a delivery, for each request the message carries.
             for p in decode_requests(&m.payload).expect("push requests") {
+                let delivered = Ended::Delivered {
+                    message_id: Some(format!("https://push.example/m/{}", p.outbox_id)),
+                };
                 results.push(PushResult {
                     http_status: Some(201),
                     latency_ms: 1,
-                    message_id: Some(format!("https://push.example/m/{}", p.outbox_id)),
                     dedup_day: p.dedup_day,
                     started_at: Some(Utc::now()),
                     push_host: Some("push.example".into()),
-                    ..PushResult::new(p.outbox_id, p.attempt, Outcome::Delivered)
+                    ..PushResult::new(p.outbox_id, p.attempt, delivered)
                 });
             }
             let _ = m.ack().await;

@@ -789,7 +789,7 @@ async fn naive_forwarder(
                 let retried = decode_results(&msg.payload)
                     .unwrap_or_default()
                     .into_iter()
-                    .filter(|r| matches!(r.outcome, Outcome::Transient | Outcome::Expired));
+                    .filter(|r| matches!(r.outcome(), Outcome::Transient | Outcome::Expired));
                 for r in retried {
                     let again = sent
                         .lock()
@@ -800,7 +800,7 @@ async fn naive_forwarder(
                         again.attempt += 1;
                         again.deadline = Utc::now() + chrono::Duration::seconds(30);
                         let (js, subject) = (js.clone(), push_subject.clone());
-                        let wait = Duration::from_secs(r.retry_after.unwrap_or(2));
+                        let wait = Duration::from_secs(r.ended.retry_after().unwrap_or(2));
                         tokio::spawn(async move {
                             tokio::time::sleep(wait).await;
                             publish(&js, &subject, &again).await;
