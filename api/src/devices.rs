@@ -8,7 +8,8 @@ use crate::problem::{ApiError, BodyRejected, Problem, Unauthorized};
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
+use tidings_api_types::devices::{DeviceCreated, SubscriptionReplaced, VapidPublicKey};
 use tidings_domain::dedup::parse_time_zone;
 use tidings_domain::texts::check_locale;
 use tidings_domain::{DeviceId, SubscriptionId};
@@ -17,7 +18,6 @@ use tidings_store::db;
 use tidings_store::devices::{self, NewDevice, NewSubscription};
 use tidings_webpush::encryption::{KeyError, UaKeys};
 use utoipa::ToSchema;
-use uuid::Uuid;
 
 /// Longest endpoint accepted; real push services use a few hundred characters.
 pub const MAX_ENDPOINT_LEN: usize = 2048;
@@ -60,27 +60,6 @@ pub struct CreateDevice {
     #[serde(default)]
     #[schema(max_length = 35, pattern = r"^[A-Za-z]{2,3}(-[A-Za-z0-9]{1,8})*$")]
     pub locale: Option<String>,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct DeviceCreated {
-    pub device_id: Uuid,
-    /// The device's bearer token. Shown once; Tidings keeps only its hash.
-    pub token: String,
-    pub subscription_id: Uuid,
-    pub time_zone: String,
-    pub locale: Option<String>,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct SubscriptionReplaced {
-    pub subscription_id: Uuid,
-}
-
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct VapidPublicKey {
-    /// Base64url uncompressed P-256 public key: `applicationServerKey` for `pushManager.subscribe`.
-    pub public_key: String,
 }
 
 /// Checks a subscription the way the pusher will: the same endpoint guard, and keys that can be

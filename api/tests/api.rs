@@ -4,16 +4,33 @@
 // Test code: a failed unwrap is a failed test, which is what we want.
 #![allow(clippy::unwrap_used)]
 
+#[path = "support/openapi.rs"]
+mod openapi;
 #[path = "support/server.rs"]
 mod server;
 
 use chrono::Utc;
+use openapi::{Document, Parameter};
 use reqwest::{Method, Response};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use server::{ADMIN_TOKEN, ApiServer, VAPID_PUBLIC, browser_subscription, test_settings};
 use std::collections::{BTreeMap, BTreeSet};
 use tidings_api::Settings;
-use tidings_domain::outbox::{DropReason, Event, Status};
+use tidings_api_types::clients::{ClientCreated, ClientList};
+use tidings_api_types::devices::{DeviceCreated, SubscriptionReplaced, VapidPublicKey};
+use tidings_api_types::doctor::Diagnosis;
+use tidings_api_types::endpoints::{EndpointCreated, EndpointStatus, SecretRotated};
+use tidings_api_types::objects::{DeviceView, Watch, WatchList, WatchView};
+use tidings_api_types::outbox::{
+    BulkReport, Cancelled, NotificationList, OutboxList, OutboxRow, OutboxStats, Replayed,
+};
+use tidings_api_types::problem::Problem;
+use tidings_api_types::triggers::TriggerSpec;
+use tidings_domain::Channel;
+use tidings_domain::outbox::{Delivery, DropReason, Event, FailReason, Reason, Status};
+use tidings_domain::subscription::Deactivation;
 use tidings_domain::trigger::Trigger;
 use tidings_domain::{DeviceId, OutboxId, WatchId};
 use tidings_endpoint_guard::EndpointPolicy;
@@ -23,12 +40,24 @@ use tidings_testkit::harness::{TestDb, tool};
 use tidings_testkit::walk::{self, Step, walk};
 use uuid::Uuid;
 
-async fn json(r: Response) -> Value {
-    r.json().await.expect("json body")
+/// The answer's body, decoded as the type the api answers with.
+async fn answer<T: DeserializeOwned>(r: Response) -> T {
+    r.json().await.expect("a body of the answer's type")
+}
+
+/// A price in a recorded value (`checked`, `sent`): all the tests read of it.
+#[derive(Debug, Deserialize, PartialEq)]
+struct Priced {
+    price: i64,
+}
+
+fn price_in(value: Option<&Value>) -> i64 {
+    let value = value.expect("a recorded value").clone();
+    serde_json::from_value::<Priced>(value).unwrap().price
 }
 
 /// Asserts a problem+json answer with `status`; returns the problem.
-async fn problem(r: Response, status: u16) -> Value {
+async fn problem(r: Response, status: u16) -> Problem {
     assert_eq!(r.status().as_u16(), status, "unexpected status");
     assert_eq!(
         r.headers()
@@ -36,20 +65,20 @@ async fn problem(r: Response, status: u16) -> Value {
             .and_then(|v| v.to_str().ok()),
         Some("application/problem+json")
     );
-    let p = json(r).await;
-    assert_eq!(p["status"], status);
-    assert!(
-        p["type"]
-            .as_str()
-            .is_some_and(|t| t.starts_with("/problems/")),
-        "{p}"
-    );
-    assert!(p["detail"].as_str().is_some_and(|d| !d.is_empty()), "{p}");
+    let p: Problem = answer(r).await;
+    assert_eq!(p.status, status);
+    assert!(p.kind.starts_with("/problems/"), "{p:?}");
+    assert!(!p.detail.is_empty(), "{p:?}");
     p
 }
 
-fn pointer(p: &Value) -> &str {
-    p["errors"][0]["pointer"].as_str().unwrap_or("")
+/// Whether the problem's detail, or one of its fields' details, says `words`.
+fn tells(p: &Problem, words: &str) -> bool {
+    p.detail.contains(words) || p.errors.iter().any(|e| e.detail.contains(words))
+}
+
+fn pointer(p: &Problem) -> &str {
+    p.errors.first().map_or("", |e| e.pointer.as_str())
 }
 
 fn below(threshold: i64) -> Value {
@@ -76,13 +105,13 @@ async fn outbox_row(db: &sqlx::PgPool, device: &str, watch: &str, price: i64) ->
 }
 
 /// Creates a watch for `item` with `triggers`; returns the watch as the api answered it.
-async fn create_watch(api: &ApiServer, token: &str, item: &str, triggers: Value) -> Value {
+async fn create_watch(api: &ApiServer, token: &str, item: &str, triggers: Value) -> Watch {
     let body = json!({"item_code": item, "triggers": triggers});
     let r = api
         .send(Method::POST, "/v1/watches", Some(token), &body)
         .await;
     assert_eq!(r.status(), 201, "create {item}");
-    json(r).await
+    answer(r).await
 }
 
 /// `POST /v1/admin/outbox/{id}/replay` as the operator.
@@ -112,7 +141,7 @@ async fn history_says_may_have_been_delivered_when_an_attempt_timed_out_before_a
     let mut watches = Vec::new();
     for item in ["SKU-1", "SKU-2", "SKU-3"] {
         let w = create_watch(&api, &token, item, json!([below(1200)])).await;
-        watches.push(w["id"].as_str().unwrap().to_owned());
+        watches.push(w.id.to_string());
     }
     let db = &db.pool;
     let lost = condition_lost();
@@ -129,22 +158,17 @@ async fn history_says_may_have_been_delivered_when_an_attempt_timed_out_before_a
     let t = walk(db, row(open), &[Event::Dispatched, Event::Unknown]).await;
     assert!(t.maybe_delivered && t.retry_count == 1, "{t:?}");
 
-    let history = json(api.get("/v1/notifications", Some(&token)).await).await;
+    let history: NotificationList = answer(api.get("/v1/notifications", Some(&token)).await).await;
     let delivery = |id: Uuid| {
-        history["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|i| i["id"] == id.to_string())
-            .map(|i| (i["status"].clone(), i["delivery"].clone()))
-            .unwrap()
+        let n = history.items.iter().find(|n| n.id == id).unwrap();
+        (n.status, n.delivery)
     };
-    assert_eq!(delivery(withheld), (json!("dropped"), json!("withheld")));
+    assert_eq!(delivery(withheld), (Status::Dropped, Delivery::Withheld));
     assert_eq!(
         delivery(maybe),
-        (json!("dropped"), json!("may_have_been_delivered"))
+        (Status::Dropped, Delivery::MayHaveBeenDelivered)
     );
-    assert_eq!(delivery(open), (json!("retry"), json!("in_progress")));
+    assert_eq!(delivery(open), (Status::Retry, Delivery::InProgress));
 
     // The mark is evidence: the database refuses to clear it (raw SQL on purpose: the state no
     // code makes).
@@ -161,8 +185,8 @@ async fn a_client_registers_watches_pauses_reads_history_and_leaves() {
     let db = TestDb::new().await.unwrap();
     let api = ApiServer::start(db.pool.clone(), test_settings()).await;
 
-    let key = json(api.get("/v1/vapid-public-key", None).await).await;
-    assert_eq!(key["public_key"], VAPID_PUBLIC);
+    let key: VapidPublicKey = answer(api.get("/v1/vapid-public-key", None).await).await;
+    assert_eq!(key.public_key, VAPID_PUBLIC);
 
     let (device, token) = api.register().await;
     assert_eq!(token.len(), 43, "32 random bytes, base64url");
@@ -187,26 +211,26 @@ async fn a_client_registers_watches_pauses_reads_history_and_leaves() {
             )
             .await;
         assert_eq!(r.status(), 201);
-        let w = json(r).await;
-        assert_eq!(w["item_code"], item);
-        assert_eq!(w["channel"], "web_push");
-        assert_eq!(w["triggers"].as_array().unwrap().len(), 2);
-        ids.push(w["id"].as_str().unwrap().to_owned());
+        let w: Watch = answer(r).await;
+        assert_eq!(w.item_code, item);
+        assert_eq!(w.channel, Channel::WebPush);
+        assert_eq!(w.triggers.len(), 2);
+        ids.push(w.id.to_string());
     }
 
     // Paged listing, oldest first.
-    let page1 = json(api.get("/v1/watches?limit=1", Some(&token)).await).await;
-    assert_eq!(page1["items"][0]["id"], ids[0].as_str());
-    let next = page1["next_cursor"].as_str().unwrap();
-    let page2 = json(
+    let page1: WatchList = answer(api.get("/v1/watches?limit=1", Some(&token)).await).await;
+    assert_eq!(page1.items[0].id.to_string(), ids[0]);
+    let next = page1.next_cursor.unwrap();
+    let page2: WatchList = answer(
         api.get(&format!("/v1/watches?limit=1&cursor={next}"), Some(&token))
             .await,
     )
     .await;
-    assert_eq!(page2["items"][0]["id"], ids[1].as_str());
-    assert!(page2["next_cursor"].is_null());
+    assert_eq!(page2.items[0].id.to_string(), ids[1]);
+    assert!(page2.next_cursor.is_none());
 
-    let paused = json(
+    let paused: Watch = answer(
         api.send(
             Method::PATCH,
             &format!("/v1/watches/{}", ids[1]),
@@ -216,30 +240,35 @@ async fn a_client_registers_watches_pauses_reads_history_and_leaves() {
         .await,
     )
     .await;
-    assert_eq!(paused["paused"], true);
-    let read = json(
+    assert!(paused.paused);
+    let read: Watch = answer(
         api.get(&format!("/v1/watches/{}", ids[1]), Some(&token))
             .await,
     )
     .await;
-    assert_eq!(read["paused"], true);
+    assert!(read.paused);
 
     // History: a withheld row and a pending one, newest first, with the reason.
     let withheld = outbox_row(&db.pool, &device, &ids[0], 1100).await;
     let lost = Step::from(condition_lost()).checked(json!({"price": 1300}));
     walk(&db.pool, OutboxId(withheld), [lost]).await;
     let pending = outbox_row(&db.pool, &device, &ids[1], 1000).await;
-    let history = json(api.get("/v1/notifications", Some(&token)).await).await;
-    let items = history["items"].as_array().unwrap();
+    let history: NotificationList = answer(api.get("/v1/notifications", Some(&token)).await).await;
+    let items = &history.items;
     assert_eq!(items.len(), 2);
-    assert_eq!(items[0]["id"], pending.to_string());
-    assert_eq!(items[0]["status"], "pending");
-    assert_eq!(items[1]["status"], "dropped");
-    assert_eq!(items[1]["reason"], "condition_lost");
-    assert_eq!(items[1]["detected"]["price"], 1100);
-    assert_eq!(items[1]["checked"]["price"], 1300);
-    assert_eq!(items[1]["item_code"], "SKU-1");
-    assert_eq!(items[1]["trigger"]["kind"], "price_below");
+    assert_eq!((items[0].id, items[0].status), (pending, Status::Pending));
+    assert_eq!(items[1].status, Status::Dropped);
+    assert_eq!(
+        items[1].reason,
+        Some(Reason::Dropped(DropReason::ConditionLost))
+    );
+    assert_eq!(items[1].detected.price, 1100);
+    assert_eq!(price_in(items[1].checked.as_ref()), 1300);
+    assert_eq!(items[1].item_code.as_deref(), Some("SKU-1"));
+    assert_eq!(
+        items[1].trigger,
+        TriggerSpec::PriceBelow { threshold: 1200 }
+    );
     // How far back history reaches: the oldest week the outbox holds.
     let oldest: chrono::NaiveDate = sqlx::query_scalar(
         "SELECT min(to_date(substr(c.relname, 8), 'YYYYMMDD')) FROM pg_inherits i
@@ -248,13 +277,13 @@ async fn a_client_registers_watches_pauses_reads_history_and_leaves() {
     .fetch_one(&db.pool)
     .await
     .unwrap();
-    assert_eq!(history["kept_from"], oldest.to_string());
-    let dropped_only = json(
+    assert_eq!(history.kept_from, Some(oldest));
+    let dropped_only: NotificationList = answer(
         api.get("/v1/notifications?status=dropped", Some(&token))
             .await,
     )
     .await;
-    assert_eq!(dropped_only["items"].as_array().unwrap().len(), 1);
+    assert_eq!(dropped_only.items.len(), 1);
 
     // Leaving: the token stops working, watches and subscription go.
     let r = api
@@ -291,10 +320,7 @@ async fn replacing_the_subscription_keeps_exactly_one_active() {
         )
         .await;
     assert_eq!(r.status(), 200);
-    let new = json(r).await["subscription_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let new = answer::<SubscriptionReplaced>(r).await.subscription_id;
     let active: Vec<(Uuid, String)> = sqlx::query_as(
         "SELECT id, endpoint FROM push_subscriptions WHERE device_id = $1::uuid AND active",
     )
@@ -304,10 +330,7 @@ async fn replacing_the_subscription_keeps_exactly_one_active() {
     .unwrap();
     assert_eq!(
         active,
-        vec![(
-            new.parse().unwrap(),
-            "https://127.0.0.1:9/push/new".to_owned()
-        )]
+        vec![(new, "https://127.0.0.1:9/push/new".to_owned())]
     );
     db.assert_count(
         "SELECT count(*) FROM push_subscriptions WHERE deactivation_reason = 'replaced'",
@@ -323,9 +346,9 @@ async fn another_devices_watch_answers_404_and_is_not_touched() {
     let (device_a, a) = api.register().await;
     let (_, b) = api.register().await;
     let w = create_watch(&api, &a, "SKU-1", json!([{"kind": "back_in_stock"}])).await;
-    let id = w["id"].as_str().unwrap();
+    let id = w.id.to_string();
     let path = format!("/v1/watches/{id}");
-    outbox_row(&db.pool, &device_a, id, 1000).await;
+    outbox_row(&db.pool, &device_a, &id, 1000).await;
 
     problem(api.get(&path, Some(&b)).await, 404).await;
     problem(
@@ -337,14 +360,14 @@ async fn another_devices_watch_answers_404_and_is_not_touched() {
     problem(api.call(Method::DELETE, &path, Some(&b)).await, 404).await;
     // A malformed id is the same answer as someone else's.
     problem(api.get("/v1/watches/not-a-uuid", Some(&b)).await, 404).await;
-    let b_list = json(api.get("/v1/watches", Some(&b)).await).await;
-    assert_eq!(b_list["items"].as_array().unwrap().len(), 0);
-    let b_history = json(api.get("/v1/notifications", Some(&b)).await).await;
-    assert_eq!(b_history["items"].as_array().unwrap().len(), 0);
+    let b_list: WatchList = answer(api.get("/v1/watches", Some(&b)).await).await;
+    assert!(b_list.items.is_empty());
+    let b_history: NotificationList = answer(api.get("/v1/notifications", Some(&b)).await).await;
+    assert!(b_history.items.is_empty());
 
-    let still = json(api.get(&path, Some(&a)).await).await;
-    assert_eq!(still["paused"], false);
-    assert_eq!(still["updated_at"], w["updated_at"]);
+    let still: Watch = answer(api.get(&path, Some(&a)).await).await;
+    assert!(!still.paused);
+    assert_eq!(still.updated_at, w.updated_at);
     db.assert_count(
         "SELECT count(*) FROM watches WHERE removed_at IS NULL AND NOT paused",
         1,
@@ -364,7 +387,7 @@ async fn missing_or_invalid_tokens_get_401() {
     assert_ne!(wrong, token);
     for t in [None, Some("garbage"), Some(wrong.as_str())] {
         let p = problem(api.get("/v1/watches", t).await, 401).await;
-        assert_eq!(p["type"], "/problems/unauthorized");
+        assert_eq!(p.kind, "/problems/unauthorized");
     }
     // A device token is not an operator token, and vice versa.
     problem(api.get("/v1/admin/outbox", Some(&token)).await, 401).await;
@@ -465,11 +488,8 @@ async fn every_registration_rule_refuses_bad_input_with_a_problem() {
             422,
         )
         .await;
-        assert_eq!(pointer(&p), at, "{p}");
-        assert!(
-            p["detail"].as_str().unwrap().contains(says),
-            "{p} should say {says}"
-        );
+        assert_eq!(pointer(&p), at, "{p:?}");
+        assert!(p.detail.contains(says), "{p:?} should say {says}");
     }
     assert_eq!(db.count("SELECT count(*) FROM devices").await, 0);
     assert_eq!(db.count("SELECT count(*) FROM push_subscriptions").await, 0);
@@ -544,7 +564,7 @@ async fn every_watch_rule_refuses_bad_input_with_a_problem() {
     ];
     for (body, at) in cases {
         let p = problem(post(body.clone()).await.unwrap(), 422).await;
-        assert_eq!(pointer(&p), at, "{body} -> {p}");
+        assert_eq!(pointer(&p), at, "{body} -> {p:?}");
     }
 
     // Not JSON, not declared as JSON, too large.
@@ -578,7 +598,7 @@ async fn every_watch_rule_refuses_bad_input_with_a_problem() {
     )
     .await;
     // PATCH changes only `paused`.
-    let ok = json(
+    let ok: Watch = answer(
         post(json!({"item_code": "SKU-1", "triggers": [below(100)]}))
             .await
             .unwrap(),
@@ -587,7 +607,7 @@ async fn every_watch_rule_refuses_bad_input_with_a_problem() {
     let p = problem(
         api.send(
             Method::PATCH,
-            &format!("/v1/watches/{}", ok["id"].as_str().unwrap()),
+            &format!("/v1/watches/{}", ok.id),
             Some(&token),
             &json!({"paused": true, "triggers": []}),
         )
@@ -595,10 +615,7 @@ async fn every_watch_rule_refuses_bad_input_with_a_problem() {
         422,
     )
     .await;
-    assert!(
-        p["detail"].as_str().unwrap().contains("unknown field"),
-        "{p}"
-    );
+    assert!(p.detail.contains("unknown field"), "{p:?}");
     // Bad query parameters.
     problem(api.get("/v1/watches?limit=0", Some(&token)).await, 400).await;
     problem(api.get("/v1/watches?cursor=zzz", Some(&token)).await, 400).await;
@@ -625,12 +642,12 @@ async fn every_watch_rule_refuses_bad_input_with_a_problem() {
         409,
     )
     .await;
-    assert_eq!(p["type"], "/problems/watch-limit");
+    assert_eq!(p.kind, "/problems/watch-limit");
     // Deleting one frees a slot.
     let r = api
         .call(
             Method::DELETE,
-            &format!("/v1/watches/{}", ok["id"].as_str().unwrap()),
+            &format!("/v1/watches/{}", ok.id),
             Some(&token),
         )
         .await;
@@ -882,12 +899,16 @@ async fn a_retried_create_with_the_same_idempotency_key_creates_one_watch() {
     assert_eq!(first.status(), 201);
     assert!(first.headers().get("idempotent-replayed").is_none());
     let location = first.headers()["location"].to_str().unwrap().to_owned();
-    let first = json(first).await;
+    let first: Watch = answer(first).await;
     let again = send("k-1", body.clone()).await.unwrap();
     assert_eq!(again.status(), 201);
     assert_eq!(again.headers().get("idempotent-replayed").unwrap(), "true");
     assert_eq!(again.headers()["location"], location.as_str());
-    assert_eq!(json(again).await, first);
+    let replayed: Watch = answer(again).await;
+    assert_eq!(
+        (replayed.id, replayed.created_at),
+        (first.id, first.created_at)
+    );
 
     // Concurrent retries of a new key: one creates, the rest get its response.
     let answers = futures::future::join_all((0..8).map(|_| send("k-2", body.clone()))).await;
@@ -895,7 +916,7 @@ async fn a_retried_create_with_the_same_idempotency_key_creates_one_watch() {
     for a in answers {
         let a = a.unwrap();
         assert_eq!(a.status(), 201);
-        ids.insert(json(a).await["id"].as_str().unwrap().to_owned());
+        ids.insert(answer::<Watch>(a).await.id);
     }
     assert_eq!(ids.len(), 1, "{ids:?}");
 
@@ -913,8 +934,8 @@ async fn a_retried_create_with_the_same_idempotency_key_creates_one_watch() {
     assert_eq!(pointer(&p), "Idempotency-Key");
     assert_eq!(db.count("SELECT count(*) FROM watches").await, 2);
     assert_eq!(
-        first["id"].as_str().map(|id| format!("/v1/watches/{id}")),
-        Some(location.clone()),
+        format!("/v1/watches/{}", first.id),
+        location,
         "a create answers with the watch's Location"
     );
 
@@ -923,8 +944,8 @@ async fn a_retried_create_with_the_same_idempotency_key_creates_one_watch() {
     let gone = api.call(Method::DELETE, &location, Some(&token)).await;
     assert_eq!(gone.status(), 204);
     let p = problem(send("k-1", body.clone()).await.unwrap(), 409).await;
-    assert_eq!(p["type"], "/problems/idempotency-key-spent");
-    assert!(p["detail"].as_str().unwrap().contains("deleted"), "{p}");
+    assert_eq!(p.kind, "/problems/idempotency-key-spent");
+    assert!(p.detail.contains("deleted"), "{p:?}");
     assert_eq!(db.count("SELECT count(*) FROM watches").await, 2);
     api.stop().await;
 }
@@ -939,15 +960,15 @@ async fn a_device_registers_with_the_locale_it_reads() {
     });
     let r = api.send(Method::POST, "/v1/devices", None, &body).await;
     assert_eq!(r.status(), 201);
-    let created = json(r).await;
-    assert_eq!(created["locale"], "ja-JP");
-    let id = created["device_id"].as_str().unwrap();
-    let view = admin_get(&api, &format!("/v1/admin/devices/{id}")).await;
-    assert_eq!(view["locale"], "ja-JP", "{view}");
+    let created: DeviceCreated = answer(r).await;
+    assert_eq!(created.locale.as_deref(), Some("ja-JP"));
+    let id = created.device_id;
+    let view: DeviceView = admin_get(&api, &format!("/v1/admin/devices/{id}")).await;
+    assert_eq!(view.locale.as_deref(), Some("ja-JP"), "{view:?}");
     // None given: none kept, and the device reads English.
     let (other, _) = api.register().await;
-    let view = admin_get(&api, &format!("/v1/admin/devices/{other}")).await;
-    assert!(view["locale"].is_null(), "{view}");
+    let view: DeviceView = admin_get(&api, &format!("/v1/admin/devices/{other}")).await;
+    assert!(view.locale.is_none(), "{view:?}");
     api.stop().await;
 }
 
@@ -956,11 +977,11 @@ async fn operators_list_count_inspect_and_replay_terminal_rows() {
     let (db, api) = ApiServer::on_fresh_db().await;
     let (device, token) = api.register().await;
     let w = create_watch(&api, &token, "SKU-1", json!([below(1200)])).await;
-    let failed = outbox_row(&db.pool, &device, w["id"].as_str().unwrap(), 1100).await;
+    let failed = outbox_row(&db.pool, &device, &w.id.to_string(), 1100).await;
     let ended = walk::exhaust(&db.pool, OutboxId(failed), 503).await;
     let admin = Some(ADMIN_TOKEN);
 
-    let listed = json(
+    let listed: OutboxList = answer(
         api.get(
             "/v1/admin/outbox?status=failed&reason=retries_exhausted",
             admin,
@@ -968,24 +989,24 @@ async fn operators_list_count_inspect_and_replay_terminal_rows() {
         .await,
     )
     .await;
-    assert_eq!(listed["items"][0]["id"], failed.to_string());
-    assert!(listed["kept_from"].is_string(), "{listed}");
-    let none = json(
+    assert_eq!(listed.items[0].notification.id, failed);
+    assert!(listed.kept_from.is_some(), "{listed:?}");
+    let none: OutboxList = answer(
         api.get("/v1/admin/outbox?reason=condition_lost", admin)
             .await,
     )
     .await;
-    assert_eq!(none["items"].as_array().unwrap().len(), 0);
+    assert!(none.items.is_empty());
 
-    let one = json(api.get(&format!("/v1/admin/outbox/{failed}"), admin).await).await;
-    assert_eq!(one["attempt"], ended.attempt);
-    assert_eq!(one["last_error"], "push service answered 503");
-    assert_eq!(one["http_status"], 503);
+    let one: OutboxRow = answer(api.get(&format!("/v1/admin/outbox/{failed}"), admin).await).await;
+    assert_eq!(i64::from(one.attempt), i64::from(ended.attempt));
+    assert_eq!(one.last_error.as_deref(), Some("push service answered 503"));
+    assert_eq!(one.http_status, Some(503));
 
     let r = replay_row(&api, failed).await;
     assert_eq!(r.status(), 201);
-    let replay = json(r).await["id"].as_str().unwrap().to_owned();
-    let replayed = stored(&db.pool, replay.parse().unwrap()).await;
+    let replay = answer::<Replayed>(r).await.id;
+    let replayed = stored(&db.pool, replay).await;
     assert_eq!(
         (
             replayed.notification.status,
@@ -1000,17 +1021,12 @@ async fn operators_list_count_inspect_and_replay_terminal_rows() {
         "the terminal row is untouched"
     );
     let again = problem(replay_row(&api, failed).await, 409).await;
-    assert_eq!(again["type"], "/problems/already-replayed");
+    assert_eq!(again.kind, "/problems/already-replayed");
     problem(replay_row(&api, &replay).await, 409).await;
     // Even once the replay has ended unsent, it is not replayed again: no chains.
-    walk(
-        &db.pool,
-        OutboxId(replay.parse().unwrap()),
-        [condition_lost()],
-    )
-    .await;
+    walk(&db.pool, OutboxId(replay), [condition_lost()]).await;
     let chained = problem(replay_row(&api, &replay).await, 409).await;
-    assert_eq!(chained["type"], "/problems/is-a-replay", "{chained}");
+    assert_eq!(chained.kind, "/problems/is-a-replay", "{chained:?}");
     problem(
         api.call(
             Method::POST,
@@ -1022,29 +1038,33 @@ async fn operators_list_count_inspect_and_replay_terminal_rows() {
     )
     .await;
 
-    let stats = json(api.get("/v1/admin/outbox/stats", admin).await).await;
-    let states = stats["states"].as_array().unwrap();
+    let stats: OutboxStats = answer(api.get("/v1/admin/outbox/stats", admin).await).await;
+    let states: Vec<_> = (stats.states.iter())
+        .map(|c| (c.status, c.reason, c.count))
+        .collect();
+    let exhausted = Reason::Failed(FailReason::RetriesExhausted);
+    let lost = Reason::Dropped(DropReason::ConditionLost);
     assert!(
-        states.contains(&json!({"status": "failed", "reason": "retries_exhausted", "count": 1})),
-        "{stats}"
+        states.contains(&(Status::Failed, Some(exhausted), 1)),
+        "{stats:?}"
     );
     assert!(
-        states.contains(&json!({"status": "dropped", "reason": "condition_lost", "count": 1})),
-        "{stats}"
+        states.contains(&(Status::Dropped, Some(lost), 1)),
+        "{stats:?}"
     );
-    assert_eq!(stats["due"], 0);
-    let one = json(api.get(&format!("/v1/admin/outbox/{failed}"), admin).await).await;
-    assert_eq!(one["replays"], json!([replay]));
+    assert_eq!(stats.due, 0);
+    let one: OutboxRow = answer(api.get(&format!("/v1/admin/outbox/{failed}"), admin).await).await;
+    assert_eq!(one.replays, [replay]);
     api.stop().await;
 }
 
 /// The problem an operator's `method` on `path` (no body) is answered with, with `status`.
-async fn admin_problem(api: &ApiServer, method: Method, path: &str, status: u16) -> Value {
+async fn admin_problem(api: &ApiServer, method: Method, path: &str, status: u16) -> Problem {
     problem(api.call(method, path, Some(ADMIN_TOKEN)).await, status).await
 }
 
 /// The problem an operator's `POST path` with `body` is answered with, with `status`.
-async fn admin_post_refused(api: &ApiServer, path: &str, body: &Value, status: u16) -> Value {
+async fn admin_post_refused(api: &ApiServer, path: &str, body: &Value, status: u16) -> Problem {
     problem(
         api.send(Method::POST, path, Some(ADMIN_TOKEN), body).await,
         status,
@@ -1052,22 +1072,27 @@ async fn admin_post_refused(api: &ApiServer, path: &str, body: &Value, status: u
     .await
 }
 
-/// `GET path` as the operator: the answer's JSON.
-async fn admin_get(api: &ApiServer, path: &str) -> Value {
-    json(api.get(path, Some(ADMIN_TOKEN)).await).await
+/// `GET path` as the operator: the answer.
+async fn admin_get<T: DeserializeOwned>(api: &ApiServer, path: &str) -> T {
+    answer(api.get(path, Some(ADMIN_TOKEN)).await).await
 }
 
-/// An operator's action without a body (`POST path`, e.g. a pause): the answer's JSON, after
-/// checking it is 200.
-async fn admin_act(api: &ApiServer, path: &str) -> Value {
+/// An operator's action without a body (`POST path`, e.g. a pause): the answer, after checking
+/// it is 200.
+async fn admin_act<T: DeserializeOwned>(api: &ApiServer, path: &str) -> T {
     admin_post(api, path, &json!(null), 200).await
 }
 
-/// `POST path` with a JSON body as the operator; the answer's JSON after checking its status.
-async fn admin_post(api: &ApiServer, path: &str, body: &Value, status: u16) -> Value {
+/// `POST path` with a JSON body as the operator; the answer after checking its status.
+async fn admin_post<T: DeserializeOwned>(
+    api: &ApiServer,
+    path: &str,
+    body: &Value,
+    status: u16,
+) -> T {
     let r = api.send(Method::POST, path, Some(ADMIN_TOKEN), body).await;
     assert_eq!(r.status(), status, "POST {path} {body}");
-    json(r).await
+    answer(r).await
 }
 
 #[tokio::test]
@@ -1079,7 +1104,7 @@ async fn bulk_replay_takes_only_matching_rows_once_each_in_resumable_batches() {
         async move {
             let (device, token) = api.register().await;
             let w = create_watch(api, &token, item, json!([below(1200)])).await;
-            outbox_row(&db.pool, &device, w["id"].as_str().unwrap(), price).await
+            outbox_row(&db.pool, &device, &w.id.to_string(), price).await
         }
     };
     // Five failed rows on SKU-1 (503 from the push service), one failed on SKU-2, one dropped
@@ -1096,13 +1121,12 @@ async fn bulk_replay_takes_only_matching_rows_once_each_in_resumable_batches() {
     walk(&db.pool, OutboxId(lost), [condition_lost()]).await;
     let pending = row_on("SKU-1", 900).await;
     // One of the five was replayed before: it is not replayed again.
-    let earlier = json(replay_row(&api, matching[0]).await).await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let earlier = answer::<Replayed>(replay_row(&api, matching[0]).await)
+        .await
+        .id;
 
     let filter = json!({"status": "failed", "item": "SKU-1", "http_status": 503});
-    let dry = admin_post(
+    let dry: BulkReport = admin_post(
         &api,
         "/v1/admin/outbox/replay",
         &json!({"filter": filter, "dry_run": true}),
@@ -1110,17 +1134,12 @@ async fn bulk_replay_takes_only_matching_rows_once_each_in_resumable_batches() {
     )
     .await;
     assert_eq!(
-        (dry["matched"].as_i64(), dry["would_change"].as_i64()),
+        (dry.matched, dry.would_change),
         (Some(5), Some(4)),
-        "{dry}"
+        "{dry:?}"
     );
-    let sampled: BTreeSet<Uuid> = dry["sample"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["id"].as_str().unwrap().parse().unwrap())
-        .collect();
-    assert_eq!(sampled, matching[1..].iter().copied().collect(), "{dry}");
+    let sampled: BTreeSet<Uuid> = dry.sample.iter().map(|r| r.id).collect();
+    assert_eq!(sampled, matching[1..].iter().copied().collect(), "{dry:?}");
     assert_eq!(
         db.count("SELECT count(*) FROM outbox").await,
         9,
@@ -1133,18 +1152,17 @@ async fn bulk_replay_takes_only_matching_rows_once_each_in_resumable_batches() {
     let (mut examined, mut changed) = (0, 0);
     let mut skipped = BTreeMap::new();
     loop {
-        let report = admin_post(&api, "/v1/admin/outbox/replay", &body, 200).await;
+        let report: BulkReport = admin_post(&api, "/v1/admin/outbox/replay", &body, 200).await;
         calls += 1;
-        examined += report["examined"].as_u64().unwrap();
-        changed += report["changed"].as_u64().unwrap();
-        for (why, n) in report["skipped"].as_object().unwrap() {
-            *skipped.entry(why.clone()).or_insert(0) += n.as_u64().unwrap();
+        examined += report.examined;
+        changed += report.changed;
+        for (why, n) in report.skipped {
+            *skipped.entry(why).or_insert(0) += n;
         }
-        let Some(next) = report["next_cursor"].as_str() else {
+        let Some(next) = report.next_cursor else {
             break;
         };
-        body["cursor"] = next.into();
-        body["up_to"] = report["up_to"].clone();
+        body = json!({"filter": filter, "batch": 2, "cursor": next, "up_to": report.up_to});
     }
     assert_eq!((calls, examined, changed), (3, 5, 4));
     assert_eq!(
@@ -1168,22 +1186,21 @@ async fn bulk_replay_takes_only_matching_rows_once_each_in_resumable_batches() {
 
     // Again, over everything failed or dropped: the replays are pending, the originals were
     // replayed; nothing new, and no replay of a replay.
-    let again = admin_post(&api, "/v1/admin/outbox/replay", &json!({}), 200).await;
+    let again: BulkReport = admin_post(&api, "/v1/admin/outbox/replay", &json!({}), 200).await;
     assert_eq!(
-        again["changed"], 2,
-        "only SKU-2's row and the condition_lost row: {again}"
+        again.changed, 2,
+        "only SKU-2's row and the condition_lost row: {again:?}"
     );
-    let twice = admin_post(&api, "/v1/admin/outbox/replay", &json!({}), 200).await;
-    assert_eq!(twice["changed"], 0, "{twice}");
-    assert_eq!(twice["skipped"]["is_a_replay"], 7, "{twice}");
-    assert_eq!(twice["skipped"]["already_replayed"], 7, "{twice}");
-    walk(
-        &db.pool,
-        OutboxId(earlier.parse().unwrap()),
-        [condition_lost()],
-    )
-    .await;
-    let chained = admin_post(
+    let twice: BulkReport = admin_post(&api, "/v1/admin/outbox/replay", &json!({}), 200).await;
+    assert_eq!(twice.changed, 0, "{twice:?}");
+    let skipped = BTreeMap::from([
+        ("already_replayed".to_owned(), 7),
+        ("is_a_replay".to_owned(), 7),
+        ("not_replayable".to_owned(), 1),
+    ]);
+    assert_eq!(twice.skipped, skipped, "{twice:?}");
+    walk(&db.pool, OutboxId(earlier), [condition_lost()]).await;
+    let chained: BulkReport = admin_post(
         &api,
         "/v1/admin/outbox/replay",
         &json!({"filter": {"status": "dropped"}}),
@@ -1191,12 +1208,9 @@ async fn bulk_replay_takes_only_matching_rows_once_each_in_resumable_batches() {
     )
     .await;
     assert_eq!(
-        (
-            chained["changed"].as_u64(),
-            chained["skipped"]["is_a_replay"].as_u64()
-        ),
-        (Some(0), Some(1)),
-        "{chained}"
+        (chained.changed, chained.skipped.get("is_a_replay")),
+        (0, Some(&1)),
+        "{chained:?}"
     );
 
     // Bad input: a clear error, nothing changed.
@@ -1208,7 +1222,7 @@ async fn bulk_replay_takes_only_matching_rows_once_each_in_resumable_batches() {
         400,
     )
     .await;
-    assert!(p["detail"].as_str().unwrap().contains("bogus"), "{p}");
+    assert!(p.detail.contains("bogus"), "{p:?}");
     admin_post_refused(
         &api,
         "/v1/admin/outbox/replay",
@@ -1218,28 +1232,24 @@ async fn bulk_replay_takes_only_matching_rows_once_each_in_resumable_batches() {
     .await;
     admin_post_refused(&api, "/v1/admin/outbox/replay", &json!({"batch": 0}), 400).await;
     // A reversed time range matches nothing; it is not an error.
-    let reversed = admin_post(
+    let reversed: BulkReport = admin_post(
         &api,
         "/v1/admin/outbox/replay",
         &json!({"filter": {"from": "2026-02-01T00:00:00Z", "to": "2026-01-01T00:00:00Z"}, "dry_run": true}),
         200,
     )
     .await;
-    assert_eq!(reversed["matched"], 0, "{reversed}");
+    assert_eq!(reversed.matched, Some(0), "{reversed:?}");
     // The channel narrows too: these rows are all Web Push.
     for (channel, some) in [("web_push", true), ("webhook", false)] {
-        let found = admin_post(
+        let found: BulkReport = admin_post(
             &api,
             "/v1/admin/outbox/replay",
             &json!({"filter": {"channel": channel}, "dry_run": true}),
             200,
         )
         .await;
-        assert_eq!(
-            found["matched"].as_i64().unwrap() > 0,
-            some,
-            "{channel}: {found}"
-        );
+        assert_eq!(found.matched.unwrap() > 0, some, "{channel}: {found:?}");
     }
     let p = admin_post_refused(
         &api,
@@ -1248,20 +1258,17 @@ async fn bulk_replay_takes_only_matching_rows_once_each_in_resumable_batches() {
         400,
     )
     .await;
-    assert!(
-        p["detail"].as_str().unwrap().contains("web_push, webhook"),
-        "{p}"
-    );
+    assert!(p.detail.contains("web_push, webhook"), "{p:?}");
     // A whole number written with a fraction is still whole (JSON Schema's integer); a real
     // fraction is refused.
-    let whole = admin_post(
+    let whole: BulkReport = admin_post(
         &api,
         "/v1/admin/outbox/replay",
         &json!({"batch": 2.0, "dry_run": true}),
         200,
     )
     .await;
-    assert!(whole["matched"].as_i64().unwrap() > 0, "{whole}");
+    assert!(whole.matched.unwrap() > 0, "{whole:?}");
     admin_post_refused(&api, "/v1/admin/outbox/replay", &json!({"batch": 2.5}), 422).await;
     problem(
         api.send(Method::POST, "/v1/admin/outbox/replay", None, &json!({}))
@@ -1273,15 +1280,12 @@ async fn bulk_replay_takes_only_matching_rows_once_each_in_resumable_batches() {
     // A NUL, which no text in Postgres holds, is a clear 400, not a failed query.
     admin_problem(&api, Method::GET, "/v1/admin/outbox?push_host=a%00b", 400).await;
     // The list takes the same filter.
-    let listed = json(
-        api.get(
-            "/v1/admin/outbox?status=failed&item=SKU-1&http_status=503",
-            Some(ADMIN_TOKEN),
-        )
-        .await,
+    let listed: OutboxList = admin_get(
+        &api,
+        "/v1/admin/outbox?status=failed&item=SKU-1&http_status=503",
     )
     .await;
-    assert_eq!(listed["items"].as_array().unwrap().len(), 5, "{listed}");
+    assert_eq!(listed.items.len(), 5, "{listed:?}");
     api.stop().await;
 }
 
@@ -1300,7 +1304,7 @@ async fn operators_cancel_due_rows_only_and_pause_devices_and_watches() {
     let mut rows = Vec::new();
     for item in ["SKU-1", "SKU-2", "SKU-3", "SKU-4"] {
         let w = create_watch(&api, &token, item, json!([below(1200)])).await;
-        rows.push(outbox_row(&db.pool, &device, w["id"].as_str().unwrap(), 1100).await);
+        rows.push(outbox_row(&db.pool, &device, &w.id.to_string(), 1100).await);
     }
     walk(
         &db.pool,
@@ -1312,10 +1316,10 @@ async fn operators_cancel_due_rows_only_and_pause_devices_and_watches() {
     walk(&db.pool, OutboxId(rows[3]), [condition_lost()]).await;
 
     // One row: pending → cancelled; a row with a push out, or one that ended, is refused.
-    let done = admin_act(&api, &format!("/v1/admin/outbox/{}/cancel", rows[0])).await;
+    let done: Cancelled = admin_act(&api, &format!("/v1/admin/outbox/{}/cancel", rows[0])).await;
     assert_eq!(
-        (done["status"].as_str(), done["reason"].as_str()),
-        (Some("dropped"), Some("cancelled"))
+        (done.status, done.reason),
+        (Status::Dropped, Reason::Dropped(DropReason::Cancelled))
     );
     for id in [rows[2], rows[3], rows[0]] {
         let p = admin_problem(
@@ -1325,7 +1329,7 @@ async fn operators_cancel_due_rows_only_and_pause_devices_and_watches() {
             409,
         )
         .await;
-        assert_eq!(p["type"], "/problems/not-cancellable", "{p}");
+        assert_eq!(p.kind, "/problems/not-cancellable", "{p:?}");
     }
     admin_problem(
         &api,
@@ -1336,7 +1340,7 @@ async fn operators_cancel_due_rows_only_and_pause_devices_and_watches() {
     .await;
 
     // In bulk: the dry run counts the one due row left; the run cancels it and skips the rest.
-    let dry = admin_post(
+    let dry: BulkReport = admin_post(
         &api,
         "/v1/admin/outbox/cancel",
         &json!({"filter": {"device_id": device}, "dry_run": true}),
@@ -1344,12 +1348,12 @@ async fn operators_cancel_due_rows_only_and_pause_devices_and_watches() {
     )
     .await;
     assert_eq!(
-        (dry["matched"].as_i64(), dry["would_change"].as_i64()),
+        (dry.matched, dry.would_change),
         (Some(4), Some(1)),
-        "{dry}"
+        "{dry:?}"
     );
-    assert_eq!(dry["sample"][0]["id"], rows[1].to_string());
-    let run = admin_post(
+    assert_eq!(dry.sample[0].id, rows[1]);
+    let run: BulkReport = admin_post(
         &api,
         "/v1/admin/outbox/cancel",
         &json!({"filter": {"device_id": device}}),
@@ -1357,44 +1361,35 @@ async fn operators_cancel_due_rows_only_and_pause_devices_and_watches() {
     )
     .await;
     assert_eq!(
-        (
-            run["changed"].as_u64(),
-            run["skipped"]["not_cancellable"].as_u64()
-        ),
-        (Some(1), Some(3)),
-        "{run}"
+        (run.changed, run.skipped.get("not_cancellable")),
+        (1, Some(&3)),
+        "{run:?}"
     );
-    let states: Vec<(String, Option<String>)> =
-        sqlx::query_as("SELECT status, reason FROM outbox ORDER BY id")
-            .fetch_all(&db.pool)
-            .await
-            .unwrap();
-    let states: Vec<(&str, Option<&str>)> = states
-        .iter()
-        .map(|(s, r)| (s.as_str(), r.as_deref()))
-        .collect();
+    let mut states = Vec::new();
+    for id in &rows {
+        let n = stored(&db.pool, *id).await.notification;
+        states.push((n.status, n.reason));
+    }
+    let cancelled = Some(Reason::Dropped(DropReason::Cancelled));
     assert_eq!(
         states,
         [
-            ("dropped", Some("cancelled")),
-            ("dropped", Some("cancelled")),
-            ("sending", None),
-            ("dropped", Some("condition_lost"))
+            (Status::Dropped, cancelled),
+            (Status::Dropped, cancelled),
+            (Status::Sending, None),
+            (
+                Status::Dropped,
+                Some(Reason::Dropped(DropReason::ConditionLost))
+            )
         ]
     );
     // The device sees them as not delivered, not as withheld.
-    let history = json(api.get("/v1/notifications", Some(&token)).await).await;
-    let cancelled: Vec<&Value> = history["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|n| n["reason"] == "cancelled")
+    let history: NotificationList = answer(api.get("/v1/notifications", Some(&token)).await).await;
+    let shown: Vec<Delivery> = (history.items.iter())
+        .filter(|n| n.reason == cancelled)
+        .map(|n| n.delivery)
         .collect();
-    assert_eq!(cancelled.len(), 2);
-    assert!(
-        cancelled.iter().all(|n| n["delivery"] == "not_delivered"),
-        "{history}"
-    );
+    assert_eq!(shown, [Delivery::NotDelivered; 2], "{history:?}");
     // Nobody but an operator's cancel may record the reason, and not on a row in flight (raw SQL
     // on purpose: the write the database must refuse).
     let refused = sqlx::query("UPDATE outbox SET status = 'dropped', reason = 'cancelled', finished_at = now() WHERE id = $1")
@@ -1407,16 +1402,20 @@ async fn operators_cancel_due_rows_only_and_pause_devices_and_watches() {
     );
 
     // Pause and resume a device.
-    let view = admin_get(&api, &format!("/v1/admin/devices/{device}")).await;
-    assert!(view["paused_at"].is_null(), "{view}");
-    assert_eq!(view["watch_count"], 4);
-    assert_eq!(view["outbox"]["dropped"], 3, "{view}");
-    let paused = admin_act(&api, &format!("/v1/admin/devices/{device}/pause")).await;
-    let at = paused["paused_at"].as_str().unwrap().to_owned();
-    let again = admin_act(&api, &format!("/v1/admin/devices/{device}/pause")).await;
-    assert_eq!(again["paused_at"], at, "pausing twice keeps the first time");
-    let resumed = admin_act(&api, &format!("/v1/admin/devices/{device}/resume")).await;
-    assert!(resumed["paused_at"].is_null());
+    let view: DeviceView = admin_get(&api, &format!("/v1/admin/devices/{device}")).await;
+    assert!(view.paused_at.is_none(), "{view:?}");
+    assert_eq!(view.watch_count, 4);
+    assert_eq!(view.outbox.get("dropped"), Some(&3), "{view:?}");
+    let paused: DeviceView = admin_act(&api, &format!("/v1/admin/devices/{device}/pause")).await;
+    let at = paused.paused_at.unwrap();
+    let again: DeviceView = admin_act(&api, &format!("/v1/admin/devices/{device}/pause")).await;
+    assert_eq!(
+        again.paused_at,
+        Some(at),
+        "pausing twice keeps the first time"
+    );
+    let resumed: DeviceView = admin_act(&api, &format!("/v1/admin/devices/{device}/resume")).await;
+    assert!(resumed.paused_at.is_none());
     admin_problem(
         &api,
         Method::POST,
@@ -1431,16 +1430,16 @@ async fn operators_cancel_due_rows_only_and_pause_devices_and_watches() {
         .fetch_one(&db.pool)
         .await
         .unwrap();
-    let paused = admin_act(&api, &format!("/v1/admin/watches/{watch}/pause")).await;
+    let paused: WatchView = admin_act(&api, &format!("/v1/admin/watches/{watch}/pause")).await;
     assert_eq!(
-        (paused["paused"].as_bool(), paused["item_code"].as_str()),
-        (Some(true), Some("SKU-1")),
-        "{paused}"
+        (paused.watch.paused, paused.watch.item_code.as_str()),
+        (true, "SKU-1"),
+        "{paused:?}"
     );
-    let own = json(api.get(&format!("/v1/watches/{watch}"), Some(&token)).await).await;
-    assert_eq!(own["paused"], true, "the device sees its watch paused");
-    let resumed = admin_act(&api, &format!("/v1/admin/watches/{watch}/resume")).await;
-    assert_eq!(resumed["paused"], false);
+    let own: Watch = answer(api.get(&format!("/v1/watches/{watch}"), Some(&token)).await).await;
+    assert!(own.paused, "the device sees its watch paused");
+    let resumed: WatchView = admin_act(&api, &format!("/v1/admin/watches/{watch}/resume")).await;
+    assert!(!resumed.watch.paused);
     admin_problem(
         &api,
         Method::GET,
@@ -1483,7 +1482,7 @@ async fn the_cli_replays_cancels_and_pauses_with_exit_codes_scripts_rely_on() {
     let mut rows = Vec::new();
     for item in ["SKU-1", "SKU-2", "SKU-3"] {
         let w = create_watch(&api, &token, item, json!([below(1200)])).await;
-        rows.push(outbox_row(&db.pool, &device, w["id"].as_str().unwrap(), 1100).await);
+        rows.push(outbox_row(&db.pool, &device, &w.id.to_string(), 1100).await);
     }
     walk::exhaust(&db.pool, OutboxId(rows[0]), 503).await;
     walk::exhaust(&db.pool, OutboxId(rows[1]), 410).await;
@@ -1520,7 +1519,12 @@ async fn the_cli_replays_cancels_and_pauses_with_exit_codes_scripts_rely_on() {
     ]))
     .await;
     assert_eq!(done.code, 0, "{done:?}");
-    assert_eq!(done.json()["changed"], 1, "{done:?}");
+    /// What `tidings outbox replay --json` prints when it is done.
+    #[derive(Deserialize)]
+    struct Done {
+        changed: u64,
+    }
+    assert_eq!(done.decoded::<Done>().changed, 1, "{done:?}");
     let replayed: Vec<Uuid> =
         sqlx::query_scalar("SELECT replay_of FROM outbox WHERE replay_of IS NOT NULL")
             .fetch_all(&db.pool)
@@ -1537,27 +1541,27 @@ async fn the_cli_replays_cancels_and_pauses_with_exit_codes_scripts_rely_on() {
     assert_eq!(cancelled.code, 0, "{cancelled:?}");
     let refused = run(args(&["outbox", "cancel", &rows[1].to_string()])).await;
     assert_eq!(refused.code, 4, "{refused:?}");
-    let reasons: Vec<Option<String>> =
-        sqlx::query_scalar("SELECT reason FROM outbox WHERE id = $1")
-            .bind(rows[2])
-            .fetch_all(&db.pool)
-            .await
-            .unwrap();
-    assert_eq!(reasons, [Some("cancelled".to_owned())]);
+    assert_eq!(
+        stored(&db.pool, rows[2]).await.notification.reason,
+        Some(Reason::Dropped(DropReason::Cancelled))
+    );
 
     // Pause and resume a device; show it.
     let paused = run(args(&["device", "pause", &device, "--json"])).await;
     assert_eq!(paused.code, 0, "{paused:?}");
-    assert!(paused.json()["paused_at"].is_string());
+    assert!(paused.decoded::<DeviceView>().paused_at.is_some());
     let shown = run(args(&["device", "show", &device])).await;
     assert!(shown.stdout.contains("paused_at:"), "{shown:?}");
     assert!(!shown.stdout.contains("paused_at:   —"), "{shown:?}");
     let resumed = run(args(&["device", "resume", &device, "--json"])).await;
-    assert!(resumed.json()["paused_at"].is_null(), "{resumed:?}");
+    assert!(
+        resumed.decoded::<DeviceView>().paused_at.is_none(),
+        "{resumed:?}"
+    );
 
     // The listing and stats read the same rows.
     let listed = run(args(&["outbox", "ls", "--status", "failed", "--json"])).await;
-    assert_eq!(listed.json().as_array().unwrap().len(), 2, "{listed:?}");
+    assert_eq!(listed.decoded::<Vec<OutboxRow>>().len(), 2, "{listed:?}");
     let stats = run(args(&["outbox", "stats"])).await;
     assert!(stats.stdout.contains("cancelled"), "{stats:?}");
 
@@ -1637,11 +1641,12 @@ async fn health_probes_answer() {
 #[tokio::test]
 async fn the_openapi_document_is_valid_3_1_and_matches_the_router() {
     let (_db, api) = ApiServer::on_fresh_db().await;
-    let doc = json(api.get("/openapi.json", None).await).await;
-    assert_eq!(doc["openapi"], "3.1.0");
+    let text = api.get("/openapi.json", None).await.text().await.unwrap();
+    let doc: Document = serde_json::from_str(&text).unwrap();
+    assert_eq!(doc.openapi, "3.1.0");
 
     let file = std::env::temp_dir().join(format!("tidings-openapi-{}.json", Uuid::new_v4()));
-    std::fs::write(&file, doc.to_string()).unwrap();
+    std::fs::write(&file, &text).unwrap();
     tidings_testkit::harness::succeeds(
         std::process::Command::new(tool("openapi-spec-validator").unwrap())
             .args(["--schema", "3.1"])
@@ -1651,14 +1656,7 @@ async fn the_openapi_document_is_valid_3_1_and_matches_the_router() {
     let _ = std::fs::remove_file(&file);
     // Named sets are documented by the names they are sent by (a derive that missed serde's
     // renames once documented `Pending` while the api sent `pending`).
-    let names = |set: &str| -> Vec<String> {
-        let values = doc["components"]["schemas"][set]["enum"].as_array();
-        let values = values.unwrap_or_else(|| panic!("{set} is not an enum"));
-        values
-            .iter()
-            .map(|v| v.as_str().unwrap().to_owned())
-            .collect()
-    };
+    let names = |set: &str| doc.names(set);
     use tidings_domain::messages::AttemptOutcome;
     use tidings_domain::outbox::{Delivery, Status};
     assert_eq!(names("Status"), Status::ALL.map(|v| v.to_string()));
@@ -1676,15 +1674,10 @@ async fn the_openapi_document_is_valid_3_1_and_matches_the_router() {
         tidings_domain::shown::Shown::ALL.map(|v| v.to_string())
     );
 
-    let documented: BTreeSet<(String, String)> = doc["paths"]
-        .as_object()
-        .unwrap()
-        .iter()
+    let documented: BTreeSet<(String, String)> = (doc.paths.iter())
         .flat_map(|(path, item)| {
-            item.as_object()
-                .unwrap()
-                .keys()
-                .map(move |m| (m.to_uppercase(), path.clone()))
+            item.keys()
+                .map(move |method| (method.to_uppercase(), path.clone()))
         })
         .collect();
     // The surface the api promises (issue #6), each route documented...
@@ -1764,23 +1757,18 @@ async fn the_openapi_document_is_valid_3_1_and_matches_the_router() {
     }
     // Text filters refuse a NUL (Postgres text cannot hold one), and the document says so, or a
     // client generating from it sends one and gets a 400 it was not told of (the fuzzer did).
-    let text_filters: Vec<&Value> = doc["paths"]["/v1/admin/outbox"]["get"]["parameters"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|p| p["name"] == "item" || p["name"] == "push_host")
+    let text_filters: Vec<&Parameter> = (doc.parameters("/v1/admin/outbox", "get").iter())
+        .filter(|p| p.name == "item" || p.name == "push_host")
         .collect();
     assert_eq!(text_filters.len(), 2);
     for p in text_filters {
-        assert_eq!(p["schema"]["pattern"], "^[^\\u0000]*$", "{p}");
+        assert_eq!(p.schema.pattern.as_deref(), Some("^[^\\u0000]*$"), "{p:?}");
     }
     // Every problem status a handler can answer is documented on it.
-    for (method, path) in &documented {
-        let responses = &doc["paths"][path][method.to_lowercase()]["responses"];
-        assert!(
-            responses.as_object().is_some_and(|r| !r.is_empty()),
-            "{method} {path}"
-        );
+    for (path, item) in &doc.paths {
+        for (method, op) in item {
+            assert!(!op.responses.is_empty(), "{method} {path}");
+        }
     }
     api.stop().await;
 }
@@ -1816,24 +1804,15 @@ async fn probed_edges_answer_as_documented() {
         .await;
     assert_eq!(known.status(), 200);
     // The document lists the reasons, so a client (or a fuzzer) sends only those.
-    let doc = json(api.get("/openapi.json", None).await).await;
-    let parameters = doc["paths"]["/v1/admin/outbox"]["get"]["parameters"].clone();
-    let reason = parameters
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["name"] == "reason");
+    let doc: Document = answer(api.get("/openapi.json", None).await).await;
+    let parameters = doc.parameters("/v1/admin/outbox", "get");
+    let reason = parameters.iter().find(|p| p.name == "reason").unwrap();
     // The parameter names the domain's one list of reasons, which answers' `reason` share.
     assert_eq!(
-        reason.unwrap()["schema"]["$ref"],
-        "#/components/schemas/Reason"
+        reason.schema.reference.as_deref(),
+        Some("#/components/schemas/Reason")
     );
-    let names: Vec<String> = doc["components"]["schemas"]["Reason"]["enum"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_str().unwrap().to_owned())
-        .collect();
+    let names = doc.names("Reason");
     let all: Vec<String> = tidings_domain::outbox::Reason::all()
         .map(|r| r.as_str().to_owned())
         .collect();
@@ -1906,7 +1885,8 @@ async fn probed_edges_answer_as_documented() {
         (Value::Null, 201),
     ] {
         let mut sub = browser_subscription("https://127.0.0.1:9/push/x");
-        sub["expirationTime"] = expiration.clone();
+        let fields = sub.as_object_mut().unwrap();
+        fields.insert("expirationTime".to_owned(), expiration.clone());
         let r = api
             .send(
                 Method::POST,
@@ -1956,7 +1936,7 @@ async fn registrations_and_creates_beyond_their_rate_get_429_with_retry_after() 
     let third = api.send(Method::POST, "/v1/devices", None, &body).await;
     assert_eq!(third.headers()["retry-after"], "1800", "a token per 30 min");
     let p = problem(third, 429).await;
-    assert_eq!(p["type"], "/problems/rate-limited");
+    assert_eq!(p.kind, "/problems/rate-limited");
     assert_eq!(refused("register"), before + 1);
 
     for i in 0..3 {
@@ -2022,8 +2002,8 @@ async fn a_watch_on_an_item_no_source_answers_for_is_refused() {
             422,
         )
         .await;
-        assert_eq!(pointer(&p), "/item_code", "{item}: {p}");
-        assert!(p.to_string().contains("no source answers"), "{item}: {p}");
+        assert_eq!(pointer(&p), "/item_code", "{item}: {p:?}");
+        assert!(tells(&p, "no source answers"), "{item}: {p:?}");
     }
     api.stop().await;
 }
@@ -2075,8 +2055,8 @@ async fn a_watch_may_name_its_source_and_the_offer_of_a_product_page() {
             .send(Method::POST, "/v1/watches", Some(&token), &body)
             .await;
         assert_eq!(resp.status(), 201, "{body}");
-        let watch: serde_json::Value = resp.json().await.unwrap();
-        assert_eq!(watch["item_code"], expected.as_str(), "{body}");
+        let watch: Watch = answer(resp).await;
+        assert_eq!(watch.item_code, expected, "{body}");
     }
     let refused = [
         (
@@ -2121,8 +2101,8 @@ async fn a_watch_may_name_its_source_and_the_offer_of_a_product_page() {
             422,
         )
         .await;
-        assert_eq!(pointer(&p), at, "{body}: {p}");
-        assert!(p.to_string().contains(says), "{body}: {p}");
+        assert_eq!(pointer(&p), at, "{body}: {p:?}");
+        assert!(tells(&p, says), "{body}: {p:?}");
     }
     api.stop().await;
 }
@@ -2156,9 +2136,10 @@ async fn only_a_client_key_registers_a_webhook_endpoint_whose_watches_notify_by_
     assert_eq!(pointer(&p), "/name");
     let p = admin_post_refused(&api, "/v1/admin/clients", &json!({"name": "a\u{0}b"}), 422).await;
     assert_eq!(pointer(&p), "/name", "a NUL is refused, not a 500");
-    let client = admin_post(&api, "/v1/admin/clients", &json!({"name": "shop"}), 201).await;
-    let key = client["key"].as_str().unwrap().to_owned();
-    assert!(key.starts_with("tck_"), "{client}");
+    let client: ClientCreated =
+        admin_post(&api, "/v1/admin/clients", &json!({"name": "shop"}), 201).await;
+    let key = client.key.clone();
+    assert!(key.starts_with("tck_"), "{client:?}");
 
     // Neither no key nor a browser's token registers a URL; nor does a key a URL the pusher
     // would refuse.
@@ -2172,7 +2153,7 @@ async fn only_a_client_key_registers_a_webhook_endpoint_whose_watches_notify_by_
         "ftp://127.0.0.1/in",
     ] {
         let p = problem(register(Some(key.clone()), json!({"url": bad})).await, 422).await;
-        assert_eq!(pointer(&p), "/url", "{bad}: {p}");
+        assert_eq!(pointer(&p), "/url", "{bad}: {p:?}");
     }
     let p = problem(
         register(
@@ -2190,17 +2171,19 @@ async fn only_a_client_key_registers_a_webhook_endpoint_whose_watches_notify_by_
     )
     .await;
     assert_eq!(r.status(), 201);
-    let created = json(r).await;
-    let token = created["token"].as_str().unwrap().to_owned();
-    let secret = created["secret"].as_str().unwrap().to_owned();
-    assert!(secret.starts_with("whsec_"), "{created}");
+    let created: EndpointCreated = answer(r).await;
+    let token = created.token.clone();
+    let secret = created.secret.clone();
+    assert!(secret.starts_with("whsec_"), "{created:?}");
 
     // Its watches notify by webhook; a browser's by Web Push; naming another channel is refused.
     let w = create_watch(&api, &token, "SKU-1", json!([below(1200)])).await;
-    assert_eq!(w["channel"], "webhook");
+    assert_eq!(w.channel, Channel::Webhook);
     assert_eq!(
-        create_watch(&api, &browser, "SKU-1", json!([below(1200)])).await["channel"],
-        "web_push"
+        create_watch(&api, &browser, "SKU-1", json!([below(1200)]))
+            .await
+            .channel,
+        Channel::WebPush
     );
     for (t, other) in [(&token, "web_push"), (&browser, "webhook")] {
         let body = json!({"item_code": "SKU-2", "triggers": [below(1200)], "channel": other});
@@ -2209,7 +2192,7 @@ async fn only_a_client_key_registers_a_webhook_endpoint_whose_watches_notify_by_
             422,
         )
         .await;
-        assert_eq!(pointer(&p), "/channel", "{p}");
+        assert_eq!(pointer(&p), "/channel", "{p:?}");
     }
     // An endpoint's device takes no browser subscription.
     let sub = browser_subscription("https://127.0.0.1:9/push/1");
@@ -2227,24 +2210,24 @@ async fn only_a_client_key_registers_a_webhook_endpoint_whose_watches_notify_by_
 
     // Its status, and a rotation that keeps the previous secret signing for a while.
     problem(api.get("/v1/endpoints/me", Some(&browser)).await, 404).await;
-    let me = json(api.get("/v1/endpoints/me", Some(&token)).await).await;
+    let me: EndpointStatus = answer(api.get("/v1/endpoints/me", Some(&token)).await).await;
     assert_eq!(
-        (&me["url"], &me["active"], &me["paused_until"]),
-        (&json!(url), &json!(true), &Value::Null),
-        "{me}"
+        (me.url.as_str(), me.active, me.paused_until),
+        (url, true, None),
+        "{me:?}"
     );
     let r = api
         .call(Method::POST, "/v1/endpoints/me/secret", Some(&token))
         .await;
     assert_eq!(r.status(), 200);
-    let rotated = json(r).await;
-    assert_ne!(rotated["secret"], json!(secret));
-    let me = json(api.get("/v1/endpoints/me", Some(&token)).await).await;
-    assert_eq!(me["previous_secret_until"], rotated["previous_valid_until"]);
+    let rotated: SecretRotated = answer(r).await;
+    assert_ne!(rotated.secret, secret);
+    let me: EndpointStatus = answer(api.get("/v1/endpoints/me", Some(&token)).await).await;
+    assert_eq!(me.previous_secret_until, Some(rotated.previous_valid_until));
 
     // A revoked key registers nothing more, and its endpoint ends with it: its token no longer
     // works and its subscription is deactivated as client_revoked (regression: both stayed).
-    let id = client["client_id"].as_str().unwrap();
+    let id = client.client_id;
     for path in [
         "/v1/admin/clients/not-a-uuid".to_owned(),
         format!("/v1/admin/clients/{}", Uuid::now_v7()),
@@ -2265,33 +2248,27 @@ async fn only_a_client_key_registers_a_webhook_endpoint_whose_watches_notify_by_
     .await;
     problem(register(Some(key), json!({"url": url})).await, 401).await;
     problem(api.get("/v1/endpoints/me", Some(&token)).await, 401).await;
-    let reason: Option<String> = sqlx::query_scalar(
-        "SELECT deactivation_reason FROM push_subscriptions WHERE device_id = $1::text::uuid",
-    )
-    .bind(created["device_id"].as_str().unwrap())
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
-    assert_eq!(reason.as_deref(), Some("client_revoked"));
+    let device = created.device_id;
+    let shown: DeviceView = admin_get(&api, &format!("/v1/admin/devices/{device}")).await;
+    let reasons: Vec<_> = (shown.subscriptions.iter())
+        .map(|s| (s.active, s.deactivation_reason))
+        .collect();
+    assert_eq!(reasons, [(false, Some(Deactivation::ClientRevoked))]);
 
     // Operators see each client with its endpoints counted, and each endpoint's device's channel.
-    admin_post(&api, "/v1/admin/clients", &json!({"name": "bot"}), 201).await;
-    let listed = json(api.get("/v1/admin/clients", Some(ADMIN_TOKEN)).await).await;
-    let summary: Vec<(&Value, &Value, bool)> = (listed["items"].as_array().unwrap().iter())
-        .map(|c| (&c["name"], &c["endpoints"], c["revoked_at"].is_string()))
+    let _: ClientCreated =
+        admin_post(&api, "/v1/admin/clients", &json!({"name": "bot"}), 201).await;
+    let listed: ClientList = admin_get(&api, "/v1/admin/clients").await;
+    let summary: Vec<(&str, i64, bool)> = (listed.items.iter())
+        .map(|c| (c.name.as_str(), c.endpoints, c.revoked_at.is_some()))
         .collect();
     assert_eq!(
         summary,
-        [
-            (&json!("bot"), &json!(0), false),
-            (&json!("shop"), &json!(0), true)
-        ],
-        "newest first: {listed}"
+        [("bot", 0, false), ("shop", 0, true)],
+        "newest first: {listed:?}"
     );
     problem(api.get("/v1/admin/clients", None).await, 401).await;
-    let device = created["device_id"].as_str().unwrap();
-    let shown = admin_get(&api, &format!("/v1/admin/devices/{device}")).await;
-    assert_eq!(shown["channel"], "webhook", "{shown}");
+    assert_eq!(shown.channel, Channel::Webhook, "{shown:?}");
     api.stop().await;
 }
 
@@ -2303,8 +2280,9 @@ async fn a_client_registers_at_most_its_quota_of_endpoints_at_a_time() {
     settings.webhook_policy.private_hosts = vec!["127.0.0.1:*".into()];
     settings.max_endpoints_per_client = 2;
     let api = ApiServer::start(db.pool.clone(), settings).await;
-    let client = admin_post(&api, "/v1/admin/clients", &json!({"name": "shop"}), 201).await;
-    let key = client["key"].as_str().unwrap();
+    let client: ClientCreated =
+        admin_post(&api, "/v1/admin/clients", &json!({"name": "shop"}), 201).await;
+    let key = client.key.as_str();
     let register = |n: usize| {
         let api = &api;
         let body = json!({"url": format!("https://127.0.0.1:9/hooks/{n}")});
@@ -2317,10 +2295,10 @@ async fn a_client_registers_at_most_its_quota_of_endpoints_at_a_time() {
     for n in 0..2 {
         let r = register(n).await;
         assert_eq!(r.status(), 201);
-        tokens.push(json(r).await["token"].as_str().unwrap().to_owned());
+        tokens.push(answer::<EndpointCreated>(r).await.token);
     }
     let p = problem(register(2).await, 409).await;
-    assert!(p.to_string().contains("endpoint-limit"), "{p}");
+    assert_eq!(p.kind, "/problems/endpoint-limit", "{p:?}");
     // A removed endpoint frees its place.
     let r = api
         .call(Method::DELETE, "/v1/devices/me", Some(&tokens[0]))
@@ -2341,9 +2319,9 @@ async fn reseal_seals_every_webhook_secret_under_the_first_key() {
     const OLD: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
     const NEW: &str = "ICEiIyQlJicoKSorLC0uLzAxMjM0NTY3ODk6Ozw9Pj8=";
     let db = TestDb::new().await.unwrap();
-    async fn register(api: &ApiServer, key: &str) -> Value {
+    async fn register(api: &ApiServer, key: &str) -> EndpointCreated {
         let body = json!({"url": "https://127.0.0.1:9/hooks/in"});
-        json(
+        answer(
             api.send(Method::POST, "/v1/endpoints", Some(key), &body)
                 .await,
         )
@@ -2356,23 +2334,20 @@ async fn reseal_seals_every_webhook_secret_under_the_first_key() {
     sealing.webhook_policy.private_hosts = vec!["127.0.0.1:*".into()];
     sealing.webhook_secret_keys = Some(Arc::new(SecretKeys::parse(OLD).unwrap()));
     let api = ApiServer::start(db.pool.clone(), plain).await;
-    let client = admin_post(&api, "/v1/admin/clients", &json!({"name": "shop"}), 201).await;
-    let key = client["key"].as_str().unwrap().to_owned();
+    let client: ClientCreated =
+        admin_post(&api, "/v1/admin/clients", &json!({"name": "shop"}), 201).await;
+    let key = client.key;
     let first = register(&api, &key).await;
     api.stop().await;
     let api = ApiServer::start(db.pool.clone(), sealing).await;
     let second = register(&api, &key).await;
-    let token = second["token"].as_str().unwrap();
-    let rotated = json(
-        api.call(Method::POST, "/v1/endpoints/me/secret", Some(token))
+    let rotated: SecretRotated = answer(
+        api.call(Method::POST, "/v1/endpoints/me/secret", Some(&second.token))
             .await,
     )
     .await;
     api.stop().await;
-    let given: BTreeSet<String> = [&first["secret"], &second["secret"], &rotated["secret"]]
-        .iter()
-        .map(|s| s.as_str().unwrap().to_owned())
-        .collect();
+    let given = BTreeSet::from([first.secret, second.secret, rotated.secret]);
     // Each stored secret with its subscription, to which a seal is bound.
     let stored = || async {
         let rows: Vec<(Uuid, String, Option<String>)> =
@@ -2442,22 +2417,18 @@ async fn reseal_seals_every_webhook_secret_under_the_first_key() {
         let pool = db.pool.clone();
         async move {
             let api = ApiServer::start(pool, settings).await;
-            let found = json(api.get("/v1/admin/doctor", Some(ADMIN_TOKEN)).await).await;
+            let found: Diagnosis = admin_get(&api, "/v1/admin/doctor").await;
             api.stop().await;
-            let checks = found["checks"].as_array().unwrap().clone();
-            (checks.into_iter())
-                .find(|c| c["name"] == "webhook secrets")
+            (found.checks.into_iter())
+                .find(|c| c.name == "webhook secrets")
                 .unwrap()
         }
     };
     let fine = doctor(NEW).await;
-    assert_eq!(fine["ok"], true, "{fine}");
-    assert_eq!(fine["detail"], "3 sealed under the first key");
+    assert!(fine.ok, "{fine:?}");
+    assert_eq!(fine.detail, "3 sealed under the first key");
     let missing = doctor(OLD).await;
-    assert_eq!(missing["ok"], false, "{missing}");
+    assert!(!missing.ok, "{missing:?}");
     let new_id = new.ids()[0];
-    assert!(
-        missing["detail"].as_str().unwrap().contains(new_id),
-        "{missing}"
-    );
+    assert!(missing.detail.contains(new_id), "{missing:?}");
 }

@@ -14,10 +14,10 @@ use reqwest::header::{
     ACCESS_CONTROL_EXPOSE_HEADERS, ACCESS_CONTROL_MAX_AGE, CONTENT_SECURITY_POLICY, CONTENT_TYPE,
     ORIGIN, VARY,
 };
-use serde_json::Value;
 use server::test_settings;
 use tidings_api::Settings;
 use tidings_api::cors::Origins;
+use tidings_api_types::problem::Problem;
 use tidings_testkit::harness::{TestDb, serve};
 use tokio_util::sync::CancellationToken;
 
@@ -95,14 +95,9 @@ async fn listed_origins_pass_the_preflight_and_read_the_answer_others_do_not() {
             None,
             "{other}"
         );
-        let problem: Value = refused.json().await.unwrap();
-        assert_eq!(problem["type"], "/problems/forbidden");
-        assert!(
-            problem["detail"]
-                .as_str()
-                .unwrap()
-                .contains("TIDINGS_API_CORS_ORIGINS")
-        );
+        let problem: Problem = refused.json().await.unwrap();
+        assert_eq!(problem.kind, "/problems/forbidden");
+        assert!(problem.detail.contains("TIDINGS_API_CORS_ORIGINS"));
     }
 
     // An answer, an error too, is readable by a listed origin, with the headers a client reads.

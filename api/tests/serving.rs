@@ -4,12 +4,16 @@
 // Test code: a failed unwrap is a failed test, which is what we want.
 #![allow(clippy::unwrap_used)]
 
+#[path = "support/openapi.rs"]
+mod openapi;
 #[path = "support/server.rs"]
 mod server;
 
+use openapi::Document;
 use server::{ADMIN_TOKEN, ApiClient, test_settings};
 use std::time::{Duration, Instant};
 use tidings_api::Listeners;
+use tidings_api_types::problem::Problem;
 use tidings_testkit::harness::TestDb;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -50,7 +54,7 @@ async fn operator_routes_and_metrics_answer_on_the_ops_port_only_and_the_api_dra
         assert!(started.elapsed() < Duration::from_secs(5), "never ready");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let doc: serde_json::Value = public
+    let doc: Document = public
         .get("/openapi.json", None)
         .await
         .json()
@@ -58,10 +62,8 @@ async fn operator_routes_and_metrics_answer_on_the_ops_port_only_and_the_api_dra
         .unwrap();
     // Each port documents what it serves: a client generated from the public document calls
     // no route that answers 404 there.
-    assert!(doc["paths"]["/v1/vapid-public-key"].is_object());
-    let paths = |doc: &serde_json::Value| -> Vec<String> {
-        doc["paths"].as_object().unwrap().keys().cloned().collect()
-    };
+    let paths = |doc: &Document| -> Vec<String> { doc.paths.keys().cloned().collect() };
+    assert!(paths(&doc).contains(&"/v1/vapid-public-key".to_owned()));
     assert!(
         !paths(&doc)
             .iter()
@@ -69,30 +71,27 @@ async fn operator_routes_and_metrics_answer_on_the_ops_port_only_and_the_api_dra
         "{:?}",
         paths(&doc)
     );
-    assert!(doc["components"]["securitySchemes"]["admin_token"].is_null());
-    let ops_doc: serde_json::Value = ops.get("/openapi.json", None).await.json().await.unwrap();
-    assert!(ops_doc["paths"]["/v1/admin/outbox/stats"].is_object());
-    assert!(ops_doc["paths"]["/metrics"].is_object());
-    assert!(ops_doc["paths"]["/v1/devices"].is_null());
-    assert!(ops_doc["components"]["securitySchemes"]["admin_token"].is_object());
+    let schemes = |doc: &Document| -> Vec<String> {
+        doc.components.security_schemes.keys().cloned().collect()
+    };
+    assert!(!schemes(&doc).contains(&"admin_token".to_owned()));
+    let ops_doc: Document = ops.get("/openapi.json", None).await.json().await.unwrap();
+    let ops_paths = paths(&ops_doc);
+    for (path, served) in [
+        ("/v1/admin/outbox/stats", true),
+        ("/metrics", true),
+        ("/v1/devices", false),
+    ] {
+        assert_eq!(ops_paths.contains(&path.to_owned()), served, "{path}");
+    }
+    assert!(schemes(&ops_doc).contains(&"admin_token".to_owned()));
     for (port, d) in [("public", &doc), ("ops", &ops_doc)] {
-        for path in paths(d) {
-            let served = if path.contains('{') {
-                continue;
-            } else {
-                path.clone()
-            };
-            let on = if port == "public" { &public } else { &ops };
-            let method = d["paths"][&path]
-                .as_object()
-                .unwrap()
-                .keys()
-                .next()
-                .unwrap()
-                .clone();
-            if method != "get" {
+        for (path, item) in &d.paths {
+            if path.contains('{') || !item.contains_key("get") {
                 continue;
             }
+            let served = path.clone();
+            let on = if port == "public" { &public } else { &ops };
             let answer = on
                 .get(&served, if port == "ops" { admin } else { None })
                 .await;
@@ -192,13 +191,16 @@ async fn the_public_readyz_answers_without_a_query_and_without_a_reason() {
     tokio::time::sleep(tidings_api::health::REFRESH + Duration::from_millis(500)).await;
     let answer = public.get("/readyz", None).await;
     assert_eq!(answer.status(), 503);
-    let body: serde_json::Value = answer.json().await.unwrap();
-    assert_eq!(body["detail"], "not ready", "{body}");
-    assert!(!body.to_string().contains(&port.to_string()), "{body}");
+    let text = answer.text().await.unwrap();
+    let body: Problem = serde_json::from_str(&text).unwrap();
+    assert_eq!(body.detail, "not ready", "{body:?}");
+    assert!(!text.contains(&port.to_string()), "{text}");
     let answer = ops_gone.get("/readyz", None).await;
     assert_eq!(answer.status(), 503);
-    let body: serde_json::Value = answer.json().await.unwrap();
-    let reason = body["detail"].as_str().unwrap_or_default();
-    assert!(reason.contains("Postgres"), "the ops port says why: {body}");
+    let body: Problem = answer.json().await.unwrap();
+    assert!(
+        body.detail.contains("Postgres"),
+        "the ops port says why: {body:?}"
+    );
     shutdown.cancel();
 }

@@ -12,6 +12,7 @@ use reqwest::{Method, RequestBuilder, Response};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 use tidings_api::Settings;
+use tidings_api_types::devices::DeviceCreated;
 use tidings_endpoint_guard::EndpointPolicy;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -162,11 +163,8 @@ impl ApiClient {
             .await
             .expect("register");
         assert_eq!(r.status(), 201, "{:?}", r.text().await);
-        let body: Value = r.json().await.expect("json");
-        (
-            body["device_id"].as_str().expect("id").to_owned(),
-            body["token"].as_str().expect("token").to_owned(),
-        )
+        let created: DeviceCreated = r.json().await.expect("a created device");
+        (created.device_id.to_string(), created.token)
     }
 }
 

@@ -54,3 +54,57 @@ pub struct Recovered {
     /// From when it recovered: `since`, or 30 days ago if that was earlier.
     pub since: DateTime<Utc>,
 }
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct EndpointCreated {
+    /// The endpoint's device: its watches, history and these routes take its token.
+    pub device_id: Uuid,
+    /// Bearer token of the endpoint's device. Shown once.
+    pub token: String,
+    pub subscription_id: Uuid,
+    pub url: String,
+    /// `whsec_…`: verify each webhook's `webhook-signature` with it. Shown once.
+    pub secret: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct SecretRotated {
+    /// The new signing secret. Shown once.
+    pub secret: String,
+    /// Until when webhooks carry a signature by the previous secret too.
+    pub previous_valid_until: DateTime<Utc>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct EndpointStatus {
+    pub subscription_id: Uuid,
+    pub url: String,
+    pub description: Option<String>,
+    /// False once the endpoint answered 410 Gone (or was removed): nothing is posted to it.
+    pub active: bool,
+    pub deactivation_reason: Option<tidings_domain::subscription::Deactivation>,
+    pub deactivated_at: Option<DateTime<Utc>>,
+    /// While a rotation's previous secret still signs: until when.
+    pub previous_secret_until: Option<DateTime<Utc>>,
+    /// Result batches in a row that failed (a delivery resets it).
+    pub consecutive_failures: i32,
+    /// The circuit breaker: `closed`; `open` while failures lasted (webhooks held back until
+    /// `paused_until`, then re-checked and sent); `half_open` once that pause is over (one webhook
+    /// goes as a probe and the others wait for its answer).
+    pub breaker: BreakerState,
+    pub paused_until: Option<DateTime<Utc>>,
+    /// While the receiver asked to slow down (`429`, `503` with `Retry-After`): the webhooks a
+    /// second it gets at most, none before `paced_until`. Absent: not paced.
+    pub pace_per_second: Option<f64>,
+    pub paced_until: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// Where an endpoint's circuit breaker stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BreakerState {
+    Closed,
+    Open,
+    HalfOpen,
+}

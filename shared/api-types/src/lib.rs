@@ -6,6 +6,7 @@ pub mod attempts;
 pub mod audit;
 pub mod clients;
 pub mod dead_letters;
+pub mod devices;
 pub mod doctor;
 pub mod endpoints;
 pub mod objects;

@@ -97,6 +97,12 @@ impl CliRun {
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("{e}: not JSON: {self:?}"))
     }
+
+    /// stdout (a `--json` run) as the api's answer it prints.
+    pub fn decoded<T: serde::de::DeserializeOwned>(&self) -> T {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("{e}: not the answer's type: {self:?}"))
+    }
 }
 
 /// Runs `tidings ARGS` against the operator api at `ops_url` with `token`.
