@@ -30,6 +30,7 @@ COPY shared/webpush/Cargo.toml shared/webpush/
 COPY shared/endpoint-guard/Cargo.toml shared/endpoint-guard/
 COPY shared/signatures/Cargo.toml shared/signatures/
 COPY shared/sealing/Cargo.toml shared/sealing/
+COPY shared/email/Cargo.toml shared/email/
 COPY shared/source/Cargo.toml shared/source/
 COPY shared/store/Cargo.toml shared/store/build.rs shared/store/
 COPY shared/testkit/Cargo.toml shared/testkit/
@@ -41,7 +42,7 @@ COPY detector/Cargo.toml detector/
 COPY cli/Cargo.toml cli/
 COPY tests/Cargo.toml tests/
 COPY tests/benches/Cargo.toml tests/benches/
-RUN for c in shared/domain shared/runtime shared/bus shared/webpush shared/endpoint-guard shared/signatures shared/sealing shared/source shared/store shared/testkit shared/api-types \
+RUN for c in shared/domain shared/runtime shared/bus shared/webpush shared/endpoint-guard shared/signatures shared/sealing shared/email shared/source shared/store shared/testkit shared/api-types \
              api dispatcher pusher detector cli tests; do \
       mkdir -p "$c/src/bin" && echo "fn main() {}" > "$c/src/main.rs" && touch "$c/src/lib.rs"; \
     done \

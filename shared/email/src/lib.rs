@@ -1,0 +1,12 @@
+//! Email as Tidings sends it.
+//!
+//! - [`message`]: one notification as a mail: text and HTML from the same words as the push,
+//!   headers no item name, template value or address can inject into (lettre encodes them per
+//!   RFC 2047 and refuses an address with a line break), `Auto-Submitted`, a `Message-ID` named
+//!   for its outbox row, and a one-click unsubscribe (RFC 8058).
+//! - [`dkim`]: its DKIM signature (RFC 6376, `relaxed/relaxed`), RSA-SHA256 or Ed25519-SHA256
+//!   (RFC 8463) on aws-lc-rs, the crypto the rest of Tidings uses; and the DNS record that
+//!   publishes the key.
+
+pub mod dkim;
+pub mod message;
