@@ -7,6 +7,9 @@
 //! - [`dkim`]: its DKIM signature (RFC 6376, `relaxed/relaxed`), RSA-SHA256 or Ed25519-SHA256
 //!   (RFC 8463) on aws-lc-rs, the crypto the rest of Tidings uses; and the DNS record that
 //!   publishes the key.
+//! - [`relay`]: submission to the operator's relay over SMTP (STARTTLS or implicit TLS, AUTH),
+//!   each refusal known by the command it answered; connections kept for the next mail.
 
 pub mod dkim;
 pub mod message;
+pub mod relay;

@@ -15,6 +15,7 @@ pub mod binaries;
 pub mod brokers;
 pub mod fake_catalog;
 pub mod fake_push;
+pub mod fake_smtp;
 pub mod fake_webhooks;
 pub mod fixtures;
 pub mod harness;

@@ -1,0 +1,310 @@
+//! Submission to the operator's relay over SMTP (lettre's connection, driven a command at a
+//! time so that a refusal is known by where it came: at `RCPT` it is about the mailbox, anywhere
+//! else about the mail or the relay). Connections are kept for the next mail.
+
+use lettre::Address;
+use lettre::transport::smtp::authentication::{Credentials, Mechanism};
+use lettre::transport::smtp::client::{
+    AsyncSmtpConnection, Certificate, CertificateStore, TlsParameters,
+};
+use lettre::transport::smtp::commands::{Data, Mail, Rcpt};
+use lettre::transport::smtp::extension::ClientId;
+use lettre::transport::smtp::response::{Response, Severity};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// The longest reply kept for an attempt's record or as a queue id.
+pub const MAX_REPLY: usize = 512;
+
+/// How the connection to the relay is secured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Security {
+    /// TLS from the first byte (port 465).
+    Implicit,
+    /// Plain, then `STARTTLS`, required (port 587).
+    StartTls,
+    /// No TLS at all: a relay on the same host, or tests.
+    Plain,
+}
+
+#[derive(Clone, Debug)]
+pub struct RelaySettings {
+    pub host: String,
+    pub port: u16,
+    pub security: Security,
+    /// `AUTH` (PLAIN or LOGIN) with these, after TLS.
+    pub credentials: Option<(String, String)>,
+    /// The name Tidings greets with (`EHLO`).
+    pub hello: String,
+    /// For each step: connecting (greeting, TLS and login included), and each command's answer.
+    pub timeout: Duration,
+    /// Trusted instead of the system's roots (a relay with its own CA, or tests).
+    pub roots_pem: Option<Vec<u8>>,
+    /// Connections kept open between mails.
+    pub idle: usize,
+}
+
+/// How one submission ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Submitted {
+    /// `250` after the data: the relay has it. Its reply names it in its queue.
+    Accepted { reply: String },
+    /// A `4xx`, or the relay could not be reached or talked to before the data went: try again.
+    Deferred { code: Option<u16>, reply: String },
+    /// A `5xx` to `RCPT`: the mailbox is refused.
+    MailboxRefused { code: u16, reply: String },
+    /// Any other `5xx`: this mail will not be taken.
+    Refused { code: u16, reply: String },
+    /// The data was sent but no answer came: the relay may have the mail.
+    Unknown { reply: String },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error("{which} {value:?} is not an address")]
+    Address {
+        which: &'static str,
+        value: String,
+        #[source]
+        source: lettre::address::AddressError,
+    },
+    #[error("the relay's TLS settings")]
+    Tls(#[source] lettre::transport::smtp::Error),
+}
+
+pub struct Relay {
+    settings: RelaySettings,
+    tls: Option<TlsParameters>,
+    hello: ClientId,
+    idle: Mutex<Vec<AsyncSmtpConnection>>,
+}
+
+/// Which command a reply answered.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Step {
+    Connect,
+    Mail,
+    Rcpt,
+    Data,
+    Content,
+}
+
+impl Relay {
+    pub fn new(settings: RelaySettings) -> Result<Self, RelayError> {
+        let tls = match settings.security {
+            Security::Plain => None,
+            Security::Implicit | Security::StartTls => {
+                let mut builder = TlsParameters::builder(settings.host.clone());
+                if let Some(pem) = &settings.roots_pem {
+                    let root = Certificate::from_pem(pem).map_err(RelayError::Tls)?;
+                    builder = builder
+                        .certificate_store(CertificateStore::None)
+                        .add_root_certificate(root);
+                }
+                Some(builder.build_rustls().map_err(RelayError::Tls)?)
+            }
+        };
+        Ok(Relay {
+            hello: ClientId::Domain(settings.hello.clone()),
+            tls,
+            settings,
+            idle: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Submits `message` from `from` to `to`, on a kept connection or a new one.
+    pub async fn submit(
+        &self,
+        from: &str,
+        to: &str,
+        message: &[u8],
+    ) -> Result<Submitted, RelayError> {
+        let from = address("from", from)?;
+        let to = address("to", to)?;
+        let kept = (self.idle.lock())
+            .map(|mut idle| idle.pop())
+            .unwrap_or_default();
+        let alive = match kept {
+            Some(mut conn) => {
+                let timeout = self.settings.timeout;
+                let alive = tokio::time::timeout(timeout, conn.test_connected()).await;
+                alive.unwrap_or(false).then_some(conn)
+            }
+            None => None,
+        };
+        let mut conn = match alive {
+            Some(conn) => conn,
+            None => match self.connected().await {
+                Ok(conn) => conn,
+                Err(Unreached::Failed(e)) => return Ok(ended(Step::Connect, &e)),
+                Err(Unreached::NoStartTls) => {
+                    return Ok(Submitted::Deferred {
+                        code: None,
+                        reply: "the relay does not offer STARTTLS, which is required".into(),
+                    });
+                }
+            },
+        };
+        let submitted = transaction(&mut conn, self.settings.timeout, from, to, message).await;
+        // Only a connection whose transaction ended cleanly is ready for the next mail.
+        if matches!(submitted, Submitted::Accepted { .. })
+            && !conn.has_broken()
+            && let Ok(mut idle) = self.idle.lock()
+            && idle.len() < self.settings.idle
+        {
+            idle.push(conn);
+        } else {
+            // `QUIT` and close, without waiting longer on a relay that stopped answering.
+            let _ = tokio::time::timeout(self.settings.timeout, conn.abort()).await;
+        }
+        Ok(submitted)
+    }
+
+    /// A new connection, greeted, secured and logged in, within the timeout.
+    async fn connected(&self) -> Result<AsyncSmtpConnection, Unreached> {
+        let timeout = self.settings.timeout;
+        match tokio::time::timeout(timeout, self.connect()).await {
+            Ok(conn) => conn,
+            Err(_) => Err(Unreached::Failed(Failed::Silent(timeout))),
+        }
+    }
+
+    async fn connect(&self) -> Result<AsyncSmtpConnection, Unreached> {
+        let s = &self.settings;
+        let implicit = (s.security == Security::Implicit)
+            .then(|| self.tls.clone())
+            .flatten();
+        let server = (s.host.as_str(), s.port);
+        let mut conn = AsyncSmtpConnection::connect_tokio1(
+            server,
+            Some(s.timeout),
+            &self.hello,
+            implicit,
+            None,
+        )
+        .await?;
+        if s.security == Security::StartTls
+            && let Some(tls) = self.tls.clone()
+        {
+            // Required: a relay that does not offer it is not talked to in the clear.
+            if !conn.can_starttls() {
+                // Under the caller's timeout, as all of the connecting is.
+                conn.abort().await;
+                return Err(Unreached::NoStartTls);
+            }
+            conn.starttls(tls, &self.hello).await?;
+        }
+        if let Some((user, password)) = &s.credentials {
+            let credentials = Credentials::new(user.clone(), password.clone());
+            conn.auth(&[Mechanism::Plain, Mechanism::Login], &credentials)
+                .await?;
+        }
+        Ok(conn)
+    }
+}
+
+/// Why no connection was made.
+enum Unreached {
+    Failed(Failed),
+    NoStartTls,
+}
+
+impl From<lettre::transport::smtp::Error> for Unreached {
+    fn from(e: lettre::transport::smtp::Error) -> Self {
+        Unreached::Failed(Failed::Smtp(e))
+    }
+}
+
+/// Why a step got no positive answer.
+enum Failed {
+    Smtp(lettre::transport::smtp::Error),
+    /// No answer within the timeout.
+    Silent(Duration),
+}
+
+/// `step`'s answer, within `timeout`.
+async fn within(
+    timeout: Duration,
+    step: impl Future<Output = Result<Response, lettre::transport::smtp::Error>>,
+) -> Result<Response, Failed> {
+    match tokio::time::timeout(timeout, step).await {
+        Ok(answer) => answer.map_err(Failed::Smtp),
+        Err(_) => Err(Failed::Silent(timeout)),
+    }
+}
+
+/// One mail's `MAIL`, `RCPT`, `DATA` and content, each answer read before the next.
+async fn transaction(
+    conn: &mut AsyncSmtpConnection,
+    timeout: Duration,
+    from: Address,
+    to: Address,
+    message: &[u8],
+) -> Submitted {
+    let mail = conn.command(Mail::new(Some(from), vec![]));
+    if let Err(e) = within(timeout, mail).await {
+        return ended(Step::Mail, &e);
+    }
+    if let Err(e) = within(timeout, conn.command(Rcpt::new(to, vec![]))).await {
+        return ended(Step::Rcpt, &e);
+    }
+    if let Err(e) = within(timeout, conn.command(Data)).await {
+        return ended(Step::Data, &e);
+    }
+    match within(timeout, conn.message(message)).await {
+        Ok(answer) => Submitted::Accepted {
+            reply: bounded(answer.message().collect::<Vec<_>>().join(" ")),
+        },
+        Err(e) => ended(Step::Content, &e),
+    }
+}
+
+/// What a failed `step` means: by the reply's code where there was one; without one, a step
+/// before the content was not taken (try again), and the content may have been.
+fn ended(step: Step, failed: &Failed) -> Submitted {
+    let (status, reply) = match failed {
+        Failed::Smtp(e) => (e.status(), bounded(e.to_string())),
+        Failed::Silent(after) => (None, format!("no answer within {} ms", after.as_millis())),
+    };
+    match status {
+        Some(code) if code.severity == Severity::TransientNegativeCompletion => {
+            Submitted::Deferred {
+                code: Some(u16::from(code)),
+                reply,
+            }
+        }
+        Some(code) if code.severity == Severity::PermanentNegativeCompletion => {
+            let code = u16::from(code);
+            if step == Step::Rcpt {
+                Submitted::MailboxRefused { code, reply }
+            } else {
+                Submitted::Refused { code, reply }
+            }
+        }
+        _ if step == Step::Content => Submitted::Unknown { reply },
+        other => Submitted::Deferred {
+            code: other.map(u16::from),
+            reply,
+        },
+    }
+}
+
+fn address(which: &'static str, value: &str) -> Result<Address, RelayError> {
+    value.parse().map_err(|source| RelayError::Address {
+        which,
+        value: value.to_owned(),
+        source,
+    })
+}
+
+/// `text` cut to [`MAX_REPLY`] bytes, at a character boundary.
+fn bounded(mut text: String) -> String {
+    if text.len() > MAX_REPLY {
+        let mut at = MAX_REPLY;
+        while !text.is_char_boundary(at) {
+            at -= 1;
+        }
+        text.truncate(at);
+    }
+    text
+}
