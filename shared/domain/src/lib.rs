@@ -28,6 +28,7 @@ pub mod duration;
 pub mod hints;
 mod ids;
 pub mod item;
+pub mod mail;
 pub mod messages;
 pub mod money;
 pub mod names;

@@ -163,6 +163,40 @@ fn changed(lang: Lang, item: &str, was: &str, at: &str, now: Now<'_>) -> (String
     }
 }
 
+/// What a mail says around a notification's words: a mail is read hours after it is sent and
+/// cannot be recalled, so it says when its value was seen and until when it holds, links to the
+/// value now, and says how to stop.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MailLines {
+    /// After the title in the subject: when the value was seen.
+    pub subject_as_of: String,
+    /// When the value was seen, and until when the notification holds.
+    pub validity: String,
+    /// The link to the value now.
+    pub check_now: &'static str,
+    /// The link that stops the mails.
+    pub unsubscribe: &'static str,
+}
+
+/// The mail's lines in `lang`, for a value seen at `as_of` that holds until `until` (local
+/// times, `HH:MM`).
+pub fn mail_lines(lang: Lang, as_of: &str, until: &str) -> MailLines {
+    match lang {
+        Lang::En => MailLines {
+            subject_as_of: format!("(as of {as_of})"),
+            validity: format!("As of {as_of}; this holds until {until}."),
+            check_now: "See the price now",
+            unsubscribe: "Stop these emails",
+        },
+        Lang::Ja => MailLines {
+            subject_as_of: format!("（{as_of}時点）"),
+            validity: format!("{as_of}時点の情報です。{until}まで有効です。"),
+            check_now: "現在の価格を確認",
+            unsubscribe: "メールの配信を停止",
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,6 +294,20 @@ mod tests {
         assert_eq!(Lang::of("JA_jp"), Lang::Ja);
         for other in ["en-GB", "de", "", "jav", "x"] {
             assert_eq!(Lang::of(other), Lang::En, "{other}");
+        }
+    }
+
+    #[test]
+    fn every_language_writes_a_mails_lines_with_both_times() {
+        for lang in Lang::ALL {
+            let lines = mail_lines(lang, "09:00", "09:20");
+            assert!(lines.subject_as_of.contains("09:00"), "{lang:?}");
+            assert!(
+                lines.validity.contains("09:00") && lines.validity.contains("09:20"),
+                "{lang:?}: {}",
+                lines.validity
+            );
+            assert!(!lines.check_now.is_empty() && !lines.unsubscribe.is_empty());
         }
     }
 }
