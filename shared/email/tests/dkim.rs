@@ -5,58 +5,17 @@
 // Test code: a failed unwrap is a failed test, which is what we want.
 #![allow(clippy::unwrap_used)]
 
+#[path = "support/keys.rs"]
+mod keys;
+
 use aws_lc_rs::encoding::AsDer;
 use aws_lc_rs::rand::SystemRandom;
 use aws_lc_rs::rsa::KeySize;
 use aws_lc_rs::signature::{Ed25519KeyPair, RsaKeyPair};
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD;
 use chrono::{TimeZone, Utc};
+use keys::{pem, verdict};
 use tidings_email::dkim::DkimKey;
 use tidings_email::message::{Mail, MessageId, Unsubscribe, compose};
-use tidings_testkit::harness::tool;
-
-/// dkimpy's verdict on `message`, with `record` as the selector's TXT record.
-const VERIFY: &str = r#"
-import sys, dkim
-message = open(sys.argv[1], "rb").read()
-record = sys.argv[2].encode()
-def dns(name, timeout=5):
-    assert name == sys.argv[3].encode() + b".", name
-    return record
-print("verified" if dkim.verify(message, dnsfunc=dns) else "refused")
-"#;
-
-fn verdict(message: &[u8], key: &DkimKey) -> String {
-    let (name, record) = key.dns_record();
-    let file = std::env::temp_dir().join(format!("tidings-dkim-{}.eml", std::process::id()));
-    std::fs::write(&file, message).unwrap();
-    let out = std::process::Command::new(tool("python3").unwrap())
-        .args(["-c", VERIFY])
-        .arg(&file)
-        .arg(record)
-        .arg(name)
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_file(&file);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap().trim().to_owned()
-}
-
-fn pem(pkcs8: &[u8]) -> String {
-    let body = STANDARD.encode(pkcs8);
-    let lines: Vec<&str> = (body.as_bytes().chunks(64))
-        .map(|c| std::str::from_utf8(c).unwrap())
-        .collect();
-    format!(
-        "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n",
-        lines.join("\n")
-    )
-}
 
 fn hostile_mail() -> Vec<u8> {
     compose(&Mail {
