@@ -218,9 +218,6 @@ pub async fn admin_resume_watch(
 }
 
 /// Counts by state as the api shows them: keyed by the state's name.
-fn by_state(counts: Vec<(Status, i64)>) -> BTreeMap<String, i64> {
-    counts
-        .into_iter()
-        .map(|(s, n)| (s.as_str().to_owned(), n))
-        .collect()
+fn by_state(counts: Vec<(Status, i64)>) -> BTreeMap<Status, i64> {
+    counts.into_iter().collect()
 }

@@ -1405,7 +1405,7 @@ async fn operators_cancel_due_rows_only_and_pause_devices_and_watches() {
     let view: DeviceView = admin_get(&api, &format!("/v1/admin/devices/{device}")).await;
     assert!(view.paused_at.is_none(), "{view:?}");
     assert_eq!(view.watch_count, 4);
-    assert_eq!(view.outbox.get("dropped"), Some(&3), "{view:?}");
+    assert_eq!(view.outbox.get(&Status::Dropped), Some(&3), "{view:?}");
     let paused: DeviceView = admin_act(&api, &format!("/v1/admin/devices/{device}/pause")).await;
     let at = paused.paused_at.unwrap();
     let again: DeviceView = admin_act(&api, &format!("/v1/admin/devices/{device}/pause")).await;

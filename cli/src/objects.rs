@@ -93,7 +93,7 @@ fn show<T: Serialize>(
     v: &T,
     kind: Kind,
     subscriptions: Option<&[SubscriptionView]>,
-    outbox: &BTreeMap<String, i64>,
+    outbox: &BTreeMap<impl std::fmt::Display, i64>,
 ) {
     if json_out {
         println!("{}", cell(v));
@@ -116,7 +116,7 @@ fn show<T: Serialize>(
     println!("\nnotifications:");
     let rows: Vec<Vec<String>> = outbox
         .iter()
-        .map(|(status, n)| vec![status.clone(), n.to_string()])
+        .map(|(status, n)| vec![status.to_string(), n.to_string()])
         .collect();
     table::print(&["status", "rows"], &rows);
 }

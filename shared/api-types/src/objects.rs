@@ -5,6 +5,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use tidings_domain::Channel;
+use tidings_domain::outbox::Status;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
@@ -36,7 +37,7 @@ pub struct DeviceView {
     /// Newest first.
     pub subscriptions: Vec<SubscriptionView>,
     /// Its outbox rows by status.
-    pub outbox: BTreeMap<String, i64>,
+    pub outbox: BTreeMap<Status, i64>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -46,7 +47,7 @@ pub struct WatchView {
     pub device_id: Uuid,
     pub removed_at: Option<DateTime<Utc>>,
     /// Its outbox rows by status.
-    pub outbox: BTreeMap<String, i64>,
+    pub outbox: BTreeMap<Status, i64>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
