@@ -7,7 +7,8 @@
 //! - [`brokers`]: nats-servers of a test's own — one (with authentication or TLS if asked) or
 //!   a three-node JetStream cluster.
 //! - [`fixtures`]: devices, subscriptions, watches and outbox rows to build a story on.
-//! - [`fake_catalog`], [`fake_push`], [`fake_webhooks`]: the outside world, served on loopback.
+//! - [`fake_catalog`], [`fake_push`], [`fake_webhooks`]: the outside world, served on loopback;
+//!   [`fake_smtp`]: a real SMTP server (aiosmtpd) playing the operator's relay.
 //! - [`world`]: a database, streams and catalog of a test's own, and the other services' parts
 //!   played by hand around the one under test.
 
