@@ -159,7 +159,8 @@ pub async fn record(State(app): State<AppState>, request: Request, next: Next) -
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ListAudit {
-    /// Only this operator's actions.
+    /// Only this operator's actions (no NUL: Postgres text cannot hold one).
+    #[param(pattern = r"^[^\u0000]*$")]
     pub operator: Option<String>,
     /// Only actions since then (RFC 3339).
     pub since: Option<DateTime<Utc>>,
@@ -187,6 +188,10 @@ pub async fn list_audit(
     ApiQuery(q): ApiQuery<ListAudit>,
 ) -> Result<Json<AuditList>, ApiError> {
     let limit = crate::extract::limit(q.limit)?;
+    // Postgres text cannot hold a NUL: no operator is named with one, and the query would fail.
+    if q.operator.as_deref().is_some_and(|o| o.contains('\0')) {
+        return Err(ApiError::BadRequest("operator must not contain NUL".into()));
+    }
     if let Some(c) = q.cursor.filter(|c| *c < 1) {
         return Err(ApiError::BadRequest(format!(
             "cursor is an action's id, at least 1, got {c}"
