@@ -3,6 +3,7 @@
 use crate::Settings;
 use crate::limits::{Rate, parse_rate};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 use tidings_domain::duration::parse_duration;
 use tidings_endpoint_guard::EndpointArgs;
@@ -59,6 +60,28 @@ pub struct Config {
     pub webhook_secret_overlap: Duration,
     #[command(flatten)]
     pub webhook_keys: tidings_sealing::SecretKeyArgs,
+    /// The relay confirmation mails go through (email devices: docs/email.md).
+    #[command(flatten)]
+    pub relay: tidings_email::settings::RelayArgs,
+    #[command(flatten)]
+    pub sender: tidings_email::settings::SenderArgs,
+    /// Confirmation mails to one address in a day.
+    #[arg(
+        long,
+        env = "TIDINGS_EMAIL_CONFIRMATIONS_PER_ADDRESS",
+        default_value_t = 3
+    )]
+    pub email_confirmations_per_address: u32,
+    /// Confirmation mails to one domain in an hour.
+    #[arg(
+        long,
+        env = "TIDINGS_EMAIL_CONFIRMATIONS_PER_DOMAIN",
+        default_value_t = 200
+    )]
+    pub email_confirmations_per_domain: u32,
+    /// How long a confirmation link works.
+    #[arg(long, env = "TIDINGS_EMAIL_CONFIRM_WITHIN", default_value = "24h", value_parser = parse_duration)]
+    pub email_confirm_within: Duration,
     #[arg(long, env = "TIDINGS_MAX_WATCHES_PER_DEVICE", default_value_t = 100)]
     pub max_watches_per_device: u32,
     /// Webhook endpoints one API client may have at once (removed ones do not count).
@@ -160,6 +183,10 @@ pub enum ConfigError {
     HintSecrets(#[from] crate::hints::SecretError),
     #[error(transparent)]
     WebhookKeys(#[from] tidings_sealing::KeysError),
+    #[error("email")]
+    Email(#[from] tidings_email::settings::SettingsError),
+    #[error("TIDINGS_SMTP_HOST and TIDINGS_EMAIL_FROM go together: set both for email, or neither")]
+    EmailHalf,
 }
 
 impl Config {
@@ -225,7 +252,21 @@ impl Config {
             self.vapid_public_key.as_deref(),
             self.vapid_public_key_file.as_deref(),
         )?;
+        let mail = match (self.relay.relay()?, self.sender.sender()?) {
+            (Some(relay), Some(sender)) => Some(Arc::new(crate::mailboxes::Mailer {
+                relay,
+                sender,
+                limits: tidings_store::mailboxes::MailLimits {
+                    per_address_per_day: self.email_confirmations_per_address.into(),
+                    per_domain_per_hour: self.email_confirmations_per_domain.into(),
+                },
+                confirm_within: self.email_confirm_within,
+            })),
+            (None, None) => None,
+            _ => return Err(ConfigError::EmailHalf),
+        };
         Ok(Settings {
+            mail,
             policy: self.endpoints.policy(),
             webhook_policy: self.webhooks.policy(),
             webhook_secret_overlap: self.webhook_secret_overlap,

@@ -4,6 +4,7 @@
 use crate::AppState;
 use crate::auth::{Device, new_token};
 use crate::extract::{ClientAddr, JsonBody, within};
+use crate::mailboxes::NewEmailDevice;
 use crate::problem::{ApiError, BodyRejected, Problem, Unauthorized};
 use axum::Json;
 use axum::extract::State;
@@ -51,7 +52,14 @@ pub struct KeysIn {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateDevice {
-    pub subscription: SubscriptionIn,
+    /// A browser's push subscription; or give `email`.
+    #[serde(default)]
+    pub subscription: Option<SubscriptionIn>,
+    /// An email address instead of a subscription: Tidings mails it a confirmation link, and
+    /// nothing else until the link is opened (docs/email.md).
+    #[serde(default)]
+    #[schema(max_length = 254)]
+    pub email: Option<String>,
     /// IANA time zone; a notification's "once a day" is the calendar day there. Default UTC.
     #[serde(default)]
     pub time_zone: Option<String>,
@@ -107,10 +115,11 @@ fn new_subscription(id: SubscriptionId, sub: &SubscriptionIn) -> NewSubscription
     post, path = "/v1/devices", tag = "devices",
     request_body = CreateDevice,
     responses(
-        (status = 201, description = "Device registered; the token is shown only now", body = DeviceCreated),
+        (status = 201, description = "Device registered; the token is shown only now. An email device has been mailed its confirmation link", body = DeviceCreated),
         BodyRejected,
-        (status = 422, description = "Invalid subscription, time zone or locale", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "Too many registrations from this address (`Retry-After` says when to try again)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid subscription, address, time zone or locale; both or neither of subscription and email; an address the mail relay refuses; email not set up here", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Too many registrations from this client address, or confirmation mails to this email address or domain (`Retry-After` says when to try again)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The confirmation mail could not be sent now (nothing was registered): try again", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn create_device(
@@ -125,12 +134,38 @@ pub async fn create_device(
     if let Some(locale) = &req.locale {
         check_locale(locale).map_err(|e| ApiError::invalid("/locale", e))?;
     }
-    validate_subscription(&req.subscription, &app.settings.policy, "/subscription").await?;
+    let sub = match (&req.subscription, &req.email) {
+        (Some(sub), None) => sub,
+        (None, Some(email)) => {
+            let new = NewEmailDevice {
+                email,
+                time_zone: &time_zone,
+                locale: req.locale.as_deref(),
+            };
+            let r = crate::mailboxes::register(&app, new).await?;
+            let created = DeviceCreated {
+                device_id: r.device.0,
+                token: r.token,
+                subscription_id: r.subscription.0,
+                time_zone,
+                locale: req.locale,
+                confirm_by: Some(r.confirm_by),
+            };
+            return Ok((StatusCode::CREATED, Json(created)));
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                "",
+                "give either subscription (Web Push) or email, not both",
+            ));
+        }
+    };
+    validate_subscription(sub, &app.settings.policy, "/subscription").await?;
 
     let (token, hash) = new_token()?;
     let device = DeviceId::new();
     let subscription = SubscriptionId::new();
-    let first = new_subscription(subscription, &req.subscription);
+    let first = new_subscription(subscription, sub);
     let new = NewDevice {
         id: device,
         token_hash: &hash,
@@ -149,6 +184,7 @@ pub async fn create_device(
             subscription_id: subscription.0,
             time_zone,
             locale: req.locale,
+            confirm_by: None,
         }),
     ))
 }

@@ -27,9 +27,11 @@ pub mod health;
 pub mod hints;
 mod history;
 pub mod limits;
+pub mod mailboxes;
 pub mod metrics;
 mod openapi;
 mod operators;
+mod pages;
 mod pause;
 pub mod problem;
 pub mod reseal;
@@ -96,6 +98,9 @@ pub struct Settings {
     pub webhook_secret_keys: Option<Arc<tidings_sealing::SecretKeys>>,
     /// Each source's change-hint secrets (see [`hints`]); none: every hint is refused.
     pub hint_keys: hints::Keys,
+    /// The relay and the sender of confirmation mails (see [`mailboxes`]); `None`: email
+    /// devices are refused.
+    pub mail: Option<Arc<mailboxes::Mailer>>,
 }
 
 /// What the flags give when none is set (no operator token, no VAPID key).

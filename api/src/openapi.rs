@@ -4,7 +4,7 @@
 use crate::problem::{ApiError, FieldError, Problem};
 use crate::{
     AppState, attempts, audit, bulk, dead_letters, deliveries, devices, doctor, endpoints, health,
-    history, operators, pause, shown, watches,
+    history, mailboxes, operators, pages, pause, shown, watches,
 };
 use axum::Json;
 use std::sync::OnceLock;
@@ -31,6 +31,7 @@ use utoipa_axum::routes;
         (name = "history", description = "A device's notifications"),
         (name = "sources", description = "Change hints from a source's data owner, signed with Standard Webhooks"),
         (name = "operators", description = "Outbox inspection and replay (admin token), served on the ops port (TIDINGS_OPS_LISTEN, 9090), not the public one"),
+        (name = "email", description = "The pages a mail's links open: confirmation, unsubscribe (RFC 8058 one-click), and the notification checked when it is read"),
         (name = "health", description = "Probes"),
     )
 )]
@@ -77,6 +78,9 @@ fn public() -> OpenApiRouter<AppState> {
         .routes(routes!(history::list_notifications))
         .routes(routes!(shown::notification_now))
         .routes(routes!(shown::report_shown))
+        .routes(routes!(mailboxes::confirm_page, mailboxes::confirm))
+        .routes(routes!(mailboxes::unsubscribe_page, mailboxes::unsubscribe))
+        .routes(routes!(pages::notice))
         .routes(routes!(crate::hints::items_changed))
         .routes(routes!(health::livez))
         .routes(routes!(health::public_readyz))

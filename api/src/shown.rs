@@ -24,7 +24,7 @@ use tidings_domain::dedup::parse_time_zone;
 use tidings_domain::notification::Notice;
 use tidings_domain::shown::showing;
 use tidings_domain::trigger::Observation;
-use tidings_domain::{ItemCode, OutboxId};
+use tidings_domain::{DeviceId, ItemCode, OutboxId};
 use tidings_source::{Fetched, SourceConfig, SourceConfigError, Sources};
 use tidings_store::db;
 use tokio::sync::OnceCell;
@@ -134,7 +134,19 @@ pub async fn notification_now(
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<NotificationNow>, ApiError> {
     let id = OutboxId(resource_id(id, "notification")?);
-    let row = tidings_store::shown::to_show(&app.pool, device.id, id)
+    Ok(Json(check(&app, device.id, id).await?.now))
+}
+
+/// A notification checked against the item's value now, and where its reader lives.
+pub struct Checked {
+    pub now: NotificationNow,
+    pub tz: chrono_tz::Tz,
+    pub locale: Option<String>,
+}
+
+/// Device `device`'s notification `id`, checked against the item's value now.
+pub async fn check(app: &AppState, device: DeviceId, id: OutboxId) -> Result<Checked, ApiError> {
+    let row = tidings_store::shown::to_show(&app.pool, device, id)
         .await
         .map_err(db("reading a notification to show"))?
         .ok_or(ApiError::NotFound("notification"))?;
@@ -149,7 +161,7 @@ pub async fn notification_now(
         .as_ref()
         .map(|v| v.0.clone())
         .ok_or(ApiError::NotFound("sent notification"))?;
-    let (item, checked_at, now) = value_now(&app, row.item_code.as_deref(), &sent, id).await?;
+    let (item, checked_at, now) = value_now(app, row.item_code.as_deref(), &sent, id).await?;
     let tz = parse_time_zone(&row.time_zone).unwrap_or(chrono_tz::Tz::UTC);
     let showing = showing(
         &Notice {
@@ -166,14 +178,18 @@ pub async fn notification_now(
         &sent,
         tz,
     );
-    Ok(Json(NotificationNow {
-        id: id.0,
-        holds: showing.holds,
-        shown: showing.shown,
-        title: showing.title,
-        body: showing.body,
-        checked_at,
-    }))
+    Ok(Checked {
+        now: NotificationNow {
+            id: id.0,
+            holds: showing.holds,
+            shown: showing.shown,
+            title: showing.title,
+            body: showing.body,
+            checked_at,
+        },
+        tz,
+        locale: row.locale,
+    })
 }
 
 #[utoipa::path(

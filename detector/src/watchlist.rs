@@ -420,7 +420,9 @@ impl Watchlist {
             channel,
             reference_price: row.reference_price,
             last_in_stock: row.last_in_stock,
-            withdraw: row.withdraw,
+            // A mail cannot be taken back, and a correction mail is noise: the page its link
+            // opens says when it has ended (docs/design.md, *True on the screen*).
+            withdraw: row.withdraw && channel != Channel::Email,
         };
         self.upsert(code, watch)
     }

@@ -33,6 +33,12 @@ pub struct Config {
     pub ops: OpsArgs,
     #[command(flatten)]
     pub webhook_keys: tidings_sealing::SecretKeyArgs,
+    #[command(flatten)]
+    pub email: tidings_email::settings::SenderArgs,
+    /// How long the rows of an email address not yet confirmed wait between looks: its owner
+    /// may open the link any moment, and the rows are few (one device's watches).
+    #[arg(long, env = "TIDINGS_EMAIL_UNCONFIRMED_WAIT", default_value = "30s", value_parser = parse_duration)]
+    pub email_unconfirmed_wait: Duration,
     /// Link a notification opens, a template with {item}.
     #[arg(long, env = "TIDINGS_ITEM_PAGE_URL")]
     pub item_page_url: Option<String>,
@@ -140,6 +146,8 @@ pub enum ConfigError {
     Secret(#[from] tidings_runtime::secrets::SecretError),
     #[error(transparent)]
     WebhookKeys(#[from] tidings_sealing::KeysError),
+    #[error("email")]
+    Email(#[from] tidings_email::settings::SettingsError),
     #[error(transparent)]
     Source(#[from] tidings_source::SourceConfigError),
     #[error(
@@ -225,6 +233,10 @@ pub struct Settings {
     pub webhook_pacing: Pacing,
     /// Keys that open webhook secrets stored sealed (the api's keys).
     pub webhook_secret_keys: Option<Arc<SecretKeys>>,
+    /// Who mails; `None`: email is off, and an email row waits (retried) until it is on.
+    pub email: Option<Arc<tidings_email::settings::Sender>>,
+    /// How long an unconfirmed address's rows wait before they are looked at again.
+    pub unconfirmed_wait: Duration,
 }
 
 impl Settings {
@@ -314,6 +326,7 @@ impl Config {
     pub fn settings(&self) -> Result<Settings, ConfigError> {
         let mut s = self.settings_with(self.nats.subjects()?, self.source.config()?);
         s.webhook_secret_keys = self.webhook_keys.keys()?;
+        s.email = self.email.sender()?.map(Arc::new);
         s.validate()?;
         Ok(s)
     }
@@ -356,6 +369,8 @@ impl Config {
             },
             webhook_pacing: Pacing::default(),
             webhook_secret_keys: None,
+            email: None,
+            unconfirmed_wait: self.email_unconfirmed_wait,
         }
     }
 }

@@ -309,10 +309,15 @@ impl Dispatcher {
                 payload,
             }
         };
-        let (web_push, webhooks): (Vec<_>, Vec<_>) =
-            (requests.into_iter()).partition(|r| r.target.channel() == Channel::WebPush);
-        for (channel, mut requests) in [(Channel::WebPush, web_push), (Channel::Webhook, webhooks)]
-        {
+        let mut by_channel: Vec<(Channel, Vec<PushRequest>)> =
+            Channel::ALL.map(|c| (c, Vec::new())).into();
+        for r in requests {
+            let channel = r.target.channel();
+            if let Some((_, of)) = by_channel.iter_mut().find(|(c, _)| *c == channel) {
+                of.push(r);
+            }
+        }
+        for (channel, mut requests) in by_channel {
             let subject = self.settings.subjects.subject(StreamKind::Push, channel);
             if batch == 1 {
                 for r in &requests {

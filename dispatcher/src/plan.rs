@@ -9,7 +9,9 @@
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;
 use tidings_domain::dedup::parse_time_zone;
-use tidings_domain::messages::{Payload, PushRequest, Target, Urgency, VERSION, WebhookCall};
+use tidings_domain::messages::{
+    MailCall, Payload, PushRequest, Target, Urgency, VERSION, WebhookCall,
+};
 use tidings_domain::notification::{Notice, render, withdrawal};
 use tidings_domain::outbox::{self, Event, Status};
 use tidings_domain::receiver::{Pacing, Release, State};
@@ -25,8 +27,10 @@ use tidings_source::{Fetched, SourceError};
 
 use crate::config::Settings;
 use crate::recheck::{self, Decision};
+use tidings_email::links::{LinkKey, MailLinks};
+use tidings_email::message::{Mail, MessageId, Unsubscribe};
 use tidings_store::claim::Claimed;
-use tidings_store::claim::{Destination, Endpoint, WatchState};
+use tidings_store::claim::{Destination, Endpoint, Mailbox, WatchState};
 use tidings_store::transition::Change;
 
 /// A row the pre-guards let through, with the subscription it would go to.
@@ -157,6 +161,14 @@ pub fn guard<'r>(
             && let Gate::Hold(until) = gates.gate(subscription_id, endpoint)
         {
             g.held.push((row.id, row.dedup_day, until));
+            continue;
+        }
+        // Nothing is mailed to an address before its owner confirms it: its rows wait, pending.
+        if let Destination::Email(mailbox) = subscription
+            && mailbox.unconfirmed
+        {
+            let wait = chrono::Duration::from_std(settings.unconfirmed_wait).unwrap_or_default();
+            g.held.push((row.id, row.dedup_day, now + wait));
             continue;
         }
         g.guarded.push(Guarded {
@@ -354,8 +366,7 @@ fn send(
     // it outlived): the deadline never lets it wait past its validity.
     let deadline = (now + settings.push_deadline).min(valid_until);
     let payload = payload_for(g, &checked, valid_until, settings);
-    let keys = settings.webhook_secret_keys.as_deref();
-    let target = match target(g, &checked, &payload, valid_until, keys, now) {
+    let target = match target(g, &checked, &payload, valid_until, settings, now) {
         Ok(target) => target,
         Err(unsigned) => {
             // Never sent unsigned: the row waits (retried, as for a source that does not
@@ -394,10 +405,7 @@ fn send(
     plan.changes.push(c);
 }
 
-/// The secret `stored` holds, opened if it is sealed; why not, naming the subscription, if it
-/// cannot be (a key dropped too early or not given to this dispatcher, a secret stored unsealed
-/// although keys are given).
-/// Why a webhook cannot be signed, so is not sent.
+/// Why a webhook or a mail cannot be signed (or written), so is not sent.
 #[derive(Debug, thiserror::Error)]
 pub enum Unsigned {
     #[error("subscription {0} has no signing secret")]
@@ -414,6 +422,22 @@ pub enum Unsigned {
         #[source]
         source: tidings_signatures::BadSecret,
     },
+    #[error(
+        "email is off on this dispatcher (set TIDINGS_EMAIL_FROM, TIDINGS_DKIM_KEY_FILE and TIDINGS_PUBLIC_URL)"
+    )]
+    NoSender,
+    #[error("the link key of subscription {subscription} is malformed")]
+    LinkKey {
+        subscription: SubscriptionId,
+        #[source]
+        source: tidings_email::links::BadLinkKey,
+    },
+    #[error("the mail to subscription {subscription} could not be written")]
+    Unwritable {
+        subscription: SubscriptionId,
+        #[source]
+        source: tidings_email::settings::WriteError,
+    },
 }
 
 impl Unsigned {
@@ -423,7 +447,9 @@ impl Unsigned {
     pub fn key(&self) -> &str {
         match self {
             Unsigned::NoSecret(_) => "missing",
-            Unsigned::Malformed { .. } => "malformed",
+            Unsigned::Malformed { .. } | Unsigned::LinkKey { .. } => "malformed",
+            Unsigned::NoSender => "no_sender",
+            Unsigned::Unwritable { .. } => "unwritable",
             Unsigned::Unopened { source, .. } => match source {
                 sealed::Unopened::UnknownKey(id) => id,
                 sealed::Unopened::NoKeys => "none",
@@ -434,6 +460,9 @@ impl Unsigned {
     }
 }
 
+/// The secret `stored` holds, opened if it is sealed; why not, naming the subscription, if it
+/// cannot be (a key dropped too early or not given to this dispatcher, a secret stored unsealed
+/// although keys are given).
 fn signing_secret(
     stored: &str,
     keys: Option<&SecretKeys>,
@@ -474,19 +503,25 @@ fn signature(
     Ok(signed.join(" "))
 }
 
-/// Where `g` goes: its browser's subscription, or its endpoint with the event signed by every
-/// secret that signs for it now (the signature is the dispatcher's, so the pusher, the service
-/// that talks to the outside, holds no secret).
+/// Where `g` goes: its browser's subscription; its endpoint with the event signed by every
+/// secret that signs for it now; or its mailbox with the mail written and DKIM-signed. (The
+/// signatures are the dispatcher's, so the pusher, the service that talks to the outside, holds
+/// no secret.)
 fn target(
     g: &Guarded<'_>,
     checked: &Checked<'_>,
     payload: &Payload,
     valid_until: DateTime<Utc>,
-    keys: Option<&SecretKeys>,
+    settings: &Settings,
     now: DateTime<Utc>,
 ) -> Result<Target, Unsigned> {
+    let keys = settings.webhook_secret_keys.as_deref();
     match g.subscription {
         Destination::WebPush(sub) => Ok(Target::WebPush(sub.clone())),
+        Destination::Email(mailbox) => {
+            let notice = notice_for(g, checked, valid_until, settings);
+            mail(g, mailbox, &notice, settings, now).map(Target::Email)
+        }
         Destination::Webhook(endpoint) => {
             let facts = Facts {
                 id: g.row.id,
@@ -514,15 +549,70 @@ fn target(
     }
 }
 
-/// The notification `g` goes out with: what its trigger says at the re-checked value, or for a
-/// withdrawal what changed since the row it withdraws.
-fn payload_for(
+/// The mail to `mailbox` for `notice`: its words in the reader's language and time zone, its
+/// links signed with the subscription's key, DKIM-signed by the sender.
+fn mail(
     g: &Guarded<'_>,
-    checked: &Checked<'_>,
-    valid_until: DateTime<Utc>,
+    mailbox: &Mailbox,
+    notice: &Notice<'_>,
     settings: &Settings,
-) -> Payload {
-    let notice = Notice {
+    now: DateTime<Utc>,
+) -> Result<MailCall, Unsigned> {
+    let sender = settings.email.as_deref().ok_or(Unsigned::NoSender)?;
+    let subscription = mailbox.subscription;
+    let keys = settings.webhook_secret_keys.as_deref();
+    let opened = sealed::open(&mailbox.link_key, keys, subscription.0).map_err(|source| {
+        Unsigned::Unopened {
+            subscription,
+            source,
+        }
+    })?;
+    let key = LinkKey::parse(&opened).map_err(|source| Unsigned::LinkKey {
+        subscription,
+        source,
+    })?;
+    let id = g.row.id.to_string();
+    let links = MailLinks::new(&sender.public_url, &key, &id, &subscription.to_string());
+    let tz = parse_time_zone(g.time_zone).unwrap_or(chrono_tz::Tz::UTC);
+    let text = tidings_domain::mail::render(notice, tz, &links.as_links());
+    let mail = Mail {
+        from: &sender.from,
+        to: &mailbox.address,
+        subject: &text.subject,
+        text: &text.text,
+        html: &text.html,
+        message_id: MessageId {
+            id: &id,
+            domain: &sender.domain,
+        },
+        unsubscribe: Unsubscribe {
+            https: &links.unsubscribe,
+            mailto: sender.unsubscribe_mailbox(),
+        },
+        date: now,
+    };
+    let message = sender
+        .write(&mail, now)
+        .map_err(|source| Unsigned::Unwritable {
+            subscription,
+            source,
+        })?;
+    Ok(MailCall {
+        from: sender.envelope.clone(),
+        to: mailbox.address.clone(),
+        // Composed as 7-bit text: every header encoded (RFC 2047), the bodies quoted-printable.
+        message: String::from_utf8_lossy(&message).into_owned(),
+    })
+}
+
+/// The notice `g` is written from: its trigger at the re-checked value, in its reader's locale.
+fn notice_for<'a>(
+    g: &'a Guarded<'_>,
+    checked: &'a Checked<'_>,
+    valid_until: DateTime<Utc>,
+    settings: &'a Settings,
+) -> Notice<'a> {
+    Notice {
         id: g.row.id,
         watch: g.row.watch_id,
         trigger: checked.trigger,
@@ -532,7 +622,18 @@ fn payload_for(
         valid_until,
         item_url: settings.item_page_url.as_deref(),
         locale: g.locale,
-    };
+    }
+}
+
+/// The notification `g` goes out with: what its trigger says at the re-checked value, or for a
+/// withdrawal what changed since the row it withdraws.
+fn payload_for(
+    g: &Guarded<'_>,
+    checked: &Checked<'_>,
+    valid_until: DateTime<Utc>,
+    settings: &Settings,
+) -> Payload {
+    let notice = notice_for(g, checked, valid_until, settings);
     match checked.withdrawn {
         None => render(&notice),
         Some((last, id)) => {

@@ -61,6 +61,15 @@ pub struct Config {
         default_value_t = 8
     )]
     pub webhook_concurrency_per_host: usize,
+    #[command(flatten)]
+    pub relay: tidings_email::settings::RelayArgs,
+    /// Mails in flight at once to one destination domain (the recipient's, behind the relay).
+    #[arg(
+        long,
+        env = "TIDINGS_EMAIL_CONCURRENCY_PER_DOMAIN",
+        default_value_t = 4
+    )]
+    pub email_concurrency_per_domain: usize,
     /// Extra PEM root certificate to trust (a local fake push service).
     #[arg(long, env = "TIDINGS_PUSH_EXTRA_CA_FILE")]
     pub extra_ca_file: Option<PathBuf>,
@@ -86,6 +95,8 @@ pub enum ConfigError {
     Concurrency,
     #[error(transparent)]
     Prefix(#[from] InvalidPrefix),
+    #[error("email")]
+    Email(#[from] tidings_email::settings::SettingsError),
 }
 
 /// Validated settings; tests build these directly.
@@ -105,6 +116,9 @@ pub struct Settings {
     pub webhook_concurrency_per_host: usize,
     /// PEM root certificates to trust in addition to the system's.
     pub extra_roots: Vec<Vec<u8>>,
+    /// The relay mails are submitted to; `None`: email is off here.
+    pub relay: Option<Arc<tidings_email::relay::Relay>>,
+    pub email_concurrency_per_domain: usize,
 }
 
 impl Settings {
@@ -146,7 +160,9 @@ impl Config {
             reqwest::Certificate::from_pem(&pem).map_err(|e| ConfigError::Ca(e.to_string()))?;
             extra_roots.push(pem);
         }
-        Ok(self.settings_with(self.nats.subjects()?, signer, extra_roots))
+        let mut settings = self.settings_with(self.nats.subjects()?, signer, extra_roots);
+        settings.relay = self.relay.relay()?.map(Arc::new);
+        Ok(settings)
     }
 
     fn settings_with(
@@ -167,6 +183,8 @@ impl Config {
             webhook_policy: self.webhooks.policy(),
             webhook_concurrency_per_host: self.webhook_concurrency_per_host.max(1),
             extra_roots,
+            relay: None,
+            email_concurrency_per_domain: self.email_concurrency_per_domain.max(1),
         }
     }
 }

@@ -13,6 +13,7 @@ use tidings_webpush::encryption::{self, EncryptError, UaKeys};
 use tidings_webpush::vapid::VapidSigner;
 
 use crate::config::Settings;
+use crate::email::Mails;
 use crate::webhook::Webhooks;
 use tidings_domain::push::{classify, retry_after};
 
@@ -24,6 +25,7 @@ pub struct Deliverer {
     vapid: Arc<VapidSigner>,
     guard: Guard,
     webhooks: Webhooks,
+    mails: Mails,
 }
 
 pub(crate) fn result(req: &PushRequest, ended: impl Into<Ended>, started: Instant) -> PushResult {
@@ -113,15 +115,17 @@ impl Deliverer {
             vapid: settings.vapid.clone(),
             guard: Guard::new(policy),
             webhooks: Webhooks::new(settings)?,
+            mails: Mails::new(settings),
         })
     }
 
-    /// For a webhook, a slot among its host's (see [`Webhooks::host_slot`]); a push service
-    /// needs none.
+    /// For a webhook, a slot among its host's (see [`Webhooks::host_slot`]); for a mail, among
+    /// its domain's; a push service needs none.
     pub async fn host_slot(&self, req: &PushRequest) -> Option<tokio::sync::OwnedSemaphorePermit> {
         match &req.target {
             Target::WebPush(_) => None,
             Target::Webhook(call) => self.webhooks.host_slot(call, req.deadline).await,
+            Target::Email(call) => self.mails.domain_slot(call, req.deadline).await,
         }
     }
 
@@ -129,6 +133,7 @@ impl Deliverer {
         match &req.target {
             Target::WebPush(sub) => self.web_push(req, sub).await,
             Target::Webhook(call) => self.webhooks.deliver(req, call).await,
+            Target::Email(call) => self.mails.deliver(req, call).await,
         }
     }
 

@@ -6,6 +6,7 @@
 //! - [`report`]: results back to the dispatcher, batched.
 //! - [`deliver`]: one delivery: deadline, endpoint guard, encryption, VAPID, HTTP.
 //! - [`webhook`]: one signed webhook: endpoint guard, a slot among its host's, HTTP.
+//! - [`email`]: one signed mail: a slot among its domain's, the relay.
 //! - [`config`]: configuration and validated settings.
 //!
 //! What a push service's answer means is `tidings_domain::push`, shared with the dispatcher,
@@ -14,6 +15,7 @@
 
 pub mod config;
 mod deliver;
+mod email;
 pub mod metrics;
 pub mod report;
 mod webhook;

@@ -27,7 +27,7 @@ use tidings_bus::consume::{self, Consumer, ConsumerError, Decoded, Durable, Inco
 use tidings_bus::delivered::{Delivery, DeliveryLog, DeliveryLogError};
 use tidings_bus::streams::require_streams;
 use tidings_domain::Channel;
-use tidings_domain::messages::{Ended, Outcome, PushRequest, PushResult};
+use tidings_domain::messages::{Ended, Outcome, PushRequest, PushResult, Target};
 use tidings_domain::subjects::StreamKind;
 use tidings_runtime::metrics::{Failure, metrics};
 use tidings_runtime::telemetry;
@@ -41,12 +41,15 @@ use crate::report::Reporter;
 pub const CONSUMER: &str = tidings_bus::streams::consumer_of(StreamKind::Push);
 /// The webhook consumer: its own, so each channel has its own slots and backlog.
 pub const WEBHOOK_CONSUMER: &str = "pusher-webhook";
+/// The email consumer, for the same reason.
+pub const EMAIL_CONSUMER: &str = "pusher-email";
 
 /// The durable consumer that takes `channel`'s requests.
 pub fn consumer_for(channel: Channel) -> &'static str {
     match channel {
         Channel::WebPush => CONSUMER,
         Channel::Webhook => WEBHOOK_CONSUMER,
+        Channel::Email => EMAIL_CONSUMER,
     }
 }
 
@@ -188,9 +191,12 @@ impl Pusher {
         let _slot = inner.slots.acquire().await.ok();
         // The push service's host: a span attribute, a metrics label, and part of the attempt's
         // record.
-        let host = reqwest::Url::parse(req.target.url())
-            .ok()
-            .and_then(|u| u.host_str().map(str::to_owned));
+        let host = match &req.target {
+            Target::Email(mail) => Some(mail.domain().to_owned()),
+            target => reqwest::Url::parse(target.url())
+                .ok()
+                .and_then(|u| u.host_str().map(str::to_owned)),
+        };
         let started_at = chrono::Utc::now();
         let span = push_span(msg, &req, host.as_deref(), incoming.as_deref());
         let (mut result, handled) = self.attempt(&req, redelivered).await;
@@ -203,7 +209,7 @@ impl Pusher {
         // too many for a label.
         let label = match self.channel {
             Channel::WebPush => host.clone(),
-            Channel::Webhook => Some(Channel::Webhook.to_string()),
+            Channel::Webhook | Channel::Email => Some(self.channel.to_string()),
         };
         if !matches!(handled, Handled::AlreadyDelivered) {
             // A redelivery recognised as already delivered made no request: not counted.

@@ -9,7 +9,8 @@
 //! - [`demo`]: the README's demo, also run by `tidings-demo`.
 
 pub use tidings_testkit::{
-    binaries, brokers, fake_catalog, fake_push, fake_webhooks, fixtures, harness, walk, world,
+    binaries, brokers, fake_catalog, fake_push, fake_smtp, fake_webhooks, fixtures, harness, walk,
+    world,
 };
 
 #[path = "../../api/tests/support/server.rs"]

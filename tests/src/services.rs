@@ -111,10 +111,15 @@ impl Pipeline {
         if named("NATS_URL") && !named("TIDINGS_STREAM_REPLICAS") {
             env.push(("TIDINGS_STREAM_REPLICAS".to_owned(), "1".to_owned()));
         }
-        let ports = SERVICES
+        let ports: HashMap<&'static str, u16> = SERVICES
             .iter()
             .map(|s| (*s, crate::brokers::free_port().expect("free port")))
             .collect();
+        // The links in mails lead to this api (read only where email is on).
+        let public_url = format!("http://127.0.0.1:{}", ports["api"]);
+        if !env.iter().any(|(k, _)| k == "TIDINGS_PUBLIC_URL") {
+            env.push(("TIDINGS_PUBLIC_URL".to_owned(), public_url));
+        }
         let mut p = Pipeline {
             env,
             children: HashMap::new(),

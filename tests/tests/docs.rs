@@ -464,13 +464,18 @@ fn the_api_reference_is_the_openapi_document_as_generated() {
 const TABLES: &[(&str, &str, &str)] = &[
     (
         "devices",
-        "A browser or a webhook endpoint that receives notifications.",
+        "A browser, a webhook endpoint or an email address that receives notifications.",
         "until removed, then purged once no retained outbox row refers to it.",
     ),
     (
         "push_subscriptions",
-        "A device's Web Push subscription or webhook URL and sealed secret.",
+        "A device's Web Push subscription, webhook URL and sealed secret, or email address and sealed link key.",
         "until replaced or gone, then purged like devices.",
+    ),
+    (
+        "email_confirmations",
+        "A confirmation link mailed to an email device (its token's hash); what the mail limits count.",
+        "with its subscription.",
     ),
     (
         "watches",

@@ -12,6 +12,10 @@ pub struct DeviceCreated {
     pub subscription_id: Uuid,
     pub time_zone: String,
     pub locale: Option<String>,
+    /// An email device: the link mailed to its address works until then, and the device
+    /// receives nothing until it is opened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confirm_by: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

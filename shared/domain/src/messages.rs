@@ -246,6 +246,8 @@ pub enum Target {
     WebPush(Subscription),
     #[serde(rename = "webhook")]
     Webhook(WebhookCall),
+    #[serde(rename = "mail")]
+    Email(MailCall),
 }
 
 impl Target {
@@ -253,15 +255,36 @@ impl Target {
         match self {
             Target::WebPush(_) => Channel::WebPush,
             Target::Webhook(_) => Channel::Webhook,
+            Target::Email(_) => Channel::Email,
         }
     }
 
-    /// The URL the request is sent to.
+    /// Where the request goes: a URL, or a mail's address.
     pub fn url(&self) -> &str {
         match self {
             Target::WebPush(s) => &s.endpoint,
             Target::Webhook(w) => &w.url,
+            Target::Email(m) => &m.to,
         }
+    }
+}
+
+/// A mail as the dispatcher wrote and DKIM-signed it: the pusher submits `message` to the
+/// relay for `to`, with `from` as the envelope sender, and holds no key itself.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MailCall {
+    /// The envelope sender (the bounce address).
+    pub from: String,
+    pub to: String,
+    /// The whole message (RFC 5322), headers and the DKIM signature included: 7-bit text with
+    /// CRLF line ends, as composed.
+    pub message: String,
+}
+
+impl MailCall {
+    /// The recipient's domain: the per-destination concurrency key.
+    pub fn domain(&self) -> &str {
+        self.to.rsplit_once('@').map_or("", |(_, d)| d)
     }
 }
 

@@ -135,6 +135,8 @@ names! {
         EndpointRefused = "endpoint_refused",
         /// A webhook endpoint refused the request (a 4xx other than 408, 410, 425 and 429).
         WebhookRejected = "webhook_rejected",
+        /// The mail relay refused the mail for good (a 5xx other than to its recipient).
+        MailRejected = "mail_rejected",
     }
 }
 

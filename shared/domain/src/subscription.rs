@@ -13,5 +13,9 @@ names! {
         DeviceRemoved = "device_removed",
         /// The API client that registered the endpoint was revoked.
         ClientRevoked = "client_revoked",
+        /// The mail relay refused the address (a 5xx to RCPT), or reported a bounce.
+        MailboxRejected = "mailbox_rejected",
+        /// The address's owner unsubscribed (the link or the one-click header in each mail).
+        Unsubscribed = "unsubscribed",
     }
 }

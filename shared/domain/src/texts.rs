@@ -197,6 +197,82 @@ pub fn mail_lines(lang: Lang, as_of: &str, until: &str) -> MailLines {
     }
 }
 
+/// The words of the pages a mail's links open (the api serves them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PageLines {
+    /// The notification still holds at the value checked at `at`.
+    pub holds: String,
+    /// It no longer does.
+    pub ended: String,
+    /// The page could not check now.
+    pub unchecked: &'static str,
+    pub confirm_title: &'static str,
+    pub confirm_button: &'static str,
+    pub confirmed: &'static str,
+    pub link_used: &'static str,
+    pub link_expired: &'static str,
+    pub link_unknown: &'static str,
+    pub unsubscribe_title: &'static str,
+    pub unsubscribe_button: &'static str,
+    pub unsubscribed: &'static str,
+}
+
+/// The confirmation mail's subject and text in `lang`: its link works once, until `until`.
+pub fn confirmation_mail(lang: Lang, link: &str, until: &str) -> (&'static str, String) {
+    match lang {
+        Lang::En => (
+            "Confirm your Tidings notifications",
+            format!(
+                "Someone, perhaps you, asked for price notifications at this address.\n\n\
+                 To receive them, open this link (it works once, until {until}):\n{link}\n\n\
+                 If it was not you, ignore this mail: nothing more will be sent.\n"
+            ),
+        ),
+        Lang::Ja => (
+            "Tidingsの通知の確認",
+            format!(
+                "このアドレスへの価格通知が申し込まれました。\n\n\
+                 受け取るには次のリンクを開いてください（{until}まで、一度だけ有効）：\n{link}\n\n\
+                 お心当たりがなければ、このメールは無視してください。これ以上は送られません。\n"
+            ),
+        ),
+    }
+}
+
+/// The pages' words in `lang`, for a check made at `at` (a local time, `HH:MM`).
+pub fn page_lines(lang: Lang, at: &str) -> PageLines {
+    match lang {
+        Lang::En => PageLines {
+            holds: format!("Still true at {at}."),
+            ended: format!("This has ended: checked at {at}."),
+            unchecked: "The shop did not answer just now; try again in a minute.",
+            confirm_title: "Confirm your email address",
+            confirm_button: "Yes, send my notifications to this address",
+            confirmed: "Confirmed: your notifications will come to this address.",
+            link_used: "This link was used already: your address is confirmed.",
+            link_expired: "This link has expired. Ask for notifications again to get a new one.",
+            link_unknown: "This link is not valid (or its address was unsubscribed).",
+            unsubscribe_title: "Stop these emails",
+            unsubscribe_button: "Stop all emails to this address",
+            unsubscribed: "Done: no more emails will be sent to this address.",
+        },
+        Lang::Ja => PageLines {
+            holds: format!("{at}時点でも有効です。"),
+            ended: format!("終了しました（{at}に確認）。"),
+            unchecked: "ショップが応答しませんでした。しばらくしてからもう一度お試しください。",
+            confirm_title: "メールアドレスの確認",
+            confirm_button: "このアドレスに通知を送る",
+            confirmed: "確認しました。通知はこのアドレスに届きます。",
+            link_used: "このリンクは使用済みです。アドレスは確認済みです。",
+            link_expired: "このリンクの有効期限が切れています。もう一度通知を申し込んでください。",
+            link_unknown: "このリンクは無効です（または配信停止済みです）。",
+            unsubscribe_title: "メールの配信停止",
+            unsubscribe_button: "このアドレスへのメールをすべて停止",
+            unsubscribed: "停止しました。このアドレスにはもうメールは届きません。",
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

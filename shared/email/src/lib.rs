@@ -9,7 +9,11 @@
 //!   publishes the key.
 //! - [`relay`]: submission to the operator's relay over SMTP (STARTTLS or implicit TLS, AUTH),
 //!   each refusal known by the command it answered; connections kept for the next mail.
+//! - [`links`]: the signed links a mail carries (the notification's page, the unsubscribe).
+//! - [`settings`]: the relay's and the sender's settings, shared by the services that mail.
 
 pub mod dkim;
+pub mod links;
 pub mod message;
 pub mod relay;
+pub mod settings;

@@ -241,3 +241,70 @@ mod tests {
         }
     }
 }
+
+/// Why an address a stranger typed is not taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadAddress {
+    #[error("an address is at most 254 characters")]
+    TooLong,
+    #[error("not an address (write local@domain, without a name or angle brackets)")]
+    Syntax,
+    #[error("the domain must be a name with a dot, not an address literal or a local name")]
+    Domain,
+}
+
+/// An address as Tidings keeps it, and its domain: one bare `local@domain` (no display name,
+/// comment or second address), at most 254 characters (RFC 5321's path limit), lowercased (so
+/// limits count one mailbox once), its domain a name with a dot.
+pub fn parse_address(text: &str) -> Result<(String, String), BadAddress> {
+    let text = text.trim();
+    if text.len() > 254 {
+        return Err(BadAddress::TooLong);
+    }
+    let lower = text.to_lowercase();
+    let address: lettre::Address = lower.parse().map_err(|_| BadAddress::Syntax)?;
+    let domain = address.domain();
+    let named = domain.contains('.')
+        && !domain.starts_with('[')
+        && !domain.ends_with('.')
+        && domain.parse::<std::net::IpAddr>().is_err();
+    if !named {
+        return Err(BadAddress::Domain);
+    }
+    let domain = domain.to_owned();
+    Ok((address.to_string(), domain))
+}
+
+#[cfg(test)]
+mod address_tests {
+    use super::*;
+
+    #[test]
+    fn an_address_is_one_bare_mailbox_at_a_named_domain() {
+        assert_eq!(
+            parse_address(" Ann.Lee@Example.COM ").unwrap(),
+            ("ann.lee@example.com".into(), "example.com".into())
+        );
+        for bad in [
+            "",
+            "ann",
+            "Ann <ann@example.com>",
+            "ann@example.com, bob@example.com",
+            "ann@example.com\r\nBcc: x@y.z",
+            "ann@",
+            "@example.com",
+        ] {
+            assert_eq!(parse_address(bad), Err(BadAddress::Syntax), "{bad:?}");
+        }
+        for bad in [
+            "ann@[127.0.0.1]",
+            "ann@localhost",
+            "ann@10.0.0.1",
+            "ann@example.com.",
+        ] {
+            assert!(parse_address(bad).is_err(), "{bad:?}");
+        }
+        let long = format!("{}@example.com", "a".repeat(250));
+        assert_eq!(parse_address(&long), Err(BadAddress::TooLong));
+    }
+}

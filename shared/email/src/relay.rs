@@ -12,6 +12,8 @@ use lettre::transport::smtp::extension::ClientId;
 use lettre::transport::smtp::response::{Response, Severity};
 use std::sync::Mutex;
 use std::time::Duration;
+use tidings_domain::messages::Ended;
+use tidings_domain::outbox::FailReason;
 
 /// The longest reply kept for an attempt's record or as a queue id.
 pub const MAX_REPLY: usize = 512;
@@ -57,6 +59,60 @@ pub enum Submitted {
     Refused { code: u16, reply: String },
     /// The data was sent but no answer came: the relay may have the mail.
     Unknown { reply: String },
+}
+
+impl Submitted {
+    /// What the submission means for its outbox row: accepted is delivered, with the relay's
+    /// queue id as the message id; a deferral is tried again; a refused mailbox is gone (its
+    /// subscription is deactivated, `mailbox_rejected`); another refusal fails the row
+    /// (`mail_rejected`); no answer after the data is tried again, marked maybe delivered.
+    pub fn ended(&self) -> Ended {
+        match self {
+            Submitted::Accepted { reply } => Ended::Delivered {
+                message_id: Some(queue_id(reply).to_owned()),
+            },
+            Submitted::Deferred { .. } => Ended::Transient {
+                retry_after: None,
+                maybe_delivered: false,
+            },
+            Submitted::MailboxRefused { .. } => Ended::Gone {
+                maybe_delivered: false,
+            },
+            Submitted::Refused { .. } => Ended::Permanent {
+                refused: Some(FailReason::MailRejected),
+                maybe_delivered: false,
+            },
+            Submitted::Unknown { .. } => Ended::Transient {
+                retry_after: None,
+                maybe_delivered: true,
+            },
+        }
+    }
+
+    /// The relay's words, for the attempt's record, when it did not accept.
+    pub fn error(&self) -> Option<String> {
+        let code = |c: &Option<u16>| c.map_or("no answer".to_owned(), |c| format!("SMTP {c}"));
+        match self {
+            Submitted::Accepted { .. } => None,
+            Submitted::Deferred { code: c, reply } => Some(format!("{}: {reply}", code(c))),
+            Submitted::MailboxRefused { code, reply } => {
+                Some(format!("SMTP {code} to RCPT: {reply}"))
+            }
+            Submitted::Refused { code, reply } => Some(format!("SMTP {code}: {reply}")),
+            Submitted::Unknown { reply } => Some(format!(
+                "no answer after the data (the relay may have the mail): {reply}"
+            )),
+        }
+    }
+}
+
+/// The relay's queue id in its `250` reply (`2.0.0 Ok: queued as 4BQ2…`), else the reply.
+pub fn queue_id(reply: &str) -> &str {
+    let reply = reply.trim();
+    match reply.to_ascii_lowercase().find("queued as ") {
+        Some(at) => (reply[at + "queued as ".len()..].split_whitespace().next()).unwrap_or(reply),
+        None => reply,
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -307,4 +363,84 @@ fn bounded(mut text: String) -> String {
         text.truncate(at);
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_queue_id_is_what_the_relay_named() {
+        assert_eq!(queue_id("2.0.0 Ok: queued as 4BQ2XY1z "), "4BQ2XY1z");
+        assert_eq!(queue_id("OK QUEUED AS abc (more)"), "abc");
+        assert_eq!(queue_id(" Message accepted "), "Message accepted");
+        assert_eq!(queue_id("queued as "), "queued as");
+    }
+
+    #[test]
+    fn each_answer_ends_its_row_as_docs_email_says() {
+        let r = |s: &str| s.to_owned();
+        let accepted = Submitted::Accepted {
+            reply: r("Ok: queued as Q1"),
+        };
+        assert_eq!(
+            accepted.ended(),
+            Ended::Delivered {
+                message_id: Some(r("Q1"))
+            }
+        );
+        assert_eq!(accepted.error(), None);
+        let deferred = Submitted::Deferred {
+            code: Some(451),
+            reply: r("try later"),
+        };
+        assert!(matches!(
+            deferred.ended(),
+            Ended::Transient {
+                maybe_delivered: false,
+                ..
+            }
+        ));
+        assert_eq!(deferred.error().unwrap(), "SMTP 451: try later");
+        let unreachable = Submitted::Deferred {
+            code: None,
+            reply: r("connection refused"),
+        };
+        assert_eq!(
+            unreachable.error().unwrap(),
+            "no answer: connection refused"
+        );
+        let mailbox = Submitted::MailboxRefused {
+            code: 550,
+            reply: r("no such user"),
+        };
+        assert_eq!(
+            mailbox.ended(),
+            Ended::Gone {
+                maybe_delivered: false
+            }
+        );
+        assert_eq!(mailbox.error().unwrap(), "SMTP 550 to RCPT: no such user");
+        let refused = Submitted::Refused {
+            code: 554,
+            reply: r("spam"),
+        };
+        assert_eq!(
+            refused.ended(),
+            Ended::Permanent {
+                refused: Some(FailReason::MailRejected),
+                maybe_delivered: false
+            }
+        );
+        let unknown = Submitted::Unknown {
+            reply: r("timed out"),
+        };
+        assert!(matches!(
+            unknown.ended(),
+            Ended::Transient {
+                maybe_delivered: true,
+                ..
+            }
+        ));
+    }
 }

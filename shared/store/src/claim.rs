@@ -46,6 +46,27 @@ pub struct WatchState {
 pub enum Destination {
     WebPush(Subscription),
     Webhook(Endpoint),
+    Email(Mailbox),
+}
+
+/// An email address: where mail goes once its owner confirmed it, and the key its links are
+/// signed with (sealed like a webhook's secret, bound to its subscription).
+#[derive(Clone, PartialEq)]
+pub struct Mailbox {
+    pub subscription: SubscriptionId,
+    pub address: String,
+    pub link_key: String,
+    /// Its owner has not opened the confirmation link yet: nothing may be mailed.
+    pub unconfirmed: bool,
+}
+
+impl std::fmt::Debug for Mailbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mailbox")
+            .field("subscription", &self.subscription)
+            .field("unconfirmed", &self.unconfirmed)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A webhook endpoint: its URL and the secrets that sign for it (the current one first, then
@@ -220,6 +241,7 @@ struct WatchRow {
     circuit_opens: Option<Count>,
     pace_per_second: Option<f64>,
     paced_until: Option<DateTime<Utc>>,
+    unconfirmed: Option<bool>,
 }
 
 impl WatchRow {
@@ -231,6 +253,12 @@ impl WatchRow {
                 endpoint,
                 p256dh: self.p256dh.take()?,
                 auth: self.auth.take()?,
+            }),
+            Channel::Email => Destination::Email(Mailbox {
+                subscription: id,
+                address: endpoint.strip_prefix("mailto:")?.to_owned(),
+                link_key: self.secret.take()?,
+                unconfirmed: self.unconfirmed.unwrap_or(true),
             }),
             Channel::Webhook => Destination::Webhook(Endpoint {
                 subscription: id,
@@ -274,7 +302,7 @@ pub async fn watches(
                   s.secret, CASE WHEN s.previous_until > now() THEN s.previous_secret END
                       AS previous_secret,
                   s.circuit_open_until, s.circuit_opens AS "circuit_opens?: Count", s.pace_per_second,
-                  s.paced_until
+                  s.paced_until, s.unconfirmed AS "unconfirmed?"
            FROM watches w
            JOIN devices d ON d.id = w.device_id
            LEFT JOIN push_subscriptions s ON s.device_id = w.device_id AND s.active

@@ -27,6 +27,7 @@ pub mod endpoints;
 pub mod enqueue;
 pub mod history;
 pub mod idempotency;
+pub mod mailboxes;
 mod outbox;
 pub mod partitions;
 pub mod replay;

@@ -7,7 +7,8 @@ use tidings_domain::SubscriptionId;
 use tidings_domain::receiver::{Circuit, Pace};
 use tidings_domain::sql::Count;
 
-/// Deactivates subscriptions the push service said are gone (404, 410).
+/// Deactivates subscriptions the push service said are gone (404, 410), or whose mailbox the
+/// relay refused (a 5xx to RCPT: `mailbox_rejected`).
 pub async fn deactivate_gone(
     conn: &mut PgConnection,
     ids: &[SubscriptionId],
@@ -17,10 +18,12 @@ pub async fn deactivate_gone(
     }
     sqlx::query!(
         "UPDATE push_subscriptions
-         SET active = false, deactivated_at = now(), deactivation_reason = $2
+         SET active = false, deactivated_at = now(),
+             deactivation_reason = CASE channel WHEN 'email' THEN $3 ELSE $2 END
          WHERE id = ANY($1) AND active",
         ids as _,
-        tidings_domain::subscription::Deactivation::Gone.as_str()
+        tidings_domain::subscription::Deactivation::Gone.as_str(),
+        tidings_domain::subscription::Deactivation::MailboxRejected.as_str()
     )
     .execute(conn)
     .await?;

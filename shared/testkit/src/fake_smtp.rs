@@ -3,7 +3,10 @@
 //! needs:
 //!
 //! - `refused-…@`: `RCPT` answered `550 5.1.1` (no such mailbox);
+//! - `refuse-later-…@`: as `refused-`, once one mail to it was accepted (a mailbox closed after
+//!   its owner confirmed it);
 //! - `defer-once-…@`: the content answered `451 4.3.0` the first time, `250` after;
+//! - `defer-second-…@`: the same for the second mail (the first, a confirmation, goes);
 //! - `refuse-content-…@`: the content answered `554 5.6.0`;
 //! - anyone else: `250 2.0.0 Ok: queued as <n>`.
 //!
@@ -28,10 +31,13 @@ class Relay:
     def __init__(self):
         self.count = 0
         self.deferred = set()
+        self.accepted = {}
 
     async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
         if address.startswith("refused-"):
             return "550 5.1.1 no such mailbox here"
+        if address.startswith("refuse-later-") and self.accepted.get(address, 0) > 0:
+            return "550 5.1.1 this mailbox is closed"
         envelope.rcpt_tos.append(address)
         return "250 2.1.5 OK"
 
@@ -40,8 +46,12 @@ class Relay:
         if rcpt.startswith("defer-once-") and rcpt not in self.deferred:
             self.deferred.add(rcpt)
             return "451 4.3.0 try again later"
+        if rcpt.startswith("defer-second-") and self.accepted.get(rcpt, 0) == 1 and rcpt not in self.deferred:
+            self.deferred.add(rcpt)
+            return "451 4.3.0 try again later"
         if rcpt.startswith("refuse-content-"):
             return "554 5.6.0 content refused"
+        self.accepted[rcpt] = self.accepted.get(rcpt, 0) + 1
         self.count += 1
         with open(os.path.join(folder, f"{self.count}.eml"), "wb") as f:
             f.write(envelope.original_content)

@@ -1,0 +1,150 @@
+//! The small HTML pages a mail's links open: the notification beside the item's value now
+//! (`/n/{id}?t=…`, checked when it is opened), and the confirmation and unsubscribe pages
+//! ([`crate::mailboxes`]). Plain HTML that works without JavaScript, with the `/web/` pages'
+//! security headers; no referrer leaves them, as their addresses carry tokens.
+
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use tidings_domain::OutboxId;
+use tidings_domain::mail::escape;
+use tidings_domain::shown::local_time;
+use tidings_domain::texts::{Lang, page_lines};
+use tidings_email::links::{LinkKey, Purpose};
+use utoipa::IntoParams;
+
+use crate::AppState;
+use crate::problem::ApiError;
+
+/// Scripts, styles and frames: none. Forms post only to this origin.
+const CSP: &str = "default-src 'none'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+/// A button that posts to `action` (a path of this origin).
+pub struct Form {
+    pub action: String,
+    pub button: &'static str,
+}
+
+/// A page: `title` as its heading, `paragraphs` (text) beneath, then `form`'s button.
+pub fn page(
+    status: StatusCode,
+    lang: Lang,
+    title: &str,
+    paragraphs: &[String],
+    form: Option<Form>,
+) -> Response {
+    let body: String = (paragraphs.iter())
+        .map(|p| format!("<p>{}</p>", escape(p)))
+        .collect();
+    let form = form.map_or(String::new(), |f| {
+        format!(
+            "<form method=\"post\" action=\"{}\"><button type=\"submit\">{}</button></form>",
+            escape(&f.action),
+            escape(f.button)
+        )
+    });
+    let html = format!(
+        "<!doctype html><html lang=\"{lang}\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width\"><title>{title}</title></head>\
+         <body><h1>{title}</h1>{body}{form}</body></html>",
+        lang = match lang {
+            Lang::En => "en",
+            Lang::Ja => "ja",
+        },
+        title = escape(title),
+    );
+    let mut response = (status, html).into_response();
+    let h = response.headers_mut();
+    let set = |h: &mut axum::http::HeaderMap, name, value: &'static str| {
+        h.insert(name, HeaderValue::from_static(value));
+    };
+    set(h, header::CONTENT_TYPE, "text/html; charset=utf-8");
+    set(h, header::CACHE_CONTROL, "no-store");
+    set(h, header::X_CONTENT_TYPE_OPTIONS, "nosniff");
+    set(h, header::CONTENT_SECURITY_POLICY, CSP);
+    set(h, header::REFERRER_POLICY, "no-referrer");
+    response
+}
+
+/// A notification link's query.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct NoticeQuery {
+    /// The token the mail's link carries, signed for this notification.
+    #[param(max_length = 64)]
+    t: String,
+}
+
+#[utoipa::path(
+    get, path = "/n/{id}", tag = "email",
+    params(("id" = uuid::Uuid, Path, description = "The notification (its outbox row)"), NoticeQuery),
+    responses(
+        (status = 200, description = "The notification beside the item's value now: still true, or ended", content_type = "text/html"),
+        (status = 404, description = "No such notification, or a token not signed for it", content_type = "text/html"),
+        (status = 503, description = "The catalog did not answer: try again", content_type = "text/html"),
+    )
+)]
+pub async fn notice(
+    State(app): State<AppState>,
+    id: Result<Path<uuid::Uuid>, PathRejection>,
+    q: Result<Query<NoticeQuery>, QueryRejection>,
+) -> Response {
+    let unknown = |lang| {
+        let lines = page_lines(lang, "");
+        page(StatusCode::NOT_FOUND, lang, lines.link_unknown, &[], None)
+    };
+    let (Ok(Path(id)), Ok(Query(q))) = (id, q) else {
+        return unknown(Lang::En);
+    };
+    let id = OutboxId(id);
+    let keyed = match tidings_store::mailboxes::keyed_by_row(&app.pool, id).await {
+        Ok(Some(keyed)) => keyed,
+        Ok(None) => return unknown(Lang::En),
+        Err(e) => {
+            tracing::error!(outbox_id = %id, error = %tidings_runtime::telemetry::with_causes(&e), "reading a mailed notification failed");
+            return unavailable(Lang::En);
+        }
+    };
+    let keys = app.settings.webhook_secret_keys.as_deref();
+    let signed = tidings_sealing::open(&keyed.link_key, keys, keyed.subscription.0)
+        .ok()
+        .and_then(|k| LinkKey::parse(&k).ok())
+        .is_some_and(|key| key.verifies(Purpose::Notification, &id.to_string(), &q.t));
+    if !signed {
+        return unknown(Lang::En);
+    }
+    match crate::shown::check(&app, keyed.device, id).await {
+        Ok(checked) => {
+            let lang = Lang::of(checked.locale.as_deref().unwrap_or_default());
+            let at = local_time(checked.now.checked_at, checked.tz);
+            let lines = page_lines(lang, &at);
+            let verdict = if checked.now.holds {
+                lines.holds
+            } else {
+                lines.ended
+            };
+            page(
+                StatusCode::OK,
+                lang,
+                &checked.now.title,
+                &[checked.now.body, verdict],
+                None,
+            )
+        }
+        Err(ApiError::Unavailable(_)) => unavailable(Lang::En),
+        Err(_) => unknown(Lang::En),
+    }
+}
+
+fn unavailable(lang: Lang) -> Response {
+    let lines = page_lines(lang, "");
+    page(
+        StatusCode::SERVICE_UNAVAILABLE,
+        lang,
+        lines.unchecked,
+        &[],
+        None,
+    )
+}

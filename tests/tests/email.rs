@@ -1,0 +1,468 @@
+//! Email, the third channel, through the real services and a real SMTP server (aiosmtpd, run by
+//! the test): an address is confirmed before anything else is mailed to it; the mail is
+//! re-checked, DKIM-signed (verified by PyPI's `dkimpy`, not our code) and names its outbox
+//! row; its link shows the value now ("still true", then "ended" once the price recovered); its
+//! one-click unsubscribe (RFC 8058) stops the mail. Then each answer a relay gives: 4xx then
+//! 250 (retried, sent once), a 5xx to RCPT (the device deactivated, `mailbox_rejected`), an
+//! address refused at registration (nothing registered), and the per-address limit.
+
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::time::Duration;
+use tidings_domain::outbox::{DropReason, Reason, Status};
+use tidings_domain::subscription::Deactivation;
+use tidings_domain::{DeviceId, WatchId};
+use tidings_email::dkim::DkimKey;
+use tidings_tests::fake_smtp::{FakeSmtp, SmtpOptions};
+use tidings_tests::harness::tool;
+use tidings_tests::scenario::Scenario;
+use tidings_tests::services::Pipeline;
+
+const FROM: &str = "Tidings <alerts@tidings.test>";
+const SELECTOR: &str = "mail2026";
+
+/// A new Ed25519 DKIM key for `tidings.test`, written where the dispatcher and api read it.
+fn dkim_key() -> (PathBuf, DkimKey) {
+    use base64::Engine;
+    let pkcs8 =
+        aws_lc_rs::signature::Ed25519KeyPair::generate_pkcs8(&aws_lc_rs::rand::SystemRandom::new())
+            .unwrap();
+    let pem = format!(
+        "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n",
+        base64::engine::general_purpose::STANDARD.encode(pkcs8.as_ref())
+    );
+    let file = std::env::temp_dir().join(format!("tidings-dkim-{}.pem", uuid::Uuid::new_v4()));
+    std::fs::write(&file, &pem).unwrap();
+    let key = DkimKey::from_pem(pem.as_bytes(), "tidings.test", SELECTOR).unwrap();
+    (file, key)
+}
+
+async fn mailing_pipeline(s: &Scenario, smtp: &FakeSmtp, key_file: &std::path::Path) -> Pipeline {
+    let port = smtp.port.to_string();
+    let key_file = key_file.display().to_string();
+    let env = [
+        ("TIDINGS_SMTP_HOST", "127.0.0.1"),
+        ("TIDINGS_SMTP_PORT", port.as_str()),
+        ("TIDINGS_SMTP_SECURITY", "plain"),
+        ("TIDINGS_EMAIL_FROM", FROM),
+        ("TIDINGS_DKIM_KEY_FILE", key_file.as_str()),
+        ("TIDINGS_DKIM_SELECTOR", SELECTOR),
+        ("TIDINGS_EMAIL_UNCONFIRMED_WAIT", "300ms"),
+        // The page's check reads the catalog afresh.
+        ("TIDINGS_API_CHECK_CACHE", "0s"),
+    ];
+    Pipeline::start(s, &env).await
+}
+
+async fn call(
+    method: reqwest::Method,
+    url: String,
+    token: Option<&str>,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut request = reqwest::Client::new().request(method, url);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let resp = request.send().await.unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or_default())
+}
+
+/// `POST /v1/devices` with `address`: (status, answer).
+async fn register(p: &Pipeline, address: &str) -> (u16, Value) {
+    let body = json!({"email": address, "time_zone": "Europe/Berlin"});
+    call(
+        reqwest::Method::POST,
+        format!("{}/v1/devices", p.url("api")),
+        None,
+        Some(body),
+    )
+    .await
+}
+
+/// A watch for a price below 10.00 on `item` (at 12.99 now).
+async fn watch(p: &Pipeline, s: &Scenario, token: &str, item: &str) -> WatchId {
+    s.catalog.set_price(item, 1299);
+    let (status, watch) = call(
+        reqwest::Method::POST,
+        format!("{}/v1/watches", p.url("api")),
+        Some(token),
+        Some(json!({"item_code": item, "triggers": [{"kind": "price_below", "threshold": 1000}]})),
+    )
+    .await;
+    assert_eq!(status, 201, "{watch}");
+    assert_eq!(watch["channel"], "email");
+    WatchId(watch["id"].as_str().unwrap().parse().unwrap())
+}
+
+/// A received mail as Python's `email` package reads it: its headers, and its text part.
+struct Read {
+    headers: Vec<(String, String)>,
+    text: String,
+}
+
+impl Read {
+    fn of(message: &[u8]) -> Read {
+        let script = "import sys, json, email, email.policy\n\
+            m = email.message_from_bytes(open(sys.argv[1], 'rb').read(), policy=email.policy.default)\n\
+            print(json.dumps({'headers': [[k, str(v)] for k, v in m.items()], 'text': m.get_body(('plain',)).get_content()}))";
+        let file = std::env::temp_dir().join(format!("tidings-mail-{}.eml", uuid::Uuid::new_v4()));
+        std::fs::write(&file, message).unwrap();
+        let out = std::process::Command::new(tool("python3").unwrap())
+            .args(["-c", script])
+            .arg(&file)
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_file(&file);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        Read {
+            headers: (v["headers"].as_array().unwrap().iter())
+                .map(|h| {
+                    (
+                        h[0].as_str().unwrap().to_owned(),
+                        h[1].as_str().unwrap().to_owned(),
+                    )
+                })
+                .collect(),
+            text: v["text"].as_str().unwrap().to_owned(),
+        }
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        (self.headers.iter())
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The first link in the text that starts with `start`.
+    fn link(&self, start: &str) -> String {
+        let at = self
+            .text
+            .find(start)
+            .unwrap_or_else(|| panic!("no {start} in {}", self.text));
+        self.text[at..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_owned()
+    }
+}
+
+/// dkimpy's verdict, with `key`'s record as the only DNS it may ask.
+fn dkim_verdict(message: &[u8], key: &DkimKey) -> String {
+    let script = "import sys, dkim\n\
+        message = open(sys.argv[1], 'rb').read()\n\
+        def dns(name, timeout=5):\n    assert name == sys.argv[3].encode() + b'.', name\n    return sys.argv[2].encode()\n\
+        print('verified' if dkim.verify(message, dnsfunc=dns) else 'refused')";
+    let (name, record) = key.dns_record();
+    let file = std::env::temp_dir().join(format!("tidings-dkim-{}.eml", uuid::Uuid::new_v4()));
+    std::fs::write(&file, message).unwrap();
+    let out = std::process::Command::new(tool("python3").unwrap())
+        .args(["-c", script])
+        .arg(&file)
+        .arg(record)
+        .arg(name)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&file);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// The mails to `to`, once there are `n`.
+async fn mails_to(smtp: &FakeSmtp, to: &str, n: usize) -> Vec<Vec<u8>> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let got: Vec<Vec<u8>> = (smtp.received().into_iter())
+            .filter(|(rcpt, _)| rcpt == to)
+            .map(|(_, m)| m)
+            .collect();
+        if got.len() >= n {
+            return got;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{to} received {} of {n} mails in 30 s",
+            got.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The page at `url` (GET, or POST with `body`): (status, headers, text).
+async fn page(url: &str, post: Option<&str>) -> (u16, reqwest::header::HeaderMap, String) {
+    let client = reqwest::Client::new();
+    let request = match post {
+        Some(body) => client
+            .post(url)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(body.to_owned()),
+        None => client.get(url),
+    };
+    let resp = request.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    (status, headers, resp.text().await.unwrap())
+}
+
+/// Registers `address`, and returns its device token and id with the confirmation link mailed
+/// to it (the `n`th mail to it).
+async fn registered(
+    p: &Pipeline,
+    smtp: &FakeSmtp,
+    key: &DkimKey,
+    address: &str,
+    n: usize,
+) -> (String, DeviceId, String) {
+    let (status, created) = register(p, address).await;
+    assert_eq!(status, 201, "{created}");
+    assert!(created["confirm_by"].is_string(), "{created}");
+    let mail = mails_to(smtp, address, n).await.pop().unwrap();
+    assert_eq!(dkim_verdict(&mail, key), "verified");
+    let read = Read::of(&mail);
+    assert_eq!(
+        read.header("subject"),
+        Some("Confirm your Tidings notifications")
+    );
+    let link = read.link(&format!("{}/v1/email/confirm?t=", p.url("api")));
+    let device = DeviceId(created["device_id"].as_str().unwrap().parse().unwrap());
+    (created["token"].as_str().unwrap().to_owned(), device, link)
+}
+
+async fn wait_for_status(
+    s: &Scenario,
+    watch: WatchId,
+    status: Status,
+) -> tidings_tests::world::OutboxRow {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(row) = s
+            .rows(watch)
+            .await
+            .into_iter()
+            .find(|r| r.notification.status == status)
+        {
+            return row;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no {status} row in 30 s: {:?}",
+            s.rows(watch).await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn deactivation(s: &Scenario, device: DeviceId) -> Option<Deactivation> {
+    let subs = tidings_store::devices::subscriptions(&s.db.pool, device)
+        .await
+        .unwrap();
+    subs[0].deactivation_reason
+}
+
+#[tokio::test]
+async fn a_confirmed_address_gets_a_signed_rechecked_mail_whose_link_tells_the_truth_until_it_unsubscribes()
+ {
+    let s = Scenario::new().await;
+    let smtp = FakeSmtp::start(&SmtpOptions::default()).unwrap();
+    let (key_file, key) = dkim_key();
+    let p = mailing_pipeline(&s, &smtp, &key_file).await;
+    let api = p.url("api");
+    let ann = "ann@tidings.test";
+
+    // Registered, then nothing but the confirmation until its link is opened: the drop waits,
+    // pending, and is not counted as sent.
+    let (token, device, confirm) = registered(&p, &smtp, &key, ann, 1).await;
+    let w = watch(&p, &s, &token, "SKU-E1").await;
+    s.catalog.set_price("SKU-E1", 999);
+    let waiting = wait_for_status(&s, w, Status::Pending).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        s.row(waiting.notification.id).await.notification.status,
+        Status::Pending
+    );
+    assert_eq!(
+        mails_to(&smtp, ann, 1).await.len(),
+        1,
+        "only the confirmation"
+    );
+
+    // The link's GET only asks (mail scanners follow links); the POST confirms, once.
+    let (status, headers, asked) = page(&confirm, None).await;
+    assert_eq!(status, 200, "{asked}");
+    assert!(asked.contains("<form method=\"post\""), "{asked}");
+    assert_eq!(headers["referrer-policy"], "no-referrer");
+    let (status, _, done) = page(&confirm, Some("")).await;
+    assert_eq!((status, done.contains("Confirmed")), (200, true), "{done}");
+    let (status, _, again) = page(&confirm, Some("")).await;
+    assert_eq!(
+        (status, again.contains("used already")),
+        (200, true),
+        "{again}"
+    );
+    let forged = format!("{api}/v1/email/confirm?t=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA");
+    assert_eq!(page(&forged, Some("")).await.0, 404);
+
+    // The mail: re-checked, signed, named for its row, with one-click unsubscribe.
+    let mail = mails_to(&smtp, ann, 2).await.pop().unwrap();
+    let sent = wait_for_status(&s, w, Status::Sent).await;
+    assert_eq!(
+        sent.notification.id, waiting.notification.id,
+        "the row that waited went"
+    );
+    assert_eq!(dkim_verdict(&mail, &key), "verified");
+    let read = Read::of(&mail);
+    let id = sent.notification.id;
+    assert_eq!(
+        read.header("message-id"),
+        Some(format!("<{id}@tidings.test>").as_str())
+    );
+    assert_eq!(read.header("auto-submitted"), Some("auto-generated"));
+    assert_eq!(
+        read.header("list-unsubscribe-post"),
+        Some("List-Unsubscribe=One-Click")
+    );
+    let subject = read.header("subject").unwrap();
+    assert!(
+        subject.contains("SKU-E1") && subject.contains("as of"),
+        "{subject}"
+    );
+    assert!(
+        read.text.contains("9.99") && read.text.contains("holds until"),
+        "{}",
+        read.text
+    );
+    assert_eq!(
+        sent.push_message_id.as_deref(),
+        Some("2"),
+        "the relay's queue id"
+    );
+
+    // Its link checks the item when it is opened.
+    let check = read.link(&format!("{api}/n/{id}?t="));
+    let (status, headers, now) = page(&check, None).await;
+    assert_eq!((status, now.contains("Still true")), (200, true), "{now}");
+    assert!(
+        headers["content-security-policy"]
+            .to_str()
+            .unwrap()
+            .contains("default-src 'none'")
+    );
+    s.catalog.set_price("SKU-E1", 1500);
+    let (status, _, ended) = page(&check, None).await;
+    assert_eq!(
+        (status, ended.contains("This has ended")),
+        (200, true),
+        "{ended}"
+    );
+    let tampered = format!("{}x", &check[..check.len() - 1]);
+    assert_eq!(page(&tampered, None).await.0, 404);
+
+    // RFC 8058's one-click POST to the List-Unsubscribe link stops the mail.
+    let list = read.header("list-unsubscribe").unwrap();
+    let https = list
+        .split(['<', '>'])
+        .find(|l| l.starts_with("http"))
+        .unwrap();
+    assert!(list.contains("<mailto:alerts@tidings.test>"), "{list}");
+    assert_eq!(deactivation(&s, device).await, None);
+    let (status, _, stopped) = page(https, Some("List-Unsubscribe=One-Click")).await;
+    assert_eq!(status, 200, "{stopped}");
+    assert_eq!(
+        deactivation(&s, device).await,
+        Some(Deactivation::Unsubscribed)
+    );
+    // The unsubscribe token unsubscribes only; the page's token cannot.
+    let sub = https.split("s=").nth(1).unwrap().split('&').next().unwrap();
+    let page_token = check.split("t=").nth(1).unwrap();
+    let wrong = format!("{api}/v1/email/unsubscribe?s={sub}&t={page_token}");
+    assert_eq!(page(&wrong, Some("")).await.0, 404);
+    p.stop().await;
+    let _ = std::fs::remove_file(key_file);
+}
+
+#[tokio::test]
+async fn each_relay_answer_ends_its_row_as_documented() {
+    let s = Scenario::new().await;
+    let smtp = FakeSmtp::start(&SmtpOptions::default()).unwrap();
+    let (key_file, key) = dkim_key();
+    let p = mailing_pipeline(&s, &smtp, &key_file).await;
+
+    // An address the relay refuses is refused at registration, and nothing is registered.
+    let (status, refused) = register(&p, "refused-dee@tidings.test").await;
+    assert_eq!(status, 422, "{refused}");
+    assert!(
+        refused["detail"].as_str().unwrap().contains("550"),
+        "{refused}"
+    );
+    // Not an address, or not one mailbox.
+    for bad in [
+        "dee",
+        "Dee <dee@tidings.test>",
+        "dee@tidings.test\r\nBcc: x@y.z",
+        "dee@[127.0.0.1]",
+    ] {
+        assert_eq!(register(&p, bad).await.0, 422, "{bad:?}");
+    }
+    // Confirmation mails to one address: three a day.
+    for _ in 0..3 {
+        assert_eq!(register(&p, "flood@tidings.test").await.0, 201);
+    }
+    let (status, limited) = register(&p, "Flood@Tidings.test").await;
+    assert_eq!(status, 429, "{limited}");
+
+    // 451, then 250: retried, and mailed once.
+    let bo = "defer-second-bo@tidings.test";
+    let (token, _, confirm) = registered(&p, &smtp, &key, bo, 1).await;
+    assert_eq!(page(&confirm, Some("")).await.0, 200);
+    let w = watch(&p, &s, &token, "SKU-E2").await;
+    s.catalog.set_price("SKU-E2", 999);
+    let sent = wait_for_status(&s, w, Status::Sent).await;
+    let attempts = s.attempts(sent.notification.id).await;
+    let outcomes: Vec<&str> = attempts.iter().map(|a| a.1.as_str()).collect();
+    assert_eq!(outcomes, ["transient", "delivered"], "{attempts:?}");
+    assert_eq!(
+        mails_to(&smtp, bo, 2).await.len(),
+        2,
+        "the confirmation and one notification"
+    );
+
+    // A 5xx to RCPT once confirmed: the row dropped, the device's mail stopped.
+    let cy = "refuse-later-cy@tidings.test";
+    let (token, device, confirm) = registered(&p, &smtp, &key, cy, 1).await;
+    assert_eq!(page(&confirm, Some("")).await.0, 200);
+    let w = watch(&p, &s, &token, "SKU-E3").await;
+    s.catalog.set_price("SKU-E3", 999);
+    let dropped = wait_for_status(&s, w, Status::Dropped).await;
+    assert_eq!(
+        dropped.notification.reason,
+        Some(Reason::Dropped(DropReason::SubscriptionGone))
+    );
+    assert!(
+        dropped
+            .last_error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("550"),
+        "{dropped:?}"
+    );
+    assert_eq!(
+        deactivation(&s, device).await,
+        Some(Deactivation::MailboxRejected)
+    );
+    p.stop().await;
+    let _ = std::fs::remove_file(key_file);
+}
