@@ -79,6 +79,10 @@ pub struct Config {
         default_value_t = 200
     )]
     pub email_confirmations_per_domain: u32,
+    /// Secrets (one `whsec_…` a line) that sign the bounce reports a relay or mail provider
+    /// posts to `/v1/email/bounces`; without them the route refuses every report.
+    #[arg(long, env = "TIDINGS_EMAIL_BOUNCE_SECRETS_FILE")]
+    pub email_bounce_secrets_file: Option<std::path::PathBuf>,
     /// How long a confirmation link works.
     #[arg(long, env = "TIDINGS_EMAIL_CONFIRM_WITHIN", default_value = "24h", value_parser = parse_duration)]
     pub email_confirm_within: Duration,
@@ -261,6 +265,12 @@ impl Config {
                     per_domain_per_hour: self.email_confirmations_per_domain.into(),
                 },
                 confirm_within: self.email_confirm_within,
+                bounce_secrets: match &self.email_bounce_secrets_file {
+                    Some(path) => {
+                        crate::hints::read_secrets("TIDINGS_EMAIL_BOUNCE_SECRETS_FILE", path)?
+                    }
+                    None => Vec::new(),
+                },
             })),
             (None, None) => None,
             _ => return Err(ConfigError::EmailHalf),

@@ -48,14 +48,14 @@ impl std::fmt::Debug for Keys {
 
 #[derive(Debug, thiserror::Error)]
 pub enum SecretError {
-    #[error("source {name:?}: reading its hint_secrets_file {path}")]
+    #[error("{name}: reading {path}")]
     Read {
         name: String,
         path: PathBuf,
         #[source]
         error: std::io::Error,
     },
-    #[error("source {name:?}: line {line} of {path:?}")]
+    #[error("{name}: line {line} of {path:?}")]
     Form {
         name: String,
         path: PathBuf,
@@ -63,7 +63,7 @@ pub enum SecretError {
         #[source]
         error: BadSecret,
     },
-    #[error("source {0:?}: its hint_secrets_file holds no secret")]
+    #[error("{0}: the secrets file holds no secret")]
     Empty(String),
 }
 
@@ -90,8 +90,10 @@ impl Keys {
         };
         for spec in config.map(|c| c.sources.as_slice()).unwrap_or_default() {
             if let Some(path) = &spec.hints.secrets_file {
-                keys.sources
-                    .push((spec.name.clone(), read_secrets(&spec.name, path)?));
+                keys.sources.push((
+                    spec.name.clone(),
+                    read_secrets(&format!("source {:?}'s hint_secrets_file", spec.name), path)?,
+                ));
             }
         }
         Ok(keys)
@@ -140,7 +142,8 @@ fn secret(name: &str, path: &Path, index: usize, text: &str) -> Result<Secret, S
     })
 }
 
-fn read_secrets(name: &str, path: &Path) -> Result<Vec<Secret>, SecretError> {
+/// The Standard Webhooks secrets in `path`, one a line (`name` says whose, in errors).
+pub(crate) fn read_secrets(name: &str, path: &Path) -> Result<Vec<Secret>, SecretError> {
     let text = std::fs::read_to_string(path).map_err(|error| SecretError::Read {
         name: name.to_owned(),
         path: path.to_owned(),

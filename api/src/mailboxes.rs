@@ -7,13 +7,16 @@
 //! The links open small HTML pages ([`crate::pages`]): a GET never changes anything (mail
 //! scanners follow links), a POST does.
 
+use axum::Json;
+use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use chrono::Utc;
 use serde::Deserialize;
 use std::time::Duration;
+use tidings_api_types::devices::{BounceKind, BounceReport, BouncesTaken};
 use tidings_domain::subscription::Deactivation;
 use tidings_domain::texts::{Lang, confirmation_mail, page_lines};
 use tidings_domain::{DeviceId, SubscriptionId};
@@ -28,8 +31,9 @@ use utoipa::IntoParams;
 
 use crate::AppState;
 use crate::auth::{new_token, token_hash};
+use crate::extract::{ClientAddr, within};
 use crate::pages::{Form, page};
-use crate::problem::ApiError;
+use crate::problem::{ApiError, BodyRejected, Problem};
 
 /// What the api mails with.
 pub struct Mailer {
@@ -38,6 +42,8 @@ pub struct Mailer {
     pub limits: MailLimits,
     /// How long a confirmation link works.
     pub confirm_within: Duration,
+    /// What signs bounce reports.
+    pub bounce_secrets: Vec<tidings_signatures::Secret>,
 }
 
 impl std::fmt::Debug for Mailer {
@@ -427,4 +433,74 @@ pub async fn unsubscribe(
             )
         }
     }
+}
+
+/// Addresses one report may name.
+const MAX_BOUNCED: usize = 100;
+
+#[utoipa::path(
+    post, path = "/v1/email/bounces", tag = "email",
+    request_body = BounceReport,
+    responses(
+        (status = 200, description = "Taken: each address of a permanent bounce or a complaint receives no more mail", body = BouncesTaken),
+        BodyRejected,
+        (status = 401, description = "Not signed by a secret of TIDINGS_EMAIL_BOUNCE_SECRETS_FILE (Standard Webhooks: webhook-id, webhook-timestamp within 5 minutes, webhook-signature)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Not a report: an unknown kind, more than 100 recipients", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Too many requests from this client address", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn bounces(
+    State(app): State<AppState>,
+    ClientAddr(client): ClientAddr,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<BouncesTaken>, ApiError> {
+    // Before any hashing: an unauthenticated sender is held to its address's rate.
+    within(
+        &app.limits.hints_per_address,
+        &client,
+        "bounces_per_address",
+    )?;
+    let secrets = (app.settings.mail.as_deref()).map_or(&[][..], |m| m.bounce_secrets.as_slice());
+    let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    let signed = tidings_signatures::Headers {
+        id: header("webhook-id"),
+        timestamp: header("webhook-timestamp"),
+        signature: header("webhook-signature"),
+    };
+    let (_, id) = tidings_signatures::verify(&[secrets], signed, &body, Utc::now().timestamp())
+        .map_err(|e| {
+            tracing::info!(error = %e, "a bounce report was refused");
+            ApiError::Unauthorized("no bounce secret signs this report (Standard Webhooks headers)")
+        })?;
+    let report: BounceReport = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::invalid("", format!("not a bounce report: {e}")))?;
+    if report.recipients.len() > MAX_BOUNCED {
+        return Err(ApiError::invalid(
+            "/recipients",
+            format!("at most {MAX_BOUNCED} addresses"),
+        ));
+    }
+    let why = match report.kind {
+        BounceKind::Permanent => Deactivation::MailboxRejected,
+        BounceKind::Complaint => Deactivation::Unsubscribed,
+        BounceKind::Transient => {
+            tracing::info!(
+                webhook_id = id,
+                recipients = report.recipients.len(),
+                "a transient bounce: nothing to stop"
+            );
+            return Ok(Json(BouncesTaken { deactivated: 0 }));
+        }
+    };
+    let mut deactivated = 0;
+    for (index, recipient) in report.recipients.iter().enumerate() {
+        let (address, _) = parse_address(recipient)
+            .map_err(|e| ApiError::invalid(format!("/recipients/{index}"), e))?;
+        deactivated += mailboxes::deactivate_address(&app.pool, &address, why)
+            .await
+            .map_err(db("stopping mail to a bounced address"))?;
+    }
+    tracing::info!(webhook_id = id, kind = ?report.kind, deactivated, "bounce report taken");
+    Ok(Json(BouncesTaken { deactivated }))
 }

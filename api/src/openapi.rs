@@ -81,6 +81,7 @@ fn public() -> OpenApiRouter<AppState> {
         .routes(routes!(mailboxes::confirm_page, mailboxes::confirm))
         .routes(routes!(mailboxes::unsubscribe_page, mailboxes::unsubscribe))
         .routes(routes!(pages::notice))
+        .routes(routes!(mailboxes::bounces))
         .routes(routes!(crate::hints::items_changed))
         .routes(routes!(health::livez))
         .routes(routes!(health::public_readyz))

@@ -1700,6 +1700,7 @@ async fn the_openapi_document_is_valid_3_1_and_matches_the_router() {
         ("GET", "/v1/email/unsubscribe"),
         ("POST", "/v1/email/unsubscribe"),
         ("GET", "/n/{id}"),
+        ("POST", "/v1/email/bounces"),
         ("POST", "/v1/endpoints"),
         ("GET", "/v1/endpoints/me"),
         ("POST", "/v1/endpoints/me/secret"),

@@ -37,8 +37,14 @@ fn dkim_key() -> (PathBuf, DkimKey) {
     (file, key)
 }
 
+/// What signs the test's bounce reports.
+const BOUNCE_SECRET: &str = "whsec_dGlkaW5ncy1lbWFpbC1ib3VuY2Utc2VjcmV0LTI2";
+
 async fn mailing_pipeline(s: &Scenario, smtp: &FakeSmtp, key_file: &std::path::Path) -> Pipeline {
     let port = smtp.port.to_string();
+    let bounce_file = key_file.with_extension("bounce");
+    std::fs::write(&bounce_file, BOUNCE_SECRET).unwrap();
+    let bounce_file = bounce_file.display().to_string();
     let key_file = key_file.display().to_string();
     let env = [
         ("TIDINGS_SMTP_HOST", "127.0.0.1"),
@@ -48,6 +54,7 @@ async fn mailing_pipeline(s: &Scenario, smtp: &FakeSmtp, key_file: &std::path::P
         ("TIDINGS_DKIM_KEY_FILE", key_file.as_str()),
         ("TIDINGS_DKIM_SELECTOR", SELECTOR),
         ("TIDINGS_EMAIL_UNCONFIRMED_WAIT", "300ms"),
+        ("TIDINGS_EMAIL_BOUNCE_SECRETS_FILE", bounce_file.as_str()),
         // The page's check reads the catalog afresh.
         ("TIDINGS_API_CHECK_CACHE", "0s"),
     ];
@@ -426,7 +433,7 @@ async fn each_relay_answer_ends_its_row_as_documented() {
 
     // 451, then 250: retried, and mailed once.
     let bo = "defer-second-bo@tidings.test";
-    let (token, _, confirm) = registered(&p, &smtp, &key, bo, 1).await;
+    let (token, bo_device, confirm) = registered(&p, &smtp, &key, bo, 1).await;
     assert_eq!(page(&confirm, Some("")).await.0, 200);
     let w = watch(&p, &s, &token, "SKU-E2").await;
     s.catalog.set_price("SKU-E2", 999);
@@ -438,6 +445,41 @@ async fn each_relay_answer_ends_its_row_as_documented() {
         mails_to(&smtp, bo, 2).await.len(),
         2,
         "the confirmation and one notification"
+    );
+
+    // A provider's bounce report, signed (Standard Webhooks), stops the mail; unsigned, nothing.
+    let report = json!({"kind": "permanent", "recipients": ["Defer-Second-Bo@tidings.test"]});
+    let body = report.to_string();
+    let bounces = format!("{}/v1/email/bounces", p.url("api"));
+    let unsigned = reqwest::Client::new()
+        .post(&bounces)
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unsigned.status().as_u16(), 401);
+    let secret = tidings_signatures::Secret::parse(BOUNCE_SECRET).unwrap();
+    let at = chrono::Utc::now().timestamp();
+    let taken = reqwest::Client::new()
+        .post(&bounces)
+        .header("webhook-id", "msg_bounce_1")
+        .header("webhook-timestamp", at.to_string())
+        .header(
+            "webhook-signature",
+            secret.sign("msg_bounce_1", at, body.as_bytes()),
+        )
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(taken.status().as_u16(), 200);
+    assert_eq!(
+        taken.json::<Value>().await.unwrap(),
+        json!({"deactivated": 1})
+    );
+    assert_eq!(
+        deactivation(&s, bo_device).await,
+        Some(Deactivation::MailboxRejected)
     );
 
     // A 5xx to RCPT once confirmed: the row dropped, the device's mail stopped.

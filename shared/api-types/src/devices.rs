@@ -28,3 +28,29 @@ pub struct VapidPublicKey {
     /// Base64url uncompressed P-256 public key: `applicationServerKey` for `pushManager.subscribe`.
     pub public_key: String,
 }
+
+/// What a relay or mail provider reports about addresses (`POST /v1/email/bounces`).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BounceReport {
+    /// `permanent` (a hard bounce: the mailbox does not take mail) and `complaint` (marked as
+    /// spam) stop the mail to each address; `transient` is only logged.
+    pub kind: BounceKind,
+    /// At most 100 addresses.
+    #[schema(max_items = 100)]
+    pub recipients: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BounceKind {
+    Permanent,
+    Complaint,
+    Transient,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct BouncesTaken {
+    /// Email subscriptions stopped by this report.
+    pub deactivated: u64,
+}

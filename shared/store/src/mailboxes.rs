@@ -276,3 +276,22 @@ pub async fn deactivate(
     .rows_affected();
     Ok(changed == 1)
 }
+
+/// Stops mail to every active email subscription of `address` (a relay or provider reported a
+/// bounce or complaint for it); how many it stopped.
+pub async fn deactivate_address(
+    pool: &PgPool,
+    address: &str,
+    why: Deactivation,
+) -> Result<u64, sqlx::Error> {
+    Ok(sqlx::query!(
+        "UPDATE push_subscriptions
+         SET active = false, deactivated_at = now(), deactivation_reason = $2
+         WHERE channel = 'email' AND active AND endpoint = 'mailto:' || $1",
+        address,
+        why.as_str()
+    )
+    .execute(pool)
+    .await?
+    .rows_affected())
+}
