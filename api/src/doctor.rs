@@ -6,7 +6,9 @@
 //! - every worker's durable consumer exists with the configuration it creates, and is not
 //!   lagging far behind;
 //! - the VAPID key pair is one: every pusher answering the roll call signs with the private key
-//!   whose public half the api hands to browsers.
+//!   whose public half the api hands to browsers;
+//! - where email is on: the relay greets, secures and logs in the api, and the DKIM key reads,
+//!   with the DNS record that publishes it.
 
 use crate::AppState;
 use crate::auth::Operator;
@@ -41,6 +43,33 @@ fn check(name: impl Into<String>, ok: bool, detail: impl Into<String>) -> Check 
         ok,
         detail: detail.into(),
     }
+}
+
+/// The relay answers (a connection greeted, secured and logged in, then closed), and the DKIM
+/// record to publish. (The pushers' and dispatchers' own relay and key are theirs: set alike.)
+async fn email(app: &AppState, checks: &mut Vec<Check>) {
+    let Some(mail) = app.settings.mail.as_deref() else {
+        return;
+    };
+    let relay = mail.relay.address();
+    checks.push(match mail.relay.unreachable().await {
+        None => check(
+            "email relay",
+            true,
+            format!("{relay} greets, secures and logs in"),
+        ),
+        Some(why) => check(
+            "email relay",
+            false,
+            format!("{relay}: {why} (check TIDINGS_SMTP_HOST, _PORT, _SECURITY and the login)"),
+        ),
+    });
+    let (name, record) = mail.sender.dkim.dns_record();
+    checks.push(check(
+        "dkim",
+        true,
+        format!("publish TXT {name} \"{record}\" (docs/email.md: also SPF and DMARC)"),
+    ));
 }
 
 async fn database(app: &AppState, max_due_age: u64, checks: &mut Vec<Check>) {
@@ -385,6 +414,7 @@ pub async fn doctor(
     }
     let mut checks = Vec::new();
     database(&app, q.max_due_age.unwrap_or(300), &mut checks).await;
+    email(&app, &mut checks).await;
     match app.settings.bus.clone() {
         None => checks.push(check(
             "nats",

@@ -9,6 +9,7 @@
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::time::Duration;
+use tidings_api_types::doctor::Diagnosis;
 use tidings_domain::outbox::{DropReason, Reason, Status};
 use tidings_domain::subscription::Deactivation;
 use tidings_domain::{DeviceId, WatchId};
@@ -16,7 +17,7 @@ use tidings_email::dkim::DkimKey;
 use tidings_tests::fake_smtp::{FakeSmtp, SmtpOptions};
 use tidings_tests::harness::tool;
 use tidings_tests::scenario::Scenario;
-use tidings_tests::services::Pipeline;
+use tidings_tests::services::{ADMIN_TOKEN, Pipeline};
 
 const FROM: &str = "Tidings <alerts@tidings.test>";
 const SELECTOR: &str = "mail2026";
@@ -397,6 +398,26 @@ async fn a_confirmed_address_gets_a_signed_rechecked_mail_whose_link_tells_the_t
     let page_token = check.split("t=").nth(1).unwrap();
     let wrong = format!("{api}/v1/email/unsubscribe?s={sub}&t={page_token}");
     assert_eq!(page(&wrong, Some("")).await.0, 404);
+
+    // `doctor`: the relay answers, and the record that publishes the DKIM key.
+    let (status, doctor) = call(
+        reqwest::Method::GET,
+        format!("{}/v1/admin/doctor", p.ops_url("api")),
+        Some(ADMIN_TOKEN),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{doctor}");
+    let doctor: Diagnosis = serde_json::from_value(doctor).unwrap();
+    let find = |name: &str| doctor.checks.iter().find(|c| c.name == name).unwrap();
+    assert!(find("email relay").ok, "{doctor:?}");
+    let (name, record) = key.dns_record();
+    assert!(
+        find("dkim")
+            .detail
+            .contains(&format!("TXT {name} \"{record}\"")),
+        "{doctor:?}"
+    );
     p.stop().await;
     let _ = std::fs::remove_file(key_file);
 }

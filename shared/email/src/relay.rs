@@ -216,6 +216,29 @@ impl Relay {
         Ok(submitted)
     }
 
+    /// Whether a new connection is greeted, secured and logged in (`doctor`): `None` if so, or
+    /// why not. The connection is closed with `QUIT`.
+    pub async fn unreachable(&self) -> Option<String> {
+        match self.connected().await {
+            Ok(mut conn) => {
+                let _ = tokio::time::timeout(self.settings.timeout, conn.quit()).await;
+                None
+            }
+            Err(Unreached::NoStartTls) => {
+                Some("it does not offer STARTTLS, which is required".into())
+            }
+            Err(Unreached::Failed(Failed::Silent(after))) => {
+                Some(format!("no answer within {} ms", after.as_millis()))
+            }
+            Err(Unreached::Failed(Failed::Smtp(e))) => Some(bounded(e.to_string())),
+        }
+    }
+
+    /// Where it is, as `host:port`.
+    pub fn address(&self) -> String {
+        format!("{}:{}", self.settings.host, self.settings.port)
+    }
+
     /// A new connection, greeted, secured and logged in, within the timeout.
     async fn connected(&self) -> Result<AsyncSmtpConnection, Unreached> {
         let timeout = self.settings.timeout;
