@@ -12,7 +12,7 @@ tidings_runtime::families! {
     pub struct PusherMetrics {
         pushes: Family<PushLabels, Counter> = Family::default()
             => "tidings_push_requests",
-            "Push and webhook requests by channel, outcome, HTTP status class and push-service host";
+            "Push, webhook and mail requests by channel, outcome, HTTP status class and push-service host";
         push_duration: TracedHist<ChannelStatusLabels> = Family::new_with_constructor(fast_latency)
             => "tidings_push_duration_seconds",
             "Push and webhook request latency by channel and HTTP status class";

@@ -948,10 +948,15 @@ fn the_scaled_objects_watch_the_consumers_the_services_run() {
         .iter()
         .map(|(kind, consumer)| (subjects.stream(*kind), *consumer))
         .collect();
-    run.push((
-        subjects.stream(StreamKind::Push),
-        tidings_pusher::worker::WEBHOOK_CONSUMER,
-    ));
+    for channel in [
+        tidings_domain::Channel::Webhook,
+        tidings_domain::Channel::Email,
+    ] {
+        run.push((
+            subjects.stream(StreamKind::Push),
+            tidings_pusher::worker::consumer_for(channel),
+        ));
+    }
     let mut watched = Vec::new();
     for name in ["pusher", "dispatcher"] {
         let so = prod.find("ScaledObject", name).unwrap();
