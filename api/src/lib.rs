@@ -364,6 +364,9 @@ pub enum Command {
     },
     /// Print the OpenAPI document and exit.
     Openapi,
+    /// Print a new Ed25519 DKIM signing key (PKCS#8 PEM) for TIDINGS_DKIM_KEY_FILE, and exit;
+    /// `doctor` prints the DNS record that publishes it.
+    DkimKeygen,
     /// Print a new operator token for NAME, then its line for TIDINGS_ADMIN_TOKENS_FILE (the
     /// file keeps only the token's SHA-256), and exit.
     OperatorToken {
@@ -403,6 +406,8 @@ pub enum StartError {
     OperatorName(String),
     #[error("making a token: {0}")]
     Token(#[source] problem::ApiError),
+    #[error("making a DKIM key")]
+    Keygen(#[source] tidings_email::dkim::DkimError),
     #[error("DATABASE_URL: {0}")]
     Database(#[source] sqlx::Error),
     #[error("listening on {listen}: {source}")]
@@ -494,6 +499,10 @@ pub async fn run(command: Command, shutdown: CancellationToken) -> Result<(), St
             }
             let (token, line) = auth::new_operator_token(&name).map_err(StartError::Token)?;
             println!("{token}\n{line}");
+        }
+        Command::DkimKeygen => {
+            let pem = tidings_email::dkim::generate_ed25519_pem().map_err(StartError::Keygen)?;
+            print!("{pem}");
         }
         Command::Openapi => {
             let document = serde_json::to_string_pretty(openapi::document()).unwrap_or_default();

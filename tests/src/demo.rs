@@ -10,7 +10,9 @@
 //!   and the operator api shows its three attempts;
 //! - A is back at 15.00 while its notification is current: withdrawn in place;
 //! - an API client, with a key the operator issued, registers a webhook endpoint and watches D;
-//!   D drops to 8.99: a signed webhook with the re-checked value arrives, its signature verified.
+//!   D drops to 8.99: a signed webhook with the re-checked value arrives, its signature verified;
+//! - an email device confirms its address and watches E; E drops to 9.49: the mail reaches a
+//!   local SMTP server, its DKIM signature verified by `dkimpy`.
 
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -29,6 +31,8 @@ pub struct Endpoints {
     pub webhooks: String,
     /// e.g. `http://127.0.0.1:9002/admin/webhooks`
     pub webhooks_admin: String,
+    /// Where the local SMTP server keeps what it accepted.
+    pub mail_folder: std::path::PathBuf,
     pub admin_token: String,
 }
 
@@ -49,6 +53,9 @@ pub struct Report {
     /// D's webhook as received, and its endpoint's watch id.
     pub webhook: Value,
     pub webhook_watch: String,
+    /// E's mail as received (its headers and text), and E's watch.
+    pub mail: crate::mail::Read,
+    pub mail_watch: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -301,6 +308,7 @@ pub async fn run(e: Endpoints, mut say: impl FnMut(String)) -> Result<Report, De
     ));
 
     let (webhook, webhook_watch) = webhook_step(&c, &mut say).await?;
+    let (mail, mail_watch) = email_step(&c, &mut say).await?;
 
     let received = c
         .get(
@@ -339,7 +347,107 @@ pub async fn run(e: Endpoints, mut say: impl FnMut(String)) -> Result<Report, De
         attempts,
         webhook,
         webhook_watch,
+        mail,
+        mail_watch,
     })
+}
+
+/// The mails the local SMTP server accepted for `to`, once there are `n`.
+async fn mails_to(c: &Client, to: &str, n: usize) -> Result<Vec<Vec<u8>>, DemoError> {
+    let limit = Duration::from_secs(30);
+    let started = Instant::now();
+    loop {
+        let got: Vec<Vec<u8>> = (crate::fake_smtp::received_in(&c.e.mail_folder).into_iter())
+            .filter(|(rcpt, _)| rcpt == to)
+            .map(|(_, m)| m)
+            .collect();
+        if got.len() >= n {
+            return Ok(got);
+        }
+        if started.elapsed() > limit {
+            return Err(DemoError::Timeout(limit, format!("mail {n} to {to}")));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn mail_step(what: &str) -> impl FnOnce(String) -> DemoError + '_ {
+    move |detail| DemoError::Step {
+        what: what.to_owned(),
+        detail,
+    }
+}
+
+/// The sixth line: an email device confirms its address (the link mailed to it) and watches E;
+/// E's drop arrives as a mail at the local SMTP server, DKIM-signed with the key whose record
+/// `doctor` prints, and `dkimpy` verifies it. Returns the mail as read and E's watch.
+async fn email_step(
+    c: &Client,
+    say: &mut impl FnMut(String),
+) -> Result<(crate::mail::Read, String), DemoError> {
+    use crate::mail::{Read, dkim_verdict, published};
+    let to = "reader@mail.tidings.invalid";
+    c.set_item("SKU-E", json!({"price": 1500})).await?;
+    let device = c
+        .post(
+            "registering an email device",
+            format!("{}/v1/devices", c.e.api),
+            None,
+            Some(json!({"email": to, "time_zone": "Europe/Berlin"})),
+        )
+        .await?;
+    let token = device["token"].as_str().unwrap_or_default().to_owned();
+    let confirmation = mails_to(c, to, 1).await?.remove(0);
+    let read = Read::of(&confirmation).map_err(mail_step("reading the confirmation mail"))?;
+    let link = read
+        .link(&format!("{}/v1/email/confirm?t=", c.e.api))
+        .ok_or_else(|| mail_step("finding the confirmation link")(read.text.clone()))?;
+    let confirmed = c
+        .http
+        .post(&link)
+        .send()
+        .await
+        .map_err(step("confirming"))?;
+    say(format!(
+        "an email device registers {to}; the link mailed to it confirms it ({})",
+        confirmed.status()
+    ));
+    let trigger = json!({"kind": "price_below", "threshold": 1200});
+    let w = c
+        .post(
+            "watching SKU-E by email",
+            format!("{}/v1/watches", c.e.api),
+            Some(&token),
+            Some(json!({"item_code": "SKU-E", "triggers": [trigger]})),
+        )
+        .await?;
+    let watch = w["id"].as_str().unwrap_or_default().to_owned();
+    c.set_item("SKU-E", json!({"price": 949})).await?;
+    say("SKU-E drops to 9.49".into());
+    c.wait_for(&token, &watch, "sent").await?;
+    let message = mails_to(c, to, 2).await?.remove(1);
+    let doctor = c
+        .get(
+            "asking doctor for the DKIM record",
+            format!("{}/v1/admin/doctor", c.e.operators),
+            Some(&c.e.admin_token),
+        )
+        .await?;
+    let (name, record) = (doctor["checks"].as_array().into_iter().flatten())
+        .find(|check| check["name"] == "dkim")
+        .and_then(|check| published(check["detail"].as_str().unwrap_or_default()))
+        .ok_or_else(|| mail_step("reading the DKIM record")(doctor.to_string()))?;
+    let verdict =
+        dkim_verdict(&message, &name, &record).map_err(mail_step("verifying the mail's DKIM"))?;
+    let read = Read::of(&message).map_err(mail_step("reading the mail"))?;
+    say(format!(
+        "  → mail \"{}\" received by the local SMTP server; DKIM (dkimpy, {name}): {verdict}",
+        read.header("subject").unwrap_or("?")
+    ));
+    if verdict != "verified" {
+        return Err(mail_step("verifying SKU-E's mail")(verdict));
+    }
+    Ok((read, watch))
 }
 
 /// The fifth line: an API client's webhook endpoint watches D; D's drop arrives as a signed

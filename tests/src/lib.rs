@@ -7,6 +7,7 @@
 //! - [`scenario`]: the dispatcher's loops in-process over a test world (dispatcher/tests/support).
 //! - [`services`]: the real binaries, started by a test.
 //! - [`demo`]: the README's demo, also run by `tidings-demo`.
+//! - [`mail`]: mails as Python's `email` and `dkimpy` read them.
 
 pub use tidings_testkit::{
     binaries, brokers, fake_catalog, fake_push, fake_smtp, fake_webhooks, fixtures, harness, walk,
@@ -16,6 +17,7 @@ pub use tidings_testkit::{
 #[path = "../../api/tests/support/server.rs"]
 pub mod api;
 pub mod demo;
+pub mod mail;
 pub mod manifests;
 pub mod network_policy;
 pub mod otlp;

@@ -15,7 +15,7 @@ use tidings_domain::subscription::Deactivation;
 use tidings_domain::{DeviceId, WatchId};
 use tidings_email::dkim::DkimKey;
 use tidings_tests::fake_smtp::{FakeSmtp, SmtpOptions};
-use tidings_tests::harness::tool;
+use tidings_tests::mail::{self, Read};
 use tidings_tests::scenario::Scenario;
 use tidings_tests::services::{ADMIN_TOKEN, Pipeline};
 
@@ -107,87 +107,14 @@ async fn watch(p: &Pipeline, s: &Scenario, token: &str, item: &str) -> WatchId {
     WatchId(watch["id"].as_str().unwrap().parse().unwrap())
 }
 
-/// A received mail as Python's `email` package reads it: its headers, and its text part.
-struct Read {
-    headers: Vec<(String, String)>,
-    text: String,
-}
-
-impl Read {
-    fn of(message: &[u8]) -> Read {
-        let script = "import sys, json, email, email.policy\n\
-            m = email.message_from_bytes(open(sys.argv[1], 'rb').read(), policy=email.policy.default)\n\
-            print(json.dumps({'headers': [[k, str(v)] for k, v in m.items()], 'text': m.get_body(('plain',)).get_content()}))";
-        let file = std::env::temp_dir().join(format!("tidings-mail-{}.eml", uuid::Uuid::new_v4()));
-        std::fs::write(&file, message).unwrap();
-        let out = std::process::Command::new(tool("python3").unwrap())
-            .args(["-c", script])
-            .arg(&file)
-            .output()
-            .unwrap();
-        let _ = std::fs::remove_file(&file);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-        Read {
-            headers: (v["headers"].as_array().unwrap().iter())
-                .map(|h| {
-                    (
-                        h[0].as_str().unwrap().to_owned(),
-                        h[1].as_str().unwrap().to_owned(),
-                    )
-                })
-                .collect(),
-            text: v["text"].as_str().unwrap().to_owned(),
-        }
-    }
-
-    fn header(&self, name: &str) -> Option<&str> {
-        (self.headers.iter())
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// The first link in the text that starts with `start`.
-    fn link(&self, start: &str) -> String {
-        let at = self
-            .text
-            .find(start)
-            .unwrap_or_else(|| panic!("no {start} in {}", self.text));
-        self.text[at..]
-            .split_whitespace()
-            .next()
-            .unwrap()
-            .to_owned()
-    }
-}
-
 /// dkimpy's verdict, with `key`'s record as the only DNS it may ask.
 fn dkim_verdict(message: &[u8], key: &DkimKey) -> String {
-    let script = "import sys, dkim\n\
-        message = open(sys.argv[1], 'rb').read()\n\
-        def dns(name, timeout=5):\n    assert name == sys.argv[3].encode() + b'.', name\n    return sys.argv[2].encode()\n\
-        print('verified' if dkim.verify(message, dnsfunc=dns) else 'refused')";
     let (name, record) = key.dns_record();
-    let file = std::env::temp_dir().join(format!("tidings-dkim-{}.eml", uuid::Uuid::new_v4()));
-    std::fs::write(&file, message).unwrap();
-    let out = std::process::Command::new(tool("python3").unwrap())
-        .args(["-c", script])
-        .arg(&file)
-        .arg(record)
-        .arg(name)
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_file(&file);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    mail::dkim_verdict(message, &name, &record).unwrap()
+}
+
+fn read(message: &[u8]) -> Read {
+    Read::of(message).unwrap()
 }
 
 /// The mails to `to`, once there are `n`.
@@ -240,12 +167,14 @@ async fn registered(
     assert!(created["confirm_by"].is_string(), "{created}");
     let mail = mails_to(smtp, address, n).await.pop().unwrap();
     assert_eq!(dkim_verdict(&mail, key), "verified");
-    let read = Read::of(&mail);
+    let read = read(&mail);
     assert_eq!(
         read.header("subject"),
         Some("Confirm your Tidings notifications")
     );
-    let link = read.link(&format!("{}/v1/email/confirm?t=", p.url("api")));
+    let link = read
+        .link(&format!("{}/v1/email/confirm?t=", p.url("api")))
+        .unwrap();
     let device = DeviceId(created["device_id"].as_str().unwrap().parse().unwrap());
     (created["token"].as_str().unwrap().to_owned(), device, link)
 }
@@ -332,7 +261,7 @@ async fn a_confirmed_address_gets_a_signed_rechecked_mail_whose_link_tells_the_t
         "the row that waited went"
     );
     assert_eq!(dkim_verdict(&mail, &key), "verified");
-    let read = Read::of(&mail);
+    let read = read(&mail);
     let id = sent.notification.id;
     assert_eq!(
         read.header("message-id"),
@@ -360,7 +289,7 @@ async fn a_confirmed_address_gets_a_signed_rechecked_mail_whose_link_tells_the_t
     );
 
     // Its link checks the item when it is opened.
-    let check = read.link(&format!("{api}/n/{id}?t="));
+    let check = read.link(&format!("{api}/n/{id}?t=")).unwrap();
     let (status, headers, now) = page(&check, None).await;
     assert_eq!((status, now.contains("Still true")), (200, true), "{now}");
     assert!(

@@ -19,6 +19,7 @@ use tidings_tests::brokers::PrivateNats;
 use tidings_tests::demo::{self, Endpoints};
 use tidings_tests::fake_catalog::Behavior;
 use tidings_tests::fake_push::{Answer, FakePushService};
+use tidings_tests::fake_smtp::{FakeSmtp, SmtpOptions};
 use tidings_tests::fake_webhooks::FakeWebhookReceiver;
 use tidings_tests::fixtures;
 use tidings_tests::harness::{self, DB_LOGINS, TestDb, poll_wait, serve, tool};
@@ -97,7 +98,22 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
     let push_admin = serve(push.admin_router()).await;
     let webhooks = FakeWebhookReceiver::start().await.unwrap();
     let webhooks_admin = serve(webhooks.admin_router()).await;
-    let p = Pipeline::start(&s, &[]).await;
+    let smtp = FakeSmtp::start(&SmtpOptions::default()).unwrap();
+    let dkim = std::env::temp_dir().join(format!("tidings-demo-dkim-{}.pem", uuid::Uuid::new_v4()));
+    std::fs::write(&dkim, tidings_email::dkim::generate_ed25519_pem().unwrap()).unwrap();
+    let (smtp_port, dkim_file) = (smtp.port.to_string(), dkim.display().to_string());
+    let email = [
+        ("TIDINGS_SMTP_HOST", "127.0.0.1"),
+        ("TIDINGS_SMTP_PORT", smtp_port.as_str()),
+        ("TIDINGS_SMTP_SECURITY", "plain"),
+        (
+            "TIDINGS_EMAIL_FROM",
+            "Tidings demo <alerts@tidings.invalid>",
+        ),
+        ("TIDINGS_DKIM_KEY_FILE", dkim_file.as_str()),
+        ("TIDINGS_EMAIL_UNCONFIRMED_WAIT", "500ms"),
+    ];
+    let p = Pipeline::start(&s, &email).await;
     let before = scrape_all(&p).await;
     series_at_start(&before);
 
@@ -109,6 +125,7 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
             push_admin: format!("{push_admin}/admin/push"),
             webhooks: webhooks.url("demo"),
             webhooks_admin: format!("{webhooks_admin}/admin/webhooks"),
+            mail_folder: smtp.folder().to_owned(),
             admin_token: ADMIN_TOKEN.into(),
         },
         |line| eprintln!("{line}"),
@@ -122,10 +139,12 @@ async fn the_demo_scenario_sends_withholds_and_retries_and_the_metrics_move() {
     history_shows_the_attempts_without_internals(&report);
     assert_eq!(
         s.db.count("SELECT count(*) FROM baselines").await,
-        3,
-        "A (alert, then withdrawal), C and D moved their baselines; B did not"
+        4,
+        "A (alert, then withdrawal), C, D and E moved their baselines; B did not"
     );
     webhook_as_the_endpoint_received_it(&s, &report, &webhooks).await;
+    mail_as_the_smtp_server_received_it(&s, &report, &smtp).await;
+    let _ = std::fs::remove_file(&dkim);
     pushes_as_the_push_service_decrypted_them(&push);
     metrics_moved_as_the_scenario_ran(&before, &scrape_all(&p).await);
     // The operator's one change in the demo, issuing the client key, is the first on the audit
@@ -263,6 +282,24 @@ async fn each_service_logged_in_as_its_own_user(s: &Scenario) {
 
 /// A sent at once; B withheld because the re-check saw the price recover; C sent after a 429
 /// and a 500.
+/// E's one mail (after the confirmation) names its sent row, with the re-checked 9.49.
+async fn mail_as_the_smtp_server_received_it(s: &Scenario, report: &demo::Report, smtp: &FakeSmtp) {
+    let rows = s.rows(WatchId(report.mail_watch.parse().unwrap())).await;
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].notification.status, Status::Sent);
+    let id = rows[0].notification.id;
+    assert_eq!(
+        report.mail.header("message-id"),
+        Some(format!("<{id}@tidings.invalid>").as_str())
+    );
+    assert!(report.mail.text.contains("9.49"), "{}", report.mail.text);
+    assert_eq!(
+        smtp.received().len(),
+        2,
+        "the confirmation and E's notification"
+    );
+}
+
 async fn rows_ended_as_the_story_says(s: &Scenario, report: &demo::Report) {
     let rows = |code: &str| {
         let (_, w) = report.watches.iter().find(|(c, _)| c == code).unwrap();
@@ -565,7 +602,7 @@ fn metrics_moved_as_the_scenario_ran(before: &Scrapes, after: &Scrapes) {
         (
             "dispatcher",
             r#"tidings_outbox_transitions_total{reason="",to="sent"}"#.to_owned(),
-            4.0,
+            5.0,
         ),
         (
             "dispatcher",
@@ -580,12 +617,12 @@ fn metrics_moved_as_the_scenario_ran(before: &Scrapes, after: &Scrapes) {
         (
             "dispatcher",
             r#"tidings_ingested_total{result="new"}"#.to_owned(),
-            5.0,
+            6.0,
         ),
         (
             "dispatcher",
             "tidings_detection_to_delivery_seconds_count{}".to_owned(),
-            4.0,
+            5.0,
         ),
         ("pusher", push("delivered", "2xx"), 3.0),
         ("pusher", push("transient", "4xx"), 1.0),
@@ -600,23 +637,33 @@ fn metrics_moved_as_the_scenario_ran(before: &Scrapes, after: &Scrapes) {
             .to_owned(),
             1.0,
         ),
+        // E's mail, under one label for every recipient domain.
+        (
+            "pusher",
+            concat!(
+                r#"tidings_push_requests_total{channel="email",host="email","#,
+                r#"outcome="delivered",status_class="none"}"#
+            )
+            .to_owned(),
+            1.0,
+        ),
         (
             "api",
             r#"tidings_http_requests_total{method="POST",route="/v1/watches",status="201"}"#
                 .to_owned(),
-            4.0,
+            5.0,
         ),
-        // The four creates (A, B, C by the device, D by the endpoint) went through the create
-        // queue, each counted in one statement.
-        ("api", "tidings_api_create_batch_size_sum{}".to_owned(), 4.0),
+        // The five creates (A, B, C by the device, D by the endpoint, E by the email device)
+        // went through the create queue, each counted in one statement.
+        ("api", "tidings_api_create_batch_size_sum{}".to_owned(), 5.0),
     ] {
         assert_eq!(moved(svc, &key), n, "{svc}: {key}");
     }
     assert!(moved("detector", "tidings_detector_scans_total{}") >= 1.0);
-    // The demo's four watches are held in the detector's watchlist and were evaluated.
+    // The demo's five watches are held in the detector's watchlist and were evaluated.
     assert_eq!(
         sample(&after["detector"], "tidings_detector_watches{}"),
-        4.0
+        5.0
     );
     assert!(moved("detector", "tidings_detector_evaluated_watches_total{}") >= 3.0);
     assert!(

@@ -54,6 +54,20 @@ pub struct DkimKey {
     selector: String,
 }
 
+/// A new Ed25519 signing key as a PKCS#8 PEM (`tidings-api dkim-keygen` prints one).
+pub fn generate_ed25519_pem() -> Result<String, DkimError> {
+    let pkcs8 = Ed25519KeyPair::generate_pkcs8(&aws_lc_rs::rand::SystemRandom::new())
+        .map_err(|_| DkimError::Key)?;
+    let body = STANDARD.encode(pkcs8.as_ref());
+    let lines: Vec<&str> = (body.as_bytes().chunks(64))
+        .filter_map(|c| std::str::from_utf8(c).ok())
+        .collect();
+    Ok(format!(
+        "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n",
+        lines.join("\n")
+    ))
+}
+
 impl DkimKey {
     /// Reads a PKCS#8 PEM (`-----BEGIN PRIVATE KEY-----`) holding an RSA or Ed25519 key.
     pub fn from_pem(pem: &[u8], domain: &str, selector: &str) -> Result<Self, DkimError> {

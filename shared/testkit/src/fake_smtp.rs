@@ -149,17 +149,27 @@ impl FakeSmtp {
 
     /// Each accepted mail, in order: its recipient and the bytes received.
     pub fn received(&self) -> Vec<(String, Vec<u8>)> {
-        let mut out = Vec::new();
-        for n in 1.. {
-            let Ok(bytes) = std::fs::read(self.folder.join(format!("{n}.eml"))) else {
-                break;
-            };
-            let rcpt =
-                std::fs::read_to_string(self.folder.join(format!("{n}.rcpt"))).unwrap_or_default();
-            out.push((rcpt, bytes));
-        }
-        out
+        received_in(&self.folder)
     }
+
+    /// Where it keeps what it accepted (another process reads it with [`received_in`]).
+    pub fn folder(&self) -> &std::path::Path {
+        &self.folder
+    }
+}
+
+/// Each mail a [`FakeSmtp`] keeping them in `folder` accepted, in order: its recipient and the
+/// bytes received.
+pub fn received_in(folder: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    for n in 1.. {
+        let Ok(bytes) = std::fs::read(folder.join(format!("{n}.eml"))) else {
+            break;
+        };
+        let rcpt = std::fs::read_to_string(folder.join(format!("{n}.rcpt"))).unwrap_or_default();
+        out.push((rcpt, bytes));
+    }
+    out
 }
 
 impl Drop for FakeSmtp {

@@ -1,7 +1,7 @@
 //! `tidings-demo`: plays the demo scenario (`tidings_tests::demo`) against a running stack and
 //! prints what happened. `deploy/local/stack run` starts everything and then runs this.
 //! Configured by TIDINGS_DEMO_API, TIDINGS_DEMO_CATALOG_ADMIN, TIDINGS_DEMO_PUSH_ADMIN,
-//! TIDINGS_DEMO_WEBHOOKS(_ADMIN) and TIDINGS_ADMIN_TOKEN.
+//! TIDINGS_DEMO_WEBHOOKS(_ADMIN), TIDINGS_DEMO_MAIL_FOLDER and TIDINGS_ADMIN_TOKEN.
 
 use tidings_tests::demo::{self, Endpoints};
 
@@ -21,6 +21,7 @@ async fn main() {
         push_admin: env("TIDINGS_DEMO_PUSH_ADMIN"),
         webhooks: env("TIDINGS_DEMO_WEBHOOKS"),
         webhooks_admin: env("TIDINGS_DEMO_WEBHOOKS_ADMIN"),
+        mail_folder: env("TIDINGS_DEMO_MAIL_FOLDER").into(),
         admin_token: env("TIDINGS_ADMIN_TOKEN"),
     };
     match demo::run(endpoints, |line| println!("{line}")).await {
