@@ -25,7 +25,7 @@ import asyncio, os, ssl, sys
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult
 
-port, folder, tls_cert, tls_key, login = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+port, folder, tls_cert, tls_key, login, sink = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6] == "sink"
 
 class Relay:
     def __init__(self):
@@ -51,8 +51,10 @@ class Relay:
             return "451 4.3.0 try again later"
         if rcpt.startswith("refuse-content-"):
             return "554 5.6.0 content refused"
-        self.accepted[rcpt] = self.accepted.get(rcpt, 0) + 1
         self.count += 1
+        if sink:
+            return f"250 2.0.0 Ok: queued as {self.count}"
+        self.accepted[rcpt] = self.accepted.get(rcpt, 0) + 1
         with open(os.path.join(folder, f"{self.count}.eml"), "wb") as f:
             f.write(envelope.original_content)
         with open(os.path.join(folder, f"{self.count}.rcpt"), "w") as f:
@@ -95,6 +97,8 @@ pub struct SmtpOptions {
     pub starttls: bool,
     /// `AUTH` required, with this user and password.
     pub login: Option<(String, String)>,
+    /// A benchmark's sink: every mail accepted, none kept.
+    pub sink: bool,
 }
 
 impl FakeSmtp {
@@ -125,6 +129,7 @@ impl FakeSmtp {
             .arg(tls(&cert))
             .arg(tls(&key))
             .arg(login)
+            .arg(if options.sink { "sink" } else { "keep" })
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()?;

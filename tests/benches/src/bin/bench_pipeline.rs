@@ -2,8 +2,9 @@
 //! detector, dispatcher, pusher), Postgres, NATS, a fake catalog whose prices move on a
 //! timeline, and a local HTTPS push sink (201; one push in 500 fully verified and decrypted),
 //! all on this machine. Run with `deploy/local/stack bench pipeline [RATE] [SECONDS] [only-load]`;
-//! `… [RATE] [SECONDS] channels [ROUNDS]` runs phase 1 to Web Push and to signed webhooks (a
-//! local HTTPS webhook sink) in alternating rounds, side by side.
+//! `… [RATE] [SECONDS] channels [ROUNDS]` runs phase 1 to Web Push, to signed webhooks (a
+//! local HTTPS webhook sink) and to email (DKIM-signed, submitted to a local SMTP server,
+//! aiosmtpd, that keeps nothing) in alternating rounds, side by side.
 //!
 //! 1. Throughput: RATE notifications/s offered (items fall below their watches' threshold on a
 //!    schedule; the detector finds them) for SECONDS; notifications reaching `sent` per second in
@@ -42,6 +43,7 @@ use tidings_domain::{Channel, ItemCode, OutboxId, WatchId};
 use tidings_signatures::Secret;
 use tidings_tests::fake_catalog::Item;
 use tidings_tests::fake_push::{FakePushService, NAMED_HOSTS};
+use tidings_tests::fake_smtp::{FakeSmtp, SmtpOptions};
 use tidings_tests::fake_webhooks::FakeWebhookReceiver;
 use tidings_tests::scenario::Scenario;
 use tidings_tests::services::Pipeline;
@@ -214,6 +216,24 @@ async fn to_webhooks(s: &Scenario, url: &str) {
     }
 }
 
+/// Makes every device an email device at its own confirmed address (`bench-N@sink.test`), with a
+/// link key (unsealed: the bench gives no sealing keys).
+async fn to_email(s: &Scenario) {
+    let (_, key) = tidings_email::links::LinkKey::generate().expect("link key");
+    for statement in [
+        "UPDATE devices SET channel = 'email'",
+        "UPDATE watches SET channel = 'email'",
+        "UPDATE push_subscriptions SET channel = 'email', secret = $1, p256dh = NULL, auth = NULL,
+                unconfirmed = false, endpoint = 'mailto:bench-' || left(id::text, 8) || '@sink.test'",
+    ] {
+        sqlx::query(statement)
+            .bind(&key)
+            .execute(&s.db.pool)
+            .await
+            .expect("email devices");
+    }
+}
+
 /// Phase 1 (and 2): RATE notifications/s through the pipeline to `channel`'s sink.
 async fn load_phase(rate: usize, secs: u64, channel: Channel) -> Value {
     let s = Scenario::new().await;
@@ -233,6 +253,21 @@ async fn load_phase(rate: usize, secs: u64, channel: Channel) -> Value {
     if channel == Channel::Webhook {
         to_webhooks(&s, &hooks.url("bench")).await;
     }
+    let sink = SmtpOptions {
+        sink: true,
+        ..SmtpOptions::default()
+    };
+    let smtp = FakeSmtp::start(&sink).expect("smtp sink");
+    let dkim = std::env::temp_dir().join(format!("tidings-bench-dkim-{}.pem", std::process::id()));
+    std::fs::write(
+        &dkim,
+        tidings_email::dkim::generate_ed25519_pem().expect("key"),
+    )
+    .expect("key file");
+    if channel == Channel::Email {
+        to_email(&s).await;
+    }
+    let (smtp_port, dkim_file) = (smtp.port.to_string(), dkim.display().to_string());
     let expected = n_items * PER_ITEM;
     let services = ["api", "dispatcher", "pusher", "detector"];
     let p = Pipeline::start(
@@ -249,6 +284,17 @@ async fn load_phase(rate: usize, secs: u64, channel: Channel) -> Value {
             // One receiver stands for every endpoint, as one push sink does for every push
             // service: as many in flight as the push sink gets.
             ("TIDINGS_WEBHOOK_CONCURRENCY_PER_HOST", "256"),
+            // The same for email: every address is at one sink domain.
+            ("TIDINGS_EMAIL_CONCURRENCY_PER_DOMAIN", "256"),
+            ("TIDINGS_SMTP_HOST", "127.0.0.1"),
+            ("TIDINGS_SMTP_PORT", &smtp_port),
+            ("TIDINGS_SMTP_SECURITY", "plain"),
+            ("TIDINGS_SMTP_IDLE_CONNECTIONS", "64"),
+            (
+                "TIDINGS_EMAIL_FROM",
+                "Tidings bench <bench@tidings.invalid>",
+            ),
+            ("TIDINGS_DKIM_KEY_FILE", &dkim_file),
         ],
     )
     .await;
@@ -843,7 +889,7 @@ async fn channels(rate: usize, secs: u64, rounds: usize) {
     println!("| round | channel | `sent`/s | CPU µs per `sent` | pusher CPU µs per `sent` |");
     println!("|---|---|---|---|---|");
     for round in 1..=rounds {
-        for channel in [Channel::WebPush, Channel::Webhook] {
+        for channel in Channel::ALL {
             eprintln!("round {round}: {rate}/s for {secs} s to {channel} …");
             let r = load_phase(rate, secs, channel).await;
             let sent = r["sent_per_s"].as_f64().unwrap_or(0.0);
