@@ -95,6 +95,7 @@ async fn starttls_and_auth_are_used_and_required() {
     let smtp = FakeSmtp::start(&SmtpOptions {
         starttls: true,
         login: Some(login.clone()),
+        sink: false,
     })
     .unwrap();
     let mut with_login = settings(smtp.port, Security::StartTls);

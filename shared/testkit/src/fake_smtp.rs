@@ -8,6 +8,8 @@
 //! - `defer-once-…@`: the content answered `451 4.3.0` the first time, `250` after;
 //! - `defer-second-…@`: the same for the second mail (the first, a confirmation, goes);
 //! - `refuse-content-…@`: the content answered `554 5.6.0`;
+//! - `slow-…@`: the first mail to it kept, but answered 3 s late (past a client's timeout: it
+//!   cannot know the mail arrived);
 //! - anyone else: `250 2.0.0 Ok: queued as <n>`.
 //!
 //! Each accepted mail is kept as `<n>.eml` (the bytes received) beside `<n>.rcpt`.
@@ -21,7 +23,7 @@ use std::process::{Child, Command, Stdio};
 const KEY_PEM: &[u8] = include_bytes!("../../../tests/fixtures/tls/key.pem");
 
 const SERVER: &str = r#"
-import asyncio, os, ssl, sys
+import asyncio, os, ssl, sys, time
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult
 
@@ -54,11 +56,16 @@ class Relay:
         self.count += 1
         if sink:
             return f"250 2.0.0 Ok: queued as {self.count}"
+        first = rcpt not in self.accepted
         self.accepted[rcpt] = self.accepted.get(rcpt, 0) + 1
         with open(os.path.join(folder, f"{self.count}.eml"), "wb") as f:
             f.write(envelope.original_content)
+        with open(os.path.join(folder, f"{self.count}.at"), "w") as f:
+            f.write(str(int(time.time() * 1000)))
         with open(os.path.join(folder, f"{self.count}.rcpt"), "w") as f:
             f.write(rcpt)
+        if rcpt.startswith("slow-") and first:
+            await asyncio.sleep(3)
         return f"250 2.0.0 Ok: queued as {self.count}"
 
 def authenticate(server, session, envelope, mechanism, auth_data):
@@ -161,6 +168,18 @@ impl FakeSmtp {
     pub fn folder(&self) -> &std::path::Path {
         &self.folder
     }
+}
+
+/// When each mail [`FakeSmtp::received`] lists was received (Unix ms), in the same order.
+pub fn received_at(folder: &std::path::Path) -> Vec<i64> {
+    (1..=received_in(folder).len())
+        .map(|n| {
+            std::fs::read_to_string(folder.join(format!("{n}.at")))
+                .ok()
+                .and_then(|t| t.trim().parse().ok())
+                .unwrap_or(0)
+        })
+        .collect()
 }
 
 /// Each mail a [`FakeSmtp`] keeping them in `folder` accepted, in order: its recipient and the

@@ -4,7 +4,10 @@
 //! CI runs the default, a long run by hand e.g. `chaos 900 5000`).
 //!
 //! - Load: WATCHES price_below watches over 200 devices (four time zones), 5 per device, each on
-//!   its own item. Each item's price dips below the threshold once, at a random moment of the
+//!   its own item. One device in five is an email device: its mail goes through the real
+//!   services to a local SMTP server (aiosmtpd), which defers the first mail to a third of them
+//!   (451) and answers the first to another third 3 s late, past the pusher's timeout (kept:
+//!   the pusher cannot know it arrived, so its row must be marked maybe delivered). Each item's price dips below the threshold once, at a random moment of the
 //!   window, for 0.3 s to 60 s (log-uniform): short dips are what the re-check must withhold.
 //! - Faults, all at once: the catalog fails 3 % of requests (503, 429, or slower than the source
 //!   timeout); the push service answers 5 % 500, 1 % 429, and 1 % 201 after the pusher's HTTP
@@ -30,6 +33,7 @@ use tidings_domain::subjects::StreamKind;
 use tidings_tests::brokers::PrivateNats;
 use tidings_tests::fake_catalog::Item;
 use tidings_tests::fake_push::{Answer, FakePushService, Faults};
+use tidings_tests::fake_smtp::{FakeSmtp, SmtpOptions, received_at, received_in};
 use tidings_tests::scenario::Scenario;
 use tidings_tests::services::Pipeline;
 
@@ -61,10 +65,22 @@ fn now_ms() -> i64 {
     Utc::now().timestamp_millis()
 }
 
+/// The address of device `d` if it is an email device (one in five): plain, deferred once
+/// (`defer-once-`) or answered late once (`slow-`), a third each.
+fn address(d: usize) -> Option<String> {
+    let prefix = match (d % 5 == 2).then_some((d / 5) % 3)? {
+        0 => "slow-",
+        1 => "defer-once-",
+        _ => "",
+    };
+    Some(format!("{prefix}chaos-{d}@mail.test"))
+}
+
 /// Devices with their subscriptions, and `per_device` watches each on an item of its own.
 async fn seed(s: &Scenario, subs: &[Subscription], per_device: usize) -> Vec<String> {
     let pool = &s.db.pool;
     let mut items = Vec::new();
+    let (_, link_key) = tidings_email::links::LinkKey::generate().expect("link key");
     for (d, sub) in subs.iter().enumerate() {
         let device = uuid::Uuid::now_v7();
         sqlx::query(
@@ -93,9 +109,35 @@ async fn seed(s: &Scenario, subs: &[Subscription], per_device: usize) -> Vec<Str
         tidings_benches::seed::watches(pool, device, &mine, THRESHOLD, HIGH)
             .await
             .expect("watches");
+        if let Some(to) = address(d) {
+            for statement in [
+                "UPDATE devices SET channel = 'email' WHERE id = $1",
+                "UPDATE watches SET channel = 'email' WHERE device_id = $1",
+                "UPDATE push_subscriptions SET channel = 'email', endpoint = 'mailto:' || $2,
+                        secret = $3, p256dh = NULL, auth = NULL WHERE device_id = $1",
+            ] {
+                sqlx::query(statement)
+                    .bind(device)
+                    .bind(&to)
+                    .bind(&link_key)
+                    .execute(pool)
+                    .await
+                    .expect("an email device");
+            }
+        }
         items.extend(mine);
     }
     items
+}
+
+/// The outbox row a mail is for: its `Message-ID`'s local part.
+fn message_row(message: &[u8]) -> String {
+    let text = String::from_utf8_lossy(message);
+    (text.lines())
+        .find_map(|l| l.strip_prefix("Message-ID: <"))
+        .and_then(|id| id.split('@').next())
+        .unwrap_or_default()
+        .to_owned()
 }
 
 async fn count(s: &Scenario, sql: &str) -> i64 {
@@ -133,6 +175,14 @@ async fn main() {
         push.answer_always(sub, Answer::Gone);
     }
     let items = seed(&s, &subs, per_device).await;
+    let smtp = FakeSmtp::start(&SmtpOptions::default()).expect("smtp server");
+    let dkim = std::env::temp_dir().join(format!("tidings-chaos-dkim-{}.pem", std::process::id()));
+    std::fs::write(
+        &dkim,
+        tidings_email::dkim::generate_ed25519_pem().expect("key"),
+    )
+    .expect("key file");
+    let (smtp_port, dkim_file) = (smtp.port.to_string(), dkim.display().to_string());
     let mut rng = Rng(16);
     let start = now_ms() + 5_000;
     let mut dips: HashMap<String, (i64, i64)> = HashMap::new();
@@ -159,6 +209,14 @@ async fn main() {
         ("TIDINGS_RESULT_ACK_WAIT", "3s"),
         ("TIDINGS_SENDING_LEASE", "13s"),
         ("TIDINGS_SOURCE_TIMEOUT", "2s"),
+        ("TIDINGS_SMTP_HOST", "127.0.0.1"),
+        ("TIDINGS_SMTP_PORT", smtp_port.as_str()),
+        ("TIDINGS_SMTP_SECURITY", "plain"),
+        (
+            "TIDINGS_EMAIL_FROM",
+            "Tidings chaos <chaos@tidings.invalid>",
+        ),
+        ("TIDINGS_DKIM_KEY_FILE", dkim_file.as_str()),
     ];
     let mut p = Pipeline::start_only(&s, &WORKERS, &env).await;
     eprintln!(
@@ -281,6 +339,11 @@ async fn main() {
             .or_default()
             .push(r.at_ms);
     }
+    // Mails by the row their Message-ID names (`<row id@domain>`).
+    let mails = received_in(smtp.folder());
+    for ((_, message), at) in mails.iter().zip(received_at(smtp.folder())) {
+        delivered.entry(message_row(message)).or_default().push(at);
+    }
     let by_id: HashMap<String, usize> = rows
         .iter()
         .enumerate()
@@ -390,6 +453,17 @@ async fn main() {
     println!(
         "\n## Chaos run: {secs} s of faults, {} watches\n",
         items.len()
+    );
+    let email_rows: Vec<(String, bool, i64)> = sqlx::query_as(
+        "SELECT status, maybe_delivered, count(*) FROM outbox WHERE channel = 'email'
+         GROUP BY 1, 2 ORDER BY 1, 2",
+    )
+    .fetch_all(&s.db.pool)
+    .await
+    .unwrap_or_default();
+    println!(
+        "email: {} mails received by the SMTP server; rows (status, maybe delivered, count): {email_rows:?}",
+        mails.len()
     );
     println!(
         "kill -9: {:?}; services that exited by themselves and were restarted: {}",
