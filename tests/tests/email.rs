@@ -433,6 +433,24 @@ async fn each_relay_answer_ends_its_row_as_documented() {
     );
 
     // A 5xx to RCPT once confirmed: the row dropped, the device's mail stopped.
+    // The one name from outside a mail carries is the item's code: one that could end a header
+    // line is refused at the door (the mail's own header encoding is tested with hostile
+    // subjects in shared/email).
+    for hostile in [
+        "SKU\r\nBcc: victim@example.com",
+        "SKU\nX: y",
+        "SKU\u{2028}X",
+    ] {
+        let (status, refused) = call(
+            reqwest::Method::POST,
+            format!("{}/v1/watches", p.url("api")),
+            Some(&token),
+            Some(json!({"item_code": hostile, "triggers": [{"kind": "price_below", "threshold": 1000}]})),
+        )
+        .await;
+        assert_eq!(status, 422, "{hostile:?}: {refused}");
+    }
+
     let cy = "refuse-later-cy@tidings.test";
     let (token, device, confirm) = registered(&p, &smtp, &key, cy, 1).await;
     assert_eq!(page(&confirm, Some("")).await.0, 200);

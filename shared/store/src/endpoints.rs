@@ -191,7 +191,8 @@ pub struct StoredSecrets {
     pub previous_secret: Option<String>,
 }
 
-/// Up to `limit` webhook subscriptions' secrets after `after`, in id order (a page).
+/// Up to `limit` webhook secrets and mail link keys (by subscription) after `after`, in id order
+/// (a page).
 pub async fn stored_secrets(
     pool: &PgPool,
     after: Option<SubscriptionId>,
@@ -201,7 +202,7 @@ pub async fn stored_secrets(
         StoredSecrets,
         r#"SELECT id AS "id: SubscriptionId", secret AS "secret!", previous_secret
            FROM push_subscriptions
-           WHERE channel = 'webhook' AND ($1::uuid IS NULL OR id > $1)
+           WHERE channel IN ('webhook', 'email') AND ($1::uuid IS NULL OR id > $1)
            ORDER BY id LIMIT $2"#,
         after.map(|a| a.0),
         limit
@@ -210,14 +211,14 @@ pub async fn stored_secrets(
     .await
 }
 
-/// How many stored webhook secrets (current and rotated-out) each sealing key sealed, by key
-/// id; `None`: stored as given.
+/// How many stored webhook secrets (current and rotated-out) and mail link keys each sealing key
+/// sealed, by key id; `None`: stored as given.
 pub async fn sealing_keys_in_use(pool: &PgPool) -> Result<Vec<(Option<String>, i64)>, sqlx::Error> {
     let rows = sqlx::query!(
         r#"SELECT CASE WHEN v.s LIKE 'sealed_.%' THEN split_part(v.s, '.', 2) END AS key_id,
                   count(*) AS "n!"
            FROM push_subscriptions p, LATERAL (VALUES (p.secret), (p.previous_secret)) AS v(s)
-           WHERE p.channel = 'webhook' AND v.s IS NOT NULL
+           WHERE p.channel IN ('webhook', 'email') AND v.s IS NOT NULL
            GROUP BY 1 ORDER BY 1 NULLS FIRST"#
     )
     .fetch_all(pool)
