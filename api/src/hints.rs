@@ -111,12 +111,7 @@ impl Keys {
         body: &[u8],
         now_unix: i64,
     ) -> Result<(&str, &'a str), Unverified> {
-        let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
-        let signed = Headers {
-            id: header("webhook-id"),
-            timestamp: header("webhook-timestamp"),
-            signature: header("webhook-signature"),
-        };
+        let signed = signed_headers(headers);
         let groups: Vec<&[Secret]> = self.sources.iter().map(|(_, s)| s.as_slice()).collect();
         let (group, id) = signatures::verify(&groups, signed, body, now_unix)?;
         Ok((self.sources[group].0.as_str(), id))
@@ -159,6 +154,16 @@ pub(crate) fn read_secrets(name: &str, path: &Path) -> Result<Vec<Secret>, Secre
         return Err(SecretError::Empty(name.to_owned()));
     }
     Ok(secrets)
+}
+
+/// The Standard Webhooks headers of a request, as received.
+pub(crate) fn signed_headers(headers: &HeaderMap) -> Headers<'_> {
+    let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    Headers {
+        id: header("webhook-id"),
+        timestamp: header("webhook-timestamp"),
+        signature: header("webhook-signature"),
+    }
 }
 
 /// Why a hint was not taken (its metric label and the answer).

@@ -9,21 +9,21 @@
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::rejection::QueryRejection;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use chrono::Utc;
 use serde::Deserialize;
 use std::time::Duration;
 use tidings_api_types::devices::{BounceKind, BounceReport, BouncesTaken};
+use tidings_domain::mail::MailText;
 use tidings_domain::subscription::Deactivation;
 use tidings_domain::texts::{Lang, confirmation_mail, page_lines};
 use tidings_domain::{DeviceId, SubscriptionId};
 use tidings_email::links::{LinkKey, MailLinks, Purpose, confirm_link};
-use tidings_email::message::{Mail, MessageId, Unsubscribe, parse_address};
+use tidings_email::message::parse_address;
 use tidings_email::relay::{Relay, Submitted};
-use tidings_email::settings::Sender;
+use tidings_email::settings::{Letter, Sender};
 use tidings_store::db;
 use tidings_store::devices::{self, NewDevice};
 use tidings_store::mailboxes::{self, Allowed, Confirmed, MailLimits, NewConfirmation, NewMailbox};
@@ -32,7 +32,7 @@ use utoipa::IntoParams;
 use crate::AppState;
 use crate::auth::{new_token, token_hash};
 use crate::extract::{ClientAddr, within};
-use crate::pages::{Form, page};
+use crate::pages::{Form, LinkQuery, link_key, page, said};
 use crate::problem::{ApiError, BodyRejected, Problem};
 
 /// What the api mails with.
@@ -180,23 +180,18 @@ async fn send_confirmation(mailer: &Mailer, c: &Confirmation<'_>) -> Result<(), 
     );
     let id = format!("confirm.{}", uuid::Uuid::new_v4());
     let now = Utc::now();
-    let mail = Mail {
-        from: &sender.from,
-        to: c.to,
-        subject,
-        text: &text,
-        html: &html,
-        message_id: MessageId {
-            id: &id,
-            domain: &sender.domain,
-        },
-        unsubscribe: Unsubscribe {
-            https: &links.unsubscribe,
-            mailto: sender.unsubscribe_mailbox(),
-        },
-        date: now,
+    let text = MailText {
+        subject: subject.to_owned(),
+        text,
+        html,
     };
-    let message = (sender.write(&mail, now))
+    let letter = Letter {
+        to: c.to,
+        text: &text,
+        id: &id,
+        unsubscribe: &links.unsubscribe,
+    };
+    let message = (sender.write(letter, now))
         .map_err(|e| ApiError::Internal(format!("writing a confirmation mail: {e}")))?;
     let submitted = (mailer.relay.submit(&sender.envelope, c.to, &message))
         .await
@@ -240,27 +235,22 @@ const TOKEN_MAX: usize = 64;
         (status = 400, description = "No token", content_type = "text/html"),
     )
 )]
-pub async fn confirm_page(q: Result<Query<ConfirmQuery>, QueryRejection>) -> Response {
+pub async fn confirm_page(LinkQuery(q): LinkQuery<ConfirmQuery>) -> Response {
     let lines = page_lines(Lang::En, "");
-    match q {
-        Ok(Query(q)) if q.t.len() <= TOKEN_MAX => page(
-            StatusCode::OK,
-            Lang::En,
-            lines.confirm_title,
-            &[],
-            Some(Form {
-                action: format!("{}?t={}", tidings_email::links::CONFIRM, q.t),
-                button: lines.confirm_button,
-            }),
-        ),
-        _ => page(
-            StatusCode::BAD_REQUEST,
-            Lang::En,
-            lines.link_unknown,
-            &[],
-            None,
-        ),
+    if q.t.len() > TOKEN_MAX {
+        return said(StatusCode::BAD_REQUEST, lines.link_unknown);
     }
+    let form = Form {
+        action: format!("{}?t={}", tidings_email::links::CONFIRM, q.t),
+        button: lines.confirm_button,
+    };
+    page(
+        StatusCode::OK,
+        Lang::En,
+        lines.confirm_title,
+        &[],
+        Some(form),
+    )
 }
 
 #[utoipa::path(
@@ -275,13 +265,10 @@ pub async fn confirm_page(q: Result<Query<ConfirmQuery>, QueryRejection>) -> Res
 )]
 pub async fn confirm(
     State(app): State<AppState>,
-    q: Result<Query<ConfirmQuery>, QueryRejection>,
+    LinkQuery(q): LinkQuery<ConfirmQuery>,
 ) -> Response {
     let lines = page_lines(Lang::En, "");
-    let unknown = |status| page(status, Lang::En, lines.link_unknown, &[], None);
-    let Ok(Query(q)) = q else {
-        return unknown(StatusCode::BAD_REQUEST);
-    };
+    let unknown = |status| said(status, lines.link_unknown);
     if q.t.len() > TOKEN_MAX {
         return unknown(StatusCode::NOT_FOUND);
     }
@@ -289,22 +276,16 @@ pub async fn confirm(
         Ok(c) => c,
         Err(e) => {
             tracing::error!(error = %tidings_runtime::telemetry::with_causes(&e), "confirming an email address failed");
-            return page(
-                StatusCode::SERVICE_UNAVAILABLE,
-                Lang::En,
-                lines.unchecked,
-                &[],
-                None,
-            );
+            return said(StatusCode::SERVICE_UNAVAILABLE, lines.unchecked);
         }
     };
     match confirmed {
         Confirmed::Yes(sub) => {
             tracing::info!(subscription_id = %sub, "email address confirmed");
-            page(StatusCode::OK, Lang::En, lines.confirmed, &[], None)
+            said(StatusCode::OK, lines.confirmed)
         }
-        Confirmed::AlreadyUsed => page(StatusCode::OK, Lang::En, lines.link_used, &[], None),
-        Confirmed::Expired => page(StatusCode::GONE, Lang::En, lines.link_expired, &[], None),
+        Confirmed::AlreadyUsed => said(StatusCode::OK, lines.link_used),
+        Confirmed::Expired => said(StatusCode::GONE, lines.link_expired),
         Confirmed::Unknown => unknown(StatusCode::NOT_FOUND),
     }
 }
@@ -332,15 +313,9 @@ async fn signed_subscription(
     else {
         return Ok(None);
     };
-    let keys = app.settings.webhook_secret_keys.as_deref();
-    let Ok(opened) = tidings_sealing::open(&keyed.link_key, keys, id.0) else {
-        tracing::error!(subscription_id = %id, "an email subscription's link key does not open: check TIDINGS_WEBHOOK_SECRET_KEYS");
-        return Err(ApiError::Unavailable(
-            "the link cannot be checked now".into(),
-        ));
-    };
-    let signed = LinkKey::parse(&opened)
-        .is_ok_and(|key| key.verifies(Purpose::Unsubscribe, &id.to_string(), &q.t));
+    let key = link_key(app, &keyed)
+        .ok_or_else(|| ApiError::Unavailable("the link cannot be checked now".into()))?;
+    let signed = key.verifies(Purpose::Unsubscribe, &id.to_string(), &q.t);
     Ok(signed.then_some(id))
 }
 
@@ -355,13 +330,10 @@ async fn signed_subscription(
 )]
 pub async fn unsubscribe_page(
     State(app): State<AppState>,
-    q: Result<Query<UnsubscribeQuery>, QueryRejection>,
+    LinkQuery(q): LinkQuery<UnsubscribeQuery>,
 ) -> Response {
     let lines = page_lines(Lang::En, "");
-    let unknown = |status| page(status, Lang::En, lines.link_unknown, &[], None);
-    let Ok(Query(q)) = q else {
-        return unknown(StatusCode::BAD_REQUEST);
-    };
+    let unknown = |status| said(status, lines.link_unknown);
     match signed_subscription(&app, &q).await {
         Ok(Some(_)) => page(
             StatusCode::OK,
@@ -374,13 +346,7 @@ pub async fn unsubscribe_page(
             }),
         ),
         Ok(None) => unknown(StatusCode::NOT_FOUND),
-        Err(_) => page(
-            StatusCode::SERVICE_UNAVAILABLE,
-            Lang::En,
-            lines.unchecked,
-            &[],
-            None,
-        ),
+        Err(_) => said(StatusCode::SERVICE_UNAVAILABLE, lines.unchecked),
     }
 }
 
@@ -395,24 +361,15 @@ pub async fn unsubscribe_page(
 )]
 pub async fn unsubscribe(
     State(app): State<AppState>,
-    q: Result<Query<UnsubscribeQuery>, QueryRejection>,
+    LinkQuery(q): LinkQuery<UnsubscribeQuery>,
 ) -> Response {
     let lines = page_lines(Lang::En, "");
-    let unknown = |status| page(status, Lang::En, lines.link_unknown, &[], None);
-    let Ok(Query(q)) = q else {
-        return unknown(StatusCode::BAD_REQUEST);
-    };
+    let unknown = |status| said(status, lines.link_unknown);
     let id = match signed_subscription(&app, &q).await {
         Ok(Some(id)) => id,
         Ok(None) => return unknown(StatusCode::NOT_FOUND),
         Err(_) => {
-            return page(
-                StatusCode::SERVICE_UNAVAILABLE,
-                Lang::En,
-                lines.unchecked,
-                &[],
-                None,
-            );
+            return said(StatusCode::SERVICE_UNAVAILABLE, lines.unchecked);
         }
     };
     match mailboxes::deactivate(&app.pool, id, Deactivation::Unsubscribed).await {
@@ -420,17 +377,11 @@ pub async fn unsubscribe(
             if changed {
                 tracing::info!(subscription_id = %id, "email subscription unsubscribed");
             }
-            page(StatusCode::OK, Lang::En, lines.unsubscribed, &[], None)
+            said(StatusCode::OK, lines.unsubscribed)
         }
         Err(e) => {
             tracing::error!(subscription_id = %id, error = %tidings_runtime::telemetry::with_causes(&e), "unsubscribing failed");
-            page(
-                StatusCode::SERVICE_UNAVAILABLE,
-                Lang::En,
-                lines.unchecked,
-                &[],
-                None,
-            )
+            said(StatusCode::SERVICE_UNAVAILABLE, lines.unchecked)
         }
     }
 }
@@ -462,12 +413,7 @@ pub async fn bounces(
         "bounces_per_address",
     )?;
     let secrets = (app.settings.mail.as_deref()).map_or(&[][..], |m| m.bounce_secrets.as_slice());
-    let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
-    let signed = tidings_signatures::Headers {
-        id: header("webhook-id"),
-        timestamp: header("webhook-timestamp"),
-        signature: header("webhook-signature"),
-    };
+    let signed = crate::hints::signed_headers(&headers);
     let (_, id) = tidings_signatures::verify(&[secrets], signed, &body, Utc::now().timestamp())
         .map_err(|e| {
             tracing::info!(error = %e, "a bounce report was refused");

@@ -3,7 +3,7 @@
 //! ([`crate::mailboxes`]). Plain HTML that works without JavaScript, with the `/web/` pages'
 //! security headers; no referrer leaves them, as their addresses carry tokens.
 
-use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -17,6 +17,7 @@ use utoipa::IntoParams;
 
 use crate::AppState;
 use crate::problem::ApiError;
+use tidings_store::mailboxes::Keyed;
 
 /// Scripts, styles and frames: none. Forms post only to this origin.
 const CSP: &str = "default-src 'none'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
@@ -68,6 +69,48 @@ pub fn page(
     response
 }
 
+/// A link's query (`?t=…`); a request without one is answered with the page that says it is
+/// not a link (400), as a mail client or a reader typing an address sees it.
+pub struct LinkQuery<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequestParts<S>
+    for LinkQuery<T>
+{
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Response> {
+        match Query::<T>::from_request_parts(parts, state).await {
+            Ok(Query(q)) => Ok(LinkQuery(q)),
+            Err(_) => Err(said(
+                StatusCode::BAD_REQUEST,
+                page_lines(Lang::En, "").link_unknown,
+            )),
+        }
+    }
+}
+
+/// A page that says one thing.
+pub fn said(status: StatusCode, line: &str) -> Response {
+    page(status, Lang::En, line, &[], None)
+}
+
+/// The link key of `keyed`'s subscription, opened; `None` (logged, naming the subscription) if it
+/// does not open with this api's sealing keys.
+pub fn link_key(app: &AppState, keyed: &Keyed) -> Option<LinkKey> {
+    let keys = app.settings.webhook_secret_keys.as_deref();
+    let opened = tidings_sealing::open(&keyed.link_key, keys, keyed.subscription.0);
+    match opened.ok().map(|k| LinkKey::parse(&k)) {
+        Some(Ok(key)) => Some(key),
+        _ => {
+            tracing::error!(subscription_id = %keyed.subscription, "an email subscription's link key does not open: check TIDINGS_WEBHOOK_SECRET_KEYS");
+            None
+        }
+    }
+}
+
 /// A notification link's query.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -89,13 +132,13 @@ pub struct NoticeQuery {
 pub async fn notice(
     State(app): State<AppState>,
     id: Result<Path<uuid::Uuid>, PathRejection>,
-    q: Result<Query<NoticeQuery>, QueryRejection>,
+    LinkQuery(q): LinkQuery<NoticeQuery>,
 ) -> Response {
     let unknown = |lang| {
         let lines = page_lines(lang, "");
         page(StatusCode::NOT_FOUND, lang, lines.link_unknown, &[], None)
     };
-    let (Ok(Path(id)), Ok(Query(q))) = (id, q) else {
+    let Ok(Path(id)) = id else {
         return unknown(Lang::En);
     };
     let id = OutboxId(id);
@@ -107,11 +150,10 @@ pub async fn notice(
             return unavailable(Lang::En);
         }
     };
-    let keys = app.settings.webhook_secret_keys.as_deref();
-    let signed = tidings_sealing::open(&keyed.link_key, keys, keyed.subscription.0)
-        .ok()
-        .and_then(|k| LinkKey::parse(&k).ok())
-        .is_some_and(|key| key.verifies(Purpose::Notification, &id.to_string(), &q.t));
+    let Some(key) = link_key(&app, &keyed) else {
+        return unavailable(Lang::En);
+    };
+    let signed = key.verifies(Purpose::Notification, &id.to_string(), &q.t);
     if !signed {
         return unknown(Lang::En);
     }

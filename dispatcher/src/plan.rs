@@ -28,7 +28,7 @@ use tidings_source::{Fetched, SourceError};
 use crate::config::Settings;
 use crate::recheck::{self, Decision};
 use tidings_email::links::{LinkKey, MailLinks};
-use tidings_email::message::{Mail, MessageId, Unsubscribe};
+use tidings_email::settings::Letter;
 use tidings_store::claim::Claimed;
 use tidings_store::claim::{Destination, Endpoint, Mailbox, WatchState};
 use tidings_store::transition::Change;
@@ -575,24 +575,14 @@ fn mail(
     let links = MailLinks::new(&sender.public_url, &key, &id, &subscription.to_string());
     let tz = parse_time_zone(g.time_zone).unwrap_or(chrono_tz::Tz::UTC);
     let text = tidings_domain::mail::render(notice, tz, &links.as_links());
-    let mail = Mail {
-        from: &sender.from,
+    let letter = Letter {
         to: &mailbox.address,
-        subject: &text.subject,
-        text: &text.text,
-        html: &text.html,
-        message_id: MessageId {
-            id: &id,
-            domain: &sender.domain,
-        },
-        unsubscribe: Unsubscribe {
-            https: &links.unsubscribe,
-            mailto: sender.unsubscribe_mailbox(),
-        },
-        date: now,
+        text: &text,
+        id: &id,
+        unsubscribe: &links.unsubscribe,
     };
     let message = sender
-        .write(&mail, now)
+        .write(letter, now)
         .map_err(|source| Unsigned::Unwritable {
             subscription,
             source,

@@ -313,3 +313,39 @@ impl Drop for Pipeline {
         }
     }
 }
+
+/// `method` `url` with `token` as the bearer and `body` as JSON: the status and the JSON answer
+/// (null when there is none).
+pub async fn call(
+    method: reqwest::Method,
+    url: String,
+    token: Option<&str>,
+    body: Option<serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    let mut request = reqwest::Client::new().request(method, url);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let resp = request.send().await.expect("the api answers");
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or_default())
+}
+
+/// A watch on `item` for a price below `threshold` (minor units), made with `token`: the api's
+/// answer, which must be a 201.
+pub async fn watch_below(
+    p: &Pipeline,
+    token: &str,
+    item: &str,
+    threshold: i64,
+) -> serde_json::Value {
+    let trigger = serde_json::json!({"kind": "price_below", "threshold": threshold});
+    let body = serde_json::json!({"item_code": item, "triggers": [trigger]});
+    let url = format!("{}/v1/watches", p.url("api"));
+    let (status, watch) = call(reqwest::Method::POST, url, Some(token), Some(body)).await;
+    assert_eq!(status, 201, "{watch}");
+    watch
+}

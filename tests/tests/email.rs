@@ -17,7 +17,7 @@ use tidings_email::dkim::DkimKey;
 use tidings_tests::fake_smtp::{FakeSmtp, SmtpOptions};
 use tidings_tests::mail::{self, Read};
 use tidings_tests::scenario::Scenario;
-use tidings_tests::services::{ADMIN_TOKEN, Pipeline};
+use tidings_tests::services::{ADMIN_TOKEN, Pipeline, call, watch_below};
 
 const FROM: &str = "Tidings <alerts@tidings.test>";
 const SELECTOR: &str = "mail2026";
@@ -62,24 +62,6 @@ async fn mailing_pipeline(s: &Scenario, smtp: &FakeSmtp, key_file: &std::path::P
     Pipeline::start(s, &env).await
 }
 
-async fn call(
-    method: reqwest::Method,
-    url: String,
-    token: Option<&str>,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut request = reqwest::Client::new().request(method, url);
-    if let Some(token) = token {
-        request = request.bearer_auth(token);
-    }
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    let resp = request.send().await.unwrap();
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or_default())
-}
-
 /// `POST /v1/devices` with `address`: (status, answer).
 async fn register(p: &Pipeline, address: &str) -> (u16, Value) {
     let body = json!({"email": address, "time_zone": "Europe/Berlin"});
@@ -95,14 +77,7 @@ async fn register(p: &Pipeline, address: &str) -> (u16, Value) {
 /// A watch for a price below 10.00 on `item` (at 12.99 now).
 async fn watch(p: &Pipeline, s: &Scenario, token: &str, item: &str) -> WatchId {
     s.catalog.set_price(item, 1299);
-    let (status, watch) = call(
-        reqwest::Method::POST,
-        format!("{}/v1/watches", p.url("api")),
-        Some(token),
-        Some(json!({"item_code": item, "triggers": [{"kind": "price_below", "threshold": 1000}]})),
-    )
-    .await;
-    assert_eq!(status, 201, "{watch}");
+    let watch = watch_below(p, token, item, 1000).await;
     assert_eq!(watch["channel"], "email");
     WatchId(watch["id"].as_str().unwrap().parse().unwrap())
 }

@@ -13,31 +13,13 @@ use tidings_api_types::endpoints::{EndpointAttemptList, Recovered};
 use tidings_domain::outbox::{DropReason, Reason, Status};
 use tidings_tests::fake_webhooks::{Answer, FakeWebhookReceiver, Received};
 use tidings_tests::scenario::Scenario;
-use tidings_tests::services::{ADMIN_TOKEN, Pipeline};
+use tidings_tests::services::{ADMIN_TOKEN, Pipeline, call, watch_below};
 
 /// Keys that seal webhook secrets (each the base64 of 32 bytes).
 const SEALING_KEYS: [&str; 2] = [
     "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=",
     "ICEiIyQlJicoKSorLC0uLzAxMjM0NTY3ODk6Ozw9Pj8=",
 ];
-
-async fn call(
-    method: reqwest::Method,
-    url: String,
-    token: Option<&str>,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut request = reqwest::Client::new().request(method, url);
-    if let Some(token) = token {
-        request = request.bearer_auth(token);
-    }
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    let resp = request.send().await.unwrap();
-    let status = resp.status().as_u16();
-    (status, resp.json().await.unwrap_or_default())
-}
 
 /// A client key, as the operator issues it.
 async fn client_key(p: &Pipeline) -> String {
@@ -72,14 +54,7 @@ async fn endpoint(p: &Pipeline, key: &str, url: &str) -> (String, String) {
 
 /// A watch for a price below 10.00 on `item`, made with the endpoint's token.
 async fn watch(p: &Pipeline, token: &str, item: &str) -> String {
-    let (status, watch) = call(
-        reqwest::Method::POST,
-        format!("{}/v1/watches", p.url("api")),
-        Some(token),
-        Some(json!({"item_code": item, "triggers": [{"kind": "price_below", "threshold": 1000}]})),
-    )
-    .await;
-    assert_eq!(status, 201, "{watch}");
+    let watch = watch_below(p, token, item, 1000).await;
     assert_eq!(watch["channel"], "webhook");
     watch["id"].as_str().unwrap().to_owned()
 }

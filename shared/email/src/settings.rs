@@ -10,8 +10,9 @@ use std::time::Duration;
 use tidings_domain::duration::parse_duration;
 
 use crate::dkim::{DkimError, DkimKey};
-use crate::message::{Mail, MailError, compose};
+use crate::message::{Mail, MailError, MessageId, Unsubscribe, compose};
 use crate::relay::{Relay, RelayError, RelaySettings, Security};
+use tidings_domain::mail::MailText;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SettingsError {
@@ -238,12 +239,35 @@ pub enum WriteError {
     Dkim(#[from] DkimError),
 }
 
+/// What one mail says, to whom: the rest is the sender's.
+#[derive(Clone, Copy, Debug)]
+pub struct Letter<'a> {
+    pub to: &'a str,
+    pub text: &'a MailText,
+    /// Its `Message-ID`'s id (the sender's domain follows the `@`).
+    pub id: &'a str,
+    /// The one-click unsubscribe link.
+    pub unsubscribe: &'a str,
+}
+
 impl Sender {
-    /// `mail` (whose From is ignored: this sender's is used) composed and DKIM-signed.
-    pub fn write(&self, mail: &Mail<'_>, now: DateTime<Utc>) -> Result<Vec<u8>, WriteError> {
+    /// `letter` from this sender, composed and DKIM-signed at `now`.
+    pub fn write(&self, letter: Letter<'_>, now: DateTime<Utc>) -> Result<Vec<u8>, WriteError> {
         let message = compose(&Mail {
             from: &self.from,
-            ..mail.clone()
+            to: letter.to,
+            subject: &letter.text.subject,
+            text: &letter.text.text,
+            html: &letter.text.html,
+            message_id: MessageId {
+                id: letter.id,
+                domain: &self.domain,
+            },
+            unsubscribe: Unsubscribe {
+                https: letter.unsubscribe,
+                mailto: self.unsubscribe_mailbox(),
+            },
+            date: now,
         })?;
         Ok(self.dkim.sign(&message, now)?)
     }
