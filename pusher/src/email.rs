@@ -110,3 +110,57 @@ impl Mails {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(to: &str) -> MailCall {
+        MailCall {
+            from: "alerts@tidings.test".into(),
+            to: to.into(),
+            message: String::new(),
+        }
+    }
+
+    /// A domain's slots are its own: while one domain's are all taken, another's mail goes, and
+    /// a mail waiting for a slot waits no longer than its deadline.
+    #[tokio::test]
+    async fn each_domain_has_its_own_slots_and_a_wait_ends_at_the_deadline() {
+        let mails = Mails {
+            relay: None,
+            per_domain: 1,
+            timeout: Duration::from_secs(1),
+            slots: Mutex::new(HashMap::new()),
+        };
+        let soon = || Utc::now() + chrono::Duration::milliseconds(200);
+        let held = mails.domain_slot(&call("a@slow.test"), soon()).await;
+        assert!(held.is_some());
+        let started = Instant::now();
+        // The same domain, written otherwise: the same slots.
+        assert!(
+            mails
+                .domain_slot(&call("b@SLOW.test"), soon())
+                .await
+                .is_none()
+        );
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(150) && waited < Duration::from_secs(1),
+            "{waited:?}"
+        );
+        assert!(
+            mails
+                .domain_slot(&call("c@fast.test"), soon())
+                .await
+                .is_some()
+        );
+        drop(held);
+        assert!(
+            mails
+                .domain_slot(&call("a@slow.test"), soon())
+                .await
+                .is_some()
+        );
+    }
+}
