@@ -125,6 +125,7 @@ pub struct NoticeQuery {
     params(("id" = uuid::Uuid, Path, description = "The notification (its outbox row)"), NoticeQuery),
     responses(
         (status = 200, description = "The notification beside the item's value now: still true, or ended", content_type = "text/html"),
+        (status = 400, description = "No token", content_type = "text/html"),
         (status = 404, description = "No such notification, or a token not signed for it", content_type = "text/html"),
         (status = 503, description = "The catalog did not answer: try again", content_type = "text/html"),
     )
