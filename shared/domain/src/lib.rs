@@ -16,6 +16,7 @@
 //!   [`withdrawal`]: when a sent one stopped holding and is followed by a correction.
 //! - [`webhook`]: what a webhook's body says; [`receiver`]: how its receiver is judged (a
 //!   breaker) and paced.
+//! - [`holding`]: when a notification that holds may go, by quiet hours, a cap and a digest.
 //! - [`ids`], [`channel`], [`item`], [`duration`]: the values everything else is built from.
 //!
 //! The `sqlx` feature lets the ids be bound as Postgres values by the crates that talk to the
@@ -26,6 +27,7 @@ mod channel;
 pub mod dedup;
 pub mod duration;
 pub mod hints;
+pub mod holding;
 mod ids;
 pub mod item;
 pub mod mail;
