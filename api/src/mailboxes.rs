@@ -32,7 +32,7 @@ use utoipa::IntoParams;
 use crate::AppState;
 use crate::auth::{new_token, token_hash};
 use crate::extract::{ClientAddr, within};
-use crate::pages::{Form, LinkQuery, link_key, page, said};
+use crate::pages::{Form, LinkQuery, is_token, link_key, page, said};
 use crate::problem::{ApiError, BodyRejected, Problem};
 
 /// What the api mails with.
@@ -221,23 +221,21 @@ fn linked(p: &str, link: &str) -> String {
 #[into_params(parameter_in = Query)]
 pub struct ConfirmQuery {
     /// The token the confirmation mail's link carries.
-    #[param(max_length = 64)]
+    #[param(max_length = 64, pattern = r"^[A-Za-z0-9_-]{1,64}$")]
     t: String,
 }
-
-const TOKEN_MAX: usize = 64;
 
 #[utoipa::path(
     get, path = "/v1/email/confirm", tag = "email",
     params(ConfirmQuery),
     responses(
         (status = 200, description = "A page that asks its reader to confirm (a GET changes nothing: mail scanners follow links)", content_type = "text/html"),
-        (status = 400, description = "No token", content_type = "text/html"),
+        (status = 400, description = "No token, or not one (1 to 64 of A-Z, a-z, 0-9, `-`, `_`)", content_type = "text/html"),
     )
 )]
 pub async fn confirm_page(LinkQuery(q): LinkQuery<ConfirmQuery>) -> Response {
     let lines = page_lines(Lang::En, "");
-    if q.t.len() > TOKEN_MAX {
+    if !is_token(&q.t) {
         return said(StatusCode::BAD_REQUEST, lines.link_unknown);
     }
     let form = Form {
@@ -258,7 +256,7 @@ pub async fn confirm_page(LinkQuery(q): LinkQuery<ConfirmQuery>) -> Response {
     params(ConfirmQuery),
     responses(
         (status = 200, description = "Confirmed (or confirmed before): the address receives notifications", content_type = "text/html"),
-        (status = 400, description = "No token", content_type = "text/html"),
+        (status = 400, description = "No token, or not one (1 to 64 of A-Z, a-z, 0-9, `-`, `_`)", content_type = "text/html"),
         (status = 404, description = "No such link, or its address was unsubscribed", content_type = "text/html"),
         (status = 410, description = "The link expired", content_type = "text/html"),
     )
@@ -269,8 +267,8 @@ pub async fn confirm(
 ) -> Response {
     let lines = page_lines(Lang::En, "");
     let unknown = |status| said(status, lines.link_unknown);
-    if q.t.len() > TOKEN_MAX {
-        return unknown(StatusCode::NOT_FOUND);
+    if !is_token(&q.t) {
+        return unknown(StatusCode::BAD_REQUEST);
     }
     let confirmed = match mailboxes::confirm(&app.pool, &token_hash(&q.t)).await {
         Ok(c) => c,
@@ -297,7 +295,7 @@ pub struct UnsubscribeQuery {
     /// The email subscription.
     s: uuid::Uuid,
     /// Its signed token.
-    #[param(max_length = 64)]
+    #[param(max_length = 64, pattern = r"^[A-Za-z0-9_-]{1,64}$")]
     t: String,
 }
 
@@ -324,7 +322,7 @@ async fn signed_subscription(
     params(UnsubscribeQuery),
     responses(
         (status = 200, description = "A page with the button that unsubscribes (a GET changes nothing)", content_type = "text/html"),
-        (status = 400, description = "No subscription or token", content_type = "text/html"),
+        (status = 400, description = "No subscription or token, or not a token (1 to 64 of A-Z, a-z, 0-9, `-`, `_`)", content_type = "text/html"),
         (status = 404, description = "Not a valid link", content_type = "text/html"),
     )
 )]
@@ -334,6 +332,9 @@ pub async fn unsubscribe_page(
 ) -> Response {
     let lines = page_lines(Lang::En, "");
     let unknown = |status| said(status, lines.link_unknown);
+    if !is_token(&q.t) {
+        return unknown(StatusCode::BAD_REQUEST);
+    }
     match signed_subscription(&app, &q).await {
         Ok(Some(_)) => page(
             StatusCode::OK,
@@ -355,7 +356,7 @@ pub async fn unsubscribe_page(
     params(UnsubscribeQuery),
     responses(
         (status = 200, description = "Unsubscribed (or unsubscribed before): no more mail goes to the address. Takes RFC 8058's one-click POST (`List-Unsubscribe=One-Click`) and the page's button alike", content_type = "text/html"),
-        (status = 400, description = "No subscription or token", content_type = "text/html"),
+        (status = 400, description = "No subscription or token, or not a token (1 to 64 of A-Z, a-z, 0-9, `-`, `_`)", content_type = "text/html"),
         (status = 404, description = "Not a valid link", content_type = "text/html"),
     )
 )]
@@ -365,6 +366,9 @@ pub async fn unsubscribe(
 ) -> Response {
     let lines = page_lines(Lang::En, "");
     let unknown = |status| said(status, lines.link_unknown);
+    if !is_token(&q.t) {
+        return unknown(StatusCode::BAD_REQUEST);
+    }
     let id = match signed_subscription(&app, &q).await {
         Ok(Some(id)) => id,
         Ok(None) => return unknown(StatusCode::NOT_FOUND),

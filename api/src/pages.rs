@@ -92,6 +92,14 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequestP
     }
 }
 
+/// Whether `t` can be a link's token: 1 to 64 base64url characters (what every token Tidings
+/// mails is), so nothing else reaches a lookup or a page's form.
+pub fn is_token(t: &str) -> bool {
+    (1..=64).contains(&t.len())
+        && t.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
 /// A page that says one thing.
 pub fn said(status: StatusCode, line: &str) -> Response {
     page(status, Lang::En, line, &[], None)
@@ -116,7 +124,7 @@ pub fn link_key(app: &AppState, keyed: &Keyed) -> Option<LinkKey> {
 #[into_params(parameter_in = Query)]
 pub struct NoticeQuery {
     /// The token the mail's link carries, signed for this notification.
-    #[param(max_length = 64)]
+    #[param(max_length = 64, pattern = r"^[A-Za-z0-9_-]{1,64}$")]
     t: String,
 }
 
@@ -125,7 +133,7 @@ pub struct NoticeQuery {
     params(("id" = uuid::Uuid, Path, description = "The notification (its outbox row)"), NoticeQuery),
     responses(
         (status = 200, description = "The notification beside the item's value now: still true, or ended", content_type = "text/html"),
-        (status = 400, description = "No token", content_type = "text/html"),
+        (status = 400, description = "No token, or not one (1 to 64 of A-Z, a-z, 0-9, `-`, `_`)", content_type = "text/html"),
         (status = 404, description = "No such notification, or a token not signed for it", content_type = "text/html"),
         (status = 503, description = "The catalog did not answer: try again", content_type = "text/html"),
     )
@@ -142,6 +150,10 @@ pub async fn notice(
     let Ok(Path(id)) = id else {
         return unknown(Lang::En);
     };
+    if !is_token(&q.t) {
+        let lines = page_lines(Lang::En, "");
+        return said(StatusCode::BAD_REQUEST, lines.link_unknown);
+    }
     let id = OutboxId(id);
     let keyed = match tidings_store::mailboxes::keyed_by_row(&app.pool, id).await {
         Ok(Some(keyed)) => keyed,
