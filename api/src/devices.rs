@@ -10,8 +10,10 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde::Deserialize;
-use tidings_api_types::devices::{DeviceCreated, SubscriptionReplaced, VapidPublicKey};
+use tidings_api_types::devices::{DeviceCreated, MyDevice, SubscriptionReplaced, VapidPublicKey};
 use tidings_domain::dedup::parse_time_zone;
+use tidings_domain::holding::Preferences;
+use tidings_domain::preferences::PreferencesSpec;
 use tidings_domain::texts::check_locale;
 use tidings_domain::{DeviceId, SubscriptionId};
 use tidings_endpoint_guard::{EndpointPolicy, check};
@@ -68,6 +70,55 @@ pub struct CreateDevice {
     #[serde(default)]
     #[schema(max_length = 35, pattern = r"^[A-Za-z]{2,3}(-[A-Za-z0-9]{1,8})*$")]
     pub locale: Option<String>,
+    /// When notifications wait: quiet hours, a cap (docs/api.md). Default: none.
+    #[serde(default, deserialize_with = "tidings_domain::strict::object_or_null")]
+    pub preferences: Option<PreferencesSpec>,
+}
+
+/// What a device may change of itself; each field left out stays as it is.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateDevice {
+    /// BCP 47 language tag; null: back to English.
+    #[serde(default, deserialize_with = "locale_change")]
+    #[schema(value_type = Option<String>, max_length = 35, pattern = r"^[A-Za-z]{2,3}(-[A-Za-z0-9]{1,8})*$")]
+    pub locale: Option<Option<String>>,
+    /// When notifications wait; `{}`: never. Held notifications are judged again by the new
+    /// preferences at their release.
+    #[serde(
+        default,
+        deserialize_with = "tidings_domain::strict::object_or_default"
+    )]
+    #[schema(value_type = PreferencesSpec)]
+    pub preferences: Option<PreferencesSpec>,
+}
+
+fn locale_change<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Option<String>>, D::Error> {
+    Option::<String>::deserialize(d).map(Some)
+}
+
+/// Makes the device's held rows (of `watch` only, if given) due at once, to be judged by the
+/// preferences just changed rather than wait for the release the old ones gave.
+pub async fn release_held(
+    app: &AppState,
+    device: DeviceId,
+    watch: Option<tidings_domain::WatchId>,
+) -> Result<(), ApiError> {
+    let n = tidings_store::claim::release_held(&app.pool, device, watch)
+        .await
+        .map_err(db("releasing held notifications"))?;
+    if n > 0 {
+        tracing::info!(device_id = %device, released = n, "held notifications judged again");
+    }
+    Ok(())
+}
+
+/// `p`'s rules checked, a problem naming the field below `at` otherwise.
+pub fn checked(p: &PreferencesSpec, at: &str) -> Result<Preferences, ApiError> {
+    p.rules()
+        .map_err(|e| ApiError::invalid(format!("{at}{}", e.at), e.what))
 }
 
 /// Checks a subscription the way the pusher will: the same endpoint guard, and keys that can be
@@ -134,6 +185,8 @@ pub async fn create_device(
     if let Some(locale) = &req.locale {
         check_locale(locale).map_err(|e| ApiError::invalid("/locale", e))?;
     }
+    let preferences = req.preferences.unwrap_or_default();
+    checked(&preferences, "/preferences")?;
     let sub = match (&req.subscription, &req.email) {
         (Some(sub), None) => sub,
         (None, Some(email)) => {
@@ -141,6 +194,7 @@ pub async fn create_device(
                 email,
                 time_zone: &time_zone,
                 locale: req.locale.as_deref(),
+                preferences: &preferences,
             };
             let r = crate::mailboxes::register(&app, new).await?;
             let created = DeviceCreated {
@@ -149,6 +203,7 @@ pub async fn create_device(
                 subscription_id: r.subscription.0,
                 time_zone,
                 locale: req.locale,
+                preferences,
                 confirm_by: Some(r.confirm_by),
             };
             return Ok((StatusCode::CREATED, Json(created)));
@@ -171,6 +226,7 @@ pub async fn create_device(
         token_hash: &hash,
         time_zone: &time_zone,
         locale: req.locale.as_deref(),
+        preferences: &preferences,
     };
     devices::register(&app.pool, new, first)
         .await
@@ -184,6 +240,7 @@ pub async fn create_device(
             subscription_id: subscription.0,
             time_zone,
             locale: req.locale,
+            preferences,
             confirm_by: None,
         }),
     ))
@@ -235,6 +292,77 @@ pub async fn replace_subscription(
     Ok(Json(SubscriptionReplaced {
         subscription_id: id.0,
     }))
+}
+
+fn my_device(d: devices::Device) -> MyDevice {
+    MyDevice {
+        device_id: d.id.0,
+        channel: d.channel,
+        time_zone: d.time_zone,
+        locale: d.locale,
+        preferences: d.preferences.0,
+        watch_count: d.watch_count,
+        created_at: d.created_at,
+    }
+}
+
+#[utoipa::path(
+    get, path = "/v1/devices/me", tag = "devices",
+    security(("device_token" = [])),
+    responses(
+        (status = 200, description = "The device: its channel, time zone, locale and preferences", body = MyDevice),
+        Unauthorized,
+    )
+)]
+pub async fn get_device(
+    State(app): State<AppState>,
+    device: Device,
+) -> Result<Json<MyDevice>, ApiError> {
+    let row = devices::read(&app.pool, device.id)
+        .await
+        .map_err(db("reading a device"))?;
+    // Authenticated a moment ago: gone since, it is as if the token were unknown.
+    let row = row.filter(|d| d.removed_at.is_none());
+    row.map(|d| Json(my_device(d)))
+        .ok_or(ApiError::Unauthorized("invalid device token"))
+}
+
+#[utoipa::path(
+    patch, path = "/v1/devices/me", tag = "devices",
+    request_body = UpdateDevice,
+    security(("device_token" = [])),
+    responses(
+        (status = 200, description = "The updated device", body = MyDevice),
+        BodyRejected,
+        Unauthorized,
+        (status = 422, description = "Unknown or invalid field (`locale` and `preferences` can change)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn update_device(
+    State(app): State<AppState>,
+    device: Device,
+    body: JsonBody<UpdateDevice>,
+) -> Result<Json<MyDevice>, ApiError> {
+    let req = body.value;
+    if let Some(Some(locale)) = &req.locale {
+        check_locale(locale).map_err(|e| ApiError::invalid("/locale", e))?;
+    }
+    if let Some(p) = &req.preferences {
+        checked(p, "/preferences")?;
+    }
+    let change = devices::DeviceChange {
+        locale: req.locale.as_ref().map(Option::as_deref),
+        preferences: req.preferences.as_ref(),
+    };
+    let row = devices::change(&app.pool, device.id, &change)
+        .await
+        .map_err(db("updating a device"))?;
+    let row = row.ok_or(ApiError::Unauthorized("invalid device token"))?;
+    if req.preferences.is_some() {
+        release_held(&app, device.id, None).await?;
+    }
+    tracing::info!(device_id = %device.id, "device updated");
+    Ok(Json(my_device(row)))
 }
 
 #[utoipa::path(

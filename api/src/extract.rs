@@ -8,6 +8,7 @@ use axum::extract::{FromRequest, FromRequestParts, Query, Request};
 use axum::http::header;
 use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
+pub use tidings_domain::strict::{object_or_default, whole};
 use uuid::Uuid;
 
 /// A JSON body, with the raw bytes kept (the idempotency record hashes them).
@@ -45,11 +46,35 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
 }
 
 pub fn parse_json<T: DeserializeOwned>(raw: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(raw).map_err(|e| match e.classify() {
-        // Well-formed JSON of the wrong shape: a missing or unknown field, a wrong type.
-        serde_json::error::Category::Data => ApiError::invalid("", format!("request body: {e}")),
-        _ => ApiError::BadRequest(format!("request body is not valid JSON: {e}")),
+    let mut json = serde_json::Deserializer::from_slice(raw);
+    serde_path_to_error::deserialize(&mut json).map_err(|e| {
+        let at = pointer(e.path());
+        let e = e.into_inner();
+        match e.classify() {
+            // Well-formed JSON of the wrong shape: a missing or unknown field, a wrong type.
+            serde_json::error::Category::Data => {
+                ApiError::invalid(at, format!("request body: {e}"))
+            }
+            _ => ApiError::BadRequest(format!("request body is not valid JSON: {e}")),
+        }
     })
+}
+
+/// The JSON Pointer (RFC 6901) of the field serde was reading.
+fn pointer(path: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    let mut at = String::new();
+    for segment in path.iter() {
+        match segment {
+            Segment::Seq { index } => at.push_str(&format!("/{index}")),
+            Segment::Map { key } => {
+                at.push('/');
+                at.push_str(&key.replace('~', "~0").replace('/', "~1"));
+            }
+            Segment::Enum { .. } | Segment::Unknown => {}
+        }
+    }
+    at
 }
 
 /// Query parameters.
@@ -157,82 +182,5 @@ pub fn require_object(raw: &[u8]) -> Result<(), ApiError> {
             "",
             "request body: expected a JSON object",
         )),
-    }
-}
-
-/// A field that must be a JSON object when present (with `#[serde(default)]` for absent), for
-/// the same reason as [`require_object`]; `null` is not an object either.
-pub fn object_or_default<'de, D, T>(d: D) -> Result<T, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: serde::de::DeserializeOwned,
-{
-    use serde::Deserialize;
-    use serde::de::Error;
-    match serde_json::Value::deserialize(d)? {
-        v @ serde_json::Value::Object(_) => serde_json::from_value(v).map_err(D::Error::custom),
-        _ => Err(D::Error::custom("expected an object")),
-    }
-}
-
-/// Whole numbers in JSON bodies: JSON Schema's `integer` includes `722.0`, which serde's integer
-/// types refuse, so these accept a number with no fractional part, in range, however written.
-pub mod whole {
-    use serde::Deserialize;
-    use serde::de::{Deserializer, Error};
-
-    fn from_number<T: TryFrom<u64>, E: Error>(n: serde_json::Number) -> Result<T, E> {
-        let whole = n.as_u64().or_else(|| {
-            n.as_f64()
-                .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f <= u64::MAX as f64)
-                .map(|f| f as u64)
-        });
-        whole
-            .and_then(|w| T::try_from(w).ok())
-            .ok_or_else(|| E::custom(format!("{n} is not a whole number in range")))
-    }
-
-    pub fn opt<'de, D: Deserializer<'de>, T: TryFrom<u64>>(d: D) -> Result<Option<T>, D::Error> {
-        Option::<serde_json::Number>::deserialize(d)?
-            .map(from_number)
-            .transpose()
-    }
-
-    pub fn opt_vec<'de, D: Deserializer<'de>, T: TryFrom<u64>>(
-        d: D,
-    ) -> Result<Option<Vec<T>>, D::Error> {
-        Option::<Vec<serde_json::Number>>::deserialize(d)?
-            .map(|v| v.into_iter().map(from_number).collect())
-            .transpose()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-
-    #[derive(serde::Deserialize)]
-    struct Sequences {
-        #[serde(default, deserialize_with = "super::whole::opt_vec")]
-        sequences: Option<Vec<u64>>,
-    }
-
-    #[test]
-    fn whole_numbers_written_as_decimals_read_exactly() {
-        // The contract fuzzer's draw: serde_json's fast float parsing read the second as
-        // 4040217466168097.5 and the api answered 422 for a schema-valid integer.
-        let body =
-            r#"{"sequences": [72833365624.0, 4040217466168098.0, 3246576323802723328, 17.0]}"#;
-        let s: Sequences = serde_json::from_str(body).unwrap();
-        assert_eq!(
-            s.sequences.unwrap(),
-            [72833365624, 4040217466168098, 3246576323802723328, 17]
-        );
-        for refused in [r#"{"sequences": [1.5]}"#, r#"{"sequences": [-1.0]}"#] {
-            assert!(
-                serde_json::from_str::<Sequences>(refused).is_err(),
-                "{refused}"
-            );
-        }
     }
 }

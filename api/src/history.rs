@@ -58,6 +58,8 @@ pub(crate) fn notification(r: history::Notification) -> Notification {
         finished_at: r.finished_at,
         replay_of: r.replay_of.map(|id| id.0),
         withdraws: r.withdraws.map(|id| id.0),
+        held: r.held,
+        release_at: r.release_at,
         dedup_day: r.dedup_day,
         attempts: Vec::new(),
         shown: None,

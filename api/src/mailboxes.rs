@@ -60,6 +60,7 @@ pub struct NewEmailDevice<'a> {
     pub email: &'a str,
     pub time_zone: &'a str,
     pub locale: Option<&'a str>,
+    pub preferences: &'a tidings_domain::preferences::PreferencesSpec,
 }
 
 /// The registered device: its id, token, subscription, and until when its link works.
@@ -97,6 +98,7 @@ pub async fn register(app: &AppState, new: NewEmailDevice<'_>) -> Result<Registe
             token_hash: &hash,
             time_zone: new.time_zone,
             locale: new.locale,
+            preferences: new.preferences,
         },
         subscription,
         address: &address,

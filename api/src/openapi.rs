@@ -61,7 +61,11 @@ impl Modify for Security {
 fn public() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(devices::create_device))
-        .routes(routes!(devices::delete_device))
+        .routes(routes!(
+            devices::get_device,
+            devices::update_device,
+            devices::delete_device
+        ))
         .routes(routes!(devices::replace_subscription))
         .routes(routes!(devices::vapid_public_key))
         .routes(routes!(endpoints::create_endpoint))

@@ -47,6 +47,7 @@ async fn device_view(app: &AppState, id: Uuid) -> Result<DeviceView, ApiError> {
         channel: row.channel,
         time_zone: row.time_zone,
         locale: row.locale,
+        preferences: row.preferences.0,
         created_at: row.created_at,
         removed_at: row.removed_at,
         paused_at: row.paused_at,

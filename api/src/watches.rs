@@ -6,6 +6,7 @@
 
 use crate::AppState;
 use crate::auth::{Device, DeviceToken};
+use crate::devices::checked;
 use crate::extract::{ApiQuery, ClientAddr, JsonBody, cursor, limit, page, resource_id, within};
 use crate::problem::{ApiError, BodyRejected, NoSuchDevicesWatch, Problem, Unauthorized};
 use crate::shown::Catalog;
@@ -21,6 +22,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 pub use tidings_api_types::objects::{Watch, WatchList};
 pub use tidings_api_types::triggers::TriggerSpec;
+use tidings_domain::preferences::PreferencesSpec;
 use tidings_domain::trigger::Trigger;
 use tidings_domain::{Channel, ItemCode, WatchId};
 use tidings_source::{OfferSelector, Unwatchable};
@@ -82,6 +84,14 @@ pub struct CreateWatch {
     /// says what changed, in its place (default true).
     #[serde(default)]
     pub withdraw: Option<bool>,
+    /// Its notifications go at once, past quiet hours and caps (default
+    /// false).
+    #[serde(default)]
+    pub urgent: Option<bool>,
+    /// Its own preferences (quiet hours, cap), in place of its device's whole; left out
+    /// or null: the device's.
+    #[serde(default, deserialize_with = "tidings_domain::strict::object_or_null")]
+    pub preferences: Option<PreferencesSpec>,
     /// The source (by name, docs/sources.md) that reads the item: its prefix is put in front
     /// of `item_code`. Left out: the source whose prefix `item_code` has.
     #[serde(default)]
@@ -119,12 +129,25 @@ impl OfferSpec {
     }
 }
 
+/// What a watch's device may change of it; each field left out stays as it is. Its item,
+/// triggers and channel never change.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateWatch {
     /// Pause (true) or resume (false) the watch. A paused watch is not scanned, and notifications
     /// already on their way are withheld (`watch_paused`).
-    pub paused: bool,
+    #[serde(default)]
+    pub paused: Option<bool>,
+    /// Follow a sent notification that stops holding with a withdrawal.
+    #[serde(default)]
+    pub withdraw: Option<bool>,
+    /// Its notifications go at once, whatever the preferences.
+    #[serde(default)]
+    pub urgent: Option<bool>,
+    /// Its own preferences; null: back to its device's.
+    #[serde(default, deserialize_with = "tidings_domain::strict::change_of_object")]
+    #[schema(value_type = Option<PreferencesSpec>)]
+    pub preferences: Option<Option<PreferencesSpec>>,
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -148,6 +171,8 @@ pub(crate) fn watch_of(r: watches::Watch) -> Watch {
         paused: r.paused,
         reference_price: r.reference_price,
         withdraw: r.withdraw,
+        urgent: r.urgent,
+        preferences: r.preferences.map(|p| p.0),
         created_at: r.created_at,
         updated_at: r.updated_at,
     }
@@ -217,10 +242,15 @@ fn validate(
         c.parse::<Channel>()
             .map_err(|e| ApiError::invalid("/channel", e))?;
     }
+    if let Some(p) = &req.preferences {
+        checked(p, "/preferences")?;
+    }
     Ok(NewWatch {
         item,
         triggers,
         withdraw: req.withdraw.unwrap_or(true),
+        urgent: req.urgent.unwrap_or(false),
+        preferences: req.preferences.clone(),
     })
 }
 
@@ -273,6 +303,8 @@ async fn create_queued(
                 paused: false,
                 reference_price: None,
                 withdraw: new.withdraw,
+                urgent: new.urgent,
+                preferences: new.preferences.clone(),
                 created_at: at,
                 updated_at: at,
             })
@@ -557,7 +589,7 @@ pub async fn get_watch(
         BodyRejected,
         Unauthorized,
         NoSuchDevicesWatch,
-        (status = 422, description = "Unknown or invalid field (only `paused` can change)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Unknown or invalid field (`paused`, `withdraw`, `urgent` and `preferences` can change), or invalid preferences", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn update_watch(
@@ -567,11 +599,25 @@ pub async fn update_watch(
     body: JsonBody<UpdateWatch>,
 ) -> Result<Json<Watch>, ApiError> {
     let id = resource_id(id, "watch")?;
-    let row = watches::set_paused_for_device(&app.pool, WatchId(id), device.id, body.value.paused)
+    let req = body.value;
+    if let Some(Some(p)) = &req.preferences {
+        checked(p, "/preferences")?;
+    }
+    let change = watches::WatchChange {
+        paused: req.paused,
+        withdraw: req.withdraw,
+        urgent: req.urgent,
+        preferences: req.preferences,
+    };
+    let row = watches::change_for_device(&app.pool, WatchId(id), device.id, &change)
         .await
         .map_err(db("updating a watch"))?;
     let row = row.ok_or(ApiError::NotFound("watch"))?;
-    tracing::info!(device_id = %device.id, watch_id = %id, paused = row.paused, "watch updated");
+    if change.preferences.is_some() || change.urgent.is_some() {
+        crate::devices::release_held(&app, device.id, Some(WatchId(id))).await?;
+    }
+    tracing::info!(device_id = %device.id, watch_id = %id, paused = row.paused,
+        urgent = row.urgent, "watch updated");
     Ok(Json(watch_of(row)))
 }
 

@@ -19,7 +19,7 @@ use server::{ADMIN_TOKEN, ApiServer, VAPID_PUBLIC, browser_subscription, test_se
 use std::collections::{BTreeMap, BTreeSet};
 use tidings_api::Settings;
 use tidings_api_types::clients::{ClientCreated, ClientList};
-use tidings_api_types::devices::{DeviceCreated, SubscriptionReplaced, VapidPublicKey};
+use tidings_api_types::devices::{DeviceCreated, MyDevice, SubscriptionReplaced, VapidPublicKey};
 use tidings_api_types::doctor::Diagnosis;
 use tidings_api_types::endpoints::{EndpointCreated, EndpointStatus, SecretRotated};
 use tidings_api_types::objects::{DeviceView, Watch, WatchList, WatchView};
@@ -377,6 +377,159 @@ async fn another_devices_watch_answers_404_and_is_not_touched() {
 }
 
 #[tokio::test]
+async fn preferences_are_set_at_creation_changed_by_patch_and_shown_in_every_view() {
+    let (db, api) = ApiServer::on_fresh_db().await;
+    let night = json!({"quiet_hours": {"start": "22:00", "end": "07:30", "days": ["sat", "sun"]},
+                       "cap": {"max": 5, "window_seconds": 86400}});
+    let r = api
+        .send(
+            Method::POST,
+            "/v1/devices",
+            None,
+            &json!({
+                "subscription": browser_subscription("https://127.0.0.1:9/push/p"),
+                "time_zone": "Asia/Tokyo",
+                "preferences": night,
+            }),
+        )
+        .await;
+    let created: DeviceCreated = answer(r).await;
+    assert_eq!(serde_json::to_value(&created.preferences).unwrap(), night);
+    let token = created.token;
+    let me: MyDevice = answer(api.get("/v1/devices/me", Some(&token)).await).await;
+    assert_eq!((me.time_zone.as_str(), me.locale), ("Asia/Tokyo", None));
+    assert_eq!(serde_json::to_value(&me.preferences).unwrap(), night);
+
+    // A PATCH changes what it names and nothing else; null locale reads English again.
+    let daily = json!({"quiet_hours": {"start": "23:00:30", "end": "06:00"}});
+    let patch = |body: Value| {
+        let (api, token) = (&api, &token);
+        async move {
+            api.send(Method::PATCH, "/v1/devices/me", Some(token), &body)
+                .await
+        }
+    };
+    let me: MyDevice = answer(patch(json!({"locale": "ja-JP"})).await).await;
+    assert_eq!(me.locale.as_deref(), Some("ja-JP"));
+    assert_eq!(serde_json::to_value(&me.preferences).unwrap(), night);
+    let me: MyDevice = answer(patch(json!({"preferences": daily, "locale": null})).await).await;
+    assert_eq!(
+        (me.locale, serde_json::to_value(&me.preferences).unwrap()),
+        (None, daily.clone())
+    );
+    // Wrong preferences name their field, and change nothing.
+    for (body, at) in [
+        (
+            json!({"preferences": {"quiet_hours": {"start": "22:00", "end": "22:00"}}}),
+            "/preferences/quiet_hours/end",
+        ),
+        (
+            json!({"preferences": {"cap": {"max": 0, "window_seconds": 60}}}),
+            "/preferences/cap/max",
+        ),
+        (
+            json!({"preferences": {"quiet_hours": {"start": "8:00", "end": "09:00"}}}),
+            "/preferences/quiet_hours/start",
+        ),
+        (json!({"preferences": [{"cap": null}]}), "/preferences"),
+        (json!({"preferences": null}), "/preferences"),
+        (json!({"locale": "not a tag"}), "/locale"),
+    ] {
+        let p = problem(patch(body.clone()).await, 422).await;
+        assert!(pointer(&p).starts_with(at), "{body}: {p:?}");
+    }
+    let me: MyDevice = answer(api.get("/v1/devices/me", Some(&token)).await).await;
+    assert_eq!(serde_json::to_value(&me.preferences).unwrap(), daily);
+    // Changed preferences make held rows due at once, to be judged by them; a locale does not.
+    let device_id = created.device_id.to_string();
+    let held = outbox_row(&db.pool, &device_id, &Uuid::new_v4().to_string(), 1000).await;
+    sqlx::query(
+        "UPDATE outbox SET held = 'quiet_hours', next_attempt_at = now() + interval '8 hours'
+         WHERE id = $1",
+    )
+    .bind(held)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let due_now = "SELECT count(*) FROM outbox WHERE held IS NOT NULL AND next_attempt_at <= now()";
+    let _: MyDevice = answer(patch(json!({"locale": "en"})).await).await;
+    db.assert_count(due_now, 0).await;
+    let _: MyDevice = answer(patch(json!({"preferences": daily})).await).await;
+    db.assert_count(due_now, 1).await;
+
+    // A watch takes its own preferences and urgency at creation, by either create path.
+    let own = json!({"cap": {"max": 1, "window_seconds": 60}});
+    let body = json!({"item_code": "SKU-P", "triggers": [{"kind": "back_in_stock"}],
+                      "urgent": true, "preferences": own});
+    let queued: Watch = answer(
+        api.send(Method::POST, "/v1/watches", Some(&token), &body)
+            .await,
+    )
+    .await;
+    let keyed: Watch = answer(
+        api.req(Method::POST, "/v1/watches", Some(&token))
+            .header("idempotency-key", "prefs-1")
+            .json(&body)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    for w in [&queued, &keyed] {
+        assert!(w.urgent);
+        assert_eq!(serde_json::to_value(&w.preferences).unwrap(), own);
+        let path = format!("/v1/watches/{}", w.id);
+        let shown: Watch = answer(api.get(&path, Some(&token)).await).await;
+        assert_eq!(
+            (shown.urgent, shown.preferences.clone()),
+            (true, w.preferences.clone())
+        );
+    }
+    let path = format!("/v1/watches/{}", queued.id);
+    let patch = |body: Value| {
+        let (api, token, path) = (&api, &token, &path);
+        async move { api.send(Method::PATCH, path, Some(token), &body).await }
+    };
+    let held = outbox_row(&db.pool, &device_id, &queued.id.to_string(), 1000).await;
+    sqlx::query(
+        "UPDATE outbox SET held = 'cap', next_attempt_at = now() + interval '1 hour' WHERE id = $1",
+    )
+    .bind(held)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let w: Watch = answer(patch(json!({"withdraw": false, "urgent": false})).await).await;
+    db.assert_count(due_now, 2).await;
+    assert_eq!((w.withdraw, w.urgent, w.paused), (false, false, false));
+    assert!(w.preferences.is_some(), "left out: unchanged");
+    let w: Watch = answer(patch(json!({"preferences": null, "paused": true})).await).await;
+    assert_eq!((w.preferences, w.paused, w.withdraw), (None, true, false));
+    let p = problem(
+        patch(json!({"preferences": {"cap": {"max": 5, "window_seconds": 0}}})).await,
+        422,
+    )
+    .await;
+    assert_eq!(pointer(&p), "/preferences/cap/window_seconds");
+    db.assert_count(
+        "SELECT count(*) FROM watches WHERE preferences IS NULL AND paused AND NOT withdraw
+                                          AND NOT urgent",
+        1,
+    )
+    .await;
+    // The operator's view shows the device's.
+    let view: DeviceView = answer(
+        api.get(
+            &format!("/v1/admin/devices/{}", created.device_id),
+            Some(ADMIN_TOKEN),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(serde_json::to_value(&view.preferences).unwrap(), daily);
+    api.stop().await;
+}
+
+#[tokio::test]
 async fn missing_or_invalid_tokens_get_401() {
     let (_db, api) = ApiServer::on_fresh_db().await;
     let (_, token) = api.register().await;
@@ -551,16 +704,19 @@ async fn every_watch_rule_refuses_bad_input_with_a_problem() {
             json!({"item_code": "SKU-1", "triggers": [below(100)], "channel": "sms"}),
             "/channel",
         ),
-        // Shape errors: unknown trigger kind, unknown field, wrong type.
+        // Shape errors name their field too: unknown trigger kind, unknown field, wrong type.
         (
             json!({"item_code": "SKU-1", "triggers": [{"kind": "price_above", "threshold": 1}]}),
-            "",
+            "/triggers/0/kind",
         ),
         (
             json!({"item_code": "SKU-1", "triggers": [below(100)], "owner": "me"}),
-            "",
+            "/owner",
         ),
-        (json!({"item_code": 42, "triggers": [below(100)]}), ""),
+        (
+            json!({"item_code": 42, "triggers": [below(100)]}),
+            "/item_code",
+        ),
     ];
     for (body, at) in cases {
         let p = problem(post(body.clone()).await.unwrap(), 422).await;
@@ -742,6 +898,8 @@ async fn a_shared_create_statement_authenticates_each_create_and_keeps_every_lim
         item: ItemCode::parse("SKU-1").unwrap(),
         triggers: vec![Trigger::BackInStock],
         withdraw: true,
+        urgent: false,
+        preferences: None,
     };
     let unknown = "x".repeat(43);
     let tokens = [
@@ -860,6 +1018,8 @@ async fn a_create_postgres_refuses_fails_alone_and_its_neighbours_are_created() 
         item: ItemCode::parse("SKU-1").unwrap(),
         triggers,
         withdraw: false,
+        urgent: false,
+        preferences: None,
     };
     let good = watch(vec![Trigger::BackInStock]);
     // No triggers breaks the table's CHECK; the api's validation never lets this through.
@@ -1684,6 +1844,8 @@ async fn the_openapi_document_is_valid_3_1_and_matches_the_router() {
     let promised = [
         ("POST", "/v1/devices"),
         ("PUT", "/v1/devices/me/subscription"),
+        ("GET", "/v1/devices/me"),
+        ("PATCH", "/v1/devices/me"),
         ("DELETE", "/v1/devices/me"),
         ("GET", "/v1/vapid-public-key"),
         ("POST", "/v1/watches"),

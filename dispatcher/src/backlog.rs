@@ -6,8 +6,9 @@
 use crate::metrics::metrics;
 use sqlx::PgPool;
 use std::time::Duration;
+use tidings_domain::holding::Held;
 use tidings_domain::outbox::Status;
-use tidings_runtime::metrics::{StateLabels, StatusLabels};
+use tidings_runtime::metrics::{HeldLabels, ReleaseLabels, StateLabels, StatusLabels};
 use tokio_util::sync::CancellationToken;
 
 /// Creates the gauges' series at 0, so a scrape between start and the first reading finds them
@@ -25,6 +26,20 @@ pub fn init_metrics() {
             state: state.to_owned(),
         });
     }
+    for held in Held::ALL {
+        let labels = HeldLabels {
+            held: held.as_str().to_owned(),
+        };
+        let _ = m.outbox_held.get_or_create(&labels);
+        let _ = m.held.get_or_create(&labels);
+        // What a release re-check can make of a held row (holding::released).
+        for outcome in ["sent", "held", "dropped", "retry", "failed"] {
+            let _ = m.released.get_or_create(&ReleaseLabels {
+                held: labels.held.clone(),
+                outcome: outcome.to_owned(),
+            });
+        }
+    }
 }
 
 /// Reads the backlog once and sets the gauges (an endpoint fails from `breaker_failures`
@@ -38,6 +53,13 @@ pub async fn measure(pool: &PgPool, breaker_failures: u32) -> Result<(), sqlx::E
                 status: status.as_str().to_owned(),
             })
             .set(backlog.rows(status));
+    }
+    for (held, n) in backlog.held {
+        (m.outbox_held)
+            .get_or_create(&HeldLabels {
+                held: held.as_str().to_owned(),
+            })
+            .set(n);
     }
     m.oldest_due_seconds.set(backlog.oldest_due_seconds);
     m.lease_overdue_seconds.set(backlog.lease_overdue_seconds);

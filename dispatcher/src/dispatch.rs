@@ -10,7 +10,7 @@
 
 use async_nats::jetstream;
 use chrono::Utc;
-use sqlx::PgPool;
+use sqlx::{PgPool, Postgres, Transaction};
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -20,16 +20,17 @@ use tidings_domain::outbox::Status;
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::{Channel, ItemCode, OutboxId, WatchId};
 use tidings_runtime::liveness::Progress;
-use tidings_runtime::metrics::KeyLabels;
+use tidings_runtime::metrics::{HeldLabels, KeyLabels, ReleaseLabels};
 use tidings_runtime::telemetry;
 use tidings_source::{Fetched, Sources};
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::Admission;
 use crate::config::Settings;
+use crate::holding;
 use crate::metrics::metrics;
 use crate::plan;
-use tidings_store::claim::{self, Claimed, WatchState};
+use tidings_store::claim::{self, Claimed, Wait, WatchState};
 use tidings_store::transition::{self, Change};
 use tidings_store::{DbError, db};
 
@@ -162,14 +163,19 @@ impl Dispatcher {
             .await
             .map_err(db("reading what withdrawals recall"))?;
         plan::recall(&mut decided, &rows, &recalls);
+        let (waits, caps) = self.wait_for_readers(&mut decided, &rows, &watches).await?;
         for key in decided.unsigned.drain(..) {
             (metrics().secrets_unopened)
                 .get_or_create(&KeyLabels { key })
                 .inc();
         }
         changes.extend(decided.changes);
+        count_held(&decided.requests, &changes, &rows, &waits);
 
-        let won = match self.write(&changes, "writing dispatch transitions").await {
+        let written = self
+            .write(&changes, caps, "writing dispatch transitions")
+            .await;
+        let won = match written {
             Ok(won) => won,
             Err(e) => {
                 telemetry::fail_all(spans.values(), &e.to_string());
@@ -210,6 +216,40 @@ impl Dispatcher {
             .await
             .map_err(db("taking paced webhook endpoints' next slots"))?;
         Ok(guards)
+    }
+
+    /// Takes the rows that must wait for their readers (quiet hours, caps) out of `plan` and
+    /// makes them wait, due at their release ([`holding`]). The caps counted stay locked by the
+    /// transaction returned, in which what this batch sends is written ([`claim::lock_caps`]).
+    async fn wait_for_readers(
+        &self,
+        plan: &mut plan::Plan,
+        rows: &[Claimed],
+        watches: &HashMap<WatchId, WatchState>,
+    ) -> Result<(Vec<Wait>, Option<Transaction<'static, Postgres>>), DispatchError> {
+        let (capped, window) = holding::capped(plan, rows, watches);
+        let mut caps = None;
+        let mut sent = HashMap::new();
+        if !capped.is_empty() {
+            let what = "reading capped devices' recent notifications";
+            let mut tx = self.pool.begin().await.map_err(db(what))?;
+            claim::lock_caps(&mut tx, &capped).await.map_err(db(what))?;
+            sent = claim::sent_since(&mut tx, &capped, Utc::now() - window)
+                .await
+                .map_err(db(what))?;
+            caps = Some(tx);
+        }
+        let waits = holding::wait(plan, rows, watches, sent, Utc::now());
+        let what = "making held rows wait for their readers";
+        match caps.as_mut() {
+            Some(tx) => claim::wait(tx, &waits).await.map_err(db(what))?,
+            None if waits.is_empty() => {}
+            None => {
+                let mut conn = self.pool.acquire().await.map_err(db(what))?;
+                claim::wait(&mut conn, &waits).await.map_err(db(what))?;
+            }
+        }
+        Ok((waits, caps))
     }
 
     /// One span per row while traces are exported, a child of its ingest span, covering
@@ -352,16 +392,26 @@ impl Dispatcher {
     async fn write(
         &self,
         changes: &[Change],
+        caps: Option<Transaction<'static, Postgres>>,
         what: &'static str,
     ) -> Result<HashSet<OutboxId>, DispatchError> {
-        let mut conn = self
-            .pool
-            .acquire()
-            .await
-            .map_err(db("acquiring a connection"))?;
-        let won = transition::apply(&mut conn, changes)
-            .await
-            .map_err(db(what))?;
+        let won = match caps {
+            // In the transaction that holds the caps' locks: what it sends is counted by the
+            // next decision for these devices, here or in another dispatcher.
+            Some(mut tx) => {
+                let won = transition::apply(&mut tx, changes)
+                    .await
+                    .map_err(db(what))?;
+                tx.commit().await.map_err(db(what))?;
+                won
+            }
+            None => {
+                let mut conn = (self.pool.acquire().await).map_err(db("acquiring a connection"))?;
+                transition::apply(&mut conn, changes)
+                    .await
+                    .map_err(db(what))?
+            }
+        };
         transition::observe(changes, &won);
         Ok(won)
     }
@@ -422,6 +472,31 @@ fn count_written(
                 span.record("reason", reason.as_str());
             }
         }
+    }
+}
+
+/// Counts the rows made to wait, and what became of held rows at their release.
+fn count_held(
+    requests: &HashMap<OutboxId, PushRequest>,
+    changes: &[Change],
+    rows: &[Claimed],
+    waits: &[Wait],
+) {
+    let m = metrics();
+    for w in waits {
+        (m.held)
+            .get_or_create(&HeldLabels {
+                held: w.held.as_str().to_owned(),
+            })
+            .inc();
+    }
+    for (held, outcome) in holding::released(requests, changes, rows, waits) {
+        (m.released)
+            .get_or_create(&ReleaseLabels {
+                held: held.as_str().to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .inc();
     }
 }
 

@@ -19,6 +19,7 @@ pub mod admission;
 pub mod backlog;
 mod config;
 pub mod dispatch;
+mod holding;
 pub mod ingest;
 pub mod metrics;
 mod plan;

@@ -723,6 +723,7 @@ mod tests {
             traceparent: None,
             next_attempt_at: at,
             withdraws: None,
+            held: None,
         }
     }
 
@@ -742,6 +743,8 @@ mod tests {
             )),
             locale: None,
             time_zone: "UTC".into(),
+            urgent: false,
+            preferences: Default::default(),
         }
     }
 
@@ -1093,6 +1096,120 @@ mod tests {
             c.last_error
                 .as_deref()
                 .is_some_and(|e| e.contains("no answer"))
+        );
+    }
+
+    /// Rows of one device's watch `w`, guarded and decided as one batch against `price`.
+    fn plan_rows(
+        n: usize,
+        watch: WatchState,
+        price: i64,
+    ) -> (Vec<Claimed>, HashMap<WatchId, WatchState>, Plan) {
+        let w = WatchId::new();
+        let device = DeviceId::new();
+        let rows: Vec<Claimed> = (0..n)
+            .map(|_| Claimed {
+                device_id: device,
+                ..row(w)
+            })
+            .collect();
+        let watches = HashMap::from([(w, watch)]);
+        let now = Utc::now();
+        let s = settings();
+        let guards = guard(&rows, &watches, &s, now);
+        let plan = decide(
+            &guards.guarded,
+            &watches,
+            &HashMap::new(),
+            &priced(price),
+            &s,
+            now,
+        );
+        (rows, watches, plan)
+    }
+
+    fn preferring(json: serde_json::Value) -> WatchState {
+        WatchState {
+            preferences: serde_json::from_value(json).unwrap_or_else(|e| unreachable!("{e}")),
+            ..watch(false)
+        }
+    }
+
+    #[test]
+    fn a_notification_inside_quiet_hours_waits_for_their_end_unless_urgent_or_a_withdrawal() {
+        let now = Utc::now();
+        let clock = |t: DateTime<Utc>| t.format("%H:%M:%S").to_string();
+        let end = now + chrono::Duration::hours(1);
+        let quiet = serde_json::json!({"quiet_hours": {"start": clock(now - chrono::Duration::hours(1)), "end": clock(end)}});
+        let (rows, watches, mut plan) = plan_rows(1, preferring(quiet.clone()), 1050);
+        let waits = crate::holding::wait(&mut plan, &rows, &watches, HashMap::new(), now);
+        assert_eq!(waits.len(), 1);
+        assert_eq!(waits[0].held, tidings_domain::holding::Held::QuietHours);
+        assert_eq!(
+            waits[0].until.timestamp(),
+            end.timestamp(),
+            "at their end, to the second"
+        );
+        assert!(
+            plan.requests.is_empty() && plan.changes.is_empty(),
+            "nothing sent or written as a send"
+        );
+
+        let urgent = WatchState {
+            urgent: true,
+            ..preferring(quiet.clone())
+        };
+        let (rows, watches, mut plan) = plan_rows(1, urgent, 1050);
+        assert!(crate::holding::wait(&mut plan, &rows, &watches, HashMap::new(), now).is_empty());
+        assert_eq!(plan.requests.len(), 1);
+
+        // A price that no longer holds is dropped now, not held.
+        let (rows, watches, mut plan) = plan_rows(1, preferring(quiet), 1300);
+        assert!(crate::holding::wait(&mut plan, &rows, &watches, HashMap::new(), now).is_empty());
+        assert_eq!(plan.changes[0].transition.to, Status::Dropped);
+    }
+
+    #[test]
+    fn a_cap_lets_go_what_its_window_has_room_for_and_holds_the_rest_until_room_comes() {
+        let now = Utc::now();
+        let cap = serde_json::json!({"cap": {"max": 2, "window_seconds": 3600}});
+        let (rows, watches, mut plan) = plan_rows(3, preferring(cap), 1050);
+        assert_eq!(plan.requests.len(), 3);
+        let earlier = now - chrono::Duration::minutes(10);
+        let sent = HashMap::from([(rows[0].device_id, vec![earlier])]);
+        let (capped, window) = crate::holding::capped(&plan, &rows, &watches);
+        assert_eq!(
+            (capped, window),
+            (vec![rows[0].device_id], chrono::Duration::minutes(60))
+        );
+        let waits = crate::holding::wait(&mut plan, &rows, &watches, sent, now);
+        // One goes (two in the hour), two wait until the earlier one leaves the window.
+        assert!(plan.requests.contains_key(&rows[0].id));
+        assert_eq!(
+            waits.iter().map(|w| w.id).collect::<Vec<_>>(),
+            [rows[1].id, rows[2].id]
+        );
+        for w in &waits {
+            assert_eq!(
+                (w.held, w.until),
+                (
+                    tidings_domain::holding::Held::Cap,
+                    earlier + chrono::Duration::minutes(60)
+                )
+            );
+        }
+        // At the release, what became of each held row is counted by why it was held.
+        let held: Vec<Claimed> = rows
+            .into_iter()
+            .map(|r| Claimed {
+                held: Some(tidings_domain::holding::Held::Cap),
+                ..r
+            })
+            .collect();
+        let outcomes = crate::holding::released(&plan.requests, &plan.changes, &held, &waits);
+        assert_eq!(
+            outcomes.iter().map(|o| o.1).collect::<Vec<_>>(),
+            ["sent", "held", "held"]
         );
     }
 }

@@ -161,6 +161,8 @@ mod tests {
             subscription: None,
             locale: None,
             time_zone: "UTC".into(),
+            urgent: false,
+            preferences: Default::default(),
         };
         assert_eq!(pre_guard(None).unwrap_err(), DropReason::WatchRemoved);
         assert_eq!(pre_guard(Some(&w)).unwrap_err(), DropReason::WatchRemoved);

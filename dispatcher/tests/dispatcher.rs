@@ -768,6 +768,18 @@ async fn seed_rows(s: &Scenario, item: &str, n: usize) {
     }
 }
 
+/// Dispatches with `d` until a claim finds nothing due: how many requests it published.
+async fn until_idle(d: tidings_dispatcher::dispatch::Dispatcher) -> usize {
+    let mut published = 0;
+    loop {
+        let st = d.dispatch_once().await.unwrap();
+        if st.claimed == 0 {
+            return published;
+        }
+        published += st.published;
+    }
+}
+
 /// Regression: on a young outbox (no statistics yet) Postgres planned the claim as a bitmap scan
 /// of every due row plus a sort, reading 25,000 rows to take 500. The claim now runs with the
 /// plans that ignore the due index's order turned off; this checks the plan it gets.
@@ -826,17 +838,7 @@ async fn two_dispatchers_never_claim_the_same_row() {
         .unwrap();
     nats.flush().await.unwrap();
 
-    let run = |d: tidings_dispatcher::dispatch::Dispatcher| async move {
-        let mut published = 0;
-        loop {
-            let st = d.dispatch_once().await.unwrap();
-            if st.claimed == 0 {
-                return published;
-            }
-            published += st.published;
-        }
-    };
-    let (a, b) = tokio::join!(run(s.dispatcher()), run(s.dispatcher()));
+    let (a, b) = tokio::join!(until_idle(s.dispatcher()), until_idle(s.dispatcher()));
     assert_eq!(a + b, 10_000);
     assert!(a > 0 && b > 0, "both dispatchers took part ({a} / {b})");
 
@@ -861,6 +863,37 @@ async fn two_dispatchers_never_claim_the_same_row() {
         "one push per row, none twice"
     );
     assert_eq!(s.db.rows_in(&[Status::Sending]).await, 10_000);
+    s.cleanup().await;
+}
+
+/// A cap holds across dispatchers: four racing over three capped devices' rows, a row a claim,
+/// let go exactly each cap's worth and hold the rest for its release, however they interleave.
+#[tokio::test]
+async fn dispatchers_racing_never_let_a_device_past_its_cap() {
+    let mut s = Scenario::new().await;
+    s.settings.claim_batch = 1;
+    for item in ["SKU-1", "SKU-2", "SKU-3"] {
+        seed_rows(&s, item, 40).await;
+    }
+    sqlx::query(
+        r#"UPDATE devices SET preferences = '{"cap": {"max": 15, "window_seconds": 3600}}'"#,
+    )
+    .execute(&s.db.pool)
+    .await
+    .unwrap();
+    let racing = (0..4).map(|_| until_idle(s.dispatcher()));
+    let published: usize = futures::future::join_all(racing).await.into_iter().sum();
+    assert_eq!(published, 3 * 15);
+    let per_device: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE status = 'sending'),
+                count(*) FILTER (WHERE status = 'pending' AND held = 'cap' AND attempt = 0
+                                   AND next_attempt_at > now() + interval '55 minutes')
+         FROM outbox GROUP BY device_id",
+    )
+    .fetch_all(&s.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(per_device, vec![(15, 25); 3]);
     s.cleanup().await;
 }
 

@@ -194,6 +194,13 @@ impl Pipeline {
         }
     }
 
+    /// Service `name`'s `/metrics` text.
+    pub async fn metrics(&self, name: &str) -> String {
+        let url = format!("{}/metrics", self.ops_url(name));
+        let answer = reqwest::get(url).await.expect("/metrics answers");
+        answer.text().await.expect("/metrics text")
+    }
+
     /// `http://127.0.0.1:<port>`: the api, or a worker's ops endpoint.
     pub fn url(&self, name: &str) -> String {
         format!("http://127.0.0.1:{}", self.ports[name])

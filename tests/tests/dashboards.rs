@@ -317,7 +317,7 @@ fn the_families_the_crates_register_are_the_listed_ones() {
     touch!(tidings_bus::metrics::metrics() => dead_lettered, delivery_log_errors);
     touch!(tidings_source::metrics() => source_errors, source_requests, pages_too_complex);
     touch!(tidings_detector::metrics::metrics() => shard_count, detections, hinted_items);
-    touch!(tidings_dispatcher::metrics::metrics() => outbox_rows, ingested, webhook_endpoints, secrets_unopened);
+    touch!(tidings_dispatcher::metrics::metrics() => outbox_rows, ingested, webhook_endpoints, secrets_unopened, outbox_held, held, released);
     touch!(tidings_pusher::metrics::metrics() => pushes, push_duration);
     touch!(tidings_api::metrics::metrics() => http_requests, http_duration, rate_limited, hints);
     let text = metrics().encode();
@@ -544,12 +544,7 @@ async fn trace_panels_exemplars_and_log_links_lead_to_what_the_services_send() {
     let destination = &by_uid("prometheus")["jsonData"]["exemplarTraceIdDestinations"][0];
     assert_eq!(destination["datasourceUid"], "tempo");
     let label = destination["name"].as_str().unwrap();
-    let text = reqwest::get(format!("{}/metrics", p.ops_url("dispatcher")))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = p.metrics("dispatcher").await;
     assert!(
         text.lines().any(
             |l| l.starts_with("tidings_detection_to_delivery_seconds_bucket")

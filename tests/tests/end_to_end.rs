@@ -28,12 +28,7 @@ use tidings_tests::scenario::{Scenario, Watcher};
 use tidings_tests::services::{ADMIN_TOKEN, Pipeline, SERVICES, binary, cli};
 
 async fn metrics(p: &Pipeline, name: &str) -> String {
-    reqwest::get(format!("{}/metrics", p.ops_url(name)))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    p.metrics(name).await
 }
 
 /// Parses with the Prometheus project's own OpenMetrics parser (Python `prometheus_client`),

@@ -1,6 +1,8 @@
 //! A browser's device as it registers (`/v1/devices`, `/v1/vapid-public-key`).
 
 use serde::{Deserialize, Serialize};
+use tidings_domain::Channel;
+use tidings_domain::preferences::PreferencesSpec;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
@@ -12,10 +14,28 @@ pub struct DeviceCreated {
     pub subscription_id: Uuid,
     pub time_zone: String,
     pub locale: Option<String>,
+    /// When its notifications wait (quiet hours, a cap).
+    #[serde(default)]
+    pub preferences: PreferencesSpec,
     /// An email device: the link mailed to its address works until then, and the device
     /// receives nothing until it is opened.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub confirm_by: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// A device as it sees itself (`GET /v1/devices/me`).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct MyDevice {
+    pub device_id: Uuid,
+    /// How its notifications are delivered.
+    pub channel: Channel,
+    pub time_zone: String,
+    /// BCP 47; none reads English.
+    pub locale: Option<String>,
+    /// When its notifications wait (quiet hours, a cap); a watch's own replace them.
+    pub preferences: PreferencesSpec,
+    pub watch_count: i32,
+    pub created_at: chrono::DateTime<chrono::Utc>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]

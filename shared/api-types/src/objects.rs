@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use tidings_domain::Channel;
 use tidings_domain::outbox::Status;
+use tidings_domain::preferences::PreferencesSpec;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
@@ -29,6 +30,9 @@ pub struct DeviceView {
     pub time_zone: String,
     /// The BCP 47 locale its notifications are written for; none reads English.
     pub locale: Option<String>,
+    /// When its notifications wait (quiet hours, a cap).
+    #[serde(default)]
+    pub preferences: PreferencesSpec,
     pub created_at: DateTime<Utc>,
     pub removed_at: Option<DateTime<Utc>>,
     /// Set while an operator has the device paused.
@@ -63,6 +67,12 @@ pub struct Watch {
     /// one that says what changed (a withdrawal), in its place on the screen.
     #[serde(default = "withdraw_by_default")]
     pub withdraw: bool,
+    /// Its notifications go at once, whatever the preferences.
+    #[serde(default)]
+    pub urgent: bool,
+    /// Its own preferences, in place of its device's; null: the device's.
+    #[serde(default)]
+    pub preferences: Option<PreferencesSpec>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }

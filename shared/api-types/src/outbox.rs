@@ -7,6 +7,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use tidings_domain::Channel;
+use tidings_domain::holding::Held;
 use tidings_domain::outbox::{Delivery, Reason, Status};
 use tidings_domain::shown::Shown;
 use utoipa::ToSchema;
@@ -52,6 +53,13 @@ pub struct Notification {
     /// validity ended, which this one replaced on the device ("was …, now …").
     #[serde(default)]
     pub withdraws: Option<Uuid>,
+    /// Why it waited for its reader (`quiet_hours`, `cap`), if it did: re-checked at its
+    /// release, then sent or dropped like any notification.
+    #[serde(default)]
+    pub held: Option<Held>,
+    /// While it waits for its reader: when it is released.
+    #[serde(default)]
+    pub release_at: Option<DateTime<Utc>>,
     /// The day its dedup key counts (one notification per watch, trigger and day; a withdrawal
     /// counts on its notification's day).
     pub dedup_day: NaiveDate,

@@ -36,12 +36,14 @@ pub mod money;
 pub mod names;
 pub mod notification;
 pub mod outbox;
+pub mod preferences;
 pub mod push;
 pub mod receiver;
 pub mod retention;
 pub mod shown;
 #[cfg(feature = "sqlx")]
 pub mod sql;
+pub mod strict;
 pub mod subjects;
 pub mod subscription;
 pub mod texts;

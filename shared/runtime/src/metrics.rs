@@ -112,6 +112,9 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
         &["dispatcher", "api"],
     ),
     ("tidings_outbox_rows", "gauge", &["dispatcher"]),
+    ("tidings_outbox_held", "gauge", &["dispatcher"]),
+    ("tidings_notifications_held", "counter", &["dispatcher"]),
+    ("tidings_notifications_released", "counter", &["dispatcher"]),
     (
         "tidings_outbox_oldest_due_seconds",
         "gauge",
@@ -447,6 +450,19 @@ families! {
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ShardLabels {
     pub shard: String,
+}
+
+/// Why a notification waited for its reader (`quiet_hours`, `cap`).
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HeldLabels {
+    pub held: String,
+}
+
+/// A held notification at its release: why it was held, and what became of it.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReleaseLabels {
+    pub held: String,
+    pub outcome: String,
 }
 
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -3,6 +3,7 @@
 //! states are left out, since counting them would scan the whole history.
 
 use sqlx::PgPool;
+use tidings_domain::holding::Held;
 use tidings_domain::outbox::Status;
 
 /// One reading of the backlog.
@@ -15,6 +16,8 @@ pub struct Backlog {
     pub oldest_due_seconds: f64,
     /// Seconds the oldest `sending` row is past its lease (0: none).
     pub lease_overdue_seconds: f64,
+    /// Of the pending and retrying rows, those waiting for their reader's release, by why.
+    pub held: Vec<(Held, i64)>,
 }
 
 impl Backlog {
@@ -31,11 +34,13 @@ impl Backlog {
 /// Reads the backlog in two statements.
 pub async fn read(pool: &PgPool) -> Result<Backlog, sqlx::Error> {
     let counts = sqlx::query!(
-        r#"SELECT status AS "status!: Status", count(*) AS "n!" FROM outbox
+        r#"SELECT status AS "status!: Status", held AS "held?: Held", count(*) AS "n!",
+                  count(*) FILTER (WHERE next_attempt_at > now()) AS "waiting!"
+           FROM outbox
            WHERE status IN ('pending', 'retry') /* status: due */
-           GROUP BY status
+           GROUP BY status, held
            UNION ALL
-           SELECT 'sending' /* status: sending */, count(*) FROM outbox
+           SELECT 'sending' /* status: sending */, NULL, count(*), 0 FROM outbox
            WHERE status = 'sending' /* status: sending */"#
     )
     .fetch_all(pool)
@@ -52,13 +57,18 @@ pub async fn read(pool: &PgPool) -> Result<Backlog, sqlx::Error> {
     )
     .fetch_one(pool)
     .await?;
-    let of = |s: Status| counts.iter().find(|r| r.status == s).map_or(0, |r| r.n);
+    let of = |s: Status| counts.iter().filter(|r| r.status == s).map(|r| r.n).sum();
+    let held = |h: Held| {
+        let rows = counts.iter().filter(|r| r.held == Some(h));
+        (h, rows.map(|r| r.waiting).sum())
+    };
     Ok(Backlog {
         pending: of(Status::Pending),
         retry: of(Status::Retry),
         sending: of(Status::Sending),
         oldest_due_seconds: ages.oldest,
         lease_overdue_seconds: ages.overdue,
+        held: Held::ALL.into_iter().map(held).collect(),
     })
 }
 

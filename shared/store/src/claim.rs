@@ -12,12 +12,14 @@ use crate::subscriptions::Health;
 use chrono::{DateTime, NaiveDate, Utc};
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Map;
-use sqlx::types::Uuid;
+use sqlx::types::{Json, Uuid};
 use sqlx::{PgConnection, PgPool, Postgres};
 use std::collections::HashMap;
 use std::time::Duration;
+use tidings_domain::holding::Held;
 use tidings_domain::messages::Subscription;
 use tidings_domain::outbox::{Row, Status};
+use tidings_domain::preferences::PreferencesSpec;
 use tidings_domain::receiver::{Circuit, Pace};
 use tidings_domain::sql::Count;
 use tidings_domain::trigger::{Baseline, LastSent, Observation};
@@ -39,6 +41,10 @@ pub struct WatchState {
     pub locale: Option<String>,
     /// The device's IANA time zone, which times in its notifications are in.
     pub time_zone: String,
+    /// The watch's notifications never wait for the reader.
+    pub urgent: bool,
+    /// When they wait otherwise: the watch's preferences, or else its device's.
+    pub preferences: PreferencesSpec,
 }
 
 /// Where a device's notifications go.
@@ -118,6 +124,8 @@ pub struct Claimed {
     pub next_attempt_at: DateTime<Utc>,
     /// The sent row this one withdraws.
     pub withdraws: Option<OutboxId>,
+    /// Why it waited for its reader (it is due at its release), if it did.
+    pub held: Option<Held>,
 }
 
 impl Claimed {
@@ -186,7 +194,8 @@ pub fn statement(
                      o.detected_observed_at, o.baseline_price, o.baseline_reference,
                      o.baseline_in_stock, o.attempt AS "attempt: Count",
                      o.retry_count AS "retry_count: Count", o.traceparent,
-                     o.next_attempt_at, o.withdraws AS "withdraws: OutboxId""#,
+                     o.next_attempt_at, o.withdraws AS "withdraws: OutboxId",
+                     o.held AS "held: Held""#,
         batch,
         lease
     )
@@ -230,6 +239,8 @@ struct WatchRow {
     removed: bool,
     locale: Option<String>,
     time_zone: String,
+    urgent: bool,
+    preferences: Json<PreferencesSpec>,
     subscription_id: Option<SubscriptionId>,
     channel: Option<Channel>,
     endpoint: Option<String>,
@@ -297,7 +308,9 @@ pub async fn watches(
         r#"SELECT w.id AS "watch_id: WatchId", w.item_code, w.paused,
                   d.paused_at IS NOT NULL AS "device_paused!",
                   (w.removed_at IS NOT NULL OR d.removed_at IS NOT NULL) AS "removed!", d.locale,
-                  d.time_zone, s.id AS "subscription_id?: SubscriptionId",
+                  d.time_zone, w.urgent,
+                  coalesce(w.preferences, d.preferences) AS "preferences!: Json<PreferencesSpec>",
+                  s.id AS "subscription_id?: SubscriptionId",
                   s.channel AS "channel?: Channel", s.endpoint AS "endpoint?", s.p256dh, s.auth,
                   s.secret, CASE WHEN s.previous_until > now() THEN s.previous_secret END
                       AS previous_secret,
@@ -325,6 +338,8 @@ pub async fn watches(
                     subscription,
                     locale: w.locale,
                     time_zone: w.time_zone,
+                    urgent: w.urgent,
+                    preferences: w.preferences.0,
                 },
             )
         })
@@ -384,6 +399,107 @@ pub async fn recalls(
     .fetch_all(pool)
     .await?;
     Ok(found.into_iter().map(|r| (r.id, r.message_id)).collect())
+}
+
+/// Locks `devices`' caps until `conn`'s transaction ends, so that of two dispatchers deciding
+/// for one device, the second waits until the first has written what it sends, and counts it.
+/// Locks are taken in device order, so two callers cannot deadlock.
+pub async fn lock_caps(conn: &mut PgConnection, devices: &[DeviceId]) -> Result<(), sqlx::Error> {
+    let mut ids: Vec<Uuid> = devices.iter().map(|d| d.0).collect();
+    ids.sort();
+    ids.dedup();
+    // The two-key form, with a class of its own (`tcap`), keeps these apart from every other
+    // advisory lock.
+    sqlx::query!(
+        r#"SELECT count(pg_advisory_xact_lock(1952670064, hashtext(d::text))) AS "n!"
+           FROM (SELECT d FROM unnest($1::uuid[]) AS d ORDER BY d) AS ordered"#,
+        &ids
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(())
+}
+
+/// When device `devices`' notifications went out (or are going) since `since`, withdrawals
+/// aside: what their caps count.
+pub async fn sent_since(
+    conn: &mut PgConnection,
+    devices: &[DeviceId],
+    since: DateTime<Utc>,
+) -> Result<HashMap<DeviceId, Vec<DateTime<Utc>>>, sqlx::Error> {
+    if devices.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let ids: Vec<Uuid> = devices.iter().map(|d| d.0).collect();
+    let rows = sqlx::query!(
+        r#"SELECT device_id AS "device_id: DeviceId", coalesce(finished_at, updated_at) AS "at!"
+           FROM outbox
+           WHERE device_id = ANY($1) AND status IN ('sending', 'sent') /* status: out */
+             AND withdraws IS NULL
+             AND coalesce(finished_at, updated_at) > $2"#,
+        &ids,
+        since
+    )
+    .fetch_all(conn)
+    .await?;
+    let mut sent: HashMap<DeviceId, Vec<DateTime<Utc>>> = HashMap::new();
+    for r in rows {
+        sent.entry(r.device_id).or_default().push(r.at);
+    }
+    Ok(sent)
+}
+
+/// A claimed row that waits for its reader: due again at `until`, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Wait {
+    pub id: OutboxId,
+    pub day: NaiveDate,
+    pub until: DateTime<Utc>,
+    pub held: Held,
+}
+
+/// Makes claimed rows wait for their readers: still pending (or retry), due at their release,
+/// not counted as an attempt, and saying why.
+pub async fn wait(conn: &mut PgConnection, waits: &[Wait]) -> Result<(), sqlx::Error> {
+    if waits.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<Uuid> = waits.iter().map(|w| w.id.0).collect();
+    let days: Vec<NaiveDate> = waits.iter().map(|w| w.day).collect();
+    let until: Vec<DateTime<Utc>> = waits.iter().map(|w| w.until).collect();
+    let held: Vec<&str> = waits.iter().map(|w| w.held.as_str()).collect();
+    sqlx::query!(
+        "UPDATE outbox o SET next_attempt_at = w.until, held = w.held, claimed_until = NULL
+         FROM UNNEST($1::uuid[], $2::date[], $3::timestamptz[], $4::text[])
+              AS w(id, day, until, held)
+         WHERE o.id = w.id AND o.dedup_day = w.day
+           AND o.status IN ('pending', 'retry') /* status: due */",
+        &ids,
+        &days,
+        &until,
+        &held as _
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Makes device `device`'s held rows (of watch `watch` only, if given) due now, so that they are
+/// judged again at once by preferences their reader just changed; how many.
+pub async fn release_held(
+    pool: &PgPool,
+    device: DeviceId,
+    watch: Option<WatchId>,
+) -> Result<u64, sqlx::Error> {
+    // The api's one way to move a row's next attempt (migration 0026).
+    let released = sqlx::query_scalar!(
+        r#"SELECT tidings_release_held($1, $2) AS "released!""#,
+        device.0,
+        watch.map(|w| w.0) as Option<Uuid>
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(u64::try_from(released).unwrap_or(0))
 }
 
 /// Holds claimed rows back until their time (their webhook endpoint's circuit is open), as a

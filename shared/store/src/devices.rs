@@ -2,7 +2,9 @@
 //! replacing a subscription, removing, pausing, and what operators read of one.
 
 use chrono::{DateTime, Utc};
+use sqlx::types::Json;
 use sqlx::{PgConnection, PgPool};
+use tidings_domain::preferences::PreferencesSpec;
 use tidings_domain::subscription::Deactivation;
 use tidings_domain::{Channel, DeviceId, SubscriptionId};
 
@@ -22,6 +24,8 @@ pub struct NewDevice<'a> {
     pub time_zone: &'a str,
     /// BCP 47, checked by the caller; `None` reads English.
     pub locale: Option<&'a str>,
+    /// Checked by the caller.
+    pub preferences: &'a PreferencesSpec,
 }
 
 /// Inserts `device` with its first subscription.
@@ -31,8 +35,8 @@ pub async fn register(
     sub: NewSubscription<'_>,
 ) -> Result<(), sqlx::Error> {
     sqlx::query!(
-        "WITH d AS (INSERT INTO devices (id, token_hash, time_zone, locale)
-                    VALUES ($1, $2, $3, $8) RETURNING id)
+        "WITH d AS (INSERT INTO devices (id, token_hash, time_zone, locale, preferences)
+                    VALUES ($1, $2, $3, $8, $9) RETURNING id)
          INSERT INTO push_subscriptions (id, device_id, endpoint, p256dh, auth)
          SELECT $4, d.id, $5, $6, $7 FROM d",
         device.id.0,
@@ -42,7 +46,8 @@ pub async fn register(
         sub.endpoint,
         sub.p256dh,
         sub.auth,
-        device.locale
+        device.locale,
+        Json(device.preferences) as _
     )
     .execute(pool)
     .await?;
@@ -136,12 +141,13 @@ pub async fn set_paused(pool: &PgPool, id: DeviceId, pause: bool) -> Result<bool
     Ok(found == 1)
 }
 
-/// A device as operators see it.
+/// A device as operators, and the device itself, see it.
 #[derive(Debug)]
 pub struct Device {
     pub id: DeviceId,
     pub time_zone: String,
     pub locale: Option<String>,
+    pub preferences: Json<PreferencesSpec>,
     pub created_at: DateTime<Utc>,
     pub removed_at: Option<DateTime<Utc>>,
     pub paused_at: Option<DateTime<Utc>>,
@@ -152,10 +158,43 @@ pub struct Device {
 pub async fn read(pool: &PgPool, id: DeviceId) -> Result<Option<Device>, sqlx::Error> {
     sqlx::query_as!(
         Device,
-        r#"SELECT id AS "id: DeviceId", time_zone, locale, created_at, removed_at, paused_at,
-                  watch_count, channel AS "channel: Channel"
+        r#"SELECT id AS "id: DeviceId", time_zone, locale,
+                  preferences AS "preferences: Json<PreferencesSpec>", created_at, removed_at,
+                  paused_at, watch_count, channel AS "channel: Channel"
            FROM devices WHERE id = $1"#,
         id.0
+    )
+    .fetch_optional(pool)
+    .await
+}
+
+/// What a device may change of itself; each `None` leaves that as it is.
+#[derive(Debug, Default)]
+pub struct DeviceChange<'a> {
+    /// `Some(None)`: back to English. Checked by the caller.
+    pub locale: Option<Option<&'a str>>,
+    /// Checked by the caller.
+    pub preferences: Option<&'a PreferencesSpec>,
+}
+
+/// Applies `change` to live device `id`; `None` if it is gone.
+pub async fn change(
+    pool: &PgPool,
+    id: DeviceId,
+    change: &DeviceChange<'_>,
+) -> Result<Option<Device>, sqlx::Error> {
+    sqlx::query_as!(
+        Device,
+        r#"UPDATE devices SET locale = CASE WHEN $2 THEN $3 ELSE locale END,
+                  preferences = coalesce($4, preferences)
+           WHERE id = $1 AND removed_at IS NULL
+           RETURNING id AS "id: DeviceId", time_zone, locale,
+                  preferences AS "preferences: Json<PreferencesSpec>", created_at, removed_at,
+                  paused_at, watch_count, channel AS "channel: Channel""#,
+        id.0,
+        change.locale.is_some(),
+        change.locale.flatten(),
+        change.preferences.map(Json) as _
     )
     .fetch_optional(pool)
     .await

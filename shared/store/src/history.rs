@@ -3,6 +3,7 @@
 
 use chrono::{DateTime, NaiveDate, Utc};
 use sqlx::{PgPool, Postgres, QueryBuilder};
+use tidings_domain::holding::Held;
 use tidings_domain::outbox::{Reason, Status};
 use tidings_domain::withdrawal::Announces;
 use tidings_domain::{Channel, DeviceId, OutboxId, SubscriptionId, WatchId};
@@ -33,13 +34,19 @@ pub struct Notification {
     pub dedup_day: NaiveDate,
     /// The sent notification this one withdraws.
     pub withdraws: Option<OutboxId>,
+    /// Why it waited for its reader, if it did.
+    pub held: Option<Held>,
+    /// While it waits for its reader: its release.
+    pub release_at: Option<DateTime<Utc>>,
 }
 
 const NOTIFICATION_COLUMNS: &str =
     "o.id, o.watch_id, w.item_code, o.trigger, o.channel, o.status, o.reason,
      o.detected_price, o.detected_currency, o.detected_in_stock, o.detected_at, o.checked,
      o.sent_value, o.created_at, o.updated_at, o.finished_at, o.replay_of, o.maybe_delivered,
-     o.dedup_day, o.withdraws";
+     o.dedup_day, o.withdraws, o.held,
+     CASE WHEN o.held IS NOT NULL AND o.status IN ('pending', 'retry') /* status: due */
+               AND o.next_attempt_at > now() THEN o.next_attempt_at END AS release_at";
 
 /// Device `device`'s rows before `before` (newest first), of `status` if given, at most `limit`.
 pub async fn of_device(
@@ -58,7 +65,9 @@ pub async fn of_device(
                   o.detected_price, o.detected_currency, o.detected_in_stock, o.detected_at,
                   o.checked, o.sent_value, o.created_at, o.updated_at, o.finished_at,
                   o.replay_of AS "replay_of: OutboxId", o.maybe_delivered, o.dedup_day,
-                  o.withdraws AS "withdraws: OutboxId"
+                  o.withdraws AS "withdraws: OutboxId", o.held AS "held: Held",
+                  CASE WHEN o.held IS NOT NULL AND o.status IN ('pending', 'retry') /* status: due */
+                            AND o.next_attempt_at > now() THEN o.next_attempt_at END AS release_at
            FROM outbox o LEFT JOIN watches w ON w.id = o.watch_id
            WHERE o.device_id = $1 AND ($2::text IS NULL OR o.status = $2)
              AND ($3::uuid IS NULL OR o.id < $3)

@@ -84,8 +84,8 @@ pub async fn register(
         return Ok(allowed);
     }
     sqlx::query!(
-        "WITH d AS (INSERT INTO devices (id, token_hash, time_zone, locale, channel)
-                    VALUES ($1, $2, $3, $4, 'email') RETURNING id)
+        "WITH d AS (INSERT INTO devices (id, token_hash, time_zone, locale, channel, preferences)
+                    VALUES ($1, $2, $3, $4, 'email', $8) RETURNING id)
          INSERT INTO push_subscriptions (id, device_id, endpoint, channel, secret, unconfirmed)
          SELECT $5, d.id, 'mailto:' || $6, 'email', $7, true FROM d",
         m.device.id.0,
@@ -94,7 +94,8 @@ pub async fn register(
         m.device.locale,
         m.subscription.0,
         m.address,
-        m.link_key
+        m.link_key,
+        sqlx::types::Json(m.device.preferences) as _
     )
     .execute(&mut *tx)
     .await?;

@@ -40,6 +40,9 @@ macro_rules! status_sql {
     (cancellable) => {
         "('pending', 'retry')"
     };
+    (out) => {
+        "('sending', 'sent')"
+    };
 }
 
 #[cfg(test)]
@@ -67,6 +70,11 @@ mod tests {
         assert_eq!(listed(status_sql!(due)), all(Status::is_due_state));
         assert_eq!(listed(status_sql!(terminal)), all(Status::is_terminal));
         assert_eq!(listed(status_sql!(sending)), vec![Status::Sending]);
+        // What a reader's cap counts: notifications that went out or are going.
+        assert_eq!(
+            listed(status_sql!(out)),
+            all(|s| matches!(s, Status::Sending | Status::Sent))
+        );
         assert_eq!(listed(status_sql!(undecided)), all(|s| !s.is_terminal()));
         // An operator replays what ended without being sent.
         assert_eq!(
@@ -125,6 +133,7 @@ mod tests {
             "undecided" => status_sql!(undecided),
             "replayable" => status_sql!(replayable),
             "cancellable" => status_sql!(cancellable),
+            "out" => status_sql!(out),
             other => panic!("no status set is named {other}"),
         };
         let mut marked = 0;

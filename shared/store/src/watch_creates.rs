@@ -10,6 +10,7 @@ use crate::watches::Watch;
 use chrono::{DateTime, Utc};
 use sqlx::types::{Json, Uuid};
 use sqlx::{PgConnection, PgPool};
+use tidings_domain::preferences::PreferencesSpec;
 use tidings_domain::trigger::Trigger;
 use tidings_domain::{Channel, DeviceId, ItemCode, WatchId};
 
@@ -20,6 +21,10 @@ pub struct NewWatch {
     pub triggers: Vec<Trigger>,
     /// Whether its sent notifications are withdrawn when they stop holding.
     pub withdraw: bool,
+    /// Whether its notifications go at once, whatever the preferences.
+    pub urgent: bool,
+    /// Its own preferences, checked; `None`: its device's.
+    pub preferences: Option<PreferencesSpec>,
 }
 
 /// What became of one create.
@@ -47,6 +52,8 @@ pub struct Create {
     pub item: String,
     pub triggers: Json<Vec<Trigger>>,
     pub withdraw: bool,
+    pub urgent: bool,
+    pub preferences: Option<Json<PreferencesSpec>>,
 }
 
 impl Create {
@@ -57,6 +64,8 @@ impl Create {
             item: new.item.as_str().to_owned(),
             triggers: Json(new.triggers.clone()),
             withdraw: new.withdraw,
+            urgent: new.urgent,
+            preferences: new.preferences.clone().map(Json),
         }
     }
 }
@@ -80,8 +89,9 @@ pub async fn for_device(
              UPDATE devices SET watch_count = watch_count + 1
              WHERE id = $2 AND removed_at IS NULL AND watch_count < $5
              RETURNING id, channel)
-         INSERT INTO watches (id, device_id, item_code, triggers, channel, withdraw)
-         SELECT $1, dev.id, $3, $4, dev.channel, $6 FROM dev
+         INSERT INTO watches (id, device_id, item_code, triggers, channel, withdraw, urgent,
+                              preferences)
+         SELECT $1, dev.id, $3, $4, dev.channel, $6, $7, $8 FROM dev
          RETURNING",
         "",
         id.0,
@@ -89,7 +99,9 @@ pub async fn for_device(
         new.item.as_str(),
         Json(&new.triggers) as _,
         max_watches,
-        new.withdraw
+        new.withdraw,
+        new.urgent,
+        new.preferences.as_ref().map(Json) as _
     )
     .fetch_optional(conn)
     .await
@@ -106,8 +118,9 @@ pub async fn one(
                UPDATE devices SET watch_count = watch_count + 1
                WHERE token_hash = $2 AND removed_at IS NULL AND watch_count < $5
                RETURNING id, channel)
-           INSERT INTO watches (id, device_id, item_code, triggers, channel, withdraw)
-           SELECT $1, dev.id, $3, $4, dev.channel, $6 FROM dev
+           INSERT INTO watches (id, device_id, item_code, triggers, channel, withdraw, urgent,
+                                preferences)
+           SELECT $1, dev.id, $3, $4, dev.channel, $6, $7, $8 FROM dev
            RETURNING device_id AS "device_id: DeviceId", created_at,
                      channel AS "channel: Channel""#,
         create.id.0,
@@ -115,7 +128,9 @@ pub async fn one(
         create.item,
         create.triggers as _,
         max_watches,
-        create.withdraw
+        create.withdraw,
+        create.urgent,
+        create.preferences as _
     )
     .fetch_optional(pool)
     .await?;
@@ -148,10 +163,15 @@ pub async fn many(
     let items: Vec<&str> = creates.iter().map(|p| p.item.as_str()).collect();
     let triggers: Vec<&Json<Vec<Trigger>>> = creates.iter().map(|p| &p.triggers).collect();
     let withdraw: Vec<bool> = creates.iter().map(|p| p.withdraw).collect();
+    let urgent: Vec<bool> = creates.iter().map(|p| p.urgent).collect();
+    let preferences: Vec<Option<&Json<PreferencesSpec>>> =
+        creates.iter().map(|p| p.preferences.as_ref()).collect();
     let rows = sqlx::query!(
         r#"WITH req AS (
-             SELECT * FROM UNNEST($1::uuid[], $2::bytea[], $3::text[], $4::jsonb[], $6::bool[])
-                           WITH ORDINALITY AS r(id, token_hash, item_code, triggers, withdraw, n)
+             SELECT * FROM UNNEST($1::uuid[], $2::bytea[], $3::text[], $4::jsonb[], $6::bool[],
+                                  $7::bool[], $8::jsonb[])
+                           WITH ORDINALITY
+                           AS r(id, token_hash, item_code, triggers, withdraw, urgent, preferences, n)
          ), dev AS MATERIALIZED (
              SELECT d.id, d.token_hash, d.watch_count, d.channel FROM devices d
              WHERE d.token_hash = ANY($2) AND d.removed_at IS NULL
@@ -168,8 +188,10 @@ pub async fn many(
                    GROUP BY device_id) c
              WHERE d.id = c.device_id
          ), ins AS (
-             INSERT INTO watches (id, device_id, item_code, triggers, channel, withdraw)
-             SELECT id, device_id, item_code, triggers, channel, withdraw FROM ranked
+             INSERT INTO watches (id, device_id, item_code, triggers, channel, withdraw, urgent,
+                                  preferences)
+             SELECT id, device_id, item_code, triggers, channel, withdraw, urgent, preferences
+             FROM ranked
              WHERE admitted
          )
          SELECT n AS "n!", device_id AS "device_id!: DeviceId", admitted AS "admitted!",
@@ -179,7 +201,9 @@ pub async fn many(
         &items as _,
         &triggers as _,
         i64::from(max_watches),
-        &withdraw
+        &withdraw,
+        &urgent,
+        &preferences as _
     )
     .fetch_all(pool)
     .await?;

@@ -4,6 +4,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use sqlx::types::{Json, Uuid};
+use tidings_domain::preferences::PreferencesSpec;
 use tidings_domain::trigger::Trigger;
 use tidings_domain::{Channel, DeviceId, WatchId};
 
@@ -52,6 +53,10 @@ pub struct Watch {
     pub reference_price: Option<i64>,
     /// Whether its sent notifications are withdrawn when they stop holding.
     pub withdraw: bool,
+    /// Whether its notifications go at once, whatever the preferences.
+    pub urgent: bool,
+    /// Its own preferences; `None`: its device's.
+    pub preferences: Option<Json<PreferencesSpec>>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -66,6 +71,7 @@ macro_rules! watch_query {
             $head
                 + r#" id AS "id: WatchId", item_code, triggers AS "triggers: Json<Vec<Trigger>>",
                       channel AS "channel: Channel", paused, reference_price, withdraw,
+                      urgent, preferences AS "preferences: Json<PreferencesSpec>",
                       created_at, updated_at "#
                 + $tail
             $(, $arg)*
@@ -113,22 +119,40 @@ pub async fn get(
     .await
 }
 
-/// Pauses or resumes live watch `id` of device `device`; `None` if it has no such watch.
-pub async fn set_paused_for_device(
+/// What a device may change of its watch; each `None` leaves that as it is.
+#[derive(Debug, Default)]
+pub struct WatchChange {
+    pub paused: Option<bool>,
+    pub withdraw: Option<bool>,
+    pub urgent: Option<bool>,
+    /// `Some(None)`: back to the device's preferences.
+    pub preferences: Option<Option<PreferencesSpec>>,
+}
+
+/// Applies `change` to live watch `id` of device `device`; `None` if it has no such watch.
+pub async fn change_for_device(
     pool: &PgPool,
     id: WatchId,
     device: DeviceId,
-    paused: bool,
+    change: &WatchChange,
 ) -> Result<Option<Watch>, sqlx::Error> {
+    let preferences = change.preferences.as_ref();
     watch_query!(
         query_as Watch;
-        "UPDATE watches SET paused = $3, updated_at = now()
+        "UPDATE watches SET paused = coalesce($3, paused), withdraw = coalesce($4, withdraw),
+                urgent = coalesce($5, urgent),
+                preferences = CASE WHEN $6 THEN $7 ELSE preferences END,
+                updated_at = now()
          WHERE id = $1 AND device_id = $2 AND removed_at IS NULL
          RETURNING",
         "",
         id.0,
         device.0,
-        paused
+        change.paused,
+        change.withdraw,
+        change.urgent,
+        preferences.is_some(),
+        preferences.and_then(|p| p.as_ref()).map(Json) as _
     )
     .fetch_optional(pool)
     .await
@@ -191,6 +215,8 @@ pub async fn inspect(pool: &PgPool, id: WatchId) -> Result<Option<Inspected>, sq
             paused: r.paused,
             reference_price: r.reference_price,
             withdraw: r.withdraw,
+            urgent: r.urgent,
+            preferences: r.preferences,
             created_at: r.created_at,
             updated_at: r.updated_at,
         },

@@ -35,6 +35,7 @@ async fn register(
             token_hash: &device_token,
             time_zone: "UTC",
             locale: None,
+            preferences: &Default::default(),
         },
         subscription,
         address,

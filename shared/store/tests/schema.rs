@@ -358,6 +358,8 @@ async fn each_service_role_may_do_its_job_and_is_refused_the_rest() {
                 "SELECT * FROM outbox_attempts",
                 cancel,
                 "UPDATE devices SET paused_at = now()",
+                // Its one way to move a row's next attempt: held rows, due now.
+                "SELECT tidings_release_held(gen_random_uuid(), NULL)",
             ],
         ),
         (
@@ -380,8 +382,8 @@ async fn each_service_role_may_do_its_job_and_is_refused_the_rest() {
             ],
         ),
     ];
-    // 42501 (insufficient_privilege). The api reads the history and attempts, inserts replays
-    // and cancels a due row (status, reason, error, end time: nothing else); the dispatcher never sees a token hash nor changes a device or a watch, and
+    // 42501 (insufficient_privilege). The api reads the history and attempts, inserts replays,
+    // cancels a due row (status, reason, error, end time: nothing else) and makes held rows due; the dispatcher never sees a token hash nor changes a device or a watch, and
     // of a subscription only marks it gone; the detector enqueues only through NATS (no outbox,
     // no subscriptions, no tokens) and of a watch records only what a scan saw.
     let refused = [
@@ -414,6 +416,7 @@ async fn each_service_role_may_do_its_job_and_is_refused_the_rest() {
                 tokens,
                 "UPDATE baselines SET price = price",
                 "UPDATE watches SET paused = true",
+                "SELECT tidings_release_held(gen_random_uuid(), NULL)",
             ],
         ),
     ];
@@ -524,7 +527,7 @@ async fn an_unpartitioned_outbox_is_partitioned_with_every_row_and_its_keys() {
     let mut new: Vec<serde_json::Value> =
         sqlx::query_scalar(all).fetch_all(&db.pool).await.unwrap();
     // Columns later migrations add, empty on rows written before them (0012: the ending attempt;
-    // 0016: the row a withdrawal withdraws).
+    // 0016: the row a withdrawal withdraws; 0026: why a row waited for its reader).
     for row in &mut new {
         let row = row.as_object_mut().unwrap();
         for added in [
@@ -533,6 +536,7 @@ async fn an_unpartitioned_outbox_is_partitioned_with_every_row_and_its_keys() {
             "attempt_push_host",
             "attempt_ms",
             "withdraws",
+            "held",
         ] {
             assert_eq!(row.remove(added), Some(serde_json::Value::Null), "{added}");
         }

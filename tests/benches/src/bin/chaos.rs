@@ -15,9 +15,11 @@
 //!   detector) is killed with SIGKILL and restarted a second later; nats-server is killed with
 //!   SIGKILL twice and Postgres stopped as in a power cut twice. A service that exits by itself
 //!   is restarted, as Kubernetes would, and counted.
+//! - One device in ten has a cap (two per 30 s), another quiet hours from 20 s to 50 s into the
+//!   run on its own clock: their rows wait in the outbox, held, through the faults.
 //! - Then the faults stop and the run waits until every row is terminal (or gives up).
 //! - The audit prints each figure and exits 1 if one that must be zero is not: dedup keys with
-//!   more than one row, rows not terminal, watches whose long dip left no row (lost), rows marked
+//!   more than one row, rows not terminal, held rows past their release, watches whose long dip left no row (lost), rows marked
 //!   `sent` the push service never accepted, deliveries whose row says "not delivered" without
 //!   the maybe-delivered mark, deliveries of no row, stale deliveries outside the freshness bound,
 //!   wrong baselines, dead-lettered messages, panics. Deliveries per row (duplicates are allowed:
@@ -76,6 +78,25 @@ fn address(d: usize) -> Option<String> {
     Some(format!("{prefix}chaos-{d}@mail.test"))
 }
 
+/// The preferences of device `d`, if it has any (one in ten each, none an email device): a cap
+/// of two per 30 s, or quiet hours from 20 s to 50 s into the run on the device's own clock.
+fn preferences(d: usize) -> Option<serde_json::Value> {
+    match d % 10 {
+        4 => Some(serde_json::json!({"cap": {"max": 2, "window_seconds": 30}})),
+        8 => {
+            let zone: chrono_tz::Tz = ZONES[d % ZONES.len()].parse().expect("a zone");
+            let at = |secs| {
+                (Utc::now() + chrono::Duration::seconds(secs))
+                    .with_timezone(&zone)
+                    .format("%H:%M:%S")
+                    .to_string()
+            };
+            Some(serde_json::json!({"quiet_hours": {"start": at(20), "end": at(50)}}))
+        }
+        _ => None,
+    }
+}
+
 /// Devices with their subscriptions, and `per_device` watches each on an item of its own.
 async fn seed(s: &Scenario, subs: &[Subscription], per_device: usize) -> Vec<String> {
     let pool = &s.db.pool;
@@ -109,6 +130,14 @@ async fn seed(s: &Scenario, subs: &[Subscription], per_device: usize) -> Vec<Str
         tidings_benches::seed::watches(pool, device, &mine, THRESHOLD, HIGH)
             .await
             .expect("watches");
+        if let Some(preferences) = preferences(d) {
+            sqlx::query("UPDATE devices SET preferences = $2 WHERE id = $1")
+                .bind(device)
+                .bind(preferences)
+                .execute(pool)
+                .await
+                .expect("preferences");
+        }
         if let Some(to) = address(d) {
             for statement in [
                 "UPDATE devices SET channel = 'email' WHERE id = $1",
@@ -443,6 +472,20 @@ async fn main() {
         .iter()
         .map(|n| p.log(n).matches("panicked").count())
         .sum();
+    // A held row is due at its release; past it by a claim's lease and a sweep, it is stuck.
+    let held_stuck = count(
+        &s,
+        "SELECT count(*) FROM outbox WHERE held IS NOT NULL AND status IN ('pending', 'retry')
+           AND next_attempt_at < now() - interval '35 seconds'",
+    )
+    .await;
+    let held: Vec<(String, String, Option<String>, i64)> = sqlx::query_as(
+        "SELECT held, status, reason, count(*) FROM outbox WHERE held IS NOT NULL
+         GROUP BY 1, 2, 3 ORDER BY 1, 2, 3",
+    )
+    .fetch_all(&s.db.pool)
+    .await
+    .unwrap_or_default();
     let states: Vec<(String, Option<String>, bool, i64)> = sqlx::query_as(
         "SELECT status, reason, maybe_delivered, count(*) FROM outbox GROUP BY 1, 2, 3 ORDER BY 1, 2, 3",
     )
@@ -473,6 +516,7 @@ async fn main() {
     for e in &unexpected_exits {
         println!("  exited: {e}");
     }
+    println!("held for their readers (why, status, reason, rows): {held:?}");
     println!("\n| outcome | count |\n|---|---|");
     for (status, reason, maybe, n) in &states {
         let mark = if *maybe { " (maybe delivered)" } else { "" };
@@ -496,6 +540,7 @@ async fn main() {
     let must_be_zero = [
         ("dedup keys with more than one row", dup_keys),
         ("rows not terminal", open_after),
+        ("held rows past their release", held_stuck),
         ("watches whose long dip left no row (lost)", lost as i64),
         (
             "rows `sent` the push service never accepted",
