@@ -23,11 +23,23 @@ export interface Watch {
   triggers: Trigger[];
   channel: 'web_push';
   paused: boolean;
+  /** Its notifications go at once, whatever the preferences. */
+  urgent: boolean;
+  /** Its own, in place of the device's; null: the device's. */
+  preferences: Preferences | null;
   reference_price: number | null;
   created_at: string;
   updated_at: string;
   /** Only on `watch()`: the api answered with an earlier create's watch (same idempotency key). */
   replayed?: boolean;
+}
+
+/** When notifications wait for their reader, on the device's clock; each absent: none. */
+export interface Preferences {
+  /** `HH:MM` or `HH:MM:SS`; an end before the start is the next morning's. `days`: every day if absent. */
+  quiet_hours?: { start: string; end: string; days?: ('mon' | 'tue' | 'wed' | 'thu' | 'fri' | 'sat' | 'sun')[] } | null;
+  /** At most `max` notifications in any `window_seconds`. */
+  cap?: { max: number; window_seconds: number } | null;
 }
 
 export interface Observation {
@@ -48,6 +60,9 @@ export interface Notification {
   channel: 'web_push';
   status: 'pending' | 'retry' | 'sending' | 'sent' | 'dropped' | 'failed';
   reason: string | null;
+  /** Why it waited for its reader, if it did; `release_at` while it waits. */
+  held?: 'quiet_hours' | 'cap' | null;
+  release_at?: string | null;
   delivery: Delivery;
   detected: { price: number; currency: string; in_stock: boolean; at: string };
   /** The value the last check saw when it withheld the notification. */
@@ -121,6 +136,9 @@ export class Tidings {
   watches(): Promise<Watch[]>;
   unwatch(id: string): Promise<void>;
   pause(id: string, paused?: boolean): Promise<Watch>;
+  preferences(): Promise<Preferences>;
+  /** Held notifications are judged again by the new preferences at once. */
+  setPreferences(preferences: Preferences): Promise<Preferences>;
   history(options?: { status?: Notification['status']; cursor?: string; limit?: number }): Promise<NotificationPage>;
   forget(): Promise<void>;
 }

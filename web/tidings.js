@@ -326,6 +326,19 @@ export class Tidings {
     return (await this.authed('PATCH', `/v1/watches/${encodeURIComponent(id)}`, { body: { paused } })).json;
   }
 
+  /** When this device's notifications wait: `{ quiet_hours, cap }`, each absent when unset. */
+  async preferences() {
+    return (await this.authed('GET', '/v1/devices/me')).json.preferences;
+  }
+
+  /**
+   * Sets when notifications wait, e.g. `{ quiet_hours: { start: '22:00', end: '07:30' },
+   * cap: { max: 5, window_seconds: 86400 } }`; `{}` for never. Held ones are judged again now.
+   */
+  async setPreferences(preferences) {
+    return (await this.authed('PATCH', '/v1/devices/me', { body: { preferences } })).json.preferences;
+  }
+
   /** One page of this device's notifications, newest first; `explain(n)` says each in words. */
   async history({ status, cursor, limit = 50 } = {}) {
     const q = new URLSearchParams({ limit: String(limit) });

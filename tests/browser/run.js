@@ -153,6 +153,17 @@ async function main() {
     assert.deepEqual(amounts, ['1,200 JPY', '12.00 EUR', '1.200 KWD', '1.234,56 EUR', '-0.05 USD']);
     log('registered', device.deviceId);
 
+    // The client sets and reads the device's preferences (then none again, for what follows).
+    const preferences = await page.evaluate(async () => {
+      const { Tidings } = await import(new URL('tidings.js', location.href).href);
+      const t = new Tidings({ api: location.origin });
+      const set = await t.setPreferences({ quiet_hours: { start: '23:00', end: '06:30', days: ['sat'] } });
+      const read = await t.preferences();
+      return { set, read, none: await t.setPreferences({}) };
+    });
+    const quiet = { quiet_hours: { start: '23:00', end: '06:30', days: ['sat'] } };
+    assert.deepEqual(preferences, { set: quiet, read: quiet, none: {} });
+
     // Watch an item with the page's form; the price drops below the threshold.
     await setItem('SKU-BROWSER', { price: 1200 });
     await watchBelow(page, 'SKU-BROWSER', '10.00');

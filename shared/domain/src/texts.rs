@@ -273,6 +273,54 @@ pub fn page_lines(lang: Lang, at: &str) -> PageLines {
     }
 }
 
+/// One member of a digest: an item and its value at the digest's re-check, written for the
+/// reader.
+#[derive(Clone, Copy, Debug)]
+pub struct DigestEntry<'a> {
+    pub item: &'a str,
+    pub price: &'a str,
+}
+
+/// A digest's title and body in `lang`: "3 of your watches" and each member's item with its
+/// value now, in order, for as many as fit in `budget` bytes of body; the rest are counted
+/// ("and 2 more"), never cut mid-entry. At least one entry is written whatever its length.
+pub fn digest(lang: Lang, entries: &[DigestEntry<'_>], budget: usize) -> (String, String) {
+    let n = entries.len();
+    let title = match lang {
+        Lang::En if n == 1 => "1 of your watches".to_owned(),
+        Lang::En => format!("{n} of your watches"),
+        Lang::Ja => format!("ウォッチ中の{n}件"),
+    };
+    let (separator, end) = match lang {
+        Lang::En => (", ", "."),
+        Lang::Ja => ("、", ""),
+    };
+    let mut body = String::new();
+    let mut written = 0;
+    for e in entries {
+        let entry = match lang {
+            Lang::En => format!("{} now {}", e.item, e.price),
+            Lang::Ja => format!("{} 現在 {}", e.item, e.price),
+        };
+        let sep = if written == 0 { "" } else { separator };
+        if written > 0 && body.len() + sep.len() + entry.len() > budget {
+            break;
+        }
+        body.push_str(sep);
+        body.push_str(&entry);
+        written += 1;
+    }
+    let more = n - written;
+    if more > 0 {
+        body.push_str(&match lang {
+            Lang::En => format!(", and {more} more"),
+            Lang::Ja => format!("、ほか{more}件"),
+        });
+    }
+    body.push_str(end);
+    (title, body)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -385,5 +433,52 @@ mod tests {
             );
             assert!(!lines.check_now.is_empty() && !lines.unsubscribe.is_empty());
         }
+    }
+
+    fn entries(n: usize) -> Vec<(String, String)> {
+        (0..n)
+            .map(|i| (format!("SKU-{i}"), format!("{}.99 EUR", 9 + i)))
+            .collect()
+    }
+
+    fn as_entries(v: &[(String, String)]) -> Vec<DigestEntry<'_>> {
+        v.iter()
+            .map(|(item, price)| DigestEntry { item, price })
+            .collect()
+    }
+
+    #[test]
+    fn a_digest_lists_its_members_in_the_readers_language() {
+        let three = entries(3);
+        let (title, body) = digest(Lang::En, &as_entries(&three), 500);
+        assert_eq!(title, "3 of your watches");
+        assert_eq!(
+            body,
+            "SKU-0 now 9.99 EUR, SKU-1 now 10.99 EUR, SKU-2 now 11.99 EUR."
+        );
+        let (title, body) = digest(Lang::Ja, &as_entries(&three[..1]), 500);
+        assert_eq!(title, "ウォッチ中の1件");
+        assert_eq!(body, "SKU-0 現在 9.99 EUR");
+        assert_eq!(
+            digest(Lang::En, &as_entries(&three[..1]), 500).0,
+            "1 of your watches"
+        );
+    }
+
+    #[test]
+    fn a_long_digest_counts_what_does_not_fit_and_cuts_no_entry() {
+        let many = entries(40);
+        let (_, body) = digest(Lang::En, &as_entries(&many), 100);
+        assert!(body.ends_with(" more."), "{body}");
+        let listed = body.matches(" now ").count();
+        assert!(
+            body.ends_with(&format!(", and {} more.", 40 - listed)),
+            "{body}"
+        );
+        assert!(body.len() <= 100 + ", and 40 more.".len(), "{}", body.len());
+        // One entry longer than the whole budget is still written.
+        let long = [("x".repeat(300), "1.00 EUR".to_owned())];
+        let (_, body) = digest(Lang::En, &as_entries(&long), 100);
+        assert!(body.starts_with("xxx") && body.ends_with("now 1.00 EUR."));
     }
 }
