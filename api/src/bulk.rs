@@ -295,9 +295,8 @@ async fn replay_rows(
 pub async fn bulk_replay(
     State(app): State<AppState>,
     _: Operator,
-    JsonBody { value: req, raw }: JsonBody<BulkRequest>,
+    JsonBody { value: req, .. }: JsonBody<BulkRequest>,
 ) -> Result<Json<BulkReport>, ApiError> {
-    crate::extract::require_object(&raw)?;
     run(&app, Operation::Replay, req).await.map(Json)
 }
 
@@ -315,9 +314,8 @@ pub async fn bulk_replay(
 pub async fn bulk_cancel(
     State(app): State<AppState>,
     _: Operator,
-    JsonBody { value: req, raw }: JsonBody<BulkRequest>,
+    JsonBody { value: req, .. }: JsonBody<BulkRequest>,
 ) -> Result<Json<BulkReport>, ApiError> {
-    crate::extract::require_object(&raw)?;
     run(&app, Operation::Cancel, req).await.map(Json)
 }
 

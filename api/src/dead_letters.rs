@@ -377,9 +377,8 @@ async fn bulk(
 pub async fn redrive_dead_letters(
     State(app): State<AppState>,
     _: Operator,
-    JsonBody { value: req, raw }: JsonBody<DeadLetterBulk>,
+    JsonBody { value: req, .. }: JsonBody<DeadLetterBulk>,
 ) -> Result<Json<DeadLetterReport>, ApiError> {
-    crate::extract::require_object(&raw)?;
     bulk(&app, Action::Redrive, req).await.map(Json)
 }
 
@@ -398,8 +397,7 @@ pub async fn redrive_dead_letters(
 pub async fn purge_dead_letters(
     State(app): State<AppState>,
     _: Operator,
-    JsonBody { value: req, raw }: JsonBody<DeadLetterBulk>,
+    JsonBody { value: req, .. }: JsonBody<DeadLetterBulk>,
 ) -> Result<Json<DeadLetterReport>, ApiError> {
-    crate::extract::require_object(&raw)?;
     bulk(&app, Action::Purge, req).await.map(Json)
 }

@@ -106,9 +106,8 @@ pub async fn list_endpoint_attempts(
 pub async fn recover_endpoint(
     State(app): State<AppState>,
     device: Device,
-    JsonBody { value: req, raw }: JsonBody<Recover>,
+    JsonBody { value: req, .. }: JsonBody<Recover>,
 ) -> Result<Json<Recovered>, ApiError> {
-    crate::extract::require_object(&raw)?;
     // Further back than the outbox is sure to keep rows means from then.
     let since = req.since.max(Utc::now() - RECOVER_WITHIN);
     require_endpoint(&app, &device).await?;

@@ -40,6 +40,10 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
                 413 => ApiError::TooLarge(state.settings.max_body_bytes),
                 _ => ApiError::BadRequest(format!("reading the request body: {}", e.body_text())),
             })?;
+        // Every body the api takes is an object; serde alone would also read a struct from an
+        // array of its fields (regression: `[null, null]` was a PATCH of a watch that changed
+        // nothing, answered 200, once every field of the change was optional).
+        require_object(&raw)?;
         let value = parse_json(&raw)?;
         Ok(JsonBody { value, raw })
     }

@@ -502,6 +502,14 @@ async fn preferences_are_set_at_creation_changed_by_patch_and_shown_in_every_vie
     db.assert_count(due_now, 2).await;
     assert_eq!((w.withdraw, w.urgent, w.paused), (false, false, false));
     assert!(w.preferences.is_some(), "left out: unchanged");
+    // A body is an object, not an array of the fields in order.
+    for array in [json!([null, null]), json!([true, false, true])] {
+        let p = problem(patch(array.clone()).await, 422).await;
+        assert!(
+            p.detail.contains("expected a JSON object"),
+            "{array}: {p:?}"
+        );
+    }
     let w: Watch = answer(patch(json!({"preferences": null, "paused": true})).await).await;
     assert_eq!((w.preferences, w.paused, w.withdraw), (None, true, false));
     let p = problem(
