@@ -6,7 +6,7 @@
 
 use chrono::{DateTime, Duration, Utc};
 use chrono_tz::Tz;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use tidings_domain::dedup::parse_time_zone;
 use tidings_domain::holding::{self, Held, Preferences};
 use tidings_domain::messages::PushRequest;
@@ -88,7 +88,6 @@ pub fn wait(
             None => earlier.push(now),
             Some((held, until)) => {
                 plan.requests.remove(&row.id);
-                plan.changes.retain(|c| c.id != row.id);
                 waits.push(Wait {
                     id: row.id,
                     day: row.dedup_day,
@@ -97,6 +96,11 @@ pub fn wait(
                 });
             }
         }
+    }
+    // Their `sending` changes go with their requests, in one pass over the batch's changes.
+    let waiting: HashSet<OutboxId> = waits.iter().map(|w| w.id).collect();
+    if !waiting.is_empty() {
+        plan.changes.retain(|c| !waiting.contains(&c.id));
     }
     waits
 }
@@ -109,16 +113,22 @@ pub fn released(
     rows: &[Claimed],
     waits: &[Wait],
 ) -> Vec<(Held, &'static str)> {
+    if rows.iter().all(|r| r.held.is_none()) {
+        return Vec::new();
+    }
+    let waiting: HashSet<OutboxId> = waits.iter().map(|w| w.id).collect();
+    let moved: HashMap<OutboxId, &'static str> = (changes.iter())
+        .map(|c| (c.id, c.transition.to.as_str()))
+        .collect();
     rows.iter()
         .filter_map(|row| {
             let held = row.held?;
             let outcome = if requests.contains_key(&row.id) {
                 "sent"
-            } else if waits.iter().any(|w| w.id == row.id) {
+            } else if waiting.contains(&row.id) {
                 "held"
             } else {
-                let change = changes.iter().find(|c| c.id == row.id)?;
-                change.transition.to.as_str()
+                *moved.get(&row.id)?
             };
             Some((held, outcome))
         })
