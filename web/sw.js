@@ -106,6 +106,10 @@ function asOf(body, at) {
 // its time when the api cannot say; and to whom to report it.
 async function decide(p) {
   if (p.id && p.withdraws) return { title: p.title, body: p.body || '', shown: 'as_sent' };
+  // A digest speaks for several rows; the api's check speaks for one. Shown "as of" its time.
+  if (p.id && p.data && p.data.digest && p.observed_at) {
+    return { title: p.title, body: asOf(p.body || '', p.observed_at), shown: 'as_of' };
+  }
   const checked = p.id ? await checkNow(p.id) : null;
   if (checked) {
     const { now, device } = checked;

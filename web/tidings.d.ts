@@ -40,6 +40,8 @@ export interface Preferences {
   quiet_hours?: { start: string; end: string; days?: ('mon' | 'tue' | 'wed' | 'thu' | 'fri' | 'sat' | 'sun')[] } | null;
   /** At most `max` notifications in any `window_seconds`. */
   cap?: { max: number; window_seconds: number } | null;
+  /** What holds goes out together then, as one notification, each re-checked. */
+  digest?: 'none' | 'hourly' | `daily at ${string}` | `weekly on ${string} at ${string}` | null;
 }
 
 export interface Observation {

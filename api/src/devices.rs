@@ -70,7 +70,7 @@ pub struct CreateDevice {
     #[serde(default)]
     #[schema(max_length = 35, pattern = r"^[A-Za-z]{2,3}(-[A-Za-z0-9]{1,8})*$")]
     pub locale: Option<String>,
-    /// When notifications wait: quiet hours, a cap (docs/api.md). Default: none.
+    /// When notifications wait: quiet hours, a cap, a digest (docs/api.md). Default: none.
     #[serde(default, deserialize_with = "tidings_domain::strict::object_or_null")]
     pub preferences: Option<PreferencesSpec>,
 }

@@ -84,8 +84,8 @@ pub struct CreateWatch {
     /// says what changed, in its place (default true).
     #[serde(default)]
     pub withdraw: Option<bool>,
-    /// Its notifications go at once, past quiet hours and caps (default
-    /// false).
+    /// Its notifications go at once, past quiet hours and caps, never in a
+    /// digest (default false).
     #[serde(default)]
     pub urgent: Option<bool>,
     /// Its own preferences (quiet hours, cap), in place of its device's whole; left out

@@ -401,7 +401,8 @@ async fn preferences_are_set_at_creation_changed_by_patch_and_shown_in_every_vie
     assert_eq!(serde_json::to_value(&me.preferences).unwrap(), night);
 
     // A PATCH changes what it names and nothing else; null locale reads English again.
-    let daily = json!({"quiet_hours": {"start": "23:00:30", "end": "06:00"}});
+    let daily = json!({"quiet_hours": {"start": "23:00:30", "end": "06:00"},
+                       "digest": "weekly on mon at 08:00"});
     let patch = |body: Value| {
         let (api, token) = (&api, &token);
         async move {
@@ -430,6 +431,14 @@ async fn preferences_are_set_at_creation_changed_by_patch_and_shown_in_every_vie
         (
             json!({"preferences": {"quiet_hours": {"start": "8:00", "end": "09:00"}}}),
             "/preferences/quiet_hours/start",
+        ),
+        (
+            json!({"preferences": {"digest": "daily at 8:00"}}),
+            "/preferences/digest",
+        ),
+        (
+            json!({"preferences": {"digest": "monthly"}}),
+            "/preferences/digest",
         ),
         (json!({"preferences": [{"cap": null}]}), "/preferences"),
         (json!({"preferences": null}), "/preferences"),

@@ -15,7 +15,7 @@ use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use tidings_bus::publish::{Outgoing, publish_all};
-use tidings_domain::messages::{PushRequest, PushRequests, encode};
+use tidings_domain::messages::{MAX_DIGEST_MEMBERS, PushRequest, PushRequests, encode};
 use tidings_domain::outbox::Status;
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::{Channel, ItemCode, OutboxId, WatchId};
@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admission::Admission;
 use crate::config::Settings;
+use crate::digest;
 use crate::holding;
 use crate::metrics::metrics;
 use crate::plan;
@@ -36,6 +37,9 @@ use tidings_store::{DbError, db};
 
 /// PushRequests in flight at once per dispatch worker.
 const PUBLISH_WINDOW: usize = 512;
+
+/// Readers whose due digests one round claims.
+const DIGEST_READERS: i64 = 50;
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct DispatchStats {
@@ -137,6 +141,32 @@ impl Dispatcher {
             let oldest = rows.iter().map(|r| r.next_attempt_at).min();
             admission.observe(oldest.map(|at| (now - at).to_std().unwrap_or_default()));
         }
+        self.handle(rows, false).await
+    }
+
+    /// Claims the due digests of up to [`DIGEST_READERS`] readers and sends each reader's as one
+    /// message ([`digest`]).
+    pub async fn digest_once(&self) -> Result<DispatchStats, DispatchError> {
+        let members = i64::try_from(MAX_DIGEST_MEMBERS).unwrap_or(i64::MAX);
+        let rows = claim::claim_digests(
+            &self.pool,
+            DIGEST_READERS,
+            members,
+            self.settings.claim_lease,
+        )
+        .await
+        .map_err(db("claiming due digests"))?;
+        self.handle(rows, true).await
+    }
+
+    /// Re-checks and sends claimed rows: each alone, unless their reader makes them wait
+    /// ([`holding`]), or (`digests`) each reader's together as one digest.
+    async fn handle(
+        &self,
+        rows: Vec<Claimed>,
+        digests: bool,
+    ) -> Result<DispatchStats, DispatchError> {
+        let s = &self.settings;
         let mut stats = DispatchStats {
             claimed: rows.len(),
             ..DispatchStats::default()
@@ -163,7 +193,15 @@ impl Dispatcher {
             .await
             .map_err(db("reading what withdrawals recall"))?;
         plan::recall(&mut decided, &rows, &recalls);
-        let (waits, caps) = self.wait_for_readers(&mut decided, &rows, &watches).await?;
+        let (waits, caps) = if digests {
+            let sizes = digest::fold(&mut decided, &guarded, &watches, s, Utc::now());
+            for n in sizes {
+                metrics().digest_members.observe(n as f64);
+            }
+            (Vec::new(), None)
+        } else {
+            self.wait_for_readers(&mut decided, &rows, &watches).await?
+        };
         for key in decided.unsigned.drain(..) {
             (metrics().secrets_unopened)
                 .get_or_create(&KeyLabels { key })
@@ -414,6 +452,33 @@ impl Dispatcher {
         };
         transition::observe(changes, &won);
         Ok(won)
+    }
+
+    /// Sends due digests until `shutdown`, a round per poll interval (straight on while rounds
+    /// come back full). One loop per dispatcher: digests are few, and a reader's are claimed
+    /// whole by one dispatcher at a time.
+    pub async fn run_digests(&self, shutdown: CancellationToken) {
+        let progress = Progress::register("digests");
+        loop {
+            progress.idle_for(self.settings.poll_interval);
+            let full = match self.digest_once().await {
+                Ok(stats) => stats.claimed > 0 && stats.claimed as i64 >= DIGEST_READERS,
+                Err(e) => {
+                    tidings_runtime::metrics::metrics()
+                        .failed(tidings_runtime::metrics::Failure::Dispatch);
+                    tracing::error!(error = %e, "sending due digests failed");
+                    false
+                }
+            };
+            if !full {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(self.settings.poll_interval) => {}
+                }
+            } else if shutdown.is_cancelled() {
+                return;
+            }
+        }
     }
 
     /// Dispatches until `shutdown`: straight on while batches come back full, otherwise after

@@ -106,7 +106,8 @@ pub fn wait(
 }
 
 /// What became of the claimed rows that had been held, now at their release: `sent` (planned
-/// for sending), `held` (they wait again), or the state their change moves them to.
+/// for sending, alone or in a digest), `held` (they wait again), or the state their change
+/// moves them to.
 pub fn released(
     requests: &HashMap<OutboxId, PushRequest>,
     changes: &[Change],
@@ -123,12 +124,12 @@ pub fn released(
     rows.iter()
         .filter_map(|row| {
             let held = row.held?;
-            let outcome = if requests.contains_key(&row.id) {
-                "sent"
-            } else if waiting.contains(&row.id) {
-                "held"
-            } else {
-                *moved.get(&row.id)?
+            let outcome = match moved.get(&row.id) {
+                _ if waiting.contains(&row.id) => "held",
+                // A digest's members other than its leader have no request of their own.
+                Some(&"sending") => "sent",
+                _ if requests.contains_key(&row.id) => "sent",
+                moved => *moved?,
             };
             Some((held, outcome))
         })

@@ -5,7 +5,9 @@
 //!   commit, undecodable messages dead-lettered), paused by [`admission`] while dispatch is
 //!   behind.
 //! - [`dispatch`]: claim due rows (`tidings_store::claim`) → pre-guards and re-check ([`plan`], [`recheck`];
-//!   pure) → `sending` → PushRequest.
+//!   pure) → `sending` → PushRequest; rows their reader's quiet hours, cap or digest make wait
+//!   go back to the outbox ([`holding`]), and at a reader's digest time its held rows go out
+//!   together ([`digest`]).
 //! - [`results`]: PushResults → `sent` (baseline advanced in the same transaction), `retry`,
 //!   `dropped` or `failed`, as [`resolve`] (pure) decides.
 //! - [`sweeper`]: `sending` rows whose lease ran out → `sent` if the delivery log has them,
@@ -18,6 +20,7 @@
 pub mod admission;
 pub mod backlog;
 mod config;
+pub mod digest;
 pub mod dispatch;
 mod holding;
 pub mod ingest;
@@ -203,6 +206,10 @@ pub async fn run_with(
         let shutdown = shutdown.clone();
         tasks.spawn(async move { d.run(shutdown).await });
     }
+    let digests =
+        dispatch::Dispatcher::new(pool.clone(), js.clone(), source.clone(), settings.clone());
+    let stopping = shutdown.clone();
+    tasks.spawn(async move { digests.run_digests(stopping).await });
     spawn_upkeep(&mut tasks, &pool, &js, &settings, &shutdown);
     tracing::info!(
         prefix = settings.subjects.prefix(),

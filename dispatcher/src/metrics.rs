@@ -1,8 +1,8 @@
 //! The dispatcher's metric families: the outbox backlog, ingest, and detection to delivery.
 
 use tidings_runtime::metrics::{
-    Counter, Family, Gauge, HeldLabels, KeyLabels, ReleaseLabels, ResultLabels, StateLabels,
-    StatusLabels, Traced, exponential_buckets,
+    Counter, Family, Gauge, HeldLabels, Histogram, KeyLabels, ReleaseLabels, ResultLabels,
+    StateLabels, StatusLabels, Traced, exponential_buckets,
 };
 
 tidings_runtime::families! {
@@ -11,16 +11,19 @@ tidings_runtime::families! {
             => "tidings_outbox_rows", "Non-terminal outbox rows by state (pending, retry, sending)";
         outbox_held: Family<HeldLabels, Gauge> = Family::default()
             => "tidings_outbox_held",
-            "Pending rows waiting for their reader's release, by why (quiet_hours, cap)";
+            "Pending rows waiting for their reader's release, by why (quiet_hours, cap, digest)";
         held: Family<HeldLabels, Counter> = Family::default()
             => "tidings_notifications_held",
             "Notifications the re-check found true that were made to wait for their reader, \
-             by why (quiet_hours, cap); one that waits again at its release counts again";
+             by why (quiet_hours, cap, digest); one that waits again at its release counts again";
         released: Family<ReleaseLabels, Counter> = Family::default()
             => "tidings_notifications_released",
             "Held notifications at their release, by why they were held and what became of \
              them (sent: re-checked and sent; dropped: no longer true, or expired; held: they \
              wait again)";
+        digest_members: Histogram = Histogram::new(exponential_buckets(1.0, 2.0, 8))
+            => "tidings_digest_members",
+            "Notifications each digest sent carries (those that held at the digest time)";
         oldest_due_seconds: Gauge<f64, std::sync::atomic::AtomicU64> = Gauge::default()
             => "tidings_outbox_oldest_due_seconds", "Age of the oldest due outbox row";
         /// How long the oldest `sending` row has been past its lease (0: none is).

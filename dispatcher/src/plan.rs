@@ -9,6 +9,7 @@
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;
 use tidings_domain::dedup::parse_time_zone;
+use tidings_domain::mail::MailText;
 use tidings_domain::messages::{
     MailCall, Payload, PushRequest, Target, Urgency, VERSION, WebhookCall,
 };
@@ -400,6 +401,7 @@ fn send(
             dedup_day: Some(row.dedup_day),
             recall: None,
             traceparent: None,
+            members: Vec::new(),
         },
     );
     plan.changes.push(c);
@@ -482,7 +484,7 @@ fn signing_secret(
 
 /// The signature of `body`: by the current secret, which must open (else the webhook is not
 /// sent), and by a rotated-out one beside it if that opens (else it is left out, logged).
-fn signature(
+pub(crate) fn signature(
     endpoint: &Endpoint,
     keys: Option<&SecretKeys>,
     row: OutboxId,
@@ -520,7 +522,10 @@ fn target(
         Destination::WebPush(sub) => Ok(Target::WebPush(sub.clone())),
         Destination::Email(mailbox) => {
             let notice = notice_for(g, checked, valid_until, settings);
-            mail(g, mailbox, &notice, settings, now).map(Target::Email)
+            mail(g, mailbox, settings, now, |tz, links| {
+                tidings_domain::mail::render(&notice, tz, links)
+            })
+            .map(Target::Email)
         }
         Destination::Webhook(endpoint) => {
             let facts = Facts {
@@ -549,14 +554,14 @@ fn target(
     }
 }
 
-/// The mail to `mailbox` for `notice`: its words in the reader's language and time zone, its
-/// links signed with the subscription's key, DKIM-signed by the sender.
-fn mail(
+/// The mail to `mailbox` for row `g`: its words (`render`) in the reader's time zone, its links
+/// signed with the subscription's key, DKIM-signed by the sender.
+pub(crate) fn mail(
     g: &Guarded<'_>,
     mailbox: &Mailbox,
-    notice: &Notice<'_>,
     settings: &Settings,
     now: DateTime<Utc>,
+    render: impl FnOnce(chrono_tz::Tz, &tidings_domain::mail::Links<'_>) -> MailText,
 ) -> Result<MailCall, Unsigned> {
     let sender = settings.email.as_deref().ok_or(Unsigned::NoSender)?;
     let subscription = mailbox.subscription;
@@ -574,7 +579,7 @@ fn mail(
     let id = g.row.id.to_string();
     let links = MailLinks::new(&sender.public_url, &key, &id, &subscription.to_string());
     let tz = parse_time_zone(g.time_zone).unwrap_or(chrono_tz::Tz::UTC);
-    let text = tidings_domain::mail::render(notice, tz, &links.as_links());
+    let text = render(tz, &links.as_links());
     let letter = Letter {
         to: &mailbox.address,
         text: &text,

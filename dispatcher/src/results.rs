@@ -144,7 +144,8 @@ impl consume::Handler for Results {
         match applied {
             Ok(applied) => {
                 stats.applied = applied;
-                stats.ignored = results.len() - applied;
+                // A digest's result applies to each of its rows.
+                stats.ignored = results.len().saturating_sub(applied);
                 consume::ack_all(decoded.iter().map(|d| &d.message)).await;
                 Ok(stats)
             }
@@ -219,6 +220,14 @@ pub async fn apply_in(
     settings: &Settings,
     results: &[&PushResult],
 ) -> Result<Applied, sqlx::Error> {
+    let members = member_results(results);
+    let with_members: Vec<&PushResult>;
+    let results = if members.is_empty() {
+        results
+    } else {
+        with_members = results.iter().copied().chain(&members).collect();
+        &with_members
+    };
     let locked = lock_rows_of(tx, results).await?;
     let rows: HashMap<OutboxId, &Locked> = locked.iter().map(|l| (l.id, l)).collect();
     let planned = plan(results, &rows, settings);
@@ -245,6 +254,22 @@ pub async fn apply_in(
         won,
         sent_detected_at,
     })
+}
+
+/// A digest's result as each of its other rows' own: the same outcome, for their attempt, in
+/// their partition. Applied with the leader's in one transaction, so a digest's rows never part.
+fn member_results(results: &[&PushResult]) -> Vec<PushResult> {
+    (results.iter())
+        .flat_map(|r| {
+            r.members.iter().map(move |m| PushResult {
+                outbox_id: m.id,
+                attempt: m.attempt,
+                dedup_day: Some(m.day),
+                members: Vec::new(),
+                ..(*r).clone()
+            })
+        })
+        .collect()
 }
 
 /// Locks the rows `results` are about, in id order.

@@ -5,6 +5,8 @@
 //!
 //! - delivered: the row ends `sent`, with its baseline, exactly as if the result had arrived
 //!   (the result was lost, or a dispatcher died holding it); it is never pushed again;
+//! - a digest's other rows are not swept on their own: they share their leader's one message, so
+//!   whatever is decided for the leader is decided for them in the same transaction;
 //! - not on record: the outcome is unknown (the pusher may have died between its POST and the
 //!   record, or never got the request), so the row goes back to `retry` (or `failed` at the cap),
 //!   recording `lease_expired`, and is marked *maybe delivered*. If the attempt's result still
@@ -21,9 +23,11 @@
 
 use chrono::Utc;
 use sqlx::PgPool;
+use std::collections::HashMap;
 use std::sync::Arc;
 use tidings_bus::delivered::{Delivery, DeliveryLog};
-use tidings_domain::messages::{AttemptOutcome, Ended, PushResult};
+use tidings_domain::OutboxId;
+use tidings_domain::messages::{AttemptOutcome, Ended, Member, PushResult};
 use tidings_domain::outbox::{self, Event, Status};
 use tidings_store::attempts::{self, Attempt};
 use tidings_store::sweep::{self, Expired};
@@ -136,16 +140,38 @@ pub async fn sweep_once(
     if expired.is_empty() {
         return Ok(SweepStats::default());
     }
+    let leaders: Vec<OutboxId> = expired.iter().filter(|e| e.leads()).map(|e| e.id).collect();
+    let mut members: HashMap<OutboxId, Vec<Expired>> = HashMap::new();
+    for m in sweep::members_of(&mut tx, &leaders).await? {
+        if let Some(leader) = m.digest_of {
+            members.entry(leader).or_default().push(m);
+        }
+    }
     let lookups = futures::future::join_all(expired.iter().map(|e| log.lookup(e.id))).await;
     let mut plan = Planned::default();
     for (expired, lookup) in expired.iter().zip(lookups) {
+        // A digest's other rows share its one message, so its fate.
+        let carried = members.get(&expired.id).map_or(&[][..], Vec::as_slice);
         match lookup {
             Ok(Some(done)) if done.attempt <= expired.row().attempt => {
-                plan.delivered.push(found_delivered(expired, done));
+                let mut result = found_delivered(expired, done);
+                result.members = carried
+                    .iter()
+                    .map(|m| Member {
+                        id: m.id,
+                        attempt: m.attempt,
+                        day: m.dedup_day,
+                    })
+                    .collect();
+                plan.delivered.push(result);
             }
-            Ok(_) => outcome_unknown(expired, settings, &mut plan),
+            Ok(_) => {
+                for row in std::iter::once(expired).chain(carried) {
+                    outcome_unknown(row, settings, &mut plan);
+                }
+            }
             // Logged and counted by the log.
-            Err(_) => plan.deferred += 1,
+            Err(_) => plan.deferred += 1 + carried.len(),
         }
     }
     let refs: Vec<&PushResult> = plan.delivered.iter().collect();

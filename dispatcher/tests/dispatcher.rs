@@ -897,6 +897,132 @@ async fn dispatchers_racing_never_let_a_device_past_its_cap() {
     s.cleanup().await;
 }
 
+/// `n` rows of one device on `item` held for its daily digest, then due (its time came): the
+/// digest's PushRequest, once dispatched.
+async fn digest_of(s: &Scenario, item: &str, n: usize) -> PushRequest {
+    seed_rows(s, item, n).await;
+    sqlx::query(r#"UPDATE devices SET preferences = '{"digest": "daily at 08:00"}'"#)
+        .execute(&s.db.pool)
+        .await
+        .unwrap();
+    until_idle(s.dispatcher()).await;
+    let held: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox WHERE held = 'digest' AND status = 'pending'
+                                       AND next_attempt_at > now()",
+    )
+    .fetch_one(&s.db.pool)
+    .await
+    .unwrap();
+    assert!(held >= n as i64, "each row waits for the digest");
+    s.db.digest_time().await;
+    assert_eq!(
+        s.dispatcher().dispatch_once().await.unwrap().claimed,
+        0,
+        "a due digest row is the digest claim's alone"
+    );
+    let stats = s.dispatcher().digest_once().await.unwrap();
+    assert_eq!((stats.claimed, stats.published), (n, 1));
+    let mut pushes = s.take_pushes(&s.push_consumer().await, WAIT).await;
+    assert_eq!(pushes.len(), 1, "one message for the digest");
+    pushes.remove(0)
+}
+
+/// Each row's (status, attempt, digest_of), by id.
+async fn digest_rows(s: &Scenario) -> Vec<(String, i32, Option<uuid::Uuid>)> {
+    sqlx::query_as("SELECT status, attempt, digest_of FROM outbox ORDER BY id")
+        .fetch_all(&s.db.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_digests_one_result_ends_each_of_its_rows_once() {
+    let s = Scenario::new().await;
+    let push = digest_of(&s, "SKU-1", 4).await;
+    assert_eq!(push.members.len(), 3, "the leader carries the other three");
+    assert_eq!(push.urgency, tidings_domain::messages::Urgency::Low);
+    let leader = push.outbox_id.0;
+    assert!(
+        push.members.iter().all(|m| m.id.0 > leader),
+        "led by the lowest id"
+    );
+    let sending = digest_rows(&s).await;
+    assert_eq!(sending, vec![("sending".to_owned(), 1, Some(leader)); 4]);
+
+    let delivered = PushResult {
+        members: push.members.clone(),
+        ..s.result(&push, Outcome::Delivered, Some(201))
+    };
+    s.publish_result(&delivered).await;
+    assert_eq!(s.results().await.run_once(WAIT).await.unwrap().applied, 4);
+    assert_eq!(
+        digest_rows(&s).await,
+        vec![("sent".to_owned(), 1, Some(leader)); 4]
+    );
+    for m in &push.members {
+        assert_eq!(
+            s.attempts(m.id).await,
+            [(1, "delivered".to_owned(), Some(201))],
+            "each row has its attempt on record"
+        );
+    }
+    // A redelivery of the result changes nothing.
+    s.publish_result(&delivered).await;
+    assert_eq!(s.results().await.run_once(WAIT).await.unwrap().applied, 0);
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn the_sweeper_decides_a_digests_rows_with_its_leader() {
+    let s = Scenario::new().await;
+    let push = digest_of(&s, "SKU-1", 3).await;
+    // The pusher delivered it and died before its result went out.
+    s.delivery_log()
+        .record(
+            push.outbox_id,
+            &Delivery {
+                attempt: push.attempt,
+                message_id: None,
+            },
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(s.settings.sending_lease + Duration::from_millis(100)).await;
+    let stats = s.sweep().await;
+    assert_eq!((stats.delivered, stats.expired), (3, 0));
+    let leader = Some(push.outbox_id.0);
+    assert_eq!(
+        digest_rows(&s).await,
+        vec![("sent".to_owned(), 1, leader); 3]
+    );
+    s.cleanup().await;
+
+    // Nothing on record: every row back to retry, maybe delivered, none on its own.
+    let s = Scenario::new().await;
+    let push = digest_of(&s, "SKU-2", 3).await;
+    tokio::time::sleep(s.settings.sending_lease + Duration::from_millis(100)).await;
+    let stats = s.sweep().await;
+    assert_eq!((stats.delivered, stats.expired), (0, 3));
+    let rows: Vec<(String, bool, Option<String>)> =
+        sqlx::query_as("SELECT status, maybe_delivered, held FROM outbox ORDER BY id")
+            .fetch_all(&s.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        rows,
+        vec![("retry".to_owned(), true, Some("digest".to_owned())); 3],
+        "retried together, by the digest claim"
+    );
+    // Retried as a digest again: one message, attempt 2.
+    s.make_due().await;
+    let stats = s.dispatcher().digest_once().await.unwrap();
+    assert_eq!((stats.claimed, stats.published), (3, 1));
+    let again = s.take_pushes(&s.push_consumer().await, WAIT).await;
+    assert_eq!((again.len(), again[0].attempt), (1, 2));
+    assert_eq!(again[0].outbox_id, push.outbox_id);
+    s.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_dispatcher_killed_mid_batch_loses_nothing() {
     let mut s = Scenario::new().await;

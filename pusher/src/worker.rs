@@ -202,6 +202,8 @@ impl Pusher {
         let (mut result, handled) = self.attempt(&req, redelivered).await;
         // Back to the row's partition (absent from an older dispatcher's request).
         result.dedup_day = req.dedup_day;
+        // A digest's other rows: the dispatcher applies the result to each.
+        result.members.clone_from(&req.members);
         result.started_at = Some(started_at);
         result.push_host = host.clone();
         finish_span(&span, &result);

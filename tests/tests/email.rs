@@ -462,3 +462,59 @@ async fn each_relay_answer_ends_its_row_as_documented() {
     p.stop().await;
     let _ = std::fs::remove_file(key_file);
 }
+
+#[tokio::test]
+async fn a_digest_is_one_signed_mail_listing_what_still_holds() {
+    let s = Scenario::new().await;
+    let smtp = FakeSmtp::start(&SmtpOptions::default()).unwrap();
+    let (key_file, key) = dkim_key();
+    let p = mailing_pipeline(&s, &smtp, &key_file).await;
+    let to = "digest-dee@tidings.test";
+    let (token, _, confirm) = registered(&p, &smtp, &key, to, 1).await;
+    assert_eq!(page(&confirm, Some("")).await.0, 200);
+    let (status, me) = call(
+        reqwest::Method::PATCH,
+        format!("{}/v1/devices/me", p.url("api")),
+        Some(&token),
+        Some(json!({"preferences": {"digest": "daily at 08:00"}})),
+    )
+    .await;
+    assert_eq!(status, 200, "{me}");
+    let items = ["SKU-ED1", "SKU-ED2", "SKU-ED3"];
+    let mut watches = Vec::new();
+    for item in items {
+        watches.push(watch(&p, &s, &token, item).await);
+    }
+    for item in items {
+        s.catalog.set_price(item, 999);
+    }
+    let held = "SELECT count(*) FROM outbox WHERE held = 'digest' AND status = 'pending'";
+    s.db.wait_for_count(held, 3, 15).await;
+    // One recovers before 08:00 comes.
+    s.catalog.set_price("SKU-ED2", 1299);
+    s.db.digest_time().await;
+    let sent = [
+        wait_for_status(&s, watches[0], Status::Sent).await,
+        wait_for_status(&s, watches[2], Status::Sent).await,
+    ];
+    wait_for_status(&s, watches[1], Status::Dropped).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mails = mails_to(&smtp, to, 2).await;
+    assert_eq!(mails.len(), 2, "the confirmation and one digest");
+    let digest = &mails[1];
+    assert_eq!(dkim_verdict(digest, &key), "verified");
+    let read = read(digest);
+    let subject = read.header("subject").unwrap_or_default().to_owned();
+    assert!(subject.starts_with("2 of your watches"), "{subject}");
+    let leader = sent.iter().map(|r| r.notification.id).min().unwrap();
+    let message_id = read.header("message-id").unwrap_or_default().to_owned();
+    assert!(message_id.contains(&leader.to_string()), "{message_id}");
+    assert!(
+        read.text.contains("SKU-ED1 now") && read.text.contains("SKU-ED3 now"),
+        "{}",
+        read.text
+    );
+    assert!(!read.text.contains("SKU-ED2"), "{}", read.text);
+    p.stop().await;
+    s.cleanup().await;
+}

@@ -1,7 +1,9 @@
-//! Quiet hours and caps through the real services: a notification that falls in its reader's
-//! quiet hours, or over their cap, waits in the outbox (pending, `held`, due at its release) and
-//! is re-checked at the release like any send: sent if still true, dropped if not. Windows of
-//! seconds, on the reader's own clock (a device in Asia/Tokyo against services on UTC).
+//! Quiet hours, caps and digests through the real services: a notification that falls in its
+//! reader's quiet hours, over their cap, or into their digest waits in the outbox (pending,
+//! `held`, due at its release) and is re-checked at the release like any send: sent (a digest's
+//! together, as one message) if still true, dropped if not. Windows of seconds, on the reader's
+//! own clock (a device in Asia/Tokyo against services on UTC); a digest's hours away, so its
+//! tests bring the digest time forward by making its rows due, as the clock reaching it does.
 
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
@@ -42,11 +44,13 @@ struct Row {
     held: Option<String>,
     next_attempt_at: DateTime<Utc>,
     finished_at: Option<DateTime<Utc>>,
+    digest_of: Option<uuid::Uuid>,
 }
 
 async fn rows(s: &Scenario) -> Vec<Row> {
     sqlx::query_as(
-        "SELECT o.id, w.item_code, o.status, o.reason, o.held, o.next_attempt_at, o.finished_at
+        "SELECT o.id, w.item_code, o.status, o.reason, o.held, o.next_attempt_at, o.finished_at,
+                o.digest_of
          FROM outbox o JOIN watches w ON w.id = o.watch_id ORDER BY w.item_code, o.created_at",
     )
     .fetch_all(&s.db.pool)
@@ -280,6 +284,157 @@ async fn a_cap_holds_the_sixth_and_releases_it_into_the_next_window_while_it_hol
         );
     }
     assert_eq!(push.received().len(), 6);
+    p.stop().await;
+    s.cleanup().await;
+}
+
+/// A device with a daily digest at 08:00 Berlin time watching `items`, each dropping below its
+/// threshold; returns once every row waits for the digest, due at the next 08:00.
+async fn digest_reader(s: &Scenario, p: &Pipeline, push: &FakePushService, items: &[String]) {
+    let token = device(
+        p,
+        push,
+        "Europe/Berlin",
+        json!({"digest": "daily at 08:00"}),
+    )
+    .await;
+    for item in items {
+        s.catalog.set_price(item, 1500);
+        watch_below(p, &token, item, 1200).await;
+    }
+    for item in items {
+        s.catalog.set_price(item, 1000);
+    }
+    let held = rows_when(s, 15, "every row held for the digest", |r| {
+        r.len() == items.len()
+            && r.iter()
+                .all(|r| r.held.as_deref() == Some("digest") && r.status == "pending")
+    })
+    .await;
+    let berlin: chrono_tz::Tz = "Europe/Berlin".parse().unwrap();
+    for r in &held {
+        let local = r.next_attempt_at.with_timezone(&berlin);
+        assert_eq!(local.format("%H:%M:%S").to_string(), "08:00:00", "{r:?}");
+        assert!(
+            r.next_attempt_at - Utc::now() <= chrono::Duration::hours(25),
+            "{r:?}"
+        );
+    }
+    assert!(push.received().is_empty(), "nothing before the digest");
+}
+
+#[tokio::test]
+async fn a_daily_digest_of_five_sends_one_notification_listing_the_three_still_true() {
+    let s = Scenario::new().await;
+    let push = FakePushService::start().await.unwrap();
+    let p = Pipeline::start(&s, &[]).await;
+    let items: Vec<String> = (1..=5).map(|i| format!("SKU-D{i}")).collect();
+    digest_reader(&s, &p, &push, &items).await;
+    // Two recover while they wait.
+    for item in ["SKU-D2", "SKU-D4"] {
+        s.catalog.set_price(item, 1500);
+    }
+    s.db.digest_time().await;
+
+    let ended = rows_when(&s, 20, "every row ended", |r| {
+        r.iter()
+            .all(|r| ["sent", "dropped"].contains(&r.status.as_str()))
+    })
+    .await;
+    let sent: Vec<&Row> = ended.iter().filter(|r| r.status == "sent").collect();
+    let sent_items: Vec<&str> = sent.iter().map(|r| r.item_code.as_str()).collect();
+    assert_eq!(sent_items, ["SKU-D1", "SKU-D3", "SKU-D5"], "{ended:#?}");
+    let leader = sent.iter().map(|r| r.id).min().unwrap();
+    assert!(
+        sent.iter().all(|r| r.digest_of == Some(leader)),
+        "{sent:#?}"
+    );
+    for r in ended.iter().filter(|r| r.status == "dropped") {
+        assert_eq!(
+            (r.reason.as_deref(), r.held.as_deref(), r.digest_of),
+            (Some("condition_lost"), Some("digest"), None),
+            "re-checked at the digest time: {r:?}"
+        );
+    }
+    // One message, for the leader, listing the three at their re-checked value.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let received = push.received();
+    assert_eq!(received.len(), 1, "{received:#?}");
+    let digest = received[0].json();
+    assert_eq!(digest["title"], "3 of your watches", "{digest}");
+    assert_eq!(digest["id"], leader.to_string());
+    assert_eq!(digest["data"]["digest"], 3);
+    let body = digest["body"].as_str().unwrap();
+    for item in ["SKU-D1", "SKU-D3", "SKU-D5"] {
+        assert!(body.contains(&format!("{item} now 10")), "{body}");
+    }
+    assert!(
+        !body.contains("SKU-D2") && !body.contains("SKU-D4"),
+        "{body}"
+    );
+    assert_eq!(received[0].urgency.as_deref(), Some("low"));
+    let ttl: u32 = received[0].ttl.as_deref().unwrap().parse().unwrap();
+    assert!(ttl > 0, "kept for an offline device");
+
+    let digest_labels = "held=\"digest\"";
+    for (outcome, n) in [("sent", 3.0), ("dropped", 2.0)] {
+        let labels = format!("{digest_labels},outcome=\"{outcome}\"");
+        assert_eq!(
+            counter(&p, "tidings_notifications_released_total", &labels).await,
+            n,
+            "{outcome}"
+        );
+    }
+    let metrics = p.metrics("dispatcher").await;
+    let sum = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("tidings_digest_members_sum "))
+        .map(|v| v.trim().parse::<f64>().unwrap());
+    assert_eq!(sum, Some(3.0), "one digest of three");
+    p.stop().await;
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_digest_survives_its_dispatcher_killed_mid_release_without_a_second_message() {
+    let s = Scenario::new().await;
+    let push = FakePushService::start().await.unwrap();
+    // No pusher yet: the digest is marked sending and published, and goes no further.
+    let mut p = Pipeline::start_only(&s, &["api", "detector", "dispatcher"], &[]).await;
+    let items: Vec<String> = (1..=3).map(|i| format!("SKU-K{i}")).collect();
+    digest_reader(&s, &p, &push, &items).await;
+    s.db.digest_time().await;
+    let sending = rows_when(&s, 15, "the digest marked sending", |r| {
+        r.iter()
+            .all(|r| r.status == "sending" && r.digest_of.is_some())
+    })
+    .await;
+    p.kill("dispatcher");
+    let leader = sending.iter().map(|r| r.id).min().unwrap();
+    assert!(sending.iter().all(|r| r.digest_of == Some(leader)));
+
+    p.spawn("pusher");
+    p.wait_ready("pusher").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while push.received().is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the digest not pushed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The dispatcher comes back: the result (which waited in its stream) ends every member.
+    p.spawn("dispatcher");
+    p.wait_ready("dispatcher").await;
+    let ended = rows_when(&s, 20, "every member sent", |r| {
+        r.iter().all(|r| r.status == "sent")
+    })
+    .await;
+    assert!(ended.iter().all(|r| r.digest_of == Some(leader)));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let received = push.received();
+    assert_eq!(received.len(), 1, "one message: {received:#?}");
+    assert_eq!(received[0].json()["data"]["digest"], 3);
     p.stop().await;
     s.cleanup().await;
 }

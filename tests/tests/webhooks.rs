@@ -1057,3 +1057,53 @@ async fn an_operators_cancel_counts_on_the_api_and_each_service_shows_only_its_l
     p.stop().await;
     s.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_digest_reaches_an_endpoint_as_one_signed_watch_digest_event() {
+    let s = Scenario::new().await;
+    let receiver = FakeWebhookReceiver::start().await.unwrap();
+    let p = Pipeline::start(&s, &[("TIDINGS_WEBHOOK_SECRET_KEYS", SEALING_KEYS[0])]).await;
+    let key = client_key(&p).await;
+    let (token, secret) = endpoint(&p, &key, &receiver.url("digest")).await;
+    let (status, me) = call(
+        reqwest::Method::PATCH,
+        format!("{}/v1/devices/me", p.url("api")),
+        Some(&token),
+        Some(json!({"preferences": {"digest": "hourly"}})),
+    )
+    .await;
+    assert_eq!(status, 200, "{me}");
+    let items: Vec<String> = (0..3).map(|i| format!("SKU-DG-{i}")).collect();
+    for item in &items {
+        s.catalog.set_price(item, 1299);
+        watch(&p, &token, item).await;
+    }
+    drop_prices(&s, &items);
+    let held = "SELECT count(*) FROM outbox WHERE held = 'digest' AND status = 'pending'";
+    s.db.wait_for_count(held, 3, 15).await;
+    assert!(receiver.received_by("digest").is_empty());
+    // The hour comes.
+    s.db.digest_time().await;
+    let got = wait_for_received(&receiver, "digest", 1).await;
+    verified_by_python(&secret, &got[0]).unwrap();
+    let event: Value = serde_json::from_str(&got[0].body).unwrap();
+    assert_eq!(event["type"], "watch.digest", "{event}");
+    let members = event["data"]["members"].as_array().unwrap();
+    let mut named: Vec<&str> = members
+        .iter()
+        .map(|m| m["item"].as_str().unwrap())
+        .collect();
+    named.sort();
+    assert_eq!(named, items.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(members.iter().all(|m| m["checked"]["price"] == 900));
+    assert_eq!(got[0].id.as_deref(), event["data"]["id"].as_str());
+    assert_eq!(event["data"]["title"], "3 of your watches");
+    let leader = got[0].id.as_deref().unwrap();
+    let sent =
+        format!("SELECT count(*) FROM outbox WHERE status = 'sent' AND digest_of = '{leader}'");
+    s.db.wait_for_count(&sent, 3, 15).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(receiver.received_by("digest").len(), 1, "one event");
+    p.stop().await;
+    s.cleanup().await;
+}

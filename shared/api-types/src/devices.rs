@@ -14,7 +14,7 @@ pub struct DeviceCreated {
     pub subscription_id: Uuid,
     pub time_zone: String,
     pub locale: Option<String>,
-    /// When its notifications wait (quiet hours, a cap).
+    /// When its notifications wait (quiet hours, a cap, a digest).
     #[serde(default)]
     pub preferences: PreferencesSpec,
     /// An email device: the link mailed to its address works until then, and the device
@@ -32,7 +32,7 @@ pub struct MyDevice {
     pub time_zone: String,
     /// BCP 47; none reads English.
     pub locale: Option<String>,
-    /// When its notifications wait (quiet hours, a cap); a watch's own replace them.
+    /// When its notifications wait (quiet hours, a cap, a digest); a watch's own replace them.
     pub preferences: PreferencesSpec,
     pub watch_count: i32,
     pub created_at: chrono::DateTime<chrono::Utc>,

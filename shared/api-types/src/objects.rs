@@ -30,7 +30,7 @@ pub struct DeviceView {
     pub time_zone: String,
     /// The BCP 47 locale its notifications are written for; none reads English.
     pub locale: Option<String>,
-    /// When its notifications wait (quiet hours, a cap).
+    /// When its notifications wait (quiet hours, a cap, a digest).
     #[serde(default)]
     pub preferences: PreferencesSpec,
     pub created_at: DateTime<Utc>,

@@ -25,6 +25,7 @@
 pub mod backoff;
 mod channel;
 pub mod dedup;
+pub mod digest;
 pub mod duration;
 pub mod hints;
 pub mod holding;

@@ -3,9 +3,10 @@
 //! until" in the reader's time, the link to the value now, and the way out. Pure; the dispatcher
 //! renders, `tidings-email` formats and signs.
 
+use crate::messages::Payload;
 use crate::notification::{Notice, render as push};
 use crate::shown::local_time;
-use crate::texts::{Lang, mail_lines};
+use crate::texts::{Lang, MailLines, mail_lines};
 use chrono_tz::Tz;
 
 /// Where a mail's links go.
@@ -31,26 +32,40 @@ pub fn render(n: &Notice<'_>, tz: Tz, links: &Links<'_>) -> MailText {
     let lang = Lang::of(n.locale.unwrap_or_default());
     let as_of = local_time(n.now.observed_at, tz);
     let until = local_time(n.valid_until, tz);
-    let lines = mail_lines(lang, &as_of, &until);
+    let item = payload.url.as_deref().map(|url| (url, n.item.as_str()));
+    compose(
+        lang,
+        &payload,
+        &mail_lines(lang, &as_of, &until),
+        links,
+        item,
+    )
+}
+
+/// A mail of `p`'s title and body: the subject says "as of", the body adds until when it holds,
+/// the link that checks it now, the item's page (`item`: its URL and name) and the way out.
+pub fn compose(
+    lang: Lang,
+    p: &Payload,
+    lines: &MailLines,
+    links: &Links<'_>,
+    item: Option<(&str, &str)>,
+) -> MailText {
     let subject = match lang {
-        Lang::En => format!("{} {}", payload.title, lines.subject_as_of),
-        Lang::Ja => format!("{}{}", payload.title, lines.subject_as_of),
+        Lang::En => format!("{} {}", p.title, lines.subject_as_of),
+        Lang::Ja => format!("{}{}", p.title, lines.subject_as_of),
     };
     let mut text = format!(
         "{}\n\n{}\n\n{}: {}\n",
-        payload.body, lines.validity, lines.check_now, links.check
+        p.body, lines.validity, lines.check_now, links.check
     );
-    if let Some(url) = &payload.url {
+    if let Some((url, _)) = item {
         text.push_str(url);
         text.push('\n');
     }
     text.push_str(&format!("\n{}: {}\n", lines.unsubscribe, links.unsubscribe));
-    let item = payload.url.as_deref().map_or(String::new(), |url| {
-        format!(
-            "<p><a href=\"{}\">{}</a></p>",
-            escape(url),
-            escape(n.item.as_str())
-        )
+    let item = item.map_or(String::new(), |(url, name)| {
+        format!("<p><a href=\"{}\">{}</a></p>", escape(url), escape(name))
     });
     let html = format!(
         "<!doctype html><html lang=\"{lang}\"><head><meta charset=\"utf-8\"><title>{title}</title></head>\
@@ -61,8 +76,8 @@ pub fn render(n: &Notice<'_>, tz: Tz, links: &Links<'_>) -> MailText {
             Lang::En => "en",
             Lang::Ja => "ja",
         },
-        title = escape(&payload.title),
-        body = escape(&payload.body),
+        title = escape(&p.title),
+        body = escape(&p.body),
         validity = escape(&lines.validity),
         check = escape(links.check),
         check_now = escape(lines.check_now),

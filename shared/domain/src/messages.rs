@@ -428,7 +428,22 @@ pub struct PushRequest {
     /// cannot carry every request's). A request alone carries it as its message's header.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
+    /// For a digest: the other rows this one message carries (this request's row leads it).
+    /// The pusher hands them back in the result, which the dispatcher applies to each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<Member>,
 }
+
+/// A row a digest carries besides its leader: its attempt, and its partition's key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    pub id: OutboxId,
+    pub attempt: u32,
+    pub day: NaiveDate,
+}
+
+/// The most rows one digest carries; a reader with more due at once gets another digest.
+pub const MAX_DIGEST_MEMBERS: usize = 100;
 
 impl PushRequest {
     /// `Nats-Msg-Id`: one message per (row, attempt).
@@ -475,6 +490,12 @@ impl Message for PushRequest {
     fn validate(&self) -> Result<(), DecodeError> {
         if self.attempt == 0 {
             return Err(DecodeError::Invalid("attempt must be at least 1".into()));
+        }
+        if self.members.len() >= MAX_DIGEST_MEMBERS {
+            return Err(DecodeError::Invalid(format!(
+                "a digest carries at most {MAX_DIGEST_MEMBERS} rows, not {}",
+                self.members.len() + 1
+            )));
         }
         if self.topic.len() > crate::validity::MAX_TOPIC_LEN {
             return Err(DecodeError::Invalid(format!(
@@ -808,6 +829,7 @@ mod tests {
             dedup_day: NaiveDate::from_ymd_opt(2026, 12, 1),
             recall: None,
             traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into()),
+            members: Vec::new(),
         }
     }
 

@@ -5,14 +5,14 @@
 use chrono::{Duration, NaiveTime, Weekday};
 use serde::{Deserialize, Serialize};
 
-use crate::holding::{Cap, Days, Preferences, QuietHours};
+use crate::holding::{Cap, Days, Digest, Preferences, QuietHours};
 
 /// Most notifications a cap can allow per window.
 pub const MAX_CAP: u32 = 1000;
 /// Longest cap window, in seconds: a week.
 pub const MAX_CAP_WINDOW_SECONDS: u32 = 7 * 24 * 3600;
 
-/// When notifications wait: quiet hours, a cap. Each left out (or null): none.
+/// When notifications wait: quiet hours, a cap, a digest. Each left out (or null): none.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
@@ -29,6 +29,16 @@ pub struct PreferencesSpec {
         deserialize_with = "crate::strict::object_or_null"
     )]
     pub cap: Option<CapSpec>,
+    /// `none`, `hourly`, `daily at HH:MM` or `weekly on mon at HH:MM` (`mon` … `sun`), on the
+    /// reader's clock: what holds goes out then, together as one message, each re-checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            pattern = r"^(none|hourly|daily at ([01][0-9]|2[0-3]):[0-5][0-9]|weekly on (mon|tue|wed|thu|fri|sat|sun) at ([01][0-9]|2[0-3]):[0-5][0-9])$"
+        )
+    )]
+    pub digest: Option<String>,
 }
 
 /// Quiet hours on the reader's clock: a notification due inside them waits for their end. An
@@ -70,6 +80,20 @@ pub enum Day {
 }
 
 impl Day {
+    /// The day its lowercase three-letter name names (`mon`).
+    pub fn named(name: &str) -> Option<Day> {
+        Some(match name {
+            "mon" => Day::Mon,
+            "tue" => Day::Tue,
+            "wed" => Day::Wed,
+            "thu" => Day::Thu,
+            "fri" => Day::Fri,
+            "sat" => Day::Sat,
+            "sun" => Day::Sun,
+            _ => return None,
+        })
+    }
+
     pub fn weekday(self) -> Weekday {
         match self {
             Day::Mon => Weekday::Mon,
@@ -141,12 +165,35 @@ impl PreferencesSpec {
             .map(QuietHoursSpec::rules)
             .transpose()?;
         let cap = self.cap.map(|c| c.rules()).transpose()?;
-        // Digests (`holding::Digest`) are not offered until one can be sent as one message.
-        Ok(Preferences {
-            quiet,
-            cap,
-            digest: None,
-        })
+        let digest = match self.digest.as_deref() {
+            None => None,
+            Some(d) => parse_digest(d).ok_or_else(|| {
+                refuse(
+                    "/digest",
+                    "a digest is none, hourly, daily at HH:MM or weekly on mon…sun at HH:MM",
+                )
+            })?,
+        };
+        Ok(Preferences { quiet, cap, digest })
+    }
+}
+
+/// `none` (no digest), `hourly`, `daily at HH:MM` or `weekly on DAY at HH:MM`, exactly as the
+/// schema's pattern says.
+pub fn parse_digest(s: &str) -> Option<Option<Digest>> {
+    let hh_mm = |t: &str| (t.len() == 5).then(|| parse_clock(t)).flatten();
+    if let Some(at) = s.strip_prefix("daily at ") {
+        return Some(Some(Digest::Daily(hh_mm(at)?)));
+    }
+    if let Some(rest) = s.strip_prefix("weekly on ") {
+        let (day, at) = rest.split_once(" at ")?;
+        let day = Day::named(day)?;
+        return Some(Some(Digest::Weekly(day.weekday(), hh_mm(at)?)));
+    }
+    match s {
+        "none" => Some(None),
+        "hourly" => Some(Some(Digest::Hourly)),
+        _ => None,
     }
 }
 
@@ -218,6 +265,32 @@ mod tests {
         assert!(quiet.days.contains(Weekday::Fri) && !quiet.days.contains(Weekday::Tue));
         assert_eq!(rules.cap.unwrap().window, Duration::days(1));
         assert_eq!(rules.digest, None);
+        let digest = |s: &str| {
+            let json = serde_json::json!({ "digest": s });
+            serde_json::from_value::<PreferencesSpec>(json)
+                .unwrap()
+                .rules()
+                .map(|r| r.digest)
+        };
+        let eight = NaiveTime::from_hms_opt(8, 0, 0).unwrap();
+        assert_eq!(digest("none"), Ok(None));
+        assert_eq!(digest("hourly"), Ok(Some(Digest::Hourly)));
+        assert_eq!(digest("daily at 08:00"), Ok(Some(Digest::Daily(eight))));
+        assert_eq!(
+            digest("weekly on sun at 08:00"),
+            Ok(Some(Digest::Weekly(Weekday::Sun, eight)))
+        );
+        for wrong in [
+            "daily",
+            "daily at 8:00",
+            "daily at 08:00:00",
+            "weekly on sunday at 08:00",
+            "weekly at 08:00",
+            "Hourly",
+            " hourly",
+        ] {
+            assert_eq!(digest(wrong).unwrap_err().at, "/digest", "{wrong}");
+        }
         // Shown as given; nothing set is nothing held.
         let shown: PreferencesSpec =
             serde_json::from_value(serde_json::to_value(&p).unwrap()).unwrap();
@@ -259,7 +332,7 @@ mod tests {
         // Unknown fields, days and kinds are the parser's to refuse.
         assert!(
             spec(r#"{"digest": {"every": "hourly"}}"#).is_err(),
-            "not offered yet"
+            "a string, as the schema says"
         );
         assert!(
             spec(r#"{"quiet_hours": {"start": "01:00", "end": "02:00", "days": ["monday"]}}"#)

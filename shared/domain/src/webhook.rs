@@ -20,6 +20,9 @@ names! {
         Triggered = "watch.triggered",
         /// A notification sent earlier stopped being true; this one corrects it.
         Withdrawn = "watch.withdrawn",
+        /// A reader's digest: every member's `watch.triggered` data in one event
+        /// ([`crate::digest::DigestEvent`]).
+        Digest = "watch.digest",
     }
 }
 

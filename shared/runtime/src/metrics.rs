@@ -115,6 +115,7 @@ pub const FAMILIES: &[(&str, &str, &[&str])] = &[
     ("tidings_outbox_held", "gauge", &["dispatcher"]),
     ("tidings_notifications_held", "counter", &["dispatcher"]),
     ("tidings_notifications_released", "counter", &["dispatcher"]),
+    ("tidings_digest_members", "histogram", &["dispatcher"]),
     (
         "tidings_outbox_oldest_due_seconds",
         "gauge",

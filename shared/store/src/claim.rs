@@ -181,6 +181,7 @@ pub fn statement(
                WHERE status IN ('pending', 'retry') /* status: due */
                  AND next_attempt_at <= now()
                  AND (claimed_until IS NULL OR claimed_until <= now())
+                 AND held IS DISTINCT FROM 'digest'
                ORDER BY next_attempt_at
                LIMIT $1
                FOR UPDATE SKIP LOCKED
@@ -227,6 +228,68 @@ pub async fn claim(
     let claimed = statement(batch, lease.as_secs_f64())
         .fetch_all(&mut *tx)
         .await?;
+    tx.commit().await?;
+    Ok(claimed)
+}
+
+/// Takes the due digest rows (held `digest`, at their release) of up to `devices` readers, the
+/// first `members` of each by id, hidden from other claims for `lease`: each reader's go out
+/// together ([`claim`] leaves them alone). A reader another dispatcher is taking at the same
+/// moment is skipped (an advisory lock of its own class, `tdig`), so two never split one
+/// reader's digest between them.
+pub async fn claim_digests(
+    pool: &PgPool,
+    devices: i64,
+    members: i64,
+    lease: Duration,
+) -> Result<Vec<Claimed>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let readers: Vec<Uuid> = sqlx::query_scalar!(
+        r#"SELECT device_id AS "device_id!" FROM (
+               SELECT DISTINCT device_id FROM outbox
+               WHERE held = 'digest' AND status IN ('pending', 'retry') /* status: due */
+                 AND next_attempt_at <= now()
+                 AND (claimed_until IS NULL OR claimed_until <= now())
+               LIMIT $1) AS due
+           WHERE pg_try_advisory_xact_lock(1952737639, hashtext(device_id::text))"#,
+        devices
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    if readers.is_empty() {
+        return Ok(Vec::new());
+    }
+    let claimed = sqlx::query_as!(
+        Claimed,
+        r#"WITH due AS (
+               SELECT r.id, r.dedup_day FROM unnest($1::uuid[]) AS d(device_id)
+               CROSS JOIN LATERAL (
+                   SELECT id, dedup_day FROM outbox
+                   WHERE device_id = d.device_id AND held = 'digest'
+                     AND status IN ('pending', 'retry') /* status: due */
+                     AND next_attempt_at <= now()
+                     AND (claimed_until IS NULL OR claimed_until <= now())
+                   ORDER BY id
+                   LIMIT $2
+                   FOR UPDATE SKIP LOCKED) AS r
+           )
+           UPDATE outbox o SET claimed_until = now() + make_interval(secs => $3)
+           FROM due WHERE o.id = due.id AND o.dedup_day = due.dedup_day
+           RETURNING o.id AS "id: OutboxId", o.dedup_day, o.watch_id AS "watch_id: WatchId",
+                     o.device_id AS "device_id: DeviceId", o.channel AS "channel: Channel",
+                     o.status AS "status: Status", o.trigger AS "trigger: TriggerColumn", o.detected_at, o.detected_price,
+                     o.detected_currency, o.detected_in_stock, o.detected_paused,
+                     o.detected_observed_at, o.baseline_price, o.baseline_reference,
+                     o.baseline_in_stock, o.attempt AS "attempt: Count",
+                     o.retry_count AS "retry_count: Count", o.traceparent,
+                     o.next_attempt_at, o.withdraws AS "withdraws: OutboxId",
+                     o.held AS "held: Held""#,
+        &readers,
+        members,
+        lease.as_secs_f64()
+    )
+    .fetch_all(&mut *tx)
+    .await?;
     tx.commit().await?;
     Ok(claimed)
 }

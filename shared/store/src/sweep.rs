@@ -15,6 +15,16 @@ pub struct Expired {
     pub attempt: u32,
     pub retry_count: u32,
     pub subscription_id: Option<SubscriptionId>,
+    /// For a digest's row: the row the digest was sent for (its leader; the leader's own names
+    /// itself).
+    pub digest_of: Option<OutboxId>,
+}
+
+impl Expired {
+    /// Whether the row leads a digest, whose other rows follow its outcome.
+    pub fn leads(&self) -> bool {
+        self.digest_of == Some(self.id)
+    }
 }
 
 impl Expired {
@@ -29,7 +39,8 @@ impl Expired {
 }
 
 /// Locks up to `limit` expired `sending` rows, the longest expired first, skipping rows another
-/// transaction holds.
+/// transaction holds. A digest's other rows are not among them: they follow their leader
+/// ([`members_of`]).
 pub async fn lock_expired(
     conn: &mut PgConnection,
     limit: i64,
@@ -38,13 +49,43 @@ pub async fn lock_expired(
         Expired,
         r#"SELECT id AS "id: OutboxId", dedup_day, attempt AS "attempt: Count",
                   retry_count AS "retry_count: Count",
-                  subscription_id AS "subscription_id: SubscriptionId"
+                  subscription_id AS "subscription_id: SubscriptionId",
+                  digest_of AS "digest_of: OutboxId"
            FROM outbox
            WHERE status = 'sending' /* status: sending */ AND lease_until < now()
+             AND (digest_of IS NULL OR digest_of = id)
            ORDER BY lease_until
            LIMIT $1
            FOR UPDATE SKIP LOCKED"#,
         limit
+    )
+    .fetch_all(conn)
+    .await
+}
+
+/// Locks the `sending` rows the digests `leaders` carry besides their leaders, which the sweeper
+/// decides together with them. Marked `sending` with their leader, their leases ran out with
+/// its lease.
+pub async fn members_of(
+    conn: &mut PgConnection,
+    leaders: &[OutboxId],
+) -> Result<Vec<Expired>, sqlx::Error> {
+    if leaders.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<sqlx::types::Uuid> = leaders.iter().map(|l| l.0).collect();
+    sqlx::query_as!(
+        Expired,
+        r#"SELECT id AS "id: OutboxId", dedup_day, attempt AS "attempt: Count",
+                  retry_count AS "retry_count: Count",
+                  subscription_id AS "subscription_id: SubscriptionId",
+                  digest_of AS "digest_of: OutboxId"
+           FROM outbox
+           WHERE status = 'sending' /* status: sending */ AND lease_until < now()
+             AND digest_of = ANY($1) AND digest_of <> id
+           ORDER BY id
+           FOR UPDATE"#,
+        &ids
     )
     .fetch_all(conn)
     .await

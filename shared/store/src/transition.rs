@@ -37,6 +37,8 @@ pub struct Change {
     pub push_message_id: Option<String>,
     /// The attempt that ends the row, recorded on it (`crate::attempts`).
     pub ending: Option<Ending>,
+    /// For a row going out in a digest: the row the digest is sent for (its leader).
+    pub digest_of: Option<OutboxId>,
 }
 
 /// What a row records of the attempt that ended it, besides its status, HTTP status, message id
@@ -68,6 +70,7 @@ impl Change {
             http_status: None,
             push_message_id: None,
             ending: None,
+            digest_of: None,
         }
     }
 }
@@ -105,6 +108,7 @@ crate::unnest::unnest_rows! {
         attempt_started_at: Option<DateTime<Utc>>,
         attempt_push_host: Option<&'a str>,
         attempt_ms: Option<i64>,
+        digest_of: Option<OutboxId>,
     }
 }
 
@@ -135,6 +139,7 @@ impl<'a> ChangeRow<'a> {
             attempt_started_at: ending.and_then(|e| e.started_at),
             attempt_push_host: ending.and_then(|e| e.push_host.as_deref()),
             attempt_ms: ending.and_then(|e| e.duration_ms),
+            digest_of: c.digest_of,
         }
     }
 }
@@ -164,6 +169,7 @@ static APPLY: LazyLock<String> = LazyLock::new(|| {
              attempt_started_at = COALESCE(u.attempt_started_at, o.attempt_started_at),
              attempt_push_host = COALESCE(u.attempt_push_host, o.attempt_push_host),
              attempt_ms = COALESCE(u.attempt_ms, o.attempt_ms),
+             digest_of = COALESCE(u.digest_of, o.digest_of),
              finished_at = CASE WHEN u.to_status IN {terminal} THEN now() END
          FROM {rows}
          WHERE o.id = u.id AND o.dedup_day = u.day

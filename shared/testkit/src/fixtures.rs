@@ -222,6 +222,7 @@ pub fn push_request(sub: &Subscription) -> PushRequest {
         dedup_day: None,
         recall: None,
         traceparent: None,
+        members: Vec::new(),
     }
 }
 

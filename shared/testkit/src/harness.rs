@@ -272,6 +272,26 @@ impl TestDb {
         assert_eq!(self.count(sql).await, expected, "{sql}");
     }
 
+    /// Until `sql`, a count, counts `expected`; fails after `secs` with the last count.
+    pub async fn wait_for_count(&self, sql: &str, expected: i64, secs: u64) {
+        let started = std::time::Instant::now();
+        loop {
+            let n = self.count(sql).await;
+            if n == expected {
+                return;
+            }
+            poll_wait(started, secs, || format!("{sql}: {n}, not {expected}")).await;
+        }
+    }
+
+    /// The digest time comes for every row held for a digest, as the clock reaching it does.
+    pub async fn digest_time(&self) {
+        sqlx::query("UPDATE outbox SET next_attempt_at = now() WHERE held = 'digest'")
+            .execute(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("making digests due: {e}"));
+    }
+
     pub async fn new() -> Result<Self, HarnessError> {
         Self::create(true).await
     }

@@ -25,5 +25,6 @@ pub fn first_attempt(
         dedup_day: None,
         recall: None,
         traceparent: None,
+        members: Vec::new(),
     }
 }

@@ -217,6 +217,8 @@ pub struct PushResult {
     /// The W3C trace context of the push span, in a [`super::PushResults`] batch (whose one
     /// header cannot carry every result's). A result alone carries it as its message's header.
     pub traceparent: Option<String>,
+    /// The digest's other rows, copied from the request: the result is theirs too.
+    pub members: Vec<super::Member>,
 }
 
 impl PushResult {
@@ -235,6 +237,7 @@ impl PushResult {
             started_at: None,
             push_host: None,
             traceparent: None,
+            members: Vec::new(),
         }
     }
 
@@ -282,6 +285,8 @@ struct Flat {
     push_host: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     traceparent: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    members: Vec<super::Member>,
 }
 
 impl From<Flat> for PushResult {
@@ -306,6 +311,7 @@ impl From<Flat> for PushResult {
             started_at: f.started_at,
             push_host: f.push_host,
             traceparent: f.traceparent,
+            members: f.members,
         }
     }
 }
@@ -330,6 +336,7 @@ impl From<PushResult> for Flat {
             started_at: r.started_at,
             push_host: r.push_host,
             traceparent: r.traceparent,
+            members: r.members,
         }
     }
 }

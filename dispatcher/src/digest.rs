@@ -1,0 +1,210 @@
+//! Digests. At a reader's digest time the rows held for it are claimed together
+//! (`tidings_store::claim::claim_digests`) and re-checked in one batch like any send; those still
+//! true go out as one message, sent for the lowest-id member (the leader). Each member row is
+//! marked `sending` with its own attempt and names the leader (`digest_of`). The leader's
+//! PushRequest carries the others, the pusher hands them back in its result, and the result is
+//! applied to every member in one transaction (`results`); the sweeper decides a digest's rows
+//! together too (`sweeper`). So a digest is idempotent exactly as a single send is: one message
+//! id, one delivery-log entry, one result. Decided here without I/O.
+
+use chrono::{DateTime, Duration, Utc};
+use chrono_tz::Tz;
+use std::collections::{BTreeMap, HashMap};
+use tidings_domain::dedup::parse_time_zone;
+use tidings_domain::digest::{self, DigestEvent, Line};
+use tidings_domain::holding::Digest;
+use tidings_domain::messages::{Member, Payload, PushRequest, Target, Urgency, WebhookCall};
+use tidings_domain::outbox::Event;
+use tidings_domain::texts::Lang;
+use tidings_domain::trigger::Observation;
+use tidings_domain::webhook;
+use tidings_domain::{DeviceId, OutboxId, WatchId, validity};
+use tidings_runtime::telemetry;
+use tidings_store::claim::{Destination, WatchState};
+
+use crate::config::Settings;
+use crate::plan::{self, Guarded, Plan, Unsigned};
+
+/// The digest schedule `w`'s notifications follow, in its reader's time zone; none for an urgent
+/// watch (which a change of preferences released into the digest claim: it goes alone).
+fn schedule(w: &WatchState) -> Option<(Digest, Tz)> {
+    if w.urgent {
+        return None;
+    }
+    let digest = w.preferences.rules().ok()?.digest?;
+    Some((digest, parse_time_zone(&w.time_zone).unwrap_or(Tz::UTC)))
+}
+
+/// Folds each reader's rows planned for sending into one digest request, sent for the leader;
+/// returns each digest's size. Rows of an urgent watch, of one whose reader no longer has a
+/// digest, and withdrawals go alone, as planned. A reader whose rows all ended gets nothing:
+/// each row was dropped with its reason by the re-check.
+pub fn fold(
+    plan: &mut Plan,
+    guarded: &[Guarded<'_>],
+    watches: &HashMap<WatchId, WatchState>,
+    settings: &Settings,
+    now: DateTime<Utc>,
+) -> Vec<usize> {
+    let mut readers: BTreeMap<DeviceId, Vec<&Guarded<'_>>> = BTreeMap::new();
+    for g in guarded {
+        let row = g.row;
+        let digested = watches.get(&row.watch_id).and_then(schedule).is_some();
+        if digested && row.withdraws.is_none() && plan.requests.contains_key(&row.id) {
+            readers.entry(row.device_id).or_default().push(g);
+        }
+    }
+    let mut sizes = Vec::new();
+    for (device, mut members) in readers {
+        members.sort_by_key(|g| g.row.id);
+        match request(plan, device, &members, watches, settings, now) {
+            Ok(request) => {
+                let leader = request.outbox_id;
+                for g in &members {
+                    plan.requests.remove(&g.row.id);
+                }
+                for c in plan.changes.iter_mut() {
+                    if members.iter().any(|g| g.row.id == c.id) {
+                        c.digest_of = Some(leader);
+                    }
+                }
+                sizes.push(members.len());
+                plan.requests.insert(leader, request);
+            }
+            Err(unsigned) => unsent(plan, &members, unsigned, settings, now),
+        }
+    }
+    sizes
+}
+
+/// A digest that cannot be signed or written is not sent: its rows wait (retried) as a single
+/// row would, and say why.
+fn unsent(
+    plan: &mut Plan,
+    members: &[&Guarded<'_>],
+    unsigned: Unsigned,
+    settings: &Settings,
+    now: DateTime<Utc>,
+) {
+    let error = telemetry::with_causes(&unsigned);
+    tracing::error!(outbox_id = %members[0].row.id, members = members.len(), error, "a digest is held: it cannot be signed or written");
+    plan.unsigned.push(unsigned.key().to_owned());
+    for g in members {
+        plan.requests.remove(&g.row.id);
+        plan.changes.retain(|c| c.id != g.row.id);
+        let c = plan::change(g.row, Event::Transient, Some(error.clone()), settings, now);
+        plan.changes.push(c);
+    }
+}
+
+/// The one request for `members` (by id; the first leads): the digest's notification, to the
+/// reader's channel, replaced by the next digest (its Topic) and kept no longer than until then.
+fn request(
+    plan: &Plan,
+    device: DeviceId,
+    members: &[&Guarded<'_>],
+    watches: &HashMap<WatchId, WatchState>,
+    settings: &Settings,
+    now: DateTime<Utc>,
+) -> Result<PushRequest, Unsigned> {
+    let leader = members[0];
+    let changes: HashMap<OutboxId, &tidings_store::transition::Change> = (plan.changes.iter())
+        .filter(|c| members.iter().any(|g| g.row.id == c.id))
+        .map(|c| (c.id, c))
+        .collect();
+    let requests: Vec<&PushRequest> = (members.iter())
+        .filter_map(|g| plan.requests.get(&g.row.id))
+        .collect();
+    // What the re-check found, as the change that sends each row records it.
+    let seen: Vec<Option<Observation>> = (members.iter())
+        .map(|g| {
+            let value = changes.get(&g.row.id)?.sent_value.clone()?;
+            serde_json::from_value(value).ok()
+        })
+        .collect();
+    let lines: Vec<Line<'_>> = (members.iter().zip(&seen).zip(&requests))
+        .filter_map(|((g, now_seen), r)| {
+            Some(Line {
+                id: g.row.id,
+                item: watches.get(&g.row.watch_id)?.item_code.as_str(),
+                now: now_seen.as_ref()?,
+                valid_until: r.payload.valid_until.unwrap_or(r.deadline),
+            })
+        })
+        .collect();
+    let payload = digest::payload(&lines, device, leader.locale);
+    let base = requests[0];
+    let target = target(leader, &requests, &payload, settings, now)?;
+    // Kept for an offline device until the next digest replaces it, and never past the first
+    // member's validity.
+    let next = (watches.get(&leader.row.watch_id).and_then(schedule))
+        .map_or(now + Duration::hours(1), |(d, tz)| d.next(now, tz));
+    let until = payload.valid_until.map_or(next, |v| v.min(next));
+    let others = (members.iter().skip(1))
+        .filter_map(|g| {
+            Some(Member {
+                id: g.row.id,
+                attempt: changes.get(&g.row.id)?.transition.attempt,
+                day: g.row.dedup_day,
+            })
+        })
+        .collect();
+    Ok(PushRequest {
+        deadline: requests
+            .iter()
+            .map(|r| r.deadline)
+            .min()
+            .unwrap_or(base.deadline),
+        ttl: validity::ttl(until, now, settings.push_ttl).unwrap_or(0),
+        urgency: Urgency::Low,
+        topic: digest::topic(device),
+        payload,
+        target,
+        members: others,
+        ..base.clone()
+    })
+}
+
+/// Where the digest goes: the reader's browser, as each member would; its endpoint with one
+/// `watch.digest` event carrying every member's data, signed as a single event is; or its
+/// mailbox, one mail.
+fn target(
+    leader: &Guarded<'_>,
+    requests: &[&PushRequest],
+    payload: &Payload,
+    settings: &Settings,
+    now: DateTime<Utc>,
+) -> Result<Target, Unsigned> {
+    Ok(match leader.subscription {
+        Destination::WebPush(_) => requests[0].target.clone(),
+        Destination::Webhook(endpoint) => {
+            let events: Vec<webhook::EventData> = (requests.iter())
+                .filter_map(|r| match &r.target {
+                    Target::Webhook(call) => serde_json::from_str::<webhook::Event>(&call.body)
+                        .ok()
+                        .map(|e| e.data),
+                    _ => None,
+                })
+                .collect();
+            let body = DigestEvent::new(payload, events, now).to_json();
+            let (id, timestamp) = (leader.row.id.to_string(), now.timestamp());
+            let keys = settings.webhook_secret_keys.as_deref();
+            let signature = plan::signature(endpoint, keys, leader.row.id, |secret| {
+                secret.sign(&id, timestamp, body.as_bytes())
+            })?;
+            Target::Webhook(WebhookCall {
+                url: endpoint.url.clone(),
+                timestamp,
+                signature,
+                body,
+            })
+        }
+        Destination::Email(mailbox) => {
+            let lang = Lang::of(leader.locale.unwrap_or_default());
+            let mail = plan::mail(leader, mailbox, settings, now, |tz, links| {
+                digest::mail(payload, lang, tz, links)
+            })?;
+            Target::Email(mail)
+        }
+    })
+}
