@@ -454,15 +454,15 @@ impl Dispatcher {
         Ok(won)
     }
 
-    /// Sends due digests until `shutdown`, a round per poll interval (straight on while rounds
-    /// come back full). One loop per dispatcher: digests are few, and a reader's are claimed
+    /// Sends due digests until `shutdown`: straight on while rounds find some, otherwise after
+    /// the poll interval. One loop per dispatcher: digests are few, and a reader's are claimed
     /// whole by one dispatcher at a time.
     pub async fn run_digests(&self, shutdown: CancellationToken) {
         let progress = Progress::register("digests");
         loop {
             progress.idle_for(self.settings.poll_interval);
             let full = match self.digest_once().await {
-                Ok(stats) => stats.claimed > 0 && stats.claimed as i64 >= DIGEST_READERS,
+                Ok(stats) => stats.claimed > 0,
                 Err(e) => {
                     tidings_runtime::metrics::metrics()
                         .failed(tidings_runtime::metrics::Failure::Dispatch);

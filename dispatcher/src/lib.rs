@@ -1,4 +1,4 @@
-//! The Tidings dispatcher: four loops in one binary, each its own module, each safe to run as N
+//! The Tidings dispatcher: several loops in one binary, each its own module, each safe to run as N
 //! replicas at once.
 //!
 //! - [`ingest`]: EnqueueRequests → outbox rows (batch insert, `ON CONFLICT DO NOTHING`, ack after

@@ -973,6 +973,49 @@ async fn a_digests_one_result_ends_each_of_its_rows_once() {
 }
 
 #[tokio::test]
+async fn a_row_that_leaves_a_digest_at_its_retry_no_longer_names_it() {
+    let mut s = Scenario::new().await;
+    s.settings.retry.base = Duration::from_millis(100);
+    let push = digest_of(&s, "SKU-1", 4).await;
+    let refused = PushResult {
+        members: push.members.clone(),
+        ..s.result(&push, Outcome::Transient, Some(503))
+    };
+    s.publish_result(&refused).await;
+    assert_eq!(s.results().await.run_once(WAIT).await.unwrap().applied, 4);
+    let leader = Some(push.outbox_id.0);
+    assert_eq!(
+        digest_rows(&s).await,
+        vec![("retry".to_owned(), 1, leader); 4]
+    );
+    // At the retry the price is 12.01: the rows for 12.00 and 12.01 no longer hold.
+    s.catalog.set_price("SKU-1", 1201);
+    s.make_due().await;
+    let stats = s.dispatcher().digest_once().await.unwrap();
+    assert_eq!((stats.claimed, stats.published, stats.dropped), (4, 1, 2));
+    let again = s.take_pushes(&s.push_consumer().await, WAIT).await;
+    assert_eq!(again.len(), 1);
+    let new_leader = Some(again[0].outbox_id.0);
+    let mut rows: Vec<(String, Option<uuid::Uuid>)> = digest_rows(&s)
+        .await
+        .into_iter()
+        .map(|(status, _, of)| (status, of))
+        .collect();
+    rows.sort();
+    assert_eq!(
+        rows,
+        [
+            ("dropped".to_owned(), None),
+            ("dropped".to_owned(), None),
+            ("sending".to_owned(), new_leader),
+            ("sending".to_owned(), new_leader),
+        ],
+        "a dropped row names no digest; the others the one carrying their attempt"
+    );
+    s.cleanup().await;
+}
+
+#[tokio::test]
 async fn the_sweeper_decides_a_digests_rows_with_its_leader() {
     let s = Scenario::new().await;
     let push = digest_of(&s, "SKU-1", 3).await;

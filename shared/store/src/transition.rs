@@ -37,7 +37,9 @@ pub struct Change {
     pub push_message_id: Option<String>,
     /// The attempt that ends the row, recorded on it (`crate::attempts`).
     pub ending: Option<Ending>,
-    /// For a row going out in a digest: the row the digest is sent for (its leader).
+    /// For a row going out in a digest: the row the digest is sent for (its leader). A change
+    /// from `pending` or `retry` writes it (none: the row's attempt is its own); a result keeps
+    /// it, so it names the digest that carried the row's last attempt.
     pub digest_of: Option<OutboxId>,
 }
 
@@ -169,13 +171,14 @@ static APPLY: LazyLock<String> = LazyLock::new(|| {
              attempt_started_at = COALESCE(u.attempt_started_at, o.attempt_started_at),
              attempt_push_host = COALESCE(u.attempt_push_host, o.attempt_push_host),
              attempt_ms = COALESCE(u.attempt_ms, o.attempt_ms),
-             digest_of = COALESCE(u.digest_of, o.digest_of),
+             digest_of = CASE WHEN u.from_status IN {due} THEN u.digest_of ELSE o.digest_of END,
              finished_at = CASE WHEN u.to_status IN {terminal} THEN now() END
          FROM {rows}
          WHERE o.id = u.id AND o.dedup_day = u.day
            AND o.status = u.from_status AND o.attempt = u.from_attempt
          RETURNING o.id",
         terminal = crate::status_sql!(terminal),
+        due = crate::status_sql!(due),
         rows = ChangeRow::table("u"),
     )
 });

@@ -1,7 +1,39 @@
-//! Watches in bulk, for benchmarks that need more than the api would make in reasonable time.
+//! Devices and watches in bulk, for benchmarks that need more than the api would make in
+//! reasonable time.
 
 use sqlx::PgPool;
+use tidings_domain::messages::Subscription;
 use uuid::Uuid;
+
+/// A Web Push device in `time_zone` with `preferences`, subscribed at `sub`: its id.
+pub async fn device(
+    pool: &PgPool,
+    time_zone: &str,
+    preferences: &serde_json::Value,
+    sub: &Subscription,
+) -> Result<Uuid, sqlx::Error> {
+    let device = Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO devices (id, token_hash, time_zone, preferences)
+         VALUES ($1, decode(md5($1::text) || md5($1::text || 'x'), 'hex'), $2, $3)",
+    )
+    .bind(device)
+    .bind(time_zone)
+    .bind(preferences)
+    .execute(pool)
+    .await?;
+    sqlx::query(
+        "INSERT INTO push_subscriptions (id, device_id, endpoint, p256dh, auth)
+         VALUES (gen_random_uuid(), $1, $2, $3, $4)",
+    )
+    .bind(device)
+    .bind(&sub.endpoint)
+    .bind(&sub.p256dh)
+    .bind(&sub.auth)
+    .execute(pool)
+    .await?;
+    Ok(device)
+}
 
 /// One watch of `device` per code in `codes`, for a price below `threshold` with `reference` as
 /// its reference price, in one statement; then `ANALYZE`, so the planner knows the table as a

@@ -17,6 +17,10 @@
 //!    message, → the same pusher). Deliveries whose condition no longer held when the push
 //!    service accepted them are stale.
 //!
+//!    Then its digest variant: the same dips watched by readers with a digest at +60 s, whose
+//!    entries are judged when the push service accepted the digest, against a digest released
+//!    without a re-check (`… digests [ROUNDS]` runs it alone).
+//!
 //! Prints a Markdown summary and writes the figures as JSON (`target/bench-pipeline.json`, or
 //! `BENCH_PIPELINE_JSON`).
 
@@ -530,8 +534,21 @@ fn series() -> Vec<(i64, i64)> {
         .collect()
 }
 
-/// Runs the series through Tidings (`naive = false`) or the naive mode; returns the counts.
-async fn stale_phase(naive: bool) -> Value {
+/// The services' settings in the stale phases: scans every second, retries after a second, the
+/// sink's named hosts allowed.
+fn stale_env(log: &str) -> [(&'static str, &str); 5] {
+    [
+        ("TIDINGS_SCAN_INTERVAL", "1s"),
+        ("RUST_LOG", log),
+        ("TIDINGS_RETRY_BASE", "1s"),
+        ("TIDINGS_PUSH_ALLOWED_HOSTS", NAMED_HOSTS),
+        ("TIDINGS_PUSH_ALLOW_PRIVATE", NAMED_HOSTS),
+    ]
+}
+
+/// A stale phase's world: a sink refusing one push in four once, four subscriptions on it, and
+/// the dipping items, priced above their threshold for now.
+async fn stale_world() -> (Scenario, FakePushService, Vec<Subscription>, Vec<String>) {
     let s = Scenario::new().await;
     let push = FakePushService::start_sink().await.expect("sink");
     push.set_flaky(4);
@@ -540,6 +557,12 @@ async fn stale_phase(naive: bool) -> Value {
     for code in &items {
         s.catalog.set_price(code, HIGH);
     }
+    (s, push, subs, items)
+}
+
+/// Runs the series through Tidings (`naive = false`) or the naive mode; returns the counts.
+async fn stale_phase(naive: bool) -> Value {
+    let (s, push, subs, items) = stale_world().await;
     // Withdrawals off: this phase judges alerts by their topic, which a withdrawal shares, and
     // the naive pipeline it is compared with has none.
     add_watches(&s, &subs, &items, (STALE_PER_ITEM, false)).await;
@@ -548,18 +571,7 @@ async fn stale_phase(naive: bool) -> Value {
     } else {
         &["api", "dispatcher", "pusher", "detector"]
     };
-    let p = Pipeline::start_only(
-        &s,
-        services,
-        &[
-            ("TIDINGS_SCAN_INTERVAL", "1s"),
-            ("RUST_LOG", &service_log()),
-            ("TIDINGS_RETRY_BASE", "1s"),
-            ("TIDINGS_PUSH_ALLOWED_HOSTS", NAMED_HOSTS),
-            ("TIDINGS_PUSH_ALLOW_PRIVATE", NAMED_HOSTS),
-        ],
-    )
-    .await;
+    let p = Pipeline::start_only(&s, services, &stale_env(&service_log())).await;
     let stop = CancellationToken::new();
     let topics: Arc<Mutex<HashMap<String, String>>> = Arc::default();
     let forwarder = if naive {
@@ -687,6 +699,128 @@ async fn stale_phase(naive: bool) -> Value {
         "of_those_read_after_the_recovery_ms": read_after_recovery_ms,
         "stale_outside_recheck_window_details": outside,
     })
+}
+
+/// Items per digest reader in the digest variant: each reader watches this many of the dipping
+/// items, each once.
+const DIGEST_ITEMS_PER_READER: usize = 5;
+/// When the digest goes, from the timeline's start: every dip has started by +30 s.
+const DIGEST_AT_MS: i64 = 60_000;
+
+/// Readers with an hourly digest, each watching `DIGEST_ITEMS_PER_READER` of `items` once:
+/// their device ids.
+async fn add_digest_readers(
+    s: &Scenario,
+    subs: &[Subscription],
+    items: &[String],
+) -> Vec<uuid::Uuid> {
+    let digest = json!({"digest": "hourly"});
+    let mut readers = Vec::new();
+    for (i, mine) in items.chunks(DIGEST_ITEMS_PER_READER).enumerate() {
+        let pool = &s.db.pool;
+        let sub = &subs[i % subs.len()];
+        let reader = tidings_benches::seed::device(pool, "UTC", &digest, sub)
+            .await
+            .expect("reader");
+        tidings_benches::seed::watches(pool, reader, mine, THRESHOLD, HIGH)
+            .await
+            .expect("watches");
+        readers.push(reader);
+    }
+    readers
+}
+
+/// The digest variant of the stale phase: the same dips, watched by readers with a digest, which
+/// goes at +60 s. Tidings re-checks each held row when the digest goes and lists what still
+/// holds; a digest released without a re-check (what Knock's or Novu's batching does) lists every
+/// detection of the window. Both are judged at the instant the push service accepted the
+/// reader's digest: an entry is stale when its price was back above the threshold then.
+async fn digest_phase() -> Value {
+    let (s, push, subs, items) = stale_world().await;
+    let readers = add_digest_readers(&s, &subs, &items).await;
+    let p = Pipeline::start_only(
+        &s,
+        &["api", "dispatcher", "pusher", "detector"],
+        &stale_env(&service_log()),
+    )
+    .await;
+    let start = now_ms() + 2000;
+    let mut timeline: HashMap<String, Item> = HashMap::new();
+    for (code, (dip, len)) in items.iter().zip(series()) {
+        let item = Item {
+            timeline: vec![(start + dip, LOW), (start + dip + len, HIGH)],
+            ..Item::priced(HIGH)
+        };
+        s.catalog.set(code, item.clone());
+        timeline.insert(code.clone(), item);
+    }
+    tokio::time::sleep(Duration::from_millis(
+        u64::try_from(start + DIGEST_AT_MS - now_ms()).unwrap_or(0),
+    ))
+    .await;
+    // The hour comes (the rows wait for the top of the real one).
+    s.db.digest_time().await;
+    let released_at = now_ms();
+    let undecided = "SELECT count(*) FROM outbox WHERE status IN ('pending', 'retry', 'sending')";
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while s.db.count(undecided).await > 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Every detection, by reader: (item, sent in the digest).
+    let rows: Vec<(uuid::Uuid, String, bool)> = sqlx::query_as(
+        "SELECT o.device_id, w.item_code, o.status = 'sent' AND o.digest_of IS NOT NULL
+         FROM outbox o JOIN watches w ON w.id = o.watch_id",
+    )
+    .fetch_all(&s.db.pool)
+    .await
+    .expect("reading the rows");
+    let accepted: HashMap<String, i64> = push.sunk().into_iter().collect();
+    let (mut digests, mut listed, mut stale, mut naive_listed, mut naive_stale) = (0, 0, 0, 0, 0);
+    for reader in &readers {
+        let topic = tidings_domain::digest::topic(tidings_domain::DeviceId(*reader));
+        let sent_at = accepted.get(&topic).copied();
+        digests += usize::from(sent_at.is_some());
+        // A reader Tidings sent nothing (all ended) is judged at the release for the other.
+        let at = sent_at.unwrap_or(released_at);
+        let stale_at = |item: &str| timeline[item].price_at(at) >= THRESHOLD;
+        for (_, item, sent) in rows.iter().filter(|r| r.0 == *reader) {
+            naive_listed += 1;
+            naive_stale += usize::from(stale_at(item));
+            if *sent {
+                listed += 1;
+                stale += usize::from(stale_at(item));
+            }
+        }
+    }
+    let sent_rows = rows.iter().filter(|r| r.2).count();
+    p.stop().await;
+    s.cleanup().await;
+    json!({
+        "readers": readers.len(),
+        "detections": rows.len(),
+        "tidings": {"digests": digests, "entries": listed, "stale_entries": stale,
+                    "rows_sent_in_digests": sent_rows},
+        "release_without_recheck": {"digests": readers.len(), "entries": naive_listed,
+                                    "stale_entries": naive_stale},
+    })
+}
+
+fn print_digests(d: &Value) {
+    println!();
+    println!(
+        "| digest at +60 s ({} readers, {} detections) | digests | entries | stale entries |",
+        d["readers"], d["detections"]
+    );
+    println!("|---|---|---|---|");
+    for (name, r) in [
+        ("Tidings (re-checked at release)", &d["tidings"]),
+        ("released without re-check", &d["release_without_recheck"]),
+    ] {
+        println!(
+            "| {name} | {} | {} | {} |",
+            r["digests"], r["entries"], r["stale_entries"]
+        );
+    }
 }
 
 /// A delivery, judged against its item's price timeline.
@@ -931,6 +1065,14 @@ async fn main() {
         let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(2);
         return channels(rate, secs, rounds).await;
     }
+    if mode == "digests" {
+        let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(1);
+        for round in 1..=rounds {
+            eprintln!("stale entries in digests, round {round} …");
+            print_digests(&digest_phase().await);
+        }
+        return;
+    }
     let only_load = mode == "only-load";
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     eprintln!("pipeline benchmark: offering {rate}/s for {secs} s (phase 1 of 3) …");
@@ -956,11 +1098,14 @@ async fn main() {
     eprintln!("stale alerts: Tidings, then the naive mode (phase 3 of 3) …");
     let tidings = stale_phase(false).await;
     let naive = stale_phase(true).await;
+    eprintln!("stale entries in digests: Tidings' against a release without re-check …");
+    let digests = digest_phase().await;
     let result = json!({
         "machine": {"cores": cores, "date": Utc::now().to_rfc3339()},
         "throughput": max,
         "latency_at_half": latency,
         "stale_alerts": [tidings, naive],
+        "stale_digests": digests,
     });
     write_json(&path, &result);
     let stage = |k: &str| max["stages_per_s"][k].as_f64().unwrap_or(0.0);
@@ -1031,6 +1176,7 @@ async fn main() {
             r["withheld_condition_lost"]
         );
     }
+    print_digests(&digests);
     println!("\n(JSON: {path})");
 }
 

@@ -16,7 +16,10 @@
 //!   SIGKILL twice and Postgres stopped as in a power cut twice. A service that exits by itself
 //!   is restarted, as Kubernetes would, and counted.
 //! - One device in ten has a cap (two per 30 s), another quiet hours from 20 s to 50 s into the
-//!   run on its own clock: their rows wait in the outbox, held, through the faults.
+//!   run on its own clock, another a daily digest a minute or two into the run (its items' dips
+//!   outlast it): their rows wait in the outbox, held, through the faults. When the faults stop,
+//!   the digest rows detected after that digest (tomorrow's) are made due, as the clock reaching
+//!   it does.
 //! - Then the faults stop and the run waits until every row is terminal (or gives up).
 //! - The audit prints each figure and exits 1 if one that must be zero is not: dedup keys with
 //!   more than one row, rows not terminal, held rows past their release, watches whose long dip left no row (lost), rows marked
@@ -49,6 +52,8 @@ const BOUND_MS: i64 = 2_000;
 /// A dip at least this long cannot fall entirely into an outage: it must leave a row.
 const MUST_DETECT_MS: i64 = 20_000;
 const WORKERS: [&str; 3] = ["dispatcher", "pusher", "detector"];
+/// Devices `d` with `d % 10` this have a daily digest.
+const DIGEST_DEVICE: usize = 6;
 
 /// An outbox row as the audit reads it.
 #[derive(sqlx::FromRow)]
@@ -61,6 +66,8 @@ struct Row {
     sent_price: Option<i64>,
     /// A withdrawal: the sent row it replaced once the price was back up.
     withdraws: Option<uuid::Uuid>,
+    /// A digest's row: the row its message was for (whose id the payload or Message-ID names).
+    digest_of: Option<uuid::Uuid>,
 }
 
 fn now_ms() -> i64 {
@@ -79,19 +86,20 @@ fn address(d: usize) -> Option<String> {
 }
 
 /// The preferences of device `d`, if it has any (one in ten each, none an email device): a cap
-/// of two per 30 s, or quiet hours from 20 s to 50 s into the run on the device's own clock.
+/// of two per 30 s, quiet hours from 20 s to 50 s into the run on the device's own clock, or a
+/// daily digest at the first minute past 60 s into it.
 fn preferences(d: usize) -> Option<serde_json::Value> {
+    let zone: chrono_tz::Tz = ZONES[d % ZONES.len()].parse().expect("a zone");
+    let at = |secs| (Utc::now() + chrono::Duration::seconds(secs)).with_timezone(&zone);
     match d % 10 {
         4 => Some(serde_json::json!({"cap": {"max": 2, "window_seconds": 30}})),
+        DIGEST_DEVICE => {
+            let digest = at(120).format("daily at %H:%M").to_string();
+            Some(serde_json::json!({ "digest": digest }))
+        }
         8 => {
-            let zone: chrono_tz::Tz = ZONES[d % ZONES.len()].parse().expect("a zone");
-            let at = |secs| {
-                (Utc::now() + chrono::Duration::seconds(secs))
-                    .with_timezone(&zone)
-                    .format("%H:%M:%S")
-                    .to_string()
-            };
-            Some(serde_json::json!({"quiet_hours": {"start": at(20), "end": at(50)}}))
+            let clock = |secs| at(secs).format("%H:%M:%S").to_string();
+            Some(serde_json::json!({"quiet_hours": {"start": clock(20), "end": clock(50)}}))
         }
         _ => None,
     }
@@ -103,41 +111,16 @@ async fn seed(s: &Scenario, subs: &[Subscription], per_device: usize) -> Vec<Str
     let mut items = Vec::new();
     let (_, link_key) = tidings_email::links::LinkKey::generate().expect("link key");
     for (d, sub) in subs.iter().enumerate() {
-        let device = uuid::Uuid::now_v7();
-        sqlx::query(
-            "INSERT INTO devices (id, token_hash, time_zone)
-             VALUES ($1, decode(md5($1::text) || md5($1::text || 'x'), 'hex'), $2)",
-        )
-        .bind(device)
-        .bind(ZONES[d % ZONES.len()])
-        .execute(pool)
-        .await
-        .expect("device");
-        sqlx::query(
-            "INSERT INTO push_subscriptions (id, device_id, endpoint, p256dh, auth)
-             VALUES (gen_random_uuid(), $1, $2, $3, $4)",
-        )
-        .bind(device)
-        .bind(&sub.endpoint)
-        .bind(&sub.p256dh)
-        .bind(&sub.auth)
-        .execute(pool)
-        .await
-        .expect("subscription");
+        let preferences = preferences(d).unwrap_or_else(|| serde_json::json!({}));
+        let device = tidings_benches::seed::device(pool, ZONES[d % ZONES.len()], &preferences, sub)
+            .await
+            .expect("device");
         let mine: Vec<String> = (0..per_device)
             .map(|i| format!("ITEM-{:05}", d * per_device + i))
             .collect();
         tidings_benches::seed::watches(pool, device, &mine, THRESHOLD, HIGH)
             .await
             .expect("watches");
-        if let Some(preferences) = preferences(d) {
-            sqlx::query("UPDATE devices SET preferences = $2 WHERE id = $1")
-                .bind(device)
-                .bind(preferences)
-                .execute(pool)
-                .await
-                .expect("preferences");
-        }
         if let Some(to) = address(d) {
             for statement in [
                 "UPDATE devices SET channel = 'email' WHERE id = $1",
@@ -215,9 +198,14 @@ async fn main() {
     let mut rng = Rng(16);
     let start = now_ms() + 5_000;
     let mut dips: HashMap<String, (i64, i64)> = HashMap::new();
-    for code in &items {
-        let at = start + (rng.unit() * 0.85 * window_ms as f64) as i64;
-        let len = (300f64.ln() + rng.unit() * (60_000f64.ln() - 300f64.ln())).exp() as i64;
+    for (i, code) in items.iter().enumerate() {
+        let mut at = start + (rng.unit() * 0.85 * window_ms as f64) as i64;
+        let mut len = (300f64.ln() + rng.unit() * (60_000f64.ln() - 300f64.ln())).exp() as i64;
+        if i / per_device % 10 == DIGEST_DEVICE {
+            // A digest reader's dips start in the first 40 % and outlast its digest (at most
+            // 125 s in), so its digests carry several rows through the faults.
+            (at, len) = (start + (at - start) * 40 / 85, 125_000);
+        }
         dips.insert(code.clone(), (at, at + len));
         s.catalog.set(
             code,
@@ -320,6 +308,9 @@ async fn main() {
     s.catalog.set_faults(0);
     push.set_faults(None);
     let last_dip_end = dips.values().map(|(_, end)| *end).max().unwrap_or(start);
+    // Tomorrow's digest, for what was detected after today's, comes now.
+    let next_digest = "UPDATE outbox SET next_attempt_at = now()
+                       WHERE held = 'digest' AND status IN ('pending', 'retry')";
     let drain = Instant::now();
     let mut open = -1;
     while drain.elapsed() < Duration::from_secs(240) {
@@ -331,6 +322,9 @@ async fn main() {
         .await;
         if open == 0 && now_ms() > last_dip_end + 5_000 {
             break;
+        }
+        if now_ms() > last_dip_end {
+            let _ = sqlx::query(next_digest).execute(&s.db.pool).await;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -348,7 +342,7 @@ async fn main() {
     // The audit.
     let rows: Vec<Row> = sqlx::query_as(
         "SELECT o.id, o.watch_id, w.item_code, o.status, o.maybe_delivered,
-                (o.sent_value->>'price')::bigint AS sent_price, o.withdraws
+                (o.sent_value->>'price')::bigint AS sent_price, o.withdraws, o.digest_of
          FROM outbox o JOIN watches w ON w.id = o.watch_id",
     )
     .fetch_all(&s.db.pool)
@@ -372,6 +366,14 @@ async fn main() {
     let mails = received_in(smtp.folder());
     for ((_, message), at) in mails.iter().zip(received_at(smtp.folder())) {
         delivered.entry(message_row(message)).or_default().push(at);
+    }
+    // A digest's message names its leader; it was each member's delivery too.
+    for r in &rows {
+        if let Some(leader) = r.digest_of.filter(|l| *l != r.id)
+            && let Some(times) = delivered.get(&leader.to_string()).cloned()
+        {
+            delivered.entry(r.id.to_string()).or_default().extend(times);
+        }
     }
     let by_id: HashMap<String, usize> = rows
         .iter()
@@ -517,6 +519,17 @@ async fn main() {
         println!("  exited: {e}");
     }
     println!("held for their readers (why, status, reason, rows): {held:?}");
+    let digests: (i64, i64) = sqlx::query_as(
+        "SELECT count(DISTINCT digest_of), count(*) FROM outbox
+         WHERE digest_of IS NOT NULL AND status = 'sent'",
+    )
+    .fetch_one(&s.db.pool)
+    .await
+    .unwrap_or_default();
+    println!(
+        "digests sent: {} messages carrying {} rows",
+        digests.0, digests.1
+    );
     println!("\n| outcome | count |\n|---|---|");
     for (status, reason, maybe, n) in &states {
         let mark = if *maybe { " (maybe delivered)" } else { "" };
