@@ -9,7 +9,7 @@
 
 use chrono::{DateTime, Duration, Utc};
 use chrono_tz::Tz;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use tidings_domain::dedup::parse_time_zone;
 use tidings_domain::digest::{self, DigestEvent, Line};
 use tidings_domain::holding::Digest;
@@ -55,6 +55,8 @@ pub fn fold(
         }
     }
     let mut sizes = Vec::new();
+    // Each member's leader, written on the members' changes in one pass at the end.
+    let mut led: HashMap<OutboxId, OutboxId> = HashMap::new();
     for (device, mut members) in readers {
         members.sort_by_key(|g| g.row.id);
         match request(plan, device, &members, watches, settings, now) {
@@ -62,16 +64,17 @@ pub fn fold(
                 let leader = request.outbox_id;
                 for g in &members {
                     plan.requests.remove(&g.row.id);
-                }
-                for c in plan.changes.iter_mut() {
-                    if members.iter().any(|g| g.row.id == c.id) {
-                        c.digest_of = Some(leader);
-                    }
+                    led.insert(g.row.id, leader);
                 }
                 sizes.push(members.len());
                 plan.requests.insert(leader, request);
             }
             Err(unsigned) => unsent(plan, &members, unsigned, settings, now),
+        }
+    }
+    for c in plan.changes.iter_mut() {
+        if let Some(leader) = led.get(&c.id) {
+            c.digest_of = Some(*leader);
         }
     }
     sizes
@@ -89,9 +92,10 @@ fn unsent(
     let error = telemetry::with_causes(&unsigned);
     tracing::error!(outbox_id = %members[0].row.id, members = members.len(), error, "a digest is held: it cannot be signed or written");
     plan.unsigned.push(unsigned.key().to_owned());
+    let ids: HashSet<OutboxId> = members.iter().map(|g| g.row.id).collect();
+    plan.changes.retain(|c| !ids.contains(&c.id));
     for g in members {
         plan.requests.remove(&g.row.id);
-        plan.changes.retain(|c| c.id != g.row.id);
         let c = plan::change(g.row, Event::Transient, Some(error.clone()), settings, now);
         plan.changes.push(c);
     }
@@ -108,8 +112,9 @@ fn request(
     now: DateTime<Utc>,
 ) -> Result<PushRequest, Unsigned> {
     let leader = members[0];
+    let ids: HashSet<OutboxId> = members.iter().map(|g| g.row.id).collect();
     let changes: HashMap<OutboxId, &tidings_store::transition::Change> = (plan.changes.iter())
-        .filter(|c| members.iter().any(|g| g.row.id == c.id))
+        .filter(|c| ids.contains(&c.id))
         .map(|c| (c.id, c))
         .collect();
     let requests: Vec<&PushRequest> = (members.iter())
