@@ -1174,6 +1174,39 @@ mod tests {
         assert_eq!(plan.changes[0].transition.to, Status::Dropped);
     }
 
+    /// The dispatcher's decision at instants around Berlin's 2026 DST changes (its clock is
+    /// the `now` it is given): a Berlin reader quiet 01:00–04:00 gets the notification at 04:00
+    /// on the clock of that night, one hour fewer or more after the change.
+    #[test]
+    fn quiet_hours_across_a_dst_change_end_at_the_readers_wall_clock() {
+        let quiet = serde_json::json!({"quiet_hours": {"start": "01:00", "end": "04:00"}});
+        let berlin = WatchState {
+            time_zone: "Europe/Berlin".into(),
+            ..preferring(quiet)
+        };
+        let utc = |s: &str| {
+            s.parse::<DateTime<Utc>>()
+                .unwrap_or_else(|e| unreachable!("{e}"))
+        };
+        for (now, until) in [
+            // 01:30 CET; 02:00 becomes 03:00 CEST: 04:00 CEST is 02:00 UTC (1 h 30 min later).
+            ("2026-03-29T00:30:00Z", "2026-03-29T02:00:00Z"),
+            // 01:30 CEST; 03:00 becomes 02:00 CET: 04:00 CET is 03:00 UTC (3 h 30 min later).
+            ("2026-10-24T23:30:00Z", "2026-10-25T03:00:00Z"),
+            // The repeated hour's second 02:30 (CET) is still quiet.
+            ("2026-10-25T01:30:00Z", "2026-10-25T03:00:00Z"),
+        ] {
+            let (rows, watches, mut plan) = plan_rows(1, berlin.clone(), 1050);
+            let waits = crate::holding::wait(&mut plan, &rows, &watches, HashMap::new(), utc(now));
+            assert_eq!(waits.len(), 1, "{now}");
+            assert_eq!(waits[0].until, utc(until), "{now}");
+        }
+        // 04:30 CET after the autumn change is not quiet.
+        let (rows, watches, mut plan) = plan_rows(1, berlin, 1050);
+        let after = utc("2026-10-25T03:30:00Z");
+        assert!(crate::holding::wait(&mut plan, &rows, &watches, HashMap::new(), after).is_empty());
+    }
+
     #[test]
     fn a_cap_lets_go_what_its_window_has_room_for_and_holds_the_rest_until_room_comes() {
         let now = Utc::now();
