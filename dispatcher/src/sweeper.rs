@@ -6,7 +6,9 @@
 //! - delivered: the row ends `sent`, with its baseline, exactly as if the result had arrived
 //!   (the result was lost, or a dispatcher died holding it); it is never pushed again;
 //! - a digest's other rows are not swept on their own: they share their leader's one message, so
-//!   whatever is decided for the leader is decided for them in the same transaction;
+//!   whatever is decided for the leader is decided for them in the same transaction (one whose
+//!   leader moved on without it, by a pusher that did not hand the members back, is an unknown
+//!   outcome: retried, maybe delivered);
 //! - not on record: the outcome is unknown (the pusher may have died between its POST and the
 //!   record, or never got the request), so the row goes back to `retry` (or `failed` at the cap),
 //!   recording `lease_expired`, and is marked *maybe delivered*. If the attempt's result still
@@ -152,6 +154,12 @@ pub async fn sweep_once(
     for (expired, lookup) in expired.iter().zip(lookups) {
         // A digest's other rows share its one message, so its fate.
         let carried = members.get(&expired.id).map_or(&[][..], Vec::as_slice);
+        // A member swept without its leader: whether the leader's delivery carried it cannot be
+        // told (the leader may have gone out again without it), so it is an unknown outcome.
+        if expired.digest_of.is_some_and(|l| l != expired.id) {
+            outcome_unknown(expired, settings, &mut plan);
+            continue;
+        }
         match lookup {
             Ok(Some(done)) if done.attempt <= expired.row().attempt => {
                 let mut result = found_delivered(expired, done);

@@ -1016,6 +1016,42 @@ async fn a_row_that_leaves_a_digest_at_its_retry_no_longer_names_it() {
 }
 
 #[tokio::test]
+async fn a_digests_rows_whose_leader_ended_without_them_are_retried_not_left_sending() {
+    let s = Scenario::new().await;
+    let push = digest_of(&s, "SKU-1", 3).await;
+    // A pusher of the release before digests reports the leader's result alone.
+    s.publish_result(&s.result(&push, Outcome::Delivered, Some(201)))
+        .await;
+    assert_eq!(s.results().await.run_once(WAIT).await.unwrap().applied, 1);
+    let leader = Some(push.outbox_id.0);
+    let states = |rows: Vec<(String, i32, Option<uuid::Uuid>)>| -> Vec<String> {
+        rows.into_iter().map(|r| r.0).collect()
+    };
+    assert_eq!(
+        states(digest_rows(&s).await),
+        ["sent", "sending", "sending"]
+    );
+    tokio::time::sleep(s.settings.sending_lease + Duration::from_millis(100)).await;
+    let stats = s.sweep().await;
+    assert_eq!((stats.delivered, stats.expired), (0, 2));
+    let rows: Vec<(String, bool, Option<uuid::Uuid>)> =
+        sqlx::query_as("SELECT status, maybe_delivered, digest_of FROM outbox ORDER BY id")
+            .fetch_all(&s.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        rows,
+        [
+            ("sent".to_owned(), false, leader),
+            ("retry".to_owned(), true, leader),
+            ("retry".to_owned(), true, leader),
+        ],
+        "whether the leader's message carried them cannot be known"
+    );
+    s.cleanup().await;
+}
+
+#[tokio::test]
 async fn the_sweeper_decides_a_digests_rows_with_its_leader() {
     let s = Scenario::new().await;
     let push = digest_of(&s, "SKU-1", 3).await;

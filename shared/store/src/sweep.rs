@@ -39,8 +39,9 @@ impl Expired {
 }
 
 /// Locks up to `limit` expired `sending` rows, the longest expired first, skipping rows another
-/// transaction holds. A digest's other rows are not among them: they follow their leader
-/// ([`members_of`]).
+/// transaction holds. A digest's other rows are not among them while their leader is `sending`:
+/// they follow it ([`members_of`]). One whose leader moved on without it (a result from a pusher
+/// that did not hand the members back) is swept on its own.
 pub async fn lock_expired(
     conn: &mut PgConnection,
     limit: i64,
@@ -53,7 +54,9 @@ pub async fn lock_expired(
                   digest_of AS "digest_of: OutboxId"
            FROM outbox
            WHERE status = 'sending' /* status: sending */ AND lease_until < now()
-             AND (digest_of IS NULL OR digest_of = id)
+             AND (digest_of IS NULL OR digest_of = id
+                  OR NOT EXISTS (SELECT 1 FROM outbox l WHERE l.id = outbox.digest_of
+                                   AND l.status = 'sending' /* status: sending */))
            ORDER BY lease_until
            LIMIT $1
            FOR UPDATE SKIP LOCKED"#,
