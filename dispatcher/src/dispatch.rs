@@ -458,45 +458,44 @@ impl Dispatcher {
     /// the poll interval. One loop per dispatcher: digests are few, and a reader's are claimed
     /// whole by one dispatcher at a time.
     pub async fn run_digests(&self, shutdown: CancellationToken) {
-        let progress = Progress::register("digests");
-        loop {
-            progress.idle_for(self.settings.poll_interval);
-            let full = match self.digest_once().await {
-                Ok(stats) => stats.claimed > 0,
-                Err(e) => {
-                    tidings_runtime::metrics::metrics()
-                        .failed(tidings_runtime::metrics::Failure::Dispatch);
-                    tracing::error!(error = %e, "sending due digests failed");
-                    false
-                }
-            };
-            if !full {
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(self.settings.poll_interval) => {}
-                }
-            } else if shutdown.is_cancelled() {
-                return;
-            }
-        }
+        let round = || async { Ok(self.digest_once().await?.claimed > 0) };
+        self.repeat(&shutdown, "digests", "sending due digests failed", round)
+            .await;
     }
 
     /// Dispatches until `shutdown`: straight on while batches come back full, otherwise after
     /// the poll interval, so a new or newly due row is picked up within that interval.
     pub async fn run(&self, shutdown: CancellationToken) {
-        let progress = Progress::register("dispatch");
+        let round = || async {
+            let room = self.room().await;
+            let stats = self.dispatch_up_to(room).await?;
+            Ok(room > 0 && stats.claimed as i64 >= room)
+        };
+        self.repeat(&shutdown, "dispatch", "dispatch batch failed", round)
+            .await;
+    }
+
+    /// Runs `round` until `shutdown` as liveness loop `name`: again at once while it says it was
+    /// full, otherwise after the poll interval. A failed round is counted and logged as `failed`.
+    async fn repeat<F: Future<Output = Result<bool, DispatchError>>>(
+        &self,
+        shutdown: &CancellationToken,
+        name: &'static str,
+        failed: &'static str,
+        mut round: impl FnMut() -> F,
+    ) {
+        let progress = Progress::register(name);
         loop {
             if shutdown.is_cancelled() {
                 return;
             }
             progress.idle_for(self.settings.poll_interval);
-            let room = self.room().await;
-            let full = match self.dispatch_up_to(room).await {
-                Ok(stats) => room > 0 && stats.claimed as i64 >= room,
+            let full = match round().await {
+                Ok(full) => full,
                 Err(e) => {
                     tidings_runtime::metrics::metrics()
                         .failed(tidings_runtime::metrics::Failure::Dispatch);
-                    tracing::error!(error = %e, "dispatch batch failed");
+                    tracing::error!(error = %e, "{failed}");
                     false
                 }
             };

@@ -6,7 +6,6 @@
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use serde::{Deserialize, Serialize};
-use sha2::Digest as _;
 
 use crate::mail::{Links, MailText, compose};
 use crate::messages::Payload;
@@ -14,7 +13,7 @@ use crate::money::{Separators, format};
 use crate::shown::local_time;
 use crate::texts::{self, DigestEntry, Lang, mail_lines};
 use crate::trigger::Observation;
-use crate::validity::MAX_TOPIC_LEN;
+use crate::validity::hashed_topic;
 use crate::webhook::{EventData, EventType};
 use crate::{DeviceId, OutboxId};
 
@@ -35,15 +34,7 @@ pub struct Line<'a> {
 /// The Web Push `Topic` of a reader's digests: a digest waiting for an offline device is
 /// replaced by the next, not queued beside it.
 pub fn topic(device: DeviceId) -> String {
-    let mut h = sha2::Sha256::new();
-    h.update(b"digest");
-    h.update(device.0.as_bytes());
-    let digest = h.finalize();
-    let mut out = String::with_capacity(MAX_TOPIC_LEN);
-    for b in &digest[..MAX_TOPIC_LEN / 2] {
-        out.push_str(&format!("{b:02x}"));
-    }
-    out
+    hashed_topic(&[b"digest", device.0.as_bytes()])
 }
 
 /// The notification of a digest of `lines` (in order; the first is the leader), for a reader
@@ -171,7 +162,7 @@ mod tests {
         assert_eq!(p.data["digest"], 2);
         let ja = payload(&lines, device, Some("ja-JP"));
         assert!(ja.title.contains("2件"), "{}", ja.title);
-        assert_eq!(topic(device).len(), MAX_TOPIC_LEN);
+        assert_eq!(topic(device).len(), crate::validity::MAX_TOPIC_LEN);
         assert_ne!(topic(device), topic(DeviceId(uuid::Uuid::from_u128(8))));
     }
 }

@@ -591,7 +591,7 @@ impl Message for PushResults {
         }
         match self.results.iter().find(|r| r.v != VERSION) {
             Some(r) => Err(DecodeError::Version { got: r.v }),
-            None => Ok(()),
+            None => self.results.iter().try_for_each(PushResult::validate),
         }
     }
 }
@@ -805,6 +805,27 @@ mod tests {
             Err(DecodeError::Json(_))
         ));
         assert!(matches!(decode_results(b"[1]"), Err(DecodeError::Json(_))));
+        // A digest's result names at most the rows a digest carries, alone or in a batch.
+        let member = Member {
+            id: OutboxId::new(),
+            attempt: 1,
+            day: NaiveDate::from_ymd_opt(2026, 12, 5).unwrap(),
+        };
+        let digest = |n: usize| PushResult {
+            members: vec![member; n],
+            ..result(1)
+        };
+        let largest = digest(MAX_DIGEST_MEMBERS - 1);
+        assert_eq!(decode_results(&encode(&largest)).unwrap(), vec![largest]);
+        let oversized = digest(MAX_DIGEST_MEMBERS);
+        assert!(matches!(
+            decode_results(&encode(&oversized)),
+            Err(DecodeError::Invalid(_))
+        ));
+        assert!(matches!(
+            decode_results(&encode(&PushResults::new(vec![result(1), oversized]))),
+            Err(DecodeError::Invalid(_))
+        ));
     }
 
     fn request(attempt: u32) -> PushRequest {

@@ -72,9 +72,15 @@ pub const MAX_TOPIC_LEN: usize = 32;
 /// limit). Stable across releases and processes: a topic sent by one dispatcher must replace one
 /// sent by another.
 pub fn topic(watch: WatchId, trigger: &Trigger) -> String {
+    hashed_topic(&[watch.0.as_bytes(), trigger.key().as_bytes()])
+}
+
+/// A `Topic` naming `parts`: 128 bits of their SHA-256, as 32 hex characters.
+pub fn hashed_topic(parts: &[&[u8]]) -> String {
     let mut h = sha2::Sha256::new();
-    h.update(watch.0.as_bytes());
-    h.update(trigger.key().as_bytes());
+    for part in parts {
+        h.update(part);
+    }
     let digest = h.finalize();
     let mut out = String::with_capacity(MAX_TOPIC_LEN);
     for b in &digest[..MAX_TOPIC_LEN / 2] {

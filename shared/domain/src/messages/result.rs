@@ -3,7 +3,7 @@
 //! writes and reads (`outcome` beside optional `message_id`, `retry_after`, `refused`,
 //! `maybe_delivered`, `outlived`), so either side can be upgraded first.
 
-use super::{Message, Outcome, VERSION};
+use super::{DecodeError, Message, Outcome, VERSION};
 use crate::OutboxId;
 use crate::outbox::FailReason;
 use chrono::{DateTime, NaiveDate, Utc};
@@ -249,6 +249,19 @@ impl PushResult {
 impl Message for PushResult {
     fn version(&self) -> u32 {
         self.v
+    }
+
+    /// A digest's result names at most the rows its request could carry: one result never grows
+    /// the dispatcher's transaction past a digest.
+    fn validate(&self) -> Result<(), DecodeError> {
+        if self.members.len() >= super::MAX_DIGEST_MEMBERS {
+            return Err(DecodeError::Invalid(format!(
+                "a digest's result names at most {} other rows, not {}",
+                super::MAX_DIGEST_MEMBERS - 1,
+                self.members.len()
+            )));
+        }
+        Ok(())
     }
 }
 
