@@ -44,6 +44,17 @@ struct Round {
     ingest_cores: f64,
     dispatch_cores: f64,
     results_cores: f64,
+    /// WAL bytes Postgres wrote per row in each phase: what the rows' writes cost in the log
+    /// (and so in replication and backups), whoever's CPU pays for it.
+    wal: [f64; 3],
+}
+
+/// Bytes Postgres has written to its WAL so far (the whole server's; the bench is its only user).
+async fn wal_bytes(pool: &sqlx::PgPool) -> f64 {
+    sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::float8")
+        .fetch_one(pool)
+        .await
+        .expect("WAL position")
 }
 
 /// Publishes every message, pipelined; panics unless JetStream stores each.
@@ -156,8 +167,10 @@ async fn round(rows: usize) -> Round {
     let ingest = Ingest::new(s.db.pool.clone(), s.js.clone(), settings.clone())
         .await
         .expect("ingest");
+    let wal_start = wal_bytes(&s.db.pool).await;
     let (ingest_took, ingest_cpu) =
         run_until_drained(ingest, &s.db, "SELECT count(*) FROM outbox", rows).await;
+    let wal_ingested = wal_bytes(&s.db.pool).await;
 
     // Dispatch: claim → re-fetch (batch endpoint) → re-check → sending → publish.
     let source = Arc::new(Sources::new(s.settings.source.clone()).expect("source"));
@@ -189,6 +202,7 @@ async fn round(rows: usize) -> Round {
     }
     let dispatch_took = started.elapsed();
     let dispatch_cpu = CpuSplit::since(cpu);
+    let wal_dispatched = wal_bytes(&s.db.pool).await;
     assert_eq!(published, rows, "every row dispatched");
 
     // Results: every push answered `delivered`.
@@ -244,7 +258,9 @@ async fn round(rows: usize) -> Round {
         .await
         .expect("results");
     let sent = "SELECT count(*) FROM outbox WHERE status = 'sent'";
+    let wal_published = wal_bytes(&s.db.pool).await;
     let (results_took, results_cpu) = run_until_drained(res, &s.db, sent, rows).await;
+    let wal_applied = wal_bytes(&s.db.pool).await;
 
     // Pick-up latency: a full idle dispatcher, one new row at a time.
     let stop = CancellationToken::new();
@@ -293,6 +309,12 @@ async fn round(rows: usize) -> Round {
         ingest_cores: ingest_cpu.total() / ingest_took.as_secs_f64(),
         dispatch_cores: dispatch_cpu.total() / dispatch_took.as_secs_f64(),
         results_cores: results_cpu.total() / results_took.as_secs_f64(),
+        wal: [
+            wal_ingested - wal_start,
+            wal_dispatched - wal_ingested,
+            wal_applied - wal_published,
+        ]
+        .map(|b| b / rows as f64),
     }
 }
 
@@ -336,7 +358,7 @@ async fn main() {
         "  CPU µs per row, medians (this process = the dispatcher's loops; in dispatch also the fake catalog):"
     );
     println!(
-        "    stage    | this process | postgres | nats-server | total | cores busy | 2 cores / total"
+        "    stage    | this process | postgres | nats-server | total | cores busy | 2 cores / total | WAL bytes per row"
     );
     type Pick = fn(&Round) -> (CpuSplit, f64);
     let stages: [(&str, Pick); 3] = [
@@ -344,16 +366,17 @@ async fn main() {
         ("dispatch", |r| (r.dispatch_cpu, r.dispatch_cores)),
         ("results", |r| (r.results_cpu, r.results_cores)),
     ];
-    for (name, pick) in stages {
+    for (i, (name, pick)) in stages.into_iter().enumerate() {
         let m = |f: fn(&CpuSplit) -> f64| median(all.iter().map(|r| f(&pick(r).0)).collect());
         let total = m(CpuSplit::total);
         println!(
-            "    {name:<8} | {:>12.1} | {:>8.1} | {:>11.1} | {total:>5.1} | {:>10.2} | {:>9.0} rows/s",
+            "    {name:<8} | {:>12.1} | {:>8.1} | {:>11.1} | {total:>5.1} | {:>10.2} | {:>9.0} rows/s | {:>6.0}",
             m(|c| c.this),
             m(|c| c.postgres),
             m(|c| c.nats),
             median(all.iter().map(|r| pick(r).1).collect()),
             2e6 / total,
+            median(all.iter().map(|r| r.wal[i]).collect()),
         );
     }
 }
