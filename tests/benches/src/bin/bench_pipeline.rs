@@ -1038,19 +1038,73 @@ async fn channels(rate: usize, secs: u64, rounds: usize) {
                 .push((sent, cpu, pusher));
         }
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        match v.len() {
-            0 => 0.0,
-            n if n % 2 == 1 => v[n / 2],
-            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-        }
-    };
     for (channel, rows) in &figures {
-        let col = |f: fn(&(f64, f64, f64)) -> f64| median(&mut rows.iter().map(f).collect());
+        let col = |f: fn(&(f64, f64, f64)) -> f64| median(rows.iter().map(f).collect());
         let (sent, cpu, pusher) = (col(|r| r.0), col(|r| r.1), col(|r| r.2));
         println!("| median | {channel} | {sent:.0} | {cpu:.0} | {pusher:.0} |");
     }
+}
+
+/// The median of `v` (0 when empty).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// `rounds` rounds of the peer (`bench peer`), each after a round of Tidings' phase 1 to Web
+/// Push when `against` (`vs-peer`): the pairs, their ratios and the medians.
+async fn versus_peer(rate: usize, secs: u64, rounds: usize, against: bool) {
+    let tuning = tidings_benches::peer::Tuning::from_env();
+    eprintln!("peer: {}", tuning.json());
+    println!(
+        "| round | Tidings `sent`/s | CPU µs per `sent` | peer `sent`/s | CPU µs per `sent` | ratio |"
+    );
+    println!("|---|---|---|---|---|---|");
+    let mut pairs = Vec::new();
+    for r in 1..=rounds {
+        let tidings = if against {
+            eprintln!("round {r}: Tidings, {rate}/s for {secs} s …");
+            let t = load_phase(rate, secs, Channel::WebPush).await;
+            eprintln!("{t:#}");
+            Some(t)
+        } else {
+            None
+        };
+        eprintln!("round {r}: the peer, {rate}/s for {secs} s …");
+        let peer = tidings_benches::peer::round(rate, secs, &tuning).await;
+        eprintln!("{peer:#}");
+        let figure = |v: &Value, k: &str| v[k].as_f64().unwrap_or(0.0);
+        let (t_sent, t_cpu) = tidings.as_ref().map_or((0.0, 0.0), |t| {
+            (figure(t, "sent_per_s"), figure(t, "cpu_us_per_sent"))
+        });
+        let (p_sent, p_cpu) = (
+            figure(&peer, "sent_per_s"),
+            figure(&peer, "cpu_us_per_sent"),
+        );
+        let ratio = t_sent / p_sent.max(1.0);
+        println!("| {r} | {t_sent:.0} | {t_cpu:.0} | {p_sent:.0} | {p_cpu:.0} | {ratio:.1} |");
+        pairs.push(json!({"tidings": tidings, "peer": peer, "ratio": round(ratio, 2)}));
+    }
+    let col = |f: &dyn Fn(&Value) -> f64| median(pairs.iter().map(f).collect());
+    let at = |v: &Value, who: &str, k: &str| v[who][k].as_f64().unwrap_or(0.0);
+    println!(
+        "| median | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} |",
+        col(&|v| at(v, "tidings", "sent_per_s")),
+        col(&|v| at(v, "tidings", "cpu_us_per_sent")),
+        col(&|v| at(v, "peer", "sent_per_s")),
+        col(&|v| at(v, "peer", "cpu_us_per_sent")),
+        col(&|v| v["ratio"].as_f64().unwrap_or(0.0)),
+    );
+    let path = std::env::var("BENCH_PEER_JSON").unwrap_or_else(|_| "target/bench-peer.json".into());
+    write_json(
+        &path,
+        &json!({"date": Utc::now().to_rfc3339(), "pairs": pairs}),
+    );
+    println!("\n(JSON: {path})");
 }
 
 #[tokio::main]
@@ -1064,6 +1118,10 @@ async fn main() {
     if mode == "channels" {
         let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(2);
         return channels(rate, secs, rounds).await;
+    }
+    if mode == "peer" || mode == "vs-peer" {
+        let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(1);
+        return versus_peer(rate, secs, rounds, mode == "vs-peer").await;
     }
     if mode == "digests" {
         let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(1);
