@@ -272,12 +272,16 @@ async fn load_phase(rate: usize, secs: u64, channel: Channel) -> Value {
         to_email(&s).await;
     }
     let (smtp_port, dkim_file) = (smtp.port.to_string(), dkim.display().to_string());
+    // How often the detector scans: each scan finds what changed since the last one and
+    // publishes it at once, so the interval sets the bursts the rest of the pipeline queues
+    // behind (`BENCH_SCAN_INTERVAL`, default 1s).
+    let scan_interval = std::env::var("BENCH_SCAN_INTERVAL").unwrap_or_else(|_| "1s".into());
     let expected = n_items * PER_ITEM;
     let services = ["api", "dispatcher", "pusher", "detector"];
     let p = Pipeline::start(
         &s,
         &[
-            ("TIDINGS_SCAN_INTERVAL", "1s"),
+            ("TIDINGS_SCAN_INTERVAL", &scan_interval),
             ("RUST_LOG", &service_log()),
             ("TIDINGS_POLL_INTERVAL", "20ms"),
             ("TIDINGS_PUSH_ALLOWED_HOSTS", NAMED_HOSTS),
@@ -466,6 +470,7 @@ async fn load_phase(rate: usize, secs: u64, channel: Channel) -> Value {
         "channel": channel.as_str(),
         "offered_per_s": items_per_sec * PER_ITEM,
         "seconds": secs,
+        "scan_interval": scan_interval,
         "window_s": window,
         "sent_per_s": round(sent_per_s, 0),
         "pipeline_cpu_cores": round(pipeline_cores, 2),
