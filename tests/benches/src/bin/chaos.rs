@@ -386,6 +386,8 @@ async fn main() {
     // Delivered more than once without the maybe-delivered mark: a second push the delivery log
     // should have stopped (reported; at least once allows it).
     let mut repeated_unmarked = 0;
+    // Rows behind a failing must-be-zero figure, described when the audit fails.
+    let mut suspects: Vec<(String, Vec<i64>)> = Vec::new();
     let mut per_row: HashMap<usize, usize> = HashMap::new();
     let (mut stale_inside, mut stale_outside, mut fresh) = (0, 0, 0);
     // How long after the price went back up the latest stale delivery came (ms).
@@ -398,9 +400,15 @@ async fn main() {
             repeated_unmarked += 1;
         }
         match (row.status.as_str(), times.is_empty(), row.maybe_delivered) {
-            ("sent", true, _) => sent_not_delivered += 1,
+            ("sent", true, _) => {
+                sent_not_delivered += 1;
+                suspects.push((id.clone(), times.clone()));
+            }
             ("sent", false, _) => {}
-            (_, false, false) => delivered_unflagged += 1,
+            (_, false, false) => {
+                delivered_unflagged += 1;
+                suspects.push((id.clone(), times.clone()));
+            }
             (_, false, true) => delivered_flagged += 1,
             (_, true, true) => flagged_not_delivered += 1,
             (_, true, false) => {}
@@ -579,6 +587,7 @@ async fn main() {
         failed |= n != 0;
     }
     if failed {
+        describe(&s, &p, &suspects).await;
         for n in WORKERS {
             let log = p.log(n);
             let tail: Vec<&str> = log.lines().rev().take(15).collect();
@@ -595,6 +604,39 @@ async fn main() {
         std::process::exit(1);
     }
     println!("\nchaos: the audit passed");
+}
+
+/// Prints what is known of each suspect row: the row, its attempts, when the push service or the
+/// mail server took it, and every service log line that names it.
+async fn describe(s: &Scenario, p: &Pipeline, suspects: &[(String, Vec<i64>)]) {
+    for (id, times) in suspects {
+        let Ok(uuid) = uuid::Uuid::parse_str(id) else {
+            continue;
+        };
+        let row: Option<serde_json::Value> = sqlx::query_scalar(
+            "SELECT to_jsonb(o) - 'payload' - 'checked' FROM outbox o WHERE id = $1",
+        )
+        .bind(uuid)
+        .fetch_optional(&s.db.pool)
+        .await
+        .unwrap_or(None);
+        let attempts: Vec<serde_json::Value> =
+            sqlx::query_scalar("SELECT to_jsonb(a) FROM attempts a WHERE outbox_id = $1")
+                .bind(uuid)
+                .fetch_all(&s.db.pool)
+                .await
+                .unwrap_or_default();
+        eprintln!(
+            "--- suspect row {id}, delivered at {times:?}
+row: {row:?}
+attempts: {attempts:?}"
+        );
+        for n in WORKERS {
+            for line in p.log(n).lines().filter(|l| l.contains(id.as_str())) {
+                eprintln!("{n}: {line}");
+            }
+        }
+    }
 }
 
 #[cfg(test)]
