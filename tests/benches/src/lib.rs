@@ -3,12 +3,14 @@
 //! stack through `deploy/local/stack bench …` or `deploy/local/stack chaos`, on the harness and
 //! fakes of `tidings-tests`.
 //!
+//! - [`figures`]: medians and rounding of the printed figures.
 //! - [`peer`]: the alternative a team would run instead (graphile-worker + web-push).
 //! - [`procstat`]: CPU and memory of processes, read from /proc.
 //! - [`push`]: PushRequests a benchmark sends itself.
 //! - [`rng`]: the seeded sequence that makes two runs meet the same load and faults.
 //! - [`seed`]: watches in bulk.
 
+pub mod figures;
 pub mod peer;
 pub mod procstat;
 pub mod push;

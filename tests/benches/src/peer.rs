@@ -9,6 +9,7 @@
 //! saturated rate without a backlog that grows through the round (Tidings' surplus waits
 //! before detection in the same way).
 
+use crate::figures;
 use crate::procstat::{CpuSplit, cpu_seconds, machine_busy_seconds, peak_rss_mib};
 use chrono::{TimeDelta, Utc};
 use serde_json::{Value, json};
@@ -195,11 +196,6 @@ fn cpu(workers: &[Child]) -> (f64, CpuSplit, f64) {
     (peer, CpuSplit::now(), machine_busy_seconds())
 }
 
-fn round_to(v: f64, digits: i32) -> f64 {
-    let f = 10f64.powi(digits);
-    (v * f).round() / f
-}
-
 /// One round: `rate` jobs/s offered for `secs` seconds (the first 5 warm up); returns the
 /// figures.
 pub async fn round(rate: usize, secs: u64, t: &Tuning) -> Value {
@@ -240,7 +236,7 @@ pub async fn round(rate: usize, secs: u64, t: &Tuning) -> Value {
     let window = (Duration::from_secs(secs) - warmup).as_secs_f64();
     let sent = (hits1 - hits0) as f64 / window;
     let shared = CpuSplit::between(split0, split1);
-    let per_sent = |cpu_s: f64| round_to(cpu_s / window * 1e6 / sent.max(1.0), 1);
+    let per_sent = |cpu_s: f64| figures::round(cpu_s / window * 1e6 / sent.max(1.0), 1);
     let rss: f64 = workers.0.iter().filter_map(|c| peak_rss_mib(c.id())).sum();
     drop(workers);
     let peer_cpu = peer1 - peer0;
@@ -248,15 +244,15 @@ pub async fn round(rate: usize, secs: u64, t: &Tuning) -> Value {
         "system": "graphile-worker + web-push",
         "offered_per_s": rate,
         "seconds": secs,
-        "sent_per_s": round_to(sent, 0),
+        "sent_per_s": figures::round(sent, 0),
         "cpu_us_per_sent": per_sent(peer_cpu + shared.postgres + shared.this),
-        "machine_cpu_cores_busy": round_to((machine1 - machine0) / window, 2),
+        "machine_cpu_cores_busy": figures::round((machine1 - machine0) / window, 2),
         "outstanding_at_end": enqueued.saturating_sub(hits1),
         "decrypted_samples": push.received().len(),
         "rejected_samples": push.rejected().len(),
         "tuning": t.json(),
         "resources": {
-            "peer workers (node)": {"cpu_us_per_sent": per_sent(peer_cpu), "peak_rss_mib": round_to(rss, 1)},
+            "peer workers (node)": {"cpu_us_per_sent": per_sent(peer_cpu), "peak_rss_mib": figures::round(rss, 1)},
             "postgres": {"cpu_us_per_sent": per_sent(shared.postgres)},
             "benchmark process (push sink, enqueuer)": {"cpu_us_per_sent": per_sent(shared.this)},
         },

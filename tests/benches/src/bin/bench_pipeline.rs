@@ -31,6 +31,7 @@ use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tidings_benches::figures::{median, round};
 use tidings_benches::procstat::{
     CpuSplit, cpu_seconds, machine_busy_seconds, peak_rss_mib, pids_named,
 };
@@ -516,11 +517,6 @@ async fn drained(p: &Pipeline, pool: &sqlx::PgPool, expected: usize) -> bool {
     .await
     .unwrap_or(0);
     terminal >= i64::try_from(expected).unwrap_or(i64::MAX)
-}
-
-fn round(v: f64, digits: i32) -> f64 {
-    let f = 10f64.powi(digits);
-    (v * f).round() / f
 }
 
 const STALE_ITEMS: usize = 300;
@@ -1047,16 +1043,6 @@ async fn channels(rate: usize, secs: u64, rounds: usize) {
         let col = |f: fn(&(f64, f64, f64)) -> f64| median(rows.iter().map(f).collect());
         let (sent, cpu, pusher) = (col(|r| r.0), col(|r| r.1), col(|r| r.2));
         println!("| median | {channel} | {sent:.0} | {cpu:.0} | {pusher:.0} |");
-    }
-}
-
-/// The median of `v` (0 when empty).
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
 
