@@ -235,22 +235,36 @@ pub struct ConfirmQuery {
         (status = 400, description = "No token, or not one (1 to 64 of A-Z, a-z, 0-9, `-`, `_`)", content_type = "text/html"),
     )
 )]
-pub async fn confirm_page(LinkQuery(q): LinkQuery<ConfirmQuery>) -> Response {
-    let lines = page_lines(Lang::En, "");
+pub async fn confirm_page(
+    State(app): State<AppState>,
+    LinkQuery(q): LinkQuery<ConfirmQuery>,
+) -> Response {
     if !is_token(&q.t) {
-        return said(StatusCode::BAD_REQUEST, lines.link_unknown);
+        return said(
+            StatusCode::BAD_REQUEST,
+            Lang::En,
+            page_lines(Lang::En, "").link_unknown,
+        );
     }
+    let lang = confirmation_lang(&app, &q.t).await;
+    let lines = page_lines(lang, "");
     let form = Form {
         action: format!("{}?t={}", tidings_email::links::CONFIRM, q.t),
         button: lines.confirm_button,
     };
-    page(
-        StatusCode::OK,
-        Lang::En,
-        lines.confirm_title,
-        &[],
-        Some(form),
-    )
+    page(StatusCode::OK, lang, lines.confirm_title, &[], Some(form))
+}
+
+/// The language of the reader confirmation token `t` was mailed to (English when it names no
+/// one, or the lookup fails: the page must still answer).
+async fn confirmation_lang(app: &AppState, t: &str) -> Lang {
+    match mailboxes::confirmation_locale(&app.pool, &token_hash(t)).await {
+        Ok(locale) => Lang::of(locale.as_deref().unwrap_or_default()),
+        Err(e) => {
+            tracing::warn!(error = %tidings_runtime::telemetry::with_causes(&e), "reading a confirmation link's language failed");
+            Lang::En
+        }
+    }
 }
 
 #[utoipa::path(
@@ -267,11 +281,16 @@ pub async fn confirm(
     State(app): State<AppState>,
     LinkQuery(q): LinkQuery<ConfirmQuery>,
 ) -> Response {
-    let lines = page_lines(Lang::En, "");
-    let unknown = |status| said(status, lines.link_unknown);
     if !is_token(&q.t) {
-        return unknown(StatusCode::BAD_REQUEST);
+        return said(
+            StatusCode::BAD_REQUEST,
+            Lang::En,
+            page_lines(Lang::En, "").link_unknown,
+        );
     }
+    let lang = confirmation_lang(&app, &q.t).await;
+    let lines = page_lines(lang, "");
+    let said = |status, line| said(status, lang, line);
     let confirmed = match mailboxes::confirm(&app.pool, &token_hash(&q.t)).await {
         Ok(c) => c,
         Err(e) => {
@@ -286,7 +305,7 @@ pub async fn confirm(
         }
         Confirmed::AlreadyUsed => said(StatusCode::OK, lines.link_used),
         Confirmed::Expired => said(StatusCode::GONE, lines.link_expired),
-        Confirmed::Unknown => unknown(StatusCode::NOT_FOUND),
+        Confirmed::Unknown => said(StatusCode::NOT_FOUND, lines.link_unknown),
     }
 }
 
@@ -301,11 +320,11 @@ pub struct UnsubscribeQuery {
     t: String,
 }
 
-/// The subscription `q` names, if its token is its key's.
+/// The subscription `q` names and its reader's language, if its token is its key's.
 async fn signed_subscription(
     app: &AppState,
     q: &UnsubscribeQuery,
-) -> Result<Option<SubscriptionId>, ApiError> {
+) -> Result<Option<(SubscriptionId, Lang)>, ApiError> {
     let id = SubscriptionId(q.s);
     let Some(keyed) = mailboxes::keyed(&app.pool, id)
         .await
@@ -316,7 +335,8 @@ async fn signed_subscription(
     let key = link_key(app, &keyed)
         .ok_or_else(|| ApiError::Unavailable("the link cannot be checked now".into()))?;
     let signed = key.verifies(Purpose::Unsubscribe, &id.to_string(), &q.t);
-    Ok(signed.then_some(id))
+    let lang = Lang::of(keyed.locale.as_deref().unwrap_or_default());
+    Ok(signed.then_some((id, lang)))
 }
 
 #[utoipa::path(
@@ -332,24 +352,42 @@ pub async fn unsubscribe_page(
     State(app): State<AppState>,
     LinkQuery(q): LinkQuery<UnsubscribeQuery>,
 ) -> Response {
+    let (_, lang) = match signed_link(&app, &q).await {
+        Ok(signed) => signed,
+        Err(response) => return response,
+    };
+    let lines = page_lines(lang, "");
+    let form = Form {
+        action: format!("{}?s={}&t={}", tidings_email::links::UNSUBSCRIBE, q.s, q.t),
+        button: lines.unsubscribe_button,
+    };
+    page(
+        StatusCode::OK,
+        lang,
+        lines.unsubscribe_title,
+        &[],
+        Some(form),
+    )
+}
+
+/// The subscription an unsubscribe link names and its reader's language; or the page that says
+/// why the link cannot be followed (in English: whose link it is is not known).
+async fn signed_link(
+    app: &AppState,
+    q: &UnsubscribeQuery,
+) -> Result<(SubscriptionId, Lang), Response> {
     let lines = page_lines(Lang::En, "");
-    let unknown = |status| said(status, lines.link_unknown);
     if !is_token(&q.t) {
-        return unknown(StatusCode::BAD_REQUEST);
+        return Err(said(StatusCode::BAD_REQUEST, Lang::En, lines.link_unknown));
     }
-    match signed_subscription(&app, &q).await {
-        Ok(Some(_)) => page(
-            StatusCode::OK,
+    match signed_subscription(app, q).await {
+        Ok(Some(signed)) => Ok(signed),
+        Ok(None) => Err(said(StatusCode::NOT_FOUND, Lang::En, lines.link_unknown)),
+        Err(_) => Err(said(
+            StatusCode::SERVICE_UNAVAILABLE,
             Lang::En,
-            lines.unsubscribe_title,
-            &[],
-            Some(Form {
-                action: format!("{}?s={}&t={}", tidings_email::links::UNSUBSCRIBE, q.s, q.t),
-                button: lines.unsubscribe_button,
-            }),
-        ),
-        Ok(None) => unknown(StatusCode::NOT_FOUND),
-        Err(_) => said(StatusCode::SERVICE_UNAVAILABLE, lines.unchecked),
+            lines.unchecked,
+        )),
     }
 }
 
@@ -366,28 +404,21 @@ pub async fn unsubscribe(
     State(app): State<AppState>,
     LinkQuery(q): LinkQuery<UnsubscribeQuery>,
 ) -> Response {
-    let lines = page_lines(Lang::En, "");
-    let unknown = |status| said(status, lines.link_unknown);
-    if !is_token(&q.t) {
-        return unknown(StatusCode::BAD_REQUEST);
-    }
-    let id = match signed_subscription(&app, &q).await {
-        Ok(Some(id)) => id,
-        Ok(None) => return unknown(StatusCode::NOT_FOUND),
-        Err(_) => {
-            return said(StatusCode::SERVICE_UNAVAILABLE, lines.unchecked);
-        }
+    let (id, lang) = match signed_link(&app, &q).await {
+        Ok(signed) => signed,
+        Err(response) => return response,
     };
+    let lines = page_lines(lang, "");
     match mailboxes::deactivate(&app.pool, id, Deactivation::Unsubscribed).await {
         Ok(changed) => {
             if changed {
                 tracing::info!(subscription_id = %id, "email subscription unsubscribed");
             }
-            said(StatusCode::OK, lines.unsubscribed)
+            said(StatusCode::OK, lang, lines.unsubscribed)
         }
         Err(e) => {
             tracing::error!(subscription_id = %id, error = %tidings_runtime::telemetry::with_causes(&e), "unsubscribing failed");
-            said(StatusCode::SERVICE_UNAVAILABLE, lines.unchecked)
+            said(StatusCode::SERVICE_UNAVAILABLE, lang, lines.unchecked)
         }
     }
 }

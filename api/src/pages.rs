@@ -86,6 +86,7 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequestP
             Ok(Query(q)) => Ok(LinkQuery(q)),
             Err(_) => Err(said(
                 StatusCode::BAD_REQUEST,
+                Lang::En,
                 page_lines(Lang::En, "").link_unknown,
             )),
         }
@@ -100,9 +101,9 @@ pub fn is_token(t: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
-/// A page that says one thing.
-pub fn said(status: StatusCode, line: &str) -> Response {
-    page(status, Lang::En, line, &[], None)
+/// A page that says one thing, in `lang`.
+pub fn said(status: StatusCode, lang: Lang, line: &str) -> Response {
+    page(status, lang, line, &[], None)
 }
 
 /// The link key of `keyed`'s subscription, opened; `None` (logged, naming the subscription) if it
@@ -152,7 +153,7 @@ pub async fn notice(
     };
     if !is_token(&q.t) {
         let lines = page_lines(Lang::En, "");
-        return said(StatusCode::BAD_REQUEST, lines.link_unknown);
+        return said(StatusCode::BAD_REQUEST, Lang::En, lines.link_unknown);
     }
     let id = OutboxId(id);
     let keyed = match tidings_store::mailboxes::keyed_by_row(&app.pool, id).await {

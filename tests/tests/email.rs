@@ -4,7 +4,8 @@
 //! row; its link shows the value now ("still true", then "ended" once the price recovered); its
 //! one-click unsubscribe (RFC 8058) stops the mail. Then each answer a relay gives: 4xx then
 //! 250 (retried, sent once), a 5xx to RCPT (the device deactivated, `mailbox_rejected`), an
-//! address refused at registration (nothing registered), and the per-address limit.
+//! address refused at registration (nothing registered), and the per-address limit. The pages
+//! speak the reader's language.
 
 use serde_json::{Value, json};
 use std::path::PathBuf;
@@ -517,4 +518,57 @@ async fn a_digest_is_one_signed_mail_listing_what_still_holds() {
     assert!(!read.text.contains("SKU-ED2"), "{}", read.text);
     p.stop().await;
     s.cleanup().await;
+}
+
+/// A reader who registered in Japanese is mailed in Japanese, and the pages the mail's links
+/// open answer in Japanese: the confirmation (its question, its answer, a second use) and the
+/// unsubscribe page and its answer. A link that names no one stays English.
+#[tokio::test]
+async fn a_japanese_readers_confirmation_and_unsubscribe_pages_are_in_japanese() {
+    let s = Scenario::new().await;
+    let smtp = FakeSmtp::start(&SmtpOptions::default()).unwrap();
+    let (key_file, key) = dkim_key();
+    let p = mailing_pipeline(&s, &smtp, &key_file).await;
+    let to = "kana@tidings.test";
+    let body = json!({"email": to, "time_zone": "Asia/Tokyo", "locale": "ja-JP"});
+    let url = format!("{}/v1/devices", p.url("api"));
+    let (status, created) = call(reqwest::Method::POST, url, None, Some(body)).await;
+    assert_eq!(status, 201, "{created}");
+    let mail = mails_to(&smtp, to, 1).await.pop().unwrap();
+    assert_eq!(dkim_verdict(&mail, &key), "verified");
+    let read = read(&mail);
+    assert_eq!(read.header("subject"), Some("Tidingsの通知の確認"));
+    let api = p.url("api");
+    let confirm = read.link(&format!("{api}/v1/email/confirm?t=")).unwrap();
+    let ja = |html: &str, line: &str| html.contains("<html lang=\"ja\">") && html.contains(line);
+    let (status, _, asked) = page(&confirm, None).await;
+    assert_eq!(
+        (status, ja(&asked, "このアドレスに通知を送る")),
+        (200, true),
+        "{asked}"
+    );
+    let (status, _, done) = page(&confirm, Some("")).await;
+    assert_eq!((status, ja(&done, "確認しました")), (200, true), "{done}");
+    let (status, _, again) = page(&confirm, Some("")).await;
+    assert_eq!((status, ja(&again, "使用済み")), (200, true), "{again}");
+    let list = read.header("list-unsubscribe").unwrap();
+    let https = list
+        .split(['<', '>'])
+        .find(|l| l.starts_with("http"))
+        .unwrap();
+    let (status, _, ask) = page(https, None).await;
+    assert_eq!((status, ja(&ask, "メールの配信停止")), (200, true), "{ask}");
+    let (status, _, stopped) = page(https, Some("List-Unsubscribe=One-Click")).await;
+    assert_eq!(
+        (status, ja(&stopped, "停止しました")),
+        (200, true),
+        "{stopped}"
+    );
+    let forged = format!("{api}/v1/email/confirm?t=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA");
+    let (status, _, unknown) = page(&forged, Some("")).await;
+    assert_eq!(status, 404);
+    assert!(unknown.contains("<html lang=\"en\">"), "{unknown}");
+    p.stop().await;
+    s.cleanup().await;
+    let _ = std::fs::remove_file(key_file);
 }

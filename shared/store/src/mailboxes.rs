@@ -220,23 +220,43 @@ pub async fn confirm(pool: &PgPool, token_hash: &[u8]) -> Result<Confirmed, sqlx
     Ok(confirmed)
 }
 
-/// An email subscription's link key (sealed) and whether it is still active.
+/// The locale of the reader a confirmation link (by its token's hash) was mailed to: the language
+/// its pages speak, whatever became of the link.
+pub async fn confirmation_locale(
+    pool: &PgPool,
+    token_hash: &[u8],
+) -> Result<Option<String>, sqlx::Error> {
+    let row = sqlx::query_scalar!(
+        "SELECT d.locale FROM email_confirmations c
+         JOIN push_subscriptions s ON s.id = c.subscription_id
+         JOIN devices d ON d.id = s.device_id
+         WHERE c.token_hash = $1",
+        token_hash
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.flatten())
+}
+
+/// An email subscription's link key (sealed), whether it is still active, and its reader's
+/// locale (the language of the pages its links open).
 #[derive(Debug)]
 pub struct Keyed {
     pub device: DeviceId,
     pub subscription: SubscriptionId,
     pub link_key: String,
     pub active: bool,
+    pub locale: Option<String>,
 }
 
 /// Email subscription `id`'s link key.
 pub async fn keyed(pool: &PgPool, id: SubscriptionId) -> Result<Option<Keyed>, sqlx::Error> {
     sqlx::query_as!(
         Keyed,
-        r#"SELECT device_id AS "device: DeviceId", id AS "subscription: SubscriptionId",
-                  secret AS "link_key!", active
-           FROM push_subscriptions
-           WHERE id = $1 AND channel = 'email' AND secret IS NOT NULL"#,
+        r#"SELECT s.device_id AS "device: DeviceId", s.id AS "subscription: SubscriptionId",
+                  s.secret AS "link_key!", s.active, d.locale
+           FROM push_subscriptions s JOIN devices d ON d.id = s.device_id
+           WHERE s.id = $1 AND s.channel = 'email' AND s.secret IS NOT NULL"#,
         id.0
     )
     .fetch_optional(pool)
@@ -248,8 +268,9 @@ pub async fn keyed_by_row(pool: &PgPool, id: OutboxId) -> Result<Option<Keyed>, 
     sqlx::query_as!(
         Keyed,
         r#"SELECT s.device_id AS "device: DeviceId", s.id AS "subscription: SubscriptionId",
-                  s.secret AS "link_key!", s.active
+                  s.secret AS "link_key!", s.active, d.locale
            FROM outbox o JOIN push_subscriptions s ON s.id = o.subscription_id
+                JOIN devices d ON d.id = s.device_id
            WHERE o.id = $1 AND s.channel = 'email' AND s.secret IS NOT NULL"#,
         id.0
     )
