@@ -8,12 +8,14 @@
 //!   (RFC 8463) on aws-lc-rs, the crypto the rest of Tidings uses; and the DNS record that
 //!   publishes the key.
 //! - [`relay`]: submission to the operator's relay over SMTP (STARTTLS or implicit TLS, AUTH),
-//!   each refusal known by the command it answered; connections kept for the next mail.
+//!   each refusal known by the command it answered; connections kept for the next mail, each
+//!   reading at most [`metered::BUDGET`] bytes of the relay's per mail.
 //! - [`links`]: the signed links a mail carries (the notification's page, the unsubscribe).
 //! - [`settings`]: the relay's and the sender's settings, shared by the services that mail.
 
 pub mod dkim;
 pub mod links;
 pub mod message;
+pub mod metered;
 pub mod relay;
 pub mod settings;

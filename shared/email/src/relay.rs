@@ -4,6 +4,8 @@
 
 use lettre::Address;
 use lettre::transport::smtp::authentication::{Credentials, Mechanism};
+#[allow(deprecated)]
+use lettre::transport::smtp::client::AsyncNetworkStream;
 use lettre::transport::smtp::client::{
     AsyncSmtpConnection, Certificate, CertificateStore, TlsParameters,
 };
@@ -14,6 +16,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 use tidings_domain::messages::Ended;
 use tidings_domain::outbox::FailReason;
+use tokio_util::compat::FuturesAsyncReadCompatExt;
+
+use crate::metered::{Meter, Metered, Secured};
 
 /// The longest reply kept for an attempt's record or as a queue id.
 pub const MAX_REPLY: usize = 512;
@@ -132,7 +137,7 @@ pub struct Relay {
     settings: RelaySettings,
     tls: Option<TlsParameters>,
     hello: ClientId,
-    idle: Mutex<Vec<AsyncSmtpConnection>>,
+    idle: Mutex<Vec<(AsyncSmtpConnection, Meter)>>,
 }
 
 /// Which command a reply answered.
@@ -181,14 +186,15 @@ impl Relay {
             .map(|mut idle| idle.pop())
             .unwrap_or_default();
         let alive = match kept {
-            Some(mut conn) => {
+            Some((mut conn, meter)) => {
+                meter.renew();
                 let timeout = self.settings.timeout;
                 let alive = tokio::time::timeout(timeout, conn.test_connected()).await;
-                alive.unwrap_or(false).then_some(conn)
+                alive.unwrap_or(false).then_some((conn, meter))
             }
             None => None,
         };
-        let mut conn = match alive {
+        let (mut conn, meter) = match alive {
             Some(conn) => conn,
             None => match self.connected().await {
                 Ok(conn) => conn,
@@ -208,7 +214,7 @@ impl Relay {
             && let Ok(mut idle) = self.idle.lock()
             && idle.len() < self.settings.idle
         {
-            idle.push(conn);
+            idle.push((conn, meter));
         } else {
             // `QUIT` and close, without waiting longer on a relay that stopped answering.
             let _ = tokio::time::timeout(self.settings.timeout, conn.abort()).await;
@@ -220,7 +226,7 @@ impl Relay {
     /// why not. The connection is closed with `QUIT`.
     pub async fn unreachable(&self) -> Option<String> {
         match self.connected().await {
-            Ok(mut conn) => {
+            Ok((mut conn, _)) => {
                 let _ = tokio::time::timeout(self.settings.timeout, conn.quit()).await;
                 None
             }
@@ -231,6 +237,7 @@ impl Relay {
                 Some(format!("no answer within {} ms", after.as_millis()))
             }
             Err(Unreached::Failed(Failed::Smtp(e))) => Some(bounded(e.to_string())),
+            Err(Unreached::Failed(Failed::Connect(e))) => Some(bounded(e.to_string())),
         }
     }
 
@@ -239,8 +246,9 @@ impl Relay {
         format!("{}:{}", self.settings.host, self.settings.port)
     }
 
-    /// A new connection, greeted, secured and logged in, within the timeout.
-    async fn connected(&self) -> Result<AsyncSmtpConnection, Unreached> {
+    /// A new connection, greeted, secured and logged in, within the timeout; with the meter of
+    /// what the relay sent on it.
+    async fn connected(&self) -> Result<(AsyncSmtpConnection, Meter), Unreached> {
         let timeout = self.settings.timeout;
         match tokio::time::timeout(timeout, self.connect()).await {
             Ok(conn) => conn,
@@ -248,20 +256,27 @@ impl Relay {
         }
     }
 
-    async fn connect(&self) -> Result<AsyncSmtpConnection, Unreached> {
+    async fn connect(&self) -> Result<(AsyncSmtpConnection, Meter), Unreached> {
         let s = &self.settings;
         let implicit = (s.security == Security::Implicit)
             .then(|| self.tls.clone())
             .flatten();
-        let server = (s.host.as_str(), s.port);
-        let mut conn = AsyncSmtpConnection::connect_tokio1(
-            server,
-            Some(s.timeout),
-            &self.hello,
-            implicit,
-            None,
-        )
-        .await?;
+        let tcp = tokio::net::TcpStream::connect((s.host.as_str(), s.port))
+            .await
+            .map_err(|e| Unreached::Failed(Failed::Connect(e)))?;
+        let (metered, meter) = Metered::new(tcp);
+        let mut conn = match implicit {
+            Some(tls) => {
+                #[allow(deprecated)]
+                let mut stream = AsyncNetworkStream::use_existing_tokio1(Box::new(metered));
+                stream.upgrade_tls(tls).await?;
+                let secured = Box::new(Secured(stream.compat()));
+                AsyncSmtpConnection::connect_with_transport(secured, &self.hello).await?
+            }
+            None => {
+                AsyncSmtpConnection::connect_with_transport(Box::new(metered), &self.hello).await?
+            }
+        };
         if s.security == Security::StartTls
             && let Some(tls) = self.tls.clone()
         {
@@ -278,7 +293,7 @@ impl Relay {
             conn.auth(&[Mechanism::Plain, Mechanism::Login], &credentials)
                 .await?;
         }
-        Ok(conn)
+        Ok((conn, meter))
     }
 }
 
@@ -297,6 +312,8 @@ impl From<lettre::transport::smtp::Error> for Unreached {
 /// Why a step got no positive answer.
 enum Failed {
     Smtp(lettre::transport::smtp::Error),
+    /// No TCP connection to the relay.
+    Connect(std::io::Error),
     /// No answer within the timeout.
     Silent(Duration),
 }
@@ -343,6 +360,7 @@ async fn transaction(
 fn ended(step: Step, failed: &Failed) -> Submitted {
     let (status, reply) = match failed {
         Failed::Smtp(e) => (e.status(), bounded(e.to_string())),
+        Failed::Connect(e) => (None, bounded(format!("connecting: {e}"))),
         Failed::Silent(after) => (None, format!("no answer within {} ms", after.as_millis())),
     };
     match status {

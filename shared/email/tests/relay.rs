@@ -1,6 +1,6 @@
 //! Submission to a real SMTP server (aiosmtpd): accepted with its queue id, deferred then taken,
-//! a mailbox refused at `RCPT`, content refused, STARTTLS with AUTH, and a relay that does not
-//! offer the STARTTLS it must.
+//! a mailbox refused at `RCPT`, content refused, STARTTLS with AUTH, implicit TLS, a relay that
+//! does not offer the STARTTLS it must, one that goes silent and one that talks without end.
 
 // Test code: a failed unwrap is a failed test, which is what we want.
 #![allow(clippy::unwrap_used)]
@@ -95,7 +95,7 @@ async fn starttls_and_auth_are_used_and_required() {
     let smtp = FakeSmtp::start(&SmtpOptions {
         starttls: true,
         login: Some(login.clone()),
-        sink: false,
+        ..SmtpOptions::default()
     })
     .unwrap();
     let mut with_login = settings(smtp.port, Security::StartTls);
@@ -163,4 +163,89 @@ async fn a_silent_relay_is_bounded_by_the_timeout() {
     quick.timeout = Duration::from_millis(300);
     let deferred = once(quick).await;
     assert_eq!(kind(&deferred), ("deferred", None), "{deferred:?}");
+}
+
+/// Implicit TLS (port 465's way): the greeting comes encrypted, the login after it, on a
+/// connection kept for the next mail.
+#[tokio::test]
+async fn implicit_tls_and_auth_are_used() {
+    let login = ("tidings".to_owned(), "s3cret".to_owned());
+    let smtp = FakeSmtp::start(&SmtpOptions {
+        starttls: true,
+        implicit_tls: true,
+        login: Some(login.clone()),
+        ..SmtpOptions::default()
+    })
+    .unwrap();
+    let mut implicit = settings(smtp.port, Security::Implicit);
+    implicit.credentials = Some(login);
+    let relay = Relay::new(implicit.clone()).unwrap();
+    for to in ["b@example.test", "c@example.test"] {
+        let taken = relay.submit("a@tidings.test", to, MAIL).await.unwrap();
+        assert!(matches!(taken, Submitted::Accepted { .. }), "{taken:?}");
+    }
+    assert_eq!(smtp.received().len(), 2);
+    // The same server spoken to in the clear is not a relay: nothing is sent.
+    let mut clear = settings(smtp.port, Security::Plain);
+    clear.timeout = Duration::from_millis(500);
+    let clear = once(clear).await;
+    assert_eq!(kind(&clear).0, "deferred", "{clear:?}");
+    assert_eq!(smtp.received().len(), 2);
+}
+
+/// A relay that sends without end (a greeting that never ends its line, or an answer to the
+/// content that never does) is cut off once it has sent a mail's budget of bytes, long before
+/// the timeout: before the content it is deferred, after it unknown. Without the budget the
+/// first case read for the whole timeout, growing one line in memory.
+#[tokio::test]
+async fn a_relay_that_talks_without_end_is_cut_off_at_its_budget() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    async fn flood(write: &mut tokio::net::tcp::OwnedWriteHalf, start: &[u8]) {
+        let chunk = vec![b'x'; 64 * 1024];
+        let _ = write.write_all(start).await;
+        while write.write_all(&chunk).await.is_ok() {}
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let mut greeted = false;
+        while let Ok((socket, _)) = listener.accept().await {
+            let (read, mut write) = socket.into_split();
+            if !greeted {
+                greeted = true;
+                tokio::spawn(async move { flood(&mut write, b"220 ").await });
+                continue;
+            }
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(read).lines();
+                write.write_all(b"220 talkative.test\r\n").await.unwrap();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    let reply: &[u8] = match line.get(..4).unwrap_or(&line) {
+                        "EHLO" => b"250 talkative.test\r\n",
+                        "DATA" => b"354 go on\r\n",
+                        "." => return flood(&mut write, b"250 ").await,
+                        _ if line.starts_with("MAIL") || line.starts_with("RCPT") => b"250 ok\r\n",
+                        _ => continue,
+                    };
+                    write.write_all(reply).await.unwrap();
+                }
+            });
+        }
+    });
+    let mut patient = settings(port, Security::Plain);
+    patient.timeout = Duration::from_secs(30);
+    for expected in ["deferred", "unknown"] {
+        let started = std::time::Instant::now();
+        let cut = once(patient.clone()).await;
+        assert_eq!(kind(&cut).0, expected, "{cut:?}");
+        let (Submitted::Deferred { reply, .. } | Submitted::Unknown { reply }) = &cut else {
+            unreachable!()
+        };
+        assert!(reply.contains("more than 262144 bytes"), "{reply}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+    }
 }

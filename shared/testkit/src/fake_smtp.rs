@@ -28,6 +28,7 @@ from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult
 
 port, folder, tls_cert, tls_key, login, sink = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6] == "sink"
+implicit = sys.argv[7] == "implicit"
 
 class Relay:
     def __init__(self):
@@ -78,9 +79,9 @@ options = {}
 if tls_cert != "-":
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(tls_cert, tls_key)
-    options = dict(tls_context=context, require_starttls=True)
+    options = dict(ssl_context=context) if implicit else dict(tls_context=context, require_starttls=True)
 if login != "-":
-    options.update(authenticator=authenticate, auth_require_tls=tls_cert != "-")
+    options.update(authenticator=authenticate, auth_require_tls=tls_cert != "-" and not implicit)
 controller = Controller(Relay(), hostname="127.0.0.1", port=port, **options)
 controller.start()
 print("ready", flush=True)
@@ -102,6 +103,8 @@ pub struct FakeSmtp {
 pub struct SmtpOptions {
     /// `STARTTLS` required, with the fixture certificate (`localhost`, `127.0.0.1`).
     pub starttls: bool,
+    /// TLS from the first byte instead (with `starttls` set too: the same certificate).
+    pub implicit_tls: bool,
     /// `AUTH` required, with this user and password.
     pub login: Option<(String, String)>,
     /// A benchmark's sink: every mail accepted, none kept.
@@ -137,6 +140,11 @@ impl FakeSmtp {
             .arg(tls(&key))
             .arg(login)
             .arg(if options.sink { "sink" } else { "keep" })
+            .arg(if options.implicit_tls {
+                "implicit"
+            } else {
+                "starttls"
+            })
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()?;
