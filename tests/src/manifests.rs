@@ -375,6 +375,10 @@ pub fn localize(container: &mut Container, local: &Local) -> HashMap<u16, u16> {
                     .join(",");
             }
             "DATABASE_URL" => *v = local_database_url(v, local),
+            // Written into mails' links for readers; no service connects to it.
+            "TIDINGS_PUBLIC_URL" => continue,
+            // The relay: this machine (nothing is mailed while the services start).
+            "TIDINGS_SMTP_HOST" => *v = "127.0.0.1".into(),
             "TIDINGS_SOURCE_URL" | "TIDINGS_SOURCE_BATCH_URL" | "TIDINGS_ITEM_PAGE_URL" => {
                 if let Some((_, _, rest)) = split_url(v) {
                     *v = format!("http://{}{rest}", local.catalog);

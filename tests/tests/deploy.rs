@@ -397,6 +397,17 @@ fn the_dockerfile_covers_the_workspace_and_every_service() {
     }
 }
 
+/// A new Ed25519 DKIM key, PKCS#8 PEM, as `tidings-api dkim-keygen` prints one.
+fn dkim_pem() -> String {
+    use base64::Engine;
+    let rng = aws_lc_rs::rand::SystemRandom::new();
+    let pkcs8 = aws_lc_rs::signature::Ed25519KeyPair::generate_pkcs8(&rng).unwrap();
+    format!(
+        "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n",
+        base64::engine::general_purpose::STANDARD.encode(pkcs8.as_ref())
+    )
+}
+
 /// Starts what `overlay` describes, as rendered (see `tidings_tests::manifests`): the migration
 /// Job must finish, then every service must answer its readiness probe with 200.
 async fn smoke(overlay: &str) {
@@ -437,6 +448,14 @@ async fn smoke(overlay: &str) {
             "tidings-webhook-keys",
             "keys",
             "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=".into(),
+        ),
+        // Email's: the relay's password, the DKIM key, the bounce reports' signing secret.
+        ("tidings-smtp", "password", "smoke-smtp".into()),
+        ("tidings-dkim", "private-key", dkim_pem()),
+        (
+            "tidings-email-bounces",
+            "secrets",
+            "whsec_dGlkaW5ncy1zbW9rZS1ib3VuY2Utc2VjcmV0LTAx".into(),
         ),
         // The CA prod verifies Postgres and NATS against (a ConfigMap the operator creates):
         // the test CA, which signed the local Postgres's and the brokers' certificates.
