@@ -239,14 +239,10 @@ pub async fn confirm_page(
     State(app): State<AppState>,
     LinkQuery(q): LinkQuery<ConfirmQuery>,
 ) -> Response {
-    if !is_token(&q.t) {
-        return said(
-            StatusCode::BAD_REQUEST,
-            Lang::En,
-            page_lines(Lang::En, "").link_unknown,
-        );
-    }
-    let lang = confirmation_lang(&app, &q.t).await;
+    let lang = match confirmation_lang(&app, &q.t).await {
+        Ok(lang) => lang,
+        Err(response) => return response,
+    };
     let lines = page_lines(lang, "");
     let form = Form {
         action: format!("{}?t={}", tidings_email::links::CONFIRM, q.t),
@@ -256,13 +252,18 @@ pub async fn confirm_page(
 }
 
 /// The language of the reader confirmation token `t` was mailed to (English when it names no
-/// one, or the lookup fails: the page must still answer).
-async fn confirmation_lang(app: &AppState, t: &str) -> Lang {
+/// one, or the lookup fails: the page must still answer); or the page that says `t` is not a
+/// token.
+async fn confirmation_lang(app: &AppState, t: &str) -> Result<Lang, Response> {
+    if !is_token(t) {
+        let lines = page_lines(Lang::En, "");
+        return Err(said(StatusCode::BAD_REQUEST, Lang::En, lines.link_unknown));
+    }
     match mailboxes::confirmation_locale(&app.pool, &token_hash(t)).await {
-        Ok(locale) => Lang::of(locale.as_deref().unwrap_or_default()),
+        Ok(locale) => Ok(Lang::of(locale.as_deref().unwrap_or_default())),
         Err(e) => {
             tracing::warn!(error = %tidings_runtime::telemetry::with_causes(&e), "reading a confirmation link's language failed");
-            Lang::En
+            Ok(Lang::En)
         }
     }
 }
@@ -281,14 +282,10 @@ pub async fn confirm(
     State(app): State<AppState>,
     LinkQuery(q): LinkQuery<ConfirmQuery>,
 ) -> Response {
-    if !is_token(&q.t) {
-        return said(
-            StatusCode::BAD_REQUEST,
-            Lang::En,
-            page_lines(Lang::En, "").link_unknown,
-        );
-    }
-    let lang = confirmation_lang(&app, &q.t).await;
+    let lang = match confirmation_lang(&app, &q.t).await {
+        Ok(lang) => lang,
+        Err(response) => return response,
+    };
     let lines = page_lines(lang, "");
     let said = |status, line| said(status, lang, line);
     let confirmed = match mailboxes::confirm(&app.pool, &token_hash(&q.t)).await {
