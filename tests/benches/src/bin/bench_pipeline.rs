@@ -458,6 +458,11 @@ async fn load_phase(rate: usize, secs: u64, channel: Channel) -> Value {
     .fetch_one(&s.db.pool)
     .await
     .unwrap_or((None, None, None, 0));
+    let stages_ms = stage_shares(
+        &s.db.pool,
+        start + 1000 * i64::try_from(warmup).unwrap_or(0),
+    )
+    .await;
     let states: Vec<(String, i64)> =
         sqlx::query_as("SELECT status, count(*) FROM outbox GROUP BY status ORDER BY status")
             .fetch_all(&s.db.pool)
@@ -483,12 +488,55 @@ async fn load_phase(rate: usize, secs: u64, channel: Channel) -> Value {
         "backlog_at_window_end": backlog,
         "latency_s": {"p50": p50.map(|v| round(v, 3)), "p95": p95.map(|v| round(v, 3)), "p99": p99.map(|v| round(v, 3)), "samples": n_lat},
         "change_to_sent_s": {"p50": c50.map(|v| round(v, 3)), "p95": c95.map(|v| round(v, 3)), "p99": c99.map(|v| round(v, 3)), "samples": n_change},
+        "stages_ms": stages_ms,
         "final_states": states.into_iter().map(|(k, v)| (k, json!(v))).collect::<serde_json::Map<_, _>>(),
         "expected_notifications": expected,
         "decrypted_samples": sampled,
         "rejected_samples": rejected,
         "resources": per_service,
     })
+}
+
+/// The push deadline the benchmark's dispatcher sets (its default): a row's re-check is its
+/// `deadline` less this, the validity being far longer.
+const PUSH_DEADLINE_S: i64 = 5;
+
+/// Each stage's share of detection → `sent` for the rows detected since `since_ms`, p50 and
+/// p99 in ms, from the timestamps each row keeps: detected (the detector), inserted (ingest's
+/// `created_at`), re-checked (`deadline` − the push deadline), its push started (the pusher's
+/// `attempt_started_at`) and its result applied (`finished_at`); and the push's own HTTP
+/// exchange (`attempt_ms`, inside "push started → result applied").
+async fn stage_shares(pool: &sqlx::PgPool, since_ms: i64) -> Value {
+    let stages: [(&str, &str); 5] = [
+        ("detected → ingested", "created_at - detected_at"),
+        ("ingested → re-checked", "recheck - created_at"),
+        ("re-checked → push started", "attempt_started_at - recheck"),
+        (
+            "push started → result applied",
+            "finished_at - attempt_started_at",
+        ),
+        (
+            "of which the push's HTTP exchange",
+            "attempt_ms * interval '1 ms'",
+        ),
+    ];
+    let mut out = Vec::new();
+    for (name, span) in stages {
+        let sql = format!(
+            "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY d), percentile_cont(0.99) WITHIN GROUP (ORDER BY d)
+             FROM (SELECT EXTRACT(EPOCH FROM {span})::float8 * 1000 AS d
+                   FROM (SELECT *, deadline - make_interval(secs => $2) AS recheck FROM outbox
+                         WHERE status = 'sent' AND detected_at >= to_timestamp($1::float8 / 1000)) o) t"
+        );
+        let (p50, p99): (Option<f64>, Option<f64>) = sqlx::query_as(&sql)
+            .bind(since_ms as f64)
+            .bind(PUSH_DEADLINE_S as f64)
+            .fetch_one(pool)
+            .await
+            .unwrap_or((None, None));
+        out.push(json!({"stage": name, "p50": p50.map(|v| round(v, 0)), "p99": p99.map(|v| round(v, 0))}));
+    }
+    Value::Array(out)
 }
 
 /// Whether all `expected` notifications have ended, by the dispatcher's terminal transitions
@@ -1193,6 +1241,13 @@ async fn main() {
         latency["latency_s"]["p95"],
         latency["latency_s"]["p99"]
     );
+    for ms in max["stages_ms"].as_array().into_iter().flatten() {
+        let stage = ms["stage"].as_str().unwrap_or_default();
+        println!(
+            "| phase 1, {stage}: p50 / p99 | {} / {} ms |",
+            ms["p50"], ms["p99"]
+        );
+    }
     for (name, r) in max["resources"].as_object().into_iter().flatten() {
         let (cores, per_sent) = (&r["cpu_cores"], &r["cpu_us_per_sent"]);
         match r.get("peak_rss_mib") {
