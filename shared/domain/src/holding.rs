@@ -44,6 +44,15 @@ impl Days {
     pub fn contains(self, day: Weekday) -> bool {
         self.0 & (1 << day.num_days_from_monday()) != 0
     }
+
+    /// How many days these are.
+    pub fn len(self) -> usize {
+        self.0.count_ones() as usize
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
 }
 
 /// Quiet hours, e.g. 22:00–07:30, starting on `days`; an end at or before the start is the next

@@ -59,7 +59,7 @@ pub struct QuietHoursSpec {
         schema(pattern = r"^([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9])?$")
     )]
     pub end: String,
-    /// The days whose evening (or whole window) is quiet; left out: every day.
+    /// The days whose evening (or whole window) is quiet, each once; left out: every day.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(min_items = 1, max_items = 7))]
     pub days: Option<Vec<Day>>,
@@ -215,7 +215,16 @@ impl QuietHoursSpec {
                     "name at least one day, or leave days out for every day",
                 ));
             }
-            Some(d) => Days::of(&d.iter().map(|d| d.weekday()).collect::<Vec<_>>()),
+            Some(d) => {
+                let weekdays: Vec<Weekday> = d.iter().map(|d| d.weekday()).collect();
+                let days = Days::of(&weekdays);
+                // Each day once (so at most seven, the schema's `maxItems`): a list the api took
+                // with repeats would be shown back longer than its own schema allows.
+                if days.len() != weekdays.len() {
+                    return Err(refuse("/quiet_hours/days", "name each day once"));
+                }
+                days
+            }
         };
         Ok(QuietHours { start, end, days })
     }
@@ -321,6 +330,17 @@ mod tests {
             wrong(r#"{"quiet_hours": {"start": "01:00", "end": "02:00", "days": []}}"#),
             "/quiet_hours/days"
         );
+        // Regression (the contract fuzzer): fourteen days with repeats were taken and shown
+        // back, against the schema's `maxItems: 7`.
+        for repeated in [
+            r#"["mon", "mon"]"#,
+            r#"["fri", "wed", "thu", "fri", "wed", "tue", "tue", "sun", "fri", "fri", "mon"]"#,
+        ] {
+            let body = format!(
+                r#"{{"quiet_hours": {{"start": "01:00", "end": "02:00", "days": {repeated}}}}}"#
+            );
+            assert_eq!(wrong(&body), "/quiet_hours/days", "{repeated}");
+        }
         assert_eq!(
             wrong(r#"{"cap": {"max": 0, "window_seconds": 60}}"#),
             "/cap/max"
