@@ -32,7 +32,7 @@ use utoipa::IntoParams;
 use crate::AppState;
 use crate::auth::{new_token, token_hash};
 use crate::extract::{ClientAddr, within};
-use crate::pages::{Form, LinkQuery, is_token, link_key, page, said};
+use crate::pages::{Form, LinkQuery, link_key, not_a_token, page, said};
 use crate::problem::{ApiError, BodyRejected, Problem};
 
 /// What the api mails with.
@@ -239,10 +239,10 @@ pub async fn confirm_page(
     State(app): State<AppState>,
     LinkQuery(q): LinkQuery<ConfirmQuery>,
 ) -> Response {
-    let lang = match confirmation_lang(&app, &q.t).await {
-        Ok(lang) => lang,
-        Err(response) => return response,
-    };
+    if let Some(refused) = not_a_token(&q.t) {
+        return refused;
+    }
+    let lang = confirmation_lang(&app, &q.t).await;
     let lines = page_lines(lang, "");
     let form = Form {
         action: format!("{}?t={}", tidings_email::links::CONFIRM, q.t),
@@ -252,18 +252,13 @@ pub async fn confirm_page(
 }
 
 /// The language of the reader confirmation token `t` was mailed to (English when it names no
-/// one, or the lookup fails: the page must still answer); or the page that says `t` is not a
-/// token.
-async fn confirmation_lang(app: &AppState, t: &str) -> Result<Lang, Response> {
-    if !is_token(t) {
-        let lines = page_lines(Lang::En, "");
-        return Err(said(StatusCode::BAD_REQUEST, Lang::En, lines.link_unknown));
-    }
+/// one, or the lookup fails: the page must still answer).
+async fn confirmation_lang(app: &AppState, t: &str) -> Lang {
     match mailboxes::confirmation_locale(&app.pool, &token_hash(t)).await {
-        Ok(locale) => Ok(Lang::of(locale.as_deref().unwrap_or_default())),
+        Ok(locale) => Lang::of(locale.as_deref().unwrap_or_default()),
         Err(e) => {
             tracing::warn!(error = %tidings_runtime::telemetry::with_causes(&e), "reading a confirmation link's language failed");
-            Ok(Lang::En)
+            Lang::En
         }
     }
 }
@@ -282,19 +277,20 @@ pub async fn confirm(
     State(app): State<AppState>,
     LinkQuery(q): LinkQuery<ConfirmQuery>,
 ) -> Response {
-    let lang = match confirmation_lang(&app, &q.t).await {
-        Ok(lang) => lang,
-        Err(response) => return response,
+    if let Some(refused) = not_a_token(&q.t) {
+        return refused;
+    }
+    // The link's reader's language comes with the link, in the same read.
+    let (confirmed, lang) = match mailboxes::confirm(&app.pool, &token_hash(&q.t)).await {
+        Ok((c, locale)) => (c, Lang::of(locale.as_deref().unwrap_or_default())),
+        Err(e) => {
+            tracing::error!(error = %tidings_runtime::telemetry::with_causes(&e), "confirming an email address failed");
+            let lines = page_lines(Lang::En, "");
+            return said(StatusCode::SERVICE_UNAVAILABLE, Lang::En, lines.unchecked);
+        }
     };
     let lines = page_lines(lang, "");
     let said = |status, line| said(status, lang, line);
-    let confirmed = match mailboxes::confirm(&app.pool, &token_hash(&q.t)).await {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::error!(error = %tidings_runtime::telemetry::with_causes(&e), "confirming an email address failed");
-            return said(StatusCode::SERVICE_UNAVAILABLE, lines.unchecked);
-        }
-    };
     match confirmed {
         Confirmed::Yes(sub) => {
             tracing::info!(subscription_id = %sub, "email address confirmed");
@@ -373,10 +369,10 @@ async fn signed_link(
     app: &AppState,
     q: &UnsubscribeQuery,
 ) -> Result<(SubscriptionId, Lang), Response> {
-    let lines = page_lines(Lang::En, "");
-    if !is_token(&q.t) {
-        return Err(said(StatusCode::BAD_REQUEST, Lang::En, lines.link_unknown));
+    if let Some(refused) = not_a_token(&q.t) {
+        return Err(refused);
     }
+    let lines = page_lines(Lang::En, "");
     match signed_subscription(app, q).await {
         Ok(Some(signed)) => Ok(signed),
         Ok(None) => Err(said(StatusCode::NOT_FOUND, Lang::En, lines.link_unknown)),

@@ -95,10 +95,17 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequestP
 
 /// Whether `t` can be a link's token: 1 to 64 base64url characters (what every token Tidings
 /// mails is), so nothing else reaches a lookup or a page's form.
-pub fn is_token(t: &str) -> bool {
+fn is_token(t: &str) -> bool {
     (1..=64).contains(&t.len())
         && t.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// The page that says `t` is not a link's token (400, in English: whose link it is is not
+/// known), if it is not one; links are checked so before anything is looked up.
+pub fn not_a_token(t: &str) -> Option<Response> {
+    let lines = page_lines(Lang::En, "");
+    (!is_token(t)).then(|| said(StatusCode::BAD_REQUEST, Lang::En, lines.link_unknown))
 }
 
 /// A page that says one thing, in `lang`.
@@ -151,9 +158,8 @@ pub async fn notice(
     let Ok(Path(id)) = id else {
         return unknown(Lang::En);
     };
-    if !is_token(&q.t) {
-        let lines = page_lines(Lang::En, "");
-        return said(StatusCode::BAD_REQUEST, Lang::En, lines.link_unknown);
+    if let Some(refused) = not_a_token(&q.t) {
+        return refused;
     }
     let id = OutboxId(id);
     let keyed = match tidings_store::mailboxes::keyed_by_row(&app.pool, id).await {

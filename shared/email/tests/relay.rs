@@ -171,7 +171,6 @@ async fn a_silent_relay_is_bounded_by_the_timeout() {
 async fn implicit_tls_and_auth_are_used() {
     let login = ("tidings".to_owned(), "s3cret".to_owned());
     let smtp = FakeSmtp::start(&SmtpOptions {
-        starttls: true,
         implicit_tls: true,
         login: Some(login.clone()),
         ..SmtpOptions::default()

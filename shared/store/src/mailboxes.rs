@@ -181,20 +181,25 @@ pub enum Confirmed {
 }
 
 /// Opens the confirmation link whose token hashes to `token_hash`: once, before it expires, for
-/// a subscription still active.
-pub async fn confirm(pool: &PgPool, token_hash: &[u8]) -> Result<Confirmed, sqlx::Error> {
+/// a subscription still active. With the locale of the reader it was mailed to, if any (the
+/// language of the page that answers).
+pub async fn confirm(
+    pool: &PgPool,
+    token_hash: &[u8],
+) -> Result<(Confirmed, Option<String>), sqlx::Error> {
     let mut tx = pool.begin().await?;
     let link = sqlx::query!(
-        r#"SELECT c.subscription_id AS "subscription: SubscriptionId", c.used_at, 
-                  c.expires_at <= now() AS "expired!", s.active
+        r#"SELECT c.subscription_id AS "subscription: SubscriptionId", c.used_at,
+                  c.expires_at <= now() AS "expired!", s.active, d.locale
            FROM email_confirmations c JOIN push_subscriptions s ON s.id = c.subscription_id
+                JOIN devices d ON d.id = s.device_id
            WHERE c.token_hash = $1 FOR UPDATE OF c"#,
         token_hash
     )
     .fetch_optional(&mut *tx)
     .await?;
     let Some(link) = link else {
-        return Ok(Confirmed::Unknown);
+        return Ok((Confirmed::Unknown, None));
     };
     let confirmed = match (link.used_at, link.expired, link.active) {
         (_, _, false) => Confirmed::Unknown,
@@ -217,7 +222,7 @@ pub async fn confirm(pool: &PgPool, token_hash: &[u8]) -> Result<Confirmed, sqlx
         }
     };
     tx.commit().await?;
-    Ok(confirmed)
+    Ok((confirmed, link.locale))
 }
 
 /// The locale of the reader a confirmation link (by its token's hash) was mailed to: the language

@@ -92,20 +92,20 @@ async fn a_link_confirms_once_and_not_once_expired() {
     assert!(unconfirmed().await);
     assert_eq!(
         mailboxes::confirm(&db.pool, &[9; 32]).await.unwrap(),
-        Confirmed::Unknown
+        (Confirmed::Unknown, None)
     );
     assert_eq!(
-        mailboxes::confirm(&db.pool, &[1; 32]).await.unwrap(),
+        mailboxes::confirm(&db.pool, &[1; 32]).await.unwrap().0,
         Confirmed::Yes(sub)
     );
     assert!(!unconfirmed().await);
     assert_eq!(
-        mailboxes::confirm(&db.pool, &[1; 32]).await.unwrap(),
+        mailboxes::confirm(&db.pool, &[1; 32]).await.unwrap().0,
         Confirmed::AlreadyUsed
     );
     let (_, other, _) = register(&db, "b@one.test", 2, Duration::seconds(-1)).await;
     assert_eq!(
-        mailboxes::confirm(&db.pool, &[2; 32]).await.unwrap(),
+        mailboxes::confirm(&db.pool, &[2; 32]).await.unwrap().0,
         Confirmed::Expired
     );
     assert!(

@@ -103,7 +103,7 @@ pub struct FakeSmtp {
 pub struct SmtpOptions {
     /// `STARTTLS` required, with the fixture certificate (`localhost`, `127.0.0.1`).
     pub starttls: bool,
-    /// TLS from the first byte instead (with `starttls` set too: the same certificate).
+    /// TLS from the first byte instead, with the same certificate.
     pub implicit_tls: bool,
     /// `AUTH` required, with this user and password.
     pub login: Option<(String, String)>,
@@ -121,7 +121,7 @@ impl FakeSmtp {
         std::fs::write(&cert, CERT_PEM)?;
         std::fs::write(&key, KEY_PEM)?;
         let tls = |path: &PathBuf| {
-            if options.starttls {
+            if options.starttls || options.implicit_tls {
                 path.display().to_string()
             } else {
                 "-".to_owned()

@@ -520,21 +520,33 @@ async fn stage_shares(pool: &sqlx::PgPool, since_ms: i64) -> Value {
             "attempt_ms * interval '1 ms'",
         ),
     ];
+    // One pass over the rows for every stage: each column is a stage's p50 and p99.
+    let columns: Vec<String> = (stages.iter())
+        .map(|(_, span)| {
+            format!(
+                "percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP \
+                 (ORDER BY EXTRACT(EPOCH FROM {span})::float8 * 1000)"
+            )
+        })
+        .collect();
+    let sql = format!(
+        "SELECT {} FROM (SELECT *, deadline - make_interval(secs => $2) AS recheck FROM outbox
+                        WHERE status = 'sent' AND detected_at >= to_timestamp($1::float8 / 1000)) o",
+        columns.join(", ")
+    );
+    let row = sqlx::query(&sql)
+        .bind(since_ms as f64)
+        .bind(PUSH_DEADLINE_S as f64)
+        .fetch_one(pool)
+        .await;
     let mut out = Vec::new();
-    for (name, span) in stages {
-        let sql = format!(
-            "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY d), percentile_cont(0.99) WITHIN GROUP (ORDER BY d)
-             FROM (SELECT EXTRACT(EPOCH FROM {span})::float8 * 1000 AS d
-                   FROM (SELECT *, deadline - make_interval(secs => $2) AS recheck FROM outbox
-                         WHERE status = 'sent' AND detected_at >= to_timestamp($1::float8 / 1000)) o) t"
-        );
-        let (p50, p99): (Option<f64>, Option<f64>) = sqlx::query_as(&sql)
-            .bind(since_ms as f64)
-            .bind(PUSH_DEADLINE_S as f64)
-            .fetch_one(pool)
-            .await
-            .unwrap_or((None, None));
-        out.push(json!({"stage": name, "p50": p50.map(|v| round(v, 0)), "p99": p99.map(|v| round(v, 0))}));
+    for (i, (name, _)) in stages.iter().enumerate() {
+        let p: Option<Vec<f64>> = row
+            .as_ref()
+            .ok()
+            .and_then(|r| sqlx::Row::try_get(r, i).ok());
+        let at = |k: usize| p.as_ref().and_then(|p| p.get(k)).map(|v| round(*v, 0));
+        out.push(json!({"stage": name, "p50": at(0), "p99": at(1)}));
     }
     Value::Array(out)
 }
