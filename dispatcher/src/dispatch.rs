@@ -24,6 +24,7 @@ use tidings_runtime::liveness::Progress;
 use tidings_runtime::metrics::{HeldLabels, KeyLabels, ReleaseLabels};
 use tidings_runtime::telemetry;
 use tidings_source::{Fetched, Sources};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::Admission;
@@ -67,6 +68,8 @@ pub struct Dispatcher {
     source: Arc<Sources>,
     settings: Arc<Settings>,
     admission: Option<Arc<Admission>>,
+    /// Rung by this process's ingest when it commits new rows.
+    wake: Option<Arc<Notify>>,
 }
 
 impl Dispatcher {
@@ -82,7 +85,16 @@ impl Dispatcher {
             source,
             settings,
             admission: None,
+            wake: None,
         }
+    }
+
+    /// Looks for due rows as soon as `wake` rings, not only every poll interval: the ingest
+    /// beside this loop rings it when it commits new rows, which would otherwise wait half a
+    /// poll interval on average for their claim.
+    pub fn with_wake(mut self, wake: Arc<Notify>) -> Self {
+        self.wake = Some(wake);
+        self
     }
 
     /// Tells `admission` after each claim how long its oldest row had been due.
@@ -466,13 +478,15 @@ impl Dispatcher {
             "digests",
             "sending due digests failed",
             pause,
+            None,
             round,
         )
         .await;
     }
 
     /// Dispatches until `shutdown`: straight on while batches come back full, otherwise after
-    /// the poll interval, so a new or newly due row is picked up within that interval.
+    /// the poll interval or when the wake rings, so a newly due row is picked up within that
+    /// interval and a newly ingested one at once.
     pub async fn run(&self, shutdown: CancellationToken) {
         let round = || async {
             let room = self.room().await;
@@ -480,18 +494,28 @@ impl Dispatcher {
             Ok(room > 0 && stats.claimed as i64 >= room)
         };
         let pause = self.settings.poll_interval;
-        self.repeat(&shutdown, "dispatch", "dispatch batch failed", pause, round)
-            .await;
+        let wake = self.wake.as_deref();
+        self.repeat(
+            &shutdown,
+            "dispatch",
+            "dispatch batch failed",
+            pause,
+            wake,
+            round,
+        )
+        .await;
     }
 
     /// Runs `round` until `shutdown` as liveness loop `name`: again at once while it says it was
-    /// full, otherwise after `pause`. A failed round is counted and logged as `failed`.
+    /// full, otherwise after `pause` or when `wake` rings. A failed round is counted and logged
+    /// as `failed`.
     async fn repeat<F: Future<Output = Result<bool, DispatchError>>>(
         &self,
         shutdown: &CancellationToken,
         name: &'static str,
         failed: &'static str,
         pause: Duration,
+        wake: Option<&Notify>,
         mut round: impl FnMut() -> F,
     ) {
         let progress = Progress::register(name);
@@ -510,9 +534,16 @@ impl Dispatcher {
                 }
             };
             if !full {
+                let rung = async {
+                    match wake {
+                        Some(wake) => wake.notified().await,
+                        None => std::future::pending().await,
+                    }
+                };
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
                     _ = tokio::time::sleep(pause) => {}
+                    _ = rung => {}
                 }
             }
         }

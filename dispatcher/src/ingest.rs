@@ -78,6 +78,8 @@ pub struct Ingest {
     partitions: Partitions,
     /// Closed while dispatch is behind ([`crate::admission`]).
     gate: Option<tokio::sync::watch::Receiver<bool>>,
+    /// Rung when a batch committed new rows ([`crate::dispatch::Dispatcher::with_wake`]).
+    wake: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl Ingest {
@@ -108,7 +110,15 @@ impl Ingest {
             stage,
             partitions: Partitions::default(),
             gate: None,
+            wake: None,
         })
+    }
+
+    /// Rings `wake` whenever a batch committed new rows, so a dispatch loop claims them now
+    /// rather than at its next poll.
+    pub fn with_wake(mut self, wake: Arc<tokio::sync::Notify>) -> Self {
+        self.wake = Some(wake);
+        self
     }
 
     /// Takes messages only while `gate` holds `true` (see [`crate::admission`]).
@@ -244,6 +254,11 @@ impl consume::Handler for Ingest {
         drop(requests);
         match result {
             Ok(inserted) => {
+                if let Some(wake) = self.wake.as_ref().filter(|_| inserted > 0) {
+                    // One permit, kept if no loop is waiting: the loop that finishes its round
+                    // next claims at once; a full claim goes on to the rest by itself.
+                    wake.notify_one();
+                }
                 stats.inserted = inserted;
                 stats.duplicates = count - inserted;
                 self.acknowledge(sorted, &mut stats).await;

@@ -171,9 +171,11 @@ pub async fn run_with(
     let admission = Arc::new(admission::Admission::new(settings.admission_lag));
     metrics::metrics().ingest_admitted.set(1);
     metrics::init_webhook_labels();
+    let wake = Arc::new(tokio::sync::Notify::new());
     let ingest = ingest::Ingest::new(pool.clone(), js.clone(), settings.clone())
         .await?
-        .with_gate(admission.gate());
+        .with_gate(admission.gate())
+        .with_wake(wake.clone());
     let results = results::Results::new(pool.clone(), js.clone(), settings.clone()).await?;
 
     let mut tasks = tokio::task::JoinSet::new();
@@ -202,7 +204,8 @@ pub async fn run_with(
     for _ in 0..settings.dispatch_workers {
         let d =
             dispatch::Dispatcher::new(pool.clone(), js.clone(), source.clone(), settings.clone())
-                .with_admission(admission.clone());
+                .with_admission(admission.clone())
+                .with_wake(wake.clone());
         let shutdown = shutdown.clone();
         tasks.spawn(async move { d.run(shutdown).await });
     }

@@ -1136,12 +1136,7 @@ async fn a_dispatcher_killed_mid_batch_loses_nothing() {
 
     // A full dispatcher (all four loops) and a pusher that delivers everything take over.
     let stop = tokio_util::sync::CancellationToken::new();
-    let dispatcher = tokio::spawn(tidings_dispatcher::run_with(
-        s.db.pool.clone(),
-        s.js.clone(),
-        s.settings.clone(),
-        stop.clone(),
-    ));
+    let dispatcher = running(&s, &stop);
     let pusher = s.push_consumer().await;
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut delivered = HashSet::new();
@@ -1428,12 +1423,7 @@ async fn a_running_dispatcher_picks_up_new_rows_by_itself() {
     let s = Scenario::new().await;
     let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
     let stop = tokio_util::sync::CancellationToken::new();
-    let running = tokio::spawn(tidings_dispatcher::run_with(
-        s.db.pool.clone(),
-        s.js.clone(),
-        s.settings.clone(),
-        stop.clone(),
-    ));
+    let running = running(&s, &stop);
     let consumer = s.push_consumer().await;
     s.publish_enqueue(&s.detection(&w, 1100, Utc::now()), "k1")
         .await;
@@ -1605,4 +1595,62 @@ async fn with_push_batches_a_claims_requests_go_batch_by_batch_and_every_row_is_
         assert_eq!(s.row(p.outbox_id).await.notification.status, Status::Sent);
     }
     s.cleanup().await;
+}
+
+/// Regression for a claim that waited for the next poll: the ingest beside the dispatch loops
+/// wakes one when it commits new rows. The poll interval is a minute here, so only the wake
+/// can dispatch the row within the bound.
+#[tokio::test]
+async fn an_ingested_row_is_claimed_at_once_not_at_the_next_poll() {
+    let mut s = Scenario::new().await;
+    s.settings.poll_interval = Duration::from_secs(60);
+    let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let dispatcher = running(&s, &stop);
+    // The ingest's consumer is made before the loops start; once it is there, give the dispatch
+    // loops time for their first (empty) round, so they are asleep when the row comes.
+    let stream = s.subjects.stream(StreamKind::Enqueue);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while s
+        .js
+        .get_consumer_from_stream::<async_nats::jetstream::consumer::pull::Config, _, _>(
+            tidings_dispatcher::ingest::CONSUMER,
+            &stream,
+        )
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "the dispatcher did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let req = s.detection(&w, 1100, Utc::now());
+    let published = Instant::now();
+    s.publish_enqueue(&req, &req.dedup_key().to_string()).await;
+    while s.push_requests_stored().await == 0 {
+        assert!(
+            published.elapsed() < Duration::from_secs(10),
+            "the row waited for the next poll"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let row = &s.rows(w.watch).await[0];
+    assert_eq!(row.notification.status, Status::Sending);
+    stop.cancel();
+    dispatcher.await.unwrap().unwrap();
+    s.cleanup().await;
+}
+
+/// The whole dispatcher (every loop) on `s`'s world, until `stop`.
+fn running(
+    s: &Scenario,
+    stop: &tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<Result<(), tidings_dispatcher::StartError>> {
+    tokio::spawn(tidings_dispatcher::run_with(
+        s.db.pool.clone(),
+        s.js.clone(),
+        s.settings.clone(),
+        stop.clone(),
+    ))
 }

@@ -277,6 +277,9 @@ async fn load_phase(rate: usize, secs: u64, channel: Channel) -> Value {
     // publishes it at once, so the interval sets the bursts the rest of the pipeline queues
     // behind (`BENCH_SCAN_INTERVAL`, default 1s).
     let scan_interval = std::env::var("BENCH_SCAN_INTERVAL").unwrap_or_else(|_| "1s".into());
+    // The dispatcher's default poll: new rows wake it, so the poll only times idle looks and
+    // rows that come due by the clock (`BENCH_POLL_INTERVAL`).
+    let poll_interval = std::env::var("BENCH_POLL_INTERVAL").unwrap_or_else(|_| "50ms".into());
     let expected = n_items * PER_ITEM;
     let services = ["api", "dispatcher", "pusher", "detector"];
     let p = Pipeline::start(
@@ -284,7 +287,7 @@ async fn load_phase(rate: usize, secs: u64, channel: Channel) -> Value {
         &[
             ("TIDINGS_SCAN_INTERVAL", &scan_interval),
             ("RUST_LOG", &service_log()),
-            ("TIDINGS_POLL_INTERVAL", "20ms"),
+            ("TIDINGS_POLL_INTERVAL", &poll_interval),
             ("TIDINGS_PUSH_ALLOWED_HOSTS", NAMED_HOSTS),
             // The sink's endpoints name `localhost`, a private address the guard refuses
             // unless allowed by name (regression: every push of a run ended `failed`,
