@@ -279,7 +279,7 @@ async fn load_phase(rate: usize, secs: u64, channel: Channel) -> Value {
     let scan_interval = std::env::var("BENCH_SCAN_INTERVAL").unwrap_or_else(|_| "1s".into());
     // The dispatcher's default poll: new rows wake it, so the poll only times idle looks and
     // rows that come due by the clock (`BENCH_POLL_INTERVAL`).
-    let poll_interval = std::env::var("BENCH_POLL_INTERVAL").unwrap_or_else(|_| "50ms".into());
+    let poll_interval = std::env::var("BENCH_POLL_INTERVAL").unwrap_or_else(|_| "250ms".into());
     let expected = n_items * PER_ITEM;
     let services = ["api", "dispatcher", "pusher", "detector"];
     let p = Pipeline::start(
