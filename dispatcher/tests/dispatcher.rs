@@ -1654,3 +1654,47 @@ fn running(
         stop.clone(),
     ))
 }
+
+/// Regression for a dispatch loop that waited a whole poll behind a full push stream: the
+/// stream drains without waking it, and admission may have stopped the ingest that would. The
+/// poll is a minute here; the loop must resume within its backlog pause once there is room.
+#[tokio::test]
+async fn a_full_push_stream_is_looked_at_again_soon_not_at_the_next_poll() {
+    let mut s = Scenario::new().await;
+    s.settings.poll_interval = Duration::from_secs(60);
+    s.settings.push_backlog_limit = 2;
+    s.settings.push_batch = 1;
+    // One loop, so the room it reads is the room it fills.
+    s.settings.dispatch_workers = 1;
+    seed_rows(&s, "SKU-1", 3).await;
+    let consumer = s.push_consumer().await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let dispatcher = running(&s, &stop);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.stream_len(StreamKind::Push).await < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the first two were not dispatched"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(s.db.rows_in(&[Status::Pending]).await, 1, "the third waits");
+
+    // The pusher takes the two; the third must follow without a poll.
+    let mut taken = s.take_pushes(&consumer, WAIT).await.len();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while taken < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "dispatch waited for the next poll"
+        );
+        taken += s
+            .take_pushes(&consumer, Duration::from_millis(100))
+            .await
+            .len();
+    }
+    assert_eq!(taken, 3);
+    stop.cancel();
+    dispatcher.await.unwrap().unwrap();
+    s.cleanup().await;
+}
