@@ -1,8 +1,10 @@
 //! Dispatcher benchmark: prints ingest rows/s, dispatch rows/s, results rows/s and the pick-up
-//! latency of a new row, measured against the local stack (real Postgres and NATS, the fake
-//! catalog's batch endpoint). Each round uses a fresh database and prefix; the summary line gives
-//! the median of the rounds. Run with `deploy/local/stack bench dispatcher [ROWS] [ROUNDS]`;
-//! `TIDINGS_BENCH_EXTRA_PARTITIONS=N` adds N empty weekly outbox partitions first;
+//! latency of a new row by an idle dispatcher (a detection, which wakes it, and a row written by
+//! SQL, which waits for its poll), measured against the local stack (real Postgres and NATS,
+//! the fake catalog's batch endpoint). Each round uses a fresh database and prefix; the summary
+//! line gives the median of the rounds. Run with
+//! `deploy/local/stack bench dispatcher [ROWS] [ROUNDS]`; `TIDINGS_BENCH_EXTRA_PARTITIONS=N`
+//! adds N empty weekly outbox partitions first;
 //! `TIDINGS_BENCH_RESULTS_PER_MESSAGE=N` sends the results N to a message (default: the pusher's
 //! batch, 100).
 
@@ -34,7 +36,9 @@ struct Round {
     ingest: f64,
     dispatch: f64,
     results: f64,
-    pickup_ms: f64,
+    /// Median ms from a new row to its PushRequest: published as a detection, and inserted by
+    /// SQL.
+    pickup_ms: [f64; 2],
     /// CPU per row of each phase: this process (the dispatcher's loops; in dispatch also the
     /// fake catalog), Postgres, nats-server.
     ingest_cpu: CpuSplit,
@@ -143,7 +147,7 @@ async fn round(rows: usize) -> Round {
         );
     }
     let now = Utc::now();
-    let subject = s.subjects.subject(StreamKind::Enqueue, Channel::WebPush);
+    let enqueue = s.subjects.subject(StreamKind::Enqueue, Channel::WebPush);
     // In batches of 50, as the detector publishes what a scan round finds.
     let detections: Vec<_> = (0..rows)
         .map(|i| watchers[i % ITEMS].numbered_detection(i, now))
@@ -155,7 +159,7 @@ async fn round(rows: usize) -> Round {
             let mut headers = async_nats::HeaderMap::new();
             headers.insert("Nats-Msg-Id", batch.msg_id().as_str());
             Outgoing {
-                subject: subject.clone(),
+                subject: enqueue.clone(),
                 headers,
                 payload: encode(&batch),
             }
@@ -277,22 +281,45 @@ async fn round(rows: usize) -> Round {
         .expect("subscribe");
     nats.flush().await.expect("flush");
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut latencies = Vec::new();
+    // Two ways a row reaches an idle dispatcher, alternating: a detection published to
+    // JetStream, which its ingest commits and rings the dispatch loops for; and a row written
+    // straight to the outbox (by another replica's ingest, or due again by the clock), which
+    // waits for the poll.
+    let (mut woken, mut polled) = (Vec::new(), Vec::new());
     let w = &watchers[0];
-    for i in 0..25 {
+    for i in 0..50 {
         let mut r =
             fixtures::enqueue_request(&w.device, w.watch, w.trigger.clone(), 1100, Utc::now());
         r.trigger = Trigger::PriceBelow {
             threshold: 10_000_000 + i,
         };
         let started = Instant::now();
-        tidings_store::enqueue::insert(&s.db.pool, &[(&r, None)])
-            .await
-            .expect("insert");
+        if i % 2 == 0 {
+            let batch = EnqueueRequests::new(vec![r]);
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert("Nats-Msg-Id", batch.msg_id().as_str());
+            let one = Outgoing {
+                subject: enqueue.clone(),
+                headers,
+                payload: encode(&batch),
+            };
+            publish_every(&s.js, vec![one], "publish a detection").await;
+        } else {
+            tidings_store::enqueue::insert(&s.db.pool, &[(&r, None)])
+                .await
+                .expect("insert");
+        }
         let _ = tokio::time::timeout(Duration::from_secs(5), seen.next()).await;
-        latencies.push(started.elapsed().as_secs_f64() * 1000.0);
-        // Not a multiple of the poll interval, so arrivals land all over the poll cycle.
-        tokio::time::sleep(Duration::from_millis(37)).await;
+        let took = started.elapsed().as_secs_f64() * 1000.0;
+        if i % 2 == 0 {
+            woken.push(took)
+        } else {
+            polled.push(took)
+        }
+        // A round restarts the loop's poll, so the next arrival comes after a gap spread over
+        // the poll interval: a row that waits for the poll lands all over its cycle.
+        let spread = ((i * 7) % 25) as f64 / 25.0;
+        tokio::time::sleep(s.settings.poll_interval.mul_f64(spread)).await;
     }
     stop.cancel();
     let _ = running.await;
@@ -302,7 +329,7 @@ async fn round(rows: usize) -> Round {
         ingest: rate(rows, ingest_took),
         dispatch: rate(rows, dispatch_took),
         results: rate(rows, results_took),
-        pickup_ms: median(latencies),
+        pickup_ms: [median(woken), median(polled)],
         ingest_cpu: ingest_cpu.per_unit_us(rows),
         dispatch_cpu: dispatch_cpu.per_unit_us(rows),
         results_cpu: results_cpu.per_unit_us(rows),
@@ -340,17 +367,18 @@ async fn main() {
     for i in 1..=rounds {
         let r = round(rows).await;
         println!(
-            "  round {i}: ingest {:>7.0} rows/s | dispatch {:>7.0} rows/s | results {:>7.0} rows/s | pick-up median {:>5.1} ms",
-            r.ingest, r.dispatch, r.results, r.pickup_ms
+            "  round {i}: ingest {:>7.0} rows/s | dispatch {:>7.0} rows/s | results {:>7.0} rows/s | pick-up median {:>5.1} ms (detection), {:>5.1} ms (row by SQL)",
+            r.ingest, r.dispatch, r.results, r.pickup_ms[0], r.pickup_ms[1]
         );
         all.push(r);
     }
     println!(
-        "  median:  ingest {:>7.0} rows/s | dispatch {:>7.0} rows/s | results {:>7.0} rows/s | pick-up median {:>5.1} ms",
+        "  median:  ingest {:>7.0} rows/s | dispatch {:>7.0} rows/s | results {:>7.0} rows/s | pick-up median {:>5.1} ms (detection), {:>5.1} ms (row by SQL)",
         median(all.iter().map(|r| r.ingest).collect()),
         median(all.iter().map(|r| r.dispatch).collect()),
         median(all.iter().map(|r| r.results).collect()),
-        median(all.iter().map(|r| r.pickup_ms).collect()),
+        median(all.iter().map(|r| r.pickup_ms[0]).collect()),
+        median(all.iter().map(|r| r.pickup_ms[1]).collect()),
     );
     // Where each stage's work went. A stage whose cores-busy is near 2 is CPU-bound on this
     // machine, and 2 cores divided by its CPU per row is the most it could do here.
