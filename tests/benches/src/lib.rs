@@ -16,3 +16,12 @@ pub mod procstat;
 pub mod push;
 pub mod rng;
 pub mod seed;
+
+/// The dispatcher's settings as a deployment gets them by default (the prefix and source, which
+/// no default depends on, are placeholders): what the benchmarks print and run with.
+pub fn dispatcher_defaults() -> tidings_dispatcher::Settings {
+    tidings_dispatcher::Settings::new(
+        tidings_domain::subjects::Subjects::new("x").expect("a valid prefix"),
+        tidings_source::SourceConfig::new("http://x/{item}"),
+    )
+}

@@ -61,6 +61,22 @@ async fn wal_bytes(pool: &sqlx::PgPool) -> f64 {
         .expect("WAL position")
 }
 
+/// `detections` in one EnqueueRequests message, deduplicated by its id, as the detector
+/// publishes a batch.
+fn detections_message(
+    subject: &str,
+    detections: Vec<tidings_domain::messages::EnqueueRequest>,
+) -> Outgoing {
+    let batch = EnqueueRequests::new(detections);
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Msg-Id", batch.msg_id().as_str());
+    Outgoing {
+        subject: subject.to_owned(),
+        headers,
+        payload: encode(&batch),
+    }
+}
+
 /// Publishes every message, pipelined; panics unless JetStream stores each.
 async fn publish_every(js: &async_nats::jetstream::Context, outgoing: Vec<Outgoing>, what: &str) {
     for ack in publish_all(js, outgoing, 1024).await {
@@ -154,16 +170,7 @@ async fn round(rows: usize) -> Round {
         .collect();
     let outgoing: Vec<Outgoing> = detections
         .chunks(50)
-        .map(|chunk| {
-            let batch = EnqueueRequests::new(chunk.to_vec());
-            let mut headers = async_nats::HeaderMap::new();
-            headers.insert("Nats-Msg-Id", batch.msg_id().as_str());
-            Outgoing {
-                subject: enqueue.clone(),
-                headers,
-                payload: encode(&batch),
-            }
-        })
+        .map(|chunk| detections_message(&enqueue, chunk.to_vec()))
         .collect();
     publish_every(&s.js, outgoing, "publish").await;
 
@@ -293,16 +300,10 @@ async fn round(rows: usize) -> Round {
         r.trigger = Trigger::PriceBelow {
             threshold: 10_000_000 + i,
         };
+        let detected = i % 2 == 0;
         let started = Instant::now();
-        if i % 2 == 0 {
-            let batch = EnqueueRequests::new(vec![r]);
-            let mut headers = async_nats::HeaderMap::new();
-            headers.insert("Nats-Msg-Id", batch.msg_id().as_str());
-            let one = Outgoing {
-                subject: enqueue.clone(),
-                headers,
-                payload: encode(&batch),
-            };
+        if detected {
+            let one = detections_message(&enqueue, vec![r]);
             publish_every(&s.js, vec![one], "publish a detection").await;
         } else {
             tidings_store::enqueue::insert(&s.db.pool, &[(&r, None)])
@@ -311,7 +312,7 @@ async fn round(rows: usize) -> Round {
         }
         let _ = tokio::time::timeout(Duration::from_secs(5), seen.next()).await;
         let took = started.elapsed().as_secs_f64() * 1000.0;
-        if i % 2 == 0 {
+        if detected {
             woken.push(took)
         } else {
             polled.push(took)
@@ -350,10 +351,7 @@ async fn main() {
     let mut args = std::env::args().skip(1);
     let rows: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(50_000);
     let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(3);
-    let defaults = tidings_dispatcher::Settings::new(
-        tidings_domain::subjects::Subjects::new("x").expect("prefix"),
-        tidings_source::SourceConfig::new("http://x/{item}"),
-    );
+    let defaults = tidings_benches::dispatcher_defaults();
     println!(
         "dispatcher benchmark: {rows} rows over {ITEMS} items, {rounds} rounds; defaults: ingest batch {}, {} batches in flight, \
          claim batch {}, {} dispatch workers, poll {} ms",

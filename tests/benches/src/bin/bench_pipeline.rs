@@ -281,11 +281,8 @@ async fn load_phase(rate: usize, secs: u64, channel: Channel) -> Value {
     // 20 ms would be a setting no deployment runs): new rows wake it, so the poll only times
     // idle looks and rows that come due by the clock.
     let poll_interval = std::env::var("BENCH_POLL_INTERVAL").unwrap_or_else(|_| {
-        let defaults = tidings_dispatcher::Settings::new(
-            tidings_domain::subjects::Subjects::new("x").expect("prefix"),
-            tidings_source::SourceConfig::new("http://x/{item}"),
-        );
-        format!("{}ms", defaults.poll_interval.as_millis())
+        let poll = tidings_benches::dispatcher_defaults().poll_interval;
+        format!("{}ms", poll.as_millis())
     });
     let expected = n_items * PER_ITEM;
     let services = ["api", "dispatcher", "pusher", "detector"];
