@@ -213,7 +213,7 @@ impl Deliverer {
                 return None;
             }
         };
-        let authorization = self.vapid.authorization(url.as_str(), Utc::now()).ok()?;
+        let authorization = self.vapid.authorization(&url, Utc::now()).ok()?;
         let answer = self
             .client
             .delete(url)
@@ -254,7 +254,7 @@ impl Deliverer {
             EncryptError::TooLarge(_) => (FailReason::PayloadTooLarge, e.to_string()),
             e => (FailReason::PushRejected, e.to_string()),
         })?;
-        let authorization = (self.vapid.authorization(url.as_str(), Utc::now()))
+        let authorization = (self.vapid.authorization(&url, Utc::now()))
             .map_err(|e| (FailReason::VapidRejected, e.to_string()))?;
         Ok(Ready {
             url,

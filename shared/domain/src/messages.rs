@@ -14,6 +14,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+mod flat;
 mod result;
 pub use result::{Ended, PushResult};
 
@@ -304,6 +305,7 @@ pub struct WebhookCall {
 
 /// What the user sees.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(from = "flat::FlatPayload")]
 pub struct Payload {
     pub title: String,
     pub body: String,
@@ -400,6 +402,7 @@ names! {
 
 /// Dispatcher → pusher: everything needed to deliver, so the pusher needs no database.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "flat::FlatPushRequest")]
 pub struct PushRequest {
     pub v: u32,
     pub outbox_id: OutboxId,

@@ -124,14 +124,12 @@ impl VapidKey {
 }
 
 /// The VAPID `aud` for an endpoint: its origin, with the port only when it is not the default.
-pub fn audience(endpoint: &str) -> Result<String, VapidError> {
-    let url =
-        reqwest::Url::parse(endpoint).map_err(|_| VapidError::Audience(endpoint.to_owned()))?;
-    let origin = url.origin();
+pub fn audience(endpoint: &reqwest::Url) -> Result<String, VapidError> {
+    let origin = endpoint.origin();
     if origin.is_tuple() {
         Ok(origin.ascii_serialization())
     } else {
-        Err(VapidError::Audience(endpoint.to_owned()))
+        Err(VapidError::Audience(endpoint.to_string()))
     }
 }
 
@@ -139,6 +137,7 @@ pub fn audience(endpoint: &str) -> Result<String, VapidError> {
 pub struct VapidSigner {
     key: VapidKey,
     subject: String,
+    /// Per origin: the whole `Authorization` value, and when its JWT expires.
     cache: Mutex<HashMap<String, (String, DateTime<Utc>)>>,
 }
 
@@ -159,19 +158,23 @@ impl VapidSigner {
     }
 
     /// The `Authorization` header value for a request to `endpoint`, at time `now`.
-    pub fn authorization(&self, endpoint: &str, now: DateTime<Utc>) -> Result<String, VapidError> {
+    pub fn authorization(
+        &self,
+        endpoint: &reqwest::Url,
+        now: DateTime<Utc>,
+    ) -> Result<String, VapidError> {
         let aud = audience(endpoint)?;
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        let jwt = match cache.get(&aud) {
-            Some((jwt, exp)) if *exp - now > RENEW_BEFORE => jwt.clone(),
+        match cache.get(&aud) {
+            Some((header, exp)) if *exp - now > RENEW_BEFORE => Ok(header.clone()),
             _ => {
                 let exp = now + JWT_LIFETIME;
                 let jwt = self.key.sign_jwt(&aud, &self.subject, exp)?;
-                cache.insert(aud, (jwt.clone(), exp));
-                jwt
+                let header = format!("vapid t={jwt}, k={}", self.key.public_key());
+                cache.insert(aud, (header.clone(), exp));
+                Ok(header)
             }
-        };
-        Ok(format!("vapid t={jwt}, k={}", self.key.public_key()))
+        }
     }
 }
 
@@ -193,21 +196,28 @@ mod tests {
             .is_ok()
     }
 
+    fn url(s: &str) -> reqwest::Url {
+        reqwest::Url::parse(s).unwrap()
+    }
+
     #[test]
     fn audience_is_the_origin_with_a_non_default_port() {
         assert_eq!(
-            audience("https://fcm.googleapis.com/fcm/send/abc").unwrap(),
+            audience(&url("https://fcm.googleapis.com/fcm/send/abc")).unwrap(),
             "https://fcm.googleapis.com"
         );
         assert_eq!(
-            audience("https://push.example:8443/x").unwrap(),
+            audience(&url("https://push.example:8443/x")).unwrap(),
             "https://push.example:8443"
         );
         assert_eq!(
-            audience("https://push.example:443/x").unwrap(),
+            audience(&url("https://push.example:443/x")).unwrap(),
             "https://push.example"
         );
-        assert!(audience("not a url").is_err());
+        assert!(
+            audience(&url("mailto:ops@tidings.invalid")).is_err(),
+            "no origin"
+        );
     }
 
     #[test]
@@ -239,16 +249,20 @@ mod tests {
         )
         .unwrap();
         let t0 = Utc::now();
-        let a = signer.authorization("https://push.example/a", t0).unwrap();
+        let a = signer
+            .authorization(&url("https://push.example/a"), t0)
+            .unwrap();
         let b = signer
-            .authorization("https://push.example/b", t0 + Duration::hours(10))
+            .authorization(&url("https://push.example/b"), t0 + Duration::hours(10))
             .unwrap();
         assert_eq!(a, b, "same origin, still fresh: same token");
-        let other = signer.authorization("https://other.example/a", t0).unwrap();
+        let other = signer
+            .authorization(&url("https://other.example/a"), t0)
+            .unwrap();
         assert_ne!(a, other);
         let renewed = signer
             .authorization(
-                "https://push.example/c",
+                &url("https://push.example/c"),
                 t0 + Duration::hours(11) + Duration::minutes(1),
             )
             .unwrap();

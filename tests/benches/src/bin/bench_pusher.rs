@@ -11,7 +11,9 @@ use tidings_benches::push::first_attempt;
 use tidings_bus::consume::Handler as _;
 use tidings_bus::publish::{Outgoing, publish_all};
 use tidings_bus::streams::{StreamSettings, ensure_streams};
-use tidings_domain::messages::{Payload, encode};
+use tidings_domain::messages::{
+    MAX_REQUESTS_PER_MESSAGE, Payload, PushRequests, decode_requests, encode,
+};
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::{Channel, OutboxId};
 use tidings_endpoint_guard::EndpointPolicy;
@@ -114,6 +116,24 @@ async fn round(pushes: usize) -> (f64, CpuSplit) {
     (pushes as f64 / took.as_secs_f64(), cpu.per_unit_us(pushes))
 }
 
+/// µs to decode one request of a full PushRequests message, median of 7 rounds: the first
+/// thing the pusher does with each.
+fn decode_us(sub: &tidings_domain::messages::Subscription) -> f64 {
+    let deadline = Utc::now() + ChronoDuration::minutes(10);
+    let requests = (0..MAX_REQUESTS_PER_MESSAGE)
+        .map(|_| first_attempt(OutboxId::new(), sub, payload(), deadline))
+        .collect();
+    let message = encode(&PushRequests::new(requests));
+    let rounds = (0..7).map(|_| {
+        let started = Instant::now();
+        for _ in 0..200 {
+            std::hint::black_box(decode_requests(&message).expect("decode"));
+        }
+        started.elapsed().as_secs_f64() * 1e6 / (200 * MAX_REQUESTS_PER_MESSAGE) as f64
+    });
+    median(rounds.collect())
+}
+
 #[tokio::main]
 async fn main() {
     let mut args = std::env::args().skip(1);
@@ -189,6 +209,10 @@ async fn main() {
     );
     println!(
         "  VAPID ES256 signature: {sign_us:.1} µs (once per push-service origin per ~11 h, not per message)"
+    );
+    println!(
+        "  PushRequest decode: median {:.2} µs per request, {MAX_REQUESTS_PER_MESSAGE} to a message",
+        decode_us(&sub)
     );
 
     let mut rates = Vec::new();
