@@ -504,9 +504,15 @@ async fn load_phase(rate: usize, secs: u64, channel: Channel) -> Value {
     })
 }
 
-/// The push deadline the benchmark's dispatcher sets (its default): a row's re-check is its
-/// `deadline` less this, the validity being far longer.
-const PUSH_DEADLINE_S: i64 = 5;
+/// The push deadline the benchmark's dispatcher sets: `TIDINGS_PUSH_DEADLINE`, which the
+/// dispatcher inherits, or else its default. A row's re-check is its `deadline` less this, the
+/// validity being far longer.
+fn push_deadline() -> Duration {
+    std::env::var("TIDINGS_PUSH_DEADLINE")
+        .ok()
+        .and_then(|d| tidings_domain::duration::parse_duration(&d).ok())
+        .unwrap_or_else(|| tidings_benches::dispatcher_defaults().push_deadline)
+}
 
 /// Each stage's share of detection → `sent` for the rows detected since `since_ms`, p50 and
 /// p99 in ms, from the timestamps each row keeps: detected (the detector), inserted (ingest's
@@ -543,7 +549,7 @@ async fn stage_shares(pool: &sqlx::PgPool, since_ms: i64) -> Value {
     );
     let row = sqlx::query(&sql)
         .bind(since_ms as f64)
-        .bind(PUSH_DEADLINE_S as f64)
+        .bind(push_deadline().as_secs_f64())
         .fetch_one(pool)
         .await;
     let mut out = Vec::new();
