@@ -4,7 +4,9 @@
 //! own. serde's `flatten` writes these shapes well but reads them slowly: it first copies every
 //! key and value it does not recognise into a buffer of its own, with an allocation per string,
 //! and then reads the target or envelope out of that buffer. The pusher decodes every request it
-//! delivers, so these structs name every key and are read in one pass.
+//! delivers, so these structs name every key and are read in one pass. The conversions build
+//! each type with every field named, so a field added to either fails to compile here until it
+//! is read too.
 
 use super::{
     Declarative, DeclarativeNotification, MailCall, Member, Payload, PushRequest, Subscription,
