@@ -397,17 +397,13 @@ impl Detector {
             .settings
             .subjects
             .subject(StreamKind::Enqueue, first.request.channel);
-        let mut headers = async_nats::HeaderMap::new();
         if let [(_, span)] = group {
-            headers.insert("Nats-Msg-Id", first.key.as_str());
+            let mut one =
+                Outgoing::deduplicated(subject, first.key.as_str(), encode(&first.request));
             if let Some(tp) = traceparent(*span) {
-                headers.insert("traceparent", tp.as_str());
+                one.headers.insert("traceparent", tp.as_str());
             }
-            return Outgoing {
-                subject,
-                headers,
-                payload: encode(&first.request),
-            };
+            return one;
         }
         let batch = EnqueueRequests::new(
             group
@@ -418,12 +414,7 @@ impl Detector {
                 })
                 .collect(),
         );
-        headers.insert("Nats-Msg-Id", batch.msg_id().as_str());
-        Outgoing {
-            subject,
-            headers,
-            payload: encode(&batch),
-        }
+        Outgoing::deduplicated(subject, &batch.msg_id(), encode(&batch))
     }
 }
 

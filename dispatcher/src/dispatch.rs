@@ -389,16 +389,11 @@ impl Dispatcher {
         // The rows of each message, in publish order.
         let mut carried: Vec<Vec<OutboxId>> = Vec::new();
         let message = |subject: &str, msg_id: &str, traceparent: Option<&str>, payload| {
-            let mut headers = async_nats::HeaderMap::new();
-            headers.insert("Nats-Msg-Id", msg_id);
+            let mut message = Outgoing::deduplicated(subject, msg_id, payload);
             if let Some(tp) = traceparent {
-                headers.insert("traceparent", tp);
+                message.headers.insert("traceparent", tp);
             }
-            Outgoing {
-                subject: subject.to_owned(),
-                headers,
-                payload,
-            }
+            message
         };
         let mut by_channel: Vec<(Channel, Vec<PushRequest>)> =
             Channel::ALL.map(|c| (c, Vec::new())).into();

@@ -16,6 +16,20 @@ pub struct Outgoing {
     pub payload: Vec<u8>,
 }
 
+impl Outgoing {
+    /// A message JetStream stores once per `msg_id` (its `Nats-Msg-Id`) within the stream's
+    /// duplicate window.
+    pub fn deduplicated(subject: impl Into<String>, msg_id: &str, payload: Vec<u8>) -> Self {
+        let mut headers = HeaderMap::new();
+        headers.insert("Nats-Msg-Id", msg_id);
+        Outgoing {
+            subject: subject.into(),
+            headers,
+            payload,
+        }
+    }
+}
+
 /// Publishes `messages` with up to `window` in flight; answers in the same order.
 pub async fn publish_all(
     js: &jetstream::Context,

@@ -124,15 +124,7 @@ async fn pipelined_publishing_never_waits_on_itself() {
         .unwrap();
     let subject = subjects.subject(StreamKind::Push, Channel::WebPush);
     let outgoing: Vec<Outgoing> = (0..200)
-        .map(|i| {
-            let mut headers = async_nats::HeaderMap::new();
-            headers.insert("Nats-Msg-Id", format!("m{i}").as_str());
-            Outgoing {
-                subject: subject.clone(),
-                headers,
-                payload: b"{}".to_vec(),
-            }
-        })
+        .map(|i| Outgoing::deduplicated(subject.as_str(), &format!("m{i}"), b"{}".to_vec()))
         .collect();
     let acks = tokio::time::timeout(
         std::time::Duration::from_secs(20),

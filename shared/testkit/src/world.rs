@@ -54,13 +54,7 @@ impl Watcher {
     /// for tests and benchmarks that need many distinct requests from few watches.
     pub fn numbered_request(&self, subject: &str, i: usize, at: DateTime<Utc>) -> Outgoing {
         let r = self.numbered_detection(i, at);
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert("Nats-Msg-Id", r.dedup_key().to_string().as_str());
-        Outgoing {
-            subject: subject.to_owned(),
-            headers,
-            payload: encode(&r),
-        }
+        Outgoing::deduplicated(subject, &r.dedup_key().to_string(), encode(&r))
     }
 }
 

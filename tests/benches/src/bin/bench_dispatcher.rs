@@ -36,9 +36,10 @@ struct Round {
     ingest: f64,
     dispatch: f64,
     results: f64,
-    /// Median ms from a new row to its PushRequest: published as a detection, and inserted by
-    /// SQL.
-    pickup_ms: [f64; 2],
+    /// Median ms from a new row to its PushRequest: published as a detection (waking the
+    /// dispatcher), and inserted by SQL (waiting for its poll).
+    pickup_detection_ms: f64,
+    pickup_sql_ms: f64,
     /// CPU per row of each phase: this process (the dispatcher's loops; in dispatch also the
     /// fake catalog), Postgres, nats-server.
     ingest_cpu: CpuSplit,
@@ -68,13 +69,7 @@ fn detections_message(
     detections: Vec<tidings_domain::messages::EnqueueRequest>,
 ) -> Outgoing {
     let batch = EnqueueRequests::new(detections);
-    let mut headers = async_nats::HeaderMap::new();
-    headers.insert("Nats-Msg-Id", batch.msg_id().as_str());
-    Outgoing {
-        subject: subject.to_owned(),
-        headers,
-        payload: encode(&batch),
-    }
+    Outgoing::deduplicated(subject, &batch.msg_id(), encode(&batch))
 }
 
 /// Publishes every message, pipelined; panics unless JetStream stores each.
@@ -330,7 +325,8 @@ async fn round(rows: usize) -> Round {
         ingest: rate(rows, ingest_took),
         dispatch: rate(rows, dispatch_took),
         results: rate(rows, results_took),
-        pickup_ms: [median(woken), median(polled)],
+        pickup_detection_ms: median(woken),
+        pickup_sql_ms: median(polled),
         ingest_cpu: ingest_cpu.per_unit_us(rows),
         dispatch_cpu: dispatch_cpu.per_unit_us(rows),
         results_cpu: results_cpu.per_unit_us(rows),
@@ -366,7 +362,7 @@ async fn main() {
         let r = round(rows).await;
         println!(
             "  round {i}: ingest {:>7.0} rows/s | dispatch {:>7.0} rows/s | results {:>7.0} rows/s | pick-up median {:>5.1} ms (detection), {:>5.1} ms (row by SQL)",
-            r.ingest, r.dispatch, r.results, r.pickup_ms[0], r.pickup_ms[1]
+            r.ingest, r.dispatch, r.results, r.pickup_detection_ms, r.pickup_sql_ms
         );
         all.push(r);
     }
@@ -375,8 +371,8 @@ async fn main() {
         median(all.iter().map(|r| r.ingest).collect()),
         median(all.iter().map(|r| r.dispatch).collect()),
         median(all.iter().map(|r| r.results).collect()),
-        median(all.iter().map(|r| r.pickup_ms[0]).collect()),
-        median(all.iter().map(|r| r.pickup_ms[1]).collect()),
+        median(all.iter().map(|r| r.pickup_detection_ms).collect()),
+        median(all.iter().map(|r| r.pickup_sql_ms).collect()),
     );
     // Where each stage's work went. A stage whose cores-busy is near 2 is CPU-bound on this
     // machine, and 2 cores divided by its CPU per row is the most it could do here.

@@ -73,13 +73,7 @@ async fn round(pushes: usize) -> (f64, CpuSplit) {
             let id = OutboxId::new();
             let deadline = Utc::now() + ChronoDuration::minutes(10);
             let req = first_attempt(id, &sub, payload(), deadline);
-            let mut headers = async_nats::HeaderMap::new();
-            headers.insert("Nats-Msg-Id", req.msg_id().as_str());
-            Outgoing {
-                subject: subject.clone(),
-                headers,
-                payload: encode(&req),
-            }
+            Outgoing::deduplicated(subject.as_str(), &req.msg_id(), encode(&req))
         })
         .collect();
     for ack in publish_all(&js, outgoing, 1024).await {
