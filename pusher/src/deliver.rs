@@ -2,10 +2,11 @@
 //! the answer classified into a PushResult. Never panics and never retries by itself: retries are
 //! the dispatcher's decision.
 
+use crate::Request;
 use chrono::{DateTime, Utc};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tidings_domain::messages::{Ended, Outcome, PushRequest, PushResult, Subscription, Target};
+use tidings_domain::messages::{Ended, Outcome, PushResult, Subscription, Target};
 use tidings_domain::outbox::FailReason;
 use tidings_domain::validity;
 use tidings_endpoint_guard::{EndpointPolicy, Guard, GuardedResolver};
@@ -28,7 +29,7 @@ pub struct Deliverer {
     mails: Mails,
 }
 
-pub(crate) fn result(req: &PushRequest, ended: impl Into<Ended>, started: Instant) -> PushResult {
+pub(crate) fn result(req: &Request, ended: impl Into<Ended>, started: Instant) -> PushResult {
     PushResult {
         // Milliseconds past `u64` are 584 million years.
         latency_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
@@ -37,7 +38,7 @@ pub(crate) fn result(req: &PushRequest, ended: impl Into<Ended>, started: Instan
 }
 
 pub(crate) fn refused(
-    req: &PushRequest,
+    req: &Request,
     reason: FailReason,
     error: String,
     started: Instant,
@@ -57,7 +58,7 @@ pub(crate) fn refused(
 
 /// Not sent: the notification stopped being current at `until`, before it could go out.
 fn outlived(
-    req: &PushRequest,
+    req: &Request,
     until: DateTime<Utc>,
     now: DateTime<Utc>,
     started: Instant,
@@ -121,7 +122,7 @@ impl Deliverer {
 
     /// For a webhook, a slot among its host's (see [`Webhooks::host_slot`]); for a mail, among
     /// its domain's; a push service needs none.
-    pub async fn host_slot(&self, req: &PushRequest) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    pub async fn host_slot(&self, req: &Request) -> Option<tokio::sync::OwnedSemaphorePermit> {
         match &req.target {
             Target::WebPush(_) => None,
             Target::Webhook(call) => self.webhooks.host_slot(call, req.deadline).await,
@@ -129,7 +130,7 @@ impl Deliverer {
         }
     }
 
-    pub async fn deliver(&self, req: &PushRequest) -> PushResult {
+    pub async fn deliver(&self, req: &Request) -> PushResult {
         match &req.target {
             Target::WebPush(sub) => self.web_push(req, sub).await,
             Target::Webhook(call) => self.webhooks.deliver(req, call).await,
@@ -137,7 +138,7 @@ impl Deliverer {
         }
     }
 
-    async fn web_push(&self, req: &PushRequest, sub: &Subscription) -> PushResult {
+    async fn web_push(&self, req: &Request, sub: &Subscription) -> PushResult {
         let started = Instant::now();
         let ready = match self.prepare(sub, req).await {
             Ok(ready) => ready,
@@ -199,12 +200,7 @@ impl Deliverer {
     /// endpoint's own origin is asked, with the same VAPID authorization a push carries; any
     /// other answer (already fetched, expired, deletion not supported, no answer) leaves the
     /// withdrawal to be sent.
-    async fn recall(
-        &self,
-        req: &PushRequest,
-        endpoint: &reqwest::Url,
-        location: &str,
-    ) -> Option<u16> {
+    async fn recall(&self, req: &Request, endpoint: &reqwest::Url, location: &str) -> Option<u16> {
         let id = req.outbox_id;
         let url = match endpoint.join(location) {
             Ok(url) if url.origin() == endpoint.origin() => url,
@@ -241,16 +237,14 @@ impl Deliverer {
     async fn prepare(
         &self,
         sub: &Subscription,
-        req: &PushRequest,
+        req: &Request,
     ) -> Result<Ready, (FailReason, String)> {
         let url = (self.guard.check(&sub.endpoint).await)
             .map_err(|e| (FailReason::EndpointRefused, e.to_string()))?;
         let host = url.host_str().unwrap_or_default().to_owned();
         let keys = UaKeys::parse(&sub.p256dh, &sub.auth)
             .map_err(|e| (FailReason::PushRejected, format!("subscription keys: {e}")))?;
-        let plaintext = serde_json::to_vec(&req.payload)
-            .map_err(|e| (FailReason::PushRejected, format!("payload: {e}")))?;
-        let body = encryption::encrypt(&keys, &plaintext).map_err(|e| match e {
+        let body = encryption::encrypt(&keys, req.payload.json()).map_err(|e| match e {
             EncryptError::TooLarge(_) => (FailReason::PayloadTooLarge, e.to_string()),
             e => (FailReason::PushRejected, e.to_string()),
         })?;
@@ -270,11 +264,11 @@ impl Deliverer {
 /// dispatcher's TIDINGS_PUSH_DEADLINE before it, and the notification is current until its
 /// `valid_until`.
 pub(crate) fn fresh(
-    req: &PushRequest,
+    req: &Request,
     now: DateTime<Utc>,
     started: Instant,
 ) -> Result<u32, Box<PushResult>> {
-    let ttl = match req.payload.valid_until {
+    let ttl = match req.payload.valid_until() {
         Some(until) => match validity::ttl(until, now, Duration::from_secs(req.ttl.into())) {
             Some(ttl) => ttl,
             None => return Err(Box::new(outlived(req, until, now, started))),
@@ -304,7 +298,7 @@ struct Ready {
 /// What the push service's answer means: its outcome, its message id (`Location`), when to try
 /// again (`Retry-After`) and, when it refused, the start of its body.
 async fn answered(
-    req: &PushRequest,
+    req: &Request,
     mut resp: reqwest::Response,
     host: &str,
     started: Instant,

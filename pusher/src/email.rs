@@ -7,11 +7,12 @@
 //! request timeout (TIDINGS_PUSH_HTTP_TIMEOUT), which the dispatcher's lease is sized for: a
 //! relay slower than that is reported as no answer, maybe delivered.
 
+use crate::Request;
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tidings_domain::messages::{Ended, MailCall, PushRequest, PushResult};
+use tidings_domain::messages::{Ended, MailCall, PushResult};
 use tidings_domain::outbox::FailReason;
 use tidings_email::relay::Relay;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -63,7 +64,7 @@ impl Mails {
             .clone()
     }
 
-    pub async fn deliver(&self, req: &PushRequest, call: &MailCall) -> PushResult {
+    pub async fn deliver(&self, req: &Request, call: &MailCall) -> PushResult {
         let started = Instant::now();
         let Some(relay) = &self.relay else {
             let ended = Ended::Transient {

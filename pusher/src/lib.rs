@@ -23,6 +23,9 @@ pub mod worker;
 
 pub use config::{Config, Settings};
 
+/// A push request as the pusher reads it: its payload kept as the JSON it encrypts.
+pub type Request = tidings_domain::messages::PushRequest<tidings_domain::messages::RawPayload>;
+
 use std::sync::Arc;
 use std::time::Duration;
 use tidings_bus::consume::Handler as _;

@@ -8,12 +8,13 @@
 //! and requests to other receivers go on beside it. A request that waited for a slot past its
 //! deadline or validity is not sent (reported `expired` or outlived, like any late push).
 
+use crate::Request;
 use chrono::{DateTime, Utc};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tidings_domain::messages::{Ended, Outcome, PushRequest, PushResult, WebhookCall};
+use tidings_domain::messages::{Ended, Outcome, PushResult, WebhookCall};
 use tidings_domain::outbox::FailReason;
 use tidings_domain::push::{classify_webhook, retry_after};
 use tidings_endpoint_guard::Guard;
@@ -79,7 +80,7 @@ impl Webhooks {
             .clone()
     }
 
-    pub async fn deliver(&self, req: &PushRequest, call: &WebhookCall) -> PushResult {
+    pub async fn deliver(&self, req: &Request, call: &WebhookCall) -> PushResult {
         let started = Instant::now();
         let url = match self.guard.check(&call.url).await {
             Ok(url) => url,
@@ -124,7 +125,7 @@ impl Webhooks {
 
 /// What the receiver's answer means; when it is not a 2xx, its body (up to
 /// [`MAX_RESPONSE_BODY`]) goes into the attempt's record: the receiver's own words on why.
-async fn answered(req: &PushRequest, mut resp: reqwest::Response, started: Instant) -> PushResult {
+async fn answered(req: &Request, mut resp: reqwest::Response, started: Instant) -> PushResult {
     let status = resp.status().as_u16();
     let outcome = classify_webhook(status);
     let retry = (resp.headers().get("retry-after"))

@@ -20,6 +20,7 @@
 //! Shutdown: the loop stops pulling, hands back (NAKs) what it pulled but did not start, so
 //! another pusher sends it at once, and finishes what is in flight.
 
+use crate::Request;
 use async_nats::jetstream::{self, AckKind};
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,7 +28,7 @@ use tidings_bus::consume::{self, Consumer, ConsumerError, Decoded, Durable, Inco
 use tidings_bus::delivered::{Delivery, DeliveryLog, DeliveryLogError};
 use tidings_bus::streams::require_streams;
 use tidings_domain::Channel;
-use tidings_domain::messages::{Ended, Outcome, PushRequest, PushResult, Target};
+use tidings_domain::messages::{Ended, Outcome, PushResult, Target};
 use tidings_domain::subjects::StreamKind;
 use tidings_runtime::metrics::{Failure, metrics};
 use tidings_runtime::telemetry;
@@ -145,10 +146,10 @@ impl Pusher {
     async fn deliver_all(
         &self,
         msg: &jetstream::Message,
-        mut requests: Vec<PushRequest>,
+        mut requests: Vec<Request>,
     ) -> Vec<Handled> {
         let inner = &self.inner;
-        let incoming = |req: &PushRequest| consume::traceparent_of(msg, req).map(str::to_owned);
+        let incoming = |req: &Request| consume::traceparent_of(msg, req).map(str::to_owned);
         // Only a redelivery or a retry can repeat a row that was already delivered.
         let redelivered = msg.info().map(|i| i.delivered > 1).unwrap_or(true);
         if requests.len() == 1 {
@@ -180,7 +181,7 @@ impl Pusher {
     async fn push(
         &self,
         msg: &jetstream::Message,
-        req: PushRequest,
+        req: Request,
         incoming: Option<String>,
         redelivered: bool,
     ) -> Handled {
@@ -228,7 +229,7 @@ impl Pusher {
     }
 
     /// Delivers `req`, unless the delivery log says an attempt of its row was delivered already.
-    async fn attempt(&self, req: &PushRequest, redelivered: bool) -> (PushResult, Handled) {
+    async fn attempt(&self, req: &Request, redelivered: bool) -> (PushResult, Handled) {
         let inner = &self.inner;
         let earlier = if redelivered || req.attempt > 1 || inner.settings.check_every_attempt {
             // Unavailable counts as no record (logged and counted by the log): sending is then
@@ -275,7 +276,7 @@ impl Pusher {
 /// `concurrency` at a time. Tests take the same path, a call at a time
 /// ([`consume::Handler::run_once`]), and read how each request was handled.
 impl consume::Handler for Pusher {
-    type Item = PushRequest;
+    type Item = Request;
     /// How each request of the batch was handled, in order; then one `DeadLettered` for each
     /// message that could not be decoded.
     type Done = Vec<Handled>;
@@ -285,7 +286,7 @@ impl consume::Handler for Pusher {
         &self.consumer
     }
 
-    async fn handle(&self, batch: Decoded<PushRequest>) -> Result<Vec<Handled>, Self::Error> {
+    async fn handle(&self, batch: Decoded<Request>) -> Result<Vec<Handled>, Self::Error> {
         let mut done = Vec::new();
         for Incoming { message, items } in batch.deliveries {
             let handled = self.deliver_all(&message, items).await;
@@ -316,7 +317,7 @@ async fn acknowledge(msg: &jetstream::Message, handled: &[Handled]) {
 /// while traces are not exported).
 fn push_span(
     msg: &jetstream::Message,
-    req: &PushRequest,
+    req: &Request,
     host: Option<&str>,
     incoming: Option<&str>,
 ) -> tracing::Span {

@@ -17,7 +17,7 @@ use futures::StreamExt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use tidings_domain::messages::DecodeError;
+use tidings_domain::messages::{DecodeError, PushRequest};
 use tidings_domain::subjects::{StreamKind, Subjects};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -318,8 +318,19 @@ macro_rules! carried {
 
 carried! {
     EnqueueRequest on Enqueue by decode_enqueues;
-    PushRequest on Push by decode_requests;
     PushResult on Result by decode_results;
+}
+
+/// A push request with its payload read as `P`: the pusher reads it as
+/// [`RawPayload`](tidings_domain::messages::RawPayload), the JSON it encrypts.
+impl<P: serde::Serialize + serde::de::DeserializeOwned> Carried for PushRequest<P> {
+    const STREAM: StreamKind = StreamKind::Push;
+    fn decode_payload(bytes: &[u8]) -> Result<Vec<Self>, DecodeError> {
+        tidings_domain::messages::decode_batched(bytes)
+    }
+    fn own_traceparent(&self) -> Option<&str> {
+        self.traceparent.as_deref()
+    }
 }
 
 /// A message decoded at the edge: the message itself (to ack or nak once its work is done) and

@@ -15,7 +15,9 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 mod flat;
+mod raw;
 mod result;
+pub use raw::RawPayload;
 pub use result::{Ended, PushResult};
 
 /// The schema version this build writes and reads.
@@ -400,10 +402,12 @@ names! {
     }
 }
 
-/// Dispatcher → pusher: everything needed to deliver, so the pusher needs no database.
+/// Dispatcher → pusher: everything needed to deliver, so the pusher needs no database. The
+/// dispatcher writes its payload as a [`Payload`]; the pusher reads it as a [`RawPayload`], the
+/// same JSON kept as bytes to encrypt.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(try_from = "flat::FlatPushRequest")]
-pub struct PushRequest {
+#[serde(try_from = "flat::FlatPushRequest<P>")]
+pub struct PushRequest<P = Payload> {
     pub v: u32,
     pub outbox_id: OutboxId,
     pub attempt: u32,
@@ -412,7 +416,7 @@ pub struct PushRequest {
     pub deadline: DateTime<Utc>,
     #[serde(flatten)]
     pub target: Target,
-    pub payload: Payload,
+    pub payload: P,
     /// Seconds the push service may hold the message for an offline device.
     pub ttl: u32,
     pub urgency: Urgency,
@@ -448,7 +452,7 @@ pub struct Member {
 /// The most rows one digest carries; a reader with more due at once gets another digest.
 pub const MAX_DIGEST_MEMBERS: usize = 100;
 
-impl PushRequest {
+impl<P> PushRequest<P> {
     /// `Nats-Msg-Id`: one message per (row, attempt).
     pub fn msg_id(&self) -> String {
         format!("{}:{}", self.outbox_id, self.attempt)
@@ -463,7 +467,7 @@ pub type PushRequests = Batch<PushRequest>;
 /// ack for long.
 pub const MAX_REQUESTS_PER_MESSAGE: usize = 100;
 
-impl Batched for PushRequest {
+impl<P: Serialize + DeserializeOwned> Batched for PushRequest<P> {
     const MAX_PER_MESSAGE: usize = MAX_REQUESTS_PER_MESSAGE;
 }
 
@@ -485,7 +489,7 @@ pub fn decode_requests(bytes: &[u8]) -> Result<Vec<PushRequest>, DecodeError> {
     decode_batched(bytes)
 }
 
-impl Message for PushRequest {
+impl<P: Serialize + DeserializeOwned> Message for PushRequest<P> {
     fn version(&self) -> u32 {
         self.v
     }

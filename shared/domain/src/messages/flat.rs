@@ -18,7 +18,7 @@ use serde::Deserialize;
 
 /// A [`PushRequest`] as it is read: exactly one of `subscription`, `webhook` and `mail`.
 #[derive(Deserialize)]
-pub(super) struct FlatPushRequest {
+pub(super) struct FlatPushRequest<P> {
     v: u32,
     outbox_id: OutboxId,
     attempt: u32,
@@ -29,7 +29,7 @@ pub(super) struct FlatPushRequest {
     webhook: Option<WebhookCall>,
     #[serde(default)]
     mail: Option<MailCall>,
-    payload: Payload,
+    payload: P,
     ttl: u32,
     urgency: Urgency,
     topic: String,
@@ -48,10 +48,10 @@ pub(super) struct FlatPushRequest {
 #[error("a push request names {0} of its targets (subscription, webhook, mail); it names one")]
 pub(super) struct TargetCount(usize);
 
-impl TryFrom<FlatPushRequest> for PushRequest {
+impl<P> TryFrom<FlatPushRequest<P>> for PushRequest<P> {
     type Error = TargetCount;
 
-    fn try_from(f: FlatPushRequest) -> Result<Self, TargetCount> {
+    fn try_from(f: FlatPushRequest<P>) -> Result<Self, TargetCount> {
         let target = match (f.subscription, f.webhook, f.mail) {
             (Some(s), None, None) => Target::WebPush(s),
             (None, Some(w), None) => Target::Webhook(w),
