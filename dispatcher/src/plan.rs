@@ -382,7 +382,7 @@ fn send(
     };
     let mut c = change(row, Event::Dispatched, None, settings, now);
     c.sent_value = serde_json::to_value(checked.observation).ok();
-    c.payload = serde_json::to_value(&payload).ok();
+    c.payload = serde_json::value::to_raw_value(&payload).ok();
     c.subscription_id = Some(g.subscription_id);
     c.deadline = Some(deadline);
     c.lease_until = Some(now + settings.sending_lease);

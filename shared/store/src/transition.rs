@@ -7,6 +7,8 @@
 
 use chrono::{DateTime, NaiveDate, Utc};
 use serde_json::Value;
+use serde_json::value::RawValue;
+use sqlx::types::Json;
 use sqlx::{PgConnection, Row as _};
 use std::collections::{HashMap, HashSet};
 use std::sync::LazyLock;
@@ -28,7 +30,8 @@ pub struct Change {
     pub last_error: Option<String>,
     pub checked: Option<Value>,
     pub sent_value: Option<Value>,
-    pub payload: Option<Value>,
+    /// The payload as sent, serialised once: the pusher is sent the same JSON.
+    pub payload: Option<Box<RawValue>>,
     pub subscription_id: Option<SubscriptionId>,
     /// Set when entering `sending`; cleared otherwise.
     pub lease_until: Option<DateTime<Utc>>,
@@ -99,7 +102,7 @@ crate::unnest::unnest_rows! {
         last_error: Option<&'a str>,
         checked: Option<&'a Value>,
         sent_value: Option<&'a Value>,
-        payload: Option<&'a Value>,
+        payload: Option<Json<&'a RawValue>>,
         subscription_id: Option<SubscriptionId>,
         lease_until: Option<DateTime<Utc>>,
         deadline: Option<DateTime<Utc>>,
@@ -130,7 +133,7 @@ impl<'a> ChangeRow<'a> {
             last_error: c.last_error.as_deref(),
             checked: c.checked.as_ref(),
             sent_value: c.sent_value.as_ref(),
-            payload: c.payload.as_ref(),
+            payload: c.payload.as_deref().map(Json),
             subscription_id: c.subscription_id,
             lease_until: c.lease_until,
             deadline: c.deadline,
