@@ -107,7 +107,7 @@ async fn a_price_still_below_at_send_is_sent_with_the_refetched_price() {
         1050,
         "what we said"
     );
-    // The row keeps the payload the push carries (it is serialised once for both).
+    // The row keeps the payload the push carries, as a JSON object.
     let stored: serde_json::Value = sqlx::query_scalar("SELECT payload FROM outbox WHERE id = $1")
         .bind(push.outbox_id.0)
         .fetch_one(&s.db.pool)

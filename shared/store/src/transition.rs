@@ -30,7 +30,8 @@ pub struct Change {
     pub last_error: Option<String>,
     pub checked: Option<Value>,
     pub sent_value: Option<Value>,
-    /// The payload as sent, serialised once: the pusher is sent the same JSON.
+    /// The payload as sent, as JSON text: serialised straight from the notification, with no
+    /// `serde_json::Value` tree built between.
     pub payload: Option<Box<RawValue>>,
     pub subscription_id: Option<SubscriptionId>,
     /// Set when entering `sending`; cleared otherwise.
