@@ -181,11 +181,9 @@ pub fn decode_batched<T: Batched>(bytes: &[u8]) -> Result<Vec<T>, DecodeError> {
     }
     // Looking for the key reads the whole message once more, a fifth of a pusher's decode; a
     // batch as serde writes it says what it is in its first bytes.
-    if written_as_batch(bytes) {
-        return Ok(decode::<Batch<T>>(bytes)?.requests);
-    }
-    let shape: Shape = serde_json::from_slice(bytes)?;
-    if shape.requests.is_some() {
+    let batch =
+        written_as_batch(bytes) || serde_json::from_slice::<Shape>(bytes)?.requests.is_some();
+    if batch {
         Ok(decode::<Batch<T>>(bytes)?.requests)
     } else {
         Ok(vec![decode::<T>(bytes)?])

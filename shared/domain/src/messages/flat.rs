@@ -133,12 +133,12 @@ impl From<FlatPayload> for Payload {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::super::{decode, encode};
     use super::*;
     use serde_json::{Value, json};
 
-    fn request(target: Target, payload: Payload) -> PushRequest {
+    pub(in crate::messages) fn request(target: Target, payload: Payload) -> PushRequest {
         PushRequest {
             v: super::super::VERSION,
             outbox_id: OutboxId::new(),
@@ -160,7 +160,7 @@ mod tests {
         }
     }
 
-    fn declarative() -> Payload {
+    pub(in crate::messages) fn declarative() -> Payload {
         let notification = DeclarativeNotification {
             title: "SKU-1".into(),
             body: "Now 10.50".into(),

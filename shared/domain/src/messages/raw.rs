@@ -70,62 +70,36 @@ impl Serialize for RawPayload {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{
-        Declarative, DeclarativeNotification, Payload, PushRequest, Subscription, Target, Urgency,
-        decode, encode,
-    };
+    use super::super::flat::tests::{declarative, request};
+    use super::super::{Payload, PushRequest, Subscription, Target, decode, encode};
     use super::*;
-    use crate::OutboxId;
     use chrono::TimeZone;
 
-    fn request(payload: Payload) -> PushRequest {
-        PushRequest {
-            v: 1,
-            outbox_id: OutboxId(uuid::Uuid::nil()),
-            attempt: 1,
-            deadline: Utc.with_ymd_and_hms(2026, 12, 6, 12, 0, 0).unwrap(),
-            target: Target::WebPush(Subscription {
-                endpoint: "https://push.example/send/1".into(),
-                p256dh: "key".into(),
-                auth: "auth".into(),
-            }),
-            payload,
-            ttl: 60,
-            urgency: Urgency::Normal,
-            topic: "t".into(),
-            dedup_day: None,
-            recall: None,
-            traceparent: None,
-            members: Vec::new(),
-        }
+    fn push(payload: Payload) -> PushRequest {
+        let sub = Subscription {
+            endpoint: "https://push.example/send/1".into(),
+            p256dh: "key".into(),
+            auth: "auth".into(),
+        };
+        request(Target::WebPush(sub), payload)
     }
 
+    /// The envelope, and text that serialises with escapes and non-ASCII.
     fn full_payload() -> Payload {
         Payload {
+            title: "Below \"10\"".into(),
+            body: "now 9.99 € \u{1F4B0}".into(),
             tag: Some("w:1".into()),
             valid_until: Some(Utc.with_ymd_and_hms(2026, 12, 6, 12, 5, 0).unwrap()),
-            url: Some("https://shop.example/p/1".into()),
             data: serde_json::json!({"price": "9.99", "quote": "say \"now\"\n"}),
-            declarative: Some(Declarative {
-                web_push: Declarative::WEB_PUSH,
-                notification: DeclarativeNotification {
-                    title: "Below 10".into(),
-                    body: "9.99 — \u{1F4B0}".into(),
-                    navigate: "https://shop.example/p/1".into(),
-                    tag: None,
-                    lang: None,
-                    timestamp: Some(1),
-                },
-                mutable: true,
-            }),
-            ..Payload::new("Below \"10\"", "now 9.99 €")
+            ..declarative()
         }
     }
 
     #[test]
     fn the_pusher_encrypts_the_payload_the_dispatcher_wrote_byte_for_byte() {
         for payload in [full_payload(), Payload::new("t", "b")] {
-            let sent = request(payload.clone());
+            let sent = push(payload.clone());
             let read: PushRequest<RawPayload> = decode(&encode(&sent)).unwrap();
             assert_eq!(read.payload.json(), serde_json::to_vec(&payload).unwrap());
             assert_eq!(read.payload.valid_until(), payload.valid_until);
@@ -137,7 +111,7 @@ mod tests {
 
     #[test]
     fn a_payload_that_is_not_a_notification_is_refused() {
-        let json = serde_json::to_value(request(full_payload())).unwrap();
+        let json = serde_json::to_value(push(full_payload())).unwrap();
         let with = |payload: serde_json::Value| {
             let mut j = json.clone();
             j["payload"] = payload;
