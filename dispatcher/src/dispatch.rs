@@ -429,7 +429,10 @@ impl Dispatcher {
         for (rows, ack) in carried.iter().zip(acks) {
             match ack {
                 Ok(_) => published += rows.len(),
-                Err(e) => failed.extend(rows.iter().map(|id| (*id, e.clone()))),
+                Err(e) => {
+                    let error = telemetry::with_causes(&e);
+                    failed.extend(rows.iter().map(|id| (*id, error.clone())));
+                }
             }
         }
         (published, failed)

@@ -90,7 +90,7 @@ pub enum ConfigError {
     #[error("VAPID: {0}")]
     Vapid(#[from] VapidError),
     #[error("TIDINGS_PUSH_EXTRA_CA_FILE: {0}")]
-    Ca(String),
+    Ca(#[source] reqwest::Error),
     #[error("TIDINGS_PUSH_CONCURRENCY must be at least 1")]
     Concurrency,
     #[error(transparent)]
@@ -157,7 +157,7 @@ impl Config {
         let mut extra_roots = Vec::new();
         if let Some(path) = &self.extra_ca_file {
             let pem = read(path)?.into_bytes();
-            reqwest::Certificate::from_pem(&pem).map_err(|e| ConfigError::Ca(e.to_string()))?;
+            reqwest::Certificate::from_pem(&pem).map_err(ConfigError::Ca)?;
             extra_roots.push(pem);
         }
         let mut settings = self.settings_with(self.nats.subjects()?, signer, extra_roots);

@@ -8,6 +8,7 @@
 //! redelivered, and the delivery log keeps it from being sent twice).
 
 use async_nats::jetstream;
+use std::sync::Arc;
 use std::time::Duration;
 use tidings_domain::messages::{PushResult, PushResults, encode};
 use tokio::sync::{mpsc, oneshot};
@@ -21,8 +22,13 @@ pub const BATCH: usize = 100;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ReportError {
-    #[error("publishing a batch of {count} PushResults: {detail}")]
-    Publish { count: usize, detail: String },
+    #[error("publishing a batch of {count} PushResults: {source}")]
+    Publish {
+        count: usize,
+        /// Shared: every handler whose result was in the batch gets the same error.
+        #[source]
+        source: Arc<dyn std::error::Error + Send + Sync>,
+    },
     #[error("the result reporter has stopped")]
     Stopped,
 }
@@ -79,10 +85,13 @@ async fn publish(js: jetstream::Context, subject: String, batch: Vec<Pending>) {
         batch.into_iter().map(|p| (p.result, p.stored)).unzip();
     let body = encode(&PushResults::new(results));
     let stored = match js.publish(subject, body.into()).await {
-        Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
-        Err(e) => Err(e.to_string()),
+        Ok(ack) => ack.await.map(|_| ()),
+        Err(e) => Err(e),
     };
-    let stored = stored.map_err(|detail| ReportError::Publish { count, detail });
+    let stored = stored.map_err(|e| ReportError::Publish {
+        count,
+        source: Arc::new(e),
+    });
     for w in waiting {
         // A handler that stopped waiting has nothing left to ack.
         let _ = w.send(stored.clone());

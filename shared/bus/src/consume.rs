@@ -31,16 +31,25 @@ pub const PURGE_EVERY: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConsumerError {
-    #[error("stream {stream}: {detail}")]
-    Stream { stream: String, detail: String },
-    #[error("consumer {consumer} on {stream}: {detail}")]
+    #[error("stream {stream}: {source}")]
+    Stream {
+        stream: String,
+        #[source]
+        source: crate::Cause,
+    },
+    #[error("consumer {consumer} on {stream}: {source}")]
     Consumer {
         consumer: String,
         stream: String,
-        detail: String,
+        #[source]
+        source: crate::Cause,
     },
-    #[error("purging acknowledged messages from stream {stream}: {detail}")]
-    Purge { stream: String, detail: String },
+    #[error("purging acknowledged messages from stream {stream}: {source}")]
+    Purge {
+        stream: String,
+        #[source]
+        source: crate::Cause,
+    },
 }
 
 /// Purges a stream below the ack floor of its durable consumer; made by [`Consumer::durable`].
@@ -53,15 +62,11 @@ impl Purger {
     /// Removes every message below the consumer's ack floor, unless that was already done up to
     /// `purged_below`. Returns the sequence everything below which is gone.
     pub async fn purge_acked(&self, purged_below: u64) -> Result<u64, ConsumerError> {
-        let err = |detail: String| ConsumerError::Purge {
+        let err = |source: crate::Cause| ConsumerError::Purge {
             stream: self.stream.cached_info().config.name.clone(),
-            detail,
+            source,
         };
-        let info = self
-            .consumer
-            .get_info()
-            .await
-            .map_err(|e| err(e.to_string()))?;
+        let info = self.consumer.get_info().await.map_err(|e| err(e.into()))?;
         let below = info.ack_floor.stream_sequence + 1;
         if below <= purged_below {
             return Ok(purged_below);
@@ -70,7 +75,7 @@ impl Purger {
             .purge()
             .sequence(below)
             .await
-            .map_err(|e| err(e.to_string()))?;
+            .map_err(|e| err(e.into()))?;
         Ok(below)
     }
 
@@ -258,7 +263,7 @@ async fn durable(
         .await
         .map_err(|e| ConsumerError::Stream {
             stream: stream_name.clone(),
-            detail: e.to_string(),
+            source: e.into(),
         })?;
     // Create or update: a changed ack wait takes effect on the next start.
     let consumer = stream
@@ -277,7 +282,7 @@ async fn durable(
         .map_err(|e| ConsumerError::Consumer {
             consumer: name.to_owned(),
             stream: stream_name,
-            detail: e.to_string(),
+            source: e.into(),
         })?;
     Ok((consumer, stream))
 }
@@ -485,15 +490,15 @@ where
 {
     let name = consumer.cached_info().name.clone();
     let stream_name = consumer.cached_info().stream_name.clone();
-    let err = |detail: String| ConsumerError::Consumer {
+    let err = |source: crate::Cause| ConsumerError::Consumer {
         consumer: name.clone(),
         stream: stream_name.clone(),
-        detail,
+        source,
     };
     let batch = shape.batch.max(1);
     let mut chunks = pull_stream(consumer, shape.pull)
         .await
-        .map_err(|e| err(e.to_string()))?
+        .map_err(|e| err(e.into()))?
         .ready_chunks(batch);
     let mut in_flight = tokio::task::JoinSet::new();
     let mut result = Ok(());
@@ -641,7 +646,7 @@ pub async fn fetch(
         .map_err(|e| ConsumerError::Consumer {
             consumer: consumer.cached_info().name.clone(),
             stream: consumer.cached_info().stream_name.clone(),
-            detail: e.to_string(),
+            source: e.into(),
         })?;
     let mut out = Vec::new();
     while let Some(m) = got.next().await {

@@ -22,23 +22,26 @@ pub const REDRIVE_COUNT_HEADER: &str = "Tidings-Redrive-Count";
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeadLetterError {
-    #[error("reading dead letter {sequence} from stream {stream}: {detail}")]
+    #[error("reading dead letter {sequence} from stream {stream}: {source}")]
     Read {
         stream: String,
         sequence: u64,
-        detail: String,
+        #[source]
+        source: crate::Cause,
     },
-    #[error("redriving dead letter {sequence} to {subject}: {detail}")]
+    #[error("redriving dead letter {sequence} to {subject}: {source}")]
     Publish {
         sequence: u64,
         subject: String,
-        detail: String,
+        #[source]
+        source: crate::Cause,
     },
-    #[error("deleting dead letter {sequence} from stream {stream}: {detail}")]
+    #[error("deleting dead letter {sequence} from stream {stream}: {source}")]
     Delete {
         stream: String,
         sequence: u64,
-        detail: String,
+        #[source]
+        source: crate::Cause,
     },
     #[error("dead letter {sequence} cannot be redriven: {why}")]
     NotRedrivable { sequence: u64, why: String },
@@ -143,11 +146,11 @@ impl DeadLetters {
         self.subjects.stream(StreamKind::Dlq)
     }
 
-    fn read_error(&self, sequence: u64) -> impl FnOnce(String) -> DeadLetterError + '_ {
-        move |detail| DeadLetterError::Read {
+    fn read_error(&self, sequence: u64) -> impl FnOnce(crate::Cause) -> DeadLetterError + '_ {
+        move |source| DeadLetterError::Read {
             stream: self.stream_name(),
             sequence,
-            detail,
+            source,
         }
     }
 
@@ -167,7 +170,7 @@ impl DeadLetters {
         match found {
             Ok(m) => Ok(Some(letter(&self.subjects, m))),
             Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
-            Err(e) => Err(self.read_error(from_sequence)(e.to_string())),
+            Err(e) => Err(self.read_error(from_sequence)(e.into())),
         }
     }
 
@@ -175,7 +178,7 @@ impl DeadLetters {
         self.js
             .get_stream_no_info(self.stream_name())
             .await
-            .map_err(|e| self.read_error(0)(e.to_string()))
+            .map_err(|e| self.read_error(0)(e.into()))
     }
 
     /// Up to `limit` dead letters matching `filter` with a sequence above `after`, oldest first,
@@ -214,7 +217,7 @@ impl DeadLetters {
         match stream.get_raw_message(sequence).await {
             Ok(m) => Ok(Some(letter(&self.subjects, m))),
             Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
-            Err(e) => Err(self.read_error(sequence)(e.to_string())),
+            Err(e) => Err(self.read_error(sequence)(e.into())),
         }
     }
 
@@ -279,17 +282,17 @@ impl DeadLetters {
             REDRIVE_COUNT_HEADER,
             (letter.redrives + 1).to_string().as_str(),
         );
-        let publish_err = |detail: String| DeadLetterError::Publish {
+        let publish_err = |source: crate::Cause| DeadLetterError::Publish {
             sequence: letter.sequence,
             subject: subject.clone(),
-            detail,
+            source,
         };
         self.js
             .publish_with_headers(subject.clone(), headers, letter.payload.clone().into())
             .await
-            .map_err(|e| publish_err(e.to_string()))?
+            .map_err(|e| publish_err(e.into()))?
             .await
-            .map_err(|e| publish_err(e.to_string()))?;
+            .map_err(|e| publish_err(e.into()))?;
         self.purge(letter.sequence).await?;
         tracing::info!(sequence = letter.sequence, subject = %subject, "dead letter redriven");
         Ok(subject)
@@ -317,7 +320,7 @@ impl DeadLetters {
             Err(e) => Err(DeadLetterError::Delete {
                 stream: self.stream_name(),
                 sequence,
-                detail: e.to_string(),
+                source: e.into(),
             }),
         }
     }

@@ -38,11 +38,12 @@ pub struct Delivery {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("delivery log {bucket}: {operation}: {detail}")]
+#[error("delivery log {bucket}: {operation}: {source}")]
 pub struct DeliveryLogError {
     pub bucket: String,
     pub operation: &'static str,
-    pub detail: String,
+    #[source]
+    pub source: crate::Cause,
 }
 
 pub struct DeliveryLog {
@@ -134,11 +135,11 @@ impl DeliveryLog {
         &self.config.bucket
     }
 
-    fn error(&self, operation: &'static str, detail: impl ToString) -> DeliveryLogError {
+    fn error(&self, operation: &'static str, source: impl Into<crate::Cause>) -> DeliveryLogError {
         DeliveryLogError {
             bucket: self.config.bucket.clone(),
             operation,
-            detail: detail.to_string(),
+            source: source.into(),
         }
     }
 

@@ -10,10 +10,14 @@ pub const SUBJECT_HEADER: &str = "Tidings-Dlq-Subject";
 
 #[derive(Debug, thiserror::Error)]
 pub enum DlqError {
-    #[error("publishing to {subject}: {detail}")]
-    Publish { subject: String, detail: String },
+    #[error("publishing to {subject}: {source}")]
+    Publish {
+        subject: String,
+        #[source]
+        source: crate::Cause,
+    },
     #[error("terminating the original message: {0}")]
-    Term(String),
+    Term(#[source] crate::Cause),
 }
 
 /// Copies `msg` to the DLQ subject of `from` and terminates it. If the copy cannot be stored the
@@ -26,9 +30,7 @@ pub async fn dead_letter(
     reason: &str,
 ) -> Result<(), DlqError> {
     dead_letter_part(js, subjects, from, msg, msg.payload.to_vec(), reason).await?;
-    msg.ack_with(AckKind::Term)
-        .await
-        .map_err(|e| DlqError::Term(e.to_string()))
+    msg.ack_with(AckKind::Term).await.map_err(DlqError::Term)
 }
 
 /// Copies `payload`, the part of `msg` that cannot be used (some requests of a batch whose others
@@ -52,15 +54,15 @@ pub async fn dead_letter_part(
         .collect();
     headers.insert(REASON_HEADER, reason.as_str());
     headers.insert(SUBJECT_HEADER, msg.subject.as_str());
-    let publish_err = |detail: String| DlqError::Publish {
+    let publish_err = |source: crate::Cause| DlqError::Publish {
         subject: subject.clone(),
-        detail,
+        source,
     };
     js.publish_with_headers(subject.clone(), headers, payload.into())
         .await
-        .map_err(|e| publish_err(e.to_string()))?
+        .map_err(|e| publish_err(e.into()))?
         .await
-        .map_err(|e| publish_err(e.to_string()))?;
+        .map_err(|e| publish_err(e.into()))?;
     crate::metrics::metrics()
         .dead_lettered
         .get_or_create(&tidings_runtime::metrics::KindLabels {

@@ -20,3 +20,7 @@ pub mod roll_call;
 pub mod streams;
 
 pub use streams::NatsArgs;
+
+/// What a NATS operation failed with, kept whole behind one type (each async-nats call has its
+/// own error type): the chain a log prints, and a kind a caller can reach by downcasting.
+pub type Cause = Box<dyn std::error::Error + Send + Sync>;

@@ -6,7 +6,7 @@
 //! frees.
 
 use async_nats::HeaderMap;
-use async_nats::jetstream::{self, publish::PublishAck};
+use async_nats::jetstream::{self, context::PublishError, publish::PublishAck};
 use futures::StreamExt;
 
 /// One message to publish.
@@ -35,14 +35,12 @@ pub async fn publish_all(
     js: &jetstream::Context,
     messages: Vec<Outgoing>,
     window: usize,
-) -> Vec<Result<PublishAck, String>> {
+) -> Vec<Result<PublishAck, PublishError>> {
     futures::stream::iter(messages)
         .map(|m| async move {
             js.publish_with_headers(m.subject, m.headers, m.payload.into())
+                .await?
                 .await
-                .map_err(|e| e.to_string())?
-                .await
-                .map_err(|e| e.to_string())
         })
         .buffered(window.max(1))
         .collect()

@@ -51,10 +51,11 @@ pub async fn answer(
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("roll call on {subject}: {detail}")]
+#[error("roll call on {subject}: {source}")]
 pub struct RollCallError {
     pub subject: String,
-    pub detail: String,
+    #[source]
+    pub source: crate::Cause,
 }
 
 /// Calls the roll and collects the answers that arrive within `wait`, in instance order. An
@@ -65,20 +66,20 @@ pub async fn call(
     wait: Duration,
 ) -> Result<Vec<Present>, RollCallError> {
     let subject = subject(subjects);
-    let error = |detail: String| RollCallError {
+    let error = |source: crate::Cause| RollCallError {
         subject: subject.clone(),
-        detail,
+        source,
     };
     let inbox = client.new_inbox();
     let mut answers = client
         .subscribe(inbox.clone())
         .await
-        .map_err(|e| error(e.to_string()))?;
+        .map_err(|e| error(e.into()))?;
     client
         .publish_with_reply(subject.clone(), inbox, Vec::new().into())
         .await
-        .map_err(|e| error(e.to_string()))?;
-    client.flush().await.map_err(|e| error(e.to_string()))?;
+        .map_err(|e| error(e.into()))?;
+    client.flush().await.map_err(|e| error(e.into()))?;
     let mut present = Vec::new();
     let deadline = tokio::time::Instant::now() + wait;
     while let Ok(Some(m)) = tokio::time::timeout_at(deadline, answers.next()).await {

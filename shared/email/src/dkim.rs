@@ -28,8 +28,10 @@ pub const SIGNED: &[&str] = &[
 
 #[derive(Debug, thiserror::Error)]
 pub enum DkimError {
-    #[error("the DKIM key is not a PKCS#8 private key in PEM: {0}")]
-    Pem(String),
+    #[error("the DKIM key is not a private key in PEM: {0}")]
+    Pem(#[source] rustls_pki_types::pem::Error),
+    #[error("the DKIM key is not PKCS#8 (`BEGIN PRIVATE KEY`)")]
+    NotPkcs8,
     #[error("the DKIM key is neither an RSA (2048 bits or more) nor an Ed25519 key")]
     Key,
     #[error("{which} {value:?} may hold only letters, digits, dots and dashes")]
@@ -73,9 +75,9 @@ impl DkimKey {
     pub fn from_pem(pem: &[u8], domain: &str, selector: &str) -> Result<Self, DkimError> {
         name("domain", domain)?;
         name("selector", selector)?;
-        let der = PrivateKeyDer::from_pem_slice(pem).map_err(|e| DkimError::Pem(e.to_string()))?;
+        let der = PrivateKeyDer::from_pem_slice(pem).map_err(DkimError::Pem)?;
         let PrivateKeyDer::Pkcs8(der) = der else {
-            return Err(DkimError::Pem("not PKCS#8".into()));
+            return Err(DkimError::NotPkcs8);
         };
         let bytes = der.secret_pkcs8_der();
         let signer = match RsaKeyPair::from_pkcs8(bytes) {
@@ -287,6 +289,11 @@ mod tests {
         assert!(matches!(
             DkimKey::from_pem(b"not pem", "t.test", "s"),
             Err(DkimError::Pem(_))
+        ));
+        let pkcs1 = b"-----BEGIN RSA PRIVATE KEY-----\nMAA=\n-----END RSA PRIVATE KEY-----\n";
+        assert!(matches!(
+            DkimKey::from_pem(pkcs1, "t.test", "s"),
+            Err(DkimError::NotPkcs8)
         ));
     }
 }

@@ -343,12 +343,17 @@ pub fn forward(span: &tracing::Span, incoming: Option<&str>) -> Option<String> {
 }
 
 /// An error with its causes on one line (`outer: inner: …`), as logs and rows' `last_error` keep
-/// it: a `Display` alone often says only the outermost layer ("error sending request").
+/// it: a `Display` alone often says only the outermost layer ("error sending request"). A cause
+/// the text already ends with (a layer that prints its source too) is not told twice.
 pub fn with_causes(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {
-        text.push_str(&format!(": {c}"));
+        let told = c.to_string();
+        if !text.ends_with(&told) {
+            text.push_str(": ");
+            text.push_str(&told);
+        }
         cause = c.source();
     }
     text
@@ -450,5 +455,17 @@ mod tests {
         struct Outer(#[source] std::io::Error);
         let e = Outer(std::io::Error::other("refused"));
         assert_eq!(with_causes(&e), "sending: refused");
+    }
+
+    #[test]
+    fn a_cause_its_layer_already_prints_is_told_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("publishing to x: {0}")]
+        struct Layer(#[source] std::io::Error);
+        #[derive(Debug, thiserror::Error)]
+        #[error("reporting")]
+        struct Outer(#[source] Layer);
+        let e = Outer(Layer(std::io::Error::other("timed out")));
+        assert_eq!(with_causes(&e), "reporting: publishing to x: timed out");
     }
 }
