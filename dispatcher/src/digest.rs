@@ -13,7 +13,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use tidings_domain::dedup::parse_time_zone;
 use tidings_domain::digest::{self, DigestEvent, Line};
 use tidings_domain::holding::Digest;
-use tidings_domain::messages::{Member, Payload, PushRequest, Target, Urgency, WebhookCall};
+use tidings_domain::messages::{
+    Member, Payload, PushRequest, RawPayload, Target, Urgency, WebhookCall,
+};
 use tidings_domain::outbox::Event;
 use tidings_domain::texts::Lang;
 use tidings_domain::trigger::Observation;
@@ -23,7 +25,7 @@ use tidings_runtime::telemetry;
 use tidings_store::claim::{Destination, WatchState};
 
 use crate::config::Settings;
-use crate::plan::{self, Guarded, Plan, Unsigned};
+use crate::plan::{self, Guarded, Plan, Request, Unsigned};
 
 /// The digest schedule `w`'s notifications follow, in its reader's time zone; none for an urgent
 /// watch (which a change of preferences released into the digest claim: it goes alone).
@@ -110,14 +112,14 @@ fn request(
     watches: &HashMap<WatchId, WatchState>,
     settings: &Settings,
     now: DateTime<Utc>,
-) -> Result<PushRequest, Unsigned> {
+) -> Result<Request, Unsigned> {
     let leader = members[0];
     let ids: HashSet<OutboxId> = members.iter().map(|g| g.row.id).collect();
     let changes: HashMap<OutboxId, &tidings_store::transition::Change> = (plan.changes.iter())
         .filter(|c| ids.contains(&c.id))
         .map(|c| (c.id, c))
         .collect();
-    let requests: Vec<&PushRequest> = (members.iter())
+    let requests: Vec<&Request> = (members.iter())
         .filter_map(|g| plan.requests.get(&g.row.id))
         .collect();
     // What the re-check found, as the change that sends each row records it.
@@ -133,7 +135,7 @@ fn request(
                 id: g.row.id,
                 item: watches.get(&g.row.watch_id)?.item_code.as_str(),
                 now: now_seen.as_ref()?,
-                valid_until: r.payload.valid_until.unwrap_or(r.deadline),
+                valid_until: r.payload.valid_until().unwrap_or(r.deadline),
             })
         })
         .collect();
@@ -163,7 +165,7 @@ fn request(
         ttl: validity::ttl(until, now, settings.push_ttl).unwrap_or(0),
         urgency: Urgency::Low,
         topic: digest::topic(device),
-        payload,
+        payload: RawPayload::from(&payload),
         target,
         members: others,
         ..base.clone()
@@ -175,7 +177,7 @@ fn request(
 /// mailbox, one mail.
 fn target(
     leader: &Guarded<'_>,
-    requests: &[&PushRequest],
+    requests: &[&Request],
     payload: &Payload,
     settings: &Settings,
     now: DateTime<Utc>,

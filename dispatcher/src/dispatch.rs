@@ -16,7 +16,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tidings_bus::publish::{Outgoing, publish_all};
-use tidings_domain::messages::{MAX_DIGEST_MEMBERS, PushRequest, PushRequests, encode};
+use tidings_domain::messages::{Batch, MAX_DIGEST_MEMBERS, encode};
 use tidings_domain::outbox::Status;
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::{Channel, ItemCode, OutboxId, WatchId};
@@ -32,7 +32,7 @@ use crate::config::Settings;
 use crate::digest;
 use crate::holding;
 use crate::metrics::metrics;
-use crate::plan;
+use crate::plan::{self, Request};
 use tidings_store::claim::{self, Claimed, Wait, WatchState};
 use tidings_store::transition::{self, Change};
 use tidings_store::{DbError, db};
@@ -234,7 +234,7 @@ impl Dispatcher {
             }
         };
         count_written(&changes, &won, &spans, &mut stats);
-        let to_publish: Vec<PushRequest> = decided
+        let to_publish: Vec<Request> = decided
             .requests
             .into_iter()
             .filter(|(id, _)| won.contains(id))
@@ -381,7 +381,7 @@ impl Dispatcher {
     /// confirmed fails all its requests.
     async fn publish(
         &self,
-        requests: Vec<PushRequest>,
+        requests: Vec<Request>,
         traceparents: &HashMap<OutboxId, Cow<'_, str>>,
     ) -> (usize, Vec<(OutboxId, String)>) {
         let batch = self.settings.push_batch.max(1);
@@ -395,7 +395,7 @@ impl Dispatcher {
             }
             message
         };
-        let mut by_channel: Vec<(Channel, Vec<PushRequest>)> =
+        let mut by_channel: Vec<(Channel, Vec<Request>)> =
             Channel::ALL.map(|c| (c, Vec::new())).into();
         for r in requests {
             let channel = r.target.channel();
@@ -418,7 +418,7 @@ impl Dispatcher {
             }
             let mut rest = requests.into_iter().peekable();
             while rest.peek().is_some() {
-                let m = PushRequests::new(rest.by_ref().take(batch).collect());
+                let m: Batch<Request> = Batch::new(rest.by_ref().take(batch).collect());
                 outgoing.push(message(&subject, &m.msg_id(), None, encode(&m)));
                 carried.push(m.requests.iter().map(|r| r.outbox_id).collect());
             }
@@ -603,7 +603,7 @@ fn count_written(
 
 /// Counts the rows made to wait, and what became of held rows at their release.
 fn count_held(
-    requests: &HashMap<OutboxId, PushRequest>,
+    requests: &HashMap<OutboxId, Request>,
     changes: &[Change],
     rows: &[Claimed],
     waits: &[Wait],

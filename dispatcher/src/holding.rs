@@ -4,12 +4,12 @@
 //! released is still true, and what no longer is is dropped then with its reason (docs/design.md,
 //! *Quiet hours and caps*). Which rows wait is decided here without I/O.
 
+use crate::plan::Request;
 use chrono::{DateTime, Duration, Utc};
 use chrono_tz::Tz;
 use std::collections::{HashMap, HashSet};
 use tidings_domain::dedup::parse_time_zone;
 use tidings_domain::holding::{self, Held, Preferences};
-use tidings_domain::messages::PushRequest;
 use tidings_domain::{DeviceId, OutboxId, WatchId};
 use tidings_store::claim::{Claimed, Wait, WatchState};
 use tidings_store::transition::Change;
@@ -109,7 +109,7 @@ pub fn wait(
 /// for sending, alone or in a digest), `held` (they wait again), or the state their change
 /// moves them to.
 pub fn released(
-    requests: &HashMap<OutboxId, PushRequest>,
+    requests: &HashMap<OutboxId, Request>,
     changes: &[Change],
     rows: &[Claimed],
     waits: &[Wait],

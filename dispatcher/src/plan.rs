@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use tidings_domain::dedup::parse_time_zone;
 use tidings_domain::mail::MailText;
 use tidings_domain::messages::{
-    MailCall, Payload, PushRequest, Target, Urgency, VERSION, WebhookCall,
+    MailCall, Payload, PushRequest, RawPayload, Target, Urgency, VERSION, WebhookCall,
 };
 use tidings_domain::notification::{Notice, render, withdrawal};
 use tidings_domain::outbox::{self, Event, Status};
@@ -45,12 +45,16 @@ pub struct Guarded<'r> {
     pub time_zone: &'r str,
 }
 
+/// A request as the dispatcher publishes it: its notification rendered to JSON text once, the
+/// text its outbox row stores.
+pub type Request = PushRequest<RawPayload>;
+
 /// The outcome of [`decide`].
 #[derive(Default)]
 pub struct Plan {
     pub changes: Vec<Change>,
     /// For each row planned `sending`, its PushRequest (published only if the write wins).
-    pub requests: HashMap<OutboxId, PushRequest>,
+    pub requests: HashMap<OutboxId, Request>,
     /// For each webhook held because it could not be signed, [`Unsigned::key`].
     pub unsigned: Vec<String>,
 }
@@ -382,7 +386,9 @@ fn send(
     };
     let mut c = change(row, Event::Dispatched, None, settings, now);
     c.sent_value = serde_json::to_value(checked.observation).ok();
-    c.payload = serde_json::value::to_raw_value(&payload).ok();
+    // Rendered once: the row stores the text the request carries.
+    let payload = RawPayload::from(&payload);
+    c.payload = Some(payload.raw().to_owned());
     c.subscription_id = Some(g.subscription_id);
     c.deadline = Some(deadline);
     c.lease_until = Some(now + settings.sending_lease);
@@ -798,6 +804,11 @@ mod tests {
         assert!(plan.requests.is_empty(), "nothing to publish");
     }
 
+    /// The notification a request carries, read back from its rendered text.
+    fn sent(request: &Request) -> Payload {
+        serde_json::from_slice(request.payload.json()).unwrap_or_else(|e| unreachable!("{e}"))
+    }
+
     #[test]
     fn a_holding_row_goes_out_with_the_refetched_value_and_the_freshness_deadline() {
         let now = Utc::now();
@@ -812,9 +823,11 @@ mod tests {
             Some(1050.into())
         );
         let request = &plan.requests[&c.id];
+        assert_eq!(sent(request).body, "Now 10.50 EUR (your limit: 12.00 EUR).");
         assert_eq!(
-            request.payload.body,
-            "Now 10.50 EUR (your limit: 12.00 EUR)."
+            c.payload.as_ref().map(|p| p.get()),
+            Some(request.payload.raw().get()),
+            "the row stores the text the request carries"
         );
         assert_eq!(c.deadline, Some(request.deadline));
         let bound = settings().push_deadline;
@@ -871,8 +884,8 @@ mod tests {
         assert_eq!(event.data.id, c.id);
         assert_eq!(event.data.checked.price, 1050, "the re-checked value");
         assert_eq!(event.data.detected.price, 1100, "the detected value");
-        assert_eq!(event.data.text, request.payload.body);
-        assert_eq!(Some(event.data.valid_until), request.payload.valid_until);
+        assert_eq!(event.data.text, sent(request).body);
+        assert_eq!(Some(event.data.valid_until), request.payload.valid_until());
         let mut tampered = call.body.clone();
         tampered.push(' ');
         assert!(

@@ -469,6 +469,25 @@ impl<P> PushRequest<P> {
     pub fn msg_id(&self) -> String {
         format!("{}:{}", self.outbox_id, self.attempt)
     }
+
+    /// The same request with its payload in another form (e.g. rendered once as JSON text).
+    pub fn map_payload<Q>(self, f: impl FnOnce(P) -> Q) -> PushRequest<Q> {
+        PushRequest {
+            v: self.v,
+            outbox_id: self.outbox_id,
+            attempt: self.attempt,
+            deadline: self.deadline,
+            target: self.target,
+            payload: f(self.payload),
+            ttl: self.ttl,
+            urgency: self.urgency,
+            topic: self.topic,
+            dedup_day: self.dedup_day,
+            recall: self.recall,
+            traceparent: self.traceparent,
+            members: self.members,
+        }
+    }
 }
 
 /// Dispatcher → pusher: a cycle's requests, in one message.
@@ -483,7 +502,7 @@ impl<P: Serialize + DeserializeOwned> Batched for PushRequest<P> {
     const MAX_PER_MESSAGE: usize = MAX_REQUESTS_PER_MESSAGE;
 }
 
-impl PushRequests {
+impl<P> Batch<PushRequest<P>> {
     /// `Nats-Msg-Id`: the first request's (row, attempt) and the count. A (row, attempt) is
     /// published once, in one batch, so this names the batch as uniquely as a single request's
     /// id names it.
