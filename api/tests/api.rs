@@ -31,7 +31,7 @@ use tidings_api_types::triggers::TriggerSpec;
 use tidings_domain::Channel;
 use tidings_domain::outbox::{Delivery, DropReason, Event, FailReason, Reason, Status};
 use tidings_domain::subscription::Deactivation;
-use tidings_domain::trigger::Trigger;
+use tidings_domain::trigger::{Observation, Trigger};
 use tidings_domain::{DeviceId, OutboxId, WatchId};
 use tidings_endpoint_guard::EndpointPolicy;
 use tidings_testkit::binaries::cli;
@@ -250,7 +250,14 @@ async fn a_client_registers_watches_pauses_reads_history_and_leaves() {
 
     // History: a withheld row and a pending one, newest first, with the reason.
     let withheld = outbox_row(&db.pool, &device, &ids[0], 1100).await;
-    let lost = Step::from(condition_lost()).checked(json!({"price": 1300}));
+    let lost = Step::from(condition_lost()).checked(Observation {
+        price: 1300,
+        currency: "EUR".into(),
+        in_stock: true,
+        paused: false,
+        observed_at: Utc::now(),
+        stock_stated: true,
+    });
     walk(&db.pool, OutboxId(withheld), [lost]).await;
     let pending = outbox_row(&db.pool, &device, &ids[1], 1000).await;
     let history: NotificationList = answer(api.get("/v1/notifications", Some(&token)).await).await;

@@ -123,18 +123,15 @@ fn request(
         .filter_map(|g| plan.requests.get(&g.row.id))
         .collect();
     // What the re-check found, as the change that sends each row records it.
-    let seen: Vec<Option<Observation>> = (members.iter())
-        .map(|g| {
-            let value = changes.get(&g.row.id)?.sent_value.clone()?;
-            serde_json::from_value(value).ok()
-        })
+    let seen: Vec<Option<&Observation>> = (members.iter())
+        .map(|g| changes.get(&g.row.id)?.sent_value.as_ref())
         .collect();
     let lines: Vec<Line<'_>> = (members.iter().zip(&seen).zip(&requests))
         .filter_map(|((g, now_seen), r)| {
             Some(Line {
                 id: g.row.id,
                 item: watches.get(&g.row.watch_id)?.item_code.as_str(),
-                now: now_seen.as_ref()?,
+                now: (*now_seen)?,
                 valid_until: r.payload.valid_until().unwrap_or(r.deadline),
             })
         })

@@ -257,7 +257,7 @@ pub fn decide(
         match (decision, item) {
             (Decision::Withhold { reason, checked }, _) => {
                 let mut c = change(row, Event::Withheld(reason), None, settings, now);
-                c.checked = checked.and_then(|o| serde_json::to_value(o).ok());
+                c.checked = checked;
                 plan.changes.push(c);
             }
             (Decision::Transient { error }, _) => {
@@ -385,7 +385,7 @@ fn send(
         }
     };
     let mut c = change(row, Event::Dispatched, None, settings, now);
-    c.sent_value = serde_json::to_value(checked.observation).ok();
+    c.sent_value = Some(checked.observation.clone());
     // Rendered once: the row stores the text the request carries.
     let payload = RawPayload::from(&payload);
     c.payload = Some(payload.raw().to_owned());
@@ -797,10 +797,7 @@ mod tests {
             c.transition.reason.map(|r| r.as_str()),
             Some("condition_lost")
         );
-        assert_eq!(
-            c.checked.as_ref().map(|v| v["price"].clone()),
-            Some(1300.into())
-        );
+        assert_eq!(c.checked.as_ref().map(|o| o.price), Some(1300));
         assert!(plan.requests.is_empty(), "nothing to publish");
     }
 
@@ -818,10 +815,7 @@ mod tests {
             (c.transition.to, c.transition.attempt),
             (Status::Sending, 1)
         );
-        assert_eq!(
-            c.sent_value.as_ref().map(|v| v["price"].clone()),
-            Some(1050.into())
-        );
+        assert_eq!(c.sent_value.as_ref().map(|o| o.price), Some(1050));
         let request = &plan.requests[&c.id];
         assert_eq!(sent(request).body, "Now 10.50 EUR (your limit: 12.00 EUR).");
         assert_eq!(

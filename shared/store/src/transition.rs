@@ -6,7 +6,6 @@
 //! only on those (publish, advance a baseline, deactivate a subscription).
 
 use chrono::{DateTime, NaiveDate, Utc};
-use serde_json::Value;
 use serde_json::value::RawValue;
 use sqlx::types::Json;
 use sqlx::{PgConnection, Row as _};
@@ -14,6 +13,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::LazyLock;
 use tidings_domain::messages::AttemptOutcome;
 use tidings_domain::outbox::{Reason, Row, Status, Transition};
+use tidings_domain::trigger::Observation;
 use tidings_domain::{OutboxId, SubscriptionId};
 use tidings_runtime::metrics::{Counter, Family, TransitionLabels};
 
@@ -28,8 +28,10 @@ pub struct Change {
     pub transition: Transition,
     pub next_attempt_at: Option<DateTime<Utc>>,
     pub last_error: Option<String>,
-    pub checked: Option<Value>,
-    pub sent_value: Option<Value>,
+    /// What the re-check read, and (entering `sending`) the value the notification states:
+    /// serialised straight to jsonb text, with no `serde_json::Value` tree between.
+    pub checked: Option<Observation>,
+    pub sent_value: Option<Observation>,
     /// The payload as sent, as JSON text: serialised straight from the notification, with no
     /// `serde_json::Value` tree built between.
     pub payload: Option<Box<RawValue>>,
@@ -101,8 +103,8 @@ crate::unnest::unnest_rows! {
         attempt: i32,
         next_attempt_at: Option<DateTime<Utc>>,
         last_error: Option<&'a str>,
-        checked: Option<&'a Value>,
-        sent_value: Option<&'a Value>,
+        checked: Option<Json<&'a Observation>>,
+        sent_value: Option<Json<&'a Observation>>,
         payload: Option<Json<&'a RawValue>>,
         subscription_id: Option<SubscriptionId>,
         lease_until: Option<DateTime<Utc>>,
@@ -132,8 +134,8 @@ impl<'a> ChangeRow<'a> {
             attempt: int(c.transition.attempt),
             next_attempt_at: c.next_attempt_at,
             last_error: c.last_error.as_deref(),
-            checked: c.checked.as_ref(),
-            sent_value: c.sent_value.as_ref(),
+            checked: c.checked.as_ref().map(Json),
+            sent_value: c.sent_value.as_ref().map(Json),
             payload: c.payload.as_deref().map(Json),
             subscription_id: c.subscription_id,
             lease_until: c.lease_until,

@@ -21,7 +21,7 @@ pub struct Step {
     pub http_status: Option<u16>,
     pub last_error: Option<String>,
     /// The value the re-check read, as dispatch records it on a withheld row.
-    pub checked: Option<serde_json::Value>,
+    pub checked: Option<tidings_domain::trigger::Observation>,
     /// A `Dispatched` step's lease (a minute from now unless given).
     pub lease_until: Option<chrono::DateTime<Utc>>,
 }
@@ -52,7 +52,7 @@ impl Step {
     }
 
     /// The step with the value the re-check read.
-    pub fn checked(mut self, value: serde_json::Value) -> Self {
+    pub fn checked(mut self, value: tidings_domain::trigger::Observation) -> Self {
         self.checked = Some(value);
         self
     }
