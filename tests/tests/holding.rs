@@ -8,8 +8,10 @@
 use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 use std::time::Duration;
+use tidings_domain::subjects::StreamKind;
 use tidings_tests::binaries::cli;
 use tidings_tests::fake_push::FakePushService;
+use tidings_tests::harness::poll_wait;
 use tidings_tests::scenario::Scenario;
 use tidings_tests::services::{ADMIN_TOKEN, Pipeline, call, watch_below};
 
@@ -409,6 +411,16 @@ async fn a_digest_survives_its_dispatcher_killed_mid_release_without_a_second_me
             .all(|r| r.status == "sending" && r.digest_of.is_some())
     })
     .await;
+    // Killed once the request is stored, not between the rows' commit and the publish: under
+    // load that window is long enough to hit, and a row killed in it waits for the lease
+    // sweeper (the dispatcher's `a_dispatcher_killed_mid_batch_loses_nothing`), not a pusher.
+    let started = std::time::Instant::now();
+    while s.stream_len(StreamKind::Push).await == 0 {
+        poll_wait(started, 15, || {
+            "the digest's request never published".into()
+        })
+        .await;
+    }
     p.kill("dispatcher");
     let leader = sending.iter().map(|r| r.id).min().unwrap();
     assert!(sending.iter().all(|r| r.digest_of == Some(leader)));
