@@ -45,8 +45,8 @@ pub struct Guarded<'r> {
     pub time_zone: &'r str,
 }
 
-/// A request as the dispatcher publishes it: its notification rendered to JSON text once, the
-/// text its outbox row stores.
+/// A request as the dispatcher publishes it: its notification rendered to JSON text once. A row
+/// sent alone stores that text; a digest's request carries the digest's, rendered for it.
 pub type Request = PushRequest<RawPayload>;
 
 /// The outcome of [`decide`].
