@@ -201,3 +201,31 @@ async fn purging_a_dead_letter_that_is_gone_says_so() {
     assert!(!letters.purge(ack.sequence + 1000).await.unwrap());
     delete_streams(&js, &subjects).await;
 }
+
+/// A NATS failure reaches the caller as the error NATS gave, kinds and all, not as its text: a
+/// log prints the chain, and code that must tell failures apart can.
+#[tokio::test]
+async fn a_delivery_log_that_cannot_open_keeps_the_nats_error_as_its_cause() {
+    use async_nats::jetstream::context::{KeyValueError, KeyValueErrorKind};
+    use std::error::Error as _;
+    let js = jetstream::new(nats().await.unwrap());
+    let subjects = test_subjects();
+    // Not a creating log, and no dispatcher made the bucket: opening it fails.
+    let log = tidings_bus::delivered::DeliveryLog::new(js, &subjects, &StreamSettings::default());
+    let e = log.open().await.err().unwrap();
+    let cause = e.source().and_then(|s| s.downcast_ref::<KeyValueError>());
+    assert!(
+        cause.is_some_and(|c| c.kind() == KeyValueErrorKind::GetBucket),
+        "{e:?}"
+    );
+    let told = tidings_runtime::telemetry::with_causes(&e);
+    assert!(
+        told.starts_with(&format!("delivery log {}: open bucket: ", log.bucket())),
+        "{told}"
+    );
+    assert_eq!(
+        told.matches(&cause.unwrap().to_string()).count(),
+        1,
+        "{told}"
+    );
+}
