@@ -47,7 +47,7 @@ pub struct Guarded<'r> {
 
 /// A request as the dispatcher publishes it: its notification rendered to JSON text once. A row
 /// sent alone stores that text; a digest's request carries the digest's, rendered for it.
-pub type Request = PushRequest<RawPayload>;
+pub use tidings_domain::messages::RawPushRequest as Request;
 
 /// The outcome of [`decide`].
 #[derive(Default)]

@@ -24,7 +24,7 @@ pub mod worker;
 pub use config::{Config, Settings};
 
 /// A push request as the pusher reads it: its payload kept as the JSON it encrypts.
-pub type Request = tidings_domain::messages::PushRequest<tidings_domain::messages::RawPayload>;
+pub use tidings_domain::messages::RawPushRequest as Request;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -414,9 +414,9 @@ names! {
     }
 }
 
-/// Dispatcher → pusher: everything needed to deliver, so the pusher needs no database. The
-/// dispatcher writes its payload as a [`Payload`]; the pusher reads it as a [`RawPayload`], the
-/// same JSON kept as bytes to encrypt.
+/// Dispatcher → pusher: everything needed to deliver, so the pusher needs no database. Its
+/// payload is a [`Payload`] where one is built or read field by field (tests, benches), and a
+/// [`RawPayload`] where it is only passed on ([`RawPushRequest`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "flat::FlatPushRequest<P>")]
 pub struct PushRequest<P = Payload> {
@@ -469,26 +469,11 @@ impl<P> PushRequest<P> {
     pub fn msg_id(&self) -> String {
         format!("{}:{}", self.outbox_id, self.attempt)
     }
-
-    /// The same request with its payload in another form (e.g. rendered once as JSON text).
-    pub fn map_payload<Q>(self, f: impl FnOnce(P) -> Q) -> PushRequest<Q> {
-        PushRequest {
-            v: self.v,
-            outbox_id: self.outbox_id,
-            attempt: self.attempt,
-            deadline: self.deadline,
-            target: self.target,
-            payload: f(self.payload),
-            ttl: self.ttl,
-            urgency: self.urgency,
-            topic: self.topic,
-            dedup_day: self.dedup_day,
-            recall: self.recall,
-            traceparent: self.traceparent,
-            members: self.members,
-        }
-    }
 }
+
+/// A request whose payload is its JSON text: the dispatcher renders a notification into it once
+/// (a row sent alone stores that text), and the pusher encrypts those bytes as they came.
+pub type RawPushRequest = PushRequest<RawPayload>;
 
 /// Dispatcher → pusher: a cycle's requests, in one message.
 pub type PushRequests = Batch<PushRequest>;

@@ -138,7 +138,7 @@ pub(super) mod tests {
     use super::*;
     use serde_json::{Value, json};
 
-    pub(in crate::messages) fn request(target: Target, payload: Payload) -> PushRequest {
+    pub(in crate::messages) fn request<P>(target: Target, payload: P) -> PushRequest<P> {
         PushRequest {
             v: super::super::VERSION,
             outbox_id: OutboxId::new(),
