@@ -5,7 +5,8 @@
 //! other dispatchers after the statement commits. No lock is held while the source is called or
 //! the push published; if this dispatcher dies, the rows are simply claimable again when the
 //! claim lease runs out. `claimed_until` is not indexed and the outbox leaves half of each page
-//! free (migration 0003), so a claim is a HOT update; every state transition clears it.
+//! free (migration 0003), so a claim is a HOT update; every state transition clears it. A claim
+//! stamps `updated_at` itself, so the guard trigger need not run its function (migration 0028).
 
 use crate::baselines::BaselineRow;
 use crate::subscriptions::Health;
@@ -186,7 +187,7 @@ pub fn statement(
                LIMIT $1
                FOR UPDATE SKIP LOCKED
            )
-           UPDATE outbox o SET claimed_until = now() + make_interval(secs => $2)
+           UPDATE outbox o SET claimed_until = now() + make_interval(secs => $2), updated_at = now()
            FROM due WHERE o.id = due.id AND o.dedup_day = due.dedup_day
            RETURNING o.id AS "id: OutboxId", o.dedup_day, o.watch_id AS "watch_id: WatchId",
                      o.device_id AS "device_id: DeviceId", o.channel AS "channel: Channel",
@@ -273,7 +274,7 @@ pub async fn claim_digests(
                    LIMIT $2
                    FOR UPDATE SKIP LOCKED) AS r
            )
-           UPDATE outbox o SET claimed_until = now() + make_interval(secs => $3)
+           UPDATE outbox o SET claimed_until = now() + make_interval(secs => $3), updated_at = now()
            FROM due WHERE o.id = due.id AND o.dedup_day = due.dedup_day
            RETURNING o.id AS "id: OutboxId", o.dedup_day, o.watch_id AS "watch_id: WatchId",
                      o.device_id AS "device_id: DeviceId", o.channel AS "channel: Channel",

@@ -10,7 +10,7 @@
 //! snapshot's columns.
 
 /// The detection snapshot's columns, in the order every statement lists them (the database
-/// guard in `migrations/0001_init.sql` keeps them immutable).
+/// guard, `outbox_guard()` in `migrations/0013_cancel_and_pause.sql`, keeps them immutable).
 #[macro_export]
 macro_rules! snapshot_columns {
     () => {
@@ -95,12 +95,18 @@ mod tests {
 
     #[test]
     fn the_snapshot_is_the_columns_the_guard_freezes() {
-        let migration = include_str!("../../../migrations/0001_init.sql");
+        // The function, and the trigger's condition for calling it (its fast path).
+        let guard = include_str!("../../../migrations/0013_cancel_and_pause.sql");
+        let fast_path = include_str!("../../../migrations/0028_outbox_guard_fast_path.sql");
         for column in snapshot_columns!().split(',').map(str::trim) {
-            assert!(
-                migration.contains(&format!("NEW.{column}")),
-                "{column} is not frozen by outbox_guard"
-            );
+            for (name, migration) in [("outbox_guard", guard), ("its fast path", fast_path)] {
+                for row in ["NEW", "OLD"] {
+                    assert!(
+                        migration.contains(&format!("{row}.{column}")),
+                        "{column} is not frozen by {name}"
+                    );
+                }
+            }
         }
     }
 

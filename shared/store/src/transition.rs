@@ -154,6 +154,8 @@ impl<'a> ChangeRow<'a> {
 
 /// One compare-and-set per change: the row moves only from the state and attempt the change was
 /// decided on. The lease is always cleared, so a claim never outlives the change that ends it.
+/// Stamping `updated_at` itself lets the guard trigger skip its PL/pgSQL call for a change that
+/// breaks none of its rules (migration 0028).
 static APPLY: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE outbox o SET
@@ -178,7 +180,8 @@ static APPLY: LazyLock<String> = LazyLock::new(|| {
              attempt_push_host = COALESCE(u.attempt_push_host, o.attempt_push_host),
              attempt_ms = COALESCE(u.attempt_ms, o.attempt_ms),
              digest_of = CASE WHEN u.from_status IN {due} THEN u.digest_of ELSE o.digest_of END,
-             finished_at = CASE WHEN u.to_status IN {terminal} THEN now() END
+             finished_at = CASE WHEN u.to_status IN {terminal} THEN now() END,
+             updated_at = now()
          FROM {rows}
          WHERE o.id = u.id AND o.dedup_day = u.day
            AND o.status = u.from_status AND o.attempt = u.from_attempt

@@ -7,9 +7,10 @@
 
 use chrono::{NaiveDate, TimeZone, Utc};
 use tidings_domain::messages::EnqueueRequest;
-use tidings_domain::outbox::Status;
+use tidings_domain::outbox::{self, Event, Status};
 use tidings_domain::trigger::Trigger;
 use tidings_domain::{OutboxId, WatchId};
+use tidings_store::transition::{self, Change};
 use tidings_testkit::fixtures::{self, Device, Inserted};
 use tidings_testkit::harness::TestDb;
 use uuid::Uuid;
@@ -113,21 +114,60 @@ async fn the_devices_time_zone_moves_the_day_boundary() {
     assert_eq!(days, ["2026-11-30", "2026-12-01"]);
 }
 
+/// How an update treats `updated_at`: the services' statements stamp it themselves, which lets
+/// the guard trigger skip its function when no rule is broken (migration 0028); any other
+/// statement leaves it to the function. The guard must hold either way.
+#[derive(Clone, Copy, Debug)]
+enum Stamp {
+    Left,
+    Own,
+}
+
+impl Stamp {
+    const BOTH: [Stamp; 2] = [Stamp::Left, Stamp::Own];
+
+    /// What the statement adds to its `SET` list.
+    fn set(self) -> &'static str {
+        match self {
+            Stamp::Left => "",
+            Stamp::Own => ", updated_at = now()",
+        }
+    }
+}
+
 /// Moves a row to `to`, filling the columns that state requires. Errors are the database's.
 async fn set_status(db: &TestDb, id: OutboxId, to: Status) -> Result<(), sqlx::Error> {
-    sqlx::query(
+    set_status_stamped(db, id, to, Stamp::Left).await
+}
+
+async fn set_status_stamped(
+    db: &TestDb,
+    id: OutboxId,
+    to: Status,
+    stamp: Stamp,
+) -> Result<(), sqlx::Error> {
+    let sql = format!(
         "UPDATE outbox SET status = $2,
              reason = CASE WHEN $2 IN ('dropped', 'failed') THEN 'test' END,
              finished_at = CASE WHEN $2 IN ('sent', 'dropped', 'failed') THEN now() END,
              lease_until = CASE WHEN $2 = 'sending' THEN now() + interval '1 minute' END,
-             deadline = CASE WHEN $2 = 'sending' THEN now() + interval '30 seconds' END
+             deadline = CASE WHEN $2 = 'sending' THEN now() + interval '30 seconds' END{}
          WHERE id = $1",
-    )
-    .bind(id)
-    .bind(to.as_str())
-    .execute(&db.pool)
-    .await
-    .map(|_| ())
+        stamp.set()
+    );
+    sqlx::query(&sql)
+        .bind(id)
+        .bind(to.as_str())
+        .execute(&db.pool)
+        .await
+        .map(|_| ())
+}
+
+/// The SQLSTATE of a refused statement (`23514`: the guard's `check_violation`).
+fn code(e: &sqlx::Error) -> Option<String> {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .map(|c| c.into_owned())
 }
 
 /// A legal route from pending to each state, to set up a row in that state.
@@ -148,33 +188,145 @@ async fn the_database_allows_exactly_the_state_machines_transitions() {
     let (device, watch) = watched(&db, "UTC").await;
     let start = Utc.with_ymd_and_hms(2026, 1, 1, 12, 0, 0).unwrap();
     let mut day = 0;
-    for from in Status::ALL {
-        for to in Status::ALL {
-            day += 1;
-            let at = start + chrono::Duration::days(day);
-            let req = fixtures::enqueue_request(&device, watch, BELOW_1200, 1100, at);
-            let Inserted::New(id) = fixtures::insert_outbox(&db.pool, &req).await.unwrap() else {
-                panic!("expected a new row");
-            };
-            for step in route_to(from) {
-                set_status(&db, id, *step).await.unwrap();
-            }
-            let result = set_status(&db, id, to).await;
-            // Same-status updates are how a claim moves a due row's lease.
-            let allowed = from.can_move_to(to) || (from == to && from.is_due_state());
-            match result {
-                Ok(()) => assert!(allowed, "database accepted illegal {from} -> {to}"),
-                Err(e) => {
-                    assert!(!allowed, "database refused legal {from} -> {to}: {e}");
-                    let code = e
-                        .as_database_error()
-                        .and_then(|d| d.code())
-                        .map(|c| c.into_owned());
-                    assert_eq!(code.as_deref(), Some("23514"), "{from} -> {to}: {e}");
+    for stamp in Stamp::BOTH {
+        for from in Status::ALL {
+            for to in Status::ALL {
+                day += 1;
+                let at = start + chrono::Duration::days(day);
+                let req = fixtures::enqueue_request(&device, watch, BELOW_1200, 1100, at);
+                let Inserted::New(id) = fixtures::insert_outbox(&db.pool, &req).await.unwrap()
+                else {
+                    panic!("expected a new row");
+                };
+                for step in route_to(from) {
+                    set_status(&db, id, *step).await.unwrap();
+                }
+                let result = set_status_stamped(&db, id, to, stamp).await;
+                // Same-status updates are how a claim moves a due row's lease.
+                let allowed = from.can_move_to(to) || (from == to && from.is_due_state());
+                match result {
+                    Ok(()) => assert!(
+                        allowed,
+                        "database accepted illegal {from} -> {to} ({stamp:?})"
+                    ),
+                    Err(e) => {
+                        assert!(
+                            !allowed,
+                            "database refused legal {from} -> {to} ({stamp:?}): {e}"
+                        );
+                        assert_eq!(code(&e).as_deref(), Some("23514"), "{from} -> {to}: {e}");
+                    }
                 }
             }
         }
     }
+}
+
+/// A change of each frozen column, as SQL: the detection snapshot and the row's identity.
+fn changed(column: &str) -> &'static str {
+    match column {
+        "watch_id" | "device_id" => "gen_random_uuid()",
+        "trigger" => "trigger || '-x'",
+        "channel" => "CASE WHEN channel = 'webhook' THEN 'email' ELSE 'webhook' END",
+        "dedup_day" => "dedup_day + 1",
+        "detected_at" | "detected_observed_at" => "now() - interval '1 day'",
+        "detected_price" => "detected_price + 1",
+        "detected_currency" => "detected_currency || 'X'",
+        "detected_in_stock" => "NOT detected_in_stock",
+        "detected_paused" => "NOT detected_paused",
+        "baseline_price" => "coalesce(baseline_price, 0) + 1",
+        "baseline_reference" => "coalesce(baseline_reference, 0) + 1",
+        "baseline_in_stock" => "NOT coalesce(baseline_in_stock, false)",
+        other => panic!("no change written for frozen column {other}"),
+    }
+}
+
+/// The guard's fast path (migration 0028) skips its function only for an update that breaks
+/// none of its rules: an update stamping its own time is refused for each rule as one that does
+/// not, and a row's `updated_at` is the time of its last change either way.
+#[tokio::test]
+async fn an_update_that_stamps_its_own_time_meets_every_rule_of_the_guard() {
+    let db = TestDb::new().await.unwrap();
+    let (_, id) = one_row(&db).await;
+    let update = |set: String| {
+        let pool = db.pool.clone();
+        async move {
+            let sql = format!("UPDATE outbox SET {set} WHERE id = $1");
+            sqlx::query(&sql).bind(id).execute(&pool).await.map(|_| ())
+        }
+    };
+    let refused = |r: Result<(), sqlx::Error>, what: &str| match r {
+        Ok(()) => panic!("{what} was accepted"),
+        Err(e) => assert_eq!(code(&e).as_deref(), Some("23514"), "{what}: {e}"),
+    };
+    // Each refusal below breaks one rule only: a due row may be updated in place, and its
+    // counters and mark are up, so lowering one is the only thing wrong with the update. Each
+    // column set to its own value (the same statement otherwise) is accepted.
+    let stamp = Stamp::Own.set();
+    let due = "status = 'retry', attempt = 2, retry_count = 1, maybe_delivered = true";
+    update(format!("{due}{stamp}")).await.unwrap();
+    let identity = ["watch_id", "device_id", "trigger", "channel", "dedup_day"];
+    let snapshot = tidings_store::snapshot_columns!().split(',').map(str::trim);
+    let lowered = [
+        ("attempt", "1"),
+        ("retry_count", "0"),
+        ("maybe_delivered", "false"),
+    ];
+    for stamp in Stamp::BOTH {
+        let s = stamp.set();
+        let frozen = identity.into_iter().chain(snapshot.clone());
+        let changes = frozen.map(|c| (c, changed(c))).chain(lowered);
+        for (column, value) in changes {
+            update(format!("{column} = {column}{s}")).await.unwrap();
+            let set = format!("{column} = {value}{s}");
+            refused(
+                update(set).await,
+                &format!("{column} = {value} ({stamp:?})"),
+            );
+        }
+    }
+    // A row in flight may end `dropped`, but not as an operator's cancel.
+    let in_flight = "status = 'sending', lease_until = now(), deadline = now()";
+    update(format!("{in_flight}{stamp}")).await.unwrap();
+    for stamp in Stamp::BOTH {
+        let s = stamp.set();
+        let cancel = format!(
+            "status = 'dropped', reason = 'cancelled', finished_at = now(), lease_until = NULL{s}"
+        );
+        refused(
+            update(cancel).await,
+            &format!("a row in flight cancelled ({stamp:?})"),
+        );
+    }
+    let updated_at = || {
+        let pool = db.pool.clone();
+        async move {
+            let sql = "SELECT updated_at FROM outbox WHERE id = $1";
+            let (at,): (chrono::DateTime<Utc>,) =
+                sqlx::query_as(sql).bind(id).fetch_one(&pool).await.unwrap();
+            at
+        }
+    };
+    // A statement's own older time is replaced by the change's: the function still stamps it.
+    update("status = 'retry', lease_until = NULL, updated_at = '2000-01-01'".into())
+        .await
+        .unwrap();
+    let retried = updated_at().await;
+    assert!(
+        retried > Utc::now() - chrono::Duration::minutes(1),
+        "kept a time not its own: {retried}"
+    );
+    update(format!("status = 'sent', finished_at = now(){stamp}"))
+        .await
+        .unwrap();
+    assert!(
+        updated_at().await > retried,
+        "a stamped change did not move updated_at"
+    );
+    refused(
+        update(format!("last_error = 'edited'{stamp}")).await,
+        "a stamped edit of a terminal row",
+    );
 }
 
 #[tokio::test]
@@ -752,4 +904,67 @@ async fn migrate_rebuilds_an_index_a_cut_short_build_left_and_takes_0019s_first_
         schema::migrate(&mut conn).await,
         Err(sqlx::migrate::MigrateError::VersionMismatch(19))
     ));
+}
+
+/// The hot path's updates (a claim, a transition, three a notification) stamp their own time
+/// and break no rule, so the guard trigger accepts them without calling its function (~2 µs of
+/// Postgres a row update, migration 0028). An update that does not stamp still calls it.
+#[tokio::test]
+async fn the_claim_and_a_transition_take_the_guards_fast_path() {
+    let db = TestDb::new().await.unwrap();
+    let (_, id) = one_row(&db).await;
+    let (_, other) = one_row(&db).await;
+    // A transaction counting the function's calls while it runs (track_functions).
+    let counted = async || {
+        let mut tx = db.pool.begin().await.unwrap();
+        sqlx::query("SET LOCAL track_functions = 'pl'")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        tx
+    };
+    let calls = async |tx: &mut sqlx::PgConnection| -> i64 {
+        let sql = "SELECT coalesce(pg_stat_get_xact_function_calls('outbox_guard'::regproc), 0)";
+        let (n,): (i64,) = sqlx::query_as(sql).fetch_one(tx).await.unwrap();
+        n
+    };
+
+    let mut tx = counted().await;
+    // An update that leaves its time to the function calls it (and puts the other row off).
+    sqlx::query("UPDATE outbox SET next_attempt_at = now() + interval '1 hour' WHERE id = $1")
+        .bind(other)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(
+        calls(&mut tx).await,
+        1,
+        "an update not stamping its time skipped the function"
+    );
+    let claimed = tidings_store::claim::statement(10, 30.0)
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1, "not the one due row claimed");
+    assert_eq!(
+        calls(&mut tx).await,
+        1,
+        "the claim called the guard's function"
+    );
+    tx.commit().await.unwrap();
+
+    // The row goes out in a transaction of its own, as in the dispatcher.
+    let mut tx = counted().await;
+    let row = claimed[0].row();
+    let t = outbox::apply(row, Event::Dispatched, 5).unwrap();
+    let mut change = Change::new(id, claimed[0].dedup_day, row, t);
+    change.lease_until = Some(Utc::now() + chrono::Duration::minutes(1));
+    change.deadline = Some(Utc::now());
+    let won = transition::apply(&mut tx, &[change]).await.unwrap();
+    assert!(won.contains(&id), "the row did not go out");
+    assert_eq!(
+        calls(&mut tx).await,
+        0,
+        "the transition called the guard's function"
+    );
 }
