@@ -110,6 +110,62 @@ mod tests {
         }
     }
 
+    /// The last migration whose text holds `marker`, as (file name, text).
+    fn last_migration_with(marker: &str) -> (String, String) {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../migrations");
+        let mut files: Vec<_> = std::fs::read_dir(dir)
+            .unwrap_or_else(|e| panic!("{dir}: {e}"))
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "sql"))
+            .collect();
+        files.sort();
+        files
+            .into_iter()
+            .rev()
+            .map(|p| {
+                (
+                    p.display().to_string(),
+                    std::fs::read_to_string(&p).unwrap(),
+                )
+            })
+            .find(|(_, text)| text.contains(marker))
+            .unwrap_or_else(|| panic!("no migration holds {marker}"))
+    }
+
+    /// The guard trigger's condition for calling `outbox_guard()` (its fast path) must hold every
+    /// rule the function raises on, or an update breaking a rule the condition lacks would pass
+    /// unchecked: each `IF` of the latest function is in the latest trigger's condition.
+    #[test]
+    fn the_guards_fast_path_checks_every_rule_of_its_function() {
+        let fold = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+        let (fname, function) = last_migration_with("FUNCTION outbox_guard() RETURNS trigger");
+        let (tname, trigger) = last_migration_with("TRIGGER outbox_guard BEFORE UPDATE");
+        let when = fold(&trigger[trigger.find("WHEN (").unwrap()..]);
+        let from = &function[function.find("FUNCTION outbox_guard()").unwrap()..];
+        // The body: between the first two `$$`.
+        let body = fold(from.split("$$").nth(1).unwrap());
+        let rules: Vec<&str> = body
+            .split("IF ")
+            .skip(1)
+            .filter_map(|rest| rest.split(" THEN").next())
+            .collect();
+        assert!(
+            rules.len() >= 6,
+            "{fname}: only {} rules found",
+            rules.len()
+        );
+        for rule in rules {
+            assert!(
+                when.contains(rule),
+                "{tname}'s condition lacks a rule of {fname}: {rule}"
+            );
+        }
+        assert!(
+            when.starts_with("WHEN ( NEW.updated_at IS DISTINCT FROM now() OR"),
+            "{when}"
+        );
+    }
+
     /// Every statement `query!` checked, from the query cache.
     fn cached_statements() -> Vec<String> {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/.sqlx");
