@@ -95,11 +95,11 @@ mod tests {
 
     #[test]
     fn the_snapshot_is_the_columns_the_guard_freezes() {
-        // The function, and the trigger's condition for calling it (its fast path).
-        let guard = include_str!("../../../migrations/0013_cancel_and_pause.sql");
-        let fast_path = include_str!("../../../migrations/0028_outbox_guard_fast_path.sql");
+        // The latest function, and the latest trigger's condition for calling it (its fast path).
+        let guard = last_migration_with(GUARD_FUNCTION);
+        let fast_path = last_migration_with(GUARD_TRIGGER);
         for column in snapshot_columns!().split(',').map(str::trim) {
-            for (name, migration) in [("outbox_guard", guard), ("its fast path", fast_path)] {
+            for (name, migration) in [guard.clone(), fast_path.clone()] {
                 for row in ["NEW", "OLD"] {
                     assert!(
                         migration.contains(&format!("{row}.{column}")),
@@ -109,6 +109,10 @@ mod tests {
             }
         }
     }
+
+    /// What the migrations that define the guard's function, and its trigger, hold.
+    const GUARD_FUNCTION: &str = "FUNCTION outbox_guard() RETURNS trigger";
+    const GUARD_TRIGGER: &str = "TRIGGER outbox_guard BEFORE UPDATE";
 
     /// The last migration whose text holds `marker`, as (file name, text).
     fn last_migration_with(marker: &str) -> (String, String) {
@@ -138,8 +142,8 @@ mod tests {
     #[test]
     fn the_guards_fast_path_checks_every_rule_of_its_function() {
         let fold = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
-        let (fname, function) = last_migration_with("FUNCTION outbox_guard() RETURNS trigger");
-        let (tname, trigger) = last_migration_with("TRIGGER outbox_guard BEFORE UPDATE");
+        let (fname, function) = last_migration_with(GUARD_FUNCTION);
+        let (tname, trigger) = last_migration_with(GUARD_TRIGGER);
         let when = fold(&trigger[trigger.find("WHEN (").unwrap()..]);
         let from = &function[function.find("FUNCTION outbox_guard()").unwrap()..];
         // The body: between the first two `$$`.

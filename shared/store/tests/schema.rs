@@ -386,7 +386,7 @@ async fn insert_replay(db: &TestDb, of: OutboxId, replay_of: Uuid) -> Result<(),
 }
 
 fn foreign_key_violation(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(d) if d.code().as_deref() == Some("23503"))
+    code(e).as_deref() == Some("23503")
 }
 
 #[tokio::test]
