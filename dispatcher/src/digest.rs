@@ -10,19 +10,21 @@
 use chrono::{DateTime, Duration, Utc};
 use chrono_tz::Tz;
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::hash::Hash;
 use tidings_domain::dedup::parse_time_zone;
 use tidings_domain::digest::{self, DigestEvent, Line};
 use tidings_domain::holding::Digest;
 use tidings_domain::messages::{
     Member, Payload, PushRequest, RawPayload, Target, Urgency, WebhookCall,
 };
-use tidings_domain::outbox::Event;
+use tidings_domain::outbox::{Event, Status};
 use tidings_domain::texts::Lang;
 use tidings_domain::trigger::Observation;
 use tidings_domain::webhook;
 use tidings_domain::{DeviceId, OutboxId, WatchId, validity};
 use tidings_runtime::telemetry;
 use tidings_store::claim::{Destination, WatchState};
+use tidings_store::transition::Change;
 
 use crate::config::Settings;
 use crate::plan::{self, Guarded, Plan, Request, Unsigned};
@@ -56,6 +58,12 @@ pub fn fold(
             readers.entry(row.device_id).or_default().push(g);
         }
     }
+    // Every digested row by reader, also those the re-check could not decide (retried).
+    let reader_of: HashMap<OutboxId, DeviceId> = (guarded.iter())
+        .filter(|g| g.row.withdraws.is_none())
+        .filter(|g| watches.get(&g.row.watch_id).and_then(schedule).is_some())
+        .map(|g| (g.row.id, g.row.device_id))
+        .collect();
     let mut sizes = Vec::new();
     // Each member's leader, written on the members' changes in one pass at the end.
     let mut led: HashMap<OutboxId, OutboxId> = HashMap::new();
@@ -79,7 +87,28 @@ pub fn fold(
             c.digest_of = Some(*leader);
         }
     }
+    retry_together(&mut plan.changes, |id| reader_of.get(&id));
     sizes
+}
+
+/// Rows of one digest sent back to `retry` together come back together: each group's retry time
+/// becomes the latest of its rows', so none returns before its own backoff and the digest claim
+/// takes them again as one message. Jittered one by one, they came due over seconds, and the
+/// claim (every second) sent the reader one digest in several.
+pub fn retry_together<K: Eq + Hash>(changes: &mut [Change], group: impl Fn(OutboxId) -> Option<K>) {
+    let retried = |c: &Change| c.transition.to == Status::Retry && c.next_attempt_at.is_some();
+    let mut latest: HashMap<K, DateTime<Utc>> = HashMap::new();
+    for c in changes.iter().filter(|c| retried(c)) {
+        if let (Some(key), Some(at)) = (group(c.id), c.next_attempt_at) {
+            let at_latest = latest.entry(key).or_insert(at);
+            *at_latest = (*at_latest).max(at);
+        }
+    }
+    for c in changes.iter_mut().filter(|c| retried(c)) {
+        if let Some(at) = group(c.id).and_then(|key| latest.get(&key)) {
+            c.next_attempt_at = Some(*at);
+        }
+    }
 }
 
 /// A digest that cannot be signed or written is not sent: its rows wait (retried) as a single
@@ -211,4 +240,65 @@ fn target(
             Target::Email(mail)
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidings_domain::outbox::{self, Row};
+
+    /// Row `n` of a batch: sent back to retry `at_secs` from now, or (`None`) sent.
+    fn change(n: u128, at_secs: Option<i64>, now: DateTime<Utc>) -> Change {
+        let row = Row {
+            status: Status::Sending,
+            retry_count: 0,
+            attempt: 1,
+        };
+        let event = if at_secs.is_some() {
+            Event::Transient
+        } else {
+            Event::Delivered
+        };
+        let t = outbox::apply(row, event, 5).expect("legal from sending");
+        let mut c = Change::new(OutboxId(uuid::Uuid::from_u128(n)), now.date_naive(), row, t);
+        c.next_attempt_at = at_secs.map(|s| now + Duration::seconds(s));
+        c
+    }
+
+    #[test]
+    fn a_digests_retried_rows_come_back_together_at_the_latest_of_their_times() {
+        let now = Utc::now();
+        let mut changes = vec![
+            change(1, Some(28), now),
+            change(2, Some(33), now),
+            change(3, Some(30), now),
+            change(4, None, now),
+            change(5, Some(27), now),
+            change(6, Some(31), now),
+            change(7, Some(29), now),
+        ];
+        // Rows 1–4 are one digest, 5 and 6 another; 7 is alone.
+        let group = |id: OutboxId| match id.0.as_u128() {
+            1..=4 => Some('a'),
+            5 | 6 => Some('b'),
+            _ => None,
+        };
+        retry_together(&mut changes, group);
+        let at: Vec<Option<i64>> = (changes.iter())
+            .map(|c| c.next_attempt_at.map(|t| (t - now).num_seconds()))
+            .collect();
+        assert_eq!(
+            at,
+            [
+                Some(33),
+                Some(33),
+                Some(33),
+                None,
+                Some(31),
+                Some(31),
+                Some(29)
+            ],
+            "each digest's rows at the latest of its times; a sent row and a lone row as they were"
+        );
+    }
 }

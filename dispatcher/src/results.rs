@@ -28,6 +28,7 @@ use tidings_domain::{Channel, OutboxId, SubscriptionId};
 use tidings_runtime::telemetry;
 
 use crate::config::Settings;
+use crate::digest;
 use crate::resolve::{Said, advance, plan};
 use crate::stage::Stage;
 use tidings_store::attempts;
@@ -221,6 +222,7 @@ pub async fn apply_in(
     results: &[&PushResult],
 ) -> Result<Applied, sqlx::Error> {
     let members = member_results(results);
+    let carried_by = digests_of(results);
     let with_members: Vec<&PushResult>;
     let results = if members.is_empty() {
         results
@@ -230,7 +232,8 @@ pub async fn apply_in(
     };
     let locked = lock_rows_of(tx, results).await?;
     let rows: HashMap<OutboxId, &Locked> = locked.iter().map(|l| (l.id, l)).collect();
-    let planned = plan(results, &rows, settings);
+    let mut planned = plan(results, &rows, settings);
+    digest::retry_together(&mut planned.changes, |id| carried_by.get(&id));
     let won = transition::apply(&mut *tx, &planned.changes).await?;
     attempts::insert_new(&mut *tx, &planned.fresh).await?;
     attempts::record(&mut *tx, &planned.late).await?;
@@ -268,6 +271,19 @@ fn member_results(results: &[&PushResult]) -> Vec<PushResult> {
                 members: Vec::new(),
                 ..(*r).clone()
             })
+        })
+        .collect()
+}
+
+/// Each row a digest's result is about, with the digest's leader (itself for the leader).
+fn digests_of(results: &[&PushResult]) -> HashMap<OutboxId, OutboxId> {
+    (results.iter())
+        .filter(|r| !r.members.is_empty())
+        .flat_map(|r| {
+            let leader = r.outbox_id;
+            (r.members.iter().map(|m| m.id))
+                .chain([leader])
+                .map(move |id| (id, leader))
         })
         .collect()
 }

@@ -37,7 +37,7 @@ use tidings_store::transition::{self, Change, Ending};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
-use crate::results;
+use crate::{digest, results};
 
 pub const LEASE_EXPIRED_ERROR: &str = "lease_expired: no push result before the lease ran out";
 
@@ -182,6 +182,14 @@ pub async fn sweep_once(
             Err(_) => plan.deferred += 1 + carried.len(),
         }
     }
+    let carried_by: HashMap<OutboxId, OutboxId> = (members.iter())
+        .flat_map(|(leader, rows)| {
+            (rows.iter().map(|m| m.id))
+                .chain([*leader])
+                .map(move |id| (id, *leader))
+        })
+        .collect();
+    digest::retry_together(&mut plan.changes, |id| carried_by.get(&id));
     let refs: Vec<&PushResult> = plan.delivered.iter().collect();
     let applied = results::apply_in(&mut tx, settings, &refs).await?;
     let won = transition::apply(&mut tx, &plan.changes).await?;

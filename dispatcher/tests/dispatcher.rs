@@ -943,6 +943,16 @@ async fn dispatchers_racing_never_let_a_device_past_its_cap() {
 /// `n` rows of one device on `item` held for its daily digest, then due (its time came): the
 /// digest's PushRequest, once dispatched.
 async fn digest_of(s: &Scenario, item: &str, n: usize) -> PushRequest {
+    held_for_digest(s, item, n).await;
+    let stats = s.dispatcher().digest_once().await.unwrap();
+    assert_eq!((stats.claimed, stats.published), (n, 1));
+    let mut pushes = s.take_pushes(&s.push_consumer().await, WAIT).await;
+    assert_eq!(pushes.len(), 1, "one message for the digest");
+    pushes.remove(0)
+}
+
+/// `n` rows of one device on `item` held for its daily digest, then due (its time came).
+async fn held_for_digest(s: &Scenario, item: &str, n: usize) {
     seed_rows(s, item, n).await;
     sqlx::query(r#"UPDATE devices SET preferences = '{"digest": "daily at 08:00"}'"#)
         .execute(&s.db.pool)
@@ -963,11 +973,35 @@ async fn digest_of(s: &Scenario, item: &str, n: usize) -> PushRequest {
         0,
         "a due digest row is the digest claim's alone"
     );
-    let stats = s.dispatcher().digest_once().await.unwrap();
-    assert_eq!((stats.claimed, stats.published), (n, 1));
-    let mut pushes = s.take_pushes(&s.push_consumer().await, WAIT).await;
-    assert_eq!(pushes.len(), 1, "one message for the digest");
-    pushes.remove(0)
+}
+
+/// The push service refuses the digest `push` for now (503): each of its rows goes back to retry.
+async fn refuse_digest(s: &Scenario, push: &PushRequest) {
+    let refused = PushResult {
+        members: push.members.clone(),
+        ..s.result(push, Outcome::Transient, Some(503))
+    };
+    s.publish_result(&refused).await;
+    let applied = s.results().await.run_once(WAIT).await.unwrap().applied;
+    assert_eq!(applied, 1 + push.members.len());
+}
+
+/// The times the rows in `retry` are due again, earliest first, each once.
+async fn retry_times(s: &Scenario) -> Vec<chrono::DateTime<Utc>> {
+    sqlx::query_scalar(
+        "SELECT DISTINCT next_attempt_at FROM outbox WHERE status = 'retry' ORDER BY 1",
+    )
+    .fetch_all(&s.db.pool)
+    .await
+    .unwrap()
+}
+
+/// Waits until the first row in `retry` is due, and not much longer: rows due later (with a
+/// retry base of 1 s, jittered up to 100 ms apart) are not due yet.
+async fn until_first_retry(s: &Scenario) {
+    let first = retry_times(s).await[0];
+    let wait = (first - Utc::now()).to_std().unwrap_or_default();
+    tokio::time::sleep(wait + Duration::from_millis(2)).await;
 }
 
 /// Each row's (status, attempt, digest_of), by id.
@@ -1020,12 +1054,7 @@ async fn a_row_that_leaves_a_digest_at_its_retry_no_longer_names_it() {
     let mut s = Scenario::new().await;
     s.settings.retry.base = Duration::from_millis(100);
     let push = digest_of(&s, "SKU-1", 4).await;
-    let refused = PushResult {
-        members: push.members.clone(),
-        ..s.result(&push, Outcome::Transient, Some(503))
-    };
-    s.publish_result(&refused).await;
-    assert_eq!(s.results().await.run_once(WAIT).await.unwrap().applied, 4);
+    refuse_digest(&s, &push).await;
     let leader = Some(push.outbox_id.0);
     assert_eq!(
         digest_rows(&s).await,
@@ -1135,6 +1164,7 @@ async fn the_sweeper_decides_a_digests_rows_with_its_leader() {
         vec![("retry".to_owned(), true, Some("digest".to_owned())); 3],
         "retried together, by the digest claim"
     );
+    assert_eq!(retry_times(&s).await.len(), 1, "at one time");
     // Retried as a digest again: one message, attempt 2.
     s.make_due().await;
     let stats = s.dispatcher().digest_once().await.unwrap();
@@ -1142,6 +1172,47 @@ async fn the_sweeper_decides_a_digests_rows_with_its_leader() {
     let again = s.take_pushes(&s.push_consumer().await, WAIT).await;
     assert_eq!((again.len(), again[0].attempt), (1, 2));
     assert_eq!(again[0].outbox_id, push.outbox_id);
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_digest_sent_back_to_retry_comes_back_as_one_message() {
+    let mut s = Scenario::new().await;
+    s.settings.retry.base = Duration::from_secs(1);
+    let push = digest_of(&s, "SKU-1", 4).await;
+    refuse_digest(&s, &push).await;
+    assert_eq!(
+        retry_times(&s).await.len(),
+        1,
+        "one retry time for its rows"
+    );
+    // When its first row is due, the whole digest is: one message, not one per row.
+    until_first_retry(&s).await;
+    let stats = s.dispatcher().digest_once().await.unwrap();
+    assert_eq!((stats.claimed, stats.published), (4, 1));
+    let again = s.take_pushes(&s.push_consumer().await, WAIT).await;
+    assert_eq!((again.len(), again[0].members.len()), (1, 3));
+    s.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_digest_whose_recheck_failed_comes_back_as_one_message() {
+    let mut s = Scenario::new().await;
+    s.settings.retry.base = Duration::from_secs(1);
+    held_for_digest(&s, "SKU-1", 4).await;
+    s.catalog.set_behavior("SKU-1", Behavior::ServerError);
+    let stats = s.dispatcher().digest_once().await.unwrap();
+    assert_eq!((stats.claimed, stats.published), (4, 0));
+    assert_eq!(s.db.rows_in(&[Status::Retry]).await, 4);
+    assert_eq!(
+        retry_times(&s).await.len(),
+        1,
+        "one retry time for its rows"
+    );
+    s.catalog.set_behavior("SKU-1", Behavior::Normal);
+    until_first_retry(&s).await;
+    let stats = s.dispatcher().digest_once().await.unwrap();
+    assert_eq!((stats.claimed, stats.published), (4, 1));
     s.cleanup().await;
 }
 

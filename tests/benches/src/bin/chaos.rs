@@ -534,8 +534,19 @@ async fn main() {
     .fetch_one(&s.db.pool)
     .await
     .unwrap_or_default();
+    // A reader has today's digest and tomorrow's; more says a digest went out in pieces.
+    let per_reader: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT n, count(*) FROM (
+             SELECT device_id, count(DISTINCT digest_of) AS n FROM outbox
+             WHERE digest_of IS NOT NULL AND status = 'sent' GROUP BY device_id) AS r
+         GROUP BY n ORDER BY n",
+    )
+    .fetch_all(&s.db.pool)
+    .await
+    .unwrap_or_default();
     println!(
-        "digests sent: {} messages carrying {} rows",
+        "digests sent: {} messages carrying {} rows; messages per reader (messages, readers): \
+         {per_reader:?}",
         digests.0, digests.1
     );
     println!("\n| outcome | count |\n|---|---|");
