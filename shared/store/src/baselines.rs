@@ -81,7 +81,8 @@ crate::unnest::unnest_rows! {
     }
 }
 
-/// Upserts each (watch, trigger)'s baseline.
+/// Upserts each (watch, trigger)'s baseline. Marked with the writing transaction (by the
+/// column's default, or set here), so the mark's trigger need not call its function (0029).
 static ADVANCE: LazyLock<String> = LazyLock::new(|| {
     format!(
         "INSERT INTO baselines (watch_id, trigger, price, in_stock, outbox_id, sent_at,
@@ -97,7 +98,8 @@ static ADVANCE: LazyLock<String> = LazyLock::new(|| {
              dedup_day = EXCLUDED.dedup_day, observed_at = EXCLUDED.observed_at,
              valid_until = EXCLUDED.valid_until, decided_price = EXCLUDED.decided_price,
              decided_reference = EXCLUDED.decided_reference,
-             decided_in_stock = EXCLUDED.decided_in_stock",
+             decided_in_stock = EXCLUDED.decided_in_stock,
+             changed_xid = pg_current_xact_id()",
         rows = AdvanceRow::table("u"),
     )
 });

@@ -906,6 +906,27 @@ async fn migrate_rebuilds_an_index_a_cut_short_build_left_and_takes_0019s_first_
     ));
 }
 
+/// A transaction counting the PL/pgSQL functions' calls while it runs (track_functions).
+async fn counting(db: &TestDb) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut tx = db.pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL track_functions = 'pl'")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx
+}
+
+/// How often `function` was called in the transaction so far.
+async fn function_calls(tx: &mut sqlx::PgConnection, function: &str) -> i64 {
+    let sql = "SELECT coalesce(pg_stat_get_xact_function_calls($1::regproc), 0)";
+    let (n,): (i64,) = sqlx::query_as(sql)
+        .bind(function)
+        .fetch_one(tx)
+        .await
+        .unwrap();
+    n
+}
+
 /// The hot path's updates (a claim, a transition, three a notification) stamp their own time
 /// and break no rule, so the guard trigger accepts them without calling its function (~2 µs of
 /// Postgres a row update, migration 0028). An update that does not stamp still calls it.
@@ -914,22 +935,9 @@ async fn the_claim_and_a_transition_take_the_guards_fast_path() {
     let db = TestDb::new().await.unwrap();
     let (_, id) = one_row(&db).await;
     let (_, other) = one_row(&db).await;
-    // A transaction counting the function's calls while it runs (track_functions).
-    let counted = async || {
-        let mut tx = db.pool.begin().await.unwrap();
-        sqlx::query("SET LOCAL track_functions = 'pl'")
-            .execute(&mut *tx)
-            .await
-            .unwrap();
-        tx
-    };
-    let calls = async |tx: &mut sqlx::PgConnection| -> i64 {
-        let sql = "SELECT coalesce(pg_stat_get_xact_function_calls('outbox_guard'::regproc), 0)";
-        let (n,): (i64,) = sqlx::query_as(sql).fetch_one(tx).await.unwrap();
-        n
-    };
+    let calls = async |tx: &mut sqlx::PgConnection| function_calls(tx, "outbox_guard").await;
 
-    let mut tx = counted().await;
+    let mut tx = counting(&db).await;
     // An update that leaves its time to the function calls it (and puts the other row off).
     sqlx::query("UPDATE outbox SET next_attempt_at = now() + interval '1 hour' WHERE id = $1")
         .bind(other)
@@ -954,7 +962,7 @@ async fn the_claim_and_a_transition_take_the_guards_fast_path() {
     tx.commit().await.unwrap();
 
     // The row goes out in a transaction of its own, as in the dispatcher.
-    let mut tx = counted().await;
+    let mut tx = counting(&db).await;
     let row = claimed[0].row();
     let t = outbox::apply(row, Event::Dispatched, 5).unwrap();
     let mut change = Change::new(id, claimed[0].dedup_day, row, t);
@@ -966,5 +974,118 @@ async fn the_claim_and_a_transition_take_the_guards_fast_path() {
         calls(&mut tx).await,
         0,
         "the transition called the guard's function"
+    );
+}
+
+/// Runs `sql` with `id` for its `$1`.
+async fn exec(tx: &mut sqlx::PgConnection, sql: &str, id: Uuid) {
+    sqlx::query(sql).bind(id).execute(tx).await.unwrap();
+}
+
+/// Every write of a baseline carries the id of its transaction, which is how the detector finds
+/// what changed since its last read: whether the statement marks its rows or leaves them to the
+/// trigger's function. The results' upsert marks its own (the column's default, or set), so the
+/// function is not called for it (~2–4 µs of Postgres a baseline, migration 0029).
+#[tokio::test]
+async fn every_write_of_a_baseline_is_marked_and_the_upsert_marks_its_own() {
+    let db = TestDb::new().await.unwrap();
+    let (kept, moved, inserted) = (WatchId::new(), WatchId::new(), WatchId::new());
+    let advance = |watch_id, price| tidings_store::baselines::Advance {
+        watch_id,
+        trigger: "price_below",
+        price,
+        in_stock: true,
+        outbox_id: OutboxId::new(),
+        promise: None,
+    };
+    let mut tx = db.pool.begin().await.unwrap();
+    let first = [advance(kept, 1100), advance(moved, 1100)];
+    tidings_store::baselines::advance(&mut tx, &first, Utc::now())
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    let mut tx = counting(&db).await;
+    let calls = async |tx: &mut sqlx::PgConnection| function_calls(tx, "mark_changed").await;
+    // One baseline moved (the upsert's update), one new (its insert).
+    let second = [advance(moved, 1000), advance(inserted, 1000)];
+    tidings_store::baselines::advance(&mut tx, &second, Utc::now())
+        .await
+        .unwrap();
+    assert_eq!(
+        calls(&mut tx).await,
+        0,
+        "the upsert called the mark's function"
+    );
+    // Statements that do not mark, or mark wrongly, are marked by the function.
+    exec(
+        &mut tx,
+        "UPDATE baselines SET price = 1050 WHERE watch_id = $1",
+        kept.0,
+    )
+    .await;
+    exec(
+        &mut tx,
+        "UPDATE baselines SET changed_xid = '1' WHERE watch_id = $1",
+        inserted.0,
+    )
+    .await;
+    assert_eq!(
+        calls(&mut tx).await,
+        2,
+        "an unmarked write skipped the function"
+    );
+    let marked: Vec<(Uuid, bool)> = sqlx::query_as(
+        "SELECT watch_id, changed_xid = pg_current_xact_id() FROM baselines ORDER BY watch_id",
+    )
+    .fetch_all(&mut *tx)
+    .await
+    .unwrap();
+    let mut expected: Vec<(Uuid, bool)> = [kept, moved, inserted].map(|w| (w.0, true)).to_vec();
+    expected.sort();
+    assert_eq!(marked, expected, "a write not marked with its transaction");
+}
+
+/// The same for watches: an insert leaves the mark to the column's default and skips the
+/// function (the api's creates); an update that does not mark runs it.
+#[tokio::test]
+async fn every_write_of_a_watch_is_marked_and_an_insert_marks_its_own() {
+    let db = TestDb::new().await.unwrap();
+    let (_, watch) = watched(&db, "UTC").await;
+    let mut tx = counting(&db).await;
+    let calls = async |tx: &mut sqlx::PgConnection| function_calls(tx, "mark_changed").await;
+    exec(
+        &mut tx,
+        "INSERT INTO watches (id, device_id, item_code, triggers)
+         SELECT gen_random_uuid(), device_id, 'SKU-2', triggers FROM watches WHERE id = $1",
+        watch.0,
+    )
+    .await;
+    assert_eq!(
+        calls(&mut tx).await,
+        0,
+        "the insert called the mark's function"
+    );
+    exec(
+        &mut tx,
+        "UPDATE watches SET paused = true WHERE id = $1",
+        watch.0,
+    )
+    .await;
+    assert_eq!(
+        calls(&mut tx).await,
+        1,
+        "an unmarked update skipped the function"
+    );
+    let (marked, all): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE changed_xid = pg_current_xact_id()), count(*) FROM watches",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(
+        (marked, all),
+        (2, 2),
+        "a write not marked with its transaction"
     );
 }
