@@ -219,13 +219,24 @@ async function main() {
     // A push is a functional event: delivered only to an activated worker that runs. Under load
     // the worker may still be starting (or stopped while idle) when the test gets here, and a
     // message handed over then is not dispatched; so start it and wait, as a push service's
-    // delivery would.
+    // delivery would. The versions the test sees can lag a worker stopping, so a push can still
+    // be dropped (a CI run saw one): as a push service redelivers what the browser did not take,
+    // a push the worker does not report handling (it tells open pages of every push it shows)
+    // within 10 s is delivered again, three times at most.
+    const handled = () => page.evaluate(() => window.testHeard.filter((t) => t === 'tidings:push').length);
     const deliver = async (data) => {
-      await cdp.send('ServiceWorker.startWorker', { scopeURL: registration.scopeURL });
-      await eventually('the worker running', () =>
-        ours().find((v) => v.status === 'activated' && v.runningStatus === 'running'),
-      ).catch(withVersions);
-      await cdp.send('ServiceWorker.deliverPushMessage', { origin: API, registrationId: registration.registrationId, data });
+      const before = await handled();
+      for (let attempt = 1; ; attempt += 1) {
+        await cdp.send('ServiceWorker.startWorker', { scopeURL: registration.scopeURL });
+        await eventually('the worker running', () =>
+          ours().find((v) => v.status === 'activated' && v.runningStatus === 'running'),
+        ).catch(withVersions);
+        await cdp.send('ServiceWorker.deliverPushMessage', { origin: API, registrationId: registration.registrationId, data });
+        const taken = await eventually('the push handled', async () => (await handled()) > before, 10).catch(() => false);
+        if (taken) return;
+        if (attempt === 3) await withVersions(new Error('a push delivered three times was never handled'));
+        log(`the worker did not handle the push; delivering it again (attempt ${attempt + 1})`);
+      }
     };
     const shown = () =>
       page.evaluate(async () =>
