@@ -50,20 +50,21 @@ pub fn fold(
     settings: &Settings,
     now: DateTime<Utc>,
 ) -> Vec<usize> {
-    let mut readers: BTreeMap<DeviceId, Vec<&Guarded<'_>>> = BTreeMap::new();
-    for g in guarded {
-        let row = g.row;
-        let digested = watches.get(&row.watch_id).and_then(schedule).is_some();
-        if digested && row.withdraws.is_none() && plan.requests.contains_key(&row.id) {
-            readers.entry(row.device_id).or_default().push(g);
-        }
-    }
-    // Every digested row by reader, also those the re-check could not decide (retried).
+    // Every digested row's reader, also of those the re-check could not decide (retried).
     let reader_of: HashMap<OutboxId, DeviceId> = (guarded.iter())
         .filter(|g| g.row.withdraws.is_none())
         .filter(|g| watches.get(&g.row.watch_id).and_then(schedule).is_some())
         .map(|g| (g.row.id, g.row.device_id))
         .collect();
+    // Those still to send, by reader.
+    let mut readers: BTreeMap<DeviceId, Vec<&Guarded<'_>>> = BTreeMap::new();
+    for g in guarded {
+        if let Some(reader) = reader_of.get(&g.row.id)
+            && plan.requests.contains_key(&g.row.id)
+        {
+            readers.entry(*reader).or_default().push(g);
+        }
+    }
     let mut sizes = Vec::new();
     // Each member's leader, written on the members' changes in one pass at the end.
     let mut led: HashMap<OutboxId, OutboxId> = HashMap::new();
@@ -89,6 +90,17 @@ pub fn fold(
     }
     retry_together(&mut plan.changes, |id| reader_of.get(&id));
     sizes
+}
+
+/// Each row of the digests `(leader, other rows)`, with its leader (itself for the leader).
+pub fn leaders<M: IntoIterator<Item = OutboxId>>(
+    digests: impl IntoIterator<Item = (OutboxId, M)>,
+) -> HashMap<OutboxId, OutboxId> {
+    (digests.into_iter())
+        .flat_map(|(leader, members)| {
+            (members.into_iter().chain([leader])).map(move |id| (id, leader))
+        })
+        .collect()
 }
 
 /// Rows of one digest sent back to `retry` together come back together: each group's retry time

@@ -222,7 +222,11 @@ pub async fn apply_in(
     results: &[&PushResult],
 ) -> Result<Applied, sqlx::Error> {
     let members = member_results(results);
-    let carried_by = digests_of(results);
+    let carried_by = digest::leaders(
+        (results.iter())
+            .filter(|r| !r.members.is_empty())
+            .map(|r| (r.outbox_id, r.members.iter().map(|m| m.id))),
+    );
     let with_members: Vec<&PushResult>;
     let results = if members.is_empty() {
         results
@@ -271,19 +275,6 @@ fn member_results(results: &[&PushResult]) -> Vec<PushResult> {
                 members: Vec::new(),
                 ..(*r).clone()
             })
-        })
-        .collect()
-}
-
-/// Each row a digest's result is about, with the digest's leader (itself for the leader).
-fn digests_of(results: &[&PushResult]) -> HashMap<OutboxId, OutboxId> {
-    (results.iter())
-        .filter(|r| !r.members.is_empty())
-        .flat_map(|r| {
-            let leader = r.outbox_id;
-            (r.members.iter().map(|m| m.id))
-                .chain([leader])
-                .map(move |id| (id, leader))
         })
         .collect()
 }

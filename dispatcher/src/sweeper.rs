@@ -182,13 +182,9 @@ pub async fn sweep_once(
             Err(_) => plan.deferred += 1 + carried.len(),
         }
     }
-    let carried_by: HashMap<OutboxId, OutboxId> = (members.iter())
-        .flat_map(|(leader, rows)| {
-            (rows.iter().map(|m| m.id))
-                .chain([*leader])
-                .map(move |id| (id, *leader))
-        })
-        .collect();
+    let carried_by = digest::leaders(
+        (members.iter()).map(|(leader, rows)| (*leader, rows.iter().map(|m| m.id))),
+    );
     digest::retry_together(&mut plan.changes, |id| carried_by.get(&id));
     let refs: Vec<&PushResult> = plan.delivered.iter().collect();
     let applied = results::apply_in(&mut tx, settings, &refs).await?;
