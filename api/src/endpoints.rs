@@ -187,7 +187,8 @@ pub async fn revoke_client(
 /// A label for people (a name, a description): trimmed, at most `max` characters, and no control
 /// characters (Postgres text cannot hold a NUL; the others only garble logs and tables).
 fn text(value: &str, pointer: &str, max: usize) -> Result<String, ApiError> {
-    let value = value.trim();
+    // Counted as sent, not as kept: the schema's maxLength is the raw value's, and a client
+    // whose 101 characters were accepted because one was a space would be told otherwise.
     if value.chars().count() > max {
         return Err(ApiError::invalid(
             pointer,
@@ -197,7 +198,7 @@ fn text(value: &str, pointer: &str, max: usize) -> Result<String, ApiError> {
     if value.chars().any(char::is_control) {
         return Err(ApiError::invalid(pointer, "no control characters"));
     }
-    Ok(value.to_owned())
+    Ok(value.trim().to_owned())
 }
 
 /// A new signing secret: as the client is given it (`whsec_…`), and as it is stored (sealed
