@@ -257,10 +257,11 @@ pub enum BadAddress {
 /// comment or second address), at most 254 characters (RFC 5321's path limit), lowercased (so
 /// limits count one mailbox once), its domain a name with a dot.
 pub fn parse_address(text: &str) -> Result<(String, String), BadAddress> {
-    let text = text.trim();
+    // Measured as sent, before trimming: the api's schema bounds the field as given.
     if text.len() > 254 {
         return Err(BadAddress::TooLong);
     }
+    let text = text.trim();
     let lower = text.to_lowercase();
     let address: lettre::Address = lower.parse().map_err(|_| BadAddress::Syntax)?;
     let domain = address.domain();
@@ -306,5 +307,8 @@ mod address_tests {
         }
         let long = format!("{}@example.com", "a".repeat(250));
         assert_eq!(parse_address(&long), Err(BadAddress::TooLong));
+        let padded = format!(" {}@example.com", "a".repeat(242));
+        assert_eq!(padded.len(), 255, "254 once trimmed");
+        assert_eq!(parse_address(&padded), Err(BadAddress::TooLong));
     }
 }
