@@ -6,10 +6,9 @@
 //! it is never trusted for a value. docs/sources.md, "Change hints".
 
 use crate::AppState;
-use crate::extract::{ClientAddr, within};
+use crate::extract::{ClientAddr, RawBody, within};
 use crate::problem::{ApiError, Problem};
 use axum::Json;
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use serde::Serialize;
@@ -288,7 +287,7 @@ pub async fn items_changed(
     State(app): State<AppState>,
     ClientAddr(client): ClientAddr,
     headers: HeaderMap,
-    body: Bytes,
+    RawBody(body): RawBody,
 ) -> Result<(StatusCode, Json<HintTaken>), ApiError> {
     // Before any hashing: an unauthenticated sender is held to its address's rate.
     within(&app.limits.hints_per_address, &client, "hints_per_address")?;

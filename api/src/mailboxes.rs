@@ -8,7 +8,6 @@
 //! scanners follow links), a POST does.
 
 use axum::Json;
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
@@ -31,7 +30,7 @@ use utoipa::IntoParams;
 
 use crate::AppState;
 use crate::auth::{new_token, token_hash};
-use crate::extract::{ClientAddr, within};
+use crate::extract::{ClientAddr, RawBody, within};
 use crate::pages::{Form, LinkQuery, link_key, not_a_token, page, said};
 use crate::problem::{ApiError, BodyRejected, Problem};
 
@@ -434,7 +433,7 @@ pub async fn bounces(
     State(app): State<AppState>,
     ClientAddr(client): ClientAddr,
     headers: HeaderMap,
-    body: Bytes,
+    RawBody(body): RawBody,
 ) -> Result<Json<BouncesTaken>, ApiError> {
     // Before any hashing: an unauthenticated sender is held to its address's rate.
     within(
