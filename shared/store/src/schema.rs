@@ -12,8 +12,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-/// Apply with `MIGRATOR.run(&pool)`; sqlx takes an advisory lock, so concurrent runs are safe,
-/// but deployments run it once from `tidings-api migrate` rather than from every replica.
+/// Apply with [`migrate`] (`tidings-api migrate`), not sqlx's own `run`: it also tolerates a
+/// newer release's migrations and builds what a migration leaves to it (invalid indexes rebuilt,
+/// partitioned indexes completed). Deployments run it once, not from every replica.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
 
 /// What [`migrate`] found and did.
@@ -58,6 +59,7 @@ pub async fn migrate(
     };
     tolerant.run(&mut *conn).await?;
     repair_indexes(&mut *conn).await?;
+    complete_partitioned_indexes(&mut *conn).await?;
     Ok(Migrated {
         version: needed,
         newer,
@@ -101,7 +103,8 @@ pub async fn repair_indexes(
     let invalid: Vec<String> = sqlx::query_scalar!(
         r#"SELECT format('%I.%I', n.nspname, c.relname) AS "index!" FROM pg_index i
            JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-           WHERE NOT i.indisvalid AND n.nspname = current_schema() ORDER BY 1"#
+           WHERE NOT i.indisvalid AND c.relkind = 'i' AND n.nspname = current_schema()
+           ORDER BY 1"#
     )
     .fetch_all(&mut *conn)
     .await
@@ -115,6 +118,70 @@ pub async fn repair_indexes(
             .map_err(sqlx::migrate::MigrateError::Execute)?;
     }
     Ok(invalid)
+}
+
+/// A partition's share of a partitioned index it lacks.
+struct MissingPart {
+    parent: String,
+    partition: String,
+    /// The partition's index: its bare name to create, qualified to attach.
+    name: String,
+    qualified: String,
+    unique: bool,
+    /// From ` USING …` on: the method, keys and predicate, as the parent has them.
+    definition: String,
+}
+
+/// Completes the schema's partitioned indexes that a migration declared `ON ONLY` (as Postgres
+/// builds an index on a partitioned table: in one transaction, blocking every write to it until
+/// the end): each partition's index is built `CONCURRENTLY` and attached, one at a time, and the
+/// last attach makes the parent valid. A build cut short is an invalid index, which
+/// [`repair_indexes`] rebuilds on the next run before this attaches it. Returns what it built.
+pub async fn complete_partitioned_indexes(
+    conn: &mut sqlx::PgConnection,
+) -> Result<Vec<String>, sqlx::migrate::MigrateError> {
+    let missing = sqlx::query_as!(
+        MissingPart,
+        r#"SELECT format('%I.%I', n.nspname, pi.relname) AS "parent!",
+                  format('%I.%I', n.nspname, part.relname) AS "partition!",
+                  format('%I', name.of) AS "name!",
+                  format('%I.%I', n.nspname, name.of) AS "qualified!",
+                  i.indisunique AS "unique!",
+                  substring(pg_get_indexdef(pi.oid) FROM ' USING .*$') AS "definition!"
+           FROM pg_index i
+           JOIN pg_class pi ON pi.oid = i.indexrelid AND pi.relkind = 'I'
+           JOIN pg_class t ON t.oid = i.indrelid
+           JOIN pg_namespace n ON n.oid = pi.relnamespace
+           JOIN pg_inherits h ON h.inhparent = t.oid
+           JOIN pg_class part ON part.oid = h.inhrelid
+           CROSS JOIN LATERAL (SELECT left(part.relname || '_'
+                  || regexp_replace(pi.relname, '^' || t.relname || '_', ''), 63) AS of) AS name
+           WHERE NOT i.indisvalid AND n.nspname = current_schema()
+             AND NOT EXISTS (SELECT 1 FROM pg_inherits hi
+                             JOIN pg_index ci ON ci.indexrelid = hi.inhrelid
+                             WHERE hi.inhparent = pi.oid AND ci.indrelid = part.oid)
+           ORDER BY 1, 2"#
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(sqlx::migrate::MigrateError::Execute)?;
+    for m in &missing {
+        log::info!("building {} on {} for {}", m.name, m.partition, m.parent);
+        let unique = if m.unique { "UNIQUE " } else { "" };
+        // Identifiers quoted by format('%I') and the catalog's own definition, not input.
+        let build = format!(
+            "CREATE {unique}INDEX CONCURRENTLY IF NOT EXISTS {} ON {}{}",
+            m.name, m.partition, m.definition
+        );
+        let attach = format!("ALTER INDEX {} ATTACH PARTITION {}", m.parent, m.qualified);
+        for statement in [build, attach] {
+            sqlx::raw_sql(&statement)
+                .execute(&mut *conn)
+                .await
+                .map_err(sqlx::migrate::MigrateError::Execute)?;
+        }
+    }
+    Ok(missing.into_iter().map(|m| m.qualified).collect())
 }
 
 /// How long `migrate` may wait, so a rollout never stalls writes behind its DDL: a DDL statement

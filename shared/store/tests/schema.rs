@@ -906,6 +906,149 @@ async fn migrate_rebuilds_an_index_a_cut_short_build_left_and_takes_0019s_first_
     ));
 }
 
+/// The digest claim reads the due digest rows only, however many other rows are due: the
+/// readers it asks for come from their own index (0030), where it used to read every due row of
+/// the outbox and keep the digest ones, every second.
+#[tokio::test]
+async fn the_digest_claim_reads_only_digest_rows_however_many_others_are_due() {
+    use tidings_store::claim;
+    let db = TestDb::new().await.unwrap();
+    let (_, id) = one_row(&db).await;
+    let backlog = "INSERT INTO outbox (id, watch_id, device_id, trigger, channel, dedup_day,
+                       detected_at, detected_price, detected_currency, detected_in_stock,
+                       detected_paused, detected_observed_at)
+                   SELECT gen_random_uuid(), watch_id, device_id, trigger || ':' || g, channel,
+                       dedup_day, detected_at, detected_price, detected_currency,
+                       detected_in_stock, detected_paused, detected_observed_at
+                   FROM outbox, generate_series(1, 5000) AS g WHERE id = $1";
+    sqlx::query(backlog)
+        .bind(id)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    sqlx::query("ANALYZE outbox")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    // The predicate claim::claim_digests asks its readers by.
+    let plan: Vec<String> = sqlx::query_scalar(
+        "EXPLAIN SELECT DISTINCT device_id FROM outbox
+         WHERE held = 'digest' AND status IN ('pending', 'retry')
+           AND next_attempt_at <= now() AND (claimed_until IS NULL OR claimed_until <= now())
+         LIMIT 50",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let plan = plan.join("\n");
+    // (An empty partition, never analyzed, is read whole: nothing.)
+    assert!(plan.contains("_digests_due"), "{plan}");
+    let scans_rows = |l: &&str| l.contains("Seq Scan") && !l.contains("cost=0.00..0.00");
+    assert!(!plan.lines().any(|l| scans_rows(&l)), "{plan}");
+    let lease = std::time::Duration::from_secs(60);
+    let none = claim::claim_digests(&db.pool, 50, 50, lease).await.unwrap();
+    assert!(none.is_empty(), "5,001 due rows, none held for a digest");
+    sqlx::query("UPDATE outbox SET held = 'digest', updated_at = now() WHERE id = $1")
+        .bind(id)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let taken = claim::claim_digests(&db.pool, 50, 50, lease).await.unwrap();
+    assert_eq!(taken.iter().map(|r| r.id).collect::<Vec<_>>(), [id]);
+}
+
+/// Whether each named index is valid, and how many partitions' indexes are attached to it.
+async fn partitioned_index(conn: &mut sqlx::PgConnection, index: &str) -> (bool, i64) {
+    let sql =
+        "SELECT i.indisvalid, (SELECT count(*) FROM pg_inherits WHERE inhparent = i.indexrelid)
+               FROM pg_index i WHERE i.indexrelid = $1::regclass";
+    sqlx::query_as(sql)
+        .bind(index)
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
+/// An index on the partitioned outbox is declared on the parent alone (`ON ONLY`, building
+/// nothing under a lock) and `migrate` builds each partition's concurrently and attaches it: the
+/// digest claim's index (0030) is whole after a migrate, a partition created later has it, and
+/// a parent left with partitions missing (a migrate cut short) is completed by the next one.
+#[tokio::test]
+async fn migrate_completes_a_partitioned_index_one_partition_at_a_time() {
+    use tidings_store::schema;
+    let db = TestDb::empty().await.unwrap();
+    let mut conn = db.pool.acquire().await.unwrap();
+    schema::migrate(&mut conn).await.unwrap();
+    let partitions: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pg_inherits WHERE inhparent = 'outbox'::regclass")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+    assert!(partitions >= 2, "{partitions}");
+    let digests = partitioned_index(&mut conn, "outbox_digests_due").await;
+    assert_eq!(digests, (true, partitions));
+    // A week created later has it as it is created.
+    let (created,): (bool,) = sqlx::query_as("SELECT outbox_ensure_partition('2030-01-07')")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert!(created);
+    let digests = partitioned_index(&mut conn, "outbox_digests_due").await;
+    assert_eq!(digests, (true, partitions + 1));
+
+    // A parent declared, its partitions' indexes not built yet: one left behind by a cut-short
+    // migrate, a unique one included.
+    sqlx::raw_sql(
+        "CREATE TABLE scratch (a int, b int) PARTITION BY RANGE (a);
+         CREATE TABLE scratch_1 PARTITION OF scratch FOR VALUES FROM (0) TO (10);
+         CREATE TABLE scratch_2 PARTITION OF scratch FOR VALUES FROM (10) TO (20);
+         INSERT INTO scratch VALUES (1, 1), (11, 1);
+         CREATE INDEX scratch_b ON ONLY scratch (b) WHERE b > 0;
+         CREATE UNIQUE INDEX scratch_ab ON ONLY scratch (a, b);",
+    )
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    assert_eq!(partitioned_index(&mut conn, "scratch_b").await, (false, 0));
+    let built = schema::complete_partitioned_indexes(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        built,
+        [
+            "public.scratch_1_ab",
+            "public.scratch_2_ab",
+            "public.scratch_1_b",
+            "public.scratch_2_b"
+        ]
+    );
+    assert_eq!(partitioned_index(&mut conn, "scratch_b").await, (true, 2));
+    assert_eq!(partitioned_index(&mut conn, "scratch_ab").await, (true, 2));
+    let definition: String = sqlx::query_scalar("SELECT pg_get_indexdef('scratch_2_b'::regclass)")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        definition,
+        "CREATE INDEX scratch_2_b ON public.scratch_2 USING btree (b) WHERE (b > 0)"
+    );
+    let duplicate = sqlx::raw_sql("INSERT INTO scratch VALUES (11, 1)")
+        .execute(&mut *conn)
+        .await;
+    assert!(
+        duplicate.is_err(),
+        "the partitions' indexes keep the parent's uniqueness"
+    );
+    // Nothing is left to do, and migrate does it again without complaint.
+    assert!(
+        schema::complete_partitioned_indexes(&mut conn)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    schema::migrate(&mut conn).await.unwrap();
+}
+
 /// A transaction counting the PL/pgSQL functions' calls while it runs (track_functions).
 async fn counting(db: &TestDb) -> sqlx::Transaction<'static, sqlx::Postgres> {
     let mut tx = db.pool.begin().await.unwrap();
