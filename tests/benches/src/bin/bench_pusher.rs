@@ -1,6 +1,9 @@
 //! Pusher benchmark: encryption alone (µs per message), and the whole pusher (pushes/s and CPU
 //! µs per push) against a local HTTPS sink that answers 201, with real NATS. Each figure is the
-//! median of several rounds. Run with `deploy/local/stack bench pusher [PUSHES] [ROUNDS]`.
+//! median of several rounds. Run with `deploy/local/stack bench pusher [PUSHES] [ROUNDS]
+//! [BATCHES]`: the requests go BATCHES to a message as the dispatcher publishes them (its
+//! `TIDINGS_DISPATCH_PUSH_BATCH`, 50 by default); a list (`1,50`) alternates the sizes round by
+//! round.
 
 use async_nats::jetstream::consumer::PullConsumer;
 use aws_lc_rs::agreement::{self, ECDH_P256, PrivateKey, UnparsedPublicKey};
@@ -12,7 +15,7 @@ use tidings_bus::consume::Handler as _;
 use tidings_bus::publish::{Outgoing, publish_all};
 use tidings_bus::streams::{StreamSettings, ensure_streams};
 use tidings_domain::messages::{
-    MAX_REQUESTS_PER_MESSAGE, Payload, PushRequests, decode_batched, encode,
+    Batch, MAX_REQUESTS_PER_MESSAGE, Payload, PushRequests, decode_batched, encode,
 };
 use tidings_domain::subjects::StreamKind;
 use tidings_domain::{Channel, OutboxId};
@@ -45,7 +48,8 @@ fn payload() -> Payload {
     }
 }
 
-async fn round(pushes: usize) -> (f64, CpuSplit) {
+/// One round: `pushes` requests, `batch` to a message, delivered by a fresh pusher.
+async fn round(pushes: usize, batch: usize) -> (f64, CpuSplit) {
     let js = async_nats::jetstream::new(nats().await.expect("nats"));
     let subjects = test_subjects();
     ensure_streams(&js, &subjects, &StreamSettings::default())
@@ -68,14 +72,24 @@ async fn round(pushes: usize) -> (f64, CpuSplit) {
     settings.extra_roots = vec![CERT_PEM.to_vec()];
 
     let subject = subjects.subject(StreamKind::Push, Channel::WebPush);
-    let outgoing: Vec<Outgoing> = (0..pushes)
-        .map(|_| {
-            let id = OutboxId::new();
-            let deadline = Utc::now() + ChronoDuration::minutes(10);
-            let req = first_attempt(id, &sub, payload(), deadline);
-            Outgoing::deduplicated(subject.as_str(), &req.msg_id(), encode(&req))
-        })
+    let deadline = Utc::now() + ChronoDuration::minutes(10);
+    let requests: Vec<_> = (0..pushes)
+        .map(|_| first_attempt(OutboxId::new(), &sub, payload(), deadline))
         .collect();
+    // As the dispatcher publishes them: one request a message, or `PushRequests` of `batch`.
+    let outgoing: Vec<Outgoing> = if batch == 1 {
+        (requests.iter())
+            .map(|req| Outgoing::deduplicated(subject.as_str(), &req.msg_id(), encode(req)))
+            .collect()
+    } else {
+        (requests.chunks(batch))
+            .map(|chunk| {
+                let m = Batch::new(chunk.to_vec());
+                Outgoing::deduplicated(subject.as_str(), &m.msg_id(), encode(&m))
+            })
+            .collect()
+    };
+    let messages = outgoing.len() as u64;
     for ack in publish_all(&js, outgoing, 1024).await {
         ack.expect("publish");
     }
@@ -95,7 +109,7 @@ async fn round(pushes: usize) -> (f64, CpuSplit) {
         .expect("push consumer");
     loop {
         let info = push_consumer.info().await.expect("consumer info");
-        if info.ack_floor.stream_sequence >= pushes as u64 {
+        if info.ack_floor.stream_sequence >= messages {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -134,6 +148,15 @@ async fn main() {
     let mut args = std::env::args().skip(1);
     let pushes: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(20_000);
     let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(3);
+    let batches: Vec<usize> = match args.next() {
+        None => vec![50],
+        Some(list) => (list.split(','))
+            .map(|b| match b.trim().parse() {
+                Ok(n) if (1..=MAX_REQUESTS_PER_MESSAGE).contains(&n) => n,
+                _ => panic!("BATCHES: sizes from 1 to {MAX_REQUESTS_PER_MESSAGE}, comma-separated"),
+            })
+            .collect(),
+    };
 
     // Encryption alone: 1 KB JSON payloads, one fresh key and salt each.
     let sub = FakePushService::start_sink()
@@ -210,24 +233,38 @@ async fn main() {
         decode_us(&sub)
     );
 
-    let mut rates = Vec::new();
-    let mut cpus = Vec::new();
-    for i in 1..=rounds {
-        let (rate, cpu) = round(pushes).await;
-        println!(
-            "  round {i}: {rate:>7.0} pushes/s, CPU µs per push: {:>6.1} pusher + sink (one process), {:>5.1} nats-server",
-            cpu.this, cpu.nats
-        );
-        rates.push(rate);
-        cpus.push(cpu);
-    }
-    let this = median(cpus.iter().map(|c| c.this).collect());
-    let nats = median(cpus.iter().map(|c| c.nats).collect());
+    // A round first that is not counted: the process's first pushes grow its heap, and the kernel
+    // zeroes every page on first touch (2 MiB at a time where mimalloc asks for huge pages): a
+    // running pusher pays it as its heap grows, not per push. Counted, it added ~40 µs a push to
+    // the first round (a profile: `clear_page_erms` under mimalloc's fresh pages, 17 % of it).
+    let warm_up = round(pushes.min(5_000), batches[0]).await;
     println!(
-        "  median: {:>7.0} pushes/s, CPU µs per push: {this:.1} pusher + sink, {nats:.1} nats-server; \
-         2 cores / {:.1} µs = at most {:.0} pushes/s here ({pushes} pushes per round, concurrency 256, HTTP/2 over TLS to a local sink)",
-        median(rates),
-        this + nats,
-        2e6 / (this + nats)
+        "  warm-up round, not counted: {:.0} pushes/s, {:.1} µs a push",
+        warm_up.0, warm_up.1.this
     );
+    // Rounds alternate the sizes, so each size is measured over the same minutes of this machine.
+    let mut measured: Vec<(Vec<f64>, Vec<CpuSplit>)> =
+        vec![(Vec::new(), Vec::new()); batches.len()];
+    for i in 1..=rounds {
+        for (&batch, (rates, cpus)) in batches.iter().zip(&mut measured) {
+            let (rate, cpu) = round(pushes, batch).await;
+            println!(
+                "  round {i}, {batch} to a message: {rate:>7.0} pushes/s, CPU µs per push: {:>6.1} pusher + sink (one process), {:>5.1} nats-server",
+                cpu.this, cpu.nats
+            );
+            rates.push(rate);
+            cpus.push(cpu);
+        }
+    }
+    for (&batch, (rates, cpus)) in batches.iter().zip(measured) {
+        let this = median(cpus.iter().map(|c| c.this).collect());
+        let nats = median(cpus.iter().map(|c| c.nats).collect());
+        println!(
+            "  median, {batch} to a message: {:>7.0} pushes/s, CPU µs per push: {this:.1} pusher + sink, {nats:.1} nats-server; \
+             2 cores / {:.1} µs = at most {:.0} pushes/s here ({pushes} pushes per round, concurrency 256, HTTP/2 over TLS to a local sink)",
+            median(rates),
+            this + nats,
+            2e6 / (this + nats)
+        );
+    }
 }
