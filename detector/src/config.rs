@@ -29,6 +29,12 @@ pub struct Config {
     /// Time between the starts of two scans.
     #[arg(long, env = "TIDINGS_SCAN_INTERVAL", default_value = "60s", value_parser = parse_duration)]
     pub scan_interval: Duration,
+    /// Share of the interval, in percent, over which a scan's pages start evenly, so the
+    /// source is asked at a steady rate and findings reach the pipeline as they come, not in
+    /// one burst a scan (0: one page after another).
+    #[arg(long, env = "TIDINGS_SCAN_SPREAD", default_value_t = 80,
+          value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub scan_spread: u8,
     /// Watches read per page.
     #[arg(long, env = "TIDINGS_SCAN_PAGE", default_value_t = 5000)]
     pub page_size: i64,
@@ -104,6 +110,8 @@ pub struct Settings {
     pub streams: StreamSettings,
     pub source: SourceConfig,
     pub scan_interval: Duration,
+    /// The part of the interval a scan's pages are spread over.
+    pub scan_spread: Duration,
     pub page_size: i64,
     pub shard_index: u32,
     pub shard_count: u32,
@@ -166,6 +174,7 @@ impl Config {
             streams: self.nats.streams(),
             source,
             scan_interval: self.scan_interval,
+            scan_spread: self.scan_interval * u32::from(self.scan_spread) / 100,
             page_size: self.page_size,
             shard_index: self.shard_index,
             shard_count: self.shard_count,

@@ -103,9 +103,15 @@ impl scan::Detector {
                 }
             };
             let started = tokio::time::Instant::now();
-            match self.scan_within(chrono::Utc::now(), budget).await {
+            // A scan spreads its pages over part of the interval: waiting for the next is planned.
+            progress.idle_for(self.spread());
+            match self
+                .scan_within(chrono::Utc::now(), budget, self.spread(), &shutdown)
+                .await
+            {
                 Ok(stats) => {
-                    metrics::observe_scan(&stats, started.elapsed(), self.is_dry_run());
+                    let took = started.elapsed().saturating_sub(stats.waited);
+                    metrics::observe_scan(&stats, took, self.is_dry_run());
                     tracing::info!(
                         watches = stats.watches,
                         rows_read = stats.rows_read,
@@ -118,7 +124,8 @@ impl scan::Detector {
                         duplicates = stats.duplicates,
                         publish_errors = stats.publish_errors,
                         deferred = stats.deferred,
-                        took_ms = started.elapsed().as_millis() as u64,
+                        took_ms = took.as_millis() as u64,
+                        waited_ms = stats.waited.as_millis() as u64,
                         "scan finished"
                     )
                 }

@@ -31,7 +31,8 @@ tidings_runtime::families! {
             => "tidings_detector_scan_interval_seconds",
             "The detector's scan interval (TIDINGS_SCAN_INTERVAL)";
         scan_duration: Histogram = latency()
-            => "tidings_detector_scan_duration_seconds", "Duration of a full detector scan";
+            => "tidings_detector_scan_duration_seconds",
+            "Time a detector scan spends scanning (its waits between pages not counted)";
         detections: Family<ResultLabels, Counter> = Family::default()
             => "tidings_detections",
             "Detections by result (published, duplicate, remembered, publish_error)";

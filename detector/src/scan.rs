@@ -12,6 +12,7 @@ use chrono_tz::Tz;
 use sqlx::PgPool;
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
+use std::time::Duration;
 use tidings_bus::publish::{Outgoing, publish_all};
 use tidings_domain::messages::{EnqueueRequest, EnqueueRequests, encode};
 use tidings_domain::subjects::StreamKind;
@@ -20,6 +21,7 @@ use tidings_domain::{ItemCode, WatchId};
 use tidings_runtime::telemetry;
 use tidings_source::{Fetched, Sources};
 use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
 use crate::evaluate::detect;
@@ -52,6 +54,8 @@ pub struct ScanStats {
     /// Holding triggers left for a later scan: the scan's budget (what the enqueue stream had
     /// room for, [`crate::hold`]) was spent. Their items are evaluated again next scan.
     pub deferred: usize,
+    /// Time spent waiting between pages (the scan's spread), not scanning.
+    pub waited: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -89,34 +93,73 @@ impl Detector {
         }
     }
 
+    /// The part of the interval a scan's pages are spread over.
+    pub fn spread(&self) -> Duration {
+        self.settings.scan_spread
+    }
+
     /// Whether this detector only prints what it would enqueue.
     pub fn is_dry_run(&self) -> bool {
         self.settings.dry_run
     }
 
-    /// One scan of this shard's watches, as of `now` (injected so tests control the day).
+    /// One scan of this shard's watches, as of `now` (injected so tests control the day), its
+    /// pages one after another.
     pub async fn scan_once(&self, now: DateTime<Utc>) -> Result<ScanStats, ScanError> {
-        self.scan_within(now, None).await
+        self.scan_within(now, None, Duration::ZERO, &CancellationToken::new())
+            .await
     }
 
     /// One scan that publishes at most `budget` new EnqueueRequests (`None`: no bound); the
-    /// triggers past it are left for a later scan, which starts at their item.
+    /// triggers past it are left for a later scan, which starts at their item. Its pages start
+    /// evenly over `spread`, so the source is asked at a steady rate and what the scan finds
+    /// reaches the pipeline as it comes, not as one burst per interval. The watchlist is not
+    /// held between pages: change hints go on while a scan waits. Once `stop` is cancelled it
+    /// waits no more: the pages left are the next scan's, as past a budget.
     pub async fn scan_within(
         &self,
         now: DateTime<Utc>,
         budget: Option<usize>,
+        spread: Duration,
+        stop: &CancellationToken,
     ) -> Result<ScanStats, ScanError> {
         let mut budget = Budget {
             left: budget,
             stopped_at: None,
         };
         let started = std::time::Instant::now();
-        let (mut list, mut stats) = self.begin(now).await?;
+        let (list, mut stats) = self.begin(now).await?;
+        let pages = self.pages(&list).await;
+        drop(list);
+        let count = pages.len();
+        for (i, page) in pages.into_iter().enumerate() {
+            let due = started + spread.mul_f64(i as f64 / count as f64);
+            let waiting = std::time::Instant::now();
+            if due > waiting {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(due.into()) => {}
+                    _ = stop.cancelled() => {
+                        budget.stopped_at = page.first().cloned();
+                        break;
+                    }
+                }
+                stats.waited += waiting.elapsed();
+            }
+            let mut list = self.watchlist.lock().await;
+            self.scan_page(&mut list, page, (now, started), &mut stats, &mut budget)
+                .await?;
+        }
+        *self.resume_at.lock().await = budget.stopped_at;
+        Ok(stats)
+    }
+
+    /// The shard's items in pages of about `page_size` watches, from where the last scan's
+    /// budget ran out, around to just before it.
+    async fn pages(&self, list: &Watchlist) -> Vec<Vec<ItemCode>> {
         // A page size is a small `u32`, which fits `usize`; at least one watch a page.
         let page_size = usize::try_from(self.settings.page_size).unwrap_or(1).max(1);
         let mut pages: Vec<Vec<ItemCode>> = Vec::new();
         let mut in_page = page_size;
-        // From where the last scan's budget ran out, around to just before it.
         let resume_at = self.resume_at.lock().await.take();
         let (before, from): (Vec<_>, Vec<_>) = list
             .items()
@@ -131,12 +174,7 @@ impl Detector {
             }
             in_page += watches;
         }
-        for page in pages {
-            self.scan_page(&mut list, page, (now, started), &mut stats, &mut budget)
-                .await?;
-        }
-        *self.resume_at.lock().await = budget.stopped_at;
-        Ok(stats)
+        pages
     }
 
     /// The watchlist, brought up to date, for a scan as of `now`.

@@ -15,6 +15,7 @@ use tidings_domain::trigger::Trigger;
 use tidings_source::Sources;
 use tidings_testkit::fake_catalog::{Behavior, Item};
 use tidings_testkit::world::World;
+use tokio_util::sync::CancellationToken;
 
 fn detector(s: &World, shard_index: u32, shard_count: u32) -> Detector {
     let mut source = s.catalog.source_config(true);
@@ -761,14 +762,22 @@ async fn a_scan_past_its_budget_leaves_the_rest_to_the_next_which_starts_there()
         all.into_iter().map(|r| r.watch_id).collect::<Vec<_>>()
     };
 
-    let first = d.scan_within(t, Some(1)).await.unwrap();
+    let first = d
+        .scan_within(t, Some(1), Duration::ZERO, &CancellationToken::new())
+        .await
+        .unwrap();
     assert_eq!((first.holding, first.published, first.deferred), (4, 1, 3));
     assert_eq!(published(1).await, vec![watchers[0].watch]);
 
     // SKU-0 comes before SKU-2 in item order, but the next scan starts where this one stopped.
     s.catalog.set_price("SKU-0", 1000);
     let second = d
-        .scan_within(t + ChronoDuration::seconds(1), Some(2))
+        .scan_within(
+            t + ChronoDuration::seconds(1),
+            Some(2),
+            Duration::ZERO,
+            &CancellationToken::new(),
+        )
         .await
         .unwrap();
     assert_eq!((second.published, second.deferred), (2, 2));
@@ -778,7 +787,12 @@ async fn a_scan_past_its_budget_leaves_the_rest_to_the_next_which_starts_there()
     );
 
     let third = d
-        .scan_within(t + ChronoDuration::seconds(2), None)
+        .scan_within(
+            t + ChronoDuration::seconds(2),
+            None,
+            Duration::ZERO,
+            &CancellationToken::new(),
+        )
         .await
         .unwrap();
     assert_eq!((third.published, third.deferred), (2, 0));
@@ -789,7 +803,12 @@ async fn a_scan_past_its_budget_leaves_the_rest_to_the_next_which_starts_there()
     expected.sort();
     assert_eq!(all, expected, "each watch once");
     let fourth = d
-        .scan_within(t + ChronoDuration::seconds(3), Some(10))
+        .scan_within(
+            t + ChronoDuration::seconds(3),
+            Some(10),
+            Duration::ZERO,
+            &CancellationToken::new(),
+        )
         .await
         .unwrap();
     assert_eq!((fourth.evaluated, fourth.published), (0, 0), "all settled");
@@ -843,5 +862,102 @@ async fn hinted_items_are_fetched_at_their_source_s_rate_and_unwatched_ones_let_
         (2, 0),
         "only the hinted items were fetched"
     );
+    s.cleanup().await;
+}
+
+/// A detector reading one watch a page, whose items each hold a watch that holds.
+async fn paged(s: &World, items: &[&str]) -> (Detector, Vec<tidings_domain::WatchId>) {
+    let mut watches = Vec::new();
+    for item in items {
+        let below = Trigger::PriceBelow { threshold: 1200 };
+        watches.push(s.watcher(item, below, 1100).await.watch);
+    }
+    let mut settings = Settings::new(s.subjects.clone(), s.catalog.source_config(false));
+    settings.page_size = 1;
+    let source = Sources::new(settings.source.clone()).unwrap();
+    let d = Detector::new(s.db.pool.clone(), s.js.clone(), source, settings);
+    (d, watches)
+}
+
+/// A scan's pages start evenly over its spread, each found as it is read: what a scan finds
+/// reaches the pipeline over the spread, not as one burst. A change hint does not wait for a
+/// spread scan: the watchlist is free between pages.
+#[tokio::test]
+async fn a_scan_spreads_its_pages_and_lets_a_hint_through_between_them() {
+    let s = World::new().await;
+    let (d, watches) = paged(&s, &["P0", "P1", "P2", "P3", "HINTED"]).await;
+    let hinted_watch = watches[4];
+    // Five pages over 4 s: one every 800 ms, the last at 3.2 s.
+    let spread = Duration::from_secs(4);
+    let started = std::time::Instant::now();
+    let stop = CancellationToken::new();
+    let scan = d.scan_within(Utc::now(), None, spread, &stop);
+    let hint = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let code = tidings_domain::ItemCode::parse("HINTED").unwrap();
+        let stats = d.scan_items(Utc::now(), vec![code]).await.unwrap();
+        (stats.published, started.elapsed())
+    };
+    let (scan, (hinted, hint_done)) = tokio::join!(scan, hint);
+    let scan = scan.unwrap();
+    let took = started.elapsed();
+    assert_eq!(scan.items, 5);
+    assert_eq!(scan.published + hinted, 5, "every watch once");
+    assert!(
+        hint_done < Duration::from_millis(2000),
+        "the hint ran while the scan waited, not after it: done at {hint_done:?}"
+    );
+    assert!(took >= Duration::from_millis(3200), "{took:?}");
+    assert!(
+        scan.waited >= Duration::from_millis(1500) && scan.waited < took,
+        "waited {:?} of {took:?}",
+        scan.waited
+    );
+    let mut detected: Vec<_> = s
+        .enqueued()
+        .await
+        .iter()
+        .filter(|r| r.watch_id != hinted_watch)
+        .map(|r| r.detected_at)
+        .collect();
+    detected.sort();
+    let steps: Vec<i64> = detected
+        .windows(2)
+        .map(|w| (w[1] - w[0]).num_milliseconds())
+        .collect();
+    assert!(
+        detected.len() >= 3
+            && steps.iter().all(|ms| *ms >= 200)
+            && steps.iter().sum::<i64>() >= 1500,
+        "pages about 800 ms apart: {steps:?}"
+    );
+    s.cleanup().await;
+}
+
+/// Shutting down does not wait for a spread scan's later pages: the scan returns at once, the
+/// pages left to the next.
+#[tokio::test]
+async fn a_spread_scan_stops_waiting_when_told_to() {
+    let s = World::new().await;
+    let (d, _) = paged(&s, &["S0", "S1", "S2"]).await;
+    let stop = CancellationToken::new();
+    let started = std::time::Instant::now();
+    let cancel = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        stop.cancel();
+    };
+    let (scan, ()) = tokio::join!(
+        d.scan_within(Utc::now(), None, Duration::from_secs(30), &stop),
+        cancel
+    );
+    let scan = scan.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!((scan.items, scan.published), (1, 1), "only the first page");
+    let next = d.scan_once(Utc::now()).await.unwrap();
+    assert_eq!(next.published, 2, "the next scan takes the rest");
     s.cleanup().await;
 }

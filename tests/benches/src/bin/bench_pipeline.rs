@@ -277,6 +277,10 @@ async fn load_phase(rate: usize, secs: u64, channel: Channel) -> Value {
     // publishes it at once, so the interval sets the bursts the rest of the pipeline queues
     // behind (`BENCH_SCAN_INTERVAL`, default 1s).
     let scan_interval = std::env::var("BENCH_SCAN_INTERVAL").unwrap_or_else(|_| "1s".into());
+    // The share of the interval a scan spreads its pages over (`BENCH_SCAN_SPREAD`, percent;
+    // the detector's default unless set).
+    let scan_spread = std::env::var("BENCH_SCAN_SPREAD")
+        .unwrap_or_else(|_| tidings_benches::detector_scan_spread_percent().to_string());
     // The dispatcher's own default poll unless `BENCH_POLL_INTERVAL` says otherwise (the tests'
     // 20 ms would be a setting no deployment runs): new rows wake it, so the poll only times
     // idle looks and rows that come due by the clock.
@@ -290,6 +294,7 @@ async fn load_phase(rate: usize, secs: u64, channel: Channel) -> Value {
         &s,
         &[
             ("TIDINGS_SCAN_INTERVAL", &scan_interval),
+            ("TIDINGS_SCAN_SPREAD", &scan_spread),
             ("RUST_LOG", &service_log()),
             ("TIDINGS_POLL_INTERVAL", &poll_interval),
             ("TIDINGS_PUSH_ALLOWED_HOSTS", NAMED_HOSTS),
@@ -316,9 +321,19 @@ async fn load_phase(rate: usize, secs: u64, channel: Channel) -> Value {
     .await;
     let js = jetstream::new(tidings_tests::harness::nats().await.expect("nats"));
 
-    // The schedule: items fall below the threshold evenly over the window.
+    // The schedule: items fall below the threshold evenly over the window, in an order spread
+    // over the catalog (a seeded shuffle), as real price changes are: taken in item order, each
+    // second's changes were neighbours, all on one of the detector's pages.
     let start = now_ms() + 3000;
-    for (k, code) in items.iter().enumerate() {
+    let mut order: Vec<&String> = items.iter().collect();
+    let mut rng = Rng(58);
+    for i in (1..order.len()).rev() {
+        let j = usize::try_from(rng.between(0, i as u64 + 1)).unwrap_or(i);
+        order.swap(i, j);
+    }
+    // The codes in the order they fall, for the change → `sent` figure below.
+    let falls: Vec<String> = order.iter().map(|c| (*c).clone()).collect();
+    for (k, code) in order.into_iter().enumerate() {
         let at = start + i64::try_from(k * 1000 / items_per_sec).unwrap_or(0);
         s.catalog.set(
             code,
@@ -444,7 +459,7 @@ async fn load_phase(rate: usize, secs: u64, channel: Channel) -> Value {
     .fetch_one(&s.db.pool)
     .await
     .unwrap_or((None, None, None, 0));
-    // From the price change (item k falls at `start + k * 1000 / items_per_sec` ms) to `sent`,
+    // From the price change (the k-th of `falls` at `start + k * 1000 / items_per_sec` ms) to `sent`,
     // for the items that fell in the window: unlike detection → `sent`, it counts the time a
     // change waited to be detected, which is where scans that wait behind a deep enqueue stream
     // put the surplus.
@@ -454,7 +469,8 @@ async fn load_phase(rate: usize, secs: u64, channel: Channel) -> Value {
          FROM (SELECT EXTRACT(EPOCH FROM o.finished_at
                       - to_timestamp(($1::float8 + (k * 1000 / $2::bigint)) / 1000))::float8 AS d
                FROM outbox o
-               JOIN (SELECT id, substring(item_code FROM 6)::bigint AS k FROM watches) w
+               JOIN (SELECT w.id, f.n - 1 AS k FROM watches w
+                     JOIN unnest($5::text[]) WITH ORDINALITY AS f(code, n) ON f.code = w.item_code) w
                  ON w.id = o.watch_id
                WHERE o.status = 'sent' AND k >= $3 AND k < $4) t",
     )
@@ -462,6 +478,7 @@ async fn load_phase(rate: usize, secs: u64, channel: Channel) -> Value {
     .bind(i64::try_from(items_per_sec).unwrap_or(1))
     .bind(i64::try_from(items_per_sec * usize::try_from(warmup).unwrap_or(0)).unwrap_or(0))
     .bind(i64::try_from(n_items).unwrap_or(0))
+    .bind(&falls)
     .fetch_one(&s.db.pool)
     .await
     .unwrap_or((None, None, None, 0));
@@ -484,6 +501,7 @@ async fn load_phase(rate: usize, secs: u64, channel: Channel) -> Value {
         "offered_per_s": items_per_sec * PER_ITEM,
         "seconds": secs,
         "scan_interval": scan_interval,
+        "scan_spread_percent": scan_spread,
         "window_s": window,
         "sent_per_s": round(sent_per_s, 0),
         "pipeline_cpu_cores": round(pipeline_cores, 2),
