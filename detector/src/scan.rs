@@ -139,7 +139,10 @@ impl Detector {
                 tokio::select! {
                     _ = tokio::time::sleep_until(due.into()) => {}
                     _ = stop.cancelled() => {
-                        budget.stopped_at = page.first().cloned();
+                        // Unless a spent budget already named an earlier item.
+                        if budget.stopped_at.is_none() {
+                            budget.stopped_at = page.first().cloned();
+                        }
                         break;
                     }
                 }

@@ -961,3 +961,40 @@ async fn a_spread_scan_stops_waiting_when_told_to() {
     assert_eq!(next.published, 2, "the next scan takes the rest");
     s.cleanup().await;
 }
+
+/// A stop after a spent budget keeps the budget's item as where the next scan starts: the
+/// trigger it deferred goes first, not the stopped page's.
+#[tokio::test]
+async fn a_stop_after_a_spent_budget_resumes_at_the_deferred_trigger() {
+    let s = World::new().await;
+    // A0 has two watches, so it fills a page of its own; A1 is the page after.
+    let (d, watches) = paged(&s, &["A0", "A0", "A1"]).await;
+    let stop = CancellationToken::new();
+    let cancel = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        stop.cancel();
+    };
+    let (first, ()) = tokio::join!(
+        d.scan_within(Utc::now(), Some(1), Duration::from_secs(30), &stop),
+        cancel
+    );
+    let first = first.unwrap();
+    assert_eq!((first.published, first.deferred), (1, 1));
+    let second = d
+        .scan_within(
+            Utc::now(),
+            Some(1),
+            Duration::ZERO,
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(second.published, 1);
+    let published: Vec<_> = s.enqueued().await.iter().map(|r| r.watch_id).collect();
+    assert_eq!(published.len(), 2);
+    assert!(
+        published.iter().all(|w| watches[..2].contains(w)),
+        "both of A0's, none of A1's: {published:?}"
+    );
+    s.cleanup().await;
+}
