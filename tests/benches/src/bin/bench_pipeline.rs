@@ -273,12 +273,12 @@ async fn load_phase(rate: usize, secs: u64, channel: Channel) -> Value {
         to_email(&s).await;
     }
     let (smtp_port, dkim_file) = (smtp.port.to_string(), dkim.display().to_string());
-    // How often the detector scans: each scan finds what changed since the last one and
-    // publishes it at once, so the interval sets the bursts the rest of the pipeline queues
-    // behind (`BENCH_SCAN_INTERVAL`, default 1s).
+    // How often the detector scans: each scan finds what changed since the last one, page by
+    // page (`BENCH_SCAN_INTERVAL`, default 1s).
     let scan_interval = std::env::var("BENCH_SCAN_INTERVAL").unwrap_or_else(|_| "1s".into());
     // The share of the interval a scan spreads its pages over (`BENCH_SCAN_SPREAD`, percent;
-    // the detector's default unless set).
+    // the detector's default unless set): at 0 each scan publishes what it finds in one burst,
+    // which the rest of the pipeline queues behind.
     let scan_spread = std::env::var("BENCH_SCAN_SPREAD")
         .unwrap_or_else(|_| tidings_benches::detector_scan_spread_percent().to_string());
     // The dispatcher's own default poll unless `BENCH_POLL_INTERVAL` says otherwise (the tests'
