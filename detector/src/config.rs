@@ -110,8 +110,8 @@ pub struct Settings {
     pub streams: StreamSettings,
     pub source: SourceConfig,
     pub scan_interval: Duration,
-    /// The part of the interval a scan's pages are spread over.
-    pub scan_spread: Duration,
+    /// Percent of the interval a scan's pages are spread over ([`Settings::spread`]).
+    pub scan_spread: u8,
     pub page_size: i64,
     pub shard_index: u32,
     pub shard_count: u32,
@@ -127,6 +127,11 @@ impl Settings {
     pub fn new(subjects: Subjects, source: SourceConfig) -> Self {
         let placeholders = ["--database-url", "-", "--source-url", "-"];
         flags::parsed_defaults::<Config>(&placeholders).settings_with(subjects, source)
+    }
+
+    /// The part of the interval a scan's pages are spread over.
+    pub fn spread(&self) -> Duration {
+        self.scan_interval * u32::from(self.scan_spread) / 100
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -174,7 +179,7 @@ impl Config {
             streams: self.nats.streams(),
             source,
             scan_interval: self.scan_interval,
-            scan_spread: self.scan_interval * u32::from(self.scan_spread) / 100,
+            scan_spread: self.scan_spread,
             page_size: self.page_size,
             shard_index: self.shard_index,
             shard_count: self.shard_count,

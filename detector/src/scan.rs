@@ -95,7 +95,7 @@ impl Detector {
 
     /// The part of the interval a scan's pages are spread over.
     pub fn spread(&self) -> Duration {
-        self.settings.scan_spread
+        self.settings.spread()
     }
 
     /// Whether this detector only prints what it would enqueue.

@@ -934,12 +934,11 @@ async fn a_scan_spreads_its_pages_and_lets_a_hint_through_between_them() {
     s.cleanup().await;
 }
 
-/// Shutting down does not wait for a spread scan's later pages: the scan returns at once, the
-/// pages left to the next.
-#[tokio::test]
-async fn a_spread_scan_stops_waiting_when_told_to() {
-    let s = World::new().await;
-    let (d, _) = paged(&s, &["S0", "S1", "S2"]).await;
+/// A scan of `d` with a 30 s spread and `budget`, told to stop 300 ms in; how long it took.
+async fn stopped_scan(
+    d: &Detector,
+    budget: Option<usize>,
+) -> (tidings_detector::scan::ScanStats, Duration) {
     let stop = CancellationToken::new();
     let started = std::time::Instant::now();
     let cancel = async {
@@ -947,15 +946,20 @@ async fn a_spread_scan_stops_waiting_when_told_to() {
         stop.cancel();
     };
     let (scan, ()) = tokio::join!(
-        d.scan_within(Utc::now(), None, Duration::from_secs(30), &stop),
+        d.scan_within(Utc::now(), budget, Duration::from_secs(30), &stop),
         cancel
     );
-    let scan = scan.unwrap();
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        started.elapsed()
-    );
+    (scan.unwrap(), started.elapsed())
+}
+
+/// Shutting down does not wait for a spread scan's later pages: the scan returns at once, the
+/// pages left to the next.
+#[tokio::test]
+async fn a_spread_scan_stops_waiting_when_told_to() {
+    let s = World::new().await;
+    let (d, _) = paged(&s, &["S0", "S1", "S2"]).await;
+    let (scan, took) = stopped_scan(&d, None).await;
+    assert!(took < Duration::from_secs(5), "{took:?}");
     assert_eq!((scan.items, scan.published), (1, 1), "only the first page");
     let next = d.scan_once(Utc::now()).await.unwrap();
     assert_eq!(next.published, 2, "the next scan takes the rest");
@@ -969,16 +973,7 @@ async fn a_stop_after_a_spent_budget_resumes_at_the_deferred_trigger() {
     let s = World::new().await;
     // A0 has two watches, so it fills a page of its own; A1 is the page after.
     let (d, watches) = paged(&s, &["A0", "A0", "A1"]).await;
-    let stop = CancellationToken::new();
-    let cancel = async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        stop.cancel();
-    };
-    let (first, ()) = tokio::join!(
-        d.scan_within(Utc::now(), Some(1), Duration::from_secs(30), &stop),
-        cancel
-    );
-    let first = first.unwrap();
+    let (first, _) = stopped_scan(&d, Some(1)).await;
     assert_eq!((first.published, first.deferred), (1, 1));
     let second = d
         .scan_within(

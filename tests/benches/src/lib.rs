@@ -17,14 +17,13 @@ pub mod push;
 pub mod rng;
 pub mod seed;
 
-/// The share of its interval, in percent, a detector spreads a scan over by default.
-pub fn detector_scan_spread_percent() -> u32 {
-    let d = tidings_detector::Settings::new(
+/// The detector's settings as a deployment gets them by default (the prefix and source are
+/// placeholders).
+pub fn detector_defaults() -> tidings_detector::Settings {
+    tidings_detector::Settings::new(
         tidings_domain::subjects::Subjects::new("x").expect("a valid prefix"),
         tidings_source::SourceConfig::new("http://x/{item}"),
-    );
-    let percent = 100 * d.scan_spread.as_millis() / d.scan_interval.as_millis().max(1);
-    u32::try_from(percent).unwrap_or(100)
+    )
 }
 
 /// The dispatcher's settings as a deployment gets them by default (the prefix and source, which

@@ -280,7 +280,7 @@ async fn load_phase(rate: usize, secs: u64, channel: Channel) -> Value {
     // the detector's default unless set): at 0 each scan publishes what it finds in one burst,
     // which the rest of the pipeline queues behind.
     let scan_spread = std::env::var("BENCH_SCAN_SPREAD")
-        .unwrap_or_else(|_| tidings_benches::detector_scan_spread_percent().to_string());
+        .unwrap_or_else(|_| tidings_benches::detector_defaults().scan_spread.to_string());
     // The dispatcher's own default poll unless `BENCH_POLL_INTERVAL` says otherwise (the tests'
     // 20 ms would be a setting no deployment runs): new rows wake it, so the poll only times
     // idle looks and rows that come due by the clock.
