@@ -10,8 +10,8 @@
 //! - [`mail`]: mails as Python's `email` and `dkimpy` read them.
 
 pub use tidings_testkit::{
-    binaries, brokers, fake_catalog, fake_push, fake_smtp, fake_webhooks, fixtures, harness, walk,
-    world,
+    binaries, brokers, fake_catalog, fake_push, fake_smtp, fake_webhooks, fixtures, harness,
+    temp_file, walk, world,
 };
 
 #[path = "../../api/tests/support/server.rs"]

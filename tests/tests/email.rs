@@ -8,7 +8,6 @@
 //! speak the reader's language.
 
 use serde_json::{Value, json};
-use std::path::PathBuf;
 use std::time::Duration;
 use tidings_api_types::doctor::Diagnosis;
 use tidings_domain::outbox::{DropReason, Reason, Status};
@@ -19,12 +18,19 @@ use tidings_tests::fake_smtp::{FakeSmtp, SmtpOptions};
 use tidings_tests::mail::{self, Read};
 use tidings_tests::scenario::Scenario;
 use tidings_tests::services::{ADMIN_TOKEN, Pipeline, call, watch_below};
+use tidings_tests::temp_file::TempFile;
 
 const FROM: &str = "Tidings <alerts@tidings.test>";
 const SELECTOR: &str = "mail2026";
 
+/// The files the services read a mailing key and the bounce secrets from, removed after the test.
+struct MailFiles {
+    key: TempFile,
+    bounce: TempFile,
+}
+
 /// A new Ed25519 DKIM key for `tidings.test`, written where the dispatcher and api read it.
-fn dkim_key() -> (PathBuf, DkimKey) {
+fn dkim_key() -> (MailFiles, DkimKey) {
     use base64::Engine;
     let pkcs8 =
         aws_lc_rs::signature::Ed25519KeyPair::generate_pkcs8(&aws_lc_rs::rand::SystemRandom::new())
@@ -33,21 +39,20 @@ fn dkim_key() -> (PathBuf, DkimKey) {
         "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n",
         base64::engine::general_purpose::STANDARD.encode(pkcs8.as_ref())
     );
-    let file = std::env::temp_dir().join(format!("tidings-dkim-{}.pem", uuid::Uuid::new_v4()));
-    std::fs::write(&file, &pem).unwrap();
+    let files = MailFiles {
+        key: TempFile::new("tidings-dkim", "pem", pem.as_bytes()).unwrap(),
+        bounce: TempFile::new("tidings-dkim", "bounce", BOUNCE_SECRET.as_bytes()).unwrap(),
+    };
     let key = DkimKey::from_pem(pem.as_bytes(), "tidings.test", SELECTOR).unwrap();
-    (file, key)
+    (files, key)
 }
 
 /// What signs the test's bounce reports.
 const BOUNCE_SECRET: &str = "whsec_dGlkaW5ncy1lbWFpbC1ib3VuY2Utc2VjcmV0LTI2";
 
-async fn mailing_pipeline(s: &Scenario, smtp: &FakeSmtp, key_file: &std::path::Path) -> Pipeline {
+async fn mailing_pipeline(s: &Scenario, smtp: &FakeSmtp, files: &MailFiles) -> Pipeline {
     let port = smtp.port.to_string();
-    let bounce_file = key_file.with_extension("bounce");
-    std::fs::write(&bounce_file, BOUNCE_SECRET).unwrap();
-    let bounce_file = bounce_file.display().to_string();
-    let key_file = key_file.display().to_string();
+    let (key_file, bounce_file) = (files.key.setting(), files.bounce.setting());
     let env = [
         ("TIDINGS_SMTP_HOST", "127.0.0.1"),
         ("TIDINGS_SMTP_PORT", port.as_str()),
@@ -335,7 +340,6 @@ async fn a_confirmed_address_gets_a_signed_rechecked_mail_whose_link_tells_the_t
         "{doctor:?}"
     );
     p.stop().await;
-    let _ = std::fs::remove_file(key_file);
 }
 
 #[tokio::test]
@@ -461,7 +465,6 @@ async fn each_relay_answer_ends_its_row_as_documented() {
         Some(Deactivation::MailboxRejected)
     );
     p.stop().await;
-    let _ = std::fs::remove_file(key_file);
 }
 
 #[tokio::test]
@@ -570,5 +573,4 @@ async fn a_japanese_readers_confirmation_and_unsubscribe_pages_are_in_japanese()
     assert!(unknown.contains("<html lang=\"en\">"), "{unknown}");
     p.stop().await;
     s.cleanup().await;
-    let _ = std::fs::remove_file(key_file);
 }

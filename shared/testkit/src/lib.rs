@@ -9,6 +9,7 @@
 //! - [`fixtures`]: devices, subscriptions, watches and outbox rows to build a story on.
 //! - [`fake_catalog`], [`fake_push`], [`fake_webhooks`]: the outside world, served on loopback;
 //!   [`fake_smtp`]: a real SMTP server (aiosmtpd) playing the operator's relay.
+//! - [`temp_file`]: a key or secret file handed to a service, removed after the run.
 //! - [`world`]: a database, streams and catalog of a test's own, and the other services' parts
 //!   played by hand around the one under test.
 
@@ -20,5 +21,6 @@ pub mod fake_smtp;
 pub mod fake_webhooks;
 pub mod fixtures;
 pub mod harness;
+pub mod temp_file;
 pub mod walk;
 pub mod world;

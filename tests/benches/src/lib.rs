@@ -34,3 +34,9 @@ pub fn dispatcher_defaults() -> tidings_dispatcher::Settings {
         tidings_source::SourceConfig::new("http://x/{item}"),
     )
 }
+
+/// A new Ed25519 DKIM key in a file of its own (`TIDINGS_DKIM_KEY_FILE`), removed when dropped.
+pub fn dkim_key_file(prefix: &str) -> tidings_tests::temp_file::TempFile {
+    let pem = tidings_email::dkim::generate_ed25519_pem().expect("key");
+    tidings_tests::temp_file::TempFile::new(prefix, "pem", pem.as_bytes()).expect("key file")
+}

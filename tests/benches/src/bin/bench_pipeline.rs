@@ -263,16 +263,11 @@ async fn load_phase(rate: usize, secs: u64, channel: Channel) -> Value {
         ..SmtpOptions::default()
     };
     let smtp = FakeSmtp::start(&sink).expect("smtp sink");
-    let dkim = std::env::temp_dir().join(format!("tidings-bench-dkim-{}.pem", std::process::id()));
-    std::fs::write(
-        &dkim,
-        tidings_email::dkim::generate_ed25519_pem().expect("key"),
-    )
-    .expect("key file");
+    let dkim = tidings_benches::dkim_key_file("tidings-bench-dkim");
     if channel == Channel::Email {
         to_email(&s).await;
     }
-    let (smtp_port, dkim_file) = (smtp.port.to_string(), dkim.display().to_string());
+    let (smtp_port, dkim_file) = (smtp.port.to_string(), dkim.setting());
     // How often the detector scans: each scan finds what changed since the last one, page by
     // page (`BENCH_SCAN_INTERVAL`, default 1s).
     let scan_interval = std::env::var("BENCH_SCAN_INTERVAL").unwrap_or_else(|_| "1s".into());

@@ -188,13 +188,8 @@ async fn main() {
     }
     let items = seed(&s, &subs, per_device).await;
     let smtp = FakeSmtp::start(&SmtpOptions::default()).expect("smtp server");
-    let dkim = std::env::temp_dir().join(format!("tidings-chaos-dkim-{}.pem", std::process::id()));
-    std::fs::write(
-        &dkim,
-        tidings_email::dkim::generate_ed25519_pem().expect("key"),
-    )
-    .expect("key file");
-    let (smtp_port, dkim_file) = (smtp.port.to_string(), dkim.display().to_string());
+    let dkim = tidings_benches::dkim_key_file("tidings-chaos-dkim");
+    let (smtp_port, dkim_file) = (smtp.port.to_string(), dkim.setting());
     let mut rng = Rng(16);
     let start = now_ms() + 5_000;
     let mut dips: HashMap<String, (i64, i64)> = HashMap::new();
