@@ -399,13 +399,7 @@ fn the_dockerfile_covers_the_workspace_and_every_service() {
 
 /// A new Ed25519 DKIM key, PKCS#8 PEM, as `tidings-api dkim-keygen` prints one.
 fn dkim_pem() -> String {
-    use base64::Engine;
-    let rng = aws_lc_rs::rand::SystemRandom::new();
-    let pkcs8 = aws_lc_rs::signature::Ed25519KeyPair::generate_pkcs8(&rng).unwrap();
-    format!(
-        "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n",
-        base64::engine::general_purpose::STANDARD.encode(pkcs8.as_ref())
-    )
+    tidings_email::dkim::generate_ed25519_pem().unwrap()
 }
 
 /// Starts what `overlay` describes, as rendered (see `tidings_tests::manifests`): the migration

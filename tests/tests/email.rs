@@ -31,14 +31,7 @@ struct MailFiles {
 
 /// A new Ed25519 DKIM key for `tidings.test`, written where the dispatcher and api read it.
 fn dkim_key() -> (MailFiles, DkimKey) {
-    use base64::Engine;
-    let pkcs8 =
-        aws_lc_rs::signature::Ed25519KeyPair::generate_pkcs8(&aws_lc_rs::rand::SystemRandom::new())
-            .unwrap();
-    let pem = format!(
-        "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n",
-        base64::engine::general_purpose::STANDARD.encode(pkcs8.as_ref())
-    );
+    let pem = tidings_email::dkim::generate_ed25519_pem().unwrap();
     let files = MailFiles {
         key: TempFile::new("tidings-dkim", "pem", pem.as_bytes()).unwrap(),
         bounce: TempFile::new("tidings-dkim", "bounce", BOUNCE_SECRET.as_bytes()).unwrap(),

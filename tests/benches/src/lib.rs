@@ -17,19 +17,25 @@ pub mod push;
 pub mod rng;
 pub mod seed;
 
-/// The detector's settings as a deployment gets them by default (the prefix and source are
-/// placeholders).
+/// The detector's settings as a deployment gets them by default.
 pub fn detector_defaults() -> tidings_detector::Settings {
-    tidings_detector::Settings::new(
-        tidings_domain::subjects::Subjects::new("x").expect("a valid prefix"),
-        tidings_source::SourceConfig::new("http://x/{item}"),
-    )
+    let (subjects, source) = placeholders();
+    tidings_detector::Settings::new(subjects, source)
 }
 
-/// The dispatcher's settings as a deployment gets them by default (the prefix and source, which
-/// no default depends on, are placeholders): what the benchmarks print and run with.
+/// The dispatcher's settings as a deployment gets them by default: what the benchmarks print
+/// and run with.
 pub fn dispatcher_defaults() -> tidings_dispatcher::Settings {
-    tidings_dispatcher::Settings::new(
+    let (subjects, source) = placeholders();
+    tidings_dispatcher::Settings::new(subjects, source)
+}
+
+/// A prefix and a source for settings read only for their defaults, which depend on neither.
+fn placeholders() -> (
+    tidings_domain::subjects::Subjects,
+    tidings_source::SourceConfig,
+) {
+    (
         tidings_domain::subjects::Subjects::new("x").expect("a valid prefix"),
         tidings_source::SourceConfig::new("http://x/{item}"),
     )
