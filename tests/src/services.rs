@@ -6,7 +6,7 @@ use crate::fake_push::CERT_PEM;
 use crate::harness::poll_wait;
 use crate::scenario::Scenario;
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 use tidings_domain::outbox::Status;
@@ -225,6 +225,11 @@ impl Pipeline {
         }
     }
 
+    /// The folder holding the services' logs and the files handed to them.
+    pub fn logs(&self) -> &Path {
+        &self.logs
+    }
+
     pub fn log(&self, name: &str) -> String {
         std::fs::read_to_string(self.logs.join(format!("{name}.log"))).unwrap_or_default()
     }
@@ -308,7 +313,6 @@ impl Pipeline {
                 );
             }
         }
-        let _ = std::fs::remove_dir_all(&self.logs);
     }
 }
 
@@ -317,6 +321,11 @@ impl Drop for Pipeline {
         for child in self.children.values_mut() {
             let _ = child.kill();
             let _ = child.wait();
+        }
+        // A failing test keeps its services' logs to be read; a pipeline dropped without stop()
+        // (a test that ran one service alone, or a benchmark) leaves nothing behind.
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.logs);
         }
     }
 }

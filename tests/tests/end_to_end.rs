@@ -1846,3 +1846,32 @@ where
         assert!(made.is_err(), "{service:?} created a stream");
     }
 }
+
+/// A pipeline leaves no files behind once stopped or dropped, and keeps its services' logs when
+/// the test holding it fails (a run used to leave a log folder for every pipeline only dropped).
+#[tokio::test]
+async fn a_pipeline_removes_its_files_unless_its_test_failed() {
+    let s = Scenario::new().await;
+    let stopped = Pipeline::start_only(&s, &[], &[]).await;
+    let stopped_logs = stopped.logs().to_owned();
+    assert!(stopped_logs.join("ca.pem").exists());
+    stopped.stop().await;
+    assert!(!stopped_logs.exists(), "stop() left {stopped_logs:?}");
+
+    let dropped = Pipeline::start_only(&s, &[], &[]).await;
+    let dropped_logs = dropped.logs().to_owned();
+    drop(dropped);
+    assert!(!dropped_logs.exists(), "drop left {dropped_logs:?}");
+
+    let failed = Pipeline::start_only(&s, &[], &[]).await;
+    let failed_logs = failed.logs().to_owned();
+    let outcome = tokio::spawn(async move {
+        let _held = failed;
+        panic!("a failing test");
+    })
+    .await;
+    assert!(outcome.is_err_and(|e| e.is_panic()));
+    let kept = failed_logs.join("sources.json").exists();
+    let _ = std::fs::remove_dir_all(&failed_logs);
+    assert!(kept, "a failed test's pipeline removed {failed_logs:?}");
+}
