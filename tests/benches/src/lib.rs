@@ -5,6 +5,7 @@
 //!
 //! - [`figures`]: medians and rounding of the printed figures.
 //! - [`peer`]: the alternative a team would run instead (graphile-worker + web-push).
+//! - [`pgstat`]: what Postgres says it did over a window (buffers, commits, WAL, autovacuum).
 //! - [`procstat`]: CPU and memory of processes, read from /proc.
 //! - [`push`]: PushRequests a benchmark sends itself.
 //! - [`rng`]: the seeded sequence that makes two runs meet the same load and faults.
@@ -12,6 +13,7 @@
 
 pub mod figures;
 pub mod peer;
+pub mod pgstat;
 pub mod procstat;
 pub mod push;
 pub mod rng;

@@ -32,6 +32,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tidings_benches::figures::{median, round};
+use tidings_benches::pgstat::PgCounters;
 use tidings_benches::procstat::{
     CpuSplit, cpu_seconds, machine_busy_seconds, peak_rss_mib, pids_named,
 };
@@ -346,10 +347,12 @@ async fn load_phase(rate: usize, secs: u64, channel: Channel) -> Value {
     tokio::time::sleep(Duration::from_secs(warmup)).await;
     let before = scrape_all(&p, &services).await;
     let cpu_before = cpu(&p, &services);
+    let pg_before = PgCounters::read(&s.db.pool).await;
     let window = secs - warmup;
     tokio::time::sleep(Duration::from_secs(window)).await;
     let after = scrape_all(&p, &services).await;
     let cpu_after = cpu(&p, &services);
+    let pg_after = PgCounters::read(&s.db.pool).await;
     let shared = CpuSplit::between(cpu_before.split, cpu_after.split);
     let due: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM outbox WHERE status IN ('pending', 'retry') AND next_attempt_at <= now()",
@@ -514,6 +517,7 @@ async fn load_phase(rate: usize, secs: u64, channel: Channel) -> Value {
         "decrypted_samples": sampled,
         "rejected_samples": rejected,
         "resources": per_service,
+        "postgres_in_window": PgCounters::window(pg_before, pg_after, sent_window),
     })
 }
 
@@ -1301,6 +1305,15 @@ async fn main() {
         max["most_sent_per_s_on_2_cores"],
         max["machine_cpu_cores_busy"],
         cores
+    );
+    let pg = &max["postgres_in_window"];
+    println!(
+        "| Postgres in phase 1's window: buffers / commits / WAL bytes per `sent`; outbox autovacuums / autoanalyzes | {} / {} / {}; {} / {} |",
+        pg["buffers_per_sent"],
+        pg["commits_per_sent"],
+        pg["wal_bytes_per_sent"],
+        pg["outbox_autovacuums"],
+        pg["outbox_autoanalyzes"]
     );
     println!();
     println!(
