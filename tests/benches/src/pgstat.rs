@@ -9,35 +9,49 @@ use serde_json::{Value, json};
 use crate::figures::round;
 
 /// Cumulative counters at one moment; two of them make a window.
-#[derive(Clone, Copy, Debug, PartialEq, sqlx::FromRow)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PgCounters {
     /// Shared-buffer hits and reads in the benchmark's database.
     pub blocks: i64,
     pub commits: i64,
-    /// The WAL position in bytes (the whole server's: the benchmark's database is its only writer).
+    /// The WAL position in bytes ([`wal_position`]).
     pub wal_bytes: i64,
     /// Autovacuum and autoanalyze runs over the outbox's partitions.
     pub outbox_autovacuums: i64,
     pub outbox_autoanalyzes: i64,
 }
 
+/// Bytes Postgres has written to its WAL so far (the whole server's; a benchmark's database is
+/// its only writer).
+pub async fn wal_position(pool: &sqlx::PgPool) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint")
+        .fetch_one(pool)
+        .await
+}
+
 impl PgCounters {
     /// Reads the counters through `pool`, connected to the benchmark's database; `None` if they
     /// cannot be read (a benchmark's figures do not stop for its diagnostics).
     pub async fn read(pool: &sqlx::PgPool) -> Option<PgCounters> {
-        sqlx::query_as(
+        let (blocks, commits, outbox_autovacuums, outbox_autoanalyzes) = sqlx::query_as(
             "SELECT (SELECT blks_hit + blks_read FROM pg_stat_database
-                     WHERE datname = current_database()) AS blocks,
+                     WHERE datname = current_database()),
                     (SELECT xact_commit FROM pg_stat_database
-                     WHERE datname = current_database()) AS commits,
-                    pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint AS wal_bytes,
-                    COALESCE(sum(autovacuum_count), 0)::bigint AS outbox_autovacuums,
-                    COALESCE(sum(autoanalyze_count), 0)::bigint AS outbox_autoanalyzes
+                     WHERE datname = current_database()),
+                    COALESCE(sum(autovacuum_count), 0)::bigint,
+                    COALESCE(sum(autoanalyze_count), 0)::bigint
              FROM pg_stat_user_tables WHERE relname LIKE 'outbox\\_%'",
         )
         .fetch_one(pool)
         .await
-        .ok()
+        .ok()?;
+        Some(PgCounters {
+            blocks,
+            commits,
+            wal_bytes: wal_position(pool).await.ok()?,
+            outbox_autovacuums,
+            outbox_autoanalyzes,
+        })
     }
 
     /// The window from `before` to `after`, per notification `sent` in it; null unless both

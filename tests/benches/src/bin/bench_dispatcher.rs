@@ -54,12 +54,11 @@ struct Round {
     wal: [f64; 3],
 }
 
-/// Bytes Postgres has written to its WAL so far (the whole server's; the bench is its only user).
+/// Bytes Postgres has written to its WAL so far, as the figures divide them.
 async fn wal_bytes(pool: &sqlx::PgPool) -> f64 {
-    sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::float8")
-        .fetch_one(pool)
+    tidings_benches::pgstat::wal_position(pool)
         .await
-        .expect("WAL position")
+        .expect("WAL position") as f64
 }
 
 /// `detections` in one EnqueueRequests message, deduplicated by its id, as the detector
