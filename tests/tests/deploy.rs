@@ -1031,6 +1031,65 @@ fn the_prod_ingress_and_the_limits_agree() {
     assert!(prod.find("HorizontalPodAutoscaler", "api").is_none());
 }
 
+/// Every service's runtime starts the threads the manifests give it, not one per core of the node
+/// it lands on (a pod without a CPU limit sees them all, and idle threads woken to steal work cost
+/// CPU), and at least as many as the cores its replica requests, so the request can be used.
+#[test]
+fn each_service_runs_as_many_runtime_threads_as_the_manifests_say() {
+    for overlay in ["dev", "prod"] {
+        let o = Overlay::render(overlay);
+        let threads: u32 = config_var(&o, "TOKIO_WORKER_THREADS")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| {
+                panic!("{overlay}: TOKIO_WORKER_THREADS is not a number of threads")
+            });
+        for name in ["api", "dispatcher", "pusher", "detector"] {
+            let workload = ["Deployment", "StatefulSet"]
+                .into_iter()
+                .find_map(|kind| o.find(kind, name))
+                .unwrap_or_else(|| panic!("{overlay}: no workload {name}"));
+            let containers = workload["spec"]["template"]["spec"]["containers"]
+                .as_array()
+                .unwrap();
+            let service = containers
+                .iter()
+                .find(|c| c["name"] == name)
+                .unwrap_or_else(|| panic!("{overlay}: {name} has no container {name}"));
+            let reads_config = service["envFrom"].as_array().is_some_and(|from| {
+                from.iter().any(|f| {
+                    f["configMapRef"]["name"]
+                        .as_str()
+                        .is_some_and(|n| n.starts_with("tidings-config"))
+                })
+            });
+            assert!(
+                reads_config,
+                "{overlay}: {name} does not read tidings-config"
+            );
+            let overridden = service["env"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|e| e["name"] == "TOKIO_WORKER_THREADS");
+            assert!(
+                !overridden,
+                "{overlay}: {name} sets its own TOKIO_WORKER_THREADS"
+            );
+            let request = service["resources"]["requests"]["cpu"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{overlay}: {name} requests no CPU"));
+            let cores: f64 = match request.strip_suffix('m') {
+                Some(m) => m.parse::<f64>().unwrap() / 1000.0,
+                None => request.parse().unwrap(),
+            };
+            assert!(
+                f64::from(threads) >= cores,
+                "{overlay}: {name} requests {request} of CPU but runs {threads} runtime threads"
+            );
+        }
+    }
+}
+
 /// A setting of the rendered `tidings-config` ConfigMap (its name carries kustomize's hash).
 fn config_var<'a>(overlay: &'a Overlay, key: &str) -> Option<&'a str> {
     overlay.docs().iter().find(|d| {
