@@ -214,14 +214,12 @@ pub fn statement(
 /// otherwise plans it anew each time, over every week's partition, ~1.3 ms a claim, more than
 /// reading 100 rows costs.
 pub async fn plan_by_due_index(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
-    sqlx::query!(
-        "SELECT set_config('enable_bitmapscan', 'off', true) AS bitmap,
-                set_config('enable_seqscan', 'off', true) AS seq,
-                set_config('plan_cache_mode', 'force_generic_plan', true) AS generic"
-    )
-    .fetch_one(conn)
-    .await?;
-    Ok(())
+    let settings = [
+        ("enable_bitmapscan", "off"),
+        ("enable_seqscan", "off"),
+        ("plan_cache_mode", "force_generic_plan"),
+    ];
+    crate::planner::for_transaction(conn, &settings).await
 }
 
 pub async fn claim(

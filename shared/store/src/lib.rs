@@ -30,6 +30,7 @@ pub mod idempotency;
 pub mod mailboxes;
 mod outbox;
 pub mod partitions;
+pub mod planner;
 pub mod replay;
 pub mod rows;
 pub mod scan;

@@ -1120,6 +1120,100 @@ async fn the_claim_and_a_transition_take_the_guards_fast_path() {
     );
 }
 
+/// A transition reads its rows by key however much their partition grew since the connection
+/// planned it. A week's partition starts empty; Postgres settles on one plan for a statement a
+/// connection runs often and keeps it until the partition is next analyzed. Made while the
+/// partition was small, that plan joined the changes by hash over a scan of it: thousands of
+/// rows later, a batch read every page (regression: `bench pipeline` rounds at 109–139 buffers a
+/// `sent`, not ~90).
+#[tokio::test]
+async fn a_transition_reads_its_rows_by_key_after_its_partition_grew() {
+    let db = TestDb::new().await.unwrap();
+    let (_, id) = one_row(&db).await;
+    let (partition, day): (String, NaiveDate) =
+        sqlx::query_as("SELECT tableoid::regclass::text, dedup_day FROM outbox WHERE id = $1")
+            .bind(id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    // The partition small, its statistics saying so, kept so for the test.
+    grow(&db, id, 1_000).await;
+    let keep = format!("ALTER TABLE {partition} SET (autovacuum_enabled = false)");
+    sqlx::query(&keep).execute(&db.pool).await.unwrap();
+    let analyze = format!("ANALYZE {partition}");
+    sqlx::query(&analyze).execute(&db.pool).await.unwrap();
+    let pending = outbox::Row {
+        status: Status::Pending,
+        retry_count: 0,
+        attempt: 0,
+    };
+    let going_out = |id: OutboxId| {
+        let t = outbox::apply(pending, Event::Dispatched, 5).unwrap();
+        let mut change = Change::new(id, day, pending, t);
+        change.lease_until = Some(Utc::now() + chrono::Duration::minutes(1));
+        change.deadline = Some(Utc::now());
+        change
+    };
+    // A batch as the dispatcher writes one: 100 changes, here of rows that do not exist but for
+    // `first`.
+    let batch = |first: Option<OutboxId>| -> Vec<Change> {
+        let others = (0..99).map(|_| OutboxId::new());
+        first.into_iter().chain(others).map(going_out).collect()
+    };
+    // One connection, as a dispatcher's pooled one, runs it often enough to keep a plan.
+    let mut conn = db.pool.acquire().await.unwrap();
+    for _ in 0..10 {
+        let won = transition::apply(&mut conn, &batch(None)).await.unwrap();
+        assert!(won.is_empty(), "a change of no row moved one");
+    }
+    grow(&db, id, 10_000).await;
+    let (pages,): (i64,) = sqlx::query_as(
+        "SELECT pg_relation_size($1::regclass) / current_setting('block_size')::int",
+    )
+    .bind(&partition)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(pages > 500, "the partition holds only {pages} pages");
+
+    // The backend's counts include what it has not reported yet, so the batch's reads are the
+    // difference, inside one transaction (counts are reported between transactions).
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    let before = blocks_fetched(&mut tx, &partition).await;
+    let won = transition::apply(&mut tx, &batch(Some(id))).await.unwrap();
+    assert_eq!(won.len(), 1, "the row did not go out, or another did");
+    let read = blocks_fetched(&mut tx, &partition).await - before;
+    tx.commit().await.unwrap();
+    assert!(
+        read < 20,
+        "a batch read {read} of the partition's {pages} pages: its rows were not found by key"
+    );
+}
+
+/// The blocks of `table` this backend asked for, reported or not.
+async fn blocks_fetched(tx: &mut sqlx::PgConnection, table: &str) -> i64 {
+    let sql = "SELECT pg_stat_get_xact_blocks_fetched($1::regclass)";
+    let (n,): (i64,) = sqlx::query_as(sql).bind(table).fetch_one(tx).await.unwrap();
+    n
+}
+
+/// Adds `n` copies of row `id` to its partition, each of a watch of its own (so each its own
+/// dedup key).
+async fn grow(db: &TestDb, id: OutboxId, n: i32) {
+    sqlx::query(
+        "INSERT INTO outbox
+         SELECT (json_populate_record(o, json_build_object('id', gen_random_uuid(),
+                                                           'watch_id', gen_random_uuid()))).*
+         FROM outbox o, generate_series(1, $2)
+         WHERE o.id = $1",
+    )
+    .bind(id)
+    .bind(n)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+}
+
 /// Runs `sql` with `id` for its `$1`.
 async fn exec(tx: &mut sqlx::PgConnection, sql: &str, id: Uuid) {
     sqlx::query(sql).bind(id).execute(tx).await.unwrap();
