@@ -218,8 +218,8 @@ pub async fn apply(
 /// plan at any size. But a week's partition starts empty and can fill faster than autovacuum
 /// (which looks once a minute) refreshes its statistics, and a plan made while it looked small
 /// joins the changes by hash over a scan of every partition; the connection keeps that plan
-/// until the next analyze. `bench pipeline` rounds that did so read 109–139 buffers a `sent`
-/// instead of ~90, and Postgres took 190–282 µs a `sent` instead of ~150. The statements that
+/// until the next analyze. In `bench pipeline` rounds where connections did so, Postgres read
+/// 109–139 buffers a `sent` instead of ~90 and took 190–282 µs a `sent` instead of ~150. The statements that
 /// follow a transition in a transaction (attempts, baselines, subscriptions) are keyed too.
 pub async fn plan_by_key(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
     let settings = [
