@@ -638,15 +638,10 @@ fn strs(args: &[String]) -> Vec<&str> {
     args.iter().map(String::as_str).collect()
 }
 
-/// Postgres' default `max_connections` is 100, 3 of them reserved for superusers; the rest of
-/// this room is left for operators and the schema's init containers.
-const CONNECTION_BUDGET: u32 = 90;
-
-#[test]
-fn the_prod_overlay_at_its_autoscaling_maximum_fits_postgres_default_connection_limit() {
-    let rendered = Overlay::render("prod");
-    // Only the pool sizes matter here; the Secrets the operator creates get placeholders.
-    let secrets: HashMap<(String, String), String> = [
+/// Placeholders for the Secrets the prod overlay leaves to the operator: for tests that read the
+/// rendered containers' settings and start nothing.
+fn placeholder_secrets() -> HashMap<(String, String), String> {
+    [
         ("tidings-db-migrate", "url"),
         ("tidings-db-api", "url"),
         ("tidings-db-dispatcher", "url"),
@@ -666,7 +661,18 @@ fn the_prod_overlay_at_its_autoscaling_maximum_fits_postgres_default_connection_
     ]
     .into_iter()
     .map(|(s, k)| ((s.to_owned(), k.to_owned()), "placeholder".to_owned()))
-    .collect();
+    .collect()
+}
+
+/// Postgres' default `max_connections` is 100, 3 of them reserved for superusers; the rest of
+/// this room is left for operators and the schema's init containers.
+const CONNECTION_BUDGET: u32 = 90;
+
+#[test]
+fn the_prod_overlay_at_its_autoscaling_maximum_fits_postgres_default_connection_limit() {
+    let rendered = Overlay::render("prod");
+    // Only the pool sizes matter here.
+    let secrets = placeholder_secrets();
     let mut total = 0;
     let mut table = Vec::new();
     for c in rendered
@@ -1038,56 +1044,45 @@ fn the_prod_ingress_and_the_limits_agree() {
 fn each_service_runs_as_many_runtime_threads_as_the_manifests_say() {
     for overlay in ["dev", "prod"] {
         let o = Overlay::render(overlay);
-        let threads: u32 = config_var(&o, "TOKIO_WORKER_THREADS")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| {
-                panic!("{overlay}: TOKIO_WORKER_THREADS is not a number of threads")
-            });
-        for name in ["api", "dispatcher", "pusher", "detector"] {
-            let workload = ["Deployment", "StatefulSet"]
-                .into_iter()
-                .find_map(|kind| o.find(kind, name))
-                .unwrap_or_else(|| panic!("{overlay}: no workload {name}"));
-            let containers = workload["spec"]["template"]["spec"]["containers"]
-                .as_array()
-                .unwrap();
-            let service = containers
-                .iter()
-                .find(|c| c["name"] == name)
-                .unwrap_or_else(|| panic!("{overlay}: {name} has no container {name}"));
-            let reads_config = service["envFrom"].as_array().is_some_and(|from| {
-                from.iter().any(|f| {
-                    f["configMapRef"]["name"]
-                        .as_str()
-                        .is_some_and(|n| n.starts_with("tidings-config"))
-                })
-            });
-            assert!(
-                reads_config,
-                "{overlay}: {name} does not read tidings-config"
-            );
-            let overridden = service["env"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|e| e["name"] == "TOKIO_WORKER_THREADS");
-            assert!(
-                !overridden,
-                "{overlay}: {name} sets its own TOKIO_WORKER_THREADS"
-            );
-            let request = service["resources"]["requests"]["cpu"]
-                .as_str()
-                .unwrap_or_else(|| panic!("{overlay}: {name} requests no CPU"));
+        let services: Vec<_> = (o.containers(&placeholder_secrets()).into_iter())
+            .filter(|c| !c.to_completion)
+            .collect();
+        assert_eq!(services.len(), 4, "{overlay}: not the four services");
+        for c in services {
+            // The environment as the container gets it: ConfigMaps, then its own `env`.
+            let threads: u32 = c
+                .var("TOKIO_WORKER_THREADS")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{}: no number of runtime threads", c.workload));
+            let request = cpu_request(&o, &c.workload);
             let cores: f64 = match request.strip_suffix('m') {
                 Some(m) => m.parse::<f64>().unwrap() / 1000.0,
                 None => request.parse().unwrap(),
             };
             assert!(
                 f64::from(threads) >= cores,
-                "{overlay}: {name} requests {request} of CPU but runs {threads} runtime threads"
+                "{}: requests {request} of CPU but runs {threads} runtime threads",
+                c.workload
             );
         }
     }
+}
+
+/// The CPU request of `workload`'s container (`Deployment/api/api`), as rendered.
+fn cpu_request(overlay: &Overlay, workload: &str) -> String {
+    let mut parts = workload.split('/');
+    let (kind, name, container) = (parts.next(), parts.next(), parts.next());
+    let doc = overlay
+        .find(kind.unwrap(), name.unwrap())
+        .unwrap_or_else(|| panic!("no {workload}"));
+    let containers = doc["spec"]["template"]["spec"]["containers"].as_array();
+    let c = (containers.into_iter().flatten())
+        .find(|c| c["name"].as_str() == container)
+        .unwrap_or_else(|| panic!("no container {workload}"));
+    c["resources"]["requests"]["cpu"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{workload} requests no CPU"))
+        .to_owned()
 }
 
 /// A setting of the rendered `tidings-config` ConfigMap (its name carries kustomize's hash).

@@ -221,7 +221,7 @@ pub async fn apply(
 /// until the next analyze. In `bench pipeline` rounds where connections did so, Postgres read
 /// 109–139 buffers a `sent` instead of ~90 and took 190–282 µs a `sent` instead of ~150. The statements that
 /// follow a transition in a transaction (attempts, baselines, subscriptions) are keyed too.
-pub async fn plan_by_key(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+async fn plan_by_key(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
     let settings = [
         ("enable_hashjoin", "off"),
         ("enable_mergejoin", "off"),
