@@ -2,7 +2,10 @@
 //! per notification moves between identical rounds (113–180 µs a `sent` at 2,000/s on 12-07):
 //! an autovacuum of the outbox inside the window accounts for ~9 µs of it, and one round in
 //! twelve had the transition reading half again as many buffers. Printed beside the CPU figures,
-//! these say which kind of round a figure came from.
+//! these say which kind of round a figure came from; [`Statements`] says which statements the
+//! time went to.
+
+use std::collections::HashMap;
 
 use serde_json::{Value, json};
 
@@ -75,6 +78,105 @@ impl PgCounters {
     }
 }
 
+/// What `pg_stat_statements` counted for each statement of the benchmark's database at one
+/// moment (the local stack loads it); two of them make a window, as with [`PgCounters`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Statements(HashMap<i64, Statement>);
+
+/// One statement's cumulative counters, by its `queryid`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Statement {
+    /// The normalised text's start, on one line.
+    pub text: String,
+    pub calls: i64,
+    pub rows: i64,
+    /// Time inside the executor, in milliseconds: wall time, so it includes waiting for a core.
+    pub exec_ms: f64,
+    pub wal_bytes: i64,
+    /// Shared-buffer hits and reads.
+    pub buffers: i64,
+}
+
+impl Statements {
+    /// Reads every top-level statement of `pool`'s database; `None` where `pg_stat_statements`
+    /// is not loaded (a Postgres the local stack did not start) or cannot be read.
+    pub async fn read(pool: &sqlx::PgPool) -> Option<Statements> {
+        sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            .execute(pool)
+            .await
+            .ok()?;
+        let rows: Vec<(i64, String, i64, i64, f64, i64, i64)> = sqlx::query_as(
+            "SELECT queryid, left(regexp_replace(query, '\\s+', ' ', 'g'), 90), calls, rows,
+                    total_exec_time, wal_bytes::bigint, shared_blks_hit + shared_blks_read
+             FROM pg_stat_statements
+             WHERE toplevel AND queryid IS NOT NULL
+               AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        )
+        .fetch_all(pool)
+        .await
+        .ok()?;
+        Some(Statements(
+            rows.into_iter()
+                .map(|(id, text, calls, rows, exec_ms, wal_bytes, buffers)| {
+                    let s = Statement {
+                        text,
+                        calls,
+                        rows,
+                        exec_ms,
+                        wal_bytes,
+                        buffers,
+                    };
+                    (id, s)
+                })
+                .collect(),
+        ))
+    }
+
+    /// The `top` statements by executor time from `before` to `after`, per notification `sent`,
+    /// and the executor time of all of them; null unless both ends were read.
+    pub fn window(
+        before: Option<&Statements>,
+        after: Option<&Statements>,
+        sent: i64,
+        top: usize,
+    ) -> Value {
+        let (Some(before), Some(after)) = (before, after) else {
+            return Value::Null;
+        };
+        let per = |v: f64| round(v / sent.max(1) as f64, 1);
+        let none = Statement::default();
+        let mut ran: Vec<Statement> = (after.0.iter())
+            .map(|(id, a)| {
+                let b = before.0.get(id).unwrap_or(&none);
+                Statement {
+                    text: a.text.clone(),
+                    calls: a.calls - b.calls,
+                    rows: a.rows - b.rows,
+                    exec_ms: a.exec_ms - b.exec_ms,
+                    wal_bytes: a.wal_bytes - b.wal_bytes,
+                    buffers: a.buffers - b.buffers,
+                }
+            })
+            .filter(|s| s.calls > 0)
+            .collect();
+        ran.sort_by(|x, y| y.exec_ms.total_cmp(&x.exec_ms));
+        let all: f64 = ran.iter().map(|s| s.exec_ms).sum();
+        let listed: Vec<Value> = (ran.iter().take(top))
+            .map(|s| {
+                json!({
+                    "statement": s.text,
+                    "calls": s.calls,
+                    "rows_per_call": round(s.rows as f64 / s.calls as f64, 1),
+                    "exec_us_per_sent": per(s.exec_ms * 1000.0),
+                    "wal_bytes_per_sent": per(s.wal_bytes as f64).round(),
+                    "buffers_per_sent": per(s.buffers as f64),
+                })
+            })
+            .collect();
+        json!({ "exec_us_per_sent": per(all * 1000.0), "top": listed })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -107,5 +209,53 @@ mod tests {
         assert_eq!(PgCounters::window(None, Some(after), 1_000), Value::Null);
         assert_eq!(PgCounters::window(Some(before), None, 1_000), Value::Null);
         assert_eq!(PgCounters::window(Some(before), Some(after), 1_000), w);
+    }
+
+    fn statement(text: &str, calls: i64, exec_ms: f64) -> Statement {
+        Statement {
+            text: text.to_owned(),
+            calls,
+            rows: calls * 10,
+            exec_ms,
+            wal_bytes: calls * 100,
+            buffers: calls * 3,
+        }
+    }
+
+    #[test]
+    fn statements_in_a_window_are_their_differences_the_costliest_first() {
+        let before = Statements(HashMap::from([
+            (1, statement("UPDATE outbox", 10, 5.0)),
+            (2, statement("SELECT watches", 100, 50.0)),
+            (3, statement("SELECT idle", 4, 1.0)),
+        ]));
+        let after = Statements(HashMap::from([
+            (1, statement("UPDATE outbox", 110, 105.0)),
+            (2, statement("SELECT watches", 120, 60.0)),
+            (3, statement("SELECT idle", 4, 1.0)),
+            (4, statement("INSERT INTO outbox", 50, 30.0)),
+        ]));
+        let w = Statements::window(Some(&before), Some(&after), 1_000, 2);
+        // 100 + 10 + 30 ms over 1,000 notifications; the statement that did not run is left out.
+        assert_eq!(w["exec_us_per_sent"], 140.0);
+        let top = w["top"].as_array().expect("a list");
+        assert_eq!(top.len(), 2);
+        assert_eq!(top[0]["statement"], "UPDATE outbox");
+        assert_eq!(top[0]["calls"], 100);
+        assert_eq!(top[0]["rows_per_call"], 10.0);
+        assert_eq!(top[0]["exec_us_per_sent"], 100.0);
+        assert_eq!(top[0]["wal_bytes_per_sent"], 10.0);
+        assert_eq!(top[0]["buffers_per_sent"], 0.3);
+        // New in the window: counted from zero.
+        assert_eq!(top[1]["statement"], "INSERT INTO outbox");
+        assert_eq!(top[1]["exec_us_per_sent"], 30.0);
+        assert_eq!(
+            Statements::window(None, Some(&after), 1_000, 2),
+            Value::Null
+        );
+        assert_eq!(
+            Statements::window(Some(&before), None, 1_000, 2),
+            Value::Null
+        );
     }
 }

@@ -9,7 +9,8 @@
 //! 1. Throughput: RATE notifications/s offered (items fall below their watches' threshold on a
 //!    schedule; the detector finds them) for SECONDS; notifications reaching `sent` per second in
 //!    the steady window, each stage's rate, the backlog in front of each stage, CPU and peak RSS
-//!    per service.
+//!    per service; Postgres's buffers and WAL per notification, and the statements it spent the
+//!    most executor time on (from `pg_stat_statements`, which the local stack loads).
 //! 2. Latency at half the measured maximum: detection → `sent` p50/p95/p99.
 //! 3. Stale alerts: the same price series (items dip below the threshold and recover after 0.3 s
 //!    to 2 min; one push in four is refused once with 503 + Retry-After: 2) through Tidings and
@@ -32,7 +33,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tidings_benches::figures::{median, round};
-use tidings_benches::pgstat::PgCounters;
+use tidings_benches::pgstat::{PgCounters, Statements};
 use tidings_benches::procstat::{
     CpuSplit, cpu_seconds, machine_busy_seconds, peak_rss_mib, pids_named,
 };
@@ -347,6 +348,7 @@ async fn load_phase(rate: usize, secs: u64, channel: Channel) -> Value {
     tokio::time::sleep(Duration::from_secs(warmup)).await;
     // Postgres's counters are read outside the CPU window, so their queries do not count in it.
     let pg_before = PgCounters::read(&s.db.pool).await;
+    let statements_before = Statements::read(&s.db.pool).await;
     let before = scrape_all(&p, &services).await;
     let cpu_before = cpu(&p, &services);
     let window = secs - warmup;
@@ -354,6 +356,7 @@ async fn load_phase(rate: usize, secs: u64, channel: Channel) -> Value {
     let after = scrape_all(&p, &services).await;
     let cpu_after = cpu(&p, &services);
     let pg_after = PgCounters::read(&s.db.pool).await;
+    let statements_after = Statements::read(&s.db.pool).await;
     let shared = CpuSplit::between(cpu_before.split, cpu_after.split);
     let due: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM outbox WHERE status IN ('pending', 'retry') AND next_attempt_at <= now()",
@@ -519,6 +522,12 @@ async fn load_phase(rate: usize, secs: u64, channel: Channel) -> Value {
         "rejected_samples": rejected,
         "resources": per_service,
         "postgres_in_window": PgCounters::window(pg_before, pg_after, sent_window),
+        "postgres_statements_in_window": Statements::window(
+            statements_before.as_ref(),
+            statements_after.as_ref(),
+            sent_window,
+            8,
+        ),
     })
 }
 
