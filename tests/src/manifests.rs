@@ -37,6 +37,8 @@ pub struct Container {
     pub readiness: Option<(String, u16)>,
     /// The pod's name as Kubernetes would give it (`HOSTNAME`).
     pub pod_name: String,
+    /// `resources.requests.cpu` as written (`500m`, `2`), if any.
+    pub cpu_request: Option<String>,
 }
 
 impl Container {
@@ -280,6 +282,9 @@ impl Overlay {
                     secret_mounts,
                     readiness,
                     pod_name: pod_name.clone(),
+                    cpu_request: c["resources"]["requests"]["cpu"]
+                        .as_str()
+                        .map(str::to_owned),
                 });
             }
         }

@@ -1054,7 +1054,8 @@ fn each_service_runs_as_many_runtime_threads_as_the_manifests_say() {
                 .var("TOKIO_WORKER_THREADS")
                 .and_then(|v| v.parse().ok())
                 .unwrap_or_else(|| panic!("{}: no number of runtime threads", c.workload));
-            let request = cpu_request(&o, &c.workload);
+            let request = (c.cpu_request.as_deref())
+                .unwrap_or_else(|| panic!("{} requests no CPU", c.workload));
             let cores: f64 = match request.strip_suffix('m') {
                 Some(m) => m.parse::<f64>().unwrap() / 1000.0,
                 None => request.parse().unwrap(),
@@ -1066,23 +1067,6 @@ fn each_service_runs_as_many_runtime_threads_as_the_manifests_say() {
             );
         }
     }
-}
-
-/// The CPU request of `workload`'s container (`Deployment/api/api`), as rendered.
-fn cpu_request(overlay: &Overlay, workload: &str) -> String {
-    let mut parts = workload.split('/');
-    let (kind, name, container) = (parts.next(), parts.next(), parts.next());
-    let doc = overlay
-        .find(kind.unwrap(), name.unwrap())
-        .unwrap_or_else(|| panic!("no {workload}"));
-    let containers = doc["spec"]["template"]["spec"]["containers"].as_array();
-    let c = (containers.into_iter().flatten())
-        .find(|c| c["name"].as_str() == container)
-        .unwrap_or_else(|| panic!("no container {workload}"));
-    c["resources"]["requests"]["cpu"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{workload} requests no CPU"))
-        .to_owned()
 }
 
 /// A setting of the rendered `tidings-config` ConfigMap (its name carries kustomize's hash).
