@@ -8,7 +8,9 @@ use tidings_runtime::metrics::{
 tidings_runtime::families! {
     pub struct DispatcherMetrics {
         outbox_rows: Family<StatusLabels, Gauge> = Family::default()
-            => "tidings_outbox_rows", "Non-terminal outbox rows by state (pending, retry, sending)";
+            => "tidings_outbox_rows",
+            "Non-terminal outbox rows by state (pending, retry, sending), read every 10 s, or up \
+             to a minute apart while a reading takes over 1 % of that (a very large backlog)";
         outbox_held: Family<HeldLabels, Gauge> = Family::default()
             => "tidings_outbox_held",
             "Pending rows waiting for their reader's release, by why (quiet_hours, cap, digest)";

@@ -3,6 +3,7 @@
 // Test code: a failed unwrap is a failed test, which is what we want.
 #![allow(clippy::unwrap_used)]
 
+use tidings_domain::holding::Held;
 use tidings_domain::outbox::{Event, Status};
 use tidings_domain::trigger::Trigger;
 use tidings_testkit::fixtures;
@@ -52,4 +53,39 @@ async fn the_backlog_counts_undecided_rows_and_the_oldest_waits() {
     );
     assert!((59.0..120.0).contains(&b.oldest_due_seconds), "{b:?}");
     assert!((59.0..120.0).contains(&b.lease_overdue_seconds), "{b:?}");
+}
+
+#[tokio::test]
+async fn held_rows_are_counted_by_why_they_wait() {
+    let db = TestDb::new().await.unwrap();
+    let trigger = Trigger::PriceBelow { threshold: 1200 };
+    let rows = fixtures::pending_rows(&db.pool, "SKU-1", &trigger, 5)
+        .await
+        .unwrap();
+    // Two held for quiet hours and one for a digest, an hour ahead, as holding leaves them (raw
+    // SQL on purpose: the columns only, without a reader's preferences to hold them).
+    let held = [(0, "quiet_hours"), (1, "quiet_hours"), (2, "digest")];
+    for (i, why) in held {
+        sqlx::query(
+            "UPDATE outbox SET held = $2, next_attempt_at = now() + interval '1 hour'
+             WHERE dedup_day = $1",
+        )
+        .bind(rows[i].1)
+        .bind(why)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+
+    let b = tidings_store::backlog::read(&db.pool).await.unwrap();
+    assert_eq!(b.pending, 5, "{b:?}");
+    let counted = Held::ALL.map(|h| b.held.iter().find(|(w, _)| *w == h).map(|(_, n)| *n));
+    let expected = Held::ALL.map(|h| match h {
+        Held::QuietHours => Some(2),
+        Held::Digest => Some(1),
+        Held::Cap => Some(0),
+    });
+    assert_eq!(counted, expected);
+    // Only the two rows not held are due; the oldest of them has waited since its insert.
+    assert!((0.0..60.0).contains(&b.oldest_due_seconds), "{b:?}");
 }
