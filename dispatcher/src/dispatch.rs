@@ -13,8 +13,8 @@ use chrono::Utc;
 use sqlx::{PgPool, Postgres, Transaction};
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tidings_bus::publish::{Outgoing, publish_all};
 use tidings_domain::messages::{Batch, MAX_DIGEST_MEMBERS, encode};
 use tidings_domain::outbox::Status;
@@ -70,6 +70,17 @@ pub struct Dispatcher {
     admission: Option<Arc<Admission>>,
     /// Rung by this process's ingest when it commits new rows.
     wake: Option<Arc<Notify>>,
+    /// The push stream's last reading ([`Dispatcher::room`]).
+    reading: Mutex<Option<PushReading>>,
+}
+
+/// Messages in the push stream as NATS last said, plus those this dispatcher has published
+/// since: pushers only take messages away, so this many wait at most (but for other
+/// dispatchers' since).
+#[derive(Debug, Clone, Copy)]
+struct PushReading {
+    at: Instant,
+    messages: u64,
 }
 
 impl Dispatcher {
@@ -86,6 +97,7 @@ impl Dispatcher {
             settings,
             admission: None,
             wake: None,
+            reading: Mutex::new(None),
         }
     }
 
@@ -121,22 +133,63 @@ impl Dispatcher {
     /// How many rows this cycle may claim: the claim batch, less what the push stream already
     /// holds beyond `push_backlog_limit`. Rows wait in the outbox rather than in the stream,
     /// so they are re-checked right before they can actually be sent, and never sit in a queue
-    /// until their push deadline passes.
+    /// until their push deadline passes. NATS is asked again unless a reading younger than
+    /// `push_reading_fresh` leaves room for a whole claim, counting what was published since.
     pub async fn room(&self) -> i64 {
         let limit = self.settings.push_backlog_limit;
         if limit == 0 {
             return self.settings.claim_batch;
         }
+        let fresh = self.settings.push_reading_fresh;
+        if let Some(reading) = self.last_reading().filter(|r| r.at.elapsed() < fresh) {
+            let room = self.room_beside(reading.messages);
+            if room >= self.settings.claim_batch {
+                return room;
+            }
+        }
         match self.push_backlog().await {
             Some(messages) => {
-                // Requests, counting every message as a full batch: with batches, dispatch
-                // pauses no later than with one request a message.
-                let waiting = messages.saturating_mul(self.settings.push_batch.max(1) as u64);
-                // Room past `i64` is no limit on a claim.
-                let free = i64::try_from(limit.saturating_sub(waiting)).unwrap_or(i64::MAX);
-                free.min(self.settings.claim_batch)
+                self.set_reading(Some(PushReading {
+                    at: Instant::now(),
+                    messages,
+                }));
+                self.room_beside(messages)
             }
-            None => self.settings.claim_batch,
+            None => {
+                self.set_reading(None);
+                self.settings.claim_batch
+            }
+        }
+    }
+
+    /// The room a claim has while the push stream holds `messages`.
+    fn room_beside(&self, messages: u64) -> i64 {
+        // Requests, counting every message as a full batch: with batches, dispatch pauses no
+        // later than with one request a message.
+        let waiting = messages.saturating_mul(self.settings.push_batch.max(1) as u64);
+        let free = self.settings.push_backlog_limit.saturating_sub(waiting);
+        // Room past `i64` is no limit on a claim.
+        i64::try_from(free)
+            .unwrap_or(i64::MAX)
+            .min(self.settings.claim_batch)
+    }
+
+    fn last_reading(&self) -> Option<PushReading> {
+        self.reading.lock().ok().and_then(|r| *r)
+    }
+
+    fn set_reading(&self, reading: Option<PushReading>) {
+        if let Ok(mut slot) = self.reading.lock() {
+            *slot = reading;
+        }
+    }
+
+    /// Counts `messages` just published to the push stream into the last reading.
+    fn published(&self, messages: u64) {
+        if let Ok(mut slot) = self.reading.lock()
+            && let Some(reading) = slot.as_mut()
+        {
+            reading.messages = reading.messages.saturating_add(messages);
         }
     }
 
@@ -424,6 +477,8 @@ impl Dispatcher {
             }
         }
         let acks = publish_all(&self.js, outgoing, PUBLISH_WINDOW).await;
+        // Unconfirmed messages may be stored all the same: all are counted.
+        self.published(carried.len() as u64);
         let mut published = 0;
         let mut failed = Vec::new();
         for (rows, ack) in carried.iter().zip(acks) {

@@ -1594,16 +1594,81 @@ async fn a_full_push_stream_pauses_dispatch_and_the_backlog_waits_in_the_outbox(
     // The pusher takes the queued requests; dispatch resumes with the rest.
     let consumer = s.push_consumer().await;
     assert_eq!(s.take_pushes(&consumer, WAIT).await.len(), 4);
-    // Acks reach the server asynchronously; the room opens as they do.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut room = d.room().await;
-    while room < 4 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        room = d.room().await;
-    }
+    let room = room_once_acked(&d, 4).await;
     assert_eq!(room, 4);
     d.dispatch_up_to(room).await.unwrap();
     assert_eq!(s.take_pushes(&consumer, WAIT).await.len(), 4);
+    s.cleanup().await;
+}
+
+/// The room `d` finds once it reaches `room` or 5 s pass: a pusher's acks reach the server
+/// asynchronously, and the room opens as they do.
+async fn room_once_acked(d: &tidings_dispatcher::dispatch::Dispatcher, room: i64) -> i64 {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut found = d.room().await;
+    while found < room && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        found = d.room().await;
+    }
+    found
+}
+
+/// The push stream's info costs nats-server ~170 µs a request, and dispatch asked for it every
+/// cycle. A reading now stands in for the next ones while it is fresh and, with what this
+/// dispatcher has published since, leaves room for a whole claim; otherwise NATS is asked.
+#[tokio::test]
+async fn a_fresh_reading_of_the_push_stream_spares_asking_while_it_leaves_room() {
+    use futures::StreamExt as _;
+    let mut s = Scenario::new().await;
+    s.settings.push_backlog_limit = 10;
+    // Fresh for the test's whole first part, however slow the machine.
+    s.settings.push_reading_fresh = Duration::from_secs(60);
+    s.settings.push_batch = 1;
+    s.settings.claim_batch = 4;
+    for i in 0..10 {
+        let w = s.watcher(&format!("SKU-{i}"), BELOW_1200, 1100).await;
+        s.ingested(&w, 1100).await;
+    }
+    let nats = tidings_testkit::harness::nats().await.unwrap();
+    let info = format!(
+        "$JS.API.STREAM.INFO.{}",
+        s.subjects.stream(StreamKind::Push)
+    );
+    let mut asked = nats.subscribe(info).await.unwrap();
+    nats.flush().await.unwrap();
+    let mut count = async || {
+        let mut n = 0;
+        while let Ok(Some(_)) = tokio::time::timeout(WAIT, asked.next()).await {
+            n += 1;
+        }
+        n
+    };
+    let d = s.dispatcher();
+
+    // The first cycle asks; the next ones, with the stream empty, need not.
+    let rooms = [d.room().await, d.room().await, d.room().await];
+    assert_eq!(rooms, [4, 4, 4]);
+    // Published: 4 waiting, by the reading and this dispatcher's count; still room for 4.
+    assert_eq!(d.dispatch_up_to(4).await.unwrap().published, 4);
+    assert_eq!(d.room().await, 4);
+    assert_eq!(count().await, 1, "asked once in four cycles");
+
+    // 8 waiting by its count leave room for 2, less than a claim: NATS is asked, and agrees.
+    assert_eq!(d.dispatch_up_to(4).await.unwrap().published, 4);
+    assert_eq!(d.room().await, 2);
+    assert_eq!(count().await, 1);
+    assert_eq!(s.stream_len(StreamKind::Push).await, 8);
+
+    // A pusher takes them; the cycles ask again while the room is short, and see it open.
+    let consumer = s.push_consumer().await;
+    assert_eq!(s.take_pushes(&consumer, WAIT).await.len(), 8);
+    assert_eq!(room_once_acked(&d, 4).await, 4);
+    assert!(count().await >= 1);
+    // Stale, a reading is asked again even with room for a claim.
+    s.settings.push_reading_fresh = Duration::ZERO;
+    let d = s.dispatcher();
+    assert_eq!([d.room().await, d.room().await], [4, 4]);
+    assert_eq!(count().await, 2);
     s.cleanup().await;
 }
 
