@@ -135,10 +135,16 @@ impl Dispatcher {
     /// so they are re-checked right before they can actually be sent, and never sit in a queue
     /// until their push deadline passes. NATS is asked again unless a reading younger than
     /// `push_reading_fresh` leaves room for a whole claim, counting what was published since.
+    /// No room while the connection to NATS is down.
     pub async fn room(&self) -> i64 {
         let limit = self.settings.push_backlog_limit;
         if limit == 0 {
             return self.settings.claim_batch;
+        }
+        // While this client is away from NATS, a claim's rows would be published into the
+        // outage and left `sending`, unconfirmed, for the lease to decide: they wait instead.
+        if self.js.client().connection_state() != async_nats::connection::State::Connected {
+            return 0;
         }
         let fresh = self.settings.push_reading_fresh;
         if let Some(reading) = self.last_reading().filter(|r| r.at.elapsed() < fresh) {

@@ -1672,6 +1672,69 @@ async fn a_fresh_reading_of_the_push_stream_spares_asking_while_it_leaves_room()
     s.cleanup().await;
 }
 
+/// Regression (chaos, after the push stream's reading was kept): a cycle that did not ask NATS
+/// claimed rows while the broker was down and published them into the outage, leaving them
+/// `sending`, unconfirmed, for the lease to decide. Now nothing is claimed until the connection
+/// is back, however fresh the last reading.
+#[tokio::test]
+async fn while_nats_is_away_dispatch_claims_nothing() {
+    use async_nats::connection::State;
+    let mut s = Scenario::new().await;
+    s.settings.push_backlog_limit = 10;
+    s.settings.push_batch = 1;
+    s.settings.claim_batch = 4;
+    s.settings.push_reading_fresh = Duration::from_secs(60);
+    let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
+    s.ingested(&w, 1100).await;
+    let mut nats = PrivateNats::started().await.unwrap();
+    let client = nats.client().await.unwrap();
+    let js = async_nats::jetstream::new(client.clone());
+    tidings_bus::streams::ensure_streams(&js, &s.subjects, &s.streams)
+        .await
+        .unwrap();
+    let source = tidings_source::Sources::new(s.settings.source.clone()).unwrap();
+    let d = tidings_dispatcher::dispatch::Dispatcher::new(
+        s.db.pool.clone(),
+        js,
+        std::sync::Arc::new(source),
+        s.settings(),
+    );
+    assert_eq!(d.room().await, 4, "a fresh reading");
+
+    nats.kill();
+    let started = Instant::now();
+    while client.connection_state() == State::Connected {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never saw it go"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let asked = Instant::now();
+    assert_eq!(d.room().await, 0);
+    assert!(
+        asked.elapsed() < Duration::from_secs(1),
+        "it waited for NATS"
+    );
+    assert_eq!(
+        s.db.rows_in(&[Status::Pending]).await,
+        1,
+        "the row waits, unclaimed"
+    );
+
+    nats.restart().await.unwrap();
+    let started = Instant::now();
+    while client.connection_state() != State::Connected {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(d.room().await, 4);
+    s.cleanup().await;
+}
+
 /// Admission: a claim whose oldest row had waited past the bound closes ingest's gate, and
 /// while it is closed the running ingest loop takes nothing; the requests wait in the enqueue
 /// stream and are ingested, all of them, once dispatch has caught up.
