@@ -137,14 +137,13 @@ impl Dispatcher {
     /// `push_reading_fresh` leaves room for a whole claim, counting what was published since.
     /// No room while the connection to NATS is down.
     pub async fn room(&self) -> i64 {
-        let limit = self.settings.push_backlog_limit;
-        if limit == 0 {
-            return self.settings.claim_batch;
-        }
         // While this client is away from NATS, a claim's rows would be published into the
         // outage and left `sending`, unconfirmed, for the lease to decide: they wait instead.
         if self.js.client().connection_state() != async_nats::connection::State::Connected {
             return 0;
+        }
+        if self.settings.push_backlog_limit == 0 {
+            return self.settings.claim_batch;
         }
         let fresh = self.settings.push_reading_fresh;
         if let Some(reading) = self.last_reading().filter(|r| r.at.elapsed() < fresh) {

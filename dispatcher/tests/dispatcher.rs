@@ -1716,6 +1716,17 @@ async fn while_nats_is_away_dispatch_claims_nothing() {
         asked.elapsed() < Duration::from_secs(1),
         "it waited for NATS"
     );
+    // Without a backlog limit too.
+    let unlimited = tidings_dispatcher::dispatch::Dispatcher::new(
+        s.db.pool.clone(),
+        async_nats::jetstream::new(client.clone()),
+        std::sync::Arc::new(tidings_source::Sources::new(s.settings.source.clone()).unwrap()),
+        std::sync::Arc::new(tidings_dispatcher::Settings {
+            push_backlog_limit: 0,
+            ..s.settings.clone()
+        }),
+    );
+    assert_eq!(unlimited.room().await, 0);
     assert_eq!(
         s.db.rows_in(&[Status::Pending]).await,
         1,
