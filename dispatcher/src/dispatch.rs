@@ -70,13 +70,19 @@ pub struct Dispatcher {
     admission: Option<Arc<Admission>>,
     /// Rung by this process's ingest when it commits new rows.
     wake: Option<Arc<Notify>>,
-    /// The push stream's last reading ([`Dispatcher::room`]).
-    reading: Mutex<Option<PushReading>>,
+    /// The push stream's last reading ([`Dispatcher::room`]), shared with the other dispatch
+    /// workers of this process.
+    reading: Arc<PushReadings>,
 }
 
-/// Messages in the push stream as NATS last said, plus those this dispatcher has published
-/// since: pushers only take messages away, so this many wait at most (but for other
-/// dispatchers' since).
+/// The push stream's last reading, shared by the dispatch workers of a process: each counts
+/// the others' publishes into it, and together they ask NATS as often as one.
+#[derive(Debug, Default)]
+pub struct PushReadings(Mutex<Option<PushReading>>);
+
+/// Messages in the push stream as NATS last said, plus those published since by the dispatch
+/// workers sharing it: pushers only take messages away, so this many wait at most (but for
+/// other processes' since).
 #[derive(Debug, Clone, Copy)]
 struct PushReading {
     at: Instant,
@@ -97,8 +103,14 @@ impl Dispatcher {
             settings,
             admission: None,
             wake: None,
-            reading: Mutex::new(None),
+            reading: Arc::default(),
         }
+    }
+
+    /// Keeps the push stream's readings in `readings`, shared with other dispatch workers.
+    pub fn with_push_readings(mut self, readings: Arc<PushReadings>) -> Self {
+        self.reading = readings;
+        self
     }
 
     /// Looks for due rows as soon as `wake` rings, not only every poll interval: the ingest
@@ -180,18 +192,18 @@ impl Dispatcher {
     }
 
     fn last_reading(&self) -> Option<PushReading> {
-        self.reading.lock().ok().and_then(|r| *r)
+        self.reading.0.lock().ok().and_then(|r| *r)
     }
 
     fn set_reading(&self, reading: Option<PushReading>) {
-        if let Ok(mut slot) = self.reading.lock() {
+        if let Ok(mut slot) = self.reading.0.lock() {
             *slot = reading;
         }
     }
 
     /// Counts `messages` just published to the push stream into the last reading.
     fn published(&self, messages: u64) {
-        if let Ok(mut slot) = self.reading.lock()
+        if let Ok(mut slot) = self.reading.0.lock()
             && let Some(reading) = slot.as_mut()
         {
             reading.messages = reading.messages.saturating_add(messages);

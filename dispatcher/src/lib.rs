@@ -201,11 +201,13 @@ pub async fn run_with(
             }
         });
     }
+    let readings = Arc::new(dispatch::PushReadings::default());
     for _ in 0..settings.dispatch_workers {
         let d =
             dispatch::Dispatcher::new(pool.clone(), js.clone(), source.clone(), settings.clone())
                 .with_admission(admission.clone())
-                .with_wake(wake.clone());
+                .with_wake(wake.clone())
+                .with_push_readings(readings.clone());
         let shutdown = shutdown.clone();
         tasks.spawn(async move { d.run(shutdown).await });
     }

@@ -1613,15 +1613,11 @@ async fn room_once_acked(d: &tidings_dispatcher::dispatch::Dispatcher, room: i64
     found
 }
 
-/// The push stream's info costs nats-server ~170 µs a request, and dispatch asked for it every
-/// cycle. A reading now stands in for the next ones while it is fresh and, with what this
-/// dispatcher has published since, leaves room for a whole claim; otherwise NATS is asked.
-#[tokio::test]
-async fn a_fresh_reading_of_the_push_stream_spares_asking_while_it_leaves_room() {
-    use futures::StreamExt as _;
+/// Ten rows due; a push backlog limit of 10 requests, one a message, claims of 4; readings fresh
+/// for a minute, however slow the machine.
+async fn room_scenario() -> Scenario {
     let mut s = Scenario::new().await;
     s.settings.push_backlog_limit = 10;
-    // Fresh for the test's whole first part, however slow the machine.
     s.settings.push_reading_fresh = Duration::from_secs(60);
     s.settings.push_batch = 1;
     s.settings.claim_batch = 4;
@@ -1629,20 +1625,66 @@ async fn a_fresh_reading_of_the_push_stream_spares_asking_while_it_leaves_room()
         let w = s.watcher(&format!("SKU-{i}"), BELOW_1200, 1100).await;
         s.ingested(&w, 1100).await;
     }
-    let nats = tidings_testkit::harness::nats().await.unwrap();
-    let info = format!(
-        "$JS.API.STREAM.INFO.{}",
-        s.subjects.stream(StreamKind::Push)
-    );
-    let mut asked = nats.subscribe(info).await.unwrap();
-    nats.flush().await.unwrap();
-    let mut count = async || {
+    s
+}
+
+/// The requests for the push stream's info, as NATS carries them.
+struct InfoRequests(async_nats::Subscriber);
+
+impl InfoRequests {
+    async fn watch(s: &Scenario) -> InfoRequests {
+        let nats = tidings_testkit::harness::nats().await.unwrap();
+        let subject = format!(
+            "$JS.API.STREAM.INFO.{}",
+            s.subjects.stream(StreamKind::Push)
+        );
+        let sub = nats.subscribe(subject).await.unwrap();
+        nats.flush().await.unwrap();
+        InfoRequests(sub)
+    }
+
+    /// How many were made since the last count.
+    async fn count(&mut self) -> usize {
+        use futures::StreamExt as _;
         let mut n = 0;
-        while let Ok(Some(_)) = tokio::time::timeout(WAIT, asked.next()).await {
+        while let Ok(Some(_)) = tokio::time::timeout(WAIT, self.0.next()).await {
             n += 1;
         }
         n
-    };
+    }
+}
+
+/// The dispatch workers of a process share one reading: together they ask NATS as often as one
+/// would, and each counts the others' publishes.
+#[tokio::test]
+async fn dispatch_workers_share_the_push_streams_reading() {
+    use tidings_dispatcher::dispatch::PushReadings;
+    let s = room_scenario().await;
+    let mut asked = InfoRequests::watch(&s).await;
+    let readings = std::sync::Arc::new(PushReadings::default());
+    let a = s.dispatcher().with_push_readings(readings.clone());
+    let b = s.dispatcher().with_push_readings(readings);
+
+    assert_eq!([a.room().await, b.room().await], [4, 4]);
+    assert_eq!(a.dispatch_up_to(4).await.unwrap().published, 4);
+    // 4 waiting by a's count: room for a claim still.
+    assert_eq!(b.room().await, 4);
+    assert_eq!(asked.count().await, 1, "b used a's reading");
+    assert_eq!(b.dispatch_up_to(4).await.unwrap().published, 4);
+    // 8 by both counts: a asks, and NATS agrees.
+    assert_eq!(a.room().await, 2);
+    assert_eq!(asked.count().await, 1);
+    s.cleanup().await;
+}
+
+/// The push stream's info costs nats-server ~170 µs a request, and dispatch asked for it every
+/// cycle. A reading now stands in for the next ones while it is fresh and, with what this
+/// dispatcher has published since, leaves room for a whole claim; otherwise NATS is asked.
+#[tokio::test]
+async fn a_fresh_reading_of_the_push_stream_spares_asking_while_it_leaves_room() {
+    let mut s = room_scenario().await;
+    let mut asked = InfoRequests::watch(&s).await;
+    let mut count = async || asked.count().await;
     let d = s.dispatcher();
 
     // The first cycle asks; the next ones, with the stream empty, need not.
