@@ -1684,7 +1684,6 @@ async fn dispatch_workers_share_the_push_streams_reading() {
 async fn a_fresh_reading_of_the_push_stream_spares_asking_while_it_leaves_room() {
     let mut s = room_scenario().await;
     let mut asked = InfoRequests::watch(&s).await;
-    let mut count = async || asked.count().await;
     let d = s.dispatcher();
 
     // The first cycle asks; the next ones, with the stream empty, need not.
@@ -1693,24 +1692,24 @@ async fn a_fresh_reading_of_the_push_stream_spares_asking_while_it_leaves_room()
     // Published: 4 waiting, by the reading and this dispatcher's count; still room for 4.
     assert_eq!(d.dispatch_up_to(4).await.unwrap().published, 4);
     assert_eq!(d.room().await, 4);
-    assert_eq!(count().await, 1, "asked once in four cycles");
+    assert_eq!(asked.count().await, 1, "asked once in four cycles");
 
     // 8 waiting by its count leave room for 2, less than a claim: NATS is asked, and agrees.
     assert_eq!(d.dispatch_up_to(4).await.unwrap().published, 4);
     assert_eq!(d.room().await, 2);
-    assert_eq!(count().await, 1);
+    assert_eq!(asked.count().await, 1);
     assert_eq!(s.stream_len(StreamKind::Push).await, 8);
 
     // A pusher takes them; the cycles ask again while the room is short, and see it open.
     let consumer = s.push_consumer().await;
     assert_eq!(s.take_pushes(&consumer, WAIT).await.len(), 8);
     assert_eq!(room_once_acked(&d, 4).await, 4);
-    assert!(count().await >= 1);
+    assert!(asked.count().await >= 1);
     // Stale, a reading is asked again even with room for a claim.
     s.settings.push_reading_fresh = Duration::ZERO;
     let d = s.dispatcher();
     assert_eq!([d.room().await, d.room().await], [4, 4]);
-    assert_eq!(count().await, 2);
+    assert_eq!(asked.count().await, 2);
     s.cleanup().await;
 }
 
@@ -1720,72 +1719,50 @@ async fn a_fresh_reading_of_the_push_stream_spares_asking_while_it_leaves_room()
 /// is back, however fresh the last reading.
 #[tokio::test]
 async fn while_nats_is_away_dispatch_claims_nothing() {
-    use async_nats::connection::State;
-    let mut s = Scenario::new().await;
-    s.settings.push_backlog_limit = 10;
-    s.settings.push_batch = 1;
-    s.settings.claim_batch = 4;
-    s.settings.push_reading_fresh = Duration::from_secs(60);
-    let w = s.watcher("SKU-1", BELOW_1200, 1100).await;
-    s.ingested(&w, 1100).await;
+    let s = room_scenario().await;
     let mut nats = PrivateNats::started().await.unwrap();
     let client = nats.client().await.unwrap();
     let js = async_nats::jetstream::new(client.clone());
     tidings_bus::streams::ensure_streams(&js, &s.subjects, &s.streams)
         .await
         .unwrap();
-    let source = tidings_source::Sources::new(s.settings.source.clone()).unwrap();
-    let d = tidings_dispatcher::dispatch::Dispatcher::new(
-        s.db.pool.clone(),
-        js,
-        std::sync::Arc::new(source),
-        s.settings(),
-    );
+    let d = s.dispatcher_on(js.clone(), s.settings.clone());
+    let unlimited = tidings_dispatcher::Settings {
+        push_backlog_limit: 0,
+        ..s.settings.clone()
+    };
+    let unlimited = s.dispatcher_on(js, unlimited);
     assert_eq!(d.room().await, 4, "a fresh reading");
 
     nats.kill();
-    let started = Instant::now();
-    while client.connection_state() == State::Connected {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "never saw it go"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    connection_becomes(&client, false).await;
     let asked = Instant::now();
-    assert_eq!(d.room().await, 0);
+    // Without a backlog limit too.
+    assert_eq!([d.room().await, unlimited.room().await], [0, 0]);
     assert!(
         asked.elapsed() < Duration::from_secs(1),
         "it waited for NATS"
     );
-    // Without a backlog limit too.
-    let unlimited = tidings_dispatcher::dispatch::Dispatcher::new(
-        s.db.pool.clone(),
-        async_nats::jetstream::new(client.clone()),
-        std::sync::Arc::new(tidings_source::Sources::new(s.settings.source.clone()).unwrap()),
-        std::sync::Arc::new(tidings_dispatcher::Settings {
-            push_backlog_limit: 0,
-            ..s.settings.clone()
-        }),
-    );
-    assert_eq!(unlimited.room().await, 0);
-    assert_eq!(
-        s.db.rows_in(&[Status::Pending]).await,
-        1,
-        "the row waits, unclaimed"
-    );
+    let pending = s.db.rows_in(&[Status::Pending]).await;
+    assert_eq!(pending, 10, "the rows wait, unclaimed");
 
     nats.restart().await.unwrap();
+    connection_becomes(&client, true).await;
+    assert_eq!(d.room().await, 4);
+    s.cleanup().await;
+}
+
+/// Waits up to 10 s for `client` to be connected, or not.
+async fn connection_becomes(client: &async_nats::Client, connected: bool) {
+    use async_nats::connection::State;
     let started = Instant::now();
-    while client.connection_state() != State::Connected {
+    while (client.connection_state() == State::Connected) != connected {
         assert!(
             started.elapsed() < Duration::from_secs(10),
-            "never came back"
+            "connected is never {connected}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(d.room().await, 4);
-    s.cleanup().await;
 }
 
 /// Admission: a claim whose oldest row had waited past the bound closes ingest's gate, and

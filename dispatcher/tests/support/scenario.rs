@@ -6,6 +6,7 @@
 // Each test binary that includes this file uses part of it.
 #![allow(dead_code)]
 
+use async_nats::jetstream;
 use chrono::Utc;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
@@ -64,12 +65,17 @@ impl Scenario {
     }
 
     pub fn dispatcher(&self) -> Dispatcher {
-        let source = Sources::new(self.settings.source.clone()).expect("source");
+        self.dispatcher_on(self.js.clone(), self.settings.clone())
+    }
+
+    /// A dispatcher on another broker's `js` (a private nats-server), with `settings`.
+    pub fn dispatcher_on(&self, js: jetstream::Context, settings: Settings) -> Dispatcher {
+        let source = Sources::new(settings.source.clone()).expect("source");
         Dispatcher::new(
             self.db.pool.clone(),
-            self.js.clone(),
+            js,
             Arc::new(source),
-            self.settings(),
+            Arc::new(settings),
         )
     }
 
