@@ -19,6 +19,16 @@ pub struct PgCounters {
     pub commits: i64,
     /// The WAL position in bytes ([`wal_position`]).
     pub wal_bytes: i64,
+    /// WAL records and full-page images written (`pg_stat_wal`: the whole server's, as
+    /// `wal_bytes`; none before Postgres 14). With the row versions below they say what the
+    /// bytes are: a notification's rows and their index entries, or pages logged whole after a
+    /// checkpoint.
+    pub wal_records_and_fpi: Option<(i64, i64)>,
+    /// Row versions written in the benchmark's database: inserted, updated, and of the updated
+    /// those written HOT (on the same page, with no new index entries).
+    pub rows_inserted: i64,
+    pub rows_updated: i64,
+    pub rows_hot_updated: i64,
     /// Autovacuum and autoanalyze runs over the outbox's partitions.
     pub outbox_autovacuums: i64,
     pub outbox_autoanalyzes: i64,
@@ -36,24 +46,40 @@ impl PgCounters {
     /// Reads the counters through `pool`, connected to the benchmark's database; `None` if they
     /// cannot be read (a benchmark's figures do not stop for its diagnostics).
     pub async fn read(pool: &sqlx::PgPool) -> Option<PgCounters> {
-        let (blocks, commits, outbox_autovacuums, outbox_autoanalyzes) = sqlx::query_as(
-            "SELECT (SELECT blks_hit + blks_read FROM pg_stat_database
-                     WHERE datname = current_database()),
-                    (SELECT xact_commit FROM pg_stat_database
-                     WHERE datname = current_database()),
-                    COALESCE(sum(autovacuum_count), 0)::bigint,
-                    COALESCE(sum(autoanalyze_count), 0)::bigint
-             FROM pg_stat_user_tables WHERE relname LIKE 'outbox\\_%'",
-        )
-        .fetch_one(pool)
-        .await
-        .ok()?;
+        // A busy backend reports its table counters about once a second, so each end of a
+        // window is uncertain by up to a second's rows: a few per cent of a 40 s window.
+        let (blocks, commits, autovacuums, autoanalyzes, inserted, updated, hot_updated) =
+            sqlx::query_as(
+                "SELECT (SELECT blks_hit + blks_read FROM pg_stat_database
+                         WHERE datname = current_database()),
+                        (SELECT xact_commit FROM pg_stat_database
+                         WHERE datname = current_database()),
+                        COALESCE(sum(autovacuum_count)
+                                 FILTER (WHERE relname LIKE 'outbox\\_%'), 0)::bigint,
+                        COALESCE(sum(autoanalyze_count)
+                                 FILTER (WHERE relname LIKE 'outbox\\_%'), 0)::bigint,
+                        COALESCE(sum(n_tup_ins), 0)::bigint,
+                        COALESCE(sum(n_tup_upd), 0)::bigint,
+                        COALESCE(sum(n_tup_hot_upd), 0)::bigint
+                 FROM pg_stat_user_tables",
+            )
+            .fetch_one(pool)
+            .await
+            .ok()?;
+        let wal_records_and_fpi = sqlx::query_as("SELECT wal_records, wal_fpi FROM pg_stat_wal")
+            .fetch_one(pool)
+            .await
+            .ok();
         Some(PgCounters {
             blocks,
             commits,
             wal_bytes: wal_position(pool).await.ok()?,
-            outbox_autovacuums,
-            outbox_autoanalyzes,
+            wal_records_and_fpi,
+            rows_inserted: inserted,
+            rows_updated: updated,
+            rows_hot_updated: hot_updated,
+            outbox_autovacuums: autovacuums,
+            outbox_autoanalyzes: autoanalyzes,
         })
     }
 
@@ -68,10 +94,18 @@ impl PgCounters {
 
     fn per_sent(&self, after: &PgCounters, sent: i64) -> Value {
         let per = |a: i64, b: i64| round((b - a) as f64 / sent.max(1) as f64, 2);
+        let wal = self.wal_records_and_fpi.zip(after.wal_records_and_fpi);
         json!({
             "buffers_per_sent": per(self.blocks, after.blocks),
             "commits_per_sent": per(self.commits, after.commits),
             "wal_bytes_per_sent": per(self.wal_bytes, after.wal_bytes).round(),
+            "wal_records_per_sent": wal.map(|(b, a)| per(b.0, a.0)),
+            "wal_full_page_images_per_sent": wal.map(|(b, a)| per(b.1, a.1)),
+            "row_versions_per_sent": {
+                "inserted": per(self.rows_inserted, after.rows_inserted),
+                "updated": per(self.rows_updated, after.rows_updated),
+                "of_them_hot": per(self.rows_hot_updated, after.rows_hot_updated),
+            },
             "outbox_autovacuums": after.outbox_autovacuums - self.outbox_autovacuums,
             "outbox_autoanalyzes": after.outbox_autoanalyzes - self.outbox_autoanalyzes,
         })
@@ -187,6 +221,10 @@ mod tests {
             blocks: 1_000,
             commits: 10,
             wal_bytes: 5_000,
+            wal_records_and_fpi: Some((100, 0)),
+            rows_inserted: 50,
+            rows_updated: 0,
+            rows_hot_updated: 0,
             outbox_autovacuums: 1,
             outbox_autoanalyzes: 0,
         };
@@ -194,6 +232,10 @@ mod tests {
             blocks: 41_000,
             commits: 30,
             wal_bytes: 3_805_000,
+            wal_records_and_fpi: Some((27_100, 15)),
+            rows_inserted: 3_050,
+            rows_updated: 3_000,
+            rows_hot_updated: 1_000,
             outbox_autovacuums: 2,
             outbox_autoanalyzes: 1,
         };
@@ -201,8 +243,23 @@ mod tests {
         assert_eq!(w["buffers_per_sent"], 40.0);
         assert_eq!(w["commits_per_sent"], 0.02);
         assert_eq!(w["wal_bytes_per_sent"], 3_800.0);
+        assert_eq!(w["wal_records_per_sent"], 27.0);
+        assert_eq!(w["wal_full_page_images_per_sent"], 0.02);
+        assert_eq!(
+            w["row_versions_per_sent"],
+            json!({"inserted": 3.0, "updated": 3.0, "of_them_hot": 1.0})
+        );
         assert_eq!(w["outbox_autovacuums"], 1);
         assert_eq!(w["outbox_autoanalyzes"], 1);
+        // Without pg_stat_wal (Postgres 13) those two are null and the rest stays.
+        let old_server = PgCounters {
+            wal_records_and_fpi: None,
+            ..before
+        };
+        let w13 = old_server.per_sent(&after, 1_000);
+        assert_eq!(w13["wal_records_per_sent"], Value::Null);
+        assert_eq!(w13["wal_full_page_images_per_sent"], Value::Null);
+        assert_eq!(w13["wal_bytes_per_sent"], 3_800.0);
         // No notification sent: per one, not a division by zero.
         assert_eq!(before.per_sent(&after, 0)["commits_per_sent"], 20.0);
         // An end that could not be read gives no figures rather than wrong ones.

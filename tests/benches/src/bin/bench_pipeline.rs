@@ -9,9 +9,10 @@
 //! 1. Throughput: RATE notifications/s offered (items fall below their watches' threshold on a
 //!    schedule; the detector finds them) for SECONDS; notifications reaching `sent` per second in
 //!    the steady window, each stage's rate, the backlog in front of each stage, CPU and peak RSS
-//!    per service; Postgres's buffers and WAL per notification, and the statements it spent the
-//!    most executor time on (from `pg_stat_statements`, which the local stack loads; wall time,
-//!    so at saturation it also counts waiting for a core and is no CPU figure).
+//!    per service; Postgres's buffers, WAL (bytes, records, full-page images) and row versions
+//!    (inserted, updated, HOT) per notification, and the statements it spent the most executor
+//!    time on (from `pg_stat_statements`, which the local stack loads; wall time, so at
+//!    saturation it also counts waiting for a core and is no CPU figure).
 //! 2. Latency at half the measured maximum: detection → `sent` p50/p95/p99.
 //! 3. Stale alerts: the same price series (items dip below the threshold and recover after 0.3 s
 //!    to 2 min; one push in four is refused once with 503 + Retry-After: 2) through Tidings and
